@@ -1,0 +1,1 @@
+"""mqtt-offload client: publish and receive MQTT messages of any size."""

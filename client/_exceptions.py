@@ -1,0 +1,143 @@
+"""Every error the client library raises or hands to the application.
+
+Hierarchy::
+
+    OffloadError
+    +-- ProtocolError (also ValueError)       bytes or values that break a wire format
+    |   +-- InvalidTopic                      .topic
+    |   +-- InvalidMessageId                  .value
+    |   +-- MalformedEnvelope                 BSON upload/download document
+    |   +-- MalformedChunk                    `__chunk` user property
+    |   +-- MalformedPlaceholder              `_format=external` message
+    |   +-- MalformedDiscoveryRecord          retained discovery record
+    +-- MessageTooLarge                       .size, .limit: cannot be sent at all
+    +-- ChunkError                            .message_id
+    |   +-- ChunkTimeoutError                 chunks missing when the timeout ran out
+    |   +-- ChecksumMismatchError             .expected, .actual (also FetchError's sibling)
+    |   +-- ChunkBufferOverflow               dropped to respect the reassembly bounds
+    +-- TransferError                         .url, .status (None when no HTTP answer)
+    |   +-- UploadError                       offload upload failed
+    |   +-- FetchError                        placeholder could not be resolved
+    |       +-- PayloadNotFound               the object is gone (expired, deleted)
+    |       +-- PayloadChecksumMismatch       .expected, .actual
+    |       +-- UntrustedEndpoint             credentials withheld and refusal configured
+    +-- ConnectionFailed                      broker unreachable or refused us
+    +-- ConfigError                           unusable settings (URL, file, value)
+
+Errors about one received message are not raised into the paho thread: the consumer
+delivers them to the application as :class:`client.MessageError` items carrying one of these.
+"""
+
+from __future__ import annotations
+
+
+class OffloadError(Exception):
+    """Base class of every error raised by mqtt-offload's client side."""
+
+
+class ProtocolError(OffloadError, ValueError):
+    """Bytes or values that do not follow one of the project's wire formats."""
+
+
+class InvalidTopic(ProtocolError):
+    def __init__(self, topic: object, reason: str) -> None:
+        super().__init__(f"invalid topic {topic!r}: {reason}")
+        self.topic = topic
+        self.reason = reason
+
+
+class InvalidMessageId(ProtocolError):
+    def __init__(self, value: object, reason: str = "not a UUID") -> None:
+        super().__init__(f"invalid message id {value!r}: {reason}")
+        self.value = value
+        self.reason = reason
+
+
+class MalformedEnvelope(ProtocolError):
+    """A BSON offload document that cannot be parsed or has wrong field types."""
+
+
+class MalformedChunk(ProtocolError):
+    """A `__chunk` user property that does not follow ADR 23."""
+
+
+class MalformedPlaceholder(ProtocolError):
+    """A `_format=external` message whose reference cannot be read."""
+
+
+class MalformedDiscoveryRecord(ProtocolError):
+    """A discovery record that is not a JSON object with a usable endpoint."""
+
+
+class MessageTooLarge(OffloadError):
+    def __init__(self, size: int, limit: int, reason: str = "") -> None:
+        detail = f": {reason}" if reason else ""
+        super().__init__(
+            f"message of {size} bytes exceeds the broker limit of {limit} bytes{detail}"
+        )
+        self.size = size
+        self.limit = limit
+
+
+class ChunkError(OffloadError):
+    def __init__(self, message_id: str, detail: str) -> None:
+        super().__init__(f"chunked message {message_id}: {detail}")
+        self.message_id = message_id
+
+
+class ChunkTimeoutError(ChunkError):
+    def __init__(self, message_id: str, received: int, total: int | None) -> None:
+        of = "?" if total is None else str(total)
+        super().__init__(message_id, f"chunk timeout: {received} of {of} chunks arrived in time")
+        self.received = received
+        self.total = total
+
+
+class ChecksumMismatchError(ChunkError):
+    def __init__(self, message_id: str, expected: str, actual: str) -> None:
+        super().__init__(message_id, f"checksum mismatch: expected {expected}, got {actual}")
+        self.expected = expected
+        self.actual = actual
+
+
+class ChunkBufferOverflow(ChunkError):
+    def __init__(self, message_id: str, reason: str) -> None:
+        super().__init__(message_id, f"dropped partial message: {reason}")
+
+
+class TransferError(OffloadError):
+    def __init__(self, url: str, detail: str, status: int | None = None) -> None:
+        super().__init__(f"{url}: {detail}")
+        self.url = url
+        self.status = status
+
+
+class UploadError(TransferError):
+    """The offload upload did not complete; nothing was published."""
+
+
+class FetchError(TransferError):
+    """A placeholder's payload could not be fetched."""
+
+
+class PayloadNotFound(FetchError):
+    """The referenced object does not exist (any more)."""
+
+
+class PayloadChecksumMismatch(FetchError):
+    def __init__(self, url: str, expected: str, actual: str) -> None:
+        super().__init__(url, f"checksum mismatch: expected {expected}, got {actual}")
+        self.expected = expected
+        self.actual = actual
+
+
+class UntrustedEndpoint(FetchError):
+    """The placeholder points away from the advertised endpoint and refusal is configured."""
+
+
+class ConnectionFailed(OffloadError):
+    """The broker could not be reached or refused the connection."""
+
+
+class ConfigError(OffloadError, ValueError):
+    """A setting that cannot be used."""

@@ -1,0 +1,187 @@
+"""Object-store layout: where payloads and their metadata live. Pure, no I/O.
+
+Two kinds of object, both written by the gateway, readable by any S3 tool::
+
+    data/<topic levels>/date=YYYY-MM-DD/hour=HH/<token>            raw payload bytes
+    data/<topic levels>/date=YYYY-MM-DD/hour=HH/<token>.meta.json  Manifest (sidecar)
+    ids/<message id>.json                                           Manifest (id index)
+
+* A reader selects by topic and time with a key prefix: topic `a/x` on 2026-11-22 is
+  `data/a/x/date=2026-11-22/`; the filter `a/#` is `data/a/`. No full listing.
+* `GET /msg/<id>` reads `ids/<id>.json` then the payload: a constant two requests.
+* The index is written last, so only complete uploads are ever visible by id.
+* `<token>` is a fresh random UUID per upload: a hop-client upload names its id only in the
+  headers after the payload, so the id is unknown while the payload streams.
+
+Each topic level is percent-encoded (RFC 3986 unreserved characters kept), so `/`, `=`,
+`%` and non-ASCII are unambiguous; the levels `.` and `..` are written `%2E` / `%2E%2E` so no
+tool mistakes them for path steps, and an empty level is written `%00` (NUL cannot occur in an
+MQTT topic). Any segment containing `=` is therefore a partition, never a topic level.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import quote, unquote
+
+from .._exceptions import ProtocolError
+from ._types import MessageId, Topic, TopicFilter
+
+DATA_PREFIX = "data/"
+INDEX_PREFIX = "ids/"
+META_SUFFIX = ".meta.json"
+MANIFEST_VERSION = 1
+
+
+def encode_level(level: str) -> str:
+    if level == "":
+        return "%00"
+    if level in (".", ".."):
+        return "%2E" * len(level)
+    return quote(level, safe="")
+
+
+def decode_level(segment: str) -> str:
+    if segment == "%00":
+        return ""
+    return unquote(segment, errors="strict")
+
+
+def topic_prefix(topic: Topic) -> str:
+    """Key prefix of every payload on exactly this topic (ends with `/`)."""
+    return DATA_PREFIX + "/".join(encode_level(lv) for lv in topic.levels) + "/"
+
+
+def filter_prefix(topic_filter: TopicFilter) -> str:
+    """The longest key prefix under which every match of `topic_filter` lies.
+
+    Levels before the first wildcard become the prefix; callers still check each key's
+    topic against the filter (a `+` level, or `#` matching the parent level itself).
+    """
+    fixed: list[str] = []
+    for level in topic_filter.levels:
+        if level in ("+", "#"):
+            break
+        fixed.append(encode_level(level))
+    if not fixed:
+        return DATA_PREFIX
+    if len(fixed) == len(topic_filter.levels):
+        return DATA_PREFIX + "/".join(fixed) + "/date="
+    return DATA_PREFIX + "/".join(fixed) + "/"
+
+
+def utc_parts(timestamp_ms: int) -> tuple[str, str]:
+    dt = datetime.fromtimestamp(timestamp_ms / 1000, tz=UTC)
+    return dt.strftime("%Y-%m-%d"), dt.strftime("%H")
+
+
+def data_key(topic: Topic, timestamp_ms: int, token: str) -> str:
+    date, hour = utc_parts(timestamp_ms)
+    return f"{topic_prefix(topic)}date={date}/hour={hour}/{token}"
+
+
+def index_key(message_id: MessageId) -> str:
+    return f"{INDEX_PREFIX}{message_id}.json"
+
+
+def meta_key(payload_key: str) -> str:
+    return payload_key + META_SUFFIX
+
+
+@dataclass(frozen=True, slots=True)
+class DataKey:
+    """A parsed payload key."""
+
+    topic: Topic
+    date: str
+    hour: str
+    token: str
+
+
+def parse_data_key(key: str) -> DataKey | None:
+    """Parse a payload key; None for sidecars and keys outside the layout."""
+    if not key.startswith(DATA_PREFIX) or key.endswith(META_SUFFIX):
+        return None
+    parts = key[len(DATA_PREFIX) :].split("/")
+    if len(parts) < 4 or not parts[-3].startswith("date=") or not parts[-2].startswith("hour="):
+        return None
+    try:
+        topic = Topic("/".join(decode_level(p) for p in parts[:-3]))
+    except (ProtocolError, UnicodeDecodeError):
+        return None
+    return DataKey(topic, parts[-3][5:], parts[-2][5:], parts[-1])
+
+
+def _b64(data: bytes | None) -> str | None:
+    return None if data is None else base64.b64encode(data).decode("ascii")
+
+
+def _unb64(text: Any) -> bytes | None:
+    if text is None:
+        return None
+    if not isinstance(text, str):
+        raise ProtocolError("manifest: binary field must be base64 text")
+    return base64.b64decode(text, validate=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """Everything known about one stored message except its payload bytes."""
+
+    id: MessageId
+    topic: Topic
+    timestamp: int  # milliseconds since the epoch, UTC
+    size: int
+    sha256: str
+    data_key: str
+    headers: tuple[tuple[str, bytes], ...] = ()
+    key: bytes | None = None
+    content_type: str | None = None
+    filename: str | None = None
+    expires: int | None = None  # milliseconds since the epoch; None: keep
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> bytes:
+        doc: dict[str, Any] = {
+            "v": MANIFEST_VERSION,
+            "id": str(self.id),
+            "topic": self.topic.value,
+            "timestamp": self.timestamp,
+            "size": self.size,
+            "sha256": self.sha256,
+            "data_key": self.data_key,
+            "headers": [[name, _b64(value)] for name, value in self.headers],
+            "key": _b64(self.key),
+            "content_type": self.content_type,
+            "filename": self.filename,
+            "expires": self.expires,
+        }
+        if self.extra:
+            doc["extra"] = self.extra
+        return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode("utf-8")
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> Manifest:
+        try:
+            doc = json.loads(raw)
+            headers = tuple((str(n), _unb64(v) or b"") for n, v in doc.get("headers", []))
+            return cls(
+                id=MessageId.parse(doc["id"]),
+                topic=Topic(doc["topic"]),
+                timestamp=int(doc["timestamp"]),
+                size=int(doc["size"]),
+                sha256=str(doc["sha256"]),
+                data_key=str(doc["data_key"]),
+                headers=headers,
+                key=_unb64(doc.get("key")),
+                content_type=doc.get("content_type"),
+                filename=doc.get("filename"),
+                expires=doc.get("expires"),
+                extra=dict(doc.get("extra") or {}),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProtocolError(f"malformed manifest: {exc}") from exc

@@ -1,0 +1,1 @@
+"""Discovery of the offload endpoint over a retained MQTT topic."""
