@@ -1,1 +1,5 @@
 """Discovery of the offload endpoint over a retained MQTT topic."""
+
+from ._record import DEFAULT_TOPIC, ENDPOINT_KEY, PROTOCOL_VERSION, DiscoveryRecord
+
+__all__ = ["DEFAULT_TOPIC", "ENDPOINT_KEY", "PROTOCOL_VERSION", "DiscoveryRecord"]

@@ -1,0 +1,83 @@
+"""The discovery record: what the gateway advertises on the retained discovery topic. Pure.
+
+On the wire it is a JSON object. `LargeMessageUploadEndpoint` is the key hop-client reads;
+the others are this project's and optional, so a hop-style record with only the endpoint
+is accepted too::
+
+    {"LargeMessageUploadEndpoint": "https://offload.example.com",
+     "OffloadProtocolVersion": 1,
+     "MaxUploadBytes": 5368709120,
+     "AuthMechanisms": ["SCRAM-SHA-512", "SCRAM-SHA-256"]}
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from client._exceptions import MalformedDiscoveryRecord
+
+ENDPOINT_KEY = "LargeMessageUploadEndpoint"
+DEFAULT_TOPIC = "sys/metadata"
+PROTOCOL_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class DiscoveryRecord:
+    """An offload endpoint as advertised by a gateway."""
+
+    endpoint: str
+    protocol_version: int = PROTOCOL_VERSION
+    max_upload_bytes: int | None = None
+    auth_mechanisms: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        parts = urlsplit(self.endpoint)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise MalformedDiscoveryRecord(f"endpoint must be an http(s) URL: {self.endpoint!r}")
+        if self.endpoint.endswith("/"):
+            object.__setattr__(self, "endpoint", self.endpoint.rstrip("/"))
+
+    @property
+    def scheme(self) -> str:
+        return urlsplit(self.endpoint).scheme
+
+    @property
+    def netloc(self) -> str:
+        return urlsplit(self.endpoint).netloc
+
+    def to_json(self) -> bytes:
+        doc: dict[str, Any] = {
+            ENDPOINT_KEY: self.endpoint,
+            "OffloadProtocolVersion": self.protocol_version,
+        }
+        if self.max_upload_bytes is not None:
+            doc["MaxUploadBytes"] = self.max_upload_bytes
+        if self.auth_mechanisms:
+            doc["AuthMechanisms"] = list(self.auth_mechanisms)
+        # Sorted keys: replicas advertising the same settings publish identical bytes.
+        return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+    @classmethod
+    def from_json(cls, payload: bytes | str) -> DiscoveryRecord:
+        try:
+            doc = json.loads(payload)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise MalformedDiscoveryRecord(f"not JSON: {exc}") from exc
+        if not isinstance(doc, dict):
+            raise MalformedDiscoveryRecord("not a JSON object")
+        endpoint = doc.get(ENDPOINT_KEY)
+        if not isinstance(endpoint, str):
+            raise MalformedDiscoveryRecord(f"{ENDPOINT_KEY} missing or not a string")
+        version = doc.get("OffloadProtocolVersion", PROTOCOL_VERSION)
+        max_bytes = doc.get("MaxUploadBytes")
+        mechs = doc.get("AuthMechanisms", [])
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise MalformedDiscoveryRecord("OffloadProtocolVersion must be an integer")
+        if max_bytes is not None and (not isinstance(max_bytes, int) or max_bytes <= 0):
+            raise MalformedDiscoveryRecord("MaxUploadBytes must be a positive integer")
+        if not isinstance(mechs, list) or not all(isinstance(m, str) for m in mechs):
+            raise MalformedDiscoveryRecord("AuthMechanisms must be a list of strings")
+        return cls(endpoint, version, max_bytes, tuple(mechs))
