@@ -7,6 +7,7 @@ Hierarchy::
     |   +-- InvalidTopic                      .topic
     |   +-- InvalidMessageId                  .value
     |   +-- MalformedEnvelope                 BSON upload/download document
+    |   |   +-- EnvelopeTooLarge              .limit: a declared size over a bound (413)
     |   +-- MalformedChunk                    `__chunk` user property
     |   +-- MalformedPlaceholder              `_format=external` message
     |   +-- MalformedDiscoveryRecord          retained discovery record
@@ -55,6 +56,19 @@ class InvalidMessageId(ProtocolError):
 
 class MalformedEnvelope(ProtocolError):
     """A BSON offload document that cannot be parsed or has wrong field types."""
+
+
+class EnvelopeTooLarge(MalformedEnvelope):
+    """A BSON offload document, or its non-payload part, larger than the parser's bound.
+
+    Raised as soon as the declared length is read, so a server can answer 413 early.
+    """
+
+    def __init__(self, what: str, limit: int, size: int | None = None) -> None:
+        detail = "" if size is None else f" ({size} bytes)"
+        super().__init__(f"{what} larger than {limit} bytes{detail}")
+        self.limit = limit
+        self.size = size
 
 
 class MalformedChunk(ProtocolError):
