@@ -1,0 +1,152 @@
+{{/* Names, labels and the small computations the templates share. */}}
+
+{{- define "mqtt-offload.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "mqtt-offload.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "mqtt-offload.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "mqtt-offload.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "mqtt-offload.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: gateway
+{{- end }}
+
+{{- define "mqtt-offload.labels" -}}
+helm.sh/chart: {{ include "mqtt-offload.chart" . }}
+{{ include "mqtt-offload.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: mqtt-offload
+{{- end }}
+
+{{- define "mqtt-offload.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "mqtt-offload.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "mqtt-offload.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* The container port; fixed because the image's command line and the probes agree on it. */}}
+{{- define "mqtt-offload.containerPort" -}}8080{{- end }}
+
+{{- define "mqtt-offload.scheme" -}}
+{{- if .Values.tls.enabled }}HTTPS{{ else }}HTTP{{ end }}
+{{- end }}
+
+{{/*
+The URL clients are told to use: explicit, else the first Ingress host, else the Service.
+*/}}
+{{- define "mqtt-offload.publicUrl" -}}
+{{- if .Values.gateway.publicUrl }}
+{{- .Values.gateway.publicUrl }}
+{{- else if and .Values.ingress.enabled .Values.ingress.hosts }}
+{{- $host := (first .Values.ingress.hosts).host }}
+{{- $secure := false }}
+{{- range .Values.ingress.tls }}
+{{- if has $host .hosts }}{{ $secure = true }}{{ end }}
+{{- end }}
+{{- printf "%s://%s" (ternary "https" "http" $secure) $host }}
+{{- else }}
+{{- $scheme := ternary "https" "http" .Values.tls.enabled }}
+{{- $port := int .Values.service.port }}
+{{- $suffix := ternary "" (printf ":%d" $port) (eq $port (ternary 443 80 .Values.tls.enabled)) }}
+{{- printf "%s://%s.%s.svc%s" $scheme (include "mqtt-offload.fullname" .) .Release.Namespace $suffix }}
+{{- end }}
+{{- end }}
+
+{{/*
+The TCP port in a storage or broker URL, with the scheme's default when the URL names none.
+Call with (list URL DEFAULT_PORT).
+*/}}
+{{- define "mqtt-offload.urlPort" -}}
+{{- $url := urlParse (index . 0) }}
+{{- $parts := splitList ":" $url.host }}
+{{- if gt (len $parts) 1 }}{{ last $parts }}{{ else }}{{ index . 1 }}{{ end }}
+{{- end }}
+
+{{- define "mqtt-offload.storagePort" -}}
+{{- $default := ternary 443 80 (contains "secure=true" .Values.storage.url) }}
+{{- include "mqtt-offload.urlPort" (list .Values.storage.url $default) }}
+{{- end }}
+
+{{- define "mqtt-offload.mqttPort" -}}
+{{- $default := ternary 8883 1883 (hasPrefix "mqtts://" .Values.mqtt.url) }}
+{{- include "mqtt-offload.urlPort" (list .Values.mqtt.url $default) }}
+{{- end }}
+
+{{/* Name of the chart-managed Secret. */}}
+{{- define "mqtt-offload.secretName" -}}
+{{- include "mqtt-offload.fullname" . }}
+{{- end }}
+
+{{/*
+The file-shaped settings the pod mounts, each from the chart's Secret or an existing one.
+Rendered as a YAML list of {name, env, secret, key, path} for the rows that are configured.
+*/}}
+{{- define "mqtt-offload.files" -}}
+{{- $own := include "mqtt-offload.secretName" . }}
+{{- $rows := list }}
+{{- range $name, $env := dict "passwordFile" "OFFLOAD_PASSWORD_FILE" "aclFile" "OFFLOAD_ACL_FILE" "tokensFile" "OFFLOAD_TOKENS_FILE" }}
+{{- $f := index $.Values.auth $name }}
+{{- if $f.existingSecret }}
+{{- $rows = append $rows (dict "name" $name "env" $env "secret" $f.existingSecret "key" $f.existingSecretKey "path" (snakecase $name)) }}
+{{- else if $f.content }}
+{{- $rows = append $rows (dict "name" $name "env" $env "secret" $own "key" (snakecase $name) "path" (snakecase $name)) }}
+{{- end }}
+{{- end }}
+{{- toYaml $rows }}
+{{- end }}
+
+{{/* Mount point of the projected auth files. */}}
+{{- define "mqtt-offload.authDir" -}}/etc/mqtt-offload/auth{{- end }}
+{{- define "mqtt-offload.tlsDir" -}}/etc/mqtt-offload/tls{{- end }}
+
+{{/* Fail early on settings that would render a pod that cannot work. */}}
+{{- define "mqtt-offload.validate" -}}
+{{- if and .Values.storage.existingSecret (or .Values.storage.accessKey .Values.storage.secretKey) }}
+{{- fail "storage: set either accessKey/secretKey or existingSecret, not both" }}
+{{- end }}
+{{- if and .Values.mqtt.existingSecret (or .Values.mqtt.username .Values.mqtt.password) }}
+{{- fail "mqtt: set either username/password or existingSecret, not both" }}
+{{- end }}
+{{- if and .Values.auth.existingSecret .Values.auth.secret }}
+{{- fail "auth: set either secret or existingSecret, not both" }}
+{{- end }}
+{{- range $name := list "passwordFile" "aclFile" "tokensFile" }}
+{{- $f := index $.Values.auth $name }}
+{{- if and $f.existingSecret $f.content }}
+{{- fail (printf "auth.%s: set either content or existingSecret, not both" $name) }}
+{{- end }}
+{{- end }}
+{{- if and .Values.tls.enabled (not .Values.tls.existingSecret) }}
+{{- fail "tls.enabled needs tls.existingSecret (a kubernetes.io/tls Secret)" }}
+{{- end }}
+{{- if and .Values.podDisruptionBudget.enabled (not (kindIs "invalid" .Values.podDisruptionBudget.minAvailable)) (not (kindIs "invalid" .Values.podDisruptionBudget.maxUnavailable)) }}
+{{- fail "podDisruptionBudget: set minAvailable or maxUnavailable, not both" }}
+{{- end }}
+{{- end }}
