@@ -1,0 +1,108 @@
+"""A file parsed once and parsed again whenever it changes on disk.
+
+The check is one ``os.stat`` (mtime, size, inode) per use: cheap enough per request, and it
+notices both in-place edits and the rename that ``mosquitto_passwd`` does.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Generic, TypeVar
+
+from ._exceptions import AuthConfigError
+
+T = TypeVar("T")
+log = logging.getLogger("gateway.auth")
+
+
+class WatchedFile(Generic[T]):
+    """The parsed value of a file, kept current. Thread-safe.
+
+    At construction an unreadable or invalid file raises, so a gateway does not start with
+    it (as mosquitto does not). Later, when it turns unreadable or invalid, the error is
+    logged once and ``fallback`` is used until the file is fixed: fail closed, never on
+    an older copy that an administrator meant to replace.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        parse: Callable[[str], T],
+        *,
+        fallback: T,
+        on_load: Callable[[T], None] | None = None,
+    ) -> None:
+        """Read and parse the file now.
+
+        Args:
+            path: the file.
+            parse: text to value; raises AuthConfigError or ValueError when invalid.
+            fallback: the value while the file is broken (deny everything).
+            on_load: called with every freshly parsed value (to log about it).
+
+        Raises:
+            AuthConfigError: the file cannot be read or parsed.
+        """
+        self.path = path
+        self._parse = parse
+        self._fallback = fallback
+        self._on_load = on_load
+        self._lock = threading.Lock()
+        self._signature: tuple[int, int, int] | None = None
+        self._broken: tuple[int, int, int] | None = None
+        signature = self._stat()
+        if signature is None:
+            raise AuthConfigError("cannot read file", path=path)
+        self._value = self._load(signature)
+
+    def _stat(self) -> tuple[int, int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+    def _load(self, signature: tuple[int, int, int]) -> T:
+        try:
+            text = self.path.read_text(encoding="utf-8")
+            value = self._parse(text)
+        except AuthConfigError:
+            raise
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise AuthConfigError(str(exc), path=self.path) from exc
+        self._signature = signature
+        if self._on_load is not None:
+            self._on_load(value)
+        return value
+
+    def get(self) -> T:
+        """The current value, re-read first if the file changed."""
+        signature = self._stat()
+        if signature is not None and signature == self._signature:
+            return self._value
+        with self._lock:
+            if signature is not None and signature == self._signature:
+                return self._value
+            if signature is None:
+                if self._broken != (0, 0, 0):
+                    log.error(
+                        "%s: cannot read the file any more; refusing all until fixed", self.path
+                    )
+                    self._broken = (0, 0, 0)
+                self._signature = None
+                self._value = self._fallback
+                return self._value
+            try:
+                self._value = self._load(signature)
+                self._broken = None
+            except AuthConfigError as exc:
+                if self._broken != signature:
+                    log.error("%s; refusing all until fixed", exc)
+                    self._broken = signature
+                self._signature = signature
+                self._value = self._fallback
+            return self._value
