@@ -1,0 +1,615 @@
+"""The blocking client: publish any size, receive whole messages.
+
+Threads and who may block:
+
+* paho's network thread (:mod:`client._paho`) only converts and enqueues; discovery records
+  are applied there because that is cheap and must not wait behind a slow fetch;
+* one worker thread turns received messages into deliveries: placeholders are fetched (HTTP),
+  chunks reassembled, chunk timeouts swept, the discovery subscription refreshed;
+* the application's thread(s) publish and iterate :meth:`Client.messages`.
+
+Publishing only waits on futures completed by paho's thread, which never waits on anything,
+so publishing from inside the message loop cannot deadlock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from types import TracebackType
+from typing import Unpack
+from urllib.parse import urlsplit
+
+import httpx
+
+from discovery import DiscoveryRecord
+from discovery._resolver import EndpointCache
+
+from . import _placeholder
+from ._config import ClientSettings, SettingsOverrides, load_settings
+from ._exceptions import (
+    ConnectionFailed,
+    MalformedPlaceholder,
+    MessageTooLarge,
+    OffloadError,
+    ProtocolError,
+    UntrustedEndpoint,
+    UploadError,
+)
+from ._http import HttpTransport
+from ._message import Message, MessageError, Payload, PublishResult, Route
+from ._paho import Incoming, MqttConnection
+from ._router import choose_route
+from ._source import PayloadLike, PayloadSource
+from .protocol import MessageId, PublishProperties, Topic, TopicFilter
+from .protocol._chunk import CHUNK_PROPERTY, Complete, Error, Reassembler, plan_chunks
+from .protocol._size import MAX_PACKET_SIZE, publish_packet_size
+
+log = logging.getLogger("client")
+
+Delivery = Message | MessageError
+_CLOSED = object()
+#: Chunk publishes outstanding at once: bounds what paho buffers for a huge chunked message.
+CHUNK_WINDOW = 32
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urlsplit(url)
+    default = {"http": 80, "https": 443}.get(parts.scheme)
+    return parts.scheme, (parts.hostname or "").lower(), parts.port or default
+
+
+class Client:
+    """An MQTT client that carries messages of any size (offload, else ADR-23 chunks).
+
+    Use as a context manager (connects on enter, disconnects on exit)::
+
+        with Client("mqtt://localhost:1883") as client:
+            client.subscribe("sensors/#")
+            client.publish("sensors/cam1", Path("frame.raw"), qos=1)
+            for msg in client.messages(timeout=5):
+                ...
+
+    Args:
+        broker: `mqtt[s]://[user:pass@]host[:port]`.
+        settings: a complete settings object (e.g. from :func:`client.load_settings`);
+            keyword overrides apply on top of it.
+        transport: the HTTP transport to the gateway (default: a new :class:`HttpTransport`).
+        http_auth: credentials for the gateway, sent only to the advertised endpoint
+            (same scheme, host and port) under hop-client's rule.
+        **overrides: any :class:`ClientSettings` field, e.g. `automatic_offload=False`,
+            `chunking=False`, `endpoint="http://gw:8000"`, `max_packet_size=65536`.
+    """
+
+    def __init__(
+        self,
+        broker: str | None = None,
+        *,
+        settings: ClientSettings | None = None,
+        transport: HttpTransport | None = None,
+        http_auth: httpx.Auth | None = None,
+        **overrides: Unpack[SettingsOverrides],
+    ) -> None:
+        base = settings or ClientSettings()
+        changes: dict[str, object] = dict(overrides)
+        if broker is not None:
+            changes["broker"] = broker
+        self.settings = dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+        s = self.settings
+        self._owns_transport = transport is None
+        self._transport = transport or HttpTransport(timeout=s.http_timeout)
+        self._http_auth = http_auth
+        self._inbound: queue.SimpleQueue[Incoming | object] = queue.SimpleQueue()
+        self._deliveries: queue.SimpleQueue[Delivery | object] = queue.SimpleQueue()
+        self._filters: dict[str, TopicFilter] = {}
+        self._discovery = EndpointCache()
+        self._discovery_cond = threading.Condition()
+        self._discovery_since = 0.0
+        self._discovery_seen = False
+        self._use_discovery = s.endpoint is None and (s.automatic_offload or s.fetch_external)
+        self._reassembler = Reassembler(default_timeout=s.chunk_timeout)
+        self._warned_http: set[str] = set()
+        self._conn = MqttConnection(
+            s.broker_url,
+            on_message=self._on_message,
+            on_connect=self._on_connect,
+            client_id=s.client_id,
+            protocol=s.protocol,
+            keepalive=s.keepalive,
+        )
+        self._worker: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._closed = False
+
+    @classmethod
+    def from_config(
+        cls,
+        broker: str | None = None,
+        *,
+        config_file: str | os.PathLike[str] | None = None,
+        transport: HttpTransport | None = None,
+        http_auth: httpx.Auth | None = None,
+        **overrides: Unpack[SettingsOverrides],
+    ) -> Client:
+        """A client configured from keyword arguments > environment > config file > defaults.
+
+        This is the edge that reads `OFFLOAD_*` from `os.environ` (see :mod:`client._config`).
+
+        Args:
+            broker: broker URL; falls back to `OFFLOAD_BROKER` / the config file.
+            config_file: TOML file instead of `$OFFLOAD_CONFIG` or the default path.
+            transport: as for the constructor.
+            http_auth: as for the constructor.
+            **overrides: settings that win over every other layer.
+        """
+        explicit: dict[str, object] = {"broker": broker, **overrides}
+        settings = load_settings(explicit, environ=os.environ, config_file=config_file)
+        return cls(settings=settings, transport=transport, http_auth=http_auth)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def connect(self, timeout: float = 10.0) -> None:
+        """Connect to the broker, start the worker and subscribe to discovery.
+
+        Args:
+            timeout: seconds to wait for CONNACK.
+
+        Raises:
+            ConnectionFailed: the broker is unreachable or refused the connection.
+        """
+        self._stop.clear()
+        self._worker = threading.Thread(target=self._work, name="offload-worker", daemon=True)
+        self._worker.start()
+        try:
+            self._conn.connect(timeout)
+            if self._use_discovery:
+                self._conn.subscribe(self.settings.discovery_topic, 1)
+        except BaseException:
+            self._stop_worker()
+            raise
+
+    def close(self) -> None:
+        """Disconnect, stop the worker and end :meth:`messages` iterators."""
+        self._closed = True
+        self._conn.close()
+        self._stop_worker()
+        self._deliveries.put(_CLOSED)
+        if self._owns_transport:
+            self._transport.close()
+
+    def _stop_worker(self) -> None:
+        self._stop.set()
+        self._inbound.put(_CLOSED)
+        if self._worker is not None and self._worker is not threading.current_thread():
+            self._worker.join(10)
+        self._worker = None
+
+    def __enter__(self) -> Client:
+        self.connect()
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # -- state -----------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called."""
+        return self._closed
+
+    @property
+    def max_packet_size(self) -> int:
+        """The limit in force: CONNACK's Maximum Packet Size, else the configured one."""
+        return self._conn.max_packet_size or self.settings.max_packet_size or MAX_PACKET_SIZE
+
+    @property
+    def endpoint(self) -> str | None:
+        """The offload endpoint in force: configured, else the discovered one (or None)."""
+        if self.settings.endpoint is not None:
+            return self.settings.endpoint
+        with self._discovery_cond:
+            record = self._discovery.current(time.monotonic())
+        return record.endpoint if record else None
+
+    @property
+    def discovery_record(self) -> DiscoveryRecord | None:
+        """The discovery record currently in force, if any."""
+        with self._discovery_cond:
+            return self._discovery.current(time.monotonic())
+
+    def wait_for_endpoint(self, timeout: float) -> str | None:
+        """Wait up to `timeout` seconds for a discovery record; the endpoint or None.
+
+        Args:
+            timeout: seconds to wait.
+        """
+        deadline = time.monotonic() + timeout
+        with self._discovery_cond:
+            while True:
+                record = self._discovery.current(time.monotonic())
+                left = deadline - time.monotonic()
+                if record is not None or left <= 0:
+                    return record.endpoint if record else self.settings.endpoint
+                self._discovery_cond.wait(left)
+
+    # -- publishing ------------------------------------------------------------------------
+
+    def publish(
+        self,
+        topic: str,
+        payload: PayloadLike,
+        *,
+        qos: int = 0,
+        retain: bool = False,
+        properties: PublishProperties | None = None,
+        timeout: float | None = 60.0,
+    ) -> PublishResult:
+        """Publish a message of any size: directly, offloaded, or in ADR-23 chunks.
+
+        Args:
+            topic: topic name (no wildcards).
+            payload: bytes, text (UTF-8), a binary file object (read from its position) or a
+                path; files are streamed, never loaded whole unless sent as one packet.
+            qos: 0, 1 or 2; also used for the placeholder or every chunk.
+            retain: retain flag (kept on a placeholder; chunks are never retained, since a
+                broker would keep only the last chunk).
+            properties: MQTT 5 properties (must be None or empty for MQTT 3.1.1).
+            timeout: seconds to wait for the broker's acknowledgements; None waits forever.
+
+        Returns:
+            How the message went: route, size, SHA-256, message id and URL.
+
+        Raises:
+            MessageTooLarge: it does not fit and neither offload nor chunking may be used.
+            UploadError: the upload failed and chunking cannot take over.
+            ConnectionFailed: not connected, or no acknowledgement within `timeout`.
+            PublishRejected: the broker refused the PUBLISH.
+            ProtocolError: an invalid topic or properties.
+        """
+        Topic(topic)
+        s = self.settings
+        if s.protocol != 5:
+            if properties is not None and properties != PublishProperties():
+                raise ProtocolError("MQTT 3.1.1 cannot carry publish properties")
+            properties = None
+        with PayloadSource(payload) as source:
+            limit = self.max_packet_size
+            try:
+                packet = publish_packet_size(
+                    topic, source.size, qos=qos, properties=properties, protocol=s.protocol
+                )
+            except MessageTooLarge as exc:
+                packet = exc.size
+            over_threshold = s.offload_threshold is not None and source.size > s.offload_threshold
+            endpoint = None
+            if s.automatic_offload and (packet > limit or over_threshold):
+                endpoint = self._endpoint_for_publish()
+            route = choose_route(
+                packet_size=packet,
+                payload_size=source.size,
+                limit=limit,
+                offload_threshold=s.offload_threshold,
+                endpoint_known=endpoint is not None,
+                automatic_offload=s.automatic_offload,
+                chunking=s.chunking and s.protocol == 5,
+            )
+            if route is Route.OFFLOADED:
+                assert endpoint is not None
+                try:
+                    return self._publish_offloaded(
+                        endpoint, topic, source, qos, retain, properties, limit, timeout
+                    )
+                except UploadError as exc:
+                    if packet <= limit:
+                        log.warning("offload failed (%s); publishing directly instead", exc)
+                        route = Route.DIRECT
+                    elif s.chunking and s.protocol == 5:
+                        log.warning("offload failed (%s); falling back to chunking", exc)
+                        route = Route.CHUNKED
+                    else:
+                        raise
+            if route is Route.CHUNKED:
+                return self._publish_chunked(topic, source, qos, retain, properties, limit, timeout)
+            future = self._conn.publish(
+                topic, source.read_all(), qos=qos, retain=retain, properties=properties
+            )
+            self._wait(future, timeout, topic)
+            return PublishResult(topic, Route.DIRECT, source.size, source.sha256)
+
+    def _endpoint_for_publish(self) -> str | None:
+        """The endpoint, waiting briefly for the retained record after a (re)subscribe."""
+        if self.settings.endpoint is not None:
+            return self.settings.endpoint
+        with self._discovery_cond:
+            while True:
+                now = time.monotonic()
+                record = self._discovery.current(now)
+                left = self._discovery_since + self.settings.discovery_wait - now
+                if record is not None or self._discovery_seen or left <= 0:
+                    return record.endpoint if record else None
+                self._discovery_cond.wait(left)
+
+    def _publish_offloaded(
+        self,
+        endpoint: str,
+        topic: str,
+        source: PayloadSource,
+        qos: int,
+        retain: bool,
+        properties: PublishProperties | None,
+        limit: int,
+        timeout: float | None,
+    ) -> PublishResult:
+        self._warn_plain_http(endpoint)
+        message_id = MessageId.new()
+        headers = [(k, v.encode()) for k, v in (properties.user_properties if properties else ())]
+        receipt = self._transport.upload(
+            endpoint,
+            topic,
+            source,
+            message_id=message_id,
+            headers=headers,
+            auth=self._http_auth,
+        )
+        ref = _placeholder.Placeholder(receipt.url, source.size, source.sha256, message_id)
+        body, props = ref.encode(properties, protocol=self.settings.protocol)
+        size = publish_packet_size(
+            topic, len(body), qos=qos, properties=props, protocol=self.settings.protocol
+        )
+        if size > limit:
+            raise MessageTooLarge(size, limit, "even the placeholder does not fit")
+        future = self._conn.publish(topic, body, qos=qos, retain=retain, properties=props)
+        self._wait(future, timeout, topic)
+        return PublishResult(
+            topic, Route.OFFLOADED, source.size, source.sha256, str(message_id), receipt.url
+        )
+
+    def _publish_chunked(
+        self,
+        topic: str,
+        source: PayloadSource,
+        qos: int,
+        retain: bool,
+        properties: PublishProperties | None,
+        limit: int,
+        timeout: float | None,
+    ) -> PublishResult:
+        if retain:
+            log.warning("retain flag dropped: a broker would retain only the last chunk")
+        plan = plan_chunks(
+            topic=topic,
+            payload_size=source.size,
+            sha256_hex=source.sha256,
+            message_id=MessageId.new(),
+            qos=qos,
+            properties=properties,
+            limit=limit,
+        )
+        window: list[Future[None]] = []
+        for chunk in plan:
+            data = source.read_at(chunk.offset, chunk.length)
+            window.append(
+                self._conn.publish(topic, data, qos=qos, retain=False, properties=chunk.properties)
+            )
+            if len(window) >= CHUNK_WINDOW:
+                self._wait(window.pop(0), timeout, topic)
+        for future in window:
+            self._wait(future, timeout, topic)
+        return PublishResult(
+            topic, Route.CHUNKED, source.size, source.sha256, plan.message_id, None, plan.total
+        )
+
+    @staticmethod
+    def _wait(future: Future[None], timeout: float | None, topic: str) -> None:
+        try:
+            future.result(timeout)
+        except FutureTimeout as exc:
+            raise ConnectionFailed(f"no acknowledgement for {topic!r} within {timeout}s") from exc
+
+    # -- subscribing and receiving ---------------------------------------------------------
+
+    def subscribe(self, topic_filter: str, qos: int = 1, *, timeout: float = 10.0) -> None:
+        """Subscribe (restored after every reconnect) and wait for SUBACK.
+
+        Args:
+            topic_filter: MQTT topic filter.
+            qos: maximum QoS to receive.
+            timeout: seconds to wait for SUBACK.
+
+        Raises:
+            ConnectionFailed: the broker refused the subscription or did not answer.
+        """
+        parsed = TopicFilter(topic_filter)
+        self._filters[topic_filter] = parsed
+        future = self._conn.subscribe(topic_filter, qos)
+        self._wait(future, timeout, topic_filter)
+
+    def unsubscribe(self, topic_filter: str) -> None:
+        """Stop receiving `topic_filter` (also after reconnects)."""
+        self._filters.pop(topic_filter, None)
+        if not (self._use_discovery and topic_filter == self.settings.discovery_topic):
+            self._conn.unsubscribe(topic_filter)
+
+    def next_message(self, timeout: float | None = None) -> Delivery | None:
+        """The next delivery, or None when `timeout` passes first or the client closed.
+
+        Args:
+            timeout: seconds to wait; None waits until a delivery or close.
+        """
+        try:
+            item = self._deliveries.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if item is _CLOSED:
+            self._deliveries.put(_CLOSED)  # let every other iterator end too
+            return None
+        assert isinstance(item, Message | MessageError)
+        return item
+
+    def messages(self, timeout: float | None = None) -> Iterator[Delivery]:
+        """Received messages, and errors about messages that could not be delivered.
+
+        Args:
+            timeout: stop after this many seconds without a delivery; None: until close.
+
+        Yields:
+            :class:`Message` (whole, verified payload) or :class:`MessageError`.
+        """
+        while (item := self.next_message(timeout)) is not None:
+            yield item
+
+    # -- paho thread (never block) ---------------------------------------------------------
+
+    def _on_connect(self) -> None:
+        with self._discovery_cond:
+            # paho re-subscribed: the retained record is on its way; let a large publish wait.
+            self._discovery_since = time.monotonic()
+            self._discovery_seen = False
+
+    def _on_message(self, incoming: Incoming) -> None:
+        if self._use_discovery and incoming.topic == self.settings.discovery_topic:
+            self._feed_discovery(incoming)
+            if not any(f.matches(incoming.topic) for f in list(self._filters.values())):
+                return
+        self._inbound.put(incoming)
+
+    def _feed_discovery(self, incoming: Incoming) -> None:
+        with self._discovery_cond:
+            record = self._discovery.feed(
+                incoming.payload,
+                expiry_interval=incoming.properties.message_expiry_interval,
+                now=time.monotonic(),
+            )
+            self._discovery_seen = True
+            error = self._discovery.last_error
+            self._discovery_cond.notify_all()
+        if error is not None:
+            log.warning("ignoring malformed discovery record: %s", error)
+        else:
+            log.debug("discovery record: %s", record)
+
+    # -- worker thread ---------------------------------------------------------------------
+
+    def _work(self) -> None:
+        last_refresh = time.monotonic()
+        while not self._stop.is_set():
+            now = time.monotonic()
+            deadline = self._reassembler.next_deadline
+            wait = 0.5 if deadline is None else min(0.5, max(deadline - now, 0.0) + 0.01)
+            try:
+                item = self._inbound.get(timeout=wait)
+            except queue.Empty:
+                item = None
+            if isinstance(item, Incoming):
+                try:
+                    self._process(item)
+                except OffloadError as exc:  # an error about one message, never fatal
+                    self._deliveries.put(MessageError(item.topic, exc))
+            now = time.monotonic()
+            for error in self._reassembler.expire(now):
+                self._deliveries.put(MessageError(error.topic, error.error, error.message_id))
+            refresh = self.settings.discovery_refresh
+            if self._use_discovery and refresh > 0 and now - last_refresh > refresh:
+                last_refresh = now
+                if self._conn.connected:
+                    self._conn.resubscribe(self.settings.discovery_topic)
+
+    def _process(self, incoming: Incoming) -> None:
+        props = incoming.properties
+        if self.settings.protocol == 5 and chunk_header_present(props):
+            self._process_chunk(incoming)
+            return
+        if self.settings.fetch_external and _placeholder.is_tagged(incoming.payload, props):
+            self._deliveries.put(self._resolve(incoming))
+            return
+        self._deliveries.put(
+            Message(
+                incoming.topic,
+                Payload(incoming.payload),
+                hashlib.sha256(incoming.payload).hexdigest(),
+                incoming.qos,
+                incoming.retain,
+                props,
+            )
+        )
+
+    def _process_chunk(self, incoming: Incoming) -> None:
+        outcome = self._reassembler.feed(incoming, time.monotonic())
+        for dropped in outcome.dropped:
+            self._deliveries.put(MessageError(dropped.topic, dropped.error, dropped.message_id))
+        if isinstance(outcome, Error):
+            self._deliveries.put(MessageError(outcome.topic, outcome.error, outcome.message_id))
+        elif isinstance(outcome, Complete):
+            self._deliveries.put(
+                Message(
+                    outcome.topic,
+                    Payload(outcome.payload),
+                    hashlib.sha256(outcome.payload).hexdigest(),
+                    outcome.qos,
+                    False,
+                    outcome.properties,
+                    Route.CHUNKED,
+                    outcome.message_id,
+                )
+            )
+
+    def _resolve(self, incoming: Incoming) -> Delivery:
+        """Fetch a placeholder's payload; any failure becomes a MessageError."""
+        try:
+            ref = _placeholder.parse(incoming.payload, incoming.properties)
+        except MalformedPlaceholder as exc:
+            return MessageError(incoming.topic, exc)
+        try:
+            auth = self._auth_for(ref.url)
+            self._warn_plain_http(ref.url)
+            payload = self._transport.fetch(
+                ref.payload_url,
+                expected_sha256=ref.sha256,
+                expected_size=ref.size,
+                spool_threshold=self.settings.spool_threshold,
+                auth=auth,
+            )
+        except OffloadError as exc:
+            return MessageError(incoming.topic, exc, str(ref.message_id))
+        return Message(
+            incoming.topic,
+            payload,
+            ref.sha256,
+            incoming.qos,
+            incoming.retain,
+            _placeholder.original_properties(incoming.properties),
+            Route.OFFLOADED,
+            str(ref.message_id),
+        )
+
+    def _auth_for(self, url: str) -> httpx.Auth | None:
+        """hop-client's rule: credentials only to the advertised endpoint's origin."""
+        trusted = self.endpoint
+        if trusted is not None and _origin(url) == _origin(trusted):
+            return self._http_auth
+        if self.settings.untrusted_endpoint == "refuse":
+            raise UntrustedEndpoint(url, f"not the advertised offload endpoint ({trusted})")
+        return None
+
+    def _warn_plain_http(self, url: str) -> None:
+        scheme, host, port = _origin(url)
+        origin = f"{host}:{port}"
+        if scheme == "http" and origin not in self._warned_http:
+            self._warned_http.add(origin)
+            log.warning("offload endpoint %s uses plain http: payloads travel unencrypted", origin)
+
+
+def chunk_header_present(props: PublishProperties) -> bool:
+    """Whether a message claims to be an ADR-23 chunk (a malformed value still fails loudly)."""
+    return props.user_property(CHUNK_PROPERTY) is not None

@@ -1,0 +1,247 @@
+"""Client settings, the broker URL, and the environment / config-file layer.
+
+Library classes take these as keyword arguments and never read the environment themselves.
+:func:`load_settings` is the edge that does, used by the CLI and :meth:`Client.from_config`;
+precedence, highest first: explicit keyword argument / CLI flag > environment variable
+(`OFFLOAD_<NAME>`) > config file (TOML: `$OFFLOAD_CONFIG`, else
+`~/.config/mqtt-offload/config.toml`, flat `name = value` keys or a `[client]` table) >
+defaults.
+
+=====================  ==============================  ===========================================
+setting                environment                     meaning
+=====================  ==============================  ===========================================
+broker                 OFFLOAD_BROKER                  `mqtt[s]://[user:pass@]host[:port]`
+username / password    OFFLOAD_USERNAME / _PASSWORD    broker credentials (override the URL's)
+protocol               OFFLOAD_PROTOCOL                5 (MQTT 5) or 4 (3.1.1; "3.1.1" accepted)
+endpoint               OFFLOAD_ENDPOINT                offload gateway URL; skips discovery
+automatic_offload      OFFLOAD_AUTOMATIC_OFFLOAD       upload oversized messages (default true)
+fetch_external         OFFLOAD_FETCH_EXTERNAL          resolve placeholders (default true)
+chunking               OFFLOAD_CHUNKING                ADR-23 chunking fallback (default true)
+max_packet_size        OFFLOAD_MAX_PACKET_SIZE         limit when CONNACK states none
+offload_threshold      OFFLOAD_OFFLOAD_THRESHOLD       offload payloads above this even if they fit
+discovery_topic        OFFLOAD_DISCOVERY_TOPIC         default `sys/metadata`
+discovery_wait         OFFLOAD_DISCOVERY_WAIT          seconds a large publish waits for the record
+discovery_refresh      OFFLOAD_DISCOVERY_REFRESH       seconds between re-subscriptions
+chunk_timeout          OFFLOAD_CHUNK_TIMEOUT           reassembly timeout without message expiry
+untrusted_endpoint     OFFLOAD_UNTRUSTED_ENDPOINT      `anonymous` or `refuse` (foreign fetch URLs)
+spool_threshold        OFFLOAD_SPOOL_THRESHOLD         payloads above this are spooled to disk
+http_timeout           OFFLOAD_HTTP_TIMEOUT            seconds per HTTP read/connect
+keepalive              OFFLOAD_KEEPALIVE               MQTT keep-alive seconds
+=====================  ==============================  ===========================================
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypedDict, get_args
+from urllib.parse import unquote, urlsplit
+
+from ._exceptions import ConfigError
+
+UntrustedPolicy = Literal["anonymous", "refuse"]
+ENV_PREFIX = "OFFLOAD_"
+DEFAULT_CONFIG_FILE = Path("~/.config/mqtt-offload/config.toml")
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerUrl:
+    """`mqtt://[user:pass@]host[:port]` (1883) or `mqtts://...` (TLS, 8883)."""
+
+    host: str
+    port: int
+    tls: bool = False
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+
+    @classmethod
+    def parse(cls, url: str) -> BrokerUrl:
+        """Parse a broker URL.
+
+        Args:
+            url: `mqtt://` or `mqtts://` URL; `tcp://`/`ssl://` are accepted as aliases.
+
+        Raises:
+            ConfigError: not a usable broker URL.
+        """
+        parts = urlsplit(url if "://" in url else f"mqtt://{url}")
+        schemes = {"mqtt": False, "tcp": False, "mqtts": True, "ssl": True}
+        if parts.scheme not in schemes:
+            raise ConfigError(f"broker URL must be mqtt:// or mqtts://, got {parts.scheme!r}")
+        tls = schemes[parts.scheme]
+        try:
+            port = parts.port or (8883 if tls else 1883)
+        except ValueError as exc:
+            raise ConfigError(f"broker URL has a bad port: {exc}") from exc
+        if not parts.hostname:
+            raise ConfigError("broker URL has no host")
+        user = unquote(parts.username) if parts.username else None
+        password = unquote(parts.password) if parts.password else None
+        return cls(parts.hostname, port, tls, user, password)
+
+
+@dataclass(frozen=True, slots=True)
+class ClientSettings:
+    """Everything a :class:`client.Client` can be told. See the module table."""
+
+    broker: str = "mqtt://localhost:1883"
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    client_id: str = ""
+    protocol: int = 5
+    endpoint: str | None = None
+    automatic_offload: bool = True
+    fetch_external: bool = True
+    chunking: bool = True
+    max_packet_size: int | None = None
+    offload_threshold: int | None = None
+    discovery_topic: str = "sys/metadata"
+    discovery_wait: float = 2.0
+    discovery_refresh: float = 60.0
+    chunk_timeout: float = 60.0
+    untrusted_endpoint: UntrustedPolicy = "anonymous"
+    spool_threshold: int = 64 * 1024 * 1024
+    http_timeout: float = 60.0
+    keepalive: int = 30
+
+    def __post_init__(self) -> None:
+        BrokerUrl.parse(self.broker)
+        if self.protocol not in (4, 5):
+            raise ConfigError(f"protocol must be 5 or 4 (3.1.1), got {self.protocol!r}")
+        if self.untrusted_endpoint not in get_args(UntrustedPolicy):
+            raise ConfigError("untrusted_endpoint must be 'anonymous' or 'refuse'")
+        for name in ("max_packet_size", "offload_threshold"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ConfigError(f"{name} must be positive, got {value}")
+        for name in ("discovery_wait", "discovery_refresh", "chunk_timeout", "http_timeout"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must not be negative")
+        if self.endpoint is not None:
+            parts = urlsplit(self.endpoint)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ConfigError(f"endpoint must be an http(s) URL: {self.endpoint!r}")
+            object.__setattr__(self, "endpoint", self.endpoint.rstrip("/"))
+
+    @property
+    def broker_url(self) -> BrokerUrl:
+        """The parsed broker URL with explicit username/password applied over the URL's."""
+        url = BrokerUrl.parse(self.broker)
+        return dataclasses.replace(
+            url,
+            username=self.username if self.username is not None else url.username,
+            password=self.password if self.password is not None else url.password,
+        )
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(ClientSettings)}
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _coerce(name: str, value: object) -> object:
+    """Turn an environment string or TOML value into the field's type."""
+    kind = str(_FIELDS[name].type)
+    if value is None or not isinstance(value, str):
+        if "bool" in kind and not isinstance(value, bool):
+            raise ConfigError(f"{name} must be a boolean, got {value!r}")
+        return value
+    text = value.strip()
+    try:
+        if kind == "bool":
+            if text.lower() in _TRUE:
+                return True
+            if text.lower() in _FALSE:
+                return False
+            raise ConfigError(f"{name} must be true or false, got {value!r}")
+        if name == "protocol":
+            return {"5": 5, "4": 4, "3.1.1": 4, "311": 4}[text]
+        if kind.startswith("int"):
+            return None if text == "" and "None" in kind else int(text)
+        if kind.startswith("float"):
+            return float(text)
+    except (KeyError, ValueError) as exc:
+        raise ConfigError(f"{name}: cannot use {value!r}") from exc
+    return None if text == "" and "None" in kind else text
+
+
+def load_settings(
+    overrides: Mapping[str, object] | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    config_file: str | os.PathLike[str] | None = None,
+) -> ClientSettings:
+    """Build settings from keyword overrides > environment > config file > defaults.
+
+    Args:
+        overrides: explicit values (e.g. CLI flags); None values are ignored so that an
+            unset flag falls through to the lower layers.
+        environ: the environment to read `OFFLOAD_*` from (pass `os.environ`); None reads none.
+        config_file: TOML file; default `$OFFLOAD_CONFIG` from `environ`, else
+            `~/.config/mqtt-offload/config.toml` when it exists.
+
+    Raises:
+        ConfigError: an unknown key, a value of the wrong type, or an unreadable file.
+    """
+    env = dict(environ or {})
+    values: dict[str, object] = {}
+    path: Path | None
+    if config_file is not None:
+        path = Path(config_file)
+    elif env.get(ENV_PREFIX + "CONFIG"):
+        path = Path(env[ENV_PREFIX + "CONFIG"])
+    else:
+        default = DEFAULT_CONFIG_FILE.expanduser()
+        path = default if default.exists() else None
+    if path is not None:
+        try:
+            doc: dict[str, Any] = tomllib.loads(path.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"config file {path}: {exc}") from exc
+        table = doc.get("client", doc)
+        if not isinstance(table, dict):
+            raise ConfigError(f"config file {path}: [client] must be a table")
+        for key, value in table.items():
+            if key not in _FIELDS:
+                raise ConfigError(f"config file {path}: unknown setting {key!r}")
+            values[key] = _coerce(key, value)
+    for name in _FIELDS:
+        raw = env.get(ENV_PREFIX + name.upper())
+        if raw is not None:
+            values[name] = _coerce(name, raw)
+    for key, value in (overrides or {}).items():
+        if key not in _FIELDS:
+            raise ConfigError(f"unknown setting {key!r}")
+        if value is not None:
+            values[key] = value
+    try:
+        return ClientSettings(**values)  # type: ignore[arg-type]
+    except TypeError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+class SettingsOverrides(TypedDict, total=False):
+    """Keyword arguments accepted wherever settings can be given one by one."""
+
+    username: str | None
+    password: str | None
+    client_id: str
+    protocol: int
+    endpoint: str | None
+    automatic_offload: bool
+    fetch_external: bool
+    chunking: bool
+    max_packet_size: int | None
+    offload_threshold: int | None
+    discovery_topic: str
+    discovery_wait: float
+    discovery_refresh: float
+    chunk_timeout: float
+    untrusted_endpoint: UntrustedPolicy
+    spool_threshold: int
+    http_timeout: float
+    keepalive: int

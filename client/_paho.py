@@ -1,0 +1,383 @@
+"""The one module that imports paho: connection, loop thread, futures and conversion.
+
+paho's callbacks run on its network thread and must never block it (a blocked loop thread
+cannot read the PUBACK a publisher waits for: the re-entrancy deadlock of the reference notes).
+So every callback here only converts and hands over: received messages go to the `on_message`
+callable the owner passes (it must be quick, e.g. a queue put), PUBACK / SUBACK complete
+`concurrent.futures.Future` objects, and CONNACK updates the Maximum Packet Size. No paho type
+leaves this module.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
+
+from ._config import BrokerUrl
+from ._exceptions import ConnectionFailed, PublishRejected
+from .protocol import PublishProperties
+
+log = logging.getLogger("client.mqtt")
+
+
+@dataclass(frozen=True, slots=True)
+class Incoming:
+    """A PUBLISH received from the broker, already in the project's own types."""
+
+    topic: str
+    payload: bytes
+    qos: int
+    retain: bool
+    properties: PublishProperties
+
+
+def to_paho_properties(props: PublishProperties | None) -> Properties | None:
+    """Our PublishProperties as paho's PUBLISH Properties (None when there are none)."""
+    if props is None or props == PublishProperties():
+        return None
+    out = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+    if props.payload_format_indicator is not None:
+        out.PayloadFormatIndicator = props.payload_format_indicator
+    if props.message_expiry_interval is not None:
+        out.MessageExpiryInterval = props.message_expiry_interval
+    if props.content_type is not None:
+        out.ContentType = props.content_type
+    if props.response_topic is not None:
+        out.ResponseTopic = props.response_topic
+    if props.correlation_data is not None:
+        out.CorrelationData = props.correlation_data
+    if props.user_properties:
+        out.UserProperty = list(props.user_properties)
+    if props.topic_alias is not None:
+        out.TopicAlias = props.topic_alias
+    return out
+
+
+def from_paho_properties(props: Properties | None) -> PublishProperties:
+    """paho's received PUBLISH Properties as our frozen value."""
+    if props is None:
+        return PublishProperties()
+
+    def get(name: str) -> Any:
+        return getattr(props, name, None)
+
+    sub_ids = get("SubscriptionIdentifier")
+    if isinstance(sub_ids, int):
+        sub_ids = [sub_ids]
+    corr = get("CorrelationData")
+    return PublishProperties(
+        payload_format_indicator=get("PayloadFormatIndicator"),
+        message_expiry_interval=get("MessageExpiryInterval"),
+        content_type=get("ContentType"),
+        response_topic=get("ResponseTopic"),
+        correlation_data=bytes(corr) if corr is not None else None,
+        user_properties=tuple((str(k), str(v)) for k, v in (get("UserProperty") or ())),
+        topic_alias=get("TopicAlias"),
+        subscription_identifiers=tuple(sub_ids or ()),
+    )
+
+
+class _Acks:
+    """Futures keyed by packet id, tolerant of an ack that arrives before registration.
+
+    paho may process a PUBACK on its thread before `publish()` has returned the mid to us;
+    our lock is never held while calling into paho, so ordering is resolved here instead.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiting: dict[int, Future[Any]] = {}
+        self._early: dict[int, Any] = {}
+
+    def register(self, mid: int, future: Future[Any]) -> None:
+        with self._lock:
+            if mid in self._early:
+                outcome = self._early.pop(mid)
+            else:
+                self._waiting[mid] = future
+                return
+        _settle(future, outcome)
+
+    def settle(self, mid: int, outcome: Any) -> None:
+        with self._lock:
+            future = self._waiting.pop(mid, None)
+            if future is None:
+                self._early[mid] = outcome
+                return
+        _settle(future, outcome)
+
+    def fail_all(self, exc: BaseException) -> None:
+        with self._lock:
+            waiting, self._waiting = self._waiting, {}
+        for future in waiting.values():
+            _settle(future, exc)
+
+
+def _settle(future: Future[Any], outcome: Any) -> None:
+    if future.done():
+        return
+    if isinstance(outcome, BaseException):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)
+
+
+class MqttConnection:
+    """A paho client on its own loop thread, with reconnect and restored subscriptions.
+
+    Args:
+        broker: where to connect, with credentials and TLS choice.
+        on_message: called on paho's thread for every PUBLISH; must not block.
+        on_connect: called on paho's thread after every successful (re)connect.
+        client_id: MQTT client id; empty lets the broker assign one (MQTT 5).
+        protocol: 5 for MQTT 5, 4 for MQTT 3.1.1.
+        keepalive: keep-alive seconds.
+    """
+
+    def __init__(
+        self,
+        broker: BrokerUrl,
+        *,
+        on_message: Callable[[Incoming], None],
+        on_connect: Callable[[], None] | None = None,
+        client_id: str = "",
+        protocol: int = 5,
+        keepalive: int = 30,
+    ) -> None:
+        self._broker = broker
+        self._on_message_cb = on_message
+        self._on_connect_cb = on_connect
+        self.protocol = protocol
+        self._keepalive = keepalive
+        self._connected = threading.Event()
+        self._connack_error: ConnectionFailed | None = None
+        self._first = threading.Event()
+        self._lock = threading.Lock()
+        self._subscriptions: dict[str, int] = {}
+        self._pubacks = _Acks()
+        self._subacks = _Acks()
+        #: Maximum Packet Size from the latest CONNACK, None when the broker stated none.
+        self.max_packet_size: int | None = None
+        #: Incremented on every successful CONNACK.
+        self.connections = 0
+        version = mqtt.MQTTv5 if protocol == 5 else mqtt.MQTTv311
+        self._paho = mqtt.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id=client_id,
+            protocol=version,
+            clean_session=None if protocol == 5 else True,
+        )
+        if broker.username is not None:
+            self._paho.username_pw_set(broker.username, broker.password)
+        if broker.tls:
+            self._paho.tls_set(cert_reqs=ssl.CERT_REQUIRED)
+        self._paho.reconnect_delay_set(min_delay=1, max_delay=10)
+        self._paho.on_connect = self._on_connect
+        self._paho.on_disconnect = self._on_disconnect
+        self._paho.on_message = self._on_message
+        self._paho.on_publish = self._on_publish
+        self._paho.on_subscribe = self._on_subscribe
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def connect(self, timeout: float = 10.0) -> None:
+        """Connect and wait for CONNACK.
+
+        Args:
+            timeout: seconds to wait for the broker's CONNACK.
+
+        Raises:
+            ConnectionFailed: unreachable, refused, or no CONNACK in time.
+        """
+        where = f"{self._broker.host}:{self._broker.port}"
+        try:
+            if self.protocol == 5:
+                self._paho.connect(
+                    self._broker.host, self._broker.port, self._keepalive, clean_start=True
+                )
+            else:
+                self._paho.connect(self._broker.host, self._broker.port, self._keepalive)
+        except (OSError, ValueError) as exc:
+            raise ConnectionFailed(f"cannot connect to {where}: {exc}") from exc
+        self._paho.loop_start()
+        if not self._first.wait(timeout):
+            self.close()
+            raise ConnectionFailed(f"no CONNACK from {where} within {timeout}s")
+        if self._connack_error is not None:
+            self.close()
+            raise self._connack_error
+
+    def close(self) -> None:
+        """Disconnect and stop the loop thread; pending acks fail with ConnectionFailed."""
+        self._paho.disconnect()
+        self._paho.loop_stop()
+        closed = ConnectionFailed("connection closed")
+        self._pubacks.fail_all(closed)
+        self._subacks.fail_all(closed)
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    def wait_connected(self, timeout: float) -> bool:
+        return self._connected.wait(timeout)
+
+    # -- operations ------------------------------------------------------------------------
+
+    def publish(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        qos: int = 0,
+        retain: bool = False,
+        properties: PublishProperties | None = None,
+    ) -> Future[None]:
+        """Queue one PUBLISH; the future completes when it is written (QoS 0) or acked.
+
+        Args:
+            topic: topic name.
+            payload: the bytes, already known to fit the broker's limit.
+            qos: 0, 1 or 2.
+            retain: retain flag.
+            properties: MQTT 5 properties (ignored for 3.1.1 by the caller's choice).
+        """
+        future: Future[None] = Future()
+        paho_props = to_paho_properties(properties) if self.protocol == 5 else None
+        info = self._paho.publish(topic, payload, qos, retain, paho_props)
+        if info.rc == MQTTErrorCode.MQTT_ERR_NO_CONN and qos == 0:
+            # QoS 0 is not kept for a reconnect by paho: it is simply lost, so say so.
+            future.set_exception(
+                ConnectionFailed(f"not connected: QoS 0 publish to {topic!r} lost")
+            )
+            return future
+        if info.rc not in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN):
+            future.set_exception(PublishRejected(topic, mqtt.error_string(info.rc)))
+            return future
+        self._pubacks.register(info.mid, future)
+        return future
+
+    def subscribe(self, topic_filter: str, qos: int = 1) -> Future[None]:
+        """Subscribe now (if connected) and again after every reconnect.
+
+        Args:
+            topic_filter: MQTT topic filter.
+            qos: maximum QoS.
+        """
+        with self._lock:
+            self._subscriptions[topic_filter] = qos
+        return self._send_subscribe(topic_filter, qos)
+
+    def resubscribe(self, topic_filter: str) -> Future[None]:
+        """Subscribe again to an existing subscription (the broker re-sends retained)."""
+        with self._lock:
+            qos = self._subscriptions.get(topic_filter, 0)
+        return self._send_subscribe(topic_filter, qos)
+
+    def unsubscribe(self, topic_filter: str) -> None:
+        with self._lock:
+            self._subscriptions.pop(topic_filter, None)
+        self._paho.unsubscribe(topic_filter)
+
+    def _send_subscribe(self, topic_filter: str, qos: int) -> Future[None]:
+        future: Future[None] = Future()
+        rc, mid = self._paho.subscribe(topic_filter, qos)
+        if rc != MQTTErrorCode.MQTT_ERR_SUCCESS or mid is None:
+            # Not connected: on_connect subscribes everything recorded.
+            future.set_result(None)
+            return future
+        self._subacks.register(mid, future)
+        return future
+
+    # -- paho callbacks (paho's thread: never block) --------------------------------------
+
+    def _on_connect(
+        self,
+        client: mqtt.Client,
+        userdata: Any,
+        flags: Any,
+        reason: ReasonCode,
+        properties: Properties | None,
+    ) -> None:
+        if reason.is_failure:
+            self._connack_error = ConnectionFailed(f"broker refused the connection: {reason}")
+            self._first.set()
+            return
+        size = getattr(properties, "MaximumPacketSize", None) if properties else None
+        self.max_packet_size = int(size) if size else None
+        self.connections += 1
+        log.debug("connected, Maximum Packet Size %s", self.max_packet_size)
+        with self._lock:
+            subs = list(self._subscriptions.items())
+        for topic_filter, qos in subs:
+            rc, mid = client.subscribe(topic_filter, qos)
+            if rc == MQTTErrorCode.MQTT_ERR_SUCCESS and mid is not None:
+                # Nobody waits on these SUBACKs; registering keeps the mid from lingering.
+                self._subacks.register(mid, Future())
+        self._connected.set()
+        self._first.set()
+        if self._on_connect_cb is not None:
+            self._on_connect_cb()
+
+    def _on_disconnect(
+        self,
+        client: mqtt.Client,
+        userdata: Any,
+        flags: Any,
+        reason: ReasonCode,
+        properties: Properties | None,
+    ) -> None:
+        self._connected.clear()
+        log.debug("disconnected: %s", reason)
+
+    def _on_message(self, client: mqtt.Client, userdata: Any, msg: mqtt.MQTTMessage) -> None:
+        try:
+            incoming = Incoming(
+                msg.topic,
+                bytes(msg.payload),
+                msg.qos,
+                bool(msg.retain),
+                from_paho_properties(getattr(msg, "properties", None)),
+            )
+        except (UnicodeDecodeError, ValueError):
+            log.warning("dropped a PUBLISH with an undecodable topic or properties")
+            return
+        self._on_message_cb(incoming)
+
+    def _on_publish(
+        self,
+        client: mqtt.Client,
+        userdata: Any,
+        mid: int,
+        reason: ReasonCode,
+        properties: Properties | None,
+    ) -> None:
+        if reason.is_failure:
+            self._pubacks.settle(mid, PublishRejected(f"mid {mid}", str(reason)))
+        else:
+            self._pubacks.settle(mid, None)
+
+    def _on_subscribe(
+        self,
+        client: mqtt.Client,
+        userdata: Any,
+        mid: int,
+        reasons: list[ReasonCode],
+        properties: Properties | None,
+    ) -> None:
+        failed = [r for r in reasons if r.is_failure]
+        if failed:
+            self._subacks.settle(mid, ConnectionFailed(f"subscription refused: {failed[0]}"))
+        else:
+            self._subacks.settle(mid, None)

@@ -1,0 +1,130 @@
+"""The `_format=external` placeholder published in place of an offloaded payload. Pure.
+
+MQTT 5 placeholder: the user properties `_format=external` and `_id=<uuid>` (hop-client's
+headers), the original user properties after them, and the payload::
+
+    {"url": "https://gw.example/msg/<uuid>", "size": 20971520, "sha256": "<64 hex>"}
+
+MQTT 3.1.1 has no properties, so the payload carries the tag itself::
+
+    {"_format": "external", "_id": "<uuid>", "url": ..., "size": ..., "sha256": ...}
+
+Detection rule (both protocol versions, since a broker bridges 3.1.1 publishers to MQTT 5
+subscribers without inventing properties): a message is a placeholder when it has the user
+property `_format=external`, or when it has no `_format` user property and its payload is a
+JSON object (at most 64 KiB) whose `"_format"` member is `"external"`. A tagged message whose
+reference cannot be read is a :class:`MalformedPlaceholder`, never a payload.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, replace
+from typing import Any
+from urllib.parse import urlsplit
+
+from ._exceptions import MalformedPlaceholder
+from .protocol import MessageId, PublishProperties
+
+FORMAT_KEY = "_format"
+FORMAT_EXTERNAL = "external"
+ID_KEY = "_id"
+MAX_PLACEHOLDER_BYTES = 65536
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclass(frozen=True, slots=True)
+class Placeholder:
+    """A reference to an offloaded payload."""
+
+    url: str
+    size: int
+    sha256: str
+    message_id: MessageId
+
+    def __post_init__(self) -> None:
+        parts = urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise MalformedPlaceholder(f"url must be an http(s) URL: {self.url!r}")
+        if not isinstance(self.size, int) or isinstance(self.size, bool) or self.size < 0:
+            raise MalformedPlaceholder(f"size must be a non-negative integer: {self.size!r}")
+        if not isinstance(self.sha256, str) or not _SHA256.fullmatch(self.sha256):
+            raise MalformedPlaceholder("sha256 must be 64 lowercase hex characters")
+
+    @property
+    def payload_url(self) -> str:
+        """The gateway's raw-bytes URL for this object (no BSON to decode)."""
+        return self.url.rstrip("/") + "/payload"
+
+    def encode(
+        self, properties: PublishProperties | None, *, protocol: int = 5
+    ) -> tuple[bytes, PublishProperties | None]:
+        """The placeholder's payload and properties.
+
+        Args:
+            properties: the original message's properties, kept on the placeholder.
+            protocol: 5 for MQTT 5, 4 for MQTT 3.1.1 (tag carried in the payload).
+        """
+        doc: dict[str, Any] = {"url": self.url, "size": self.size, "sha256": self.sha256}
+        if protocol != 5:
+            doc = {FORMAT_KEY: FORMAT_EXTERNAL, ID_KEY: str(self.message_id), **doc}
+            return json.dumps(doc, separators=(",", ":")).encode(), None
+        original = (properties or PublishProperties()).without_user_properties(FORMAT_KEY, ID_KEY)
+        tags = ((FORMAT_KEY, FORMAT_EXTERNAL), (ID_KEY, str(self.message_id)))
+        tagged = tags + original.user_properties
+        return json.dumps(doc, separators=(",", ":")).encode(), replace(
+            original, user_properties=tagged, topic_alias=None, subscription_identifiers=()
+        )
+
+
+def is_tagged(payload: bytes, properties: PublishProperties) -> bool:
+    """Whether a received message claims to be a placeholder (see the module's rule)."""
+    tag = properties.user_property(FORMAT_KEY)
+    if tag is not None:
+        return tag == FORMAT_EXTERNAL
+    if len(payload) > MAX_PLACEHOLDER_BYTES or payload.lstrip()[:1] != b"{":
+        return False
+    try:
+        doc = json.loads(payload)
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and doc.get(FORMAT_KEY) == FORMAT_EXTERNAL
+
+
+def parse(payload: bytes, properties: PublishProperties) -> Placeholder:
+    """Read a tagged message's reference.
+
+    Args:
+        payload: the placeholder's payload (JSON).
+        properties: its properties; `_id` is taken from them, else from the JSON.
+
+    Raises:
+        MalformedPlaceholder: the reference cannot be read.
+    """
+    try:
+        doc = json.loads(payload)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise MalformedPlaceholder(f"placeholder payload is not JSON: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise MalformedPlaceholder("placeholder payload is not a JSON object")
+    raw_id = properties.user_property(ID_KEY) or doc.get(ID_KEY)
+    url, size, sha = doc.get("url"), doc.get("size"), doc.get("sha256")
+    if not isinstance(url, str):
+        raise MalformedPlaceholder("placeholder has no url")
+    if not isinstance(raw_id, str):
+        # hop-style references name the id only in the URL's last segment.
+        raw_id = urlsplit(url).path.rstrip("/").rsplit("/", 1)[-1]
+    try:
+        message_id = MessageId.parse(raw_id)
+    except ValueError as exc:
+        raise MalformedPlaceholder(f"placeholder id: {exc}") from exc
+    if not isinstance(size, int) or not isinstance(sha, str):
+        raise MalformedPlaceholder("placeholder needs integer size and string sha256")
+    return Placeholder(url, size, sha, message_id)
+
+
+def original_properties(properties: PublishProperties) -> PublishProperties:
+    """The properties the producer set, without the placeholder's tags."""
+    return properties.without_user_properties(FORMAT_KEY, ID_KEY)
