@@ -23,6 +23,7 @@ Hierarchy::
     |       +-- PayloadChecksumMismatch       .expected, .actual
     |       +-- UntrustedEndpoint             credentials withheld and refusal configured
     +-- ConnectionFailed                      broker unreachable or refused us
+    +-- PublishRejected                       .topic: the broker refused a PUBLISH (reason code)
     +-- ConfigError                           unusable settings (URL, file, value)
 
 Errors about one received message are not raised into the paho thread: the consumer
@@ -151,6 +152,14 @@ class UntrustedEndpoint(FetchError):
 
 class ConnectionFailed(OffloadError):
     """The broker could not be reached or refused the connection."""
+
+
+class PublishRejected(OffloadError):
+    """The broker answered a PUBLISH with a failure reason code, or paho could not queue it."""
+
+    def __init__(self, topic: str, reason: str) -> None:
+        super().__init__(f"publish to {topic!r} rejected: {reason}")
+        self.topic = topic
 
 
 class ConfigError(OffloadError, ValueError):
