@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 from typing import Any, TypeAlias
@@ -56,6 +56,7 @@ _BIN_HEAD = struct.Struct("<ib")  # binary: int32 length, subtype byte
 
 _MESSAGE = "message"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_NO_FIELDS: Mapping[str, Any] = MappingProxyType({})
 
 # Element types whose value has a fixed size, and the variable ones led by an int32.
 _FIXED_SIZE = {0x01: 8, 0x08: 1, 0x09: 8, 0x0A: 0, 0x10: 4, 0x11: 8, 0x12: 8}
@@ -94,9 +95,15 @@ def _type_name(etype: int) -> str:
 
 @dataclass(frozen=True, slots=True)
 class PayloadStart:
-    """The ``message`` element's header was read: `length` payload bytes follow."""
+    """The ``message`` element's header was read: `length` payload bytes follow.
+
+    `fields` holds the fields that came before ``message``, already decoded: with our
+    encoders the headers and key (so a server can pick the object key before the payload),
+    with hop-client's nothing. It does not take part in comparisons.
+    """
 
     length: int
+    fields: Mapping[str, Any] = field(default_factory=lambda: _NO_FIELDS, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -457,8 +464,8 @@ class EnvelopeParser:
             if self._offset == 0 and not self._pending:
                 self._failure = _fail("empty body")
             elif self._length:
-                got = self._offset + len(self._pending)
-                self._failure = _fail(f"truncated: {got} of {self._length} declared bytes")
+                # _offset counts bytes consumed, including those waiting in _pending
+                self._failure = _fail(f"truncated: {self._offset} of {self._length} declared bytes")
             else:
                 self._failure = _fail("truncated before the document length")
             raise self._failure
@@ -480,7 +487,7 @@ class EnvelopeParser:
             elif state == _NAME:
                 pos = self._scan_name(view, pos, n)
             elif state == _DONE:
-                raise _fail(f"{n - pos} trailing bytes after the document")
+                raise _fail(f"trailing bytes after the {self._length}-byte document")
             else:
                 have = len(self._pending)
                 take = min(self._need - have, n - pos)
@@ -525,7 +532,9 @@ class EnvelopeParser:
         if nul < 0:
             self._pending += window
             if self._offset >= self._length - 1:
-                raise _fail("element name is not NUL-terminated within the document")
+                raise _fail(
+                    f"element name is not NUL-terminated within the {self._length}-byte document"
+                )
             return pos + used
         raw = bytes(self._pending) + window[:nul]
         self._pending.clear()
@@ -570,9 +579,7 @@ class EnvelopeParser:
                 self._state = _DONE
                 events.append(Complete(MappingProxyType(self._fields)))
             elif etype == 0:
-                raise _fail(
-                    f"document ends at byte {self._offset} but declares {self._length} bytes"
-                )
+                raise _fail(f"document ends after {self._offset} bytes but declares {self._length}")
             else:
                 self._etype = etype
                 self._name = ""
@@ -635,7 +642,8 @@ class EnvelopeParser:
                 f"'message' of {length} bytes at byte {self._offset} runs past the end of "
                 f"the {self._length}-byte document"
             )
-        events.append(PayloadStart(length))
+        # A copy: the fields after the payload must not show up in this event.
+        events.append(PayloadStart(length, MappingProxyType(dict(self._fields))))
         if length:
             self._remaining = length
             self._state = _PAYLOAD
