@@ -1,0 +1,95 @@
+"""Read offloaded MQTT messages from object storage with Spark, without the gateway.
+
+Install with the `spark` extra (pyspark >= 4.0 with pyarrow, minio). Then::
+
+    from client.spark import register
+
+    register(spark)  # once per session; reads OFFLOAD_S3_ACCESS_KEY / _SECRET_KEY now
+    df = (
+        spark.read.format("offload")
+        .option("storage", "s3://HOST:PORT/BUCKET?secure=false")
+        .option("topic", "sensors/+/image")          # MQTT filter, optional
+        .option("since", "2026-11-22T00:00:00Z")     # ISO-8601 or epoch ms, optional
+        .option("until", "2026-11-23")               # exclusive, optional
+        .option("payload", "false")                  # metadata-only scan, optional
+        .load()
+    )
+
+Columns: `id` string, `topic` string, `timestamp` timestamp, `size` long, `sha256` string,
+`content_type` string, `key` binary, `headers` map<string,binary>, `payload` binary.
+
+How it reads:
+
+* The driver lists keys and sizes only, pruned by the layout's key prefixes: the topic
+  filter's fixed levels, then the `date=` and `hour=` partitions the time range touches. It
+  packs the payload objects into tasks of nearly equal bytes (a few tasks per core, at most
+  ~128 MiB each) and ships only their keys.
+* Each task opens its own client and reads `<key>.meta.json`, then `<key>`. A payload whose
+  sidecar is missing is an upload in flight and is skipped; an object deleted between
+  listing and reading (expiry) is skipped too. The exact time range is applied to each
+  manifest's `timestamp`.
+* `verify` (default true) checks every payload's SHA-256 and size against its manifest and
+  fails the task with `PayloadChecksumMismatch` on a difference: a truncated or corrupted
+  object would otherwise reach analyses silently. Hashing costs about one CPU-second per
+  GiB; `option("verify", "false")` skips it. Metadata-only scans never hash.
+* A single payload must fit a Spark binary value (< 2 GiB) and a task's memory.
+
+Export job (also runnable by `spark-submit client/spark/job.py ...`)::
+
+    python -m client.spark --storage URL --topic 'a/#' --since 2026-11-01 --until 2026-11-08 \\
+        --out /data/offload-parquet [--no-payload] [--master local[2]]
+
+writes Parquet partitioned by `topic` and `date` (UTC), replacing only the partitions it
+writes (dynamic partition overwrite; the range is widened to whole UTC days so a partition
+is always rewritten whole), then prints messages and bytes per topic per day.
+
+Raw objects with Spark's built-in sources (no Python data source needed)
+-----------------------------------------------------------------------
+
+Payloads are plain objects and sidecars plain JSON, so Spark's own `binaryFile` and `json`
+sources read them too. Point them at one topic's directory: Spark then discovers `date` and
+`hour` as partition columns from the `date=`/`hour=` directories and prunes on them.
+
+On a cluster with hadoop-aws on the classpath (`--packages
+org.apache.hadoop:hadoop-aws:<the Hadoop version of your Spark>`, e.g. 3.4.x for Spark 4)::
+
+    spark = (
+        SparkSession.builder
+        .config("spark.hadoop.fs.s3a.endpoint", "http://HOST:PORT")
+        .config("spark.hadoop.fs.s3a.path.style.access", "true")
+        .config("spark.hadoop.fs.s3a.connection.ssl.enabled", "false")
+        .config("spark.hadoop.fs.s3a.access.key", access_key)
+        .config("spark.hadoop.fs.s3a.secret.key", secret_key)
+        .getOrCreate()
+    )
+    topic_dir = "s3a://BUCKET/data/sensors/temp/"       # levels percent-encoded as in the layout
+    payloads = (
+        spark.read.format("binaryFile")
+        .load(topic_dir)                                 # path, modificationTime, length,
+        .where("date = '2026-11-22'")                    # content, date, hour
+        .where("NOT path LIKE '%.meta.json'")
+    )
+    manifests = spark.read.json(topic_dir + "date=*/hour=*/*.meta.json")
+
+Join the two on the payload's path ending with the manifest's `data_key` to get ids and
+headers. This reads everything below the directory (no in-flight check: a payload may be
+listed before its sidecar exists) and does not verify checksums. Not tested here: the
+hadoop-aws jars cannot be downloaded in this environment.
+
+The embedded store (`file:///PATH`) is the same layout on disk, so the same code works with
+`file:///PATH/data/sensors/temp/` as the directory (tested in tests/test_spark.py).
+"""
+
+from ._options import ScanOptions, StorageLocation, parse_options, parse_storage_url, parse_time
+from ._source import FORMAT, OffloadDataSource, register
+
+__all__ = [
+    "FORMAT",
+    "OffloadDataSource",
+    "ScanOptions",
+    "StorageLocation",
+    "parse_options",
+    "parse_storage_url",
+    "parse_time",
+    "register",
+]

@@ -1,0 +1,166 @@
+"""Read-only access to the object store for the Spark reader: list and get, nothing else.
+
+The gateway owns writing (gateway.storage); this side needs only listings with a delimiter
+(to walk the topic tree without a full listing) and whole-object reads, and must not pull
+the gateway's web dependencies onto Spark executors.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from .._exceptions import ConfigError, FetchError
+from ._options import StorageLocation
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """One level of a delimiter listing: objects right under a prefix, and sub-prefixes."""
+
+    objects: tuple[tuple[str, int], ...]
+    prefixes: tuple[str, ...]
+
+
+class ReadStore(Protocol):
+    """What the reader needs from a store."""
+
+    def list_level(self, prefix: str) -> Listing:
+        """Objects and sub-prefixes (ending in `/`) one `/` below `prefix`."""
+
+    def list_all(self, prefix: str) -> Iterator[tuple[str, int]]:
+        """(key, size) of every object whose key starts with `prefix`, recursively."""
+
+    def get(self, key: str) -> bytes | None:
+        """An object's bytes, or None when it does not exist (any more)."""
+
+
+class S3ReadStore:
+    """One bucket through the MinIO SDK."""
+
+    def __init__(self, location: StorageLocation) -> None:
+        from minio import Minio
+
+        self._location = location
+        self._bucket = location.bucket
+        self._client = Minio(
+            location.endpoint,
+            access_key=location.access_key,
+            secret_key=location.secret_key,
+            secure=location.secure,
+            region=location.region,
+        )
+
+    def __repr__(self) -> str:
+        return f"S3ReadStore({self._location.url!r})"
+
+    def _fail(self, what: str, exc: Exception) -> FetchError:
+        return FetchError(self._location.url, f"{what}: {exc}")
+
+    def list_level(self, prefix: str) -> Listing:
+        objects: list[tuple[str, int]] = []
+        prefixes: list[str] = []
+        try:
+            for obj in self._client.list_objects(self._bucket, prefix=prefix, recursive=False):
+                name = obj.object_name
+                if name is None:
+                    continue
+                if obj.is_dir:
+                    prefixes.append(name)
+                else:
+                    objects.append((name, obj.size or 0))
+        except Exception as exc:  # minio raises S3Error, urllib3 and OSError kinds alike
+            raise self._fail(f"listing {prefix!r}", exc) from exc
+        return Listing(tuple(objects), tuple(prefixes))
+
+    def list_all(self, prefix: str) -> Iterator[tuple[str, int]]:
+        try:
+            for obj in self._client.list_objects(self._bucket, prefix=prefix, recursive=True):
+                if obj.object_name is not None and not obj.is_dir:
+                    yield obj.object_name, obj.size or 0
+        except Exception as exc:
+            raise self._fail(f"listing {prefix!r}", exc) from exc
+
+    def get(self, key: str) -> bytes | None:
+        from minio.error import S3Error
+
+        try:
+            response = self._client.get_object(self._bucket, key)
+        except S3Error as exc:
+            if exc.code in ("NoSuchKey", "NoSuchObject"):
+                return None
+            raise self._fail(f"reading {key!r}", exc) from exc
+        except Exception as exc:
+            raise self._fail(f"reading {key!r}", exc) from exc
+        try:
+            return bytes(response.read())
+        except Exception as exc:
+            raise self._fail(f"reading {key!r}", exc) from exc
+        finally:
+            response.close()
+            response.release_conn()
+
+
+class FileReadStore:
+    """The embedded store: objects are files below a directory, keys are relative paths."""
+
+    def __init__(self, location: StorageLocation) -> None:
+        self._root = Path(location.bucket)
+
+    def __repr__(self) -> str:
+        return f"FileReadStore({str(self._root)!r})"
+
+    def _dir_and_stem(self, prefix: str) -> tuple[Path, str]:
+        directory, _, stem = prefix.rpartition("/")
+        path = self._root / directory if directory else self._root
+        if ".." in Path(directory).parts:
+            raise ConfigError(f"prefix {prefix!r} leaves the store")
+        return path, stem
+
+    @staticmethod
+    def _visible(name: str) -> bool:
+        # The gateway's FileStore writes `.<name>.<hex>.part` and renames it into place.
+        return not name.startswith(".")
+
+    def list_level(self, prefix: str) -> Listing:
+        directory, stem = self._dir_and_stem(prefix)
+        base = prefix[: len(prefix) - len(stem)]
+        objects: list[tuple[str, int]] = []
+        prefixes: list[str] = []
+        try:
+            entries = sorted(os.scandir(directory), key=lambda e: e.name)
+        except FileNotFoundError:
+            return Listing((), ())
+        for entry in entries:
+            if not entry.name.startswith(stem) or not self._visible(entry.name):
+                continue
+            if entry.is_dir():
+                prefixes.append(f"{base}{entry.name}/")
+            elif entry.is_file():
+                objects.append((base + entry.name, entry.stat().st_size))
+        return Listing(tuple(objects), tuple(prefixes))
+
+    def list_all(self, prefix: str) -> Iterator[tuple[str, int]]:
+        level = self.list_level(prefix)
+        yield from level.objects
+        for sub in level.prefixes:
+            yield from self.list_all(sub)
+
+    def get(self, key: str) -> bytes | None:
+        directory, name = self._dir_and_stem(key)
+        try:
+            return (directory / name).read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise FetchError(f"file://{self._root}", f"reading {key!r}: {exc}") from exc
+
+
+def open_read_store(location: StorageLocation) -> S3ReadStore | FileReadStore:
+    """The store a location names; each executor task opens its own."""
+    if location.scheme == "file":
+        return FileReadStore(location)
+    return S3ReadStore(location)
