@@ -1,8 +1,16 @@
-"""mqtt-offload client: publish and receive MQTT messages of any size."""
+"""mqtt-offload client: publish and receive MQTT messages of any size.
 
-from ._aio import AsyncClient
-from ._client import Client
-from ._config import BrokerUrl, ClientSettings, load_settings
+Importing `client` (or `client.protocol`, `client._exceptions`) stays light: the paho- and
+httpx-based classes load on first use, so the gateway, the Spark executors and the
+`discovery` package can use the protocol cores without pulling in the MQTT client, and the
+`discovery` <-> `client` imports never form a cycle.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from ._exceptions import (
     ChecksumMismatchError,
     ChunkBufferOverflow,
@@ -25,9 +33,38 @@ from ._exceptions import (
     UntrustedEndpoint,
     UploadError,
 )
-from ._http import HttpTransport
-from ._message import Message, MessageError, Payload, PublishResult, Route
 from .protocol import PublishProperties
+
+if TYPE_CHECKING:
+    from ._aio import AsyncClient
+    from ._client import Client
+    from ._config import BrokerUrl, ClientSettings, load_settings
+    from ._http import HttpTransport
+    from ._message import Message, MessageError, Payload, PublishResult, Route
+
+_LAZY = {
+    "AsyncClient": "._aio",
+    "Client": "._client",
+    "BrokerUrl": "._config",
+    "ClientSettings": "._config",
+    "load_settings": "._config",
+    "HttpTransport": "._http",
+    "Message": "._message",
+    "MessageError": "._message",
+    "Payload": "._message",
+    "PublishResult": "._message",
+    "Route": "._message",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'client' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "AsyncClient",

@@ -1,0 +1,326 @@
+"""`offload`: publish, subscribe, fetch and discover from the command line.
+
+Settings are layered defaults < config file < environment (`OFFLOAD_*`) < flags, see
+:mod:`client._config`. Output is machine-readable: `publish` prints one JSON line describing
+what it did, `subscribe` one JSON line per message (`topic`, `size`, `sha256`, `route`, ...)
+or per error (`error` names the cause: `checksum mismatch`, `chunk timeout`, `not found`, ...).
+
+Exit codes:
+
+    0  success
+    1  subscribe delivered at least one error line; discover found no record
+    2  bad usage or configuration
+    3  broker unreachable or refused the connection
+    4  message too large and neither offload nor chunking could carry it
+    5  HTTP transfer failed (upload, fetch, not found, checksum mismatch)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ._client import Client
+from ._config import ClientSettings, load_settings
+from ._exceptions import (
+    ChecksumMismatchError,
+    ChunkBufferOverflow,
+    ChunkTimeoutError,
+    ConfigError,
+    ConnectionFailed,
+    FetchError,
+    MalformedChunk,
+    MalformedPlaceholder,
+    MessageTooLarge,
+    OffloadError,
+    PayloadChecksumMismatch,
+    PayloadNotFound,
+    TransferError,
+    UntrustedEndpoint,
+    UploadError,
+)
+from ._http import HttpTransport
+from ._message import Message, MessageError, PublishResult
+from .protocol import MessageId
+
+EXIT_OK, EXIT_ERRORS, EXIT_USAGE, EXIT_CONNECT, EXIT_TOO_LARGE, EXIT_TRANSFER = range(6)
+
+# Most specific first: the first matching class names the cause.
+_CAUSES: tuple[tuple[type[OffloadError], str], ...] = (
+    (ChecksumMismatchError, "checksum mismatch"),
+    (PayloadChecksumMismatch, "checksum mismatch"),
+    (ChunkTimeoutError, "chunk timeout"),
+    (ChunkBufferOverflow, "buffer overflow"),
+    (PayloadNotFound, "not found"),
+    (UntrustedEndpoint, "untrusted endpoint"),
+    (FetchError, "fetch failed"),
+    (MalformedPlaceholder, "malformed placeholder"),
+    (MalformedChunk, "malformed chunk"),
+)
+
+
+def cause(error: OffloadError) -> str:
+    """A short, stable name for why a message failed (the `error` field of JSON lines)."""
+    for kind, name in _CAUSES:
+        if isinstance(error, kind):
+            return name
+    return type(error).__name__
+
+
+def _emit(doc: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(doc, separators=(",", ":")) + "\n")
+    sys.stdout.flush()
+
+
+def _result_doc(result: PublishResult) -> dict[str, Any]:
+    return {
+        "topic": result.topic,
+        "route": str(result.route),
+        "size": result.size,
+        "sha256": result.sha256,
+        "id": result.message_id,
+        "url": result.url,
+        "packets": result.packets,
+    }
+
+
+def _add_connection(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("connection (flags beat OFFLOAD_* and the config file)")
+    group.add_argument("--broker", help="mqtt[s]://[user:pass@]host[:port]")
+    group.add_argument("--username")
+    group.add_argument("--password")
+    group.add_argument("--protocol", choices=["5", "3.1.1"], help="MQTT version (default 5)")
+    group.add_argument("--client-id")
+    group.add_argument("--endpoint", help="offload gateway URL (skips discovery)")
+    group.add_argument("--discovery-topic")
+    group.add_argument("--discovery-wait", type=float, metavar="SECONDS")
+    group.add_argument("--max-packet-size", type=int, metavar="BYTES")
+    group.add_argument("--offload-threshold", type=int, metavar="BYTES")
+    group.add_argument("--chunk-timeout", type=float, metavar="SECONDS")
+    onoff = argparse.BooleanOptionalAction
+    group.add_argument("--automatic-offload", action=onoff, default=None)
+    group.add_argument("--fetch-external", action=onoff, default=None)
+    group.add_argument("--chunking", action=onoff, default=None)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="offload",
+        description="MQTT messages of any size: offload to an HTTP gateway, else ADR-23 chunks.",
+        epilog="Exit codes: 0 ok, 1 error lines / nothing found, 2 usage or configuration, "
+        "3 broker connection, 4 message too large, 5 HTTP transfer failed.",
+    )
+    parser.add_argument("--config", metavar="FILE", help="TOML config file")
+    parser.add_argument("-v", "--verbose", action="count", default=0)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    pub = sub.add_parser("publish", help="publish a file or a text message")
+    _add_connection(pub)
+    pub.add_argument("--topic", "-t", required=True)
+    what = pub.add_mutually_exclusive_group(required=True)
+    what.add_argument("--file", "-f", type=Path, help="payload file ('-' for stdin)")
+    what.add_argument("--message", "-m", help="payload text (UTF-8)")
+    pub.add_argument("--qos", "-q", type=int, choices=[0, 1, 2], default=1)
+    pub.add_argument("--retain", "-r", action="store_true")
+
+    subs = sub.add_parser("subscribe", help="print one JSON line per message")
+    _add_connection(subs)
+    subs.add_argument("--topic", "-t", required=True, action="append", help="filter (repeatable)")
+    subs.add_argument("--qos", "-q", type=int, choices=[0, 1, 2], default=1)
+    subs.add_argument("--count", "-c", type=int, help="stop after N messages (errors count)")
+    subs.add_argument("--timeout", type=float, metavar="SECONDS", help="stop when idle this long")
+    subs.add_argument("--out", "-o", type=Path, metavar="DIR", help="write payloads here")
+
+    fetch = sub.add_parser("fetch", help="download an offloaded payload")
+    fetch.add_argument("url", help="{endpoint}/msg/{id} (its raw /payload is fetched) or any URL")
+    fetch.add_argument("-o", "--output", type=Path, help="file to write (default: stdout)")
+    fetch.add_argument("--sha256", help="expected SHA-256 (hex) to verify")
+
+    disc = sub.add_parser("discover", help="print the advertised discovery record")
+    _add_connection(disc)
+    disc.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS")
+    return parser
+
+
+_SETTING_FLAGS = (
+    "broker", "username", "password", "client_id", "endpoint", "discovery_topic",
+    "discovery_wait", "max_packet_size", "offload_threshold", "chunk_timeout",
+    "automatic_offload", "fetch_external", "chunking",
+)  # fmt: skip
+
+
+def settings_from_args(args: argparse.Namespace) -> ClientSettings:
+    """Flags > environment > config file > defaults."""
+    flags: dict[str, object] = {name: getattr(args, name, None) for name in _SETTING_FLAGS}
+    if getattr(args, "protocol", None):
+        flags["protocol"] = 4 if args.protocol == "3.1.1" else 5
+    return load_settings(flags, environ=os.environ, config_file=args.config)
+
+
+def _publish(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    with Client(settings=settings) as client:
+        if args.file is not None:
+            if str(args.file) == "-":
+                result = client.publish(
+                    args.topic, sys.stdin.buffer, qos=args.qos, retain=args.retain
+                )
+            else:
+                result = client.publish(args.topic, args.file, qos=args.qos, retain=args.retain)
+        else:
+            result = client.publish(args.topic, args.message, qos=args.qos, retain=args.retain)
+    _emit(_result_doc(result))
+    return EXIT_OK
+
+
+def _safe_name(topic: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in topic)[:100]
+
+
+def _subscribe(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+    errors = 0
+    seen = 0
+    with Client(settings=settings) as client:
+        for topic_filter in args.topic:
+            client.subscribe(topic_filter, args.qos)
+        for item in client.messages(timeout=args.timeout):
+            seen += 1
+            if isinstance(item, MessageError):
+                errors += 1
+                _emit({
+                    "topic": item.topic,
+                    "error": cause(item.error),
+                    "id": item.message_id,
+                    "detail": str(item.error),
+                })  # fmt: skip
+            else:
+                _emit(_message_doc(item, args.out, seen))
+            if args.count is not None and seen >= args.count:
+                break
+    return EXIT_ERRORS if errors else EXIT_OK
+
+
+def _message_doc(msg: Message, out: Path | None, seq: int) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "topic": msg.topic,
+        "size": msg.size,
+        "sha256": msg.sha256,
+        "route": str(msg.route),
+        "qos": msg.qos,
+        "retain": msg.retain,
+        "id": msg.message_id,
+    }
+    p = msg.properties
+    if p.content_type is not None:
+        doc["content_type"] = p.content_type
+    if p.user_properties:
+        doc["user_properties"] = [list(pair) for pair in p.user_properties]
+    if out is not None:
+        path = out / f"{seq:06d}-{_safe_name(msg.topic)}"
+        msg.body.save(path)
+        doc["file"] = str(path)
+    return doc
+
+
+def _fetch(args: argparse.Namespace) -> int:
+    url: str = args.url.rstrip("/")
+    last = url.rsplit("/", 1)[-1]
+    try:
+        MessageId.parse(last)
+        if url.rsplit("/", 2)[-2] == "msg":
+            url += "/payload"  # the raw bytes, not the BSON document
+    except ValueError:
+        pass
+    with HttpTransport() as transport:
+        if args.sha256:
+            payload = transport.fetch(url, expected_sha256=args.sha256.lower())
+            if args.output is not None:
+                payload.save(args.output)
+            else:
+                with payload.open() as f:
+                    while piece := f.read(1 << 20):
+                        sys.stdout.buffer.write(piece)
+            size = payload.size
+        elif args.output is not None:
+            with args.output.open("wb") as out:
+                size = transport.fetch_to(url, out)
+        else:
+            size = transport.fetch_to(url, sys.stdout.buffer)
+    if args.output is not None:
+        _emit({"url": url, "size": size, "file": str(args.output)})
+    return EXIT_OK
+
+
+def _discover(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    if settings.endpoint is not None:
+        raise ConfigError("discover asks the broker: do not pass --endpoint")
+    with Client(settings=settings) as client:
+        deadline = time.monotonic() + args.timeout
+        client.wait_for_endpoint(args.timeout)
+        record = client.discovery_record
+        while record is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+            record = client.discovery_record
+    if record is None:
+        _emit({"topic": settings.discovery_topic, "error": "no discovery record"})
+        return EXIT_ERRORS
+    doc = json.loads(record.to_json())
+    doc["topic"] = settings.discovery_topic
+    _emit(doc)
+    return EXIT_OK
+
+
+_COMMANDS = {"publish": _publish, "subscribe": _subscribe, "fetch": _fetch, "discover": _discover}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the `offload` command line; returns the exit code.
+
+    Args:
+        argv: arguments without the program name (default: `sys.argv[1:]`).
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = (
+        logging.WARNING
+        if args.verbose == 0
+        else logging.INFO
+        if args.verbose == 1
+        else logging.DEBUG
+    )
+    logging.basicConfig(level=level, format="offload: %(levelname)s %(message)s", stream=sys.stderr)
+    try:
+        return _COMMANDS[args.command](args)
+    except ConfigError as exc:
+        parser.print_usage(sys.stderr)
+        print(f"offload: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except ConnectionFailed as exc:
+        print(f"offload: cannot connect: {exc}", file=sys.stderr)
+        return EXIT_CONNECT
+    except MessageTooLarge as exc:
+        print(f"offload: {exc}", file=sys.stderr)
+        return EXIT_TOO_LARGE
+    except (TransferError, UploadError) as exc:
+        print(f"offload: {cause(exc)}: {exc}", file=sys.stderr)
+        return EXIT_TRANSFER
+    except OffloadError as exc:
+        print(f"offload: {exc}", file=sys.stderr)
+        return EXIT_ERRORS
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

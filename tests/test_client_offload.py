@@ -1,0 +1,268 @@
+"""Offload end to end: client -> real gateway (SeaweedFS) -> placeholder -> fetching client."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import subprocess
+from collections.abc import Callable, Generator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from _gateway import GatewayServer
+from _servers import Mosquitto
+
+from client import (
+    AsyncClient,
+    Client,
+    Message,
+    MessageError,
+    PayloadChecksumMismatch,
+    PayloadNotFound,
+    PublishProperties,
+    Route,
+    UntrustedEndpoint,
+)
+from client._placeholder import Placeholder
+from client.protocol import MessageId
+
+pytestmark = pytest.mark.servers
+
+MiB = 1024 * 1024
+
+
+class RecordingAuth(httpx.Auth):
+    """A real httpx auth flow that adds a header and remembers where it was used."""
+
+    def __init__(self) -> None:
+        self.urls: list[str] = []
+
+    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        self.urls.append(str(request.url))
+        request.headers["Authorization"] = "Bearer test-token"
+        yield request
+
+
+@pytest.fixture
+def clients(gateway: GatewayServer) -> Iterator[Callable[..., Client]]:
+    broker: Mosquitto = gateway.broker  # type: ignore[attr-defined]
+    made: list[Client] = []
+
+    def make(**kw: Any) -> Client:
+        kw.setdefault("discovery_wait", 10.0)
+        c = Client(broker.url, **kw)
+        c.connect()
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.close()
+
+
+def _next(client: Client, timeout: float = 30.0) -> Message | MessageError:
+    item = client.next_message(timeout)
+    assert item is not None, "nothing delivered in time"
+    return item
+
+
+def test_20_mib_crosses_a_256_kib_broker_as_a_placeholder(
+    gateway: GatewayServer,
+    clients: Callable[..., Client],
+    unique_topic: Callable[[str], str],
+    tmp_path: Path,
+) -> None:
+    broker: Mosquitto = gateway.broker  # type: ignore[attr-defined]
+    topic = unique_topic("big")
+    payload = os.urandom(20 * MiB)
+    source = tmp_path / "big.bin"
+    source.write_bytes(payload)
+    raw = subprocess.Popen(
+        ["mosquitto_sub", "-p", str(broker.port), "-V", "5", "-t", topic, "-C", "1",
+         "-W", "60", "-F", "%P\t%p"],
+        stdout=subprocess.PIPE,
+    )  # fmt: skip
+    sub = clients(spool_threshold=1 * MiB)
+    sub.subscribe(topic)
+    pub = clients()
+    assert pub.wait_for_endpoint(10) == gateway.url
+    props = PublishProperties(
+        content_type="application/x-test",
+        user_properties=(("origin", "test"),),
+        message_expiry_interval=600,
+        response_topic="reply/here",
+        correlation_data=b"corr",
+    )
+    result = pub.publish(topic, source, qos=1, properties=props)
+    assert result.route is Route.OFFLOADED
+    assert result.url == f"{gateway.url}/msg/{result.message_id}"
+    assert result.sha256 == hashlib.sha256(payload).hexdigest()
+
+    msg = _next(sub)
+    assert isinstance(msg, Message), msg
+    assert msg.route is Route.OFFLOADED
+    assert msg.size == 20 * MiB
+    assert msg.body.path is not None  # spooled to disk above the threshold
+    assert msg.payload == payload
+    assert msg.sha256 == result.sha256
+    assert msg.message_id == result.message_id
+    assert msg.properties.user_properties == (("origin", "test"),)
+    assert msg.properties.content_type == "application/x-test"
+    assert msg.properties.response_topic == "reply/here"
+    assert msg.properties.correlation_data == b"corr"
+    assert msg.properties.message_expiry_interval is not None
+
+    out, _ = raw.communicate(timeout=60)
+    user_props, _, body = out.partition(b"\t")
+    assert len(out) < 1024
+    assert b"_format" in user_props and b"external" in user_props
+    ref = json.loads(body)
+    assert ref == {"url": result.url, "size": 20 * MiB, "sha256": result.sha256}
+    # mosquitto logs "disconnected due to protocol error" for an oversize packet.
+    assert "due to" not in broker.log()
+    assert "dropping" not in broker.log().lower()
+
+
+def _publish_placeholder(client: Client, topic: str, ref: Placeholder) -> None:
+    body, props = ref.encode(None)
+    client._conn.publish(topic, body, qos=1, properties=props).result(10)
+
+
+def test_missing_object_is_payload_not_found(
+    gateway: GatewayServer, clients: Callable[..., Client], unique_topic: Callable[[str], str]
+) -> None:
+    topic = unique_topic("missing")
+    sub = clients()
+    sub.subscribe(topic)
+    mid = MessageId.new()
+    ref = Placeholder(f"{gateway.url}/msg/{mid}", 10, "0" * 64, mid)
+    _publish_placeholder(clients(), topic, ref)
+    err = _next(sub)
+    assert isinstance(err, MessageError)
+    assert isinstance(err.error, PayloadNotFound)
+    assert err.error.status == 404
+    assert err.message_id == str(mid)
+
+
+def test_tampered_checksum_is_never_delivered(
+    gateway: GatewayServer, clients: Callable[..., Client], unique_topic: Callable[[str], str]
+) -> None:
+    topic = unique_topic("tamper")
+    sub = clients()
+    sub.subscribe(topic)
+    pub = clients(offload_threshold=10)  # offload even a small payload
+    result = pub.publish(topic, b"genuine payload bytes", qos=1)
+    assert result.route is Route.OFFLOADED
+    good = _next(sub)
+    assert isinstance(good, Message) and good.payload == b"genuine payload bytes"
+    assert result.url is not None and result.message_id is not None
+    wrong = hashlib.sha256(b"something else").hexdigest()
+    ref = Placeholder(result.url, result.size, wrong, MessageId.parse(result.message_id))
+    _publish_placeholder(pub, topic, ref)
+    err = _next(sub)
+    assert isinstance(err, MessageError)
+    assert isinstance(err.error, PayloadChecksumMismatch)
+    assert err.error.expected == wrong and err.error.actual == result.sha256
+
+
+def test_gateway_down_falls_back_to_chunking(
+    gateway: GatewayServer,
+    clients: Callable[..., Client],
+    unique_topic: Callable[[str], str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    topic = unique_topic("fallback")
+    sub = clients()
+    sub.subscribe(topic)
+    pub = clients()
+    assert pub.wait_for_endpoint(10) == gateway.url
+    gateway.stop()  # the retained record is still there: the upload is refused
+    payload = os.urandom(1 * MiB)
+    result = pub.publish(topic, payload, qos=1)
+    assert result.route is Route.CHUNKED
+    assert "falling back to chunking" in caplog.text
+    msg = _next(sub)
+    assert isinstance(msg, Message) and msg.payload == payload and msg.route is Route.CHUNKED
+
+
+def test_credentials_only_go_to_the_advertised_endpoint(
+    gateway: GatewayServer,
+    gateway_factory: Callable[..., GatewayServer],
+    clients: Callable[..., Client],
+    unique_topic: Callable[[str], str],
+) -> None:
+    other = gateway_factory(None)  # same storage, but not what the broker advertises
+    topic = unique_topic("creds")
+    auth = RecordingAuth()
+    sub = clients(http_auth=auth)
+    sub.subscribe(topic)
+    pub = clients(offload_threshold=1)
+    result = pub.publish(topic, b"payload-1", qos=1)
+    assert isinstance(_next(sub), Message)
+    assert auth.urls == [f"{result.url}/payload"]
+
+    assert result.url is not None and result.message_id is not None
+    foreign = result.url.replace(gateway.url, other.url)
+    ref = Placeholder(foreign, result.size, result.sha256, MessageId.parse(result.message_id))
+    _publish_placeholder(pub, topic, ref)
+    msg = _next(sub)
+    assert isinstance(msg, Message) and msg.payload == b"payload-1"  # fetched anonymously
+    assert len(auth.urls) == 1
+
+    strict = clients(untrusted_endpoint="refuse", http_auth=auth)
+    strict.subscribe(topic)
+    _publish_placeholder(pub, topic, ref)
+    err = _next(strict)
+    assert isinstance(err, MessageError) and isinstance(err.error, UntrustedEndpoint)
+
+
+def test_mqtt_311_placeholder_carries_its_tag(
+    gateway: GatewayServer, clients: Callable[..., Client], unique_topic: Callable[[str], str]
+) -> None:
+    topic = unique_topic("v311")
+    raw5 = clients(fetch_external=False)
+    raw5.subscribe(topic)
+    sub311 = clients(protocol=4)
+    sub311.subscribe(topic)
+    pub = clients(protocol=4, max_packet_size=262144)  # 3.1.1 CONNACK states no limit
+    payload = os.urandom(300 * 1024)
+    result = pub.publish(topic, payload, qos=1)
+    assert result.route is Route.OFFLOADED
+    seen = _next(raw5)
+    assert isinstance(seen, Message)
+    doc = json.loads(seen.payload)
+    assert doc["_format"] == "external" and doc["_id"] == result.message_id
+    got = _next(sub311)
+    assert isinstance(got, Message) and got.payload == payload and got.route is Route.OFFLOADED
+
+
+def test_async_client_round_trip(
+    gateway: GatewayServer, unique_topic: Callable[[str], str]
+) -> None:
+    broker: Mosquitto = gateway.broker  # type: ignore[attr-defined]
+    topic = unique_topic("aio")
+    payload = os.urandom(2 * MiB)
+
+    async def main() -> list[Message | MessageError]:
+        async with AsyncClient(broker.url) as sub, AsyncClient(broker.url) as pub:
+            await sub.subscribe(topic)
+            big = await pub.publish(topic, payload, qos=1)
+            small = await pub.publish(topic, b"tiny", qos=1)
+            assert (big.route, small.route) == (Route.OFFLOADED, Route.DIRECT)
+            got: list[Message | MessageError] = []
+            async for item in sub.messages(timeout=30):
+                got.append(item)
+                if isinstance(item, Message) and item.payload == b"tiny":
+                    # publish from inside the async loop, then read it back
+                    await sub.publish(topic, b"from-loop", qos=1)
+                if len(got) == 3:
+                    break
+            return got
+
+    got = asyncio.run(main())
+    payloads = [m.payload for m in got if isinstance(m, Message)]
+    assert payloads == [payload, b"tiny", b"from-loop"]
