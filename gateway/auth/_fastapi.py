@@ -23,7 +23,8 @@ the HTTPExceptions it raises itself, and leaves it in ``request.state`` where
 :class:`AuthenticationInfoMiddleware` adds it to responses built from exceptions raised later.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: FastAPI must see the real Depends(...) objects
+# in the closures' annotations, which name local variables it could not resolve from text.
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
