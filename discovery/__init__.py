@@ -1,5 +1,12 @@
 """Discovery of the offload endpoint over a retained MQTT topic."""
 
+from ._advertiser import Advertiser
 from ._record import DEFAULT_TOPIC, ENDPOINT_KEY, PROTOCOL_VERSION, DiscoveryRecord
 
-__all__ = ["DEFAULT_TOPIC", "ENDPOINT_KEY", "PROTOCOL_VERSION", "DiscoveryRecord"]
+__all__ = [
+    "DEFAULT_TOPIC",
+    "ENDPOINT_KEY",
+    "PROTOCOL_VERSION",
+    "Advertiser",
+    "DiscoveryRecord",
+]

@@ -11,6 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from _gateway import GatewayServer
 from _servers import Mosquitto, SeaweedFS
 
 
@@ -66,3 +67,39 @@ def unique_topic() -> Callable[[str], str]:
         return f"{prefix}/{uuid.uuid4().hex[:12]}"
 
     return make
+
+
+@pytest.fixture
+def gateway_factory(
+    seaweed: SeaweedFS, bucket_name: str
+) -> Iterator[Callable[..., GatewayServer]]:
+    """Start gateways on the test's bucket; settings overridable per call."""
+    from gateway import Settings
+
+    started: list[GatewayServer] = []
+
+    def start(broker: Mosquitto | None = None, **overrides: object) -> GatewayServer:
+        values: dict[str, object] = {
+            "storage_url": seaweed.storage_url(bucket_name),
+            "s3_access_key": seaweed.access_key,
+            "s3_secret_key": seaweed.secret_key,
+            "mqtt_url": broker.url if broker else None,
+            "discovery_interval": 5.0,
+        }
+        values.update(overrides)
+        server = GatewayServer(Settings(**values)).start()  # type: ignore[arg-type]
+        server.mqtt_url = broker.url if broker else None
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture
+def gateway(gateway_factory: Callable[..., GatewayServer], broker: Mosquitto) -> GatewayServer:
+    """A gateway on SeaweedFS advertising itself on the 256 KiB `broker`."""
+    server = gateway_factory(broker)
+    server.broker = broker  # type: ignore[attr-defined]
+    return server

@@ -1,0 +1,152 @@
+"""The FastAPI application and its lifespan (store, broker link, advertiser)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from discovery import Advertiser, DiscoveryRecord
+
+from ._context import Context, get_context
+from ._errors import install_error_handlers
+from ._mqtt import BrokerAddress, BrokerConnection
+from ._routes import router
+from ._service import OffloadService
+from ._settings import Settings, get_settings
+from .storage import ObjectStore, StoreError, open_store
+
+log = logging.getLogger("gateway")
+
+VERSION = "0.1.0"
+
+
+def build_store(settings: Settings) -> ObjectStore:
+    """The store the settings name; S3 credentials fall back to the AWS variables."""
+    import os
+
+    access = settings.s3_access_key.get_secret_value() if settings.s3_access_key else None
+    secret = settings.s3_secret_key.get_secret_value() if settings.s3_secret_key else None
+    # The AWS names are read here, at the edge, like every other environment variable.
+    access = access or os.environ.get("AWS_ACCESS_KEY_ID")
+    secret = secret or os.environ.get("AWS_SECRET_ACCESS_KEY")
+    return open_store(
+        settings.storage_url,
+        access_key=access,
+        secret_key=secret,
+        region=settings.s3_region,
+        part_size=settings.s3_part_size,
+        parallel_uploads=settings.s3_parallel_uploads,
+    )
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    store: ObjectStore | None = None,
+    public_url: str | None = None,
+) -> FastAPI:
+    """The gateway application.
+
+    Args:
+        settings: defaults to the environment (`OFFLOAD_*`).
+        store: an object store to use instead of the one `settings.storage_url` names.
+        public_url: the endpoint URL clients are told to use (overrides the setting).
+    """
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
+        the_store = store or build_store(settings)
+        try:
+            await asyncio.to_thread(the_store.ensure_bucket)
+        except StoreError as exc:
+            # Start anyway: /readyz reports the store, uploads answer 503 until it is back.
+            log.warning("object store not ready at start-up: %s", exc)
+        ctx = Context(
+            settings=settings,
+            service=OffloadService(the_store, default_ttl=settings.default_ttl),
+            public_url=(public_url or settings.public_url or "").rstrip("/") or None,
+        )
+        advertiser: Advertiser | None = None
+        if settings.mqtt_url:
+            address = BrokerAddress.parse(
+                settings.mqtt_url,
+                username=settings.mqtt_username,
+                password=settings.mqtt_password.get_secret_value()
+                if settings.mqtt_password
+                else None,
+            )
+            ctx.broker = BrokerConnection(address, client_id=settings.mqtt_client_id)
+            if ctx.public_url:
+                record = DiscoveryRecord(
+                    ctx.public_url,
+                    max_upload_bytes=settings.max_body_bytes,
+                    auth_mechanisms=ctx.extras.get("mechanisms", ()),  # type: ignore[arg-type]
+                )
+                broker = ctx.broker
+
+                def publish(topic: str, payload: bytes, retain: bool, expiry: int) -> Any:
+                    from client.protocol import PublishProperties
+
+                    props = PublishProperties(
+                        message_expiry_interval=expiry, content_type="application/json"
+                    )
+                    return broker.publish(topic, payload, qos=1, retain=retain, properties=props)
+
+                advertiser = Advertiser(
+                    publish,
+                    record,
+                    topic=settings.discovery_topic,
+                    interval=settings.discovery_interval,
+                )
+                ctx.broker.on_connected(advertiser.refresh_now)
+            ctx.broker.start()
+            if advertiser is not None:
+                advertiser.start()
+        try:
+            yield {"ctx": ctx}
+        finally:
+            if advertiser is not None:
+                advertiser.stop()
+            if ctx.broker is not None:
+                ctx.broker.stop()
+
+    app = FastAPI(
+        title="mqtt-offload gateway",
+        version=VERSION,
+        summary="Claim-check offload API for MQTT (hop-client compatible)",
+        lifespan=lifespan,
+    )
+    install_error_handlers(app)
+    app.include_router(router)
+
+    @app.get("/healthz", tags=["operations"])
+    async def healthz() -> dict[str, str]:
+        """The process is alive."""
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["operations"])
+    async def readyz(request: Request) -> JSONResponse:
+        """Storage and broker reachable."""
+        ctx = get_context(request)
+        checks: dict[str, str] = {}
+        try:
+            await asyncio.wait_for(asyncio.to_thread(ctx.service.store.ping), timeout=5)
+            checks["storage"] = "ok"
+        except (StoreError, TimeoutError) as exc:
+            checks["storage"] = f"unavailable: {exc}"
+        if ctx.broker is not None:
+            checks["broker"] = "ok" if ctx.broker.connected else "unavailable: not connected"
+        ready = all(v == "ok" for v in checks.values())
+        return JSONResponse(
+            {"status": "ready" if ready else "not ready", "checks": checks},
+            status_code=200 if ready else 503,
+        )
+
+    return app

@@ -1,0 +1,112 @@
+"""The gateway's errors and their one mapping to HTTP responses.
+
+Hierarchy::
+
+    GatewayError                .status, .reason
+    +-- BadRequest              400  (also raised for client.ProtocolError)
+    +-- Unauthorized            401  (.headers carries the challenge)
+    +-- Forbidden               403
+    +-- NotFound                404
+    +-- Conflict                409
+    +-- PayloadTooLarge         413
+    +-- RangeNotSatisfiable     416
+    +-- StorageUnavailable      503  the object store failed or is unreachable
+    +-- BrokerUnavailable       503  the MQTT broker is unreachable
+
+Client mistakes never surface as 5xx: protocol errors from `client.protocol` become 400, and
+every 5xx means the gateway or a server behind it failed.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from client._exceptions import EnvelopeTooLarge, ProtocolError
+
+from .storage import StoreError
+
+log = logging.getLogger("gateway")
+
+
+class GatewayError(Exception):
+    status = 500
+
+    def __init__(self, reason: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.headers = headers or {}
+
+
+class BadRequest(GatewayError):
+    status = 400
+
+
+class Unauthorized(GatewayError):
+    status = 401
+
+
+class Forbidden(GatewayError):
+    status = 403
+
+
+class NotFound(GatewayError):
+    status = 404
+
+
+class Conflict(GatewayError):
+    status = 409
+
+
+class PayloadTooLarge(GatewayError):
+    status = 413
+
+
+class RangeNotSatisfiable(GatewayError):
+    status = 416
+
+
+class StorageUnavailable(GatewayError):
+    status = 503
+
+
+class BrokerUnavailable(GatewayError):
+    status = 503
+
+
+def _json(status: int, reason: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"detail": reason}, status_code=status, headers=headers)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Map every error to a response in one place."""
+
+    async def gateway_error(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, GatewayError)
+        if exc.status >= 500:
+            log.warning("%s %s -> %d: %s", request.method, request.url.path, exc.status, exc)
+        return _json(exc.status, exc.reason, exc.headers)
+
+    async def protocol_error(request: Request, exc: Exception) -> JSONResponse:
+        status = 413 if isinstance(exc, EnvelopeTooLarge) else 400
+        return _json(status, str(exc))
+
+    async def validation_error(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        parts = [
+            f"{'.'.join(str(p) for p in err.get('loc', ()))}: {err.get('msg')}"
+            for err in exc.errors()
+        ]
+        return _json(400, "; ".join(parts) or "invalid request")
+
+    async def store_error(request: Request, exc: Exception) -> JSONResponse:
+        log.warning("%s %s -> 503: %s", request.method, request.url.path, exc)
+        return _json(503, f"object store unavailable: {exc}")
+
+    app.add_exception_handler(GatewayError, gateway_error)
+    app.add_exception_handler(StoreError, store_error)
+    app.add_exception_handler(ProtocolError, protocol_error)
+    app.add_exception_handler(RequestValidationError, validation_error)

@@ -1,0 +1,162 @@
+"""The gateway's own broker connection: discovery adverts and HTTP-initiated publishes.
+
+The only gateway module that imports paho. Connects in the background and keeps
+reconnecting; `connected` feeds /readyz.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+import threading
+import uuid
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import paho.mqtt.client as paho
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from client.protocol import PublishProperties
+
+log = logging.getLogger("gateway.mqtt")
+
+
+@dataclass(frozen=True)
+class BrokerAddress:
+    host: str
+    port: int
+    tls: bool
+    username: str | None
+    password: str | None
+
+    @classmethod
+    def parse(
+        cls, url: str, *, username: str | None = None, password: str | None = None
+    ) -> BrokerAddress:
+        parts = urlsplit(url)
+        if parts.scheme not in ("mqtt", "mqtts") or not parts.hostname:
+            raise ValueError(f"broker URL must be mqtt://HOST:PORT or mqtts://HOST:PORT: {url!r}")
+        tls = parts.scheme == "mqtts"
+        return cls(
+            host=parts.hostname,
+            port=parts.port or (8883 if tls else 1883),
+            tls=tls,
+            username=username or (unquote(parts.username) if parts.username else None),
+            password=password or (unquote(parts.password) if parts.password else None),
+        )
+
+    def __repr__(self) -> str:  # never show the password
+        return f"BrokerAddress({self.host}:{self.port}, tls={self.tls}, user={self.username!r})"
+
+
+def to_paho_properties(props: PublishProperties | None) -> Properties | None:
+    if props is None:
+        return None
+    out = Properties(PacketTypes.PUBLISH)
+    if props.message_expiry_interval is not None:
+        out.MessageExpiryInterval = props.message_expiry_interval
+    if props.content_type is not None:
+        out.ContentType = props.content_type
+    if props.payload_format_indicator is not None:
+        out.PayloadFormatIndicator = props.payload_format_indicator
+    if props.response_topic is not None:
+        out.ResponseTopic = props.response_topic
+    if props.correlation_data is not None:
+        out.CorrelationData = props.correlation_data
+    if props.user_properties:
+        out.UserProperty = list(props.user_properties)
+    return out
+
+
+class BrokerConnection:
+    """A paho client kept connected in the background."""
+
+    def __init__(self, address: BrokerAddress, *, client_id: str | None = None) -> None:
+        self.address = address
+        self._connected = threading.Event()
+        self._client = paho.Client(
+            paho.CallbackAPIVersion.VERSION2,
+            client_id=client_id or f"offload-gateway-{uuid.uuid4().hex[:12]}",
+            protocol=paho.MQTTv5,
+        )
+        if address.username is not None:
+            self._client.username_pw_set(address.username, address.password)
+        if address.tls:
+            self._client.tls_set_context(ssl.create_default_context())
+        self._client.reconnect_delay_set(min_delay=1, max_delay=10)
+        self._client.on_connect = self._on_connect
+        self._client.on_disconnect = self._on_disconnect
+        self._on_connected: list[Any] = []
+
+    def on_connected(self, callback: Any) -> None:
+        """Call `callback()` (from paho's thread, so quickly) after every (re)connect."""
+        self._on_connected.append(callback)
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    def start(self) -> None:
+        self._client.connect_async(self.address.host, self.address.port, keepalive=30)
+        self._client.loop_start()
+
+    def stop(self) -> None:
+        self._client.disconnect()
+        self._client.loop_stop()
+        self._connected.clear()
+
+    def wait_connected(self, timeout: float) -> bool:
+        return self._connected.wait(timeout)
+
+    def _on_connect(self, client: Any, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
+        if reason.is_failure:
+            log.warning("broker %s refused the connection: %s", self.address, reason)
+            return
+        log.info("connected to broker %s", self.address)
+        self._connected.set()
+        for callback in self._on_connected:
+            callback()
+
+    def _on_disconnect(
+        self, client: Any, userdata: Any, flags: Any, reason: Any, props: Any
+    ) -> None:
+        if self._connected.is_set():
+            log.warning("lost broker %s: %s", self.address, reason)
+        self._connected.clear()
+
+    def publish(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        qos: int = 1,
+        retain: bool = False,
+        properties: PublishProperties | None = None,
+    ) -> Future[None]:
+        """Publish; the future completes when the broker acknowledged (QoS>0) or it was sent."""
+        future: Future[None] = Future()
+        if not self.connected:
+            future.set_exception(ConnectionError(f"not connected to broker {self.address}"))
+            return future
+        info = self._client.publish(
+            topic, payload, qos=qos, retain=retain, properties=to_paho_properties(properties)
+        )
+        if info.rc != paho.MQTT_ERR_SUCCESS:
+            future.set_exception(ConnectionError(f"publish failed: {paho.error_string(info.rc)}"))
+            return future
+
+        def wait() -> None:
+            try:
+                info.wait_for_publish(timeout=30)
+                if info.is_published():
+                    future.set_result(None)
+                else:
+                    future.set_exception(TimeoutError("broker did not acknowledge in 30 s"))
+            except (RuntimeError, ValueError) as exc:
+                future.set_exception(ConnectionError(str(exc)))
+
+        threading.Thread(target=wait, daemon=True).start()
+        return future

@@ -1,0 +1,230 @@
+"""The hop-client offload API and raw payload reads.
+
+POST /topic/{topic}+oversized   BSON upload document -> 201
+GET|HEAD /msg/{id}              BSON download document (hop-client's nested shape)
+GET|HEAD /msg/{id}/payload      raw payload bytes, Range, ETag
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.requests import ClientDisconnect
+
+from client.protocol import Manifest, MessageId
+from client.protocol._envelope import (
+    Complete,
+    EnvelopeParser,
+    PayloadData,
+    PayloadEnd,
+    PayloadStart,
+    encode_download,
+    upload_fields,
+)
+
+from ._context import Context, get_context
+from ._errors import BadRequest, PayloadTooLarge
+from ._pipe import StreamingUpload
+from ._ranges import parse_range
+from ._service import OVERSIZED_SUFFIX, message_id_from_headers, parse_topic
+
+router = APIRouter()
+
+Ctx = Annotated[Context, Depends(get_context)]
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"description": "malformed request (reason in `detail`)"},
+    401: {"description": "authentication required"},
+    403: {"description": "not allowed for this topic"},
+    404: {"description": "unknown or expired message"},
+    409: {"description": "id already stored with other content"},
+    413: {"description": "body larger than the configured maximum"},
+    503: {"description": "object store or broker unavailable"},
+}
+
+
+def check_declared_length(request: Request, limit: int) -> int | None:
+    """Reject a too-large body before reading it; the declared length, if any."""
+    declared = request.headers.get("content-length")
+    if declared is None:
+        return None
+    try:
+        length = int(declared)
+    except ValueError as exc:
+        raise BadRequest("Content-Length is not an integer") from exc
+    if length > limit:
+        raise PayloadTooLarge(f"body of {length} bytes exceeds the limit of {limit} bytes")
+    return length
+
+
+def message_url(ctx: Context, request: Request, message_id: MessageId) -> str:
+    base = ctx.public_url or str(request.base_url).rstrip("/")
+    return f"{base}/msg/{message_id}"
+
+
+def created_response(ctx: Context, request: Request, manifest: Manifest, created: bool) -> Response:
+    url = message_url(ctx, request, manifest.id)
+    body = {
+        "id": str(manifest.id),
+        "url": url,
+        "topic": manifest.topic.value,
+        "size": manifest.size,
+        "sha256": manifest.sha256,
+        "created": created,
+    }
+    return JSONResponse(
+        body, status_code=201, headers={"Location": f"{ctx.base_path}/msg/{manifest.id}"}
+    )
+
+
+@router.post("/topic/{topic:path}", status_code=201, responses=_ERRORS, tags=["offload"])
+async def upload_envelope(topic: str, request: Request, ctx: Ctx) -> Response:
+    """Store a hop-client BSON upload document `{message, headers, key?}`.
+
+    The message id is the `_id` header (16 raw UUID bytes or 36-character text); without
+    one the gateway assigns an id. The payload streams to storage as it arrives.
+    """
+    if not topic.endswith(OVERSIZED_SUFFIX):
+        raise BadRequest(f"upload path must be /topic/<topic>{OVERSIZED_SUFFIX}")
+    parsed_topic = parse_topic(
+        topic[: -len(OVERSIZED_SUFFIX)], max_bytes=ctx.settings.max_topic_bytes
+    )
+    await ctx.authorize_write(request, parsed_topic)
+    check_declared_length(request, ctx.settings.max_body_bytes)
+    parser = EnvelopeParser(
+        max_document=ctx.settings.max_body_bytes, max_fields=ctx.settings.max_header_bytes
+    )
+    upload: StreamingUpload | None = None
+    stored_key: str | None = None
+    fields = None
+    sha256 = ""
+    size = 0
+    stamp = 0
+    try:
+        async for chunk in request.stream():
+            for event in parser.feed(chunk):
+                if isinstance(event, PayloadData):
+                    assert upload is not None
+                    await upload.write(event.data)
+                elif isinstance(event, PayloadStart):
+                    upload, _, stamp = ctx.service.begin_upload(parsed_topic, event.length)
+                elif isinstance(event, PayloadEnd):
+                    assert upload is not None
+                    sha256, size = await upload.finish()
+                    stored_key, upload = upload.key, None
+                elif isinstance(event, Complete):
+                    fields = upload_fields(event.fields)
+        parser.end()
+        assert fields is not None and stored_key is not None
+        headers = fields.headers
+        message_id = message_id_from_headers(headers)
+        if message_id is None:
+            message_id = MessageId.new()
+            headers = (*headers, ("_id", message_id.bytes))
+        manifest = Manifest(
+            id=message_id,
+            topic=parsed_topic,
+            timestamp=stamp,
+            size=size,
+            sha256=sha256,
+            data_key=stored_key,
+            headers=headers,
+            key=fields.key,
+        )
+        stored = await ctx.service.commit(manifest)
+    except BaseException as exc:
+        if upload is not None:
+            await upload.abort(exc)
+        if stored_key is not None:  # stored but not committed: never leave it behind
+            await ctx.service.discard(stored_key)
+        if isinstance(exc, ClientDisconnect):
+            raise BadRequest("client disconnected before the body was complete") from exc
+        raise
+    return created_response(ctx, request, stored.manifest, stored.created)
+
+
+async def _stream(head: bytes, body: AsyncIterator[bytes], tail: bytes) -> AsyncIterator[bytes]:
+    if head:
+        yield head
+    async for piece in body:
+        yield piece
+    if tail:
+        yield tail
+
+
+def _payload_headers(manifest: Manifest) -> dict[str, str]:
+    headers = {
+        "ETag": f'"{manifest.sha256}"',
+        "Accept-Ranges": "bytes",
+        "X-Offload-Sha256": manifest.sha256,
+        "X-Offload-Topic": manifest.topic.value.encode("utf-8").decode("latin-1"),
+        "Cache-Control": "private, max-age=0, must-revalidate",
+    }
+    if manifest.filename:
+        from urllib.parse import quote
+
+        headers["Content-Disposition"] = f"attachment; filename*=UTF-8''{quote(manifest.filename)}"
+    return headers
+
+
+def _etag_matches(request: Request, manifest: Manifest) -> bool:
+    header = request.headers.get("if-none-match")
+    if not header:
+        return False
+    tags = {t.strip().removeprefix("W/") for t in header.split(",")}
+    return "*" in tags or f'"{manifest.sha256}"' in tags
+
+
+@router.api_route("/msg/{message_id}", methods=["GET", "HEAD"], responses=_ERRORS, tags=["offload"])
+async def download_envelope(message_id: str, request: Request, ctx: Ctx) -> Response:
+    """The stored message as hop-client expects it: BSON `{message, metadata}`."""
+    manifest = await ctx.service.load(MessageId.parse(message_id))
+    await ctx.authorize_read(request, manifest.topic)
+    head, tail = encode_download(
+        manifest.size,
+        timestamp_ms=manifest.timestamp,
+        headers=manifest.headers,
+        key=manifest.key,
+        topic=manifest.topic.value,
+    )
+    headers = {
+        "Content-Length": str(len(head) + manifest.size + len(tail)),
+        "ETag": f'"bson-{manifest.sha256}"',
+        "X-Offload-Sha256": manifest.sha256,
+    }
+    if request.method == "HEAD":
+        return Response(status_code=200, headers=headers, media_type="application/bson")
+    body = await ctx.service.open_payload(manifest)
+    return StreamingResponse(
+        _stream(head, body, tail), headers=headers, media_type="application/bson"
+    )
+
+
+@router.api_route(
+    "/msg/{message_id}/payload", methods=["GET", "HEAD"], responses=_ERRORS, tags=["offload"]
+)
+async def download_payload(message_id: str, request: Request, ctx: Ctx) -> Response:
+    """The raw payload bytes, with Range (206), ETag (SHA-256) and If-None-Match (304)."""
+    manifest = await ctx.service.load(MessageId.parse(message_id))
+    await ctx.authorize_read(request, manifest.topic)
+    headers = _payload_headers(manifest)
+    media_type = manifest.content_type or "application/octet-stream"
+    if _etag_matches(request, manifest):
+        return Response(status_code=304, headers=headers)
+    byte_range = parse_range(request.headers.get("range"), manifest.size)
+    status = 200
+    start, length = 0, manifest.size
+    if byte_range is not None:
+        status = 206
+        start, length = byte_range.start, byte_range.length
+        headers["Content-Range"] = f"bytes {byte_range.start}-{byte_range.end}/{manifest.size}"
+    headers["Content-Length"] = str(length)
+    if request.method == "HEAD" or length == 0:
+        return Response(status_code=status, headers=headers, media_type=media_type)
+    body = await ctx.service.open_payload(manifest, start, length if byte_range else None)
+    return StreamingResponse(
+        _stream(b"", body, b""), status_code=status, headers=headers, media_type=media_type
+    )

@@ -1,0 +1,60 @@
+"""Gateway settings: the one place the environment is read (pydantic-settings)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Every knob of the gateway; each maps to an `OFFLOAD_*` environment variable."""
+
+    model_config = SettingsConfigDict(env_prefix="OFFLOAD_", extra="ignore")
+
+    storage_url: str = Field(
+        "file:///var/lib/mqtt-offload",
+        description="s3://HOST:PORT/BUCKET?secure=false|true&region=R, or file:///PATH",
+    )
+    s3_access_key: SecretStr | None = None
+    s3_secret_key: SecretStr | None = None
+    s3_region: str | None = None
+    s3_part_size: int = Field(16 * 1024 * 1024, ge=5 * 1024 * 1024)
+    s3_parallel_uploads: int = Field(2, ge=1, le=16)
+    mqtt_url: str | None = Field(None, description="mqtt://[USER:PASS@]HOST:PORT or mqtts://")
+    mqtt_username: str | None = None
+    mqtt_password: SecretStr | None = None
+    mqtt_client_id: str | None = None
+    public_url: str | None = Field(None, description="endpoint URL clients are told to use")
+    discovery_topic: str = "sys/metadata"
+    discovery_interval: float = Field(30.0, gt=0)
+    max_body_bytes: int = Field(5 * 1024**3, gt=0)
+    max_header_bytes: int = Field(1024 * 1024, gt=0)
+    max_topic_bytes: int = Field(512, gt=0, le=900)
+    default_ttl: int = Field(7 * 24 * 3600, ge=0, description="seconds; 0 keeps forever")
+    password_file: Path | None = None
+    acl_file: Path | None = None
+    auth_secret: SecretStr | None = None
+    tokens_file: Path | None = None
+    allow_anonymous: bool = True
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    log_format: str = Field("text", pattern="^(text|json)$")
+    log_level: str = "INFO"
+
+    @field_validator("storage_url")
+    @classmethod
+    def _check_storage_url(cls, value: str) -> str:
+        scheme = urlsplit(value).scheme
+        if scheme not in ("s3", "file"):
+            raise ValueError("storage_url must start with s3:// or file://")
+        return value
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """Settings from the environment, read once (overridable with FastAPI dependency_overrides)."""
+    return Settings()

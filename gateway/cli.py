@@ -1,0 +1,51 @@
+"""`offload-gateway`: serve the offload API with uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import uvicorn
+
+from ._settings import Settings
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="offload-gateway",
+        description="Serve the mqtt-offload HTTP API. Settings come from OFFLOAD_* variables.",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8080, help="port to bind (default 8080)")
+    parser.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
+    args = parser.parse_args(argv)
+
+    settings = Settings()
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    if not settings.public_url:
+        host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
+        scheme = "https" if settings.tls_cert_file else "http"
+        import os
+
+        # Workers are separate processes: hand the derived URL down through the environment.
+        os.environ["OFFLOAD_PUBLIC_URL"] = f"{scheme}://{host}:{args.port}"
+    uvicorn.run(
+        "gateway._app:create_app",
+        factory=True,
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        ssl_certfile=str(settings.tls_cert_file) if settings.tls_cert_file else None,
+        ssl_keyfile=str(settings.tls_key_file) if settings.tls_key_file else None,
+        log_level=settings.log_level.lower(),
+        timeout_graceful_shutdown=30,
+        h11_max_incomplete_event_size=64 * 1024,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""The object-store interface the gateway does its I/O with.
+
+Synchronous on purpose: the MinIO SDK is, and the gateway calls stores from worker threads.
+Implementations: `S3Store` (any S3 API through the MinIO SDK) and `FileStore` (local disk).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import BinaryIO, Protocol
+
+
+class StoreError(Exception):
+    """The store failed or cannot be reached (maps to 503)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    key: str
+    size: int
+
+
+class ObjectStore(Protocol):
+    """What the gateway needs from object storage."""
+
+    def ping(self) -> None:
+        """Raise StoreError unless the store answers and the bucket exists."""
+
+    def ensure_bucket(self) -> None:
+        """Create the bucket (or directory) if it is missing."""
+
+    def put_stream(
+        self, key: str, reader: BinaryIO, length: int, content_type: str | None = None
+    ) -> None:
+        """Store `length` bytes read from `reader` (length -1: until EOF) atomically.
+
+        Readers never see a partial object under `key`.
+        """
+
+    def put_bytes(self, key: str, data: bytes, content_type: str = "application/json") -> None:
+        """Store a small object."""
+
+    def get_bytes(self, key: str) -> bytes | None:
+        """A small object's bytes, or None when it does not exist."""
+
+    def open_range(self, key: str, start: int = 0, length: int | None = None) -> Iterator[bytes]:
+        """Stream an object (or a byte range of it) in pieces; close the iterator when done."""
+
+    def delete(self, key: str) -> None:
+        """Remove an object; no error when it is already gone."""
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        """Every object whose key starts with `prefix`, recursively."""
