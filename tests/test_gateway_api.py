@@ -10,7 +10,6 @@ from collections.abc import Callable
 import bson
 import httpx
 import pytest
-
 from minio import Minio
 
 from _gateway import GatewayServer
