@@ -91,7 +91,9 @@ def test_oversized_without_endpoint_is_chunked_and_arrives_byte_exact(
     source.write_bytes(payload)
     sub, pub = clients(), clients()
     sub.subscribe(topic)
-    props = PublishProperties(content_type="application/octet-stream", user_properties=(("k", "v"),))
+    props = PublishProperties(
+        content_type="application/octet-stream", user_properties=(("k", "v"),)
+    )
     result = pub.publish(topic, source, qos=1, properties=props)
     assert result.route is Route.CHUNKED
     assert result.packets == 4
@@ -233,13 +235,11 @@ def test_publish_from_inside_the_message_loop(
     driver.subscribe(pong, qos=1)
     for i in range(3):
         driver.publish(ping, f"{i}".encode() * (100 * KiB), qos=1)  # chunked
-    seen = 0
-    for item in echo.messages(timeout=10):
+    for seen, item in enumerate(echo.messages(timeout=10), start=1):
         assert isinstance(item, Message)
         # QoS 1 publishes (direct and chunked) from the consumer's loop: must not deadlock.
         echo.publish(pong, item.payload[:10], qos=1)
         echo.publish(pong, item.payload + b"!", qos=1)
-        seen += 1
         if seen == 3:
             break
     got = [_message(driver).payload for _ in range(6)]
@@ -256,7 +256,7 @@ def test_out_of_order_chunks_with_duplicate_and_bad_checksum(
     payload = os.urandom(500_000)
     chunks = split(payload, topic=topic, qos=1, properties=None, limit=65536)
     raw = clients()
-    order = list(reversed(chunks)) + [chunks[1]]
+    order = [*reversed(chunks), chunks[1]]
     for props, data in order:
         raw._conn.publish(topic, data, qos=1, properties=props).result(10)
     msg = _message(sub)

@@ -1,0 +1,234 @@
+"""The real `offload` console script in subprocesses, against real mosquitto and gateway."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from _gateway import GatewayServer
+from _servers import Mosquitto
+from adr23_reference import reassemble
+
+from client._config import BrokerUrl
+from client._paho import Incoming, MqttConnection
+from client.protocol._chunk import split
+from client.protocol._size import publish_packet_size
+
+pytestmark = pytest.mark.servers
+
+OFFLOAD = shutil.which("offload") or "offload"
+MiB = 1024 * 1024
+
+
+def _env() -> dict[str, str]:
+    # A clean OFFLOAD_* environment and no user config file: only the flags count.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OFFLOAD_")}
+    env["OFFLOAD_CONFIG"] = os.devnull
+    return env
+
+
+def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [OFFLOAD, *args], capture_output=True, text=True, timeout=timeout, env=_env()
+    )
+
+
+def start_subscriber(*args: str) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [OFFLOAD, "subscribe", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
+    time.sleep(1.5)  # let it connect and subscribe before anything is published
+    return proc
+
+
+def lines(out: str) -> list[dict[str, object]]:
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+def test_chunked_publish_is_readable_by_an_independent_adr23_reassembler(
+    mosquitto_factory: Callable[..., Mosquitto],
+    unique_topic: Callable[[str], str],
+    tmp_path: Path,
+) -> None:
+    broker = mosquitto_factory(max_packet_size=65536)
+    topic = unique_topic("cli-chunks")
+    received: list[Incoming] = []
+    done = threading.Event()
+    raw = MqttConnection(
+        BrokerUrl.parse(broker.url), on_message=lambda m: (received.append(m), done.set())
+    )
+    raw.connect()
+    raw.subscribe(topic, 1).result(10)
+    payload = os.urandom(1 * MiB)
+    source = tmp_path / "one.bin"
+    source.write_bytes(payload)
+    subscriber = start_subscriber(
+        "--broker", broker.url, "--topic", topic, "--count", "1", "--timeout", "30",
+        "--out", str(tmp_path / "out"),
+    )  # fmt: skip
+    try:
+        result = run("publish", "--broker", broker.url, "--topic", topic, "--file", str(source))
+        assert result.returncode == 0, result.stderr
+        (doc,) = lines(result.stdout)
+        assert doc["route"] == "chunked" and doc["size"] == MiB
+        out, err = subscriber.communicate(timeout=60)
+    finally:
+        subscriber.kill()
+    assert subscriber.returncode == 0, err
+    (got,) = lines(out)
+    assert got["sha256"] == hashlib.sha256(payload).hexdigest()
+    assert got["size"] == MiB and got["route"] == "chunked"
+    assert Path(str(got["file"])).read_bytes() == payload
+
+    deadline = time.monotonic() + 10
+    while len(received) < int(str(doc["packets"])) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    raw.close()
+    assert len(received) == doc["packets"] > 1
+    for m in received:
+        size = publish_packet_size(m.topic, len(m.payload), qos=m.qos, properties=m.properties)
+        assert size <= 65536
+    chunks = [(m.payload, list(m.properties.user_properties)) for m in received]
+    assert reassemble(chunks) == payload
+
+
+def test_out_of_order_duplicate_and_bad_checksum_through_subscribe(
+    mosquitto_factory: Callable[..., Mosquitto], unique_topic: Callable[[str], str]
+) -> None:
+    broker = mosquitto_factory(max_packet_size=65536)
+    topic = unique_topic("cli-ooo")
+    subscriber = start_subscriber(
+        "--broker", broker.url, "--topic", topic, "--count", "2", "--timeout", "30"
+    )
+    raw = MqttConnection(BrokerUrl.parse(broker.url), on_message=lambda m: None)
+    raw.connect()
+    try:
+        payload = os.urandom(500_000)
+        chunks = split(payload, topic=topic, qos=1, properties=None, limit=65536)
+        for props, data in [chunks[3], *reversed(chunks), chunks[0]]:
+            raw.publish(topic, data, qos=1, properties=props).result(10)
+        bad = split(os.urandom(200_000), topic=topic, qos=1, properties=None, limit=65536)
+        first, data0 = bad[0]
+        value = first.user_property("__chunk")
+        assert value is not None
+        first = first.without_user_properties("__chunk").with_user_properties(
+            ("__chunk", value[:-64] + "f" * 64)
+        )
+        for props, data in [(first, data0), *bad[1:]]:
+            raw.publish(topic, data, qos=1, properties=props).result(10)
+        out, err = subscriber.communicate(timeout=60)
+    finally:
+        raw.close()
+        subscriber.kill()
+    docs = lines(out)
+    assert len(docs) == 2, (out, err)
+    assert docs[0]["sha256"] == hashlib.sha256(payload).hexdigest()
+    assert docs[1]["error"] == "checksum mismatch"
+    assert subscriber.returncode == 1  # an error line was printed
+
+
+def test_20_mib_file_through_the_gateway(
+    gateway: GatewayServer, unique_topic: Callable[[str], str], tmp_path: Path
+) -> None:
+    broker: Mosquitto = gateway.broker  # type: ignore[attr-defined]
+    topic = unique_topic("cli-big")
+    payload = os.urandom(20 * MiB)
+    source = tmp_path / "big.bin"
+    source.write_bytes(payload)
+    plain = subprocess.Popen(
+        ["mosquitto_sub", "-p", str(broker.port), "-V", "5", "-t", topic, "-C", "1",
+         "-W", "60", "-F", "%P\t%p"],
+        stdout=subprocess.PIPE,
+    )  # fmt: skip
+    subscriber = start_subscriber(
+        "--broker", broker.url, "--topic", topic, "--count", "1", "--timeout", "60",
+        "--out", str(tmp_path / "out"),
+    )  # fmt: skip
+    try:
+        result = run("publish", "--broker", broker.url, "--topic", topic, "--file", str(source))
+        assert result.returncode == 0, result.stderr
+        (doc,) = lines(result.stdout)
+        assert doc["route"] == "offloaded"
+        out, err = subscriber.communicate(timeout=120)
+        seen, _ = plain.communicate(timeout=60)
+    finally:
+        subscriber.kill()
+        plain.kill()
+    assert subscriber.returncode == 0, err
+    (got,) = lines(out)
+    assert got["route"] == "offloaded" and got["size"] == 20 * MiB
+    assert Path(str(got["file"])).read_bytes() == payload
+    assert len(seen) < 1024 and b"_format" in seen and b"external" in seen
+    assert "due to" not in broker.log()
+
+    fetched = tmp_path / "fetched.bin"
+    res = run("fetch", str(doc["url"]), "-o", str(fetched))
+    assert res.returncode == 0, res.stderr
+    assert fetched.read_bytes() == payload
+
+    disc = run("discover", "--broker", broker.url)
+    assert disc.returncode == 0, disc.stderr
+    assert lines(disc.stdout)[0]["LargeMessageUploadEndpoint"] == gateway.url
+
+
+def test_exit_codes(
+    mosquitto_factory: Callable[..., Mosquitto], unique_topic: Callable[[str], str]
+) -> None:
+    broker = mosquitto_factory(max_packet_size=65536)
+    topic = unique_topic("cli-exit")
+    too_big = run(
+        "publish", "--broker", broker.url, "--topic", topic, "--message", "x" * 70000,
+        "--no-chunking", "--discovery-wait", "0.2",
+    )  # fmt: skip
+    assert too_big.returncode == 4, too_big.stderr
+    assert "exceeds the broker limit of 65536" in too_big.stderr
+
+    stopped = mosquitto_factory()
+    url = stopped.url
+    stopped.stop()
+    refused = run("publish", "--broker", url, "--topic", topic, "--message", "x")
+    assert refused.returncode == 3
+
+    assert run("publish", "--broker", "http://x", "--topic", topic, "-m", "x").returncode == 2
+    assert run("publish", "--topic", topic).returncode == 2  # argparse usage error
+    nothing = run("discover", "--broker", broker.url, "--timeout", "0.5")
+    assert nothing.returncode == 1
+    assert lines(nothing.stdout)[0]["error"] == "no discovery record"
+
+
+def test_credentials_in_the_url(
+    mosquitto_factory: Callable[..., Mosquitto],
+    unique_topic: Callable[[str], str],
+) -> None:
+    shared = Path(tempfile.mkdtemp(prefix="cli-auth-"))
+    shared.chmod(0o755)  # mosquitto drops root and cannot read pytest's 0700 tmp_path
+    passwd = shared / "passwd"
+    subprocess.run(["mosquitto_passwd", "-b", "-c", str(passwd), "alice", "s3cret"], check=True)
+    passwd.chmod(0o644)
+    broker = mosquitto_factory(extra_config=f"allow_anonymous false\npassword_file {passwd}")
+    topic = unique_topic("cli-auth")
+    host = f"127.0.0.1:{broker.port}"
+    ok = run("publish", "--broker", f"mqtt://alice:s3cret@{host}", "--topic", topic, "-m", "hi")
+    assert ok.returncode == 0, ok.stderr
+    flags = run(
+        "publish", "--broker", f"mqtt://{host}", "--username", "alice", "--password", "s3cret",
+        "--topic", topic, "-m", "hi",
+    )  # fmt: skip
+    assert flags.returncode == 0, flags.stderr
+    bad = run("publish", "--broker", f"mqtt://alice:wrong@{host}", "--topic", topic, "-m", "hi")
+    assert bad.returncode == 3
+    assert "s3cret" not in bad.stderr
+    shutil.rmtree(shared, ignore_errors=True)
