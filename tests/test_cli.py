@@ -14,14 +14,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from _gateway import GatewayServer
-from _servers import Mosquitto
-from adr23_reference import reassemble
 
 from client._config import BrokerUrl
 from client._paho import Incoming, MqttConnection
 from client.protocol._chunk import split
 from client.protocol._size import publish_packet_size
+
+from _gateway import GatewayServer
+from _servers import Mosquitto
+from adr23_reference import reassemble
 
 pytestmark = pytest.mark.servers
 
