@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Install what the tests need, then run them: lint, types, the whole suite.
+# Extra arguments go to pytest (e.g. `scripts/test.sh -m "not spark"`).
+source "$(dirname "$0")/_bootstrap.sh"
+echo "==> ruff"
+ruff check .
+ruff format --check .
+echo "==> mypy"
+mypy
+echo "==> pytest"
+exec python -m pytest -q "$@"
