@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _servers import SeaweedFS
 from minio import Minio
 
 from client.protocol import Manifest, MessageId, Topic, data_key, index_key, meta_key
+
+from _servers import SeaweedFS
 
 pytestmark = [pytest.mark.spark, pytest.mark.servers]
 
