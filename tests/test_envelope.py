@@ -810,3 +810,10 @@ def assert_only_malformed(data: bytes, cuts: Iterable[int] = ()) -> None:
     # When it parses, pymongo agrees it is one BSON document with this payload.
     decoded = bson.decode(data, codec_options=TZ_AWARE)
     assert decoded.pop("message") in (parsed.payload, Binary(parsed.payload, 2))
+
+
+def test_fuzz_corpus_replays_cleanly() -> None:
+    # The atheris harness's committed corpus: its inputs reach every parser state.
+    from fuzz.fuzz_envelope import replay
+
+    assert replay() > 100
