@@ -73,7 +73,7 @@ def main() -> None:
     if sys.argv[1:] == ["--replay"]:
         print(f"replayed {replay()} inputs")
         return
-    import atheris
+    import atheris  # type: ignore[import-untyped]  # optional, no stubs
 
     atheris.instrument_all()  # coverage feedback for the already imported parser
     atheris.Setup(sys.argv, check)
