@@ -13,12 +13,12 @@ Decisions the ADR leaves open, made here once:
   the checksum, so an index-0 value in the short form (or a long form with another index) is
   malformed.
 * `messageId` is read case-insensitively (RFC 4122 asks for that on input) and kept and written
-  in lower case; the SHA-256 `checksum` likewise, because .NET's ``Convert.ToHexString`` (the
-  ADR's home SDK) writes upper-case hex. Both are compared after lower-casing.
+  in lower case; the SHA-256 `checksum` likewise, because common encoders (.NET's
+  ``Convert.ToHexString``) write upper-case hex. Both are compared after lower-casing.
 * Integers are plain ASCII decimal without sign, spaces or leading zeros ("0" itself is fine):
   what every u32 formatter writes. One spelling per value means a parsed value prints back
   to the same text (modulo case), so duplicates cannot hide behind aliases.
-* Sequence of properties on the wire: see :func:`plan_chunks`.
+* Which properties each chunk carries, and the chunk size: see :func:`plan_chunks`.
 
 Everything here is pure: no paho, no sockets, no clock (callers pass `now`).
 """
@@ -298,6 +298,7 @@ def plan_chunks(
     Raises:
         MessageTooLarge: the limit leaves no room for payload in some chunk, or the payload
             would need more than 2**32-1 chunks.
+        MalformedChunk: `message_id` is no UUID or `sha256_hex` no SHA-256 hex digest.
         ValueError: the original properties already carry `__chunk`, or a bad argument.
     """
     if payload_size < 0:
@@ -520,6 +521,8 @@ class Reassembler:
 
     Messages that completed or failed are remembered (the last `remember_finished` of them) so
     their late chunks are ignored instead of opening a partial that would time out.
+
+    Not thread-safe: the adapter feeds it from one thread (paho's network loop, or a queue).
     """
 
     def __init__(
