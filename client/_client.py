@@ -165,6 +165,10 @@ class Client:
         Raises:
             ConnectionFailed: the broker is unreachable or refused the connection.
         """
+        if self.settings.protocol != 5 and self.settings.max_packet_size is None:
+            # 3.1.1 has no CONNACK limit: an oversize PUBLISH gets us disconnected, and paho
+            # re-sends a QoS>0 one after every reconnect.
+            log.warning("MQTT 3.1.1 brokers do not state a packet limit: set max_packet_size")
         self._stop.clear()
         self._worker = threading.Thread(target=self._work, name="offload-worker", daemon=True)
         self._worker.start()

@@ -8,7 +8,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -67,10 +66,7 @@ def test_chunked_publish_is_readable_by_an_independent_adr23_reassembler(
     broker = mosquitto_factory(max_packet_size=65536)
     topic = unique_topic("cli-chunks")
     received: list[Incoming] = []
-    done = threading.Event()
-    raw = MqttConnection(
-        BrokerUrl.parse(broker.url), on_message=lambda m: (received.append(m), done.set())
-    )
+    raw = MqttConnection(BrokerUrl.parse(broker.url), on_message=received.append)
     raw.connect()
     raw.subscribe(topic, 1).result(10)
     payload = os.urandom(1 * MiB)
@@ -95,10 +91,11 @@ def test_chunked_publish_is_readable_by_an_independent_adr23_reassembler(
     assert Path(str(got["file"])).read_bytes() == payload
 
     deadline = time.monotonic() + 10
-    while len(received) < int(str(doc["packets"])) and time.monotonic() < deadline:
+    packets = int(str(doc["packets"]))
+    while len(received) < packets and time.monotonic() < deadline:
         time.sleep(0.05)
     raw.close()
-    assert len(received) == doc["packets"] > 1
+    assert len(received) == packets > 1
     for m in received:
         size = publish_packet_size(m.topic, len(m.payload), qos=m.qos, properties=m.properties)
         assert size <= 65536

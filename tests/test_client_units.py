@@ -203,7 +203,7 @@ def test_sources_agree_on_size_hash_and_ranges(tmp_path: Path) -> None:
     buf = io.BytesIO(b"skip" + data)
     buf.seek(4)  # a file object is read from its current position
     for payload in (data, path, buf):
-        with PayloadSource(payload) as src:  # type: ignore[arg-type]
+        with PayloadSource(payload) as src:
             assert src.size == len(data)
             assert src.sha256 == expected
             assert src.read_at(len(data) - 5, 100) == data[-5:]
