@@ -10,6 +10,11 @@ Threads and who may block:
 
 Publishing only waits on futures completed by paho's thread, which never waits on anything,
 so publishing from inside the message loop cannot deadlock.
+
+Shared subscriptions (`$share/group/...`) hand the chunks of one ADR-23 message to different
+members, so no member can reassemble it: each member reports a :class:`ChunkTimeoutError`
+after the first chunk's Message Expiry Interval (else `chunk_timeout`), never silence.
+Offloaded messages have no such problem: the placeholder is one PUBLISH.
 """
 
 from __future__ import annotations
