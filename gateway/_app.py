@@ -13,12 +13,14 @@ from fastapi.responses import JSONResponse
 
 from discovery import Advertiser, DiscoveryRecord
 
+from ._authz import BrokerRules, build_authenticator
 from ._context import Context, get_context
 from ._errors import install_error_handlers
 from ._mqtt import BrokerAddress, BrokerConnection
 from ._routes import router
 from ._service import OffloadService
 from ._settings import Settings, get_settings
+from .auth._fastapi import AuthenticationInfoMiddleware
 from .storage import ObjectStore, StoreError, open_store
 
 log = logging.getLogger("gateway")
@@ -73,6 +75,10 @@ def create_app(
             service=OffloadService(the_store, default_ttl=settings.default_ttl),
             public_url=(public_url or settings.public_url or "").rstrip("/") or None,
         )
+        authenticator = build_authenticator(settings)
+        if authenticator is not None:
+            ctx.authorizer = BrokerRules(authenticator)
+            ctx.extras["mechanisms"] = authenticator.mechanisms
         advertiser: Advertiser | None = None
         if settings.mqtt_url:
             address = BrokerAddress.parse(
@@ -124,6 +130,7 @@ def create_app(
         lifespan=lifespan,
     )
     install_error_handlers(app)
+    app.add_middleware(AuthenticationInfoMiddleware)
     app.include_router(router)
 
     @app.get("/healthz", tags=["operations"])

@@ -10,6 +10,7 @@ Hierarchy::
     +-- Conflict                409
     +-- PayloadTooLarge         413
     +-- RangeNotSatisfiable     416
+    +-- TooManyRequests         429  failed logins rate-limited
     +-- StorageUnavailable      503  the object store failed or is unreachable
     +-- BrokerUnavailable       503  the MQTT broker is unreachable
 
@@ -67,6 +68,10 @@ class PayloadTooLarge(GatewayError):
 
 class RangeNotSatisfiable(GatewayError):
     status = 416
+
+
+class TooManyRequests(GatewayError):
+    status = 429
 
 
 class StorageUnavailable(GatewayError):

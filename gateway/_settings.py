@@ -39,7 +39,9 @@ class Settings(BaseSettings):
     acl_file: Path | None = None
     auth_secret: SecretStr | None = None
     tokens_file: Path | None = None
-    allow_anonymous: bool = True
+    allow_anonymous: bool = False
+    auth_realm: str = "mqtt-offload"
+    tls: bool = Field(False, description="clients reach the gateway over HTTPS (maybe via a proxy)")
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
     log_format: str = Field("text", pattern="^(text|json)$")

@@ -1,0 +1,75 @@
+"""Identity and topic rules for each request: the broker's own password and ACL files.
+
+Adapts `gateway.auth.Authenticator` to the routes' `Context.authorize_*` seam. Denials
+become 401 (with the SCRAM challenge) for anonymous callers, who may hold credentials
+they did not send yet, and 403 for authenticated ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+
+from fastapi import Request
+
+from client.protocol import Topic
+
+from ._errors import Forbidden, TooManyRequests, Unauthorized
+from ._settings import Settings
+from .auth import Authenticator, Challenge
+from .auth._fastapi import STATE_KEY
+
+log = logging.getLogger("gateway.auth")
+
+
+def build_authenticator(settings: Settings) -> Authenticator | None:
+    """The authenticator the settings ask for; None when no password or ACL file is set."""
+    if settings.password_file is None and settings.acl_file is None:
+        return None
+    if settings.auth_secret is not None:
+        secret = settings.auth_secret.get_secret_value().encode("utf-8")
+    else:
+        # Fine for one replica; several need the same secret to finish each other's SCRAM.
+        log.warning("OFFLOAD_AUTH_SECRET is not set: SCRAM sessions work on this replica only")
+        secret = secrets.token_bytes(32)
+    return Authenticator(
+        password_file=settings.password_file,
+        acl_file=settings.acl_file,
+        realm=settings.auth_realm,
+        secret=secret,
+        tls=settings.tls or settings.tls_cert_file is not None,
+        allow_anonymous=settings.allow_anonymous,
+        tokens_file=settings.tokens_file,
+    )
+
+
+def _refuse(challenge: Challenge) -> Unauthorized | TooManyRequests:
+    if challenge.status == 429:
+        return TooManyRequests("too many failed attempts, retry later", dict(challenge.headers))
+    return Unauthorized("authentication required", dict(challenge.headers))
+
+
+class BrokerRules:
+    """The `Authorizer` the routes call: authenticate, then check the ACL for the topic."""
+
+    def __init__(self, authenticator: Authenticator) -> None:
+        self.authenticator = authenticator
+
+    async def authorize(self, request: Request, topic: Topic, *, write: bool) -> None:
+        client = request.client.host if request.client is not None else ""
+        header = request.headers.get("authorization")
+        # Off the event loop: HTTP Basic costs a 4096-round PBKDF2.
+        result = await asyncio.to_thread(self.authenticator.authenticate, header, client=client)
+        if isinstance(result, Challenge):
+            raise _refuse(result)
+        extra = dict(result.response_headers)
+        if extra:  # SCRAM's server-final reaches the client on every answer (middleware)
+            setattr(request.state, STATE_KEY, extra)
+        check = self.authenticator.can_write if write else self.authenticator.can_read
+        if check(result.user, topic.value):
+            return
+        access = "write" if write else "read"
+        if result.user is None and self.authenticator.enabled:
+            raise _refuse(self.authenticator.challenge(f"anonymous may not {access} {topic}"))
+        raise Forbidden(f"not allowed to {access} topic {topic.value!r}", extra)
