@@ -3,6 +3,33 @@
 Shared by the client, the gateway and the Spark reader.
 """
 
+from ._chunk import (
+    CHUNK_PROPERTY,
+    ChunkHeader,
+    ChunkPlan,
+    PlannedChunk,
+    Reassembler,
+    chunk_header,
+    plan_chunks,
+    split,
+)
+from ._chunk import Complete as ChunkComplete
+from ._chunk import Error as ChunkFailure
+from ._chunk import Pending as ChunkPending
+from ._envelope import (
+    MAX_BSON_DOCUMENT,
+    DownloadFields,
+    EnvelopeParser,
+    PayloadData,
+    PayloadEnd,
+    PayloadStart,
+    UploadFields,
+    download_fields,
+    encode_download,
+    encode_upload,
+    upload_fields,
+)
+from ._envelope import Complete as EnvelopeComplete
 from ._layout import (
     DATA_PREFIX,
     INDEX_PREFIX,
@@ -17,23 +44,51 @@ from ._layout import (
     topic_prefix,
 )
 from ._props import PublishProperties
+from ._size import MAX_PACKET_SIZE, fits, max_payload, publish_packet_size
 from ._types import MAX_TOPIC_BYTES, MessageId, Topic, TopicFilter
 
 __all__ = [
+    "CHUNK_PROPERTY",
     "DATA_PREFIX",
     "INDEX_PREFIX",
+    "MAX_BSON_DOCUMENT",
+    "MAX_PACKET_SIZE",
     "MAX_TOPIC_BYTES",
     "META_SUFFIX",
+    "ChunkComplete",
+    "ChunkFailure",
+    "ChunkHeader",
+    "ChunkPending",
+    "ChunkPlan",
     "DataKey",
+    "DownloadFields",
+    "EnvelopeComplete",
+    "EnvelopeParser",
     "Manifest",
     "MessageId",
+    "PayloadData",
+    "PayloadEnd",
+    "PayloadStart",
+    "PlannedChunk",
     "PublishProperties",
+    "Reassembler",
     "Topic",
     "TopicFilter",
+    "UploadFields",
+    "chunk_header",
     "data_key",
+    "download_fields",
+    "encode_download",
+    "encode_upload",
     "filter_prefix",
+    "fits",
     "index_key",
+    "max_payload",
     "meta_key",
     "parse_data_key",
+    "plan_chunks",
+    "publish_packet_size",
+    "split",
     "topic_prefix",
+    "upload_fields",
 ]
