@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import paho.mqtt.client as paho
+from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
@@ -55,7 +56,7 @@ class BrokerAddress:
 def to_paho_properties(props: PublishProperties | None) -> Properties | None:
     if props is None:
         return None
-    out = Properties(PacketTypes.PUBLISH)
+    out = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
     if props.message_expiry_interval is not None:
         out.MessageExpiryInterval = props.message_expiry_interval
     if props.content_type is not None:
@@ -78,7 +79,7 @@ class BrokerConnection:
         self.address = address
         self._connected = threading.Event()
         self._client = paho.Client(
-            paho.CallbackAPIVersion.VERSION2,
+            CallbackAPIVersion.VERSION2,
             client_id=client_id or f"offload-gateway-{uuid.uuid4().hex[:12]}",
             protocol=paho.MQTTv5,
         )

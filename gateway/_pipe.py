@@ -53,7 +53,7 @@ class PipeReader:
             out.append(self._current[:take])
             self._current = self._current[take:]
             got += take
-        data = out[0].tobytes() if len(out) == 1 else b"".join(out)
+        data = bytes(out[0]) if len(out) == 1 else b"".join(out)
         self.sha256.update(data)
         self.count += len(data)
         return data

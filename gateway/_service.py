@@ -11,8 +11,9 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
+from typing import ParamSpec, TypeVar
 
 from client.protocol import Manifest, MessageId, Topic, data_key, index_key, meta_key
 
@@ -21,6 +22,9 @@ from ._pipe import StreamingUpload
 from .storage import ObjectStore, StoreError
 
 log = logging.getLogger("gateway")
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 OVERSIZED_SUFFIX = "+oversized"
 MAX_KEY_BYTES = 1024  # S3's limit on object keys
@@ -65,9 +69,9 @@ class OffloadService:
         self.store = store
         self.default_ttl = default_ttl
 
-    async def _call(self, fn, *args):  # type: ignore[no-untyped-def]
+    async def _call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         try:
-            return await asyncio.to_thread(fn, *args)
+            return await asyncio.to_thread(fn, *args, **kwargs)
         except StoreError as exc:
             raise StorageUnavailable(f"object store unavailable: {exc}") from exc
 
@@ -83,7 +87,7 @@ class OffloadService:
 
     async def commit(self, manifest: Manifest) -> Stored:
         """Make an uploaded payload visible by id, or resolve a retry of the same id."""
-        existing = await self.load(manifest.id, missing_ok=True)
+        existing = await self.find(manifest.id)
         if existing is not None:
             await self._call(self.store.delete, manifest.data_key)
             if existing.sha256 == manifest.sha256 and existing.topic == manifest.topic:
@@ -104,14 +108,18 @@ class OffloadService:
         except StoreError as exc:
             log.warning("could not remove abandoned payload %s: %s", key, exc)
 
-    async def load(self, message_id: MessageId, *, missing_ok: bool = False) -> Manifest | None:
+    async def find(self, message_id: MessageId) -> Manifest | None:
+        """The manifest of a live message, None when unknown or expired."""
         raw = await self._call(self.store.get_bytes, index_key(message_id))
         manifest = None if raw is None else Manifest.from_json(raw)
         if manifest is not None and manifest.expires is not None and manifest.expires <= now_ms():
-            manifest = None  # expired: never served, whatever the sweeper has done yet
+            return None  # expired: never served, whatever the sweeper has done yet
+        return manifest
+
+    async def load(self, message_id: MessageId) -> Manifest:
+        """The manifest of a live message; 404 when unknown or expired."""
+        manifest = await self.find(message_id)
         if manifest is None:
-            if missing_ok:
-                return None
             raise NotFound(f"no message with id {message_id}")
         return manifest
 
@@ -130,13 +138,12 @@ class OffloadService:
         return _iterate(pieces)
 
 
-async def _iterate(pieces: object) -> AsyncIterator[bytes]:
-    iterator = iter(pieces)  # type: ignore[call-overload]
-    sentinel = object()
+async def _iterate(pieces: Iterator[bytes]) -> AsyncIterator[bytes]:
+    iterator = iter(pieces)
     try:
         while True:
-            piece = await asyncio.to_thread(next, iterator, sentinel)
-            if piece is sentinel:
+            piece = await asyncio.to_thread(next, iterator, b"")
+            if not piece:
                 return
             yield piece
     finally:
