@@ -307,7 +307,10 @@ def test_example_reads_credentials_from_existing_secrets(chart: helm.Chart) -> N
     }
     config = objects["ConfigMap"]["data"]
     assert config["OFFLOAD_PUBLIC_URL"] == "https://offload.example.com"
+    assert config["OFFLOAD_TLS"] == "true"  # TLS ends at the Ingress; clients still use https
     assert config["OFFLOAD_MAX_BODY_BYTES"] == "2147483648"
+    assert config["OFFLOAD_S3_PART_SIZE"] == "16777216"
+    assert config["OFFLOAD_S3_PARALLEL_UPLOADS"] == "3"
     assert container["envFrom"] == [
         {"configMapRef": {"name": objects["ConfigMap"]["metadata"]["name"]}}
     ]
@@ -421,6 +424,7 @@ def test_public_url_follows_ingress_then_service(chart: helm.Chart) -> None:
         return url
 
     assert public_url({}) == f"http://{RELEASE}-mqtt-offload.{NAMESPACE}.svc"
+    assert by_kind(manifests(chart, {}))["ConfigMap"]["data"]["OFFLOAD_TLS"] == "false"
     assert public_url({"service": {"port": 8080}}).endswith(".svc:8080")
     ingress = {"enabled": True, "tls": [{"secretName": "t", "hosts": ["offload.example.com"]}]}
     assert public_url({"ingress": ingress}) == "https://offload.example.com"
@@ -444,6 +448,7 @@ def test_public_url_follows_ingress_then_service(chart: helm.Chart) -> None:
         ({"auth": {"secret": "short"}}, "/auth/secret"),
         ({"gateway": {"extraConfig": {"PATH": "/bin"}}}, "PATH"),
         ({"autoscaling": {"targetCPUUtilizationPercentage": 150}}, "/autoscaling"),
+        ({"storage": {"partSize": 1024}}, "/storage/partSize"),
     ],
 )
 def test_schema_rejects_bad_values(chart: helm.Chart, values: dict[str, Any], where: str) -> None:
