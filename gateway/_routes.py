@@ -110,6 +110,8 @@ async def upload_envelope(topic: str, request: Request, ctx: Ctx) -> Response:
                     assert upload is not None
                     await upload.write(event.data)
                 elif isinstance(event, PayloadStart):
+                    if event.fields:  # headers sent first: reject bad ones before storing
+                        upload_fields(event.fields)
                     upload, _, stamp = ctx.service.begin_upload(parsed_topic, event.length)
                 elif isinstance(event, PayloadEnd):
                     assert upload is not None

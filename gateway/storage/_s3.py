@@ -51,7 +51,11 @@ class S3Store:
         http = urllib3.PoolManager(
             timeout=urllib3.Timeout(connect=min(timeout, 3.0), read=timeout),
             maxsize=pool_size,
-            retries=urllib3.Retry(total=1, backoff_factor=0.1, status_forcelist=[502, 503, 504]),
+            # A store that is down must fail fast (503), one that hiccups (SeaweedFS and
+            # MinIO answer 500 "please try again" under load) gets a retry.
+            retries=urllib3.Retry(
+                total=2, backoff_factor=0.2, status_forcelist=[500, 502, 503, 504]
+            ),
         )
         self._client = Minio(
             endpoint,
