@@ -8,9 +8,10 @@
 #   docker run --rm -p 8080:8080 -e OFFLOAD_STORAGE_URL=... mqtt-offload-gateway:0.1.0
 #
 # Dependencies are pinned to exact versions in constraints.txt below: the closure of the
-# `gateway` extra as tested. To refresh it, install `.[gateway]` into a clean python:3.11-slim
-# container and paste its `pip freeze` (without mqtt-offload itself). `pip check` fails the
-# build when pyproject.toml gains a dependency the pins do not cover.
+# `gateway` extra (plus the build backend), as tested. The project itself is then installed
+# with --no-index, so a dependency added to pyproject.toml but missing from the pins fails the
+# build instead of being fetched unpinned. To refresh the pins, install `.[gateway]` into a
+# clean python:3.11-slim container and paste its `pip freeze` (without mqtt-offload itself).
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
@@ -52,6 +53,7 @@ pymongo==4.20.0
 python-dotenv==1.2.2
 pyyaml==6.0.3
 scramp==1.5.0
+setuptools==75.8.0
 starlette==1.10.0
 typing-extensions==4.16.0
 typing-inspection==0.4.2
@@ -70,7 +72,7 @@ COPY pyproject.toml README.md ./
 COPY client ./client
 COPY gateway ./gateway
 COPY discovery ./discovery
-RUN pip install --no-deps . && pip check
+RUN pip install --no-index --no-build-isolation ".[gateway]" && pip check
 
 FROM ${PYTHON_IMAGE} AS runtime
 RUN groupadd --system --gid 10001 offload \
