@@ -244,15 +244,15 @@ def test_metadata_only_scan_has_null_payloads(spark: SparkSession, store: Store)
 
 
 def test_credentials_from_environment_at_register(
-    spark: SparkSession, store: Store, s3_env: SeaweedFS
+    spark: SparkSession, store: Store, s3_env: SeaweedFS, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     register(spark)  # s3_env has set OFFLOAD_S3_* in this process
     try:
         df = spark.read.format("offload").option("storage", store.url).load()
         assert df.count() == 3
     finally:
-        os.environ.pop("OFFLOAD_S3_ACCESS_KEY")
-        os.environ.pop("OFFLOAD_S3_SECRET_KEY")
+        monkeypatch.delenv("OFFLOAD_S3_ACCESS_KEY")
+        monkeypatch.delenv("OFFLOAD_S3_SECRET_KEY")
         register(spark)
     with pytest.raises(Exception, match=r"(?i)access denied|forbidden|signature|credentials"):
         spark.read.format("offload").option("storage", store.url).load().count()
