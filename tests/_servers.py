@@ -43,8 +43,12 @@ def free_port(*, with_grpc: bool = False) -> int:
     raise RuntimeError("no free port found")
 
 
-def wait_for_port(port: int, timeout: float = 30.0, proc: subprocess.Popen[bytes] | None = None,
-                  log: Path | None = None) -> None:
+def wait_for_port(
+    port: int,
+    timeout: float = 30.0,
+    proc: subprocess.Popen[bytes] | None = None,
+    log: Path | None = None,
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
@@ -144,24 +148,50 @@ class SeaweedFS:
                 self._ports[name] = port
             self.s3_port = self._ports["s3"]
         s3conf = self.workdir / "s3.json"
-        s3conf.write_text(json.dumps({"identities": [{
-            "name": "offload",
-            "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
-            "actions": ["Admin", "Read", "Write", "List", "Tagging"],
-        }]}))
+        s3conf.write_text(
+            json.dumps(
+                {
+                    "identities": [
+                        {
+                            "name": "offload",
+                            "credentials": [
+                                {"accessKey": self.access_key, "secretKey": self.secret_key}
+                            ],
+                            "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+                        }
+                    ]
+                }
+            )
+        )
         data = self.workdir / "data"
         data.mkdir(exist_ok=True)
         log = self.workdir / "weed.log"
         args = [
-            binary, "server", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-            f"-master.port={self._ports['master']}", f"-volume.port={self._ports['volume']}",
-            f"-filer.port={self._ports['filer']}", "-s3", f"-s3.port={self._ports['s3']}",
-            "-s3.port.iceberg=0", "-s3.port.lance=0", f"-s3.config={s3conf}",
-            "-master.volumeSizeLimitMB=1024", "-volume.max=0", "-metricsPort=0",
+            binary,
+            "server",
+            f"-dir={data}",
+            "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1",
+            f"-master.port={self._ports['master']}",
+            f"-volume.port={self._ports['volume']}",
+            f"-filer.port={self._ports['filer']}",
+            "-s3",
+            f"-s3.port={self._ports['s3']}",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+            f"-s3.config={s3conf}",
+            "-master.volumeSizeLimitMB=256",
+            "-volume.max=4000",
+            "-metricsPort=0",
         ]
         self.proc = subprocess.Popen(
-            args, stdout=log.open("wb"), stderr=subprocess.STDOUT,
-            start_new_session=True, env={**os.environ, "GOMAXPROCS": "2"},
+            args,
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            # Every bucket is a collection that grows 7 volumes by default: tests make many
+            # buckets, so grow 2 at a time and allow plenty (volumes are sparse files).
+            env={**os.environ, "GOMAXPROCS": "2", "WEED_MASTER_VOLUME_GROWTH_COPY_1": "2"},
         )
         wait_for_port(self.s3_port, 90, self.proc, log)
         self._wait_ready(log)
