@@ -45,6 +45,7 @@ from ._exceptions import (
     MalformedPlaceholder,
     MessageTooLarge,
     OffloadError,
+    PayloadNotFound,
     ProtocolError,
     UntrustedEndpoint,
     UploadError,
@@ -53,6 +54,7 @@ from ._http import HttpTransport
 from ._message import Message, MessageError, Payload, PublishResult, Route
 from ._paho import Incoming, MqttConnection
 from ._router import choose_route
+from ._scram import gateway_auth
 from ._source import PayloadLike, PayloadSource
 from .protocol import MessageId, PublishProperties, Topic, TopicFilter
 from .protocol._chunk import CHUNK_PROPERTY, Complete, Error, Reassembler, plan_chunks
@@ -89,7 +91,9 @@ class Client:
             keyword overrides apply on top of it.
         transport: the HTTP transport to the gateway (default: a new :class:`HttpTransport`).
         http_auth: credentials for the gateway, sent only to the advertised endpoint
-            (same scheme, host and port) under hop-client's rule.
+            (same scheme, host and port) under hop-client's rule. Default: a bearer token
+            when `http_token` is set, else SCRAM-SHA-512 with the broker's user name and
+            password when both are set (:mod:`client._scram`), else none.
         **overrides: any :class:`ClientSettings` field, e.g. `automatic_offload=False`,
             `chunking=False`, `endpoint="http://gw:8000"`, `max_packet_size=65536`.
     """
@@ -111,7 +115,10 @@ class Client:
         s = self.settings
         self._owns_transport = transport is None
         self._transport = transport or HttpTransport(timeout=s.http_timeout)
-        self._http_auth = http_auth
+        broker_login = s.broker_url
+        self._http_auth = http_auth or gateway_auth(
+            username=broker_login.username, password=broker_login.password, token=s.http_token
+        )
         self._inbound: queue.SimpleQueue[Incoming | object] = queue.SimpleQueue()
         self._deliveries: queue.SimpleQueue[Delivery | object] = queue.SimpleQueue()
         self._filters: dict[str, TopicFilter] = {}
@@ -500,11 +507,22 @@ class Client:
                 expiry_interval=incoming.properties.message_expiry_interval,
                 now=time.monotonic(),
             )
+            refused = record is not None and not self.settings.endpoint_allowed(record.endpoint)
+            if refused:
+                # A spoofed record must not even leave an older endpoint in place.
+                self._discovery.clear()
             self._discovery_seen = True
             error = self._discovery.last_error
             self._discovery_cond.notify_all()
         if error is not None:
             log.warning("ignoring malformed discovery record: %s", error)
+        elif refused:
+            assert record is not None
+            log.warning(
+                "ignoring discovery record: endpoint %s is not in discovery_allowlist %s",
+                record.endpoint,
+                ", ".join(self.settings.discovery_allowlist),
+            )
         else:
             log.debug("discovery record: %s", record)
 
@@ -540,7 +558,22 @@ class Client:
             self._process_chunk(incoming)
             return
         if self.settings.fetch_external and _placeholder.is_tagged(incoming.payload, props):
-            self._deliveries.put(self._resolve(incoming))
+            delivery = self._resolve(incoming)
+            if (
+                self.settings.ignore_payload_not_found
+                and isinstance(delivery, MessageError)
+                and isinstance(delivery.error, PayloadNotFound)
+            ):
+                # The SQS extended client's ignorePayloadNotFound: expired or deleted objects
+                # are skipped, visibly in the log only.
+                log.warning(
+                    "skipped message %s on %r: %s",
+                    delivery.message_id,
+                    incoming.topic,
+                    delivery.error,
+                )
+                return
+            self._deliveries.put(delivery)
             return
         self._deliveries.put(
             Message(

@@ -24,10 +24,25 @@ discovery_wait         OFFLOAD_DISCOVERY_WAIT          seconds a large publish w
 discovery_refresh      OFFLOAD_DISCOVERY_REFRESH       seconds between re-subscriptions
 chunk_timeout          OFFLOAD_CHUNK_TIMEOUT           reassembly timeout without message expiry
 untrusted_endpoint     OFFLOAD_UNTRUSTED_ENDPOINT      `anonymous` or `refuse` (foreign fetch URLs)
-spool_threshold        OFFLOAD_SPOOL_THRESHOLD         payloads above this are spooled to disk
+spool_threshold        OFFLOAD_SPOOL_THRESHOLD         payloads above this are spooled to disk;
+                                                       also the RAM budget of chunk reassembly
 http_timeout           OFFLOAD_HTTP_TIMEOUT            seconds per HTTP read/connect
 keepalive              OFFLOAD_KEEPALIVE               MQTT keep-alive seconds
+http_token             OFFLOAD_HTTP_TOKEN              bearer token for the gateway instead of
+                                                       SCRAM with the broker user and password
+ignore_payload_not_found  OFFLOAD_IGNORE_PAYLOAD_NOT_FOUND  skip (log) placeholders whose
+                                                       object is gone instead of a MessageError
+discovery_allowlist    OFFLOAD_DISCOVERY_ALLOWLIST     comma-separated `scheme://host[:port]`
+                                                       (host may start with `*.`); a discovered
+                                                       endpoint elsewhere is ignored
+max_partial_messages   OFFLOAD_MAX_PARTIAL_MESSAGES    chunked messages reassembled at once
+max_buffered_bytes     OFFLOAD_MAX_BUFFERED_BYTES      chunk bytes buffered at once (RAM + disk)
 =====================  ==============================  ===========================================
+
+Gateway credentials: with `http_token` the client sends `Authorization: Bearer`; otherwise,
+when the broker login has a user name and password, it authenticates to the gateway with
+SCRAM-SHA-512 as that same user (the gateway reads the broker's password file). Either goes
+only to the endpoint in force (configured, or advertised on the discovery topic).
 """
 
 from __future__ import annotations
@@ -107,6 +122,11 @@ class ClientSettings:
     spool_threshold: int = 64 * 1024 * 1024
     http_timeout: float = 60.0
     keepalive: int = 30
+    http_token: str | None = field(default=None, repr=False)
+    ignore_payload_not_found: bool = False
+    discovery_allowlist: tuple[str, ...] = ()
+    max_partial_messages: int = 64
+    max_buffered_bytes: int = 1024 * 1024 * 1024
 
     def __post_init__(self) -> None:
         BrokerUrl.parse(self.broker)
@@ -114,6 +134,14 @@ class ClientSettings:
             raise ConfigError(f"protocol must be 5 or 4 (3.1.1), got {self.protocol!r}")
         if self.untrusted_endpoint not in get_args(UntrustedPolicy):
             raise ConfigError("untrusted_endpoint must be 'anonymous' or 'refuse'")
+        for name in ("max_partial_messages", "max_buffered_bytes", "spool_threshold"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if isinstance(self.discovery_allowlist, str):
+            object.__setattr__(self, "discovery_allowlist", _split_list(self.discovery_allowlist))
+        object.__setattr__(self, "discovery_allowlist", tuple(self.discovery_allowlist))
+        for entry in self.discovery_allowlist:
+            _parse_origin(entry)
         for name in ("max_packet_size", "offload_threshold"):
             value = getattr(self, name)
             if value is not None and value <= 0:
@@ -127,6 +155,31 @@ class ClientSettings:
                 raise ConfigError(f"endpoint must be an http(s) URL: {self.endpoint!r}")
             object.__setattr__(self, "endpoint", self.endpoint.rstrip("/"))
 
+    def endpoint_allowed(self, url: str) -> bool:
+        """Whether a discovered endpoint passes `discovery_allowlist` (empty: any does).
+
+        Args:
+            url: the endpoint URL from a discovery record.
+        """
+        if not self.discovery_allowlist:
+            return True
+        parts = urlsplit(url)
+        try:
+            port = parts.port
+        except ValueError:
+            return False
+        host = (parts.hostname or "").lower()
+        for entry in self.discovery_allowlist:
+            scheme, pattern, want_port = _parse_origin(entry)
+            if parts.scheme != scheme or (want_port is not None and port != want_port):
+                continue
+            if pattern.startswith("*."):
+                if host.endswith(pattern[1:]) and len(host) > len(pattern) - 1:
+                    return True
+            elif host == pattern:
+                return True
+        return False
+
     @property
     def broker_url(self) -> BrokerUrl:
         """The parsed broker URL with explicit username/password applied over the URL's."""
@@ -138,6 +191,23 @@ class ClientSettings:
         )
 
 
+def _split_list(text: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in text.replace(" ", ",").split(",") if item.strip())
+
+
+def _parse_origin(entry: str) -> tuple[str, str, int | None]:
+    """`scheme://host[:port]` of an allow-list entry (host may be `*.domain`)."""
+    parts = urlsplit(entry)
+    host = parts.hostname or ""
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise ConfigError(f"discovery_allowlist entry {entry!r}: {exc}") from exc
+    if parts.scheme not in ("http", "https") or not host or parts.path not in ("", "/"):
+        raise ConfigError(f"discovery_allowlist entries are http(s)://host[:port], got {entry!r}")
+    return parts.scheme, host, port
+
+
 _FIELDS = {f.name: f for f in dataclasses.fields(ClientSettings)}
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -146,6 +216,8 @@ _FALSE = {"0", "false", "no", "off"}
 def _coerce(name: str, value: object) -> object:
     """Turn an environment string or TOML value into the field's type."""
     kind = str(_FIELDS[name].type)
+    if name == "discovery_allowlist" and isinstance(value, list):
+        return tuple(str(v) for v in value)
     if value is None or not isinstance(value, str):
         if "bool" in kind and not isinstance(value, bool):
             raise ConfigError(f"{name} must be a boolean, got {value!r}")
@@ -158,6 +230,8 @@ def _coerce(name: str, value: object) -> object:
             if text.lower() in _FALSE:
                 return False
             raise ConfigError(f"{name} must be true or false, got {value!r}")
+        if name == "discovery_allowlist":
+            return _split_list(text)
         if name == "protocol":
             return {"5": 5, "4": 4, "3.1.1": 4, "311": 4}[text]
         if kind.startswith("int"):
@@ -245,3 +319,8 @@ class SettingsOverrides(TypedDict, total=False):
     spool_threshold: int
     http_timeout: float
     keepalive: int
+    http_token: str | None
+    ignore_payload_not_found: bool
+    discovery_allowlist: tuple[str, ...]
+    max_partial_messages: int
+    max_buffered_bytes: int

@@ -2,8 +2,9 @@
 
 The only module that imports httpx. Every httpx error crossing in becomes an
 :class:`UploadError` or :class:`FetchError` carrying the URL and status. Authentication is a
-seam: callers pass an `httpx.Auth` per request (SCRAM later) and decide, by the credential
-rule, whether a URL may receive it at all.
+seam: callers pass an `httpx.Auth` per request (:mod:`client._scram`: SCRAM or a bearer
+token) and decide, by the credential rule, whether a URL may receive it at all; a SCRAM
+failure becomes an UploadError / FetchError with status 401.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from ._exceptions import (
     UploadError,
 )
 from ._message import Payload
+from ._scram import ScramFailure
 from ._source import PIECE, PayloadSource
 from .protocol import MessageId
 from .protocol._envelope import encode_upload
@@ -50,14 +52,24 @@ def upload_url(endpoint: str, topic: str) -> str:
     return f"{endpoint.rstrip('/')}/topic/{quote(topic, safe='/')}+oversized"
 
 
+_AUTH_HINTS = {
+    401: "the gateway refused the credentials (or none were sent)",
+    403: "authenticated, but the broker's ACL does not allow this topic",
+}
+
+
 def _detail(response: httpx.Response) -> str:
+    status = response.status_code
+    text = f"HTTP {status}"
     try:
         doc = json.loads(response.read())
     except (ValueError, httpx.HTTPError):
-        return f"HTTP {response.status_code}"
+        doc = None
     if isinstance(doc, dict) and "detail" in doc:
-        return f"HTTP {response.status_code}: {doc['detail']}"
-    return f"HTTP {response.status_code}"
+        text = f"{text}: {doc['detail']}"
+    if status in _AUTH_HINTS:
+        text = f"{text} ({_AUTH_HINTS[status]})"
+    return text
 
 
 class HttpTransport:
@@ -136,6 +148,8 @@ class HttpTransport:
             )
         except httpx.HTTPError as exc:
             raise UploadError(url, f"upload failed: {exc!r}") from exc
+        except ScramFailure as exc:
+            raise UploadError(url, str(exc), 401) from exc
         if response.status_code != 201:
             raise UploadError(url, _detail(response), response.status_code)
         # hop-client ignores the body and builds the URL from the id it sent; so do we,
@@ -189,6 +203,8 @@ class HttpTransport:
                     payload = self._spool(response, digest, spool_dir)
         except httpx.HTTPError as exc:
             raise FetchError(url, f"fetch failed: {exc!r}") from exc
+        except ScramFailure as exc:
+            raise FetchError(url, str(exc), 401) from exc
         if expected_size is not None and payload.size != expected_size:
             payload.discard()
             raise FetchError(url, f"size mismatch: expected {expected_size}, got {payload.size}")
@@ -239,3 +255,5 @@ class HttpTransport:
                 return written
         except httpx.HTTPError as exc:
             raise FetchError(url, f"fetch failed: {exc!r}") from exc
+        except ScramFailure as exc:
+            raise FetchError(url, str(exc), 401) from exc
