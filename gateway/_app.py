@@ -17,6 +17,7 @@ from ._authz import BrokerRules, build_authenticator
 from ._context import Context, get_context
 from ._errors import install_error_handlers
 from ._mqtt import BrokerAddress, BrokerConnection
+from ._observability import ObservabilityMiddleware, metrics_endpoint
 from ._routes import router
 from ._service import OffloadService
 from ._settings import Settings, get_settings
@@ -131,6 +132,8 @@ def create_app(
     )
     install_error_handlers(app)
     app.add_middleware(AuthenticationInfoMiddleware)
+    app.add_middleware(ObservabilityMiddleware)
+    app.add_api_route("/metrics", metrics_endpoint, methods=["GET"], tags=["operations"])
     app.include_router(router)
 
     @app.get("/healthz", tags=["operations"])

@@ -28,6 +28,7 @@ from fastapi.responses import JSONResponse
 
 from client._exceptions import EnvelopeTooLarge, ProtocolError
 
+from ._observability import BROKER_ERRORS, STORAGE_ERRORS
 from .storage import StoreError
 
 log = logging.getLogger("gateway")
@@ -91,6 +92,10 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def gateway_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, GatewayError)
+        if isinstance(exc, StorageUnavailable):
+            STORAGE_ERRORS.inc()
+        elif isinstance(exc, BrokerUnavailable):
+            BROKER_ERRORS.inc()
         if exc.status >= 500:
             log.warning("%s %s -> %d: %s", request.method, request.url.path, exc.status, exc)
         return _json(exc.status, exc.reason, exc.headers)
@@ -108,6 +113,7 @@ def install_error_handlers(app: FastAPI) -> None:
         return _json(400, "; ".join(parts) or "invalid request")
 
     async def store_error(request: Request, exc: Exception) -> JSONResponse:
+        STORAGE_ERRORS.inc()
         log.warning("%s %s -> 503: %s", request.method, request.url.path, exc)
         return _json(503, f"object store unavailable: {exc}")
 

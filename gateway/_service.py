@@ -15,9 +15,11 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import ParamSpec, TypeVar
 
+from client._exceptions import ProtocolError
 from client.protocol import Manifest, MessageId, Topic, data_key, index_key, meta_key
 
 from ._errors import BadRequest, Conflict, NotFound, StorageUnavailable
+from ._observability import UPLOADED_BYTES, UPLOADS
 from ._pipe import StreamingUpload
 from .storage import ObjectStore, StoreError
 
@@ -63,11 +65,22 @@ class OffloadService:
     Args:
         store: where payloads and manifests live.
         default_ttl: seconds a payload is kept when the upload names no expiry (0: forever).
+        max_ttl: cap on any payload's lifetime in seconds, named or default (0: no cap).
+        delete_after_fetch: delete a message once its payload was sent whole to a client.
     """
 
-    def __init__(self, store: ObjectStore, *, default_ttl: int = 0) -> None:
+    def __init__(
+        self,
+        store: ObjectStore,
+        *,
+        default_ttl: int = 0,
+        max_ttl: int = 0,
+        delete_after_fetch: bool = False,
+    ) -> None:
         self.store = store
         self.default_ttl = default_ttl
+        self.max_ttl = max_ttl
+        self.delete_after_fetch = delete_after_fetch
 
     async def _call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         try:
@@ -85,7 +98,7 @@ class OffloadService:
             raise BadRequest("topic too long: its object key would exceed 1024 bytes")
         return StreamingUpload(self.store, key, length, content_type), key, stamp
 
-    async def commit(self, manifest: Manifest) -> Stored:
+    async def commit(self, manifest: Manifest, *, kind: str = "envelope") -> Stored:
         """Make an uploaded payload visible by id, or resolve a retry of the same id."""
         existing = await self.find(manifest.id)
         if existing is not None:
@@ -100,6 +113,8 @@ class OffloadService:
         body = manifest.to_json()
         await self._call(self.store.put_bytes, meta_key(manifest.data_key), body)
         await self._call(self.store.put_bytes, index_key(manifest.id), body)
+        UPLOADS.labels(kind).inc()
+        UPLOADED_BYTES.inc(manifest.size)
         return Stored(manifest, created=True)
 
     async def discard(self, key: str) -> None:
@@ -136,6 +151,59 @@ class OffloadService:
         except StoreError as exc:
             raise StorageUnavailable(f"object store unavailable: {exc}") from exc
         return _iterate(pieces)
+
+    # -- retention (docs/reliability.md) ---------------------------------------------------
+
+    def expiry_for(self, timestamp_ms: int, ttl: int | None = None) -> int | None:
+        """When a payload stored at `timestamp_ms` expires (ms), None when kept forever.
+
+        Args:
+            timestamp_ms: the upload's time, milliseconds since the epoch.
+            ttl: seconds the uploader asked for (the placeholder's Message Expiry
+                Interval); None or 0 takes the default. Clamped to `max_ttl`, not refused:
+                an uploader cannot know the cap, and a shorter life is the safe side.
+        """
+        seconds = ttl or self.default_ttl
+        if self.max_ttl:
+            seconds = min(seconds, self.max_ttl) if seconds else self.max_ttl
+        return timestamp_ms + seconds * 1000 if seconds else None
+
+    async def forget(self, manifest: Manifest) -> None:
+        """Delete a message: index first, so it is never visible half-deleted.
+
+        Idempotent (a missing object is no error), so replicas and sweepers may race.
+        The index is only removed while it still names this payload: a later upload that
+        reused the id after expiry keeps its own.
+        """
+        raw = await self._call(self.store.get_bytes, index_key(manifest.id))
+        if raw is not None and _names_payload(raw, manifest.data_key):
+            await self._call(self.store.delete, index_key(manifest.id))
+        await self._call(self.store.delete, meta_key(manifest.data_key))
+        await self._call(self.store.delete, manifest.data_key)
+
+    async def then_forget(
+        self, manifest: Manifest, body: AsyncIterator[bytes]
+    ) -> AsyncIterator[bytes]:
+        """`body`, then (with delete_after_fetch) delete the message once it was sent whole.
+
+        The response streamer asks for the next piece only after the previous one was
+        written, so reaching the end means every byte went out; a disconnect cancels the
+        stream before that point and the message stays.
+        """
+        async for piece in body:
+            yield piece
+        if self.delete_after_fetch:
+            try:
+                await self.forget(manifest)
+            except StorageUnavailable as exc:  # the sweeper removes it at expiry instead
+                log.warning("delete after fetch of %s failed: %s", manifest.id, exc)
+
+
+def _names_payload(raw_index: bytes, payload_key: str) -> bool:
+    try:
+        return Manifest.from_json(raw_index).data_key == payload_key
+    except ProtocolError:
+        return True  # an unreadable index for this id: removing it is the safe side
 
 
 async def _iterate(pieces: Iterator[bytes]) -> AsyncIterator[bytes]:

@@ -46,6 +46,29 @@ class Settings(BaseSettings):
     tls_key_file: Path | None = None
     log_format: str = Field("text", pattern="^(text|json)$")
     log_level: str = "INFO"
+    shutdown_timeout: float = Field(
+        30.0, gt=0, description="seconds in-flight requests may finish after SIGTERM"
+    )
+
+    # Retention and limits (docs/reliability.md).
+    max_ttl: int = Field(
+        30 * 24 * 3600, ge=0, description="seconds; cap on any payload's lifetime; 0: no cap"
+    )
+    sweep_interval: float = Field(
+        600.0, ge=0, description="seconds between retention sweeps (jittered); 0: no sweeper"
+    )
+    sweep_grace: float = Field(
+        3600.0, ge=0, description="seconds before an unreferenced payload counts as abandoned"
+    )
+    delete_after_fetch: bool = Field(
+        False, description="delete a message once one client fetched its payload whole"
+    )
+    max_uploads_per_client: int = Field(
+        16, ge=0, description="concurrent uploads per client address (429 beyond); 0: no limit"
+    )
+    body_idle_timeout: float = Field(
+        30.0, gt=0, description="seconds an upload body may stall before 408"
+    )
 
     @field_validator("storage_url")
     @classmethod

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
 import uvicorn
 
+from ._observability import configure_logging
 from ._settings import Settings
 
 
@@ -22,9 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     settings = Settings()
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
+    configure_logging(settings.log_level, settings.log_format)
     if not settings.public_url:
         host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
         scheme = "https" if settings.tls_cert_file else "http"
@@ -41,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
         ssl_certfile=str(settings.tls_cert_file) if settings.tls_cert_file else None,
         ssl_keyfile=str(settings.tls_key_file) if settings.tls_key_file else None,
         log_level=settings.log_level.lower(),
-        timeout_graceful_shutdown=30,
+        timeout_graceful_shutdown=int(settings.shutdown_timeout),
+        log_config=None,  # keep our handlers (JSON when asked)
         h11_max_incomplete_event_size=64 * 1024,
     )
     return 0

@@ -181,3 +181,16 @@ def test_file_store_needs_no_server(tmp_path: object) -> None:
             assert http.get("/readyz").status_code == 200
     finally:
         server.stop()
+
+
+def test_metrics_and_request_ids(gw: GatewayServer) -> None:
+    with httpx.Client(base_url=gw.url, timeout=30) as http:
+        r = http.post("/topic/m+oversized", content=upload_doc(b"m" * 100, uuid.uuid4()))
+        assert r.status_code == 201
+        assert len(r.headers["x-request-id"]) == 32
+        echoed = http.get("/healthz", headers={"X-Request-ID": "abc-123"})
+        assert echoed.headers["x-request-id"] == "abc-123"
+        text = http.get("/metrics").text
+    assert 'offload_http_requests_total{method="POST",route="/topic/{topic:path}",status="201"}' in text
+    assert "offload_uploads_total" in text
+    assert "offload_http_received_bytes_total" in text
