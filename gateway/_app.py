@@ -16,11 +16,13 @@ from discovery import Advertiser, DiscoveryRecord
 from ._authz import BrokerRules, build_authenticator
 from ._context import Context, get_context
 from ._errors import install_error_handlers
+from ._limits import UploadLimits
 from ._mqtt import BrokerAddress, BrokerConnection
 from ._observability import ObservabilityMiddleware, metrics_endpoint
 from ._routes import router
 from ._service import OffloadService
 from ._settings import Settings, get_settings
+from ._sweeper import Sweeper
 from .auth._fastapi import AuthenticationInfoMiddleware
 from .storage import ObjectStore, StoreError, open_store
 
@@ -73,7 +75,12 @@ def create_app(
             log.warning("object store not ready at start-up: %s", exc)
         ctx = Context(
             settings=settings,
-            service=OffloadService(the_store, default_ttl=settings.default_ttl),
+            service=OffloadService(
+                the_store,
+                default_ttl=settings.default_ttl,
+                max_ttl=settings.max_ttl,
+                delete_after_fetch=settings.delete_after_fetch,
+            ),
             public_url=(public_url or settings.public_url or "").rstrip("/") or None,
         )
         authenticator = build_authenticator(settings)
@@ -116,9 +123,13 @@ def create_app(
             ctx.broker.start()
             if advertiser is not None:
                 advertiser.start()
+        sweeper = Sweeper(the_store, interval=settings.sweep_interval, grace=settings.sweep_grace)
+        ctx.extras["sweeper"] = sweeper
+        sweeper.start()
         try:
             yield {"ctx": ctx}
         finally:
+            await sweeper.stop()
             if advertiser is not None:
                 advertiser.stop()
             if ctx.broker is not None:
@@ -133,6 +144,11 @@ def create_app(
     install_error_handlers(app)
     app.add_middleware(AuthenticationInfoMiddleware)
     app.add_middleware(ObservabilityMiddleware)
+    app.add_middleware(
+        UploadLimits,
+        max_per_client=settings.max_uploads_per_client,
+        body_idle_timeout=settings.body_idle_timeout,
+    )
     app.add_api_route("/metrics", metrics_endpoint, methods=["GET"], tags=["operations"])
     app.include_router(router)
 

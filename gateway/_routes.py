@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.requests import ClientDisconnect
 
@@ -34,6 +34,10 @@ from ._service import OVERSIZED_SUFFIX, message_id_from_headers, parse_topic
 router = APIRouter()
 
 Ctx = Annotated[Context, Depends(get_context)]
+Ttl = Annotated[
+    int | None,
+    Query(ge=1, le=2**32 - 1, description="seconds until the payload expires (MQTT expiry)"),
+]
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"description": "malformed request (reason in `detail`)"},
@@ -81,11 +85,12 @@ def created_response(ctx: Context, request: Request, manifest: Manifest, created
 
 
 @router.post("/topic/{topic:path}", status_code=201, responses=_ERRORS, tags=["offload"])
-async def upload_envelope(topic: str, request: Request, ctx: Ctx) -> Response:
+async def upload_envelope(topic: str, request: Request, ctx: Ctx, ttl: Ttl = None) -> Response:
     """Store a hop-client BSON upload document `{message, headers, key?}`.
 
     The message id is the `_id` header (16 raw UUID bytes or 36-character text); without
-    one the gateway assigns an id. The payload streams to storage as it arrives.
+    one the gateway assigns an id. The payload streams to storage as it arrives. `ttl`
+    (seconds, capped by the gateway's maximum) sets when it expires; default: the gateway's.
     """
     if not topic.endswith(OVERSIZED_SUFFIX):
         raise BadRequest(f"upload path must be /topic/<topic>{OVERSIZED_SUFFIX}")
@@ -135,6 +140,7 @@ async def upload_envelope(topic: str, request: Request, ctx: Ctx) -> Response:
             data_key=stored_key,
             headers=headers,
             key=fields.key,
+            expires=ctx.service.expiry_for(stamp, ttl),
         )
         stored = await ctx.service.commit(manifest)
     except BaseException as exc:
@@ -201,7 +207,9 @@ async def download_envelope(message_id: str, request: Request, ctx: Ctx) -> Resp
         return Response(status_code=200, headers=headers, media_type="application/bson")
     body = await ctx.service.open_payload(manifest)
     return StreamingResponse(
-        _stream(head, body, tail), headers=headers, media_type="application/bson"
+        ctx.service.then_forget(manifest, _stream(head, body, tail)),
+        headers=headers,
+        media_type="application/bson",
     )
 
 
@@ -227,6 +235,7 @@ async def download_payload(message_id: str, request: Request, ctx: Ctx) -> Respo
     if request.method == "HEAD" or length == 0:
         return Response(status_code=status, headers=headers, media_type=media_type)
     body = await ctx.service.open_payload(manifest, start, length if byte_range else None)
-    return StreamingResponse(
-        _stream(b"", body, b""), status_code=status, headers=headers, media_type=media_type
-    )
+    stream = _stream(b"", body, b"")
+    if byte_range is None:  # only a whole payload counts as fetched (delete-after-fetch)
+        stream = ctx.service.then_forget(manifest, stream)
+    return StreamingResponse(stream, status_code=status, headers=headers, media_type=media_type)

@@ -108,8 +108,11 @@ class OffloadService:
             raise Conflict(
                 f"message id {manifest.id} already exists with different content or topic"
             )
-        if manifest.expires is None and self.default_ttl:
-            manifest = replace(manifest, expires=manifest.timestamp + self.default_ttl * 1000)
+        if manifest.expires is None:
+            manifest = replace(manifest, expires=self.expiry_for(manifest.timestamp))
+        elif self.max_ttl:  # whoever set it, no payload outlives the cap
+            cap = manifest.timestamp + self.max_ttl * 1000
+            manifest = replace(manifest, expires=min(manifest.expires, cap))
         body = manifest.to_json()
         await self._call(self.store.put_bytes, meta_key(manifest.data_key), body)
         await self._call(self.store.put_bytes, index_key(manifest.id), body)

@@ -1,0 +1,224 @@
+"""Retention: delete expired messages and abandoned payloads from the object store.
+
+One sweep walks the id index (`ids/`), then the payloads and sidecars (`data/`):
+
+* a manifest whose `expires` has passed is deleted index first, then sidecar, then payload,
+  so a reader never finds an index naming a payload that is already gone (and the gateway
+  refuses expired manifests anyway, sweeper or not);
+* a payload or sidecar that no index names is what a crash between the payload write and
+  the index write leaves behind. It is deleted once its key's hour partition is older than
+  the grace period *and* an earlier sweep of this process already saw it unreferenced: an
+  upload that ran for longer than the grace period writes its index milliseconds after its
+  payload appears, never a whole sweep interval later.
+
+Every delete is idempotent, so several gateway replicas may sweep the same bucket; the
+interval is jittered so they do not all list at once. Keys outside the layout are left alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import threading
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from client._exceptions import ProtocolError
+from client.protocol import Manifest, index_key, meta_key
+from client.protocol._layout import DATA_PREFIX, INDEX_PREFIX, META_SUFFIX, parse_data_key
+
+from .storage import ObjectStore, StoreError
+
+log = logging.getLogger("gateway.sweeper")
+
+HOUR_MS = 3600 * 1000
+
+
+@dataclass(frozen=True, slots=True)
+class SweepReport:
+    """What one sweep did."""
+
+    expired: int = 0  # messages deleted because their expiry passed
+    orphans: int = 0  # unreferenced payloads or sidecars deleted
+    kept: int = 0  # live messages seen
+    suspects: int = 0  # unreferenced objects seen for the first time (deleted next sweep)
+    errors: int = 0  # objects skipped: unreadable manifest or a store error
+
+
+def partition_end_ms(payload_key: str) -> int | None:
+    """The end of the hour partition a payload key was written in (ms), None off-layout."""
+    parsed = parse_data_key(payload_key)
+    if parsed is None:
+        return None
+    try:
+        start = datetime.strptime(f"{parsed.date} {parsed.hour}", "%Y-%m-%d %H")
+    except ValueError:
+        return None
+    return int(start.replace(tzinfo=UTC).timestamp() * 1000) + HOUR_MS
+
+
+class Sweeper:
+    """Deletes expired and abandoned objects; run it in the gateway's lifespan.
+
+    Args:
+        store: the bucket to sweep.
+        interval: mean seconds between sweeps (jittered by +-20 %).
+        grace: seconds an unreferenced payload may exist before it counts as abandoned.
+    """
+
+    def __init__(self, store: ObjectStore, *, interval: float = 600.0, grace: float = 3600.0):
+        self.store = store
+        self.interval = interval
+        self.grace_ms = int(grace * 1000)
+        self._suspects: set[str] = set()
+        self._stopping = threading.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    # -- one sweep (blocking: call from a worker thread) ---------------------------------
+
+    def sweep_once(self, now_ms: int | None = None) -> SweepReport:
+        """Run one full sweep and report what it did.
+
+        Args:
+            now_ms: the time to judge expiry by (ms since the epoch); defaults to now.
+
+        Raises:
+            StoreError: the store could not be listed at all.
+        """
+        now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+        expired = kept = errors = 0
+        live: dict[str, str] = {}  # payload key -> message id, from the index
+        for info in self.store.list(INDEX_PREFIX):
+            if self._stopping.is_set():
+                break
+            try:
+                manifest = self._read(info.key)
+                if manifest is None:
+                    continue
+                if manifest.expires is not None and manifest.expires <= now:
+                    self._forget(manifest)
+                    expired += 1
+                else:
+                    live[manifest.data_key] = str(manifest.id)
+                    kept += 1
+            except (StoreError, ProtocolError) as exc:
+                errors += 1
+                log.warning("sweep: skipping %s: %s", info.key, exc)
+
+        payloads: set[str] = set()
+        sidecars: set[str] = set()
+        for info in self.store.list(DATA_PREFIX):
+            if info.key.endswith(META_SUFFIX):
+                sidecars.add(info.key[: -len(META_SUFFIX)])
+            else:
+                payloads.add(info.key)
+
+        orphans = 0
+        suspects: set[str] = set()
+        for key in sorted(payloads | sidecars):
+            if self._stopping.is_set():
+                break
+            if key in live:
+                continue
+            try:
+                verdict = self._judge(key, has_sidecar=key in sidecars, now=now)
+            except (StoreError, ProtocolError) as exc:
+                errors += 1
+                log.warning("sweep: skipping %s: %s", key, exc)
+                continue
+            if verdict == "expired":
+                expired += 1
+            elif verdict == "orphan":
+                if key in self._suspects:
+                    self._delete(meta_key(key), key)
+                    orphans += 1
+                else:
+                    suspects.add(key)
+        self._suspects = suspects
+        report = SweepReport(expired, orphans, kept, len(suspects), errors)
+        if expired or orphans or errors:
+            log.info("sweep: %s", report)
+        return report
+
+    def _judge(self, key: str, *, has_sidecar: bool, now: int) -> str:
+        """'expired' (and deleted), 'orphan', or 'keep' for a payload key no index named."""
+        if has_sidecar:
+            manifest = self._read(meta_key(key))
+            if manifest is not None and manifest.expires is not None and manifest.expires <= now:
+                self._forget(manifest)
+                return "expired"
+            # Committed after our index listing? Then its index names it now.
+            if manifest is not None and self._indexed(manifest):
+                return "keep"
+        end = partition_end_ms(key)
+        if end is None or now - end < self.grace_ms:
+            return "keep"  # off-layout keys are not ours; young ones may be mid-commit
+        if self._referenced_later(key):
+            return "keep"
+        return "orphan"
+
+    def _indexed(self, manifest: Manifest) -> bool:
+        current = self._read(index_key(manifest.id))
+        return current is not None and current.data_key == manifest.data_key
+
+    def _referenced_later(self, key: str) -> bool:
+        """A point read of the sidecar, in case the listing raced a commit."""
+        manifest = self._read(meta_key(key))
+        return manifest is not None and self._indexed(manifest)
+
+    def _read(self, key: str) -> Manifest | None:
+        raw = self.store.get_bytes(key)
+        return None if raw is None else Manifest.from_json(raw)
+
+    def _forget(self, manifest: Manifest) -> None:
+        # Index first: once it is gone nothing serves the message, whatever fails next.
+        current = self._read_lenient(index_key(manifest.id))
+        if current is None or current.data_key == manifest.data_key:
+            self.store.delete(index_key(manifest.id))
+        self._delete(meta_key(manifest.data_key), manifest.data_key)
+
+    def _read_lenient(self, key: str) -> Manifest | None:
+        try:
+            return self._read(key)
+        except ProtocolError:
+            return None  # unreadable: treat as ours to delete
+
+    def _delete(self, *keys: str) -> None:
+        for key in keys:
+            self.store.delete(key)
+
+    # -- the background task -------------------------------------------------------------
+
+    def next_delay(self) -> float:
+        """Seconds to the next sweep: the interval with +-20 % jitter."""
+        return self.interval * random.uniform(0.8, 1.2)
+
+    def start(self) -> None:
+        """Start sweeping in the running event loop (no-op when interval is 0)."""
+        if self.interval > 0 and self._task is None:
+            self._stopping.clear()
+            self._task = asyncio.create_task(self._run(), name="offload-sweeper")
+
+    async def stop(self) -> None:
+        """Stop sweeping; a sweep in progress stops at its next object."""
+        self._stopping.set()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        # A random first delay spreads replicas that started together.
+        await asyncio.sleep(random.uniform(0.1, 1.0) * self.interval)
+        while not self._stopping.is_set():
+            try:
+                await asyncio.to_thread(self.sweep_once)
+            except StoreError as exc:
+                log.warning("sweep skipped: object store unavailable: %s", exc)
+            except Exception:  # a bug must not kill retention for the process's lifetime
+                log.exception("sweep failed")
+            await asyncio.sleep(self.next_delay())
