@@ -1,0 +1,286 @@
+"""Retention against real SeaweedFS: expiry, the sweeper, delete-after-fetch."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import replace
+
+import bson
+import httpx
+import pytest
+
+from client.protocol import Manifest, MessageId, Topic, data_key, index_key, meta_key
+from gateway._service import OffloadService
+from gateway._sweeper import Sweeper, partition_end_ms
+from gateway.storage import S3Store
+
+from _gateway import GatewayServer
+from _servers import SeaweedFS
+
+pytestmark = pytest.mark.servers
+
+HOUR_MS = 3600 * 1000
+
+
+def upload_doc(payload: bytes, msg_id: uuid.UUID) -> bytes:
+    return bson.encode({"message": bson.Binary(payload), "headers": [["_id", msg_id.bytes]]})
+
+
+@pytest.fixture
+def store(seaweed: SeaweedFS, bucket_name: str) -> S3Store:
+    s = S3Store(
+        seaweed.endpoint, bucket_name, access_key=seaweed.access_key, secret_key=seaweed.secret_key
+    )
+    s.ensure_bucket()
+    return s
+
+
+def keys(store: S3Store) -> set[str]:
+    return {info.key for info in store.list("")}
+
+
+@pytest.fixture
+def gw(gateway_factory: Callable[..., GatewayServer]) -> GatewayServer:
+    # No background sweeps: these tests call the sweeper themselves.
+    return gateway_factory(None, sweep_interval=0)
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+# -- expiry arithmetic ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("default", "cap", "ttl", "seconds"),
+    [
+        (100, 0, None, 100),  # the default
+        (100, 0, 5, 5),  # the uploader's ttl wins over the default
+        (100, 50, 5000, 50),  # clamped to the cap
+        (0, 0, None, None),  # kept forever
+        (0, 60, None, 60),  # "forever" is capped too
+        (100, 50, None, 50),  # so is the default
+    ],
+)
+def test_expiry_for(default: int, cap: int, ttl: int | None, seconds: int | None) -> None:
+    service = OffloadService(store=None, default_ttl=default, max_ttl=cap)  # type: ignore[arg-type]
+    expected = None if seconds is None else 1_000 + seconds * 1000
+    assert service.expiry_for(1_000, ttl) == expected
+
+
+def test_partition_end_comes_from_the_key() -> None:
+    key = data_key(Topic("a/b"), 1_700_000_000_000, "tok")  # 2023-11-14 22:13 UTC
+    end = partition_end_ms(key)
+    assert end is not None and end - HOUR_MS <= 1_700_000_000_000 < end
+    assert partition_end_ms("elsewhere/x") is None
+    assert partition_end_ms(meta_key(key)) is None
+
+
+# -- through the gateway --------------------------------------------------------------------
+
+
+def test_ttl_is_stored_and_capped(
+    gateway_factory: Callable[..., GatewayServer], store: S3Store
+) -> None:
+    gw = gateway_factory(None, sweep_interval=0, max_ttl=60, default_ttl=30)
+    ids = [uuid.uuid4() for _ in range(3)]
+    with httpx.Client(base_url=gw.url, timeout=30) as http:
+        for msg_id, query in zip(ids, ["?ttl=10", "?ttl=999999", ""], strict=True):
+            r = http.post(f"/topic/r/ttl+oversized{query}", content=upload_doc(b"x", msg_id))
+            assert r.status_code == 201, r.text
+        assert http.post("/topic/r/ttl+oversized?ttl=0", content=b"").status_code == 400
+        assert http.post("/topic/r/ttl+oversized?ttl=soon", content=b"").status_code == 400
+    lifetimes = []
+    for msg_id in ids:
+        raw = store.get_bytes(index_key(MessageId.parse(str(msg_id))))
+        assert raw is not None
+        manifest = Manifest.from_json(raw)
+        assert manifest.expires is not None
+        lifetimes.append(manifest.expires - manifest.timestamp)
+    assert lifetimes == [10_000, 60_000, 30_000]
+
+
+def test_expired_message_is_never_served_even_before_the_sweeper_runs(
+    gw: GatewayServer, store: S3Store
+) -> None:
+    msg_id = uuid.uuid4()
+    with httpx.Client(base_url=gw.url, timeout=30) as http:
+        r = http.post("/topic/r/short+oversized?ttl=1", content=upload_doc(b"brief", msg_id))
+        assert r.status_code == 201, r.text
+        assert http.get(f"/msg/{msg_id}/payload").content == b"brief"
+        time.sleep(1.2)
+        assert http.get(f"/msg/{msg_id}/payload").status_code == 404
+        assert http.get(f"/msg/{msg_id}").status_code == 404
+        assert http.head(f"/msg/{msg_id}/payload").status_code == 404
+    # Still stored: the refusal is the gateway's, not the sweeper's.
+    assert len(keys(store)) == 3
+    report = Sweeper(store).sweep_once()
+    assert report.expired == 1
+    assert keys(store) == set()
+
+
+def test_sweeper_deletes_only_expired_messages(gw: GatewayServer, store: S3Store) -> None:
+    short, long = uuid.uuid4(), uuid.uuid4()
+    with httpx.Client(base_url=gw.url, timeout=30) as http:
+        for msg_id, ttl in ((short, 1), (long, 3600)):
+            r = http.post(f"/topic/r/mix+oversized?ttl={ttl}", content=upload_doc(b"p", msg_id))
+            assert r.status_code == 201
+        report = Sweeper(store).sweep_once(now_ms() + 2_000)
+        assert (report.expired, report.kept, report.orphans, report.errors) == (1, 1, 0, 0)
+        assert http.get(f"/msg/{long}/payload").status_code == 200
+    left = keys(store)
+    assert left and all(str(short) not in k for k in left)
+    assert len(left) == 3  # the long one's payload, sidecar and index
+
+
+def test_an_id_reused_after_expiry_keeps_its_new_index(gw: GatewayServer, store: S3Store) -> None:
+    msg_id = uuid.uuid4()
+    with httpx.Client(base_url=gw.url, timeout=30) as http:
+        assert (
+            http.post("/topic/r/re+oversized?ttl=1", content=upload_doc(b"old", msg_id))
+        ).status_code == 201
+        time.sleep(1.2)
+        r = http.post("/topic/r/re+oversized?ttl=3600", content=upload_doc(b"new", msg_id))
+        assert r.status_code == 201 and r.json()["created"] is True
+        report = Sweeper(store).sweep_once()
+        assert report.expired == 1  # the old sidecar's message
+        assert http.get(f"/msg/{msg_id}/payload").content == b"new"
+    assert len(keys(store)) == 3
+
+
+def _orphan(store: S3Store, hours_ago: float, *, sidecar: bool) -> str:
+    stamp = now_ms() - int(hours_ago * HOUR_MS)
+    key = data_key(Topic("r/orphans"), stamp, uuid.uuid4().hex)
+    store.put_bytes(key, b"abandoned", "application/octet-stream")
+    if sidecar:  # crash after the sidecar, before the index
+        manifest = Manifest(MessageId.new(), Topic("r/orphans"), stamp, 9, "0" * 64, key)
+        store.put_bytes(meta_key(key), manifest.to_json())
+    return key
+
+
+def test_abandoned_payloads_go_after_the_grace_period_and_a_second_look(store: S3Store) -> None:
+    old = _orphan(store, 3, sidecar=False)
+    old_with_sidecar = _orphan(store, 3, sidecar=True)
+    young = _orphan(store, 0, sidecar=False)
+    foreign = "backups/not-ours.bin"
+    store.put_bytes(foreign, b"keep me")
+    sweeper = Sweeper(store, grace=3600)
+
+    first = sweeper.sweep_once()
+    assert (first.orphans, first.suspects) == (0, 2)
+    assert {old, old_with_sidecar, young} <= keys(store)  # seen once: not yet deleted
+
+    second = sweeper.sweep_once()
+    assert (second.orphans, second.suspects) == (2, 0)
+    assert keys(store) == {young, foreign}  # payloads and the sidecar gone
+
+
+def test_replicas_sweeping_at_once_do_not_trip_over_each_other(store: S3Store) -> None:
+    for _ in range(8):
+        stamp = now_ms() - 10_000
+        key = data_key(Topic("r/many"), stamp, uuid.uuid4().hex)
+        manifest = Manifest(MessageId.new(), Topic("r/many"), stamp, 1, "0" * 64, key)
+        manifest = replace(manifest, expires=stamp + 1)
+        store.put_bytes(key, b"x", "application/octet-stream")
+        store.put_bytes(meta_key(key), manifest.to_json())
+        store.put_bytes(index_key(manifest.id), manifest.to_json())
+    reports = []
+    errors: list[BaseException] = []
+
+    def sweep() -> None:
+        try:
+            reports.append(Sweeper(store).sweep_once())
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=sweep) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    assert all(r.errors == 0 for r in reports)
+    assert keys(store) == set()
+
+
+def test_the_lifespan_sweeper_runs_by_itself(
+    gateway_factory: Callable[..., GatewayServer], store: S3Store
+) -> None:
+    gw = gateway_factory(None, sweep_interval=0.5)
+    msg_id = uuid.uuid4()
+    with httpx.Client(base_url=gw.url, timeout=30) as http:
+        assert (
+            http.post("/topic/r/auto+oversized?ttl=1", content=upload_doc(b"x", msg_id))
+        ).status_code == 201
+    deadline = time.monotonic() + 15
+    while keys(store) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert keys(store) == set()
+
+
+# -- delete after fetch ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def once(gateway_factory: Callable[..., GatewayServer]) -> GatewayServer:
+    return gateway_factory(None, sweep_interval=0, delete_after_fetch=True)
+
+
+def test_delete_after_fetch_deletes_after_one_whole_read(
+    once: GatewayServer, store: S3Store
+) -> None:
+    msg_id = uuid.uuid4()
+    payload = os.urandom(100_000)
+    with httpx.Client(base_url=once.url, timeout=30) as http:
+        assert http.post("/topic/r/once+oversized", content=upload_doc(payload, msg_id)).is_success
+        # Neither a HEAD nor a range is a fetch of the message.
+        assert http.head(f"/msg/{msg_id}/payload").status_code == 200
+        part = http.get(f"/msg/{msg_id}/payload", headers={"Range": "bytes=0-99"})
+        assert part.status_code == 206
+        whole = http.get(f"/msg/{msg_id}/payload")
+        assert whole.status_code == 200 and whole.content == payload
+        assert http.get(f"/msg/{msg_id}/payload").status_code == 404
+    assert keys(store) == set()
+
+
+def test_delete_after_fetch_works_for_the_hop_download_too(
+    once: GatewayServer, store: S3Store
+) -> None:
+    msg_id = uuid.uuid4()
+    with httpx.Client(base_url=once.url, timeout=30) as http:
+        assert http.post("/topic/r/hop+oversized", content=upload_doc(b"hop", msg_id)).is_success
+        assert bson.decode(http.get(f"/msg/{msg_id}").content)["message"] == b"hop"
+        assert http.get(f"/msg/{msg_id}").status_code == 404
+    assert keys(store) == set()
+
+
+def test_an_interrupted_fetch_keeps_the_message(once: GatewayServer, store: S3Store) -> None:
+    msg_id = uuid.uuid4()
+    payload = os.urandom(32 * 1024 * 1024)  # far more than the socket buffers hold
+    with httpx.Client(base_url=once.url, timeout=60) as http:
+        assert http.post("/topic/r/cut+oversized", content=upload_doc(payload, msg_id)).is_success
+    with (
+        httpx.Client(base_url=once.url, timeout=60) as http,
+        http.stream("GET", f"/msg/{msg_id}/payload") as response,
+    ):
+        assert response.status_code == 200
+        next(response.iter_raw(65536))
+    # The connection is closed; give the gateway a moment to notice and cancel.
+    time.sleep(1.0)
+    with httpx.Client(base_url=once.url, timeout=60) as http:
+        again = http.get(f"/msg/{msg_id}/payload")
+        assert again.status_code == 200 and again.content == payload
+        assert http.get(f"/msg/{msg_id}/payload").status_code == 404
+
+
+def test_by_default_messages_survive_being_fetched(gw: GatewayServer) -> None:
+    msg_id = uuid.uuid4()
+    with httpx.Client(base_url=gw.url, timeout=30) as http:
+        assert http.post("/topic/r/keep+oversized", content=upload_doc(b"k", msg_id)).is_success
+        for _ in range(3):
+            assert http.get(f"/msg/{msg_id}/payload").content == b"k"
