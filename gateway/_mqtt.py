@@ -17,9 +17,9 @@ from urllib.parse import unquote, urlsplit
 
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
 
+# One conversion for the whole project: the client adapter owns the paho mapping.
+from client._paho import to_paho_properties
 from client.protocol import PublishProperties
 
 log = logging.getLogger("gateway.mqtt")
@@ -51,25 +51,6 @@ class BrokerAddress:
 
     def __repr__(self) -> str:  # never show the password
         return f"BrokerAddress({self.host}:{self.port}, tls={self.tls}, user={self.username!r})"
-
-
-def to_paho_properties(props: PublishProperties | None) -> Properties | None:
-    if props is None:
-        return None
-    out = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
-    if props.message_expiry_interval is not None:
-        out.MessageExpiryInterval = props.message_expiry_interval
-    if props.content_type is not None:
-        out.ContentType = props.content_type
-    if props.payload_format_indicator is not None:
-        out.PayloadFormatIndicator = props.payload_format_indicator
-    if props.response_topic is not None:
-        out.ResponseTopic = props.response_topic
-    if props.correlation_data is not None:
-        out.CorrelationData = props.correlation_data
-    if props.user_properties:
-        out.UserProperty = list(props.user_properties)
-    return out
 
 
 class BrokerConnection:
