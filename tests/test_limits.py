@@ -1,0 +1,149 @@
+"""Upload limits against the real gateway: stalled bodies, concurrent uploads, sizes."""
+
+from __future__ import annotations
+
+import socket
+import time
+import uuid
+from collections.abc import Callable, Iterator
+
+import bson
+import httpx
+import pytest
+
+from gateway.storage import S3Store
+
+from _gateway import GatewayServer
+from _servers import SeaweedFS
+
+pytestmark = pytest.mark.servers
+
+
+def upload_doc(payload: bytes, msg_id: uuid.UUID, headers: int = 0) -> bytes:
+    fields: list[list[object]] = [["_id", msg_id.bytes]]
+    fields += [[f"h{i}", b"v" * 100] for i in range(headers)]
+    return bson.encode({"message": bson.Binary(payload), "headers": fields})
+
+
+@pytest.fixture
+def stored(seaweed: SeaweedFS, bucket_name: str) -> Callable[[], list[str]]:
+    store = S3Store(
+        seaweed.endpoint, bucket_name, access_key=seaweed.access_key, secret_key=seaweed.secret_key
+    )
+    return lambda: [info.key for info in store.list("")]
+
+
+class RawUpload:
+    """An upload over a bare socket, so the test decides when (and whether) bytes go out."""
+
+    def __init__(self, gw: GatewayServer, body: bytes, topic: str = "l/raw") -> None:
+        self.body = body
+        self.sock = socket.create_connection(("127.0.0.1", gw.port), timeout=30)
+        head = (
+            f"POST /topic/{topic}+oversized HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Content-Type: application/bson\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        self.sock.sendall(head.encode())
+        self.sent = 0
+
+    def send(self, n: int) -> None:
+        self.sock.sendall(self.body[self.sent : self.sent + n])
+        self.sent += n
+
+    def response(self, timeout: float = 30) -> bytes:
+        self.sock.settimeout(timeout)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            piece = self.sock.recv(65536)
+            if not piece:
+                break
+            data += piece
+        return data
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def raw_uploads() -> Iterator[list[RawUpload]]:
+    made: list[RawUpload] = []
+    yield made
+    for upload in made:
+        upload.close()
+
+
+def test_slow_loris_body_times_out_with_408_and_stores_nothing(
+    gateway_factory: Callable[..., GatewayServer],
+    raw_uploads: list[RawUpload],
+    stored: Callable[[], list[str]],
+) -> None:
+    gw = gateway_factory(None, body_idle_timeout=1.0)
+    upload = RawUpload(gw, upload_doc(b"s" * 10_000, uuid.uuid4()))
+    raw_uploads.append(upload)
+    upload.send(40)  # past the document header: the payload upload has begun
+    started = time.monotonic()
+    answer = upload.response()
+    waited = time.monotonic() - started
+    assert answer.startswith(b"HTTP/1.1 408"), answer
+    assert 0.8 < waited < 5
+    assert stored() == []
+    with httpx.Client(base_url=gw.url, timeout=10) as http:
+        assert http.get("/healthz").status_code == 200
+
+
+def test_a_slow_but_moving_body_is_not_cut(
+    gateway_factory: Callable[..., GatewayServer], raw_uploads: list[RawUpload]
+) -> None:
+    gw = gateway_factory(None, body_idle_timeout=1.0)
+    body = upload_doc(b"m" * 600, uuid.uuid4())
+    upload = RawUpload(gw, body)
+    raw_uploads.append(upload)
+    step = len(body) // 8 + 1
+    for _ in range(8):  # about 2.4 s in all, never 1 s without a byte
+        upload.send(step)
+        time.sleep(0.3)
+    assert upload.response().startswith(b"HTTP/1.1 201")
+
+
+def test_concurrent_uploads_per_client_are_limited(
+    gateway_factory: Callable[..., GatewayServer], raw_uploads: list[RawUpload]
+) -> None:
+    gw = gateway_factory(None, max_uploads_per_client=2, body_idle_timeout=30)
+    bodies = [upload_doc(b"c" * 1000, uuid.uuid4()) for _ in range(3)]
+    for body in bodies[:2]:  # two uploads in progress, their bodies half sent
+        upload = RawUpload(gw, body)
+        upload.send(100)
+        raw_uploads.append(upload)
+    time.sleep(0.3)  # let the gateway start both
+    with httpx.Client(base_url=gw.url, timeout=10) as http:
+        refused = http.post("/topic/l/third+oversized", content=bodies[2])
+        assert refused.status_code == 429
+        assert refused.headers["retry-after"] == "1"
+        assert "limit 2" in refused.json()["detail"]
+        assert http.get("/healthz").status_code == 200  # reads are not limited
+        first = raw_uploads[0]
+        first.send(len(first.body))
+        assert first.response().startswith(b"HTTP/1.1 201")
+        time.sleep(0.2)
+        assert http.post("/topic/l/third+oversized", content=bodies[2]).status_code == 201
+
+
+def test_maximum_topic_length(gateway_factory: Callable[..., GatewayServer]) -> None:
+    gw = gateway_factory(None, max_topic_bytes=32)
+    with httpx.Client(base_url=gw.url, timeout=10) as http:
+        ok = http.post(f"/topic/{'t' * 32}+oversized", content=upload_doc(b"x", uuid.uuid4()))
+        long = http.post(f"/topic/{'t' * 33}+oversized", content=upload_doc(b"x", uuid.uuid4()))
+    assert ok.status_code == 201
+    assert long.status_code == 400 and "longer than 32 bytes" in long.json()["detail"]
+
+
+def test_maximum_header_bytes(
+    gateway_factory: Callable[..., GatewayServer], stored: Callable[[], list[str]]
+) -> None:
+    gw = gateway_factory(None, max_header_bytes=4096)
+    with httpx.Client(base_url=gw.url, timeout=10) as http:
+        ok = http.post("/topic/l/h+oversized", content=upload_doc(b"x", uuid.uuid4(), 10))
+        big = http.post("/topic/l/h+oversized", content=upload_doc(b"x", uuid.uuid4(), 100))
+    assert ok.status_code == 201
+    assert big.status_code == 413, big.text
+    assert len(stored()) == 3  # only the accepted message's payload, sidecar and index
