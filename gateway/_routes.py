@@ -8,28 +8,20 @@ GET|HEAD /msg/{id}/payload      raw payload bytes, Range, ETag
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.requests import ClientDisconnect
 
 from client.protocol import Manifest, MessageId
-from client.protocol._envelope import (
-    Complete,
-    EnvelopeParser,
-    PayloadData,
-    PayloadEnd,
-    PayloadStart,
-    encode_download,
-    upload_fields,
-)
+from client.protocol._envelope import encode_download
 
 from ._context import Context, get_context
 from ._errors import BadRequest, PayloadTooLarge
-from ._pipe import StreamingUpload
+from ._ingest import commit_or_discard, receive_envelope
 from ._ranges import parse_range
-from ._service import OVERSIZED_SUFFIX, message_id_from_headers, parse_topic
+from ._service import OVERSIZED_SUFFIX, parse_topic
 
 router = APIRouter()
 
@@ -99,58 +91,9 @@ async def upload_envelope(topic: str, request: Request, ctx: Ctx, ttl: Ttl = Non
     )
     await ctx.authorize_write(request, parsed_topic)
     check_declared_length(request, ctx.settings.max_body_bytes)
-    parser = EnvelopeParser(
-        max_document=ctx.settings.max_body_bytes, max_fields=ctx.settings.max_header_bytes
-    )
-    upload: StreamingUpload | None = None
-    stored_key: str | None = None
-    fields = None
-    sha256 = ""
-    size = 0
-    stamp = 0
-    try:
-        async for chunk in request.stream():
-            for event in parser.feed(chunk):
-                if isinstance(event, PayloadData):
-                    assert upload is not None
-                    await upload.write(event.data)
-                elif isinstance(event, PayloadStart):
-                    if event.fields:  # headers sent first: reject bad ones before storing
-                        upload_fields(event.fields)
-                    upload, _, stamp = ctx.service.begin_upload(parsed_topic, event.length)
-                elif isinstance(event, PayloadEnd):
-                    assert upload is not None
-                    sha256, size = await upload.finish()
-                    stored_key, upload = upload.key, None
-                elif isinstance(event, Complete):
-                    fields = upload_fields(event.fields)
-        parser.end()
-        assert fields is not None and stored_key is not None
-        headers = fields.headers
-        message_id = message_id_from_headers(headers)
-        if message_id is None:
-            message_id = MessageId.new()
-            headers = (*headers, ("_id", message_id.bytes))
-        manifest = Manifest(
-            id=message_id,
-            topic=parsed_topic,
-            timestamp=stamp,
-            size=size,
-            sha256=sha256,
-            data_key=stored_key,
-            headers=headers,
-            key=fields.key,
-            expires=ctx.service.expiry_for(stamp, ttl),
-        )
-        stored = await ctx.service.commit(manifest)
-    except BaseException as exc:
-        if upload is not None:
-            await upload.abort(exc)
-        if stored_key is not None:  # stored but not committed: never leave it behind
-            await ctx.service.discard(stored_key)
-        if isinstance(exc, ClientDisconnect):
-            raise BadRequest("client disconnected before the body was complete") from exc
-        raise
+    received = await receive_envelope(ctx, parsed_topic, request.stream())
+    manifest = replace(received, expires=ctx.service.expiry_for(received.timestamp, ttl))
+    stored = await commit_or_discard(ctx, manifest, kind="envelope")
     return created_response(ctx, request, stored.manifest, stored.created)
 
 

@@ -1,0 +1,267 @@
+"""Receiving a payload into the store and announcing it on the broker.
+
+Shared by the hop-client upload (`POST /topic/...+oversized`), `POST /publish/{topic}` and
+the resumable uploads: every path streams the body into the store (never buffering it),
+builds an uncommitted `Manifest`, commits it, and - for the HTTP publish paths - publishes
+the same `_format=external` placeholder the client library publishes
+(`client._placeholder.Placeholder.encode`), so subscribers cannot tell who offloaded it.
+
+The ordering rule: commit first, publish second (a subscriber may fetch the moment the
+placeholder arrives), and withdraw the committed message when the publish fails, so no
+stored payload is ever left unannounced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+from starlette.requests import ClientDisconnect
+
+from client._placeholder import FORMAT_KEY, ID_KEY, Placeholder
+from client.protocol import Manifest, MessageId, PublishProperties, Topic
+from client.protocol._envelope import (
+    Complete,
+    EnvelopeParser,
+    PayloadData,
+    PayloadEnd,
+    PayloadStart,
+    upload_fields,
+)
+
+from ._context import Context
+from ._errors import BadRequest, BrokerUnavailable, PayloadTooLarge, StorageUnavailable
+from ._pipe import StreamingUpload
+from ._service import Stored, message_id_from_headers
+
+log = logging.getLogger("gateway")
+
+PUBLISH_TIMEOUT = 30.0  # seconds to wait for the broker's PUBACK/PUBCOMP
+MAX_EXPIRY = 2**32 - 1  # MQTT's Message Expiry Interval is a four-byte integer
+_RESERVED = (FORMAT_KEY, ID_KEY)
+
+
+@dataclass(frozen=True, slots=True)
+class PublishOptions:
+    """How the gateway publishes a placeholder: QoS, retain, expiry, user properties."""
+
+    qos: int = 1
+    retain: bool = False
+    expiry: int | None = None  # seconds (Message Expiry Interval); None: never expires
+    user_properties: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.qos not in (0, 1, 2):
+            raise BadRequest(f"qos must be 0, 1 or 2, not {self.qos!r}")
+        if self.expiry is not None and not 0 <= self.expiry <= MAX_EXPIRY:
+            raise BadRequest(f"expiry must be between 0 and {MAX_EXPIRY} seconds")
+        for name, _value in self.user_properties:
+            if not name:
+                raise BadRequest("user property names must not be empty")
+            if name in _RESERVED:
+                raise BadRequest(f"user property {name!r} is reserved for the placeholder")
+
+    def properties(self, content_type: str | None) -> PublishProperties:
+        """The original message's properties (the placeholder keeps them)."""
+        return PublishProperties(
+            message_expiry_interval=self.expiry,
+            content_type=content_type,
+            user_properties=self.user_properties,
+        )
+
+
+def user_property_headers(options: PublishOptions) -> tuple[tuple[str, bytes], ...]:
+    """User properties as stored headers, the way the client library stores them."""
+    return tuple((name, value.encode("utf-8")) for name, value in options.user_properties)
+
+
+def check_running_total(total: int, limit: int) -> None:
+    """Stop a body without Content-Length (chunked) once it passes the limit."""
+    if total > limit:
+        raise PayloadTooLarge(f"body exceeds the limit of {limit} bytes")
+
+
+async def receive_raw(
+    ctx: Context,
+    topic: Topic,
+    chunks: AsyncIterator[bytes],
+    *,
+    length: int,
+    content_type: str | None,
+) -> tuple[str, str, int, int]:
+    """Stream a raw body into a new payload object.
+
+    Args:
+        ctx: the request context (service, limits).
+        topic: where the payload's key is laid out.
+        chunks: the body.
+        length: declared length, -1 when unknown (chunked transfer encoding).
+        content_type: stored as the object's content type.
+
+    Returns:
+        (data key, SHA-256 hex, size, timestamp ms); nothing is stored when this raises.
+    """
+    limit = ctx.settings.max_body_bytes
+    upload, key, stamp = ctx.service.begin_upload(topic, length, content_type=content_type)
+    total = 0
+    try:
+        async for chunk in chunks:
+            total += len(chunk)
+            check_running_total(total, limit)
+            await upload.write(chunk)
+        if length >= 0 and total != length:
+            raise BadRequest(f"body has {total} bytes but Content-Length said {length}")
+        sha256, size = await upload.finish()
+    except BaseException as exc:
+        await upload.abort(exc)
+        if isinstance(exc, ClientDisconnect):
+            raise BadRequest("client disconnected before the body was complete") from exc
+        raise
+    return key, sha256, size, stamp
+
+
+async def receive_envelope(ctx: Context, topic: Topic, chunks: AsyncIterator[bytes]) -> Manifest:
+    """Stream a hop-client BSON upload document `{message, headers, key?}` into the store.
+
+    The message id is the `_id` header (16 raw bytes or UUID text); without one a new id is
+    assigned and added to the headers.
+
+    Args:
+        ctx: the request context.
+        topic: the message's topic.
+        chunks: the request body.
+
+    Returns:
+        The manifest, not yet committed; nothing is left stored when this raises.
+    """
+    parser = EnvelopeParser(
+        max_document=ctx.settings.max_body_bytes, max_fields=ctx.settings.max_header_bytes
+    )
+    upload: StreamingUpload | None = None
+    stored_key: str | None = None
+    fields = None
+    sha256 = ""
+    size = 0
+    stamp = 0
+    try:
+        async for chunk in chunks:
+            for event in parser.feed(chunk):
+                if isinstance(event, PayloadData):
+                    assert upload is not None
+                    await upload.write(event.data)
+                elif isinstance(event, PayloadStart):
+                    if event.fields:  # headers sent first: reject bad ones before storing
+                        upload_fields(event.fields)
+                    upload, _, stamp = ctx.service.begin_upload(topic, event.length)
+                elif isinstance(event, PayloadEnd):
+                    assert upload is not None
+                    sha256, size = await upload.finish()
+                    stored_key, upload = upload.key, None
+                elif isinstance(event, Complete):
+                    fields = upload_fields(event.fields)
+        parser.end()
+        assert fields is not None and stored_key is not None
+        headers = fields.headers
+        message_id = message_id_from_headers(headers)
+        if message_id is None:
+            message_id = MessageId.new()
+            headers = (*headers, ("_id", message_id.bytes))
+        return Manifest(
+            id=message_id,
+            topic=topic,
+            timestamp=stamp,
+            size=size,
+            sha256=sha256,
+            data_key=stored_key,
+            headers=headers,
+            key=fields.key,
+        )
+    except BaseException as exc:
+        if upload is not None:
+            await upload.abort(exc)
+        if stored_key is not None:  # stored but not described: never leave it behind
+            await ctx.service.discard(stored_key)
+        if isinstance(exc, ClientDisconnect):
+            raise BadRequest("client disconnected before the body was complete") from exc
+        raise
+
+
+async def commit_or_discard(ctx: Context, manifest: Manifest, *, kind: str) -> Stored:
+    """Commit a received payload; remove its object when the commit fails.
+
+    Args:
+        ctx: the request context.
+        manifest: the received, uncommitted message.
+        kind: the upload path, for the metrics (`envelope`, `publish`, `resumable`).
+    """
+    try:
+        return await ctx.service.commit(manifest, kind=kind)
+    except BaseException:
+        await ctx.service.discard(manifest.data_key)
+        raise
+
+
+def require_broker(ctx: Context) -> None:
+    """Refuse before reading a body when the placeholder could not be published anyway."""
+    if ctx.broker is None:
+        raise BrokerUnavailable("this gateway has no broker configured (OFFLOAD_MQTT_URL)")
+    if not ctx.broker.connected:
+        raise BrokerUnavailable(f"broker unreachable: not connected to {ctx.broker.address}")
+
+
+async def announce(
+    ctx: Context,
+    manifest: Manifest,
+    url: str,
+    options: PublishOptions,
+    *,
+    created: bool = True,
+) -> None:
+    """Publish the placeholder for a committed message; withdraw the message on failure.
+
+    Args:
+        ctx: the request context (its broker link).
+        manifest: the committed message.
+        url: the message URL the placeholder carries (`.../msg/<id>`).
+        options: QoS, retain, expiry and user properties of the placeholder.
+        created: False when the commit found an identical earlier message: that one is
+            not withdrawn on failure, since an earlier publish may have announced it.
+
+    Raises:
+        BrokerUnavailable: the broker is unreachable or did not acknowledge.
+    """
+    placeholder = Placeholder(url, manifest.size, manifest.sha256, manifest.id)
+    body, props = placeholder.encode(options.properties(manifest.content_type))
+    try:
+        require_broker(ctx)
+        assert ctx.broker is not None
+        future = ctx.broker.publish(
+            manifest.topic.value, body, qos=options.qos, retain=options.retain, properties=props
+        )
+        await asyncio.wait_for(asyncio.wrap_future(future), PUBLISH_TIMEOUT)
+    except (ConnectionError, TimeoutError, BrokerUnavailable) as exc:
+        if created:
+            try:
+                await ctx.service.forget(manifest)
+            except StorageUnavailable as gone:  # the sweeper removes it at expiry instead
+                log.warning("could not withdraw unannounced %s: %s", manifest.id, gone)
+        raise BrokerUnavailable(
+            f"broker unreachable, message not published and not kept: {exc}"
+        ) from exc
+
+
+def placeholder_user_properties(
+    headers: Sequence[tuple[str, bytes]],
+) -> tuple[tuple[str, str], ...]:
+    """Stored headers that can travel as MQTT user properties (UTF-8, not reserved)."""
+    out: list[tuple[str, str]] = []
+    for name, value in headers:
+        if name in _RESERVED:
+            continue
+        try:
+            out.append((name, value.decode("utf-8")))
+        except UnicodeDecodeError:
+            continue  # binary hop headers have no MQTT user-property form
+    return tuple(out)
