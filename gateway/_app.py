@@ -20,6 +20,7 @@ from ._limits import UploadLimits
 from ._mqtt import BrokerAddress, BrokerConnection
 from ._observability import ObservabilityMiddleware, metrics_endpoint
 from ._routes import router
+from ._routes_publish import router as publish_router
 from ._service import OffloadService
 from ._settings import Settings, get_settings
 from ._sweeper import Sweeper
@@ -151,6 +152,7 @@ def create_app(
     )
     app.add_api_route("/metrics", metrics_endpoint, methods=["GET"], tags=["operations"])
     app.include_router(router)
+    app.include_router(publish_router)
 
     @app.get("/healthz", tags=["operations"])
     async def healthz() -> dict[str, str]:
