@@ -39,6 +39,7 @@ from discovery import DiscoveryRecord
 from discovery._resolver import EndpointCache
 
 from . import _placeholder
+from ._chunkstore import SpoolingChunkStore
 from ._config import ClientSettings, SettingsOverrides, load_settings
 from ._exceptions import (
     ConnectionFailed,
@@ -127,7 +128,15 @@ class Client:
         self._discovery_since = 0.0
         self._discovery_seen = False
         self._use_discovery = s.endpoint is None and (s.automatic_offload or s.fetch_external)
-        self._reassembler = Reassembler(default_timeout=s.chunk_timeout)
+        # Reassembly keeps at most spool_threshold bytes of chunks in RAM; bigger messages
+        # are spooled to temporary files and delivered as spooled payloads (issue 3).
+        self._chunk_store = SpoolingChunkStore(memory_limit=s.spool_threshold)
+        self._reassembler = Reassembler(
+            default_timeout=s.chunk_timeout,
+            max_partial_messages=s.max_partial_messages,
+            max_buffered_bytes=s.max_buffered_bytes,
+            store=self._chunk_store,
+        )
         self._warned_http: set[str] = set()
         self._conn = MqttConnection(
             s.broker_url,
@@ -197,6 +206,7 @@ class Client:
         self._closed = True
         self._conn.close()
         self._stop_worker()
+        self._chunk_store.close()
         self._deliveries.put(_CLOSED)
         if self._owns_transport:
             self._transport.close()
@@ -593,11 +603,12 @@ class Client:
         if isinstance(outcome, Error):
             self._deliveries.put(MessageError(outcome.topic, outcome.error, outcome.message_id))
         elif isinstance(outcome, Complete):
+            body = outcome.payload
             self._deliveries.put(
                 Message(
                     outcome.topic,
-                    Payload(outcome.payload),
-                    hashlib.sha256(outcome.payload).hexdigest(),
+                    Payload(body) if isinstance(body, bytes) else Payload(path=body),
+                    outcome.sha256,
                     outcome.qos,
                     False,
                     outcome.properties,
