@@ -6,7 +6,7 @@ Implementations: `S3Store` (any S3 API through the MinIO SDK) and `FileStore` (l
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO, Protocol
 
@@ -52,3 +52,12 @@ class ObjectStore(Protocol):
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         """Every object whose key starts with `prefix`, recursively."""
+
+    def concat(
+        self, key: str, sources: Sequence[ObjectInfo], content_type: str | None = None
+    ) -> None:
+        """Store the sources' bytes, in order, as one new object `key` (atomically).
+
+        Server-side where the store can; the sources are left in place. Resumable uploads
+        assemble their staged segments with it.
+        """

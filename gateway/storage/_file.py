@@ -5,9 +5,9 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 from ._base import ObjectInfo, StoreError
 
@@ -118,3 +118,16 @@ class FileStore:
                 key = full.relative_to(self.root).as_posix()
                 if key.startswith(prefix):
                     yield ObjectInfo(key, full.stat().st_size)
+
+    def concat(
+        self, key: str, sources: Sequence[ObjectInfo], content_type: str | None = None
+    ) -> None:
+        from ._chain import ChainReader
+
+        reader = ChainReader([s.key for s in sources], self.open_range)
+        try:
+            self.put_stream(key, cast(BinaryIO, reader), sum(s.size for s in sources), content_type)
+        except FileNotFoundError as exc:
+            raise StoreError(f"concat into {key!r}: a source is gone: {exc}") from exc
+        finally:
+            reader.close()

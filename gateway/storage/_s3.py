@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
-from typing import BinaryIO
+from collections.abc import Iterator, Sequence
+from typing import BinaryIO, cast
 
 import urllib3
 from minio import Minio
+from minio.commonconfig import ComposeSource
 from minio.error import MinioException, S3Error
+from minio.helpers import MAX_MULTIPART_COUNT, MAX_PART_SIZE, MIN_PART_SIZE
 
 from ._base import ObjectInfo, StoreError
 
@@ -167,3 +169,34 @@ class S3Store:
                     yield ObjectInfo(obj.object_name, obj.size or 0)
         except _UNAVAILABLE as exc:
             raise StoreError(f"listing {prefix!r} failed: {exc}") from exc
+
+    def concat(
+        self, key: str, sources: Sequence[ObjectInfo], content_type: str | None = None
+    ) -> None:
+        composable = (
+            0 < len(sources) <= MAX_MULTIPART_COUNT
+            and all(s.size >= MIN_PART_SIZE for s in sources[:-1])
+            and all(s.size <= MAX_PART_SIZE for s in sources)
+        )
+        if composable:
+            # UploadPartCopy: the bytes never leave the store.
+            try:
+                self._client.compose_object(
+                    self.bucket,
+                    key,
+                    [ComposeSource(self.bucket, s.key) for s in sources],
+                    metadata={"Content-Type": content_type or "application/octet-stream"},
+                )
+            except _UNAVAILABLE as exc:
+                raise StoreError(f"compose of {key!r} failed: {exc}") from exc
+            return
+        # Parts below S3's 5 MiB minimum cannot be copied server-side: stream them through.
+        from ._chain import ChainReader
+
+        reader = ChainReader([s.key for s in sources], self.open_range)
+        try:
+            self.put_stream(key, cast(BinaryIO, reader), sum(s.size for s in sources), content_type)
+        except FileNotFoundError as exc:
+            raise StoreError(f"concat into {key!r}: a source is gone: {exc}") from exc
+        finally:
+            reader.close()
