@@ -19,8 +19,12 @@ from ._errors import install_error_handlers
 from ._limits import UploadLimits
 from ._mqtt import BrokerAddress, BrokerConnection
 from ._observability import ObservabilityMiddleware, metrics_endpoint
+from ._presign import SignedUrls, UrlSigner
+from ._presign import router as presign_router
+from ._resumable import ResumableUploads
 from ._routes import router
 from ._routes_publish import router as publish_router
+from ._routes_resumable import router as resumable_router
 from ._service import OffloadService
 from ._settings import Settings, get_settings
 from ._sweeper import Sweeper
@@ -88,6 +92,11 @@ def create_app(
         if authenticator is not None:
             ctx.authorizer = BrokerRules(authenticator)
             ctx.extras["mechanisms"] = authenticator.mechanisms
+        # Resumable uploads; presigned URLs, whose signature stands in for credentials.
+        ctx.uploads = ResumableUploads(the_store, expiry=settings.upload_expiry)
+        secret = settings.auth_secret.get_secret_value() if settings.auth_secret else None
+        ctx.signer = UrlSigner.from_settings(secret)
+        ctx.authorizer = SignedUrls(ctx.signer, ctx.authorizer)
         advertiser: Advertiser | None = None
         if settings.mqtt_url:
             address = BrokerAddress.parse(
@@ -153,6 +162,8 @@ def create_app(
     app.add_api_route("/metrics", metrics_endpoint, methods=["GET"], tags=["operations"])
     app.include_router(router)
     app.include_router(publish_router)
+    app.include_router(resumable_router)
+    app.include_router(presign_router)
 
     @app.get("/healthz", tags=["operations"])
     async def healthz() -> dict[str, str]:

@@ -6,7 +6,7 @@ Built once in the lifespan and handed out through `Depends(get_context)`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit
 
 from fastapi import Request
@@ -14,8 +14,12 @@ from fastapi import Request
 from client.protocol import Topic
 
 from ._mqtt import BrokerConnection
+from ._resumable import ResumableUploads
 from ._service import OffloadService
 from ._settings import Settings
+
+if TYPE_CHECKING:
+    from ._presign import UrlSigner
 
 
 class Authorizer(Protocol):
@@ -32,6 +36,9 @@ class Context:
     authorizer: Authorizer | None = None
     public_url: str | None = None
     extras: dict[str, object] = field(default_factory=dict)
+    # HTTP publish extras (issue 4): resumable uploads and presigned-URL signing.
+    uploads: ResumableUploads | None = None
+    signer: UrlSigner | None = None
 
     @property
     def base_path(self) -> str:

@@ -38,6 +38,12 @@ class Settings(BaseSettings):
     password_file: Path | None = None
     acl_file: Path | None = None
     auth_secret: SecretStr | None = None
+    upload_expiry: int = Field(
+        24 * 3600, gt=0, description="seconds an idle resumable upload is kept (Upload-Expires)"
+    )
+    presign_max_ttl: int = Field(
+        7 * 24 * 3600, gt=0, description="longest validity of a presigned download URL, seconds"
+    )
     tokens_file: Path | None = None
     allow_anonymous: bool = False
     auth_realm: str = "mqtt-offload"

@@ -1,0 +1,145 @@
+"""Presigned, expiring download URLs for one message's raw payload.
+
+    POST /msg/{id}/presign?ttl=SECONDS   (needs read access to the message's topic)
+    -> {"url": ".../msg/{id}/payload?expires=<unix>&sig=<hmac>", "expires": <unix>}
+
+Anyone holding the URL - a browser, a Lambda-style function without broker credentials -
+can GET or HEAD that one payload until it expires. The signature is an HMAC-SHA256 over the
+path and the expiry, keyed with a key derived from `OFFLOAD_AUTH_SECRET`; an altered id,
+path or expiry, or an expired URL, is refused with 403. Without the secret each process draws
+a random key: URLs then work only on the replica that signed them (and not after a restart),
+so replicas behind one load balancer need the same `OFFLOAD_AUTH_SECRET`.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import logging
+import secrets
+import time
+from typing import Annotated, Any
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import JSONResponse, Response
+
+from client.protocol import MessageId, Topic
+
+from ._context import Authorizer, Context, get_context
+from ._errors import Forbidden
+from ._routes import message_url
+
+log = logging.getLogger("gateway")
+
+router = APIRouter()
+
+Ctx = Annotated[Context, Depends(get_context)]
+
+_PURPOSE = b"mqtt-offload presigned download v1"
+
+
+class UrlSigner:
+    """Signs and checks `(path, expires)` pairs. Pure apart from the clock passed in.
+
+    Args:
+        secret: the gateway's shared secret; a purpose-bound key is derived from it, so the
+            same secret can serve SCRAM without the two uses ever sharing a key.
+    """
+
+    def __init__(self, secret: bytes) -> None:
+        self._key = hmac.new(secret, _PURPOSE, hashlib.sha256).digest()
+
+    def __repr__(self) -> str:  # never show the key
+        return "UrlSigner(<secret>)"
+
+    @classmethod
+    def from_settings(cls, secret: str | None) -> UrlSigner:
+        """From `OFFLOAD_AUTH_SECRET`, else a random per-process key (logged as a warning)."""
+        if secret:
+            return cls(secret.encode("utf-8"))
+        log.warning(
+            "OFFLOAD_AUTH_SECRET is not set: presigned URLs work on this replica only "
+            "and stop working when it restarts"
+        )
+        return cls(secrets.token_bytes(32))
+
+    def signature(self, path: str, expires: int) -> str:
+        mac = hmac.new(self._key, f"GET\n{path}\n{expires}".encode(), hashlib.sha256)
+        return base64.urlsafe_b64encode(mac.digest()).rstrip(b"=").decode("ascii")
+
+    def sign(self, path: str, expires: int) -> str:
+        """The query string (`expires=...&sig=...`) that grants GET on `path` until `expires`."""
+        return urlencode({"expires": expires, "sig": self.signature(path, expires)})
+
+    def valid(self, path: str, expires: str, sig: str, *, now: float) -> bool:
+        """Whether `sig` grants `path` at time `now` (constant-time comparison)."""
+        if not expires.isdigit() or int(expires) <= now:
+            return False
+        return hmac.compare_digest(self.signature(path, int(expires)), sig)
+
+
+class SignedUrls:
+    """An `Authorizer` that lets a valid signature stand in for credentials on reads.
+
+    Requests carrying `sig` or `expires` are judged by the signature alone (403 when it does
+    not hold, whether or not other credentials came along); the rest go to `inner`.
+
+    Args:
+        signer: checks the signatures.
+        inner: the credential-based authorizer; None when the gateway has no auth.
+    """
+
+    def __init__(self, signer: UrlSigner, inner: Authorizer | None) -> None:
+        self.signer = signer
+        self.inner = inner
+
+    async def authorize(self, request: Request, topic: Topic, *, write: bool) -> None:
+        query = request.query_params
+        if "sig" in query or "expires" in query:
+            message_id = request.path_params.get("message_id", "")
+            path = request.url.path
+            granted = (
+                not write
+                and request.method in ("GET", "HEAD")
+                and path.endswith(payload_path_suffix(str(message_id)))
+                and self.signer.valid(
+                    payload_path_suffix(str(message_id)),
+                    query.get("expires", ""),
+                    query.get("sig", ""),
+                    now=time.time(),
+                )
+            )
+            if not granted:
+                raise Forbidden("presigned URL invalid, altered or expired")
+            return
+        if self.inner is not None:
+            await self.inner.authorize(request, topic, write=write)
+
+
+def payload_path_suffix(message_id: str) -> str:
+    # Signed over the app-relative path, so a proxy prefix (public_url's path) does not matter.
+    return f"/msg/{message_id}/payload"
+
+
+@router.post("/msg/{message_id}/presign", tags=["offload"])
+async def presign(
+    message_id: str,
+    request: Request,
+    ctx: Ctx,
+    ttl: Annotated[int | None, Query(ge=1, description="seconds the URL stays valid")] = None,
+) -> Response:
+    """A URL that fetches this message's payload without credentials until it expires."""
+    manifest = await ctx.service.load(MessageId.parse(message_id))
+    await ctx.authorize_read(request, manifest.topic)
+    assert ctx.signer is not None, "create_app puts the UrlSigner into the context"
+    limit = ctx.settings.presign_max_ttl
+    seconds = min(ttl or limit, limit)
+    expires = int(time.time()) + seconds
+    if manifest.expires is not None:  # never outlive the message itself
+        expires = min(expires, manifest.expires // 1000)
+    query = ctx.signer.sign(payload_path_suffix(str(manifest.id)), expires)
+    url = f"{message_url(ctx, request, manifest.id)}/payload?{query}"
+    body: dict[str, Any] = {"url": url, "expires": expires}
+    return JSONResponse(body, headers={"Cache-Control": "no-store"})

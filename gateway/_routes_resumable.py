@@ -1,0 +1,307 @@
+"""Resumable uploads over HTTP: tus 1.0 (core, creation, checksum, expiration, termination).
+
+    OPTIONS /uploads/        capabilities (Tus-Version, Tus-Extension, Tus-Max-Size, ...)
+    POST    /uploads/        create: Upload-Length, Upload-Metadata -> 201 Location
+    HEAD    /uploads/{id}    Upload-Offset, Upload-Length, Upload-Expires
+    PATCH   /uploads/{id}    append at Upload-Offset (application/offset+octet-stream),
+                             optional Upload-Checksum: sha256 <base64> -> 204 | 460
+    DELETE  /uploads/{id}    terminate -> 204
+
+`Upload-Metadata` keys (values base64, as tus wants): `topic` (required), `filename`
+(or `name`), `content_type` (or `filetype`, `type`), `sha256` (whole payload, hex), `qos`,
+`retain`, `expiry` and `prop.<name>` (user properties of the placeholder).
+
+When the last byte is acknowledged the payload is assembled, its SHA-256 checked against
+`sha256`, the message committed and its placeholder published; the final PATCH (and any later
+HEAD) answers `X-Offload-Id`, `X-Offload-Url` and `X-Offload-Sha256`. If the broker is down
+at that moment the answer is 503 and the upload stays complete-but-unannounced: an empty PATCH
+at the final offset tries again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+from starlette.requests import ClientDisconnect
+
+from client.protocol import Manifest
+
+from ._context import Context, get_context
+from ._errors import BadRequest, GatewayError, PayloadTooLarge
+from ._ingest import PublishOptions, announce, commit_or_discard, user_property_headers
+from ._resumable import (
+    CHECKSUM_ALGORITHMS,
+    TUS_EXTENSIONS,
+    TUS_VERSION,
+    ChecksumMismatch,
+    PreconditionFailed,
+    ResumableUploads,
+    UnsupportedMediaType,
+    UploadState,
+    http_date,
+    parse_checksum,
+    parse_metadata,
+)
+from ._routes import message_url
+from ._routes_publish import _parse_bool, _parse_int, check_filename
+from ._service import parse_topic
+
+router = APIRouter(prefix="/uploads", tags=["resumable uploads (tus 1.0)"])
+
+Ctx = Annotated[Context, Depends(get_context)]
+
+OFFSET_TYPE = "application/offset+octet-stream"
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"description": "malformed tus header or metadata"},
+    403: {"description": "not allowed to write the upload's topic"},
+    404: {"description": "no such upload"},
+    409: {"description": "Upload-Offset is not the upload's offset"},
+    410: {"description": "the upload expired"},
+    412: {"description": "unsupported Tus-Resumable version"},
+    413: {"description": "Upload-Length above the limit, or a segment past it"},
+    415: {"description": "PATCH without Content-Type: application/offset+octet-stream"},
+    460: {"description": "checksum mismatch: the segment was discarded"},
+    503: {"description": "object store or broker unavailable"},
+}
+
+
+def _uploads(ctx: Context) -> ResumableUploads:
+    assert ctx.uploads is not None, "create_app puts ResumableUploads into the context"
+    return ctx.uploads
+
+
+async def _tus(call: Callable[[], Awaitable[Response]]) -> Response:
+    """Run a handler; every answer, errors included, carries `Tus-Resumable` (tus core)."""
+    try:
+        response = await call()
+    except GatewayError as exc:
+        exc.headers.setdefault("Tus-Resumable", TUS_VERSION)
+        raise
+    response.headers["Tus-Resumable"] = TUS_VERSION
+    return response
+
+
+def _check_version(request: Request) -> None:
+    if request.headers.get("tus-resumable") != TUS_VERSION:
+        raise PreconditionFailed(
+            f"Tus-Resumable {TUS_VERSION} required", {"Tus-Version": TUS_VERSION}
+        )
+
+
+def _nonnegative(request: Request, name: str) -> int:
+    raw = request.headers.get(name)
+    if raw is None:
+        raise BadRequest(f"{name} header required")
+    if not raw.isdigit():
+        raise BadRequest(f"{name} must be a non-negative integer")
+    return int(raw)
+
+
+def _options_from_metadata(meta: dict[str, str]) -> dict[str, Any]:
+    props = [[k[len("prop.") :], v] for k, v in meta.items() if k.startswith("prop.")]
+    options = PublishOptions(
+        qos=_parse_int(meta["qos"], "qos") if "qos" in meta else 1,
+        retain=_parse_bool(meta["retain"], "retain") if "retain" in meta else False,
+        expiry=_parse_int(meta["expiry"], "expiry") if "expiry" in meta else None,
+        user_properties=tuple((k, v) for k, v in props),
+    )  # validates; stored as plain JSON in the upload state
+    return {
+        "qos": options.qos,
+        "retain": options.retain,
+        "expiry": options.expiry,
+        "user_properties": props,
+    }
+
+
+def _publish_options(state: UploadState) -> PublishOptions:
+    o = state.options
+    return PublishOptions(
+        qos=int(o.get("qos", 1)),
+        retain=bool(o.get("retain", False)),
+        expiry=o.get("expiry"),
+        user_properties=tuple((str(k), str(v)) for k, v in o.get("user_properties", [])),
+    )
+
+
+def _state_headers(state: UploadState) -> dict[str, str]:
+    headers = {
+        "Upload-Offset": str(state.offset if not state.completed else state.length),
+        "Upload-Length": str(state.length),
+        "Upload-Expires": http_date(state.expires),
+        "Cache-Control": "no-store",
+    }
+    if state.completed:
+        assert state.url is not None
+        headers["X-Offload-Id"] = str(state.message_id)
+        headers["X-Offload-Url"] = state.url
+    return headers
+
+
+@router.options("", include_in_schema=False)
+@router.options("/", responses=_ERRORS)
+async def capabilities(ctx: Ctx) -> Response:
+    """What this tus server supports."""
+    headers = {
+        "Tus-Resumable": TUS_VERSION,
+        "Tus-Version": TUS_VERSION,
+        "Tus-Extension": TUS_EXTENSIONS,
+        "Tus-Max-Size": str(ctx.settings.max_body_bytes),
+        "Tus-Checksum-Algorithm": CHECKSUM_ALGORITHMS,
+    }
+    return Response(status_code=204, headers=headers)
+
+
+@router.post("", include_in_schema=False)
+@router.post("/", status_code=201, responses=_ERRORS)
+async def create(request: Request, ctx: Ctx) -> Response:
+    """tus creation: a new upload for the topic named in `Upload-Metadata`."""
+
+    async def run() -> Response:
+        _check_version(request)
+        length = _nonnegative(request, "upload-length")
+        if length > ctx.settings.max_body_bytes:
+            raise PayloadTooLarge(
+                f"Upload-Length {length} exceeds the limit of {ctx.settings.max_body_bytes}"
+            )
+        meta = parse_metadata(request.headers.get("upload-metadata"))
+        if "topic" not in meta:
+            raise BadRequest("Upload-Metadata must name the topic (key `topic`)")
+        topic = parse_topic(meta["topic"], max_bytes=ctx.settings.max_topic_bytes)
+        await ctx.authorize_write(request, topic)
+        sha256 = meta.get("sha256", "").lower() or None
+        if sha256 is not None and (
+            len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256)
+        ):
+            raise BadRequest("Upload-Metadata sha256 must be 64 hex characters")
+        state = await _uploads(ctx).create(
+            topic,
+            length,
+            filename=check_filename(meta.get("filename") or meta.get("name")),
+            content_type=meta.get("content_type") or meta.get("filetype") or meta.get("type"),
+            sha256=sha256,
+            options=_options_from_metadata(meta),
+        )
+        if length == 0:
+            state = await _finish(ctx, request, state)
+        headers = _state_headers(state)
+        headers["Location"] = f"{ctx.base_path}/uploads/{state.id}"
+        return Response(status_code=201, headers=headers)
+
+    return await _tus(run)
+
+
+@router.head("/{upload_id}", responses=_ERRORS)
+async def offset(upload_id: str, request: Request, ctx: Ctx) -> Response:
+    """The upload's current offset: where a client resumes."""
+
+    async def run() -> Response:
+        _check_version(request)
+        state = await _uploads(ctx).load(upload_id)
+        await ctx.authorize_write(request, state.topic)
+        return Response(status_code=200, headers=_state_headers(state))
+
+    return await _tus(run)
+
+
+async def _body(request: Request) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in request.stream():
+            yield chunk
+    except ClientDisconnect as exc:
+        raise BadRequest("client disconnected mid-segment; resume from Upload-Offset") from exc
+
+
+@router.patch("/{upload_id}", status_code=204, responses=_ERRORS)
+async def append(upload_id: str, request: Request, ctx: Ctx) -> Response:
+    """Append one segment at `Upload-Offset`; the last one completes and publishes."""
+
+    async def run() -> Response:
+        _check_version(request)
+        content_type = (request.headers.get("content-type") or "").split(";")[0].strip()
+        if content_type.lower() != OFFSET_TYPE:
+            raise UnsupportedMediaType(f"PATCH needs Content-Type: {OFFSET_TYPE}")
+        at = _nonnegative(request, "upload-offset")
+        checksum = parse_checksum(request.headers.get("upload-checksum"))
+        declared = request.headers.get("content-length")
+        uploads = _uploads(ctx)
+        state = await uploads.load(upload_id)
+        await ctx.authorize_write(request, state.topic)
+        if not state.completed:
+            state = await uploads.append(
+                state,
+                at,
+                _body(request),
+                declared=int(declared) if declared and declared.isdigit() else None,
+                checksum=checksum,
+            )
+            if state.offset == state.length:
+                state = await _finish(ctx, request, state)
+        elif at != state.length:
+            raise BadRequest(f"upload already complete at {state.length} bytes")
+        return Response(status_code=204, headers=_state_headers(state))
+
+    return await _tus(run)
+
+
+@router.delete("/{upload_id}", status_code=204, responses=_ERRORS)
+async def terminate(upload_id: str, request: Request, ctx: Ctx) -> Response:
+    """tus termination: forget the upload and its segments (a published message stays)."""
+
+    async def run() -> Response:
+        _check_version(request)
+        uploads = _uploads(ctx)
+        state = await uploads.load(upload_id)
+        await ctx.authorize_write(request, state.topic)
+        await uploads.terminate(state)
+        return Response(status_code=204)
+
+    return await _tus(run)
+
+
+async def _finish(ctx: Context, request: Request, state: UploadState) -> UploadState:
+    """Assemble, verify, commit and announce a fully received upload."""
+    uploads = _uploads(ctx)
+    key, sha256, stamp = await uploads.assemble(state)
+    if state.sha256 is not None and sha256 != state.sha256:
+        await ctx.service.discard(key)
+        await uploads.terminate(state)
+        raise ChecksumMismatch(
+            f"the whole payload has SHA-256 {sha256}, Upload-Metadata said {state.sha256}; "
+            "the upload was discarded"
+        )
+    options = _publish_options(state)
+    manifest = Manifest(
+        id=state.message_id,
+        topic=state.topic,
+        timestamp=stamp,
+        size=state.length,
+        sha256=sha256,
+        data_key=key,
+        headers=(("_id", state.message_id.bytes), *user_property_headers(options)),
+        content_type=state.content_type,
+        filename=state.filename,
+        expires=ctx.service.expiry_for(stamp, options.expiry),
+    )
+    stored = await commit_or_discard(ctx, manifest, kind="resumable")
+    url = message_url(ctx, request, stored.manifest.id)
+    await announce(ctx, stored.manifest, url, options, created=stored.created)
+    done = UploadState(
+        id=state.id,
+        topic=state.topic,
+        length=state.length,
+        message_id=state.message_id,
+        created=state.created,
+        expires=state.expires,
+        filename=state.filename,
+        content_type=state.content_type,
+        sha256=sha256,
+        options=state.options,
+        url=url,
+    )
+    await uploads.save(done)  # completed: segments no longer needed
+    await uploads.remove_segments(state)
+    return done

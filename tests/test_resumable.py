@@ -1,0 +1,235 @@
+"""Resumable uploads (tus 1.0) against the real gateway on SeaweedFS and on the file store."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from _gateway import GatewayServer
+from _servers import Mosquitto
+
+pytestmark = pytest.mark.servers
+
+MiB = 1024 * 1024
+TUS = {"Tus-Resumable": "1.0.0"}
+
+
+def _meta(**items: str) -> str:
+    return ",".join(f"{k} {base64.b64encode(v.encode()).decode()}" for k, v in items.items())
+
+
+def _checksum(data: bytes) -> str:
+    return "sha256 " + base64.b64encode(hashlib.sha256(data).digest()).decode()
+
+
+def create(http: httpx.Client, length: int, **meta: str) -> str:
+    r = http.post("/uploads/", headers={**TUS, "Upload-Length": str(length),
+                                        "Upload-Metadata": _meta(**meta)})  # fmt: skip
+    assert r.status_code == 201, r.text
+    assert r.headers["tus-resumable"] == "1.0.0"
+    assert "upload-expires" in r.headers
+    return r.headers["location"]
+
+
+def patch(
+    http: httpx.Client, location: str, offset: int, data: bytes, checksum: str | None = None
+) -> httpx.Response:
+    headers = {**TUS, "Upload-Offset": str(offset),
+               "Content-Type": "application/offset+octet-stream"}  # fmt: skip
+    if checksum is not None:
+        headers["Upload-Checksum"] = checksum
+    return http.patch(location, content=data, headers=headers)
+
+
+def head_offset(http: httpx.Client, location: str) -> int:
+    r = http.head(location, headers=TUS)
+    assert r.status_code == 200, r.status_code
+    return int(r.headers["upload-offset"])
+
+
+class Sub:
+    def __init__(self, broker: Mosquitto, topic: str) -> None:
+        self.proc = subprocess.Popen(
+            ["mosquitto_sub", "-V", "5", "-p", str(broker.port), "-h", "127.0.0.1",
+             "-t", topic, "-F", "%j", "-C", "1", "-W", "60"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        time.sleep(0.5)
+
+    def message(self) -> dict[str, object]:
+        out, err = self.proc.communicate(timeout=70)
+        assert self.proc.returncode == 0, err.decode()
+        doc: dict[str, object] = json.loads(out)
+        return doc
+
+
+def _segment_objects(gw: GatewayServer, upload_id: str) -> list[str]:
+    from gateway._app import build_store
+
+    return [o.key for o in build_store(gw.settings).list(f"uploads/{upload_id}/")]
+
+
+@pytest.fixture
+def gw(gateway_factory: Callable[..., GatewayServer], broker: Mosquitto) -> GatewayServer:
+    return gateway_factory(broker)
+
+
+def test_options_advertises_the_extensions(gw: GatewayServer) -> None:
+    r = httpx.options(f"{gw.url}/uploads/")
+    assert r.status_code == 204
+    assert r.headers["tus-version"] == "1.0.0"
+    assert set(r.headers["tus-extension"].split(",")) >= {"creation", "checksum", "expiration"}
+    assert r.headers["tus-checksum-algorithm"] == "sha256"
+
+
+def test_segments_with_checksums_complete_and_publish(
+    gw: GatewayServer, broker: Mosquitto, unique_topic: Callable[[str], str]
+) -> None:
+    topic = unique_topic("tus")
+    payload = os.urandom(13 * MiB + 5)
+    parts = [payload[: 6 * MiB], payload[6 * MiB : 12 * MiB], payload[12 * MiB :]]
+    sub = Sub(broker, topic)
+    with httpx.Client(base_url=gw.url, timeout=60) as http:
+        loc = create(http, len(payload), topic=topic, filename="big.bin",
+                     content_type="application/x-test", **{"prop.origin": "tus"})  # fmt: skip
+        upload_id = loc.rsplit("/", 1)[-1]
+        offset = 0
+        for part in parts:
+            r = patch(http, loc, offset, part, _checksum(part))
+            assert r.status_code == 204, r.text
+            offset += len(part)
+            assert int(r.headers["upload-offset"]) == offset
+        assert r.headers["x-offload-url"].endswith("/msg/" + r.headers["x-offload-id"])
+        url = r.headers["x-offload-url"]
+        fetched = http.get(url + "/payload")
+        assert fetched.content == payload
+        assert fetched.headers["etag"] == f'"{hashlib.sha256(payload).hexdigest()}"'
+        assert fetched.headers["content-type"] == "application/x-test"
+        assert "big.bin" in fetched.headers["content-disposition"]
+        # A client whose last answer was lost learns the result with HEAD.
+        again = http.head(loc, headers=TUS)
+        assert again.headers["x-offload-url"] == url
+        assert int(again.headers["upload-offset"]) == len(payload)
+    message = sub.message()
+    placeholder = json.loads(str(message["payload"]))
+    assert placeholder["url"] == url
+    assert placeholder["sha256"] == hashlib.sha256(payload).hexdigest()
+    assert _segment_objects(gw, upload_id) == []  # staged segments removed
+
+
+def test_corrupted_segment_is_rejected_alone(
+    gw: GatewayServer, unique_topic: Callable[[str], str]
+) -> None:
+    payload = os.urandom(3 * MiB)
+    with httpx.Client(base_url=gw.url, timeout=60) as http:
+        loc = create(http, len(payload), topic=unique_topic("bad"),
+                     sha256=hashlib.sha256(payload).hexdigest())  # fmt: skip
+        assert patch(http, loc, 0, payload[:MiB], _checksum(payload[:MiB])).status_code == 204
+        corrupted = bytearray(payload[MiB : 2 * MiB])
+        corrupted[1000] ^= 0xFF
+        r = patch(http, loc, MiB, bytes(corrupted), _checksum(payload[MiB : 2 * MiB]))
+        assert r.status_code == 460, r.text
+        assert r.headers["tus-resumable"] == "1.0.0"
+        assert head_offset(http, loc) == MiB  # the good segment stays, the bad one is gone
+        upload_id = loc.rsplit("/", 1)[-1]
+        assert len(_segment_objects(gw, upload_id)) == 1
+        seg = payload[MiB:]
+        r = patch(http, loc, MiB, seg, _checksum(seg))
+        assert r.status_code == 204, r.text
+        assert http.get(r.headers["x-offload-url"] + "/payload").content == payload
+
+
+def test_protocol_errors(gw: GatewayServer, unique_topic: Callable[[str], str]) -> None:
+    with httpx.Client(base_url=gw.url, timeout=30) as http:
+        no_version = http.post("/uploads/", headers={"Upload-Length": "3"})
+        assert no_version.status_code == 412
+        no_topic = http.post("/uploads/", headers={**TUS, "Upload-Length": "3"})
+        assert no_topic.status_code == 400
+        loc = create(http, 10, topic=unique_topic("err"))
+        assert patch(http, loc, 5, b"abc").status_code == 409
+        assert patch(http, loc, 0, b"x" * 11).status_code == 413
+        md5 = patch(http, loc, 0, b"abc", "md5 kAFQmDzST7DWlj99KOF/cg==")
+        assert md5.status_code == 400
+        wrong_type = http.patch(loc, content=b"a", headers={**TUS, "Upload-Offset": "0"})
+        assert wrong_type.status_code == 415
+        assert http.delete(loc, headers=TUS).status_code == 204
+        assert http.head(loc, headers=TUS).status_code == 404
+
+
+def test_whole_payload_checksum_mismatch_discards(
+    gw: GatewayServer, unique_topic: Callable[[str], str]
+) -> None:
+    with httpx.Client(base_url=gw.url, timeout=30) as http:
+        loc = create(http, 4, topic=unique_topic("whole"), sha256="0" * 64)
+        r = patch(http, loc, 0, b"abcd")
+        assert r.status_code == 460
+        assert "whole payload" in r.json()["detail"]
+        assert http.head(loc, headers=TUS).status_code == 404
+
+
+def test_small_segments_and_broker_retry(
+    gateway_factory: Callable[..., GatewayServer],
+    mosquitto_factory: Callable[..., Mosquitto],
+    unique_topic: Callable[[str], str],
+) -> None:
+    """Segments below S3's 5 MiB part minimum are copied through; a 503 at the end retries."""
+    broker = mosquitto_factory()
+    gw = gateway_factory(broker)
+    payload = os.urandom(700_000)
+    with httpx.Client(base_url=gw.url, timeout=30) as http:
+        loc = create(http, len(payload), topic=unique_topic("small"))
+        for start in range(0, len(payload) - 100_000, 100_000):
+            assert patch(http, loc, start, payload[start : start + 100_000]).status_code == 204
+        broker.stop()
+        deadline = time.monotonic() + 15
+        while http.get("/readyz").json()["checks"].get("broker") == "ok":
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        last = len(payload) - 100_000
+        r = patch(http, loc, last, payload[last:])
+        assert r.status_code == 503 and "broker" in r.json()["detail"]
+        assert head_offset(http, loc) == len(payload)  # all bytes kept, not yet announced
+        broker.start()
+        deadline = time.monotonic() + 20
+        while http.get("/readyz").json()["checks"].get("broker") != "ok":
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        r = patch(http, loc, len(payload), b"")  # an empty PATCH at the end retries
+        assert r.status_code == 204, r.text
+        assert http.get(r.headers["x-offload-url"] + "/payload").content == payload
+
+
+def test_file_store_and_expiry_cleanup(
+    gateway_factory: Callable[..., GatewayServer],
+    broker: Mosquitto,
+    tmp_path: Path,
+    unique_topic: Callable[[str], str],
+) -> None:
+    from gateway._resumable import cleanup_expired_uploads
+    from gateway.storage import FileStore
+
+    gw = gateway_factory(broker, storage_url=f"file://{tmp_path}", upload_expiry=2)
+    payload = os.urandom(6 * MiB + 1)
+    with httpx.Client(base_url=gw.url, timeout=30) as http:
+        done = create(http, len(payload), topic=unique_topic("fs"))
+        patch(http, done, 0, payload[: 5 * MiB]).raise_for_status()
+        r = patch(http, done, 5 * MiB, payload[5 * MiB :])
+        assert http.get(r.headers["x-offload-url"] + "/payload").content == payload
+        abandoned = create(http, 100, topic=unique_topic("fs"))
+        patch(http, abandoned, 0, b"x" * 40).raise_for_status()
+        store = FileStore(tmp_path)
+        assert cleanup_expired_uploads(store, time.time()) == 0  # nothing expired yet
+        time.sleep(2.5)
+        assert http.head(abandoned, headers=TUS).status_code == 410
+        assert cleanup_expired_uploads(store, time.time()) == 2  # the abandoned and the done
+    assert [i.key for i in store.list("uploads/")] == []
+    assert [i.key for i in store.list("data/")]  # the finished message stays
