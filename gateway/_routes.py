@@ -129,7 +129,10 @@ def _etag_matches(request: Request, manifest: Manifest) -> bool:
     return "*" in tags or f'"{manifest.sha256}"' in tags
 
 
-@router.api_route("/msg/{message_id}", methods=["GET", "HEAD"], responses=_ERRORS, tags=["offload"])
+# One decorator per method: a multi-method route gets one operationId for both, which
+# FastAPI reports as a duplicate (and OpenAPI tools reject).
+@router.get("/msg/{message_id}", responses=_ERRORS, tags=["offload"])
+@router.head("/msg/{message_id}", responses=_ERRORS, tags=["offload"])
 async def download_envelope(message_id: str, request: Request, ctx: Ctx) -> Response:
     """The stored message as hop-client expects it: BSON `{message, metadata}`."""
     manifest = await ctx.service.load(MessageId.parse(message_id))
@@ -156,9 +159,8 @@ async def download_envelope(message_id: str, request: Request, ctx: Ctx) -> Resp
     )
 
 
-@router.api_route(
-    "/msg/{message_id}/payload", methods=["GET", "HEAD"], responses=_ERRORS, tags=["offload"]
-)
+@router.get("/msg/{message_id}/payload", responses=_ERRORS, tags=["offload"])
+@router.head("/msg/{message_id}/payload", responses=_ERRORS, tags=["offload"])
 async def download_payload(message_id: str, request: Request, ctx: Ctx) -> Response:
     """The raw payload bytes, with Range (206), ETag (SHA-256) and If-None-Match (304)."""
     manifest = await ctx.service.load(MessageId.parse(message_id))

@@ -150,13 +150,9 @@ def _media_type(request: Request) -> str | None:
     return raw.strip() if raw and raw.strip() else None
 
 
-@router.api_route(
-    "/publish/{topic:path}",
-    methods=["POST", "PUT"],
-    status_code=201,
-    responses=_ERRORS,
-    tags=["publish"],
-)
+# One decorator per method: a multi-method route repeats its operationId in the OpenAPI.
+@router.post("/publish/{topic:path}", status_code=201, responses=_ERRORS, tags=["publish"])
+@router.put("/publish/{topic:path}", status_code=201, responses=_ERRORS, tags=["publish"])
 async def publish(topic: str, request: Request, ctx: Ctx) -> Response:
     """Store the body and publish its placeholder on `topic` (see the module docstring)."""
     parsed_topic = parse_topic(topic, max_bytes=ctx.settings.max_topic_bytes)
