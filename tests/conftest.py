@@ -70,9 +70,7 @@ def unique_topic() -> Callable[[str], str]:
 
 
 @pytest.fixture
-def gateway_factory(
-    seaweed: SeaweedFS, bucket_name: str
-) -> Iterator[Callable[..., GatewayServer]]:
+def gateway_factory(seaweed: SeaweedFS, bucket_name: str) -> Iterator[Callable[..., GatewayServer]]:
     """Start gateways on the test's bucket; settings overridable per call."""
     from gateway import Settings
 

@@ -11,7 +11,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from _servers import Mosquitto
 
 from client import (
     ChunkTimeoutError,
@@ -24,6 +23,8 @@ from client import (
 )
 from client.protocol._chunk import split
 from client.protocol._size import publish_packet_size
+
+from _servers import Mosquitto
 
 pytestmark = pytest.mark.servers
 

@@ -13,8 +13,6 @@ from typing import Any
 
 import httpx
 import pytest
-from _gateway import GatewayServer
-from _servers import Mosquitto
 
 from client import (
     AsyncClient,
@@ -29,6 +27,9 @@ from client import (
 )
 from client._placeholder import Placeholder
 from client.protocol import MessageId
+
+from _gateway import GatewayServer
+from _servers import Mosquitto
 
 pytestmark = pytest.mark.servers
 

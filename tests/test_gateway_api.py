@@ -137,8 +137,13 @@ def test_length_lying_document_is_rejected_and_nothing_is_stored(
 
 @pytest.mark.parametrize(
     ("path", "status"),
-    [("/msg/not-a-uuid", 400), ("/msg/../../etc/passwd", 404), (f"/msg/{uuid.uuid4()}", 404),
-     ("/msg/%2e%2e%2fids", 404), (f"/msg/{uuid.uuid4()}/payload", 404)],
+    [
+        ("/msg/not-a-uuid", 400),
+        ("/msg/../../etc/passwd", 404),
+        (f"/msg/{uuid.uuid4()}", 404),
+        ("/msg/%2e%2e%2fids", 404),
+        (f"/msg/{uuid.uuid4()}/payload", 404),
+    ],
 )
 def test_bad_and_unknown_ids(gw: GatewayServer, path: str, status: int) -> None:
     with httpx.Client(base_url=gw.url, timeout=30) as http:
@@ -191,6 +196,7 @@ def test_metrics_and_request_ids(gw: GatewayServer) -> None:
         echoed = http.get("/healthz", headers={"X-Request-ID": "abc-123"})
         assert echoed.headers["x-request-id"] == "abc-123"
         text = http.get("/metrics").text
-    assert 'offload_http_requests_total{method="POST",route="/topic/{topic:path}",status="201"}' in text
+    counter = 'offload_http_requests_total{method="POST",route="/topic/{topic:path}",status="201"}'
+    assert counter in text
     assert "offload_uploads_total" in text
     assert "offload_http_received_bytes_total" in text
