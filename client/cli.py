@@ -25,7 +25,9 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, cast
+
+import httpx
 
 from ._client import Client
 from ._config import ClientSettings, load_settings
@@ -48,7 +50,12 @@ from ._exceptions import (
 )
 from ._http import HttpTransport
 from ._message import Message, MessageError, PublishResult
+from ._progress import CountingReader, CountingWriter, Progress
+from ._scram import gateway_auth
+from ._upload import TusUploader
 from .protocol import MessageId
+
+PROGRESS_MIN_BYTES = 8 << 20  # smaller files finish before a bar is worth drawing
 
 EXIT_OK, EXIT_ERRORS, EXIT_USAGE, EXIT_CONNECT, EXIT_TOO_LARGE, EXIT_TRANSFER = range(6)
 
@@ -143,6 +150,17 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.add_argument("-o", "--output", type=Path, help="file to write (default: stdout)")
     fetch.add_argument("--sha256", help="expected SHA-256 (hex) to verify")
 
+    up = sub.add_parser("upload", help="resumable upload of a file (tus); the gateway publishes it")
+    up.add_argument("--endpoint", required=True, help="offload gateway URL")
+    up.add_argument("--topic", "-t", required=True)
+    up.add_argument("--file", "-f", type=Path, required=True)
+    up.add_argument("--resume", action="store_true", help="continue this file's last upload")
+    up.add_argument("--content-type", help="the message's content type")
+    up.add_argument("--segment-size", type=int, default=8 << 20, metavar="BYTES")
+    up.add_argument("--username", help="gateway login (SCRAM), default: OFFLOAD_USERNAME")
+    up.add_argument("--password")
+    up.add_argument("--state-dir", type=Path, help="where upload URLs are remembered")
+
     disc = sub.add_parser("discover", help="print the advertised discovery record")
     _add_connection(disc)
     disc.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS")
@@ -172,6 +190,12 @@ def _publish(args: argparse.Namespace) -> int:
                 result = client.publish(
                     args.topic, sys.stdin.buffer, qos=args.qos, retain=args.retain
                 )
+            elif args.file.stat().st_size >= PROGRESS_MIN_BYTES:
+                # Two passes over the file: the SHA-256, then the upload or the chunks.
+                size = args.file.stat().st_size
+                with args.file.open("rb") as raw, Progress(2 * size, label="publish") as bar:
+                    reader = cast(BinaryIO, CountingReader(raw, bar))
+                    result = client.publish(args.topic, reader, qos=args.qos, retain=args.retain)
             else:
                 result = client.publish(args.topic, args.file, qos=args.qos, retain=args.retain)
         else:
@@ -242,7 +266,7 @@ def _fetch(args: argparse.Namespace) -> int:
     except ValueError:
         pass
     with HttpTransport() as transport:
-        if args.sha256:
+        if args.sha256:  # verified and spooled inside the transport: no bar to feed
             payload = transport.fetch(url, expected_sha256=args.sha256.lower())
             if args.output is not None:
                 payload.save(args.output)
@@ -251,13 +275,59 @@ def _fetch(args: argparse.Namespace) -> int:
                     while piece := f.read(1 << 20):
                         sys.stdout.buffer.write(piece)
             size = payload.size
-        elif args.output is not None:
-            with args.output.open("wb") as out:
-                size = transport.fetch_to(url, out)
         else:
-            size = transport.fetch_to(url, sys.stdout.buffer)
+            # The bar goes to stderr, so `offload fetch URL > file` on a terminal shows it too.
+            with Progress(_content_length(url), label="fetch") as bar:
+                if args.output is not None:
+                    with args.output.open("wb") as out:
+                        size = transport.fetch_to(url, cast(BinaryIO, CountingWriter(out, bar)))
+                else:
+                    sink = cast(BinaryIO, CountingWriter(sys.stdout.buffer, bar))
+                    size = transport.fetch_to(url, sink)
     if args.output is not None:
         _emit({"url": url, "size": size, "file": str(args.output)})
+    return EXIT_OK
+
+
+def _content_length(url: str) -> int | None:
+    """The payload's size for the progress bar's ETA; None when the server does not say."""
+    if not sys.stderr.isatty():
+        return None
+    try:
+        length = httpx.head(url, timeout=10).headers.get("content-length")
+    except httpx.HTTPError:
+        return None
+    return int(length) if length and length.isdigit() else None
+
+
+def _upload(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    auth = gateway_auth(
+        username=settings.username, password=settings.password, token=settings.http_token
+    )
+    size = args.file.stat().st_size
+    bar = Progress(size, label="upload")
+
+    with httpx.Client(auth=auth, timeout=120) as http, bar:
+        uploader = TusUploader(
+            http, args.endpoint, state_dir=args.state_dir, segment=args.segment_size
+        )
+        result = uploader.upload(
+            args.file,
+            args.topic,
+            resume=args.resume,
+            content_type=args.content_type,
+            on_bytes=bar.update,
+            on_start=bar.restart_from,
+        )
+    _emit({
+        "topic": args.topic,
+        "id": result.message_id,
+        "url": result.url,
+        "size": result.size,
+        "sha256": result.sha256,
+        "resumed_from": result.resumed_from,
+    })  # fmt: skip
     return EXIT_OK
 
 
@@ -281,7 +351,13 @@ def _discover(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-_COMMANDS = {"publish": _publish, "subscribe": _subscribe, "fetch": _fetch, "discover": _discover}
+_COMMANDS = {
+    "publish": _publish,
+    "subscribe": _subscribe,
+    "fetch": _fetch,
+    "upload": _upload,
+    "discover": _discover,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
