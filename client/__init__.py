@@ -39,8 +39,10 @@ if TYPE_CHECKING:
     from ._aio import AsyncClient
     from ._client import Client
     from ._config import BrokerUrl, ClientSettings, load_settings
+    from ._chunkstore import SpoolingChunkStore
     from ._http import HttpTransport
     from ._message import Message, MessageError, Payload, PublishResult, Route
+    from ._scram import BearerAuth, ScramAuth
 
 _LAZY = {
     "AsyncClient": "._aio",
@@ -54,6 +56,9 @@ _LAZY = {
     "Payload": "._message",
     "PublishResult": "._message",
     "Route": "._message",
+    "ScramAuth": "._scram",
+    "BearerAuth": "._scram",
+    "SpoolingChunkStore": "._chunkstore",
 }
 
 
@@ -68,6 +73,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "AsyncClient",
+    "BearerAuth",
     "BrokerUrl",
     "ChecksumMismatchError",
     "ChunkBufferOverflow",
@@ -95,6 +101,8 @@ __all__ = [
     "PublishRejected",
     "PublishResult",
     "Route",
+    "ScramAuth",
+    "SpoolingChunkStore",
     "TransferError",
     "UntrustedEndpoint",
     "UploadError",
