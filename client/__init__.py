@@ -37,9 +37,9 @@ from .protocol import PublishProperties
 
 if TYPE_CHECKING:
     from ._aio import AsyncClient
+    from ._chunkstore import SpoolingChunkStore
     from ._client import Client
     from ._config import BrokerUrl, ClientSettings, load_settings
-    from ._chunkstore import SpoolingChunkStore
     from ._http import HttpTransport
     from ._message import Message, MessageError, Payload, PublishResult, Route
     from ._scram import BearerAuth, ScramAuth
