@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 
 from discovery import Advertiser, DiscoveryRecord
 
@@ -159,7 +159,13 @@ def create_app(
         max_per_client=settings.max_uploads_per_client,
         body_idle_timeout=settings.body_idle_timeout,
     )
-    app.add_api_route("/metrics", metrics_endpoint, methods=["GET"], tags=["operations"])
+    app.add_api_route(
+        "/metrics",
+        metrics_endpoint,
+        methods=["GET"],
+        tags=["operations"],
+        response_class=PlainTextResponse,  # documents the Prometheus text format
+    )
     app.include_router(router)
     app.include_router(publish_router)
     app.include_router(resumable_router)

@@ -148,8 +148,8 @@ def store_gateway(
 ) -> Iterator[GatewayServer]:
     settings = Settings(
         storage_url=own_seaweed.storage_url(bucket_name),
-        s3_access_key=own_seaweed.access_key,  # type: ignore[arg-type]
-        s3_secret_key=own_seaweed.secret_key,  # type: ignore[arg-type]
+        s3_access_key=own_seaweed.access_key,
+        s3_secret_key=own_seaweed.secret_key,
         mqtt_url=broker.url,
         discovery_interval=5.0,
         sweep_interval=0,
