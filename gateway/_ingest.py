@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from starlette.requests import ClientDisconnect
 
 from client._placeholder import FORMAT_KEY, ID_KEY, Placeholder
-from client.protocol import Manifest, MessageId, PublishProperties, Topic
+from client.protocol import Manifest, MessageId, PublishProperties, Topic, mqtt_string_problem
 from client.protocol._envelope import (
     Complete,
     EnvelopeParser,
@@ -261,7 +261,10 @@ def placeholder_user_properties(
         if name in _RESERVED:
             continue
         try:
-            out.append((name, value.decode("utf-8")))
+            text = value.decode("utf-8")
         except UnicodeDecodeError:
             continue  # binary hop headers have no MQTT user-property form
+        if mqtt_string_problem(name) or mqtt_string_problem(text):
+            continue  # a broker would refuse the whole placeholder for it
+        out.append((name, text))
     return tuple(out)

@@ -131,14 +131,19 @@ class BrokerConnection:
             return future
 
         def wait() -> None:
+            outcome: BaseException | None = None
             try:
                 info.wait_for_publish(timeout=30)
-                if info.is_published():
+                if not info.is_published():
+                    outcome = TimeoutError("broker did not acknowledge in 30 s")
+            except (RuntimeError, ValueError) as exc:
+                outcome = ConnectionError(str(exc))
+            # The caller may have given up (cancelled) already: settle only a pending future.
+            if future.set_running_or_notify_cancel():
+                if outcome is None:
                     future.set_result(None)
                 else:
-                    future.set_exception(TimeoutError("broker did not acknowledge in 30 s"))
-            except (RuntimeError, ValueError) as exc:
-                future.set_exception(ConnectionError(str(exc)))
+                    future.set_exception(outcome)
 
         threading.Thread(target=wait, daemon=True).start()
         return future

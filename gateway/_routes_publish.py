@@ -26,7 +26,7 @@ from urllib.parse import unquote
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
-from client.protocol import Manifest, MessageId
+from client.protocol import Manifest, MessageId, mqtt_string_problem
 
 from ._context import Context, get_context
 from ._errors import BadRequest
@@ -80,6 +80,10 @@ def _parse_property(raw: str) -> tuple[str, str]:
     name, colon, value = raw.partition(":")
     if not colon:
         raise BadRequest(f"user property must be NAME:VALUE, not {raw!r}")
+    for part in (name, value):
+        problem = mqtt_string_problem(part)
+        if problem is not None:  # the broker would drop our connection for it
+            raise BadRequest(f"user property {raw!r} {problem}")
     return name.strip(), value
 
 

@@ -282,3 +282,17 @@ def test_broker_lost_mid_upload_withdraws_the_stored_message(
     assert r.status_code == 503, r.text
     assert "broker" in r.json()["detail"]
     assert set(_objects(seaweed, bucket_name)) == before  # payload, sidecar and index removed
+
+
+def test_topics_and_properties_a_broker_would_refuse_are_400_and_the_link_survives(
+    gateway: GatewayServer,
+) -> None:
+    with httpx.Client(base_url=gateway.url, timeout=30) as http:
+        bad_topic = http.put("/publish/a%C2%85b", content=b"x")
+        assert bad_topic.status_code == 400
+        assert "U+0085" in bad_topic.json()["detail"]
+        bad_prop = http.post("/publish/ok/topic", params={"prop": "k:\x01v"}, content=b"x")
+        assert bad_prop.status_code == 400
+        good = http.post("/publish/ok/topic", content=b"still works")
+        assert good.status_code == 201
+        assert http.get("/readyz").json()["checks"]["broker"] == "ok"

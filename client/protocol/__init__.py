@@ -45,7 +45,7 @@ from ._layout import (
 )
 from ._props import PublishProperties
 from ._size import MAX_PACKET_SIZE, fits, max_payload, publish_packet_size
-from ._types import MAX_TOPIC_BYTES, MessageId, Topic, TopicFilter
+from ._types import MAX_TOPIC_BYTES, MessageId, Topic, TopicFilter, mqtt_string_problem
 
 __all__ = [
     "CHUNK_PROPERTY",
@@ -85,6 +85,7 @@ __all__ = [
     "index_key",
     "max_payload",
     "meta_key",
+    "mqtt_string_problem",
     "parse_data_key",
     "plan_chunks",
     "publish_packet_size",

@@ -10,6 +10,30 @@ from .._exceptions import InvalidMessageId, InvalidTopic
 MAX_TOPIC_BYTES = 65535  # MQTT UTF-8 string limit
 
 
+def _is_disallowed(ch: str) -> bool:
+    code = ord(ch)
+    return (
+        code < 0x20
+        or 0x7F <= code <= 0x9F
+        or 0xD800 <= code <= 0xDFFF
+        or 0xFDD0 <= code <= 0xFDEF
+        or (code & 0xFFFE) == 0xFFFE
+    )
+
+
+def mqtt_string_problem(value: str) -> str | None:
+    """Why `value` cannot travel as an MQTT UTF-8 string, or None.
+
+    MQTT 5 §1.5.4 forbids NUL and surrogates and says control characters and Unicode
+    non-characters SHOULD NOT appear; mosquitto enforces all of them by disconnecting the
+    sender ("Malformed packet"), so we refuse them before they reach a broker.
+    """
+    for ch in value:
+        if _is_disallowed(ch):
+            return f"contains the character U+{ord(ch):04X}, which MQTT brokers refuse"
+    return None
+
+
 def _check_common(value: object, kind: str) -> str:
     if not isinstance(value, str):
         raise InvalidTopic(value, f"{kind} must be a string")
@@ -17,6 +41,9 @@ def _check_common(value: object, kind: str) -> str:
         raise InvalidTopic(value, f"{kind} must not be empty")
     if "\x00" in value:
         raise InvalidTopic(value, f"{kind} must not contain NUL")
+    problem = mqtt_string_problem(value)
+    if problem is not None:
+        raise InvalidTopic(value, problem)
     try:
         encoded = value.encode("utf-8")
     except UnicodeEncodeError as exc:
