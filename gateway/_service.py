@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -210,14 +211,38 @@ def _names_payload(raw_index: bytes, payload_key: str) -> bool:
 
 
 async def _iterate(pieces: Iterator[bytes]) -> AsyncIterator[bytes]:
+    """Pull a blocking iterator from worker threads, one piece read ahead.
+
+    The next piece is read from the store while the current one is written to the client,
+    so the two transfers overlap (bench/RESULTS.md: a download otherwise waits for each
+    store read in turn). Memory: two pieces per download.
+    """
     iterator = iter(pieces)
+    # A generator must not be resumed or closed while another thread runs it: the lock
+    # makes close() wait for a read that is still in flight after a disconnect.
+    lock = threading.Lock()
+
+    def step() -> bytes:
+        with lock:
+            return next(iterator, b"")
+
+    def close() -> None:
+        with lock:
+            closer = getattr(iterator, "close", None)
+            if closer is not None:
+                closer()
+
+    pending: asyncio.Future[bytes] = asyncio.ensure_future(asyncio.to_thread(step))
     try:
         while True:
-            piece = await asyncio.to_thread(next, iterator, b"")
+            piece = await pending
             if not piece:
                 return
+            pending = asyncio.ensure_future(asyncio.to_thread(step))
             yield piece
     finally:
-        close = getattr(iterator, "close", None)
-        if close is not None:
-            await asyncio.to_thread(close)
+        if not pending.done():
+            pending.cancel()  # the thread finishes its read; close() waits for it
+        elif not pending.cancelled():
+            pending.exception()  # retrieved: the error (if any) was raised or is moot
+        await asyncio.to_thread(close)

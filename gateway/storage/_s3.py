@@ -14,7 +14,8 @@ from minio.helpers import MAX_MULTIPART_COUNT, MAX_PART_SIZE, MIN_PART_SIZE
 
 from ._base import ObjectInfo, StoreError
 
-_READ_PIECE = 1024 * 1024
+# Large pieces: each one costs a thread hop in the gateway (bench/RESULTS.md).
+_READ_PIECE = 4 * 1024 * 1024
 
 # Failures that mean "the store is not usable right now" rather than a bug of ours.
 _UNAVAILABLE = (MinioException, urllib3.exceptions.HTTPError, OSError, ValueError)
