@@ -176,7 +176,11 @@ def create_app(
         """The process is alive."""
         return {"status": "ok"}
 
-    @app.get("/readyz", tags=["operations"])
+    @app.get(
+        "/readyz",
+        tags=["operations"],
+        responses={503: {"description": "storage or broker unreachable (`checks` says which)"}},
+    )
     async def readyz(request: Request) -> JSONResponse:
         """Storage and broker reachable."""
         ctx = get_context(request)

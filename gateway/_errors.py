@@ -83,6 +83,20 @@ class BrokerUnavailable(GatewayError):
     status = 503
 
 
+# Statuses any route can answer through the shared error mapping and middleware; each
+# route's `responses` adds its own on top, so the OpenAPI document names every status.
+COMMON_RESPONSES: dict[int | str, dict[str, str]] = {
+    400: {"description": "malformed request (reason in `detail`)"},
+    401: {"description": "authentication required (`WWW-Authenticate` names the schemes)"},
+    403: {"description": "authenticated but not allowed for this topic"},
+    404: {"description": "unknown, expired or gone"},
+    408: {"description": "the request body stalled (no bytes within the idle timeout)"},
+    413: {"description": "body larger than the configured maximum"},
+    429: {"description": "too many failed logins or concurrent uploads (`Retry-After`)"},
+    503: {"description": "object store or broker unavailable (reason in `detail`)"},
+}
+
+
 def _json(status: int, reason: str, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"detail": reason}, status_code=status, headers=headers)
 

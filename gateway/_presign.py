@@ -28,7 +28,7 @@ from fastapi.responses import JSONResponse, Response
 from client.protocol import MessageId, Topic
 
 from ._context import Authorizer, Context, get_context
-from ._errors import Forbidden
+from ._errors import COMMON_RESPONSES, Forbidden
 from ._routes import message_url
 
 log = logging.getLogger("gateway")
@@ -123,7 +123,11 @@ def payload_path_suffix(message_id: str) -> str:
     return f"/msg/{message_id}/payload"
 
 
-@router.post("/msg/{message_id}/presign", tags=["offload"])
+@router.post(
+    "/msg/{message_id}/presign",
+    tags=["offload"],
+    responses={**COMMON_RESPONSES, 400: {"description": "malformed id or ttl"}},
+)
 async def presign(
     message_id: str,
     request: Request,

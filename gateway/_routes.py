@@ -18,7 +18,7 @@ from client.protocol import Manifest, MessageId
 from client.protocol._envelope import encode_download
 
 from ._context import Context, get_context
-from ._errors import BadRequest, PayloadTooLarge
+from ._errors import COMMON_RESPONSES, BadRequest, PayloadTooLarge
 from ._ingest import commit_or_discard, receive_envelope
 from ._ranges import parse_range
 from ._service import OVERSIZED_SUFFIX, parse_topic
@@ -32,6 +32,7 @@ Ttl = Annotated[
 ]
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
+    **COMMON_RESPONSES,
     400: {"description": "malformed request (reason in `detail`)"},
     401: {"description": "authentication required"},
     403: {"description": "not allowed for this topic"},

@@ -29,7 +29,7 @@ from fastapi.responses import JSONResponse, Response
 from client.protocol import Manifest, MessageId, mqtt_string_problem
 
 from ._context import Context, get_context
-from ._errors import BadRequest
+from ._errors import COMMON_RESPONSES, BadRequest
 from ._ingest import (
     PublishOptions,
     announce,
@@ -51,6 +51,7 @@ BSON_TYPE = "application/bson"
 MAX_FILENAME_BYTES = 255
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
+    **COMMON_RESPONSES,
     400: {"description": "malformed request or option (reason in `detail`)"},
     401: {"description": "authentication required"},
     403: {"description": "not allowed to write this topic"},

@@ -30,7 +30,7 @@ from starlette.requests import ClientDisconnect
 from client.protocol import Manifest
 
 from ._context import Context, get_context
-from ._errors import BadRequest, GatewayError, PayloadTooLarge
+from ._errors import COMMON_RESPONSES, BadRequest, GatewayError, PayloadTooLarge
 from ._ingest import PublishOptions, announce, commit_or_discard, user_property_headers
 from ._resumable import (
     CHECKSUM_ALGORITHMS,
@@ -56,6 +56,7 @@ Ctx = Annotated[Context, Depends(get_context)]
 OFFSET_TYPE = "application/offset+octet-stream"
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
+    **COMMON_RESPONSES,
     400: {"description": "malformed tus header or metadata"},
     403: {"description": "not allowed to write the upload's topic"},
     404: {"description": "no such upload"},
@@ -142,7 +143,7 @@ def _state_headers(state: UploadState) -> dict[str, str]:
 
 
 @router.options("", include_in_schema=False)
-@router.options("/", responses=_ERRORS)
+@router.options("/", status_code=204, responses=_ERRORS)
 async def capabilities(ctx: Ctx) -> Response:
     """What this tus server supports."""
     headers = {

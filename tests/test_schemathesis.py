@@ -23,10 +23,9 @@ from _servers import Mosquitto
 pytestmark = pytest.mark.servers
 
 EXAMPLES = 40  # per operation
-# Not status_code_conformance yet: some routes answer statuses they do not declare
-# (docs/reliability.md, "open findings"); none of those is a 5xx.
 CHECKS = [
     checks.not_a_server_error,
+    checks.status_code_conformance,
     checks.content_type_conformance,
     checks.response_schema_conformance,
 ]
