@@ -389,6 +389,8 @@ class Client:
             message_id=message_id,
             headers=headers,
             auth=self._http_auth,
+            # The payload need not outlive the placeholder that points at it.
+            ttl=properties.message_expiry_interval if properties else None,
         )
         ref = _placeholder.Placeholder(receipt.url, source.size, source.sha256, message_id)
         body, props = ref.encode(properties, protocol=self.settings.protocol)

@@ -110,6 +110,7 @@ class HttpTransport:
         message_id: MessageId,
         headers: Sequence[tuple[str, bytes]] = (),
         auth: httpx.Auth | None = None,
+        ttl: int | None = None,
     ) -> UploadReceipt:
         """Stream one payload to `POST {endpoint}/topic/{topic}+oversized`.
 
@@ -123,6 +124,8 @@ class HttpTransport:
             message_id: the id to store it under (the gateway keeps the client's id).
             headers: extra (name, value) headers stored beside the payload.
             auth: credentials, only when the endpoint may receive them.
+            ttl: seconds the gateway should keep the payload (the placeholder's Message
+                Expiry Interval); None: the gateway's default.
 
         Raises:
             UploadError: no answer, a non-201 answer, or the body could not be built.
@@ -144,6 +147,7 @@ class HttpTransport:
                 url,
                 content=body(),
                 headers={"Content-Type": BSON_TYPE, "Content-Length": str(length)},
+                params={"ttl": ttl} if ttl else None,
                 auth=auth or httpx.USE_CLIENT_DEFAULT,
             )
         except httpx.HTTPError as exc:

@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
+from minio import Minio
 
 from client import (
     AsyncClient,
@@ -29,7 +30,7 @@ from client._placeholder import Placeholder
 from client.protocol import MessageId
 
 from _gateway import GatewayServer
-from _servers import Mosquitto
+from _servers import Mosquitto, SeaweedFS
 
 pytestmark = pytest.mark.servers
 
@@ -267,3 +268,18 @@ def test_async_client_round_trip(
     got = asyncio.run(main())
     payloads = [m.payload for m in got if isinstance(m, Message)]
     assert payloads == [payload, b"tiny", b"from-loop"]
+
+
+def test_payload_expiry_follows_the_placeholder_expiry(
+    gateway: GatewayServer, seaweed: SeaweedFS, bucket_name: str
+) -> None:
+    with Client(gateway.broker.url, endpoint=gateway.url) as producer:  # type: ignore[attr-defined]
+        result = producer.publish(
+            "ttl/topic",
+            os.urandom(400_000),
+            qos=1,
+            properties=PublishProperties(message_expiry_interval=120),
+        )
+    s3 = Minio(seaweed.endpoint, seaweed.access_key, seaweed.secret_key, secure=False)
+    manifest = json.loads(s3.get_object(bucket_name, f"ids/{result.message_id}.json").read())
+    assert 0 < manifest["expires"] - manifest["timestamp"] <= 120_000
