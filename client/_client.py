@@ -61,6 +61,8 @@ from .protocol import MessageId, PublishProperties, Topic, TopicFilter
 from .protocol._chunk import CHUNK_PROPERTY, Complete, Error, Reassembler, plan_chunks
 from .protocol._size import MAX_PACKET_SIZE, publish_packet_size
 
+UPLOAD_ATTEMPTS = 2  # per offloaded publish, same message id each time
+
 log = logging.getLogger("client")
 
 Delivery = Message | MessageError
@@ -280,6 +282,7 @@ class Client:
         retain: bool = False,
         properties: PublishProperties | None = None,
         timeout: float | None = 60.0,
+        message_id: MessageId | str | None = None,
     ) -> PublishResult:
         """Publish a message of any size: directly, offloaded, or in ADR-23 chunks.
 
@@ -292,6 +295,10 @@ class Client:
                 broker would keep only the last chunk).
             properties: MQTT 5 properties (must be None or empty for MQTT 3.1.1).
             timeout: seconds to wait for the broker's acknowledgements; None waits forever.
+            message_id: the id an offloaded payload is stored under (default: a new
+                UUID). An application that retries a publish after a crash passes the same
+                id: the gateway keeps one object and the placeholder is published once the
+                upload is confirmed.
 
         Returns:
             How the message went: route, size, SHA-256, message id and URL.
@@ -304,6 +311,8 @@ class Client:
             ProtocolError: an invalid topic or properties.
         """
         Topic(topic)
+        if isinstance(message_id, str):
+            message_id = MessageId.parse(message_id)
         s = self.settings
         if s.protocol != 5:
             if properties is not None and properties != PublishProperties():
@@ -334,7 +343,15 @@ class Client:
                 assert endpoint is not None
                 try:
                     return self._publish_offloaded(
-                        endpoint, topic, source, qos, retain, properties, limit, timeout
+                        endpoint,
+                        topic,
+                        source,
+                        qos,
+                        retain,
+                        properties,
+                        limit,
+                        timeout,
+                        message_id=message_id,
                     )
                 except UploadError as exc:
                     if packet <= limit:
@@ -378,20 +395,38 @@ class Client:
         properties: PublishProperties | None,
         limit: int,
         timeout: float | None,
+        *,
+        message_id: MessageId | None = None,
     ) -> PublishResult:
         self._warn_plain_http(endpoint)
-        message_id = MessageId.new()
+        message_id = message_id or MessageId.new()
         headers = [(k, v.encode()) for k, v in (properties.user_properties if properties else ())]
-        receipt = self._transport.upload(
-            endpoint,
-            topic,
-            source,
-            message_id=message_id,
-            headers=headers,
-            auth=self._http_auth,
-            # The payload need not outlive the placeholder that points at it.
-            ttl=properties.message_expiry_interval if properties else None,
-        )
+        attempt = 0
+        while True:
+            try:
+                receipt = self._transport.upload(
+                    endpoint,
+                    topic,
+                    source,
+                    message_id=message_id,
+                    headers=headers,
+                    auth=self._http_auth,
+                    # The payload need not outlive the placeholder that points at it.
+                    ttl=properties.message_expiry_interval if properties else None,
+                )
+                break
+            except UploadError as exc:
+                # A dropped connection or a 5xx may have stored the payload or not: the
+                # same id again is safe (the gateway answers an identical re-upload with
+                # success and keeps one object), so retry before giving up.
+                transient = exc.status is None or exc.status >= 500
+                attempt += 1
+                if not transient or attempt >= UPLOAD_ATTEMPTS:
+                    raise
+                log.info(
+                    "upload attempt %d failed (%s); retrying with id %s", attempt, exc, message_id
+                )
+                time.sleep(0.2 * attempt)
         ref = _placeholder.Placeholder(receipt.url, source.size, source.sha256, message_id)
         body, props = ref.encode(properties, protocol=self.settings.protocol)
         size = publish_packet_size(

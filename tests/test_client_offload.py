@@ -283,3 +283,24 @@ def test_payload_expiry_follows_the_placeholder_expiry(
     s3 = Minio(seaweed.endpoint, seaweed.access_key, seaweed.secret_key, secure=False)
     manifest = json.loads(s3.get_object(bucket_name, f"ids/{result.message_id}.json").read())
     assert 0 < manifest["expires"] - manifest["timestamp"] <= 120_000
+
+
+def test_a_retried_publish_with_the_same_id_keeps_one_object(
+    gateway: GatewayServer, seaweed: SeaweedFS, bucket_name: str
+) -> None:
+    """The producer crashed after the upload, before the placeholder: the retry with the
+    same id is confirmed by the gateway (idempotent) and then announces the message."""
+    payload = os.urandom(600_000)
+    msg_id = MessageId.new()
+    with Client(gateway.broker.url, endpoint=gateway.url) as producer:  # type: ignore[attr-defined]
+        first = producer.publish("retry/topic", payload, qos=1, message_id=msg_id)
+        again = producer.publish("retry/topic", payload, qos=1, message_id=str(msg_id))
+    assert first.route == again.route == Route.OFFLOADED
+    assert first.message_id == again.message_id == str(msg_id)
+    s3 = Minio(seaweed.endpoint, seaweed.access_key, seaweed.secret_key, secure=False)
+    payloads = [
+        o.object_name
+        for o in s3.list_objects(bucket_name, prefix="data/", recursive=True)
+        if not str(o.object_name).endswith(".meta.json")
+    ]
+    assert len(payloads) == 1
