@@ -24,6 +24,7 @@ import hashlib
 import logging
 import os
 import queue
+import ssl
 import threading
 import time
 from collections.abc import Iterator
@@ -117,7 +118,10 @@ class Client:
         self.settings = dataclasses.replace(base, **changes)  # type: ignore[arg-type]
         s = self.settings
         self._owns_transport = transport is None
-        self._transport = transport or HttpTransport(timeout=s.http_timeout)
+        self._transport = transport or HttpTransport(
+            timeout=s.http_timeout,
+            verify=ssl.create_default_context(cafile=s.ca_file) if s.ca_file else True,
+        )
         broker_login = s.broker_url
         self._http_auth = http_auth or gateway_auth(
             username=broker_login.username, password=broker_login.password, token=s.http_token
@@ -147,6 +151,7 @@ class Client:
             client_id=s.client_id,
             protocol=s.protocol,
             keepalive=s.keepalive,
+            ca_file=s.ca_file,
         )
         self._worker: threading.Thread | None = None
         self._stop = threading.Event()

@@ -28,6 +28,7 @@ spool_threshold        OFFLOAD_SPOOL_THRESHOLD         payloads above this are s
                                                        also the RAM budget of chunk reassembly
 http_timeout           OFFLOAD_HTTP_TIMEOUT            seconds per HTTP read/connect
 keepalive              OFFLOAD_KEEPALIVE               MQTT keep-alive seconds
+ca_file                OFFLOAD_CA_FILE                 CA bundle for mqtts:// and https:// (PEM)
 http_token             OFFLOAD_HTTP_TOKEN              bearer token for the gateway instead of
                                                        SCRAM with the broker user and password
 ignore_payload_not_found  OFFLOAD_IGNORE_PAYLOAD_NOT_FOUND  skip (log) placeholders whose
@@ -127,6 +128,7 @@ class ClientSettings:
     discovery_allowlist: tuple[str, ...] = ()
     max_partial_messages: int = 64
     max_buffered_bytes: int = 1024 * 1024 * 1024
+    ca_file: str | None = None
 
     def __post_init__(self) -> None:
         BrokerUrl.parse(self.broker)
@@ -324,3 +326,4 @@ class SettingsOverrides(TypedDict, total=False):
     discovery_allowlist: tuple[str, ...]
     max_partial_messages: int
     max_buffered_bytes: int
+    ca_file: str | None

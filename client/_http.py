@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import ssl
 import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -85,7 +86,7 @@ class HttpTransport:
         self,
         *,
         timeout: float = 60.0,
-        verify: bool = True,
+        verify: bool | ssl.SSLContext = True,
         client: httpx.Client | None = None,
     ) -> None:
         self._owned = client is None

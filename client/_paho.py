@@ -154,6 +154,7 @@ class MqttConnection:
         client_id: str = "",
         protocol: int = 5,
         keepalive: int = 30,
+        ca_file: str | None = None,
     ) -> None:
         self._broker = broker
         self._on_message_cb = on_message
@@ -181,7 +182,7 @@ class MqttConnection:
         if broker.username is not None:
             self._paho.username_pw_set(broker.username, broker.password)
         if broker.tls:
-            self._paho.tls_set(cert_reqs=ssl.CERT_REQUIRED)
+            self._paho.tls_set(ca_certs=ca_file, cert_reqs=ssl.CERT_REQUIRED)
         self._paho.reconnect_delay_set(min_delay=1, max_delay=10)
         self._paho.on_connect = self._on_connect
         self._paho.on_disconnect = self._on_disconnect

@@ -106,7 +106,11 @@ def create_app(
                 if settings.mqtt_password
                 else None,
             )
-            ctx.broker = BrokerConnection(address, client_id=settings.mqtt_client_id)
+            ctx.broker = BrokerConnection(
+                address,
+                client_id=settings.mqtt_client_id,
+                ca_file=str(settings.mqtt_ca_file) if settings.mqtt_ca_file else None,
+            )
             if ctx.public_url:
                 record = DiscoveryRecord(
                     ctx.public_url,

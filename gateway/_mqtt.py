@@ -56,7 +56,13 @@ class BrokerAddress:
 class BrokerConnection:
     """A paho client kept connected in the background."""
 
-    def __init__(self, address: BrokerAddress, *, client_id: str | None = None) -> None:
+    def __init__(
+        self,
+        address: BrokerAddress,
+        *,
+        client_id: str | None = None,
+        ca_file: str | None = None,
+    ) -> None:
         self.address = address
         self._connected = threading.Event()
         self._client = paho.Client(
@@ -67,7 +73,7 @@ class BrokerConnection:
         if address.username is not None:
             self._client.username_pw_set(address.username, address.password)
         if address.tls:
-            self._client.tls_set_context(ssl.create_default_context())
+            self._client.tls_set_context(ssl.create_default_context(cafile=ca_file))
         self._client.reconnect_delay_set(min_delay=1, max_delay=10)
         self._client.on_connect = self._on_connect
         self._client.on_disconnect = self._on_disconnect

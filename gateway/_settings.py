@@ -28,6 +28,7 @@ class Settings(BaseSettings):
     mqtt_username: str | None = None
     mqtt_password: SecretStr | None = None
     mqtt_client_id: str | None = None
+    mqtt_ca_file: Path | None = Field(None, description="CA bundle to verify an mqtts:// broker")
     public_url: str | None = Field(None, description="endpoint URL clients are told to use")
     discovery_topic: str = "sys/metadata"
     discovery_interval: float = Field(30.0, gt=0)

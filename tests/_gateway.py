@@ -21,10 +21,13 @@ class GatewayServer:
     _server: uvicorn.Server | None = None
     _thread: threading.Thread | None = None
     app: Any = field(default=None)
+    certfile: str | None = None
+    keyfile: str | None = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        scheme = "https" if self.certfile else "http"
+        return f"{scheme}://127.0.0.1:{self.port}"
 
     def start(self) -> GatewayServer:
         from gateway import create_app
@@ -33,7 +36,13 @@ class GatewayServer:
             self.port = free_port()
         self.app = create_app(self.settings, store=self.store, public_url=self.url)
         config = uvicorn.Config(
-            self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on"
+            self.app,
+            host="127.0.0.1",
+            port=self.port,
+            log_level="warning",
+            lifespan="on",
+            ssl_certfile=self.certfile,
+            ssl_keyfile=self.keyfile,
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, daemon=True)

@@ -1,0 +1,131 @@
+"""TLS on both hops: mqtts:// to mosquitto and https:// to the gateway, with a private CA."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import ssl
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from client import Client, Message, Route
+
+from _gateway import GatewayServer
+from _servers import Mosquitto, SeaweedFS
+
+pytestmark = pytest.mark.servers
+
+
+@pytest.fixture(scope="module")
+def pki() -> Iterator[Path]:
+    """A CA and a certificate for 127.0.0.1 signed by it (openssl, as an operator would)."""
+    path = Path(tempfile.mkdtemp(prefix="offload-pki-"))
+    path.chmod(0o755)  # mosquitto drops privileges before reading its key
+
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=path, check=True, capture_output=True)
+
+    run(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=mqtt-offload test CA",
+    )
+    run(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+    )
+    (path / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    run(
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "san.ext",
+    )
+    for name in ("server.key", "server.pem", "ca.pem"):
+        (path / name).chmod(0o644)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_offload_over_mqtts_and_https(
+    pki: Path,
+    mosquitto_factory: Callable[..., Mosquitto],
+    seaweed: SeaweedFS,
+    bucket_name: str,
+) -> None:
+    from gateway import Settings
+
+    broker = mosquitto_factory(
+        max_packet_size=262144,
+        extra_config=f"cafile {pki / 'ca.pem'}\ncertfile {pki / 'server.pem'}\n"
+        f"keyfile {pki / 'server.key'}\n",
+    )
+    mqtts = f"mqtts://127.0.0.1:{broker.port}"
+    gw = GatewayServer(
+        Settings(
+            storage_url=seaweed.storage_url(bucket_name),
+            s3_access_key=seaweed.access_key,
+            s3_secret_key=seaweed.secret_key,
+            mqtt_url=mqtts,
+            mqtt_ca_file=pki / "ca.pem",
+            discovery_interval=5.0,
+            tls=True,
+        ),
+        certfile=str(pki / "server.pem"),
+        keyfile=str(pki / "server.key"),
+    ).start()
+    try:
+        assert gw.url.startswith("https://")
+        # The gateway reached the TLS broker with the private CA.
+        trust = ssl.create_default_context(cafile=str(pki / "ca.pem"))
+        ready = httpx.get(f"{gw.url}/readyz", verify=trust, timeout=10)
+        assert ready.json()["checks"]["broker"] == "ok"
+        # Without the CA the certificate is refused.
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"{gw.url}/healthz", timeout=10)
+        payload = os.urandom(1024 * 1024)
+        ca = str(pki / "ca.pem")
+        with Client(mqtts, ca_file=ca) as consumer, Client(mqtts, ca_file=ca) as producer:
+            consumer.subscribe("secure/topic", qos=1)
+            result = producer.publish("secure/topic", payload, qos=1)
+            assert result.route == Route.OFFLOADED
+            assert result.url is not None and result.url.startswith("https://")
+            got = consumer.next_message(timeout=30)
+        assert isinstance(got, Message), got
+        assert got.payload == payload
+    finally:
+        gw.stop()
