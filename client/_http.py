@@ -199,11 +199,12 @@ class HttpTransport:
                 announced = response.headers.get("Content-Length")
                 size = int(announced) if announced and announced.isdigit() else expected_size
                 if size is not None and size <= spool_threshold:
-                    buf = bytearray()
-                    for piece in response.iter_bytes(PIECE):
+                    # httpx's own read size, no re-chunking, one join: a single copy.
+                    pieces = []
+                    for piece in response.iter_bytes():
                         digest.update(piece)
-                        buf += piece
-                    payload = Payload(bytes(buf))
+                        pieces.append(piece)
+                    payload = Payload(b"".join(pieces))
                 else:
                     payload = self._spool(response, digest, spool_dir)
         except httpx.HTTPError as exc:
@@ -227,7 +228,7 @@ class HttpTransport:
         path = Path(name)
         try:
             with os.fdopen(fd, "wb") as out:
-                for piece in response.iter_bytes(PIECE):
+                for piece in response.iter_bytes():
                     digest.update(piece)
                     out.write(piece)
         except BaseException:

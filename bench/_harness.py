@@ -1,0 +1,191 @@
+"""Shared pieces of the benchmarks: real servers, the gateway as a subprocess, result rows.
+
+Every benchmark prints its own human-readable lines and, last, one machine-readable line
+`RESULT <json list of rows>` that bench/run_all.py collects into the table. A row is
+`{"bench", "metric", "baseline", "candidate", "unit", "ratio", "target", "met"}`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
+
+from _servers import Mosquitto, SeaweedFS, free_port, wait_for_port  # noqa: E402
+
+MiB = 1024 * 1024
+
+
+@dataclass
+class Gateway:
+    """`offload-gateway` running as its own process (as in production)."""
+
+    proc: subprocess.Popen[bytes]
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+
+@contextmanager
+def gateway_process(
+    seaweed: SeaweedFS,
+    bucket: str,
+    *,
+    broker: Mosquitto | None = None,
+    workers: int = 1,
+    extra_env: dict[str, str] | None = None,
+) -> Iterator[Gateway]:
+    """Start `offload-gateway` on `bucket` of `seaweed`; stop it on exit."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OFFLOAD_")}
+    env.update(
+        {
+            "OFFLOAD_STORAGE_URL": seaweed.storage_url(bucket),
+            "OFFLOAD_S3_ACCESS_KEY": seaweed.access_key,
+            "OFFLOAD_S3_SECRET_KEY": seaweed.secret_key,
+            "OFFLOAD_LOG_LEVEL": "WARNING",
+            # Benchmarks send from one address: the per-client cap is not what is measured.
+            "OFFLOAD_MAX_UPLOADS_PER_CLIENT": "0",
+            "OFFLOAD_SWEEP_INTERVAL": "0",
+            "PYTHONPATH": str(ROOT),
+        }
+    )
+    if broker is not None:
+        env["OFFLOAD_MQTT_URL"] = broker.url
+    env.update(extra_env or {})
+    # Experiments: BENCH_GATEWAY_ENV="OFFLOAD_S3_PART_SIZE=8388608,MALLOC_ARENA_MAX=2".
+    for item in filter(None, os.environ.get("BENCH_GATEWAY_ENV", "").split(",")):
+        name, _, value = item.partition("=")
+        env[name] = value
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "--port", str(port), "--workers", str(workers)],
+        env=env,
+        stderr=subprocess.DEVNULL,
+        cwd=ROOT,
+    )
+    try:
+        wait_for_port(port, 60, proc)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        spy = None
+        if os.environ.get("BENCH_PROFILE"):
+            # py-spy on the gateway (and its workers): collapsed stacks for the profile notes.
+            spy = subprocess.Popen(
+                ["py-spy", "record", "--subprocesses", "-r", "200", "-f", "raw",
+                 "-o", os.environ["BENCH_PROFILE"], "--pid", str(proc.pid)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+            time.sleep(1.0)
+        try:
+            yield Gateway(proc, port)
+        finally:
+            if spy is not None:
+                spy.send_signal(2)  # SIGINT: py-spy writes its output and exits
+                spy.wait(60)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def minio_client(seaweed: SeaweedFS) -> object:
+    from minio import Minio
+
+    return Minio(seaweed.endpoint, seaweed.access_key, seaweed.secret_key, secure=False)
+
+
+def make_bucket(seaweed: SeaweedFS, bucket: str) -> None:
+    client = minio_client(seaweed)
+    if not client.bucket_exists(bucket):  # type: ignore[attr-defined]
+        client.make_bucket(bucket)  # type: ignore[attr-defined]
+
+
+def row(
+    bench: str,
+    metric: str,
+    baseline: float,
+    candidate: float,
+    unit: str,
+    target: str,
+    *,
+    higher_is_better: bool,
+    limit: float,
+) -> dict[str, object]:
+    """One table row; `ratio` is candidate / baseline, checked against `limit`."""
+    ratio = candidate / baseline if baseline else float("nan")
+    met = ratio >= limit if higher_is_better else ratio <= limit
+    return {
+        "bench": bench,
+        "metric": metric,
+        "baseline": round(baseline, 3),
+        "candidate": round(candidate, 3),
+        "unit": unit,
+        "ratio": round(ratio, 3),
+        "target": target,
+        "met": bool(met),
+    }
+
+
+def absolute_row(
+    bench: str, metric: str, value: float, unit: str, target: str, met: bool
+) -> dict[str, object]:
+    """A row with an absolute target (no same-run baseline applies)."""
+    return {
+        "bench": bench,
+        "metric": metric,
+        "baseline": None,
+        "candidate": round(value, 3),
+        "unit": unit,
+        "ratio": None,
+        "target": target,
+        "met": bool(met),
+    }
+
+
+def emit(rows: list[dict[str, object]]) -> None:
+    print("RESULT " + json.dumps(rows), flush=True)
+
+
+def vm_hwm_kib(pid: int) -> int:
+    """Peak resident set (VmHWM) of a process, KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise KeyError("VmHWM")
+
+
+def reset_hwm(pid: int) -> bool:
+    """Reset VmHWM to the current RSS (Linux: write 5 to clear_refs); False if not allowed."""
+    try:
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True

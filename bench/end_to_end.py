@@ -1,0 +1,259 @@
+"""Benchmark 2: 64 MiB end to end, claim check through a 256 KiB broker versus a raised limit.
+
+Starts SeaweedFS, two mosquitto brokers (`set_tcp_nodelay true`; one with
+`max_packet_size 262144`, one without a limit) and `offload-gateway` as a subprocess. The
+payload is a 64 MiB file on disk. For 1 and 4 subscribers, each run times publish start to
+the moment the last subscriber has the message:
+
+* baseline: `mosquitto_pub -f FILE -q 1` -> N x `mosquitto_sub -C 1` (C clients) through the
+  unlimited broker; the clock stops when the last subscriber process exits;
+* CLI: `offload publish -f FILE` -> N x `offload subscribe -c 1` (claim check through the
+  gateway, SHA-256 verified) through the 256 KiB broker; stops at the last subscriber's exit.
+  Includes the publisher's Python start-up (~0.5 s) which mosquitto_pub does not pay;
+* S3 floor (info): the MinIO SDK alone puts the file (16 MiB parts, 2 at once, as the
+  gateway does) and N threads get it: what any claim check through this store must pay;
+* API: a connected :class:`client.Client` publishes the file; N subscriber processes (each
+  a connected Client) stamp the wall clock on delivery; stops at the last stamp.
+
+Subscribers are started before the clock and are known to be subscribed (their SUBSCRIBE in
+the broker log). Targets: <= 1.5x the baseline with 1 subscriber, <= 0.75x with 4.
+
+    python bench/end_to_end.py               # 3 runs per case
+    python bench/end_to_end.py --runs 5 --size 134217728
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from _harness import (
+    ROOT,
+    MiB,
+    Mosquitto,
+    SeaweedFS,
+    emit,
+    gateway_process,
+    make_bucket,
+    minio_client,
+    row,
+)
+
+NODELAY = "set_tcp_nodelay true"
+
+
+def _wait_subscribed(broker: Mosquitto, ids: list[str], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        log = broker.log()
+        if all(f"Received SUBSCRIBE from {i}" in log for i in ids):
+            return
+        time.sleep(0.02)
+    raise TimeoutError(f"subscribers {ids} did not subscribe")
+
+
+def _wait_all(procs: list[subprocess.Popen[bytes]], timeout: float = 300.0) -> float:
+    """Wall-clock time (perf_counter) when the last process exited."""
+    deadline = time.monotonic() + timeout
+    pending = list(procs)
+    last = time.perf_counter()
+    while pending:
+        for p in list(pending):
+            if p.poll() is not None:
+                last = time.perf_counter()
+                pending.remove(p)
+                if p.returncode != 0:
+                    raise RuntimeError(f"{p.args} exited with {p.returncode}")
+        if time.monotonic() > deadline:
+            raise TimeoutError("subscribers did not finish")
+        time.sleep(0.002)
+    return last
+
+
+def _mosq(program: str, broker: Mosquitto, topic: str) -> list[str]:
+    return [program, "-h", "127.0.0.1", "-p", str(broker.port), "-t", topic, "-q", "1", "-V", "5"]
+
+
+def mosquitto_run(broker: Mosquitto, path: Path, subscribers: int) -> float:
+    topic = f"bench/e2e/{uuid.uuid4().hex[:8]}"
+    ids = [f"msub-{uuid.uuid4().hex[:8]}" for _ in range(subscribers)]
+    subs = [
+        subprocess.Popen(
+            [*_mosq("mosquitto_sub", broker, topic), "-C", "1", "-i", i],
+            stdout=subprocess.DEVNULL,
+        )
+        for i in ids
+    ]
+    _wait_subscribed(broker, ids)
+    t0 = time.perf_counter()
+    pub = subprocess.run(
+        [*_mosq("mosquitto_pub", broker, topic), "-f", str(path)],
+        check=True,
+    )
+    assert pub.returncode == 0
+    return _wait_all(subs) - t0
+
+
+def cli_run(broker: Mosquitto, endpoint: str, path: Path, subscribers: int) -> float:
+    topic = f"bench/e2e/{uuid.uuid4().hex[:8]}"
+    ids = [f"osub-{uuid.uuid4().hex[:8]}" for _ in range(subscribers)]
+    common = ["--broker", broker.url, "--endpoint", endpoint, "--discovery-wait", "0"]
+    subs = [
+        subprocess.Popen(
+            ["offload", "subscribe", *common, "-t", topic, "-q", "1", "-c", "1", "--client-id", i],
+            stdout=subprocess.DEVNULL,
+        )
+        for i in ids
+    ]
+    _wait_subscribed(broker, ids)
+    t0 = time.perf_counter()
+    subprocess.run(
+        ["offload", "publish", *common, "-t", topic, "-q", "1", "-f", str(path)],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    return _wait_all(subs) - t0
+
+
+def api_subscriber(broker_url: str, endpoint: str, topic: str, client_id: str) -> None:
+    """Child process: one Client subscriber; prints the wall clock at delivery."""
+    sys.path.insert(0, str(ROOT))
+    from client import Client, Message
+
+    with Client(broker_url, endpoint=endpoint, client_id=client_id, discovery_wait=0.0) as c:
+        c.subscribe(topic, 1)
+        msg = c.next_message(120)
+        stamp = time.time()
+        assert isinstance(msg, Message) and msg.route == "offloaded", msg
+        msg.body.discard()
+        print(f"DELIVERED {stamp:.6f} {msg.size}", flush=True)
+
+
+def api_run(broker: Mosquitto, endpoint: str, path: Path, subscribers: int, pub: object) -> float:
+    topic = f"bench/e2e/{uuid.uuid4().hex[:8]}"
+    ids = [f"asub-{uuid.uuid4().hex[:8]}" for _ in range(subscribers)]
+    subs = [
+        subprocess.Popen(
+            [sys.executable, __file__, "--api-subscriber", broker.url, endpoint, topic, i],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for i in ids
+    ]
+    _wait_subscribed(broker, ids)
+    t0 = time.time()
+    pub.publish(topic, path, qos=1)  # type: ignore[attr-defined]
+    stamps = []
+    for p in subs:
+        out, _ = p.communicate(timeout=300)
+        line = [x for x in out.splitlines() if x.startswith("DELIVERED")]
+        assert p.returncode == 0 and line, out
+        stamps.append(float(line[0].split()[1]))
+    return max(stamps) - t0
+
+
+def store_floor(seaweed: SeaweedFS, bucket: str, path: Path, subscribers: int) -> float:
+    """The object store alone: put the file (as the gateway does) then N parallel gets."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    s3 = minio_client(seaweed)
+    key = f"floor/{uuid.uuid4().hex}"
+    t0 = time.perf_counter()
+    s3.fput_object(bucket, key, str(path), part_size=16 * MiB, num_parallel_uploads=2)  # type: ignore[attr-defined]
+
+    def get(_: int) -> int:
+        r = s3.get_object(bucket, key)  # type: ignore[attr-defined]
+        try:
+            return sum(len(p) for p in r.stream(4 * MiB))
+        finally:
+            r.close()
+            r.release_conn()
+
+    with ThreadPoolExecutor(subscribers) as pool:
+        assert all(n == path.stat().st_size for n in pool.map(get, range(subscribers)))
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--size", type=int, default=64 * MiB)
+    parser.add_argument("--subscribers", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--workers", type=int, default=1, help="gateway uvicorn workers")
+    parser.add_argument("--api-subscriber", nargs=4, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.api_subscriber:
+        api_subscriber(*args.api_subscriber)
+        return
+
+    from client import Client
+
+    workdir = Path(tempfile.mkdtemp(prefix="bench-e2e-", dir="/dev/shm"))
+    path = workdir / "payload.bin"
+    with path.open("wb") as f:
+        block = os.urandom(MiB)
+        for i in range(args.size // MiB):
+            f.write(i.to_bytes(8, "big") + block[8:])
+    seaweed = SeaweedFS().start()
+    limited = Mosquitto(max_packet_size=262144, extra_config=NODELAY).start()
+    raised = Mosquitto(extra_config=NODELAY).start()
+    bucket = f"bench-{uuid.uuid4().hex[:8]}"
+    rows = []
+    try:
+        make_bucket(seaweed, bucket)
+        with (
+            gateway_process(seaweed, bucket, broker=limited, workers=args.workers) as gw,
+            Client(limited.url, endpoint=gw.url, discovery_wait=0.0) as pub,
+        ):
+            # Warm-up: SeaweedFS volume growth, the gateway's first upload, page cache.
+            mosquitto_run(raised, path, 1)
+            cli_run(limited, gw.url, path, 1)
+            api_run(limited, gw.url, path, 1, pub)
+            for n in args.subscribers:
+                times: dict[str, list[float]] = {"mosquitto": [], "cli": [], "api": [], "s3": []}
+                for _ in range(args.runs):
+                    times["mosquitto"].append(mosquitto_run(raised, path, n))
+                    times["cli"].append(cli_run(limited, gw.url, path, n))
+                    times["api"].append(api_run(limited, gw.url, path, n, pub))
+                    times["s3"].append(store_floor(seaweed, bucket, path, n))
+                base = statistics.median(times["mosquitto"])
+                limit = 1.5 if n == 1 else 0.75
+                for kind in ("cli", "api", "s3"):
+                    cand = statistics.median(times[kind])
+                    print(
+                        f"{args.size // MiB} MiB, {n} subscriber(s): mosquitto raised limit "
+                        f"{base * 1e3:.0f} ms, offload {kind} {cand * 1e3:.0f} ms, "
+                        f"ratio {cand / base:.2f} (target <= {limit})"
+                    )
+                    rows.append(
+                        row(
+                            "2 end to end",
+                            f"{args.size // MiB} MiB {n} sub, {kind}",
+                            base * 1e3,
+                            cand * 1e3,
+                            "ms",
+                            f"<= {limit}" if kind != "s3" else "info",
+                            higher_is_better=False,
+                            limit=limit,
+                        )
+                    )
+                    if kind == "s3":  # the store's own put + get: the floor, not a target
+                        rows[-1]["met"] = None
+    finally:
+        limited.stop()
+        raised.stop()
+        seaweed.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    emit(rows)
+
+
+if __name__ == "__main__":
+    main()

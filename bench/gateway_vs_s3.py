@@ -1,0 +1,133 @@
+"""Benchmark 1: 32 MiB through the gateway versus the MinIO SDK straight to the same SeaweedFS.
+
+Starts SeaweedFS (tests/_servers.py) and `offload-gateway` as a subprocess on it. Runs
+alternate (direct, gateway, direct, gateway, ...) so background load hits both alike:
+
+* upload: `POST /topic/<t>+oversized` with the hop BSON document built by
+  `client.protocol.encode_upload` (one pooled httpx.Client) versus `Minio.put_object`;
+* download: `GET /msg/<id>/payload` read whole versus `Minio.get_object(...).read()`.
+
+Ratios are gateway throughput over direct throughput (medians); target >= 0.9 both ways.
+
+    python bench/gateway_vs_s3.py              # 8 runs of 32 MiB each way
+    python bench/gateway_vs_s3.py --runs 4 --workers 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import statistics
+import time
+import uuid
+
+import httpx
+from _harness import MiB, SeaweedFS, emit, gateway_process, make_bucket, minio_client, row
+
+from client.protocol import MessageId, encode_upload
+
+
+def gateway_upload(http: httpx.Client, url: str, payload: bytes) -> tuple[float, str]:
+    message_id = MessageId.new()
+    head, tail = encode_upload(len(payload), headers=[("_id", message_id.bytes)])
+    # One contiguous body: the client side costs what an SDK caller's bytes cost, no more.
+    body = b"".join((head, payload, tail))
+    t0 = time.perf_counter()
+    r = http.post(
+        f"{url}/topic/bench/s3+oversized",
+        content=body,
+        headers={"Content-Type": "application/bson"},
+    )
+    elapsed = time.perf_counter() - t0
+    assert r.status_code == 201, r.text
+    return elapsed, str(message_id)
+
+
+def gateway_download(http: httpx.Client, url: str, message_id: str, size: int) -> float:
+    t0 = time.perf_counter()
+    r = http.get(f"{url}/msg/{message_id}/payload")
+    elapsed = time.perf_counter() - t0
+    assert r.status_code == 200 and len(r.content) == size, r.status_code
+    return elapsed
+
+
+def direct_upload(client: object, bucket: str, payload: bytes) -> tuple[float, str]:
+    key = f"direct/{uuid.uuid4().hex}"
+    t0 = time.perf_counter()
+    client.put_object(bucket, key, io.BytesIO(payload), len(payload))  # type: ignore[attr-defined]
+    return time.perf_counter() - t0, key
+
+
+def direct_download(client: object, bucket: str, key: str, size: int) -> float:
+    t0 = time.perf_counter()
+    response = client.get_object(bucket, key)  # type: ignore[attr-defined]
+    try:
+        data = response.read()
+    finally:
+        response.close()
+        response.release_conn()
+    elapsed = time.perf_counter() - t0
+    assert len(data) == size
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=8)
+    parser.add_argument("--size", type=int, default=32 * MiB)
+    parser.add_argument("--workers", type=int, default=1, help="gateway uvicorn workers")
+    parser.add_argument("--env", action="append", default=[], help="OFFLOAD_X=V for the gateway")
+    args = parser.parse_args()
+    extra_env = dict(item.split("=", 1) for item in args.env)
+    payload = os.urandom(args.size)
+    mib = args.size / MiB
+    seaweed = SeaweedFS().start()
+    bucket = f"bench-{uuid.uuid4().hex[:8]}"
+    try:
+        make_bucket(seaweed, bucket)
+        s3 = minio_client(seaweed)
+        with (
+            gateway_process(seaweed, bucket, workers=args.workers, extra_env=extra_env) as gw,
+            httpx.Client(timeout=120) as http,
+        ):
+            # Warm-up: connections, SeaweedFS volume growth for the bucket, imports.
+            direct_download(s3, bucket, direct_upload(s3, bucket, payload)[1], args.size)
+            gid = gateway_upload(http, gw.url, payload)[1]
+            gateway_download(http, gw.url, gid, args.size)
+            up = {"direct": [], "gateway": []}  # type: dict[str, list[float]]
+            down = {"direct": [], "gateway": []}  # type: dict[str, list[float]]
+            for _ in range(args.runs):
+                t, key = direct_upload(s3, bucket, payload)
+                up["direct"].append(t)
+                t, gid = gateway_upload(http, gw.url, payload)
+                up["gateway"].append(t)
+                down["direct"].append(direct_download(s3, bucket, key, args.size))
+                down["gateway"].append(gateway_download(http, gw.url, gid, args.size))
+    finally:
+        seaweed.stop()
+    rows = []
+    for name, times in (("upload", up), ("download", down)):
+        d = mib / statistics.median(times["direct"])
+        g = mib / statistics.median(times["gateway"])
+        print(
+            f"{name} {mib:.0f} MiB x {args.runs}: direct S3 {d:.0f} MiB/s, "
+            f"gateway {g:.0f} MiB/s, ratio {g / d:.2f} (target >= 0.9)"
+        )
+        rows.append(
+            row(
+                "1 gateway vs S3",
+                f"{mib:.0f} MiB {name}",
+                d,
+                g,
+                "MiB/s",
+                ">= 0.9",
+                higher_is_better=True,
+                limit=0.9,
+            )
+        )
+    emit(rows)
+
+
+if __name__ == "__main__":
+    main()
