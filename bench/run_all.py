@@ -1,0 +1,156 @@
+"""Run every benchmark one after the other and print one table.
+
+Each benchmark runs as its own process (they start their own SeaweedFS, mosquitto and
+gateway) and prints a `RESULT <json>` line (bench/_harness.py), or, for the older scripts
+(chunking.py, small_messages.py, upload_memory.py, spark_read.py), its usual text, which is
+parsed here. Nothing else may run on the machine meanwhile: the numbers are ratios against
+baselines taken in the same run, but 2 cores are easily disturbed.
+
+    python bench/run_all.py                    # about 6 minutes on 2 cores
+    python bench/run_all.py --quick            # fewer runs, smaller memory test
+    python bench/run_all.py --only 1 6         # benchmarks by number
+    python bench/run_all.py --spark            # also bench/spark_read.py (needs pyspark)
+    python bench/run_all.py --markdown         # the table as Markdown (for RESULTS.md)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+MiB = 1 << 20
+
+
+def _cmd(name: str, quick: bool) -> list[str]:
+    args = {
+        "1": ["gateway_vs_s3.py", "--runs", "4" if quick else "8"],
+        "2": ["end_to_end.py", "--runs", "1" if quick else "3"],
+        "3": ["small_messages.py", "--blocks", "3" if quick else "5"],
+        "4": ["chunking.py", "--runs", "20" if quick else "50"],
+        "5": ["memory.py", "--size", str((256 if quick else 1024) * MiB)],
+        "6": ["concurrency.py", "--requests", "15" if quick else "30"],
+        "spark": ["spark_read.py", "--objects", "16"],
+    }[name]
+    return [sys.executable, str(HERE / args[0]), *args[1:]]
+
+
+def _rows_from_text(name: str, out: str) -> list[dict[str, object]]:
+    """Rows for the scripts that print prose rather than RESULT lines."""
+    rows: list[dict[str, object]] = []
+    if name == "3":
+        m = re.search(r"paho (\d+) msg/s, Client.publish (\d+) msg/s, ratio ([\d.]+)", out)
+        if m:
+            base, cand, ratio = float(m[1]), float(m[2]), float(m[3])
+            rows.append(_row("3 small messages", "1 KiB QoS 1 rate", base, cand, "msg/s", ratio,
+                             ">= 0.9", ratio >= 0.9))  # fmt: skip
+    elif name == "4":
+        pattern = (
+            r"QoS (\d): chunked median ([\d.]+) ms p90 [\d.]+ ms \| single-message baseline "
+            r"median ([\d.]+) ms"
+        )
+        for qos, cand, base in re.findall(pattern, out):
+            c = float(cand)
+            rows.append(_row("4 chunking", f"1 MiB via 64 KiB, QoS {qos}, median", float(base),
+                             c, "ms", c / float(base), "< 50 ms", c < 50))  # fmt: skip
+    elif name == "spark":
+        for line in out.splitlines():
+            if "MiB/s" in line:
+                print(f"  spark: {line.strip()}")
+    return rows
+
+
+def _row(
+    bench: str,
+    metric: str,
+    base: float | None,
+    cand: float,
+    unit: str,
+    ratio: float | None,
+    target: str,
+    met: bool | None,
+) -> dict[str, object]:
+    return {"bench": bench, "metric": metric, "baseline": base, "candidate": cand,
+            "unit": unit, "ratio": ratio, "target": target, "met": met}  # fmt: skip
+
+
+def run(name: str, quick: bool) -> list[dict[str, object]]:
+    cmd = _cmd(name, quick)
+    print(f"# {' '.join(Path(c).name if c.endswith('.py') else c for c in cmd[1:])}", flush=True)
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    for line in proc.stdout.splitlines():
+        if not line.startswith("RESULT "):
+            print(f"  {line}")
+    print(f"  ({time.monotonic() - t0:.0f} s, exit {proc.returncode})", flush=True)
+    if proc.returncode != 0:
+        tail = proc.stderr.strip().splitlines()[-5:]
+        print("  " + "\n  ".join(tail))
+        return [_row(name, "FAILED", None, float("nan"), "", None, "", False)]
+    results = [
+        json.loads(line[7:]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")
+    ]
+    return [r for rs in results for r in rs] or _rows_from_text(name, proc.stdout)
+
+
+def _fmt(value: object, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def table(rows: list[dict[str, object]], markdown: bool) -> str:
+    head = ["benchmark", "metric", "baseline", "candidate", "unit", "ratio", "target", "met"]
+    body = [
+        [str(r["bench"]), str(r["metric"]), _fmt(r["baseline"]), _fmt(r["candidate"]),
+         str(r["unit"]), _fmt(r["ratio"], 2), str(r["target"]),
+         {True: "yes", False: "NO", None: "-"}[r["met"]]]  # type: ignore[index]
+        for r in rows
+    ]  # fmt: skip
+    if markdown:
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join(cells) + " |" for cells in body]
+        return "\n".join(lines)
+    widths = [max(len(x) for x in col) for col in zip(head, *body, strict=True)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return "\n".join([fmt.format(*head), fmt.format(*("-" * w for w in widths))]
+                     + [fmt.format(*cells) for cells in body])  # fmt: skip
+
+
+def machine() -> str:
+    cpuinfo = Path("/proc/cpuinfo").read_text()
+    model = re.search(r"model name\s*:\s*(.*)", cpuinfo)
+    cores = cpuinfo.count("processor\t:")
+    mem = re.search(r"MemTotal:\s*(\d+)", Path("/proc/meminfo").read_text())
+    ram = f"{int(mem[1]) / 2**20:.0f} GiB" if mem else "?"
+    cpu = model[1] if model else "?"
+    system = f"{platform.system()} {platform.release()}"
+    return f"{cores} x {cpu}, {ram} RAM, {system}, Python {platform.python_version()}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--only", nargs="+", choices=["1", "2", "3", "4", "5", "6", "spark"])
+    parser.add_argument("--spark", action="store_true")
+    parser.add_argument("--markdown", action="store_true")
+    args = parser.parse_args()
+    names = args.only or ["1", "2", "3", "4", "5", "6", *(["spark"] if args.spark else [])]
+    print(f"machine: {machine()}")
+    rows: list[dict[str, object]] = []
+    for name in names:
+        rows.extend(run(name, args.quick))
+    print()
+    print(table(rows, args.markdown))
+
+
+if __name__ == "__main__":
+    main()
