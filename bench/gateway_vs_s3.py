@@ -5,7 +5,9 @@ alternate (direct, gateway, direct, gateway, ...) so background load hits both a
 
 * upload: `POST /topic/<t>+oversized` with the hop BSON document built by
   `client.protocol.encode_upload` (one pooled httpx.Client) versus `Minio.put_object`;
-* download: `GET /msg/<id>/payload` read whole versus `Minio.get_object(...).read()`.
+* download: `GET /msg/<id>/payload` read whole versus `Minio.get_object(...).read()`, with
+  httpx (what client.HttpTransport uses) and with urllib3 (what the SDK uses: the
+  gateway's own cost, without httpx's slower reads on the client).
 
 Ratios are gateway throughput over direct throughput (medians); target >= 0.9 both ways.
 
@@ -24,6 +26,7 @@ import uuid
 
 import httpx
 from _harness import MiB, SeaweedFS, emit, gateway_process, make_bucket, minio_client, row
+from urllib3 import PoolManager
 
 from client.protocol import MessageId, encode_upload
 
@@ -49,6 +52,15 @@ def gateway_download(http: httpx.Client, url: str, message_id: str, size: int) -
     r = http.get(f"{url}/msg/{message_id}/payload")
     elapsed = time.perf_counter() - t0
     assert r.status_code == 200 and len(r.content) == size, r.status_code
+    return elapsed
+
+
+def gateway_download_urllib3(pool: PoolManager, url: str, message_id: str, size: int) -> float:
+    """The same download with the SDK's HTTP library: the gateway's cost alone."""
+    t0 = time.perf_counter()
+    r = pool.request("GET", f"{url}/msg/{message_id}/payload")
+    elapsed = time.perf_counter() - t0
+    assert r.status == 200 and len(r.data) == size, r.status
     return elapsed
 
 
@@ -97,6 +109,8 @@ def main() -> None:
             gateway_download(http, gw.url, gid, args.size)
             up = {"direct": [], "gateway": []}  # type: dict[str, list[float]]
             down = {"direct": [], "gateway": []}  # type: dict[str, list[float]]
+            raw: list[float] = []
+            pool = PoolManager()
             for _ in range(args.runs):
                 t, key = direct_upload(s3, bucket, payload)
                 up["direct"].append(t)
@@ -104,10 +118,12 @@ def main() -> None:
                 up["gateway"].append(t)
                 down["direct"].append(direct_download(s3, bucket, key, args.size))
                 down["gateway"].append(gateway_download(http, gw.url, gid, args.size))
+                raw.append(gateway_download_urllib3(pool, gw.url, gid, args.size))
     finally:
         seaweed.stop()
     rows = []
-    for name, times in (("upload", up), ("download", down)):
+    down_raw = {"direct": down["direct"], "gateway": raw}
+    for name, times in (("upload", up), ("download", down), ("download, urllib3", down_raw)):
         d = mib / statistics.median(times["direct"])
         g = mib / statistics.median(times["gateway"])
         print(
