@@ -2,7 +2,7 @@
 
 Each benchmark runs as its own process (they start their own SeaweedFS, mosquitto and
 gateway) and prints a `RESULT <json>` line (bench/_harness.py), or, for the older scripts
-(chunking.py, small_messages.py, upload_memory.py, spark_read.py), its usual text, which is
+(chunking.py, small_messages.py, spark_read.py), its usual text, which is
 parsed here. Nothing else may run on the machine meanwhile: the numbers are ratios against
 baselines taken in the same run, but 2 cores are easily disturbed.
 
