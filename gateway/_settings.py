@@ -22,7 +22,7 @@ class Settings(BaseSettings):
     s3_access_key: SecretStr | None = None
     s3_secret_key: SecretStr | None = None
     s3_region: str | None = None
-    s3_part_size: int = Field(16 * 1024 * 1024, ge=5 * 1024 * 1024)
+    s3_part_size: int = Field(8 * 1024 * 1024, ge=5 * 1024 * 1024)
     s3_parallel_uploads: int = Field(2, ge=1, le=16)
     mqtt_url: str | None = Field(None, description="mqtt://[USER:PASS@]HOST:PORT or mqtts://")
     mqtt_username: str | None = None

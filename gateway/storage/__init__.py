@@ -18,7 +18,7 @@ def open_store(
     access_key: str | None = None,
     secret_key: str | None = None,
     region: str | None = None,
-    part_size: int = 16 * 1024 * 1024,
+    part_size: int = 8 * 1024 * 1024,
     parallel_uploads: int = 2,
 ) -> S3Store | FileStore:
     """Open the store a storage URL names.

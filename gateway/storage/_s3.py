@@ -46,7 +46,7 @@ class S3Store:
         secret_key: str | None = None,
         secure: bool = False,
         region: str | None = None,
-        part_size: int = 16 * 1024 * 1024,
+        part_size: int = 8 * 1024 * 1024,
         parallel_uploads: int = 2,
         timeout: float = 10.0,
         pool_size: int = 32,
