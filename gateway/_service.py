@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import ParamSpec, TypeVar
@@ -60,6 +61,41 @@ class Stored:
     created: bool  # False: an identical earlier upload was found (idempotent retry)
 
 
+class ManifestCache:
+    """Recently read manifests, so a download costs one store request instead of two.
+
+    Manifests never change once written; only deletion matters. Entries live `ttl`
+    seconds, a local delete evicts at once, and a delete by another replica or the sweeper
+    shows as a missing payload (404) when it is read, so a stale entry never serves bytes.
+    Only hits are kept: an unknown id is always looked up again.
+    """
+
+    def __init__(self, size: int = 4096, ttl: float = 10.0) -> None:
+        self._entries: OrderedDict[MessageId, tuple[float, Manifest]] = OrderedDict()
+        self._size = size
+        self._ttl = ttl
+
+    def get(self, message_id: MessageId) -> Manifest | None:
+        entry = self._entries.get(message_id)
+        if entry is None:
+            return None
+        stamp, manifest = entry
+        if time.monotonic() - stamp > self._ttl:
+            del self._entries[message_id]
+            return None
+        self._entries.move_to_end(message_id)
+        return manifest
+
+    def put(self, manifest: Manifest) -> None:
+        self._entries[manifest.id] = (time.monotonic(), manifest)
+        self._entries.move_to_end(manifest.id)
+        while len(self._entries) > self._size:
+            self._entries.popitem(last=False)
+
+    def evict(self, message_id: MessageId) -> None:
+        self._entries.pop(message_id, None)
+
+
 class OffloadService:
     """Everything the routes do with storage, as async methods.
 
@@ -82,6 +118,7 @@ class OffloadService:
         self.default_ttl = default_ttl
         self.max_ttl = max_ttl
         self.delete_after_fetch = delete_after_fetch
+        self.manifests = ManifestCache()
 
     async def _call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         try:
@@ -117,6 +154,7 @@ class OffloadService:
         body = manifest.to_json()
         await self._call(self.store.put_bytes, meta_key(manifest.data_key), body)
         await self._call(self.store.put_bytes, index_key(manifest.id), body)
+        self.manifests.put(manifest)
         UPLOADS.labels(kind).inc()
         UPLOADED_BYTES.inc(manifest.size)
         return Stored(manifest, created=True)
@@ -129,8 +167,12 @@ class OffloadService:
 
     async def find(self, message_id: MessageId) -> Manifest | None:
         """The manifest of a live message, None when unknown or expired."""
-        raw = await self._call(self.store.get_bytes, index_key(message_id))
-        manifest = None if raw is None else Manifest.from_json(raw)
+        manifest = self.manifests.get(message_id)
+        if manifest is None:
+            raw = await self._call(self.store.get_bytes, index_key(message_id))
+            manifest = None if raw is None else Manifest.from_json(raw)
+            if manifest is not None:
+                self.manifests.put(manifest)
         if manifest is not None and manifest.expires is not None and manifest.expires <= now_ms():
             return None  # expired: never served, whatever the sweeper has done yet
         return manifest
@@ -179,6 +221,7 @@ class OffloadService:
         The index is only removed while it still names this payload: a later upload that
         reused the id after expiry keeps its own.
         """
+        self.manifests.evict(manifest.id)
         raw = await self._call(self.store.get_bytes, index_key(manifest.id))
         if raw is not None and _names_payload(raw, manifest.data_key):
             await self._call(self.store.delete, index_key(manifest.id))

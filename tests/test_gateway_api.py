@@ -200,3 +200,25 @@ def test_metrics_and_request_ids(gw: GatewayServer) -> None:
     assert counter in text
     assert "offload_uploads_total" in text
     assert "offload_http_received_bytes_total" in text
+
+
+def test_manifest_cache_never_outlives_a_local_delete() -> None:
+    import asyncio
+
+    from client.protocol import Manifest, MessageId, Topic
+    from gateway._service import ManifestCache
+
+    cache = ManifestCache(size=2, ttl=60)
+    manifests = [
+        Manifest(MessageId.new(), Topic("t"), 0, 1, "00" * 32, f"data/t/{i}") for i in range(3)
+    ]
+    for m in manifests:
+        cache.put(m)
+    assert cache.get(manifests[0].id) is None  # evicted: bounded
+    assert cache.get(manifests[2].id) == manifests[2]
+    cache.evict(manifests[2].id)
+    assert cache.get(manifests[2].id) is None
+    expired = ManifestCache(ttl=0)
+    expired.put(manifests[1])
+    asyncio.run(asyncio.sleep(0.01))
+    assert expired.get(manifests[1].id) is None
