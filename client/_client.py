@@ -27,7 +27,7 @@ import queue
 import ssl
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from types import TracebackType
@@ -61,6 +61,9 @@ from ._source import PayloadLike, PayloadSource
 from .protocol import MessageId, PublishProperties, Topic, TopicFilter
 from .protocol._chunk import CHUNK_PROPERTY, Complete, Error, Reassembler, plan_chunks
 from .protocol._size import MAX_PACKET_SIZE, publish_packet_size
+
+#: on_fetch_progress(topic, bytes received, total or None), from the fetching thread.
+FetchProgress = Callable[[str, int, int | None], None]
 
 UPLOAD_ATTEMPTS = 2  # per offloaded publish, same message id each time
 
@@ -98,6 +101,8 @@ class Client:
             (same scheme, host and port) under hop-client's rule. Default: a bearer token
             when `http_token` is set, else SCRAM-SHA-512 with the broker's user name and
             password when both are set (:mod:`client._scram`), else none.
+        on_fetch_progress: called as `(topic, bytes received, total)` while a placeholder's
+            payload downloads (from the client's worker thread: keep it quick).
         **overrides: any :class:`ClientSettings` field, e.g. `automatic_offload=False`,
             `chunking=False`, `endpoint="http://gw:8000"`, `max_packet_size=65536`.
     """
@@ -109,8 +114,10 @@ class Client:
         settings: ClientSettings | None = None,
         transport: HttpTransport | None = None,
         http_auth: httpx.Auth | None = None,
+        on_fetch_progress: FetchProgress | None = None,
         **overrides: Unpack[SettingsOverrides],
     ) -> None:
+        self._on_fetch_progress = on_fetch_progress
         base = settings or ClientSettings()
         changes: dict[str, object] = dict(overrides)
         if broker is not None:
@@ -670,12 +677,16 @@ class Client:
         try:
             auth = self._auth_for(ref.url)
             self._warn_plain_http(ref.url)
+            progress = self._on_fetch_progress
             payload = self._transport.fetch(
                 ref.payload_url,
                 expected_sha256=ref.sha256,
                 expected_size=ref.size,
                 spool_threshold=self.settings.spool_threshold,
                 auth=auth,
+                on_bytes=(lambda done, total: progress(incoming.topic, done, total))
+                if progress is not None
+                else None,
             )
         except OffloadError as exc:
             return MessageError(incoming.topic, exc, str(ref.message_id))

@@ -14,7 +14,7 @@ import json
 import os
 import ssl
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -46,6 +46,19 @@ class UploadReceipt:
     url: str
     size: int
     sha256: str
+
+
+def _counted(
+    pieces: Iterator[bytes], total: int | None, on_bytes: Callable[[int, int | None], None] | None
+) -> Iterator[bytes]:
+    if on_bytes is None:
+        yield from pieces
+        return
+    done = 0
+    for piece in pieces:
+        done += len(piece)
+        on_bytes(done, total)
+        yield piece
 
 
 def upload_url(endpoint: str, topic: str) -> str:
@@ -171,6 +184,7 @@ class HttpTransport:
         spool_threshold: int = 64 << 20,
         spool_dir: str | os.PathLike[str] | None = None,
         auth: httpx.Auth | None = None,
+        on_bytes: Callable[[int, int | None], None] | None = None,
     ) -> Payload:
         """GET a raw payload, verifying its SHA-256 while it streams in.
 
@@ -183,6 +197,7 @@ class HttpTransport:
             spool_threshold: payloads above this many bytes go to a temporary file.
             spool_dir: where spool files are made (default: the system temp directory).
             auth: credentials, only when the URL may receive them.
+            on_bytes: called with (bytes received so far, total or None) as pieces arrive.
 
         Raises:
             PayloadNotFound: 404 or 410.
@@ -198,15 +213,16 @@ class HttpTransport:
                     raise FetchError(url, _detail(response), response.status_code)
                 announced = response.headers.get("Content-Length")
                 size = int(announced) if announced and announced.isdigit() else expected_size
+                stream = _counted(response.iter_bytes(), size, on_bytes)
                 if size is not None and size <= spool_threshold:
                     # httpx's own read size, no re-chunking, one join: a single copy.
                     pieces = []
-                    for piece in response.iter_bytes():
+                    for piece in stream:
                         digest.update(piece)
                         pieces.append(piece)
                     payload = Payload(b"".join(pieces))
                 else:
-                    payload = self._spool(response, digest, spool_dir)
+                    payload = self._spool(stream, digest, spool_dir)
         except httpx.HTTPError as exc:
             raise FetchError(url, f"fetch failed: {exc!r}") from exc
         except ScramFailure as exc:
@@ -222,13 +238,13 @@ class HttpTransport:
 
     @staticmethod
     def _spool(
-        response: httpx.Response, digest: hashlib._Hash, spool_dir: str | os.PathLike[str] | None
+        stream: Iterator[bytes], digest: hashlib._Hash, spool_dir: str | os.PathLike[str] | None
     ) -> Payload:
         fd, name = tempfile.mkstemp(prefix="offload-", suffix=".payload", dir=spool_dir)
         path = Path(name)
         try:
             with os.fdopen(fd, "wb") as out:
-                for piece in response.iter_bytes():
+                for piece in stream:
                     digest.update(piece)
                     out.write(piece)
         except BaseException:
@@ -243,6 +259,7 @@ class HttpTransport:
             url: any payload URL.
             out: binary file to write to.
             auth: credentials, only when the URL may receive them.
+            on_bytes: called with (bytes received so far, total or None) as pieces arrive.
 
         Raises:
             PayloadNotFound: 404 or 410.

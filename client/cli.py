@@ -214,7 +214,20 @@ def _subscribe(args: argparse.Namespace) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
     errors = 0
     seen = 0
-    with Client(settings=settings) as client:
+    bars: dict[str, Progress] = {}
+
+    def progress(topic: str, done: int, total: int | None) -> None:
+        # A bar only for large payloads, and only on a terminal (Progress decides).
+        if total is None or total < PROGRESS_MIN_BYTES:
+            return
+        bar = bars.get(topic)
+        if bar is None:
+            bar = bars[topic] = Progress(total, label=f"fetch {topic}")
+        bar.update(done - bar.done)
+        if done >= total:
+            bars.pop(topic).close()
+
+    with Client(settings=settings, on_fetch_progress=progress) as client:
         for topic_filter in args.topic:
             client.subscribe(topic_filter, args.qos)
         for item in client.messages(timeout=args.timeout):

@@ -152,3 +152,36 @@ def test_progress_bars_on_a_terminal(
     piped = subprocess.run([OFFLOAD, "fetch", url, "-o", str(target)], capture_output=True,
                            text=True, env=_env(tmp_path), timeout=60)  # fmt: skip
     assert piped.returncode == 0 and piped.stderr == ""
+
+
+def test_subscribe_draws_a_bar_for_large_payloads_on_a_terminal(
+    gw: GatewayServer, broker: Mosquitto, tmp_path: Path, unique_topic: Callable[[str], str]
+) -> None:
+    topic = unique_topic("tty-sub")
+    file = tmp_path / "big.bin"
+    file.write_bytes(os.urandom(12 * MiB))
+    result: dict[str, tuple[int, str, str]] = {}
+
+    def subscribe() -> None:
+        result["sub"] = _run_on_tty(
+            [OFFLOAD, "subscribe", "--broker", broker.url, "--topic", topic, "--count", "1",
+             "--timeout", "60"],
+            _env(tmp_path),
+        )  # fmt: skip
+
+    import threading
+
+    thread = threading.Thread(target=subscribe)
+    thread.start()
+    time.sleep(1.5)  # the subscription is in place
+    published = subprocess.run(
+        [OFFLOAD, "publish", "--broker", broker.url, "--topic", topic, "--file", str(file),
+         "--qos", "1"],
+        capture_output=True, text=True, env=_env(tmp_path), timeout=120,
+    )  # fmt: skip
+    assert published.returncode == 0, published.stderr
+    thread.join(timeout=90)
+    code, out, bar = result["sub"]
+    assert code == 0, bar
+    assert json.loads(out)["sha256"] == hashlib.sha256(file.read_bytes()).hexdigest()
+    assert f"fetch {topic}" in bar and "12.0 MiB / 12.0 MiB (100%)" in bar
