@@ -9,6 +9,7 @@ import pty
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -168,8 +169,6 @@ def test_subscribe_draws_a_bar_for_large_payloads_on_a_terminal(
              "--timeout", "60"],
             _env(tmp_path),
         )  # fmt: skip
-
-    import threading
 
     thread = threading.Thread(target=subscribe)
     thread.start()
