@@ -29,9 +29,7 @@ def test_chunks_split_across_a_shared_group_surface_as_timeouts(
         assert result.route == Route.CHUNKED
         deadline = time.monotonic() + 10
         seen: list[Message | MessageError] = []
-        while time.monotonic() < deadline and not any(
-            isinstance(x, MessageError) for x in seen
-        ):
+        while time.monotonic() < deadline and not any(isinstance(x, MessageError) for x in seen):
             for member in members:
                 item = member.next_message(timeout=0.5)
                 if item is not None:
