@@ -32,6 +32,20 @@ def ms(text: str) -> int:
     return int(datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp() * 1000)
 
 
+class KeepingStore(FileReadStore):
+    """A real file store that keeps the bytes objects it returned, by key."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(StorageLocation("file", str(root)))
+        self.returned: dict[str, bytes] = {}
+
+    def get(self, key: str) -> bytes | None:
+        data = super().get(key)
+        if data is not None:
+            self.returned[key] = data
+        return data
+
+
 class RecordingStore(FileReadStore):
     """A real file store that remembers which prefixes were listed."""
 
@@ -154,6 +168,28 @@ def test_hour_pruning_is_refined_by_the_exact_timestamp(
     keys = [k for k, _ in select_objects(store, options.topic_filter, since, None)]
     assert keys == [tree["a/x@22T10"]]  # listed by hour ...
     assert list(read_batches(store, keys, options)) == []  # ... dropped by its manifest
+
+
+def test_batches_are_bounded_by_bytes_and_a_lone_payload_is_not_copied(tmp_path: Path) -> None:
+    import pyarrow as pa
+
+    sizes = [5, 30, 7, 7, 7, 0, 12]
+    when = ms("2026-11-22T10:00:00")
+    keys = [put(tmp_path, "a/x", when + i, bytes([65 + i]) * n) for i, n in enumerate(sizes)]
+    options = parse_options({"storage": tmp_path.as_uri()})
+    store = KeepingStore(tmp_path)
+    batches = list(read_batches(store, keys, options, batch_bytes=20))
+    # Flushed before overshooting 20 bytes; the 30-byte payload travels alone.
+    assert [b.column("size").to_pylist() for b in batches] == [[5], [30], [7, 7], [7, 0, 12]]
+    payloads = [p for b in batches for p in b.column("payload").to_pylist()]
+    assert payloads == [bytes([65 + i]) * n for i, n in enumerate(sizes)]
+    # The lone payloads' Arrow data buffers are the very bytes objects the store returned.
+    for batch, key in zip(batches[:2], keys[:2], strict=True):
+        data = batch.column("payload").buffers()[2]
+        assert data.address == pa.py_buffer(store.returned[key]).address
+    assert batches[2].column("payload").buffers()[2].address not in {
+        pa.py_buffer(store.returned[k]).address for k in keys[2:4]
+    }
 
 
 @given(st.lists(st.integers(0, 300 * 1024 * 1024), max_size=60), st.integers(1, 8))
