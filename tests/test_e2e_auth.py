@@ -10,7 +10,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,6 +23,7 @@ from client._scram import ScramAuth
 from client._source import PayloadSource
 from client.protocol import MessageId
 
+from _auth import broker_readable_dir, secured_pair, write_acl_file, write_password_file
 from _gateway import GatewayServer
 from _servers import Mosquitto
 
@@ -50,19 +50,10 @@ topic readwrite data/#
 
 @pytest.fixture
 def shared_files() -> Iterator[Path]:
-    # mosquitto drops root privileges before reading: the files must be world-readable.
-    path = Path(tempfile.mkdtemp(prefix="offload-e2e-auth-"))
-    path.chmod(0o755)
-    passwd = path / "passwd"
-    entries = [(u, p, "4096") for u, p in USERS.items()] + [(*WEAK, "1000")]
-    for i, (user, password, iterations) in enumerate(entries):
-        args = ["mosquitto_passwd", "-b", "-H", "sha512-pbkdf2", "-I", iterations]
-        if i == 0:
-            args.insert(1, "-c")
-        subprocess.run([*args, str(passwd), user, password], check=True, capture_output=True)
-    passwd.chmod(0o644)
-    (path / "acl").write_text(ACL)
-    (path / "acl").chmod(0o644)
+    path = broker_readable_dir("offload-e2e-auth-")
+    entries = [(u, p, 4096) for u, p in USERS.items()] + [(*WEAK, 1000)]
+    write_password_file(path / "passwd", entries)
+    write_acl_file(path / "acl", ACL)
     (path / "tokens").write_text(f"writer:{hashlib.sha256(TOKEN.encode()).hexdigest()}\n")
     yield path
     shutil.rmtree(path, ignore_errors=True)
@@ -74,20 +65,9 @@ def secured(
     mosquitto_factory: Callable[..., Mosquitto],
     gateway_factory: Callable[..., GatewayServer],
 ) -> tuple[Mosquitto, GatewayServer]:
-    broker = mosquitto_factory(
-        max_packet_size=262144,
-        extra_config=f"allow_anonymous false\npassword_file {shared_files / 'passwd'}\n"
-        f"acl_file {shared_files / 'acl'}\n",
+    return secured_pair(
+        shared_files, mosquitto_factory, gateway_factory, gateway_password=USERS["gateway"]
     )
-    gw = gateway_factory(
-        broker,
-        mqtt_username="gateway",
-        mqtt_password=USERS["gateway"],
-        password_file=shared_files / "passwd",
-        acl_file=shared_files / "acl",
-        auth_secret="a-shared-secret-for-all-replicas",
-    )
-    return broker, gw
 
 
 @pytest.fixture

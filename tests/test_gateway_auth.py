@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import shutil
 import subprocess
-import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ from hop.http_scram import SCRAMAuth
 from scramp import ScramClient
 from scramp.utils import ScramException
 
+from _auth import broker_readable_dir, secured_pair, write_acl_file, write_password_file
 from _gateway import GatewayServer
 from _servers import Mosquitto
 
@@ -39,18 +39,10 @@ topic readwrite data/#
 
 @pytest.fixture
 def shared_files() -> Iterator[Path]:
-    # mosquitto drops root privileges before reading: the files must be world-readable.
-    path = Path(tempfile.mkdtemp(prefix="offload-auth-"))
-    path.chmod(0o755)
-    passwd = path / "passwd"
-    for i, (user, password) in enumerate({**USERS, "gateway": "g-secret-4"}.items()):
-        args = ["mosquitto_passwd", "-b", "-H", "sha512-pbkdf2", "-I", "4096"]
-        if i == 0:
-            args.insert(1, "-c")
-        subprocess.run([*args, str(passwd), user, password], check=True, capture_output=True)
-    passwd.chmod(0o644)
-    (path / "acl").write_text(ACL)
-    (path / "acl").chmod(0o644)
+    path = broker_readable_dir("offload-auth-")
+    users = {**USERS, "gateway": "g-secret-4"}
+    write_password_file(path / "passwd", [(u, p, 4096) for u, p in users.items()])
+    write_acl_file(path / "acl", ACL)
     yield path
     shutil.rmtree(path, ignore_errors=True)
 
@@ -61,20 +53,9 @@ def secured(
     mosquitto_factory: Callable[..., Mosquitto],
     gateway_factory: Callable[..., GatewayServer],
 ) -> tuple[Mosquitto, GatewayServer]:
-    broker = mosquitto_factory(
-        max_packet_size=262144,
-        extra_config=f"allow_anonymous false\npassword_file {shared_files / 'passwd'}\n"
-        f"acl_file {shared_files / 'acl'}\n",
+    return secured_pair(
+        shared_files, mosquitto_factory, gateway_factory, gateway_password="g-secret-4"
     )
-    gw = gateway_factory(
-        broker,
-        mqtt_username="gateway",
-        mqtt_password="g-secret-4",
-        password_file=shared_files / "passwd",
-        acl_file=shared_files / "acl",
-        auth_secret="a-shared-secret-for-all-replicas",
-    )
-    return broker, gw
 
 
 def hop(user: str, password: str) -> SCRAMAuth:
