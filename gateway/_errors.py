@@ -9,8 +9,12 @@ Hierarchy::
     +-- NotFound                404
     +-- Conflict                409
     +-- PayloadTooLarge         413
+    +-- Gone                    410  a resumable upload expired or was terminated
+    +-- PreconditionFailed      412  another tus protocol version
+    +-- UnsupportedMediaType    415
     +-- RangeNotSatisfiable     416
-    +-- TooManyRequests         429  failed logins rate-limited
+    +-- TooManyRequests         429  failed logins or concurrent uploads rate-limited
+    +-- ChecksumMismatch        460  tus: a segment does not hash to its Upload-Checksum
     +-- StorageUnavailable      503  the object store failed or is unreachable
     +-- BrokerUnavailable       503  the MQTT broker is unreachable
 
@@ -69,6 +73,28 @@ class PayloadTooLarge(GatewayError):
 
 class RangeNotSatisfiable(GatewayError):
     status = 416
+
+
+class ChecksumMismatch(GatewayError):
+    """tus 460: a segment (or the whole payload) does not hash to what the client said."""
+
+    status = 460
+
+
+class Gone(GatewayError):
+    """The upload expired or was terminated."""
+
+    status = 410
+
+
+class UnsupportedMediaType(GatewayError):
+    status = 415
+
+
+class PreconditionFailed(GatewayError):
+    """tus 412: the client speaks another protocol version."""
+
+    status = 412
 
 
 class TooManyRequests(GatewayError):

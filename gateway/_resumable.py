@@ -45,7 +45,7 @@ from typing import Any
 
 from client.protocol import MessageId, Topic, data_key
 
-from ._errors import BadRequest, Conflict, GatewayError, NotFound, PayloadTooLarge
+from ._errors import BadRequest, ChecksumMismatch, Conflict, Gone, NotFound, PayloadTooLarge
 from ._pipe import StreamingUpload
 from ._service import MAX_KEY_BYTES, now_ms
 from .storage import ObjectInfo, ObjectStore, StoreError
@@ -58,28 +58,6 @@ CHECKSUM_ALGORITHMS = "sha256"
 UPLOADS_PREFIX = "uploads/"
 STATE_VERSION = 1
 _HASH_CACHE = 256  # uploads whose running SHA-256 this replica remembers
-
-
-class ChecksumMismatch(GatewayError):
-    """tus 460: a segment (or the whole payload) does not hash to what the client said."""
-
-    status = 460
-
-
-class Gone(GatewayError):
-    """The upload expired or was terminated."""
-
-    status = 410
-
-
-class UnsupportedMediaType(GatewayError):
-    status = 415
-
-
-class PreconditionFailed(GatewayError):
-    """tus 412: the client speaks another protocol version."""
-
-    status = 412
 
 
 def state_key(upload_id: str) -> str:

@@ -30,16 +30,21 @@ from starlette.requests import ClientDisconnect
 from client.protocol import Manifest
 
 from ._context import Context, get_context
-from ._errors import COMMON_RESPONSES, BadRequest, GatewayError, PayloadTooLarge
+from ._errors import (
+    COMMON_RESPONSES,
+    BadRequest,
+    ChecksumMismatch,
+    GatewayError,
+    PayloadTooLarge,
+    PreconditionFailed,
+    UnsupportedMediaType,
+)
 from ._ingest import PublishOptions, announce, commit_or_discard, user_property_headers
 from ._resumable import (
     CHECKSUM_ALGORITHMS,
     TUS_EXTENSIONS,
     TUS_VERSION,
-    ChecksumMismatch,
-    PreconditionFailed,
     ResumableUploads,
-    UnsupportedMediaType,
     UploadState,
     http_date,
     parse_checksum,
