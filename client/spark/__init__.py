@@ -36,11 +36,23 @@ How it reads:
 * Tuning for payloads of several MiB: start the JVMs with `-XX:G1HeapRegionSize=32m`
   (`spark.driver.extraJavaOptions` / `spark.executor.extraJavaOptions`); with G1's default
   regions every such value is a "humongous" allocation, which halved throughput here.
-* Throughput: every byte crosses the Python worker into the JVM through Arrow, which costs
-  several copies. On the 2-core test machine Spark `local[2]` read ~190 MiB/s (155 MiB/s
-  verifying) against a loopback SeaweedFS where one plain MinIO get loop reached ~900 MiB/s
-  (bench/spark_read.py): this source pays off when the store, not the CPU, is the limit, i.e.
-  across executors on a cluster. For raw bytes at JVM speed use `binaryFile` (below).
+* Throughput: every payload byte crosses from the Python worker into the JVM through Arrow
+  (socket, off-heap buffer, then a `byte[]` and an UnsafeRow per value), and each query
+  starts Python workers that cost ~1 CPU-second before any payload moves. Payloads travel
+  in Arrow batches of ~16 MiB, a larger payload alone and without a copy (bigger batches
+  made the JVM fault in fresh pages for every batch). On the 2-core test machine, shared,
+  with loopback SeaweedFS and start-up excluded, `python bench/spark_read.py` (1 GiB =
+  64 x 16 MiB, local[2], medians of 3 rounds) measured Spark at 365 MiB/s verifying and
+  395 MiB/s without, against 1,110 MiB/s for one sequential MinIO get loop: 0.32x and
+  0.37x. (Over 512 MiB in one sitting: 0.32x / 0.38x, and 0.24x / 0.33x with the former
+  64 MiB copied batches; the earlier 0.17-0.21x also timed the JIT's warm-up.) Spark is
+  CPU-bound there: per GiB the loop costs 1.3 CPU-seconds (SeaweedFS included), Spark 4.5-5
+  (JVM 1.6-2, Python workers 1.7, SeaweedFS 1.2), so two cores cannot reach the loop's
+  pace. No measurable gain from `spark.buffer.size`, `spark.python.unix.domain.socket.
+  enabled`, ParallelGC or `-XX:+AlwaysPreTouch`; `spark.sql.execution.arrow.
+  maxRecordsPerBatch` applies only to sources that yield tuples. This source pays off where
+  the store or the network, not the CPU, is the limit, i.e. across executors on a cluster.
+  For raw bytes at JVM speed use `binaryFile` (below).
 
 Export job (also runnable by `spark-submit client/spark/job.py ...`)::
 
