@@ -28,8 +28,8 @@ from client.protocol._envelope import (
     PayloadData,
     PayloadEnd,
     PayloadStart,
-    upload_fields,
 )
+from client.protocol._envelope_fields import upload_fields
 
 from ._context import Context
 from ._errors import BadRequest, BrokerUnavailable, PayloadTooLarge, StorageUnavailable

@@ -24,16 +24,18 @@ from client.protocol._envelope import (
     MAX_BSON_DOCUMENT,
     MAX_DEPTH,
     Complete,
-    DownloadFields,
     EnvelopeParser,
     Event,
     PayloadData,
     PayloadEnd,
     PayloadStart,
-    UploadFields,
-    download_fields,
     encode_download,
     encode_upload,
+)
+from client.protocol._envelope_fields import (
+    DownloadFields,
+    UploadFields,
+    download_fields,
     upload_fields,
 )
 

@@ -18,18 +18,15 @@ from ._chunk import Error as ChunkFailure
 from ._chunk import Pending as ChunkPending
 from ._envelope import (
     MAX_BSON_DOCUMENT,
-    DownloadFields,
     EnvelopeParser,
     PayloadData,
     PayloadEnd,
     PayloadStart,
-    UploadFields,
-    download_fields,
     encode_download,
     encode_upload,
-    upload_fields,
 )
 from ._envelope import Complete as EnvelopeComplete
+from ._envelope_fields import DownloadFields, UploadFields, download_fields, upload_fields
 from ._layout import (
     DATA_PREFIX,
     INDEX_PREFIX,
