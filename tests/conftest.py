@@ -6,6 +6,7 @@ import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -13,6 +14,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from _gateway import GatewayServer
 from _servers import Mosquitto, SeaweedFS
+
+if TYPE_CHECKING:
+    from client import Client
 
 
 @pytest.fixture(scope="session")
@@ -101,3 +105,23 @@ def gateway(gateway_factory: Callable[..., GatewayServer], broker: Mosquitto) ->
     server = gateway_factory(broker)
     server.broker = broker  # type: ignore[attr-defined]
     return server
+
+
+@pytest.fixture
+def clients(gateway: GatewayServer) -> Iterator[Callable[..., Client]]:
+    """Connected clients on the `gateway` fixture's broker, closed after the test."""
+    from client import Client
+
+    broker: Mosquitto = gateway.broker  # type: ignore[attr-defined]
+    made: list[Client] = []
+
+    def make(**kw: Any) -> Client:
+        kw.setdefault("discovery_wait", 10.0)
+        c = Client(broker.url, **kw)
+        c.connect()
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.close()

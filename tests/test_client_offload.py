@@ -7,9 +7,8 @@ import hashlib
 import json
 import os
 import subprocess
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -47,23 +46,6 @@ class RecordingAuth(httpx.Auth):
         self.urls.append(str(request.url))
         request.headers["Authorization"] = "Bearer test-token"
         yield request
-
-
-@pytest.fixture
-def clients(gateway: GatewayServer) -> Iterator[Callable[..., Client]]:
-    broker: Mosquitto = gateway.broker  # type: ignore[attr-defined]
-    made: list[Client] = []
-
-    def make(**kw: Any) -> Client:
-        kw.setdefault("discovery_wait", 10.0)
-        c = Client(broker.url, **kw)
-        c.connect()
-        made.append(c)
-        return c
-
-    yield make
-    for c in made:
-        c.close()
 
 
 def _next(client: Client, timeout: float = 30.0) -> Message | MessageError:

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable
 
 import pytest
 
@@ -16,24 +15,6 @@ from client._placeholder import Placeholder
 from client.protocol import MessageId
 
 from _gateway import GatewayServer
-from _servers import Mosquitto
-
-
-@pytest.fixture
-def clients(gateway: GatewayServer) -> Iterator[Callable[..., Client]]:
-    broker: Mosquitto = gateway.broker  # type: ignore[attr-defined]
-    made: list[Client] = []
-
-    def make(**kw: Any) -> Client:
-        kw.setdefault("discovery_wait", 10.0)
-        c = Client(broker.url, **kw)
-        c.connect()
-        made.append(c)
-        return c
-
-    yield make
-    for c in made:
-        c.close()
 
 
 @pytest.mark.servers
