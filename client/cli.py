@@ -9,7 +9,7 @@ Exit codes:
 
     0  success
     1  subscribe delivered at least one error line; discover found no record
-    2  bad usage or configuration
+    2  bad usage or configuration, or a local file that cannot be read or written
     3  broker unreachable or refused the connection
     4  message too large and neither offload nor chunking could carry it
     5  HTTP transfer failed (upload, fetch, not found, checksum mismatch)
@@ -18,12 +18,15 @@ Exit codes:
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import json
 import logging
 import os
 import sys
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 
@@ -121,8 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="offload",
         description="MQTT messages of any size: offload to an HTTP gateway, else ADR-23 chunks.",
-        epilog="Exit codes: 0 ok, 1 error lines / nothing found, 2 usage or configuration, "
-        "3 broker connection, 4 message too large, 5 HTTP transfer failed.",
+        epilog="Exit codes: 0 ok, 1 error lines / nothing found, 2 usage, configuration or a "
+        "local file, 3 broker connection, 4 message too large, 5 HTTP transfer failed.",
     )
     parser.add_argument("--config", metavar="FILE", help="TOML config file")
     parser.add_argument("-v", "--verbose", action="count", default=0)
@@ -270,6 +273,9 @@ def _message_doc(msg: Message, out: Path | None, seq: int) -> dict[str, Any]:
 
 
 def _fetch(args: argparse.Namespace) -> int:
+    if args.output is not None and args.output.is_dir():
+        # Before any download: a directory cannot become the file.
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(args.output))
     url: str = args.url.rstrip("/")
     last = url.rsplit("/", 1)[-1]
     try:
@@ -292,7 +298,7 @@ def _fetch(args: argparse.Namespace) -> int:
             # The bar goes to stderr, so `offload fetch URL > file` on a terminal shows it too.
             with Progress(_content_length(url), label="fetch") as bar:
                 if args.output is not None:
-                    with args.output.open("wb") as out:
+                    with _replacing(args.output) as out:
                         size = transport.fetch_to(url, cast(BinaryIO, CountingWriter(out, bar)))
                 else:
                     sink = cast(BinaryIO, CountingWriter(sys.stdout.buffer, bar))
@@ -300,6 +306,22 @@ def _fetch(args: argparse.Namespace) -> int:
     if args.output is not None:
         _emit({"url": url, "size": size, "file": str(args.output)})
     return EXIT_OK
+
+
+@contextlib.contextmanager
+def _replacing(path: Path) -> Iterator[BinaryIO]:
+    """Write to a temporary file beside `path`, renamed over it only on success.
+
+    A failed download leaves no empty or truncated file and never clobbers an earlier one.
+    """
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            yield out
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _content_length(url: str) -> int | None:
@@ -407,6 +429,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OffloadError as exc:
         print(f"offload: {exc}", file=sys.stderr)
         return EXIT_ERRORS
+    except OSError as exc:  # a local file: missing input, unwritable output
+        print(f"offload: error: {exc.strerror or exc}: {exc.filename or ''}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
 

@@ -230,3 +230,28 @@ def test_credentials_in_the_url(
     assert bad.returncode == 3
     assert "s3cret" not in bad.stderr
     shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_local_file_mistakes_are_clear_errors_not_tracebacks(
+    broker: Mosquitto, tmp_path: Path
+) -> None:
+    missing = run("publish", "--broker", broker.url, "--topic", "t", "--file", "/no/such/file")
+    assert missing.returncode == 2
+    assert "No such file or directory: /no/such/file" in missing.stderr
+    assert "Traceback" not in missing.stderr
+    unwritable = run("fetch", "http://127.0.0.1:9/msg/x", "-o", str(tmp_path))  # a directory
+    assert unwritable.returncode == 2
+    assert "Traceback" not in unwritable.stderr
+
+
+def test_failed_fetch_keeps_the_earlier_file_and_leaves_no_partial(
+    gateway_factory: Callable[..., GatewayServer], tmp_path: Path
+) -> None:
+    gw = gateway_factory(None)
+    target = tmp_path / "keep.bin"
+    target.write_bytes(b"earlier download")
+    result = run("fetch", f"{gw.url}/msg/00000000-0000-4000-8000-000000000000", "-o", str(target))
+    assert result.returncode == 5
+    assert "not found" in result.stderr
+    assert target.read_bytes() == b"earlier download"
+    assert [p.name for p in tmp_path.iterdir()] == ["keep.bin"]
