@@ -8,6 +8,9 @@ gateway, one piece at a time, so memory stays bounded whatever the total size.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from typing import BinaryIO, cast
+
+from ._base import ObjectInfo, ObjectStore, StoreError
 
 
 class ChainReader:
@@ -52,3 +55,16 @@ class ChainReader:
     def close(self) -> None:
         self.close_current()
         self._keys.clear()
+
+
+def concat_by_streaming(
+    store: ObjectStore, key: str, sources: Sequence[ObjectInfo], content_type: str | None
+) -> None:
+    """Write `sources` one after another into `key`, the bytes passing through once."""
+    reader = ChainReader([s.key for s in sources], store.open_range)
+    try:
+        store.put_stream(key, cast(BinaryIO, reader), sum(s.size for s in sources), content_type)
+    except FileNotFoundError as exc:
+        raise StoreError(f"concat into {key!r}: a source is gone: {exc}") from exc
+    finally:
+        reader.close()

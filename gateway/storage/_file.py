@@ -7,9 +7,10 @@ import os
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import BinaryIO, cast
+from typing import BinaryIO
 
 from ._base import ObjectInfo, StoreError
+from ._chain import concat_by_streaming
 
 _PIECE = 1024 * 1024
 
@@ -122,12 +123,4 @@ class FileStore:
     def concat(
         self, key: str, sources: Sequence[ObjectInfo], content_type: str | None = None
     ) -> None:
-        from ._chain import ChainReader
-
-        reader = ChainReader([s.key for s in sources], self.open_range)
-        try:
-            self.put_stream(key, cast(BinaryIO, reader), sum(s.size for s in sources), content_type)
-        except FileNotFoundError as exc:
-            raise StoreError(f"concat into {key!r}: a source is gone: {exc}") from exc
-        finally:
-            reader.close()
+        concat_by_streaming(self, key, sources, content_type)

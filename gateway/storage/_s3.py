@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Iterator, Sequence
-from typing import BinaryIO, cast
+from typing import BinaryIO
 
 import urllib3
 from minio import Minio
@@ -13,6 +13,7 @@ from minio.error import MinioException, S3Error
 from minio.helpers import MAX_MULTIPART_COUNT, MAX_PART_SIZE, MIN_PART_SIZE
 
 from ._base import ObjectInfo, StoreError
+from ._chain import concat_by_streaming
 
 # Large pieces: each one costs a thread hop in the gateway (bench/RESULTS.md).
 _READ_PIECE = 4 * 1024 * 1024
@@ -192,12 +193,4 @@ class S3Store:
                 raise StoreError(f"compose of {key!r} failed: {exc}") from exc
             return
         # Parts below S3's 5 MiB minimum cannot be copied server-side: stream them through.
-        from ._chain import ChainReader
-
-        reader = ChainReader([s.key for s in sources], self.open_range)
-        try:
-            self.put_stream(key, cast(BinaryIO, reader), sum(s.size for s in sources), content_type)
-        except FileNotFoundError as exc:
-            raise StoreError(f"concat into {key!r}: a source is gone: {exc}") from exc
-        finally:
-            reader.close()
+        concat_by_streaming(self, key, sources, content_type)
