@@ -63,6 +63,8 @@ class BrokerRules:
         result = await asyncio.to_thread(self.authenticator.authenticate, header, client=client)
         if isinstance(result, Challenge):
             raise _refuse(result)
+        # Who this is, for resources that belong to a principal (resumable uploads).
+        request.state.offload_principal = result.user
         extra = dict(result.response_headers)
         if extra:  # SCRAM's server-final reaches the client on every answer (middleware)
             setattr(request.state, STATE_KEY, extra)

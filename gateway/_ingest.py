@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from starlette.requests import ClientDisconnect
 
 from client._placeholder import FORMAT_KEY, ID_KEY, Placeholder
-from client.protocol import Manifest, MessageId, PublishProperties, Topic, mqtt_string_problem
+from client.protocol import Manifest, MessageId, PublishProperties, Topic
 from client.protocol._envelope import (
     Complete,
     EnvelopeParser,
@@ -30,9 +30,11 @@ from client.protocol._envelope import (
     PayloadStart,
 )
 from client.protocol._envelope_fields import upload_fields
+from client.protocol._props import mqtt_text_problem, publish_properties_problem
 
 from ._context import Context
 from ._errors import BadRequest, BrokerUnavailable, PayloadTooLarge, StorageUnavailable
+from ._mqtt import InvalidPublish
 from ._pipe import StreamingUpload
 from ._service import Stored, message_id_from_headers
 
@@ -62,6 +64,11 @@ class PublishOptions:
                 raise BadRequest("user property names must not be empty")
             if name in _RESERVED:
                 raise BadRequest(f"user property {name!r} is reserved for the placeholder")
+        # The broker drops the connection of a client whose PUBLISH breaks the MQTT string
+        # rules: refuse here, before the payload is read or stored.
+        problem = publish_properties_problem(self.properties(None))
+        if problem is not None:
+            raise BadRequest(problem)
 
     def properties(self, content_type: str | None) -> PublishProperties:
         """The original message's properties (the placeholder keeps them)."""
@@ -122,7 +129,13 @@ async def receive_raw(
     return key, sha256, size, stamp
 
 
-async def receive_envelope(ctx: Context, topic: Topic, chunks: AsyncIterator[bytes]) -> Manifest:
+async def receive_envelope(
+    ctx: Context,
+    topic: Topic,
+    chunks: AsyncIterator[bytes],
+    *,
+    check_headers: Callable[[Sequence[tuple[str, bytes]]], object] | None = None,
+) -> Manifest:
     """Stream a hop-client BSON upload document `{message, headers, key?}` into the store.
 
     The message id is the `_id` header (16 raw bytes or UUID text); without one a new id is
@@ -132,6 +145,8 @@ async def receive_envelope(ctx: Context, topic: Topic, chunks: AsyncIterator[byt
         ctx: the request context.
         topic: the message's topic.
         chunks: the request body.
+        check_headers: raises when the headers are unacceptable; called as soon as they
+            arrive (before the payload is stored when the document sends them first).
 
     Returns:
         The manifest, not yet committed; nothing is left stored when this raises.
@@ -153,7 +168,9 @@ async def receive_envelope(ctx: Context, topic: Topic, chunks: AsyncIterator[byt
                     await upload.write(event.data)
                 elif isinstance(event, PayloadStart):
                     if event.fields:  # headers sent first: reject bad ones before storing
-                        upload_fields(event.fields)
+                        early = upload_fields(event.fields)
+                        if check_headers is not None:
+                            check_headers(early.headers)
                     upload, _, stamp = ctx.service.begin_upload(topic, event.length)
                 elif isinstance(event, PayloadEnd):
                     assert upload is not None
@@ -161,6 +178,8 @@ async def receive_envelope(ctx: Context, topic: Topic, chunks: AsyncIterator[byt
                     stored_key, upload = upload.key, None
                 elif isinstance(event, Complete):
                     fields = upload_fields(event.fields)
+                    if check_headers is not None:
+                        check_headers(fields.headers)
         parser.end()
         assert fields is not None and stored_key is not None
         headers = fields.headers
@@ -234,6 +253,12 @@ async def announce(
     """
     placeholder = Placeholder(url, manifest.size, manifest.sha256, manifest.id)
     body, props = placeholder.encode(options.properties(manifest.content_type))
+    problem = None if props is None else publish_properties_problem(props)
+    if problem is not None:
+        # Every route validates before storing; this is the last line, never the first.
+        if created:
+            await ctx.service.forget(manifest)
+        raise BadRequest(f"cannot publish this message: {problem}; nothing was kept")
     try:
         require_broker(ctx)
         assert ctx.broker is not None
@@ -241,6 +266,10 @@ async def announce(
             manifest.topic.value, body, qos=options.qos, retain=options.retain, properties=props
         )
         await asyncio.wait_for(asyncio.wrap_future(future), PUBLISH_TIMEOUT)
+    except InvalidPublish as exc:  # unreachable after the check above; never a 5xx
+        if created:
+            await ctx.service.forget(manifest)
+        raise BadRequest(f"cannot publish this message: {exc}; nothing was kept") from exc
     except (ConnectionError, TimeoutError, BrokerUnavailable) as exc:
         if created:
             try:
@@ -255,7 +284,16 @@ async def announce(
 def placeholder_user_properties(
     headers: Sequence[tuple[str, bytes]],
 ) -> tuple[tuple[str, str], ...]:
-    """Stored headers that can travel as MQTT user properties (UTF-8, not reserved)."""
+    """Stored headers as the placeholder's MQTT user properties (reserved names skipped).
+
+    A value that is not UTF-8 is a binary hop header with no user-property form and stays
+    only in the stored message. A text header the broker would refuse (control characters
+    such as CR/LF, non-characters, over 65535 bytes) is refused with 400: dropping it would
+    lose it silently, sending it would get the gateway disconnected.
+
+    Raises:
+        BadRequest: a text header cannot travel as an MQTT user property.
+    """
     out: list[tuple[str, str]] = []
     for name, value in headers:
         if name in _RESERVED:
@@ -264,7 +302,10 @@ def placeholder_user_properties(
             text = value.decode("utf-8")
         except UnicodeDecodeError:
             continue  # binary hop headers have no MQTT user-property form
-        if mqtt_string_problem(name) or mqtt_string_problem(text):
-            continue  # a broker would refuse the whole placeholder for it
+        problem = mqtt_text_problem(name, "header name") or mqtt_text_problem(
+            text, f"header {name!r:.60} value"
+        )
+        if problem is not None:
+            raise BadRequest(f"{problem}: it cannot travel as an MQTT user property")
         out.append((name, text))
     return tuple(out)

@@ -2,6 +2,16 @@
 
 The only gateway module that imports paho. Connects in the background and keeps
 reconnecting; `connected` feeds /readyz.
+
+A PUBLISH the broker refuses must never wedge the link. mosquitto answers a malformed one
+(a control character in a property, say) by closing the connection, and paho keeps every
+unacknowledged QoS 1/2 message and sends it again after each reconnect: one bad message
+would cost the link for good. So every publish is validated against the MQTT string rules
+before it is queued (`publish_properties_problem`, the check every route runs first), and a
+lost connection fails every message still waiting for its acknowledgement instead of
+resending it. That is also what the HTTP publish paths need: their caller withdraws the
+stored message and answers 503 when the publish fails, so a later resend would announce a
+message that no longer exists.
 """
 
 from __future__ import annotations
@@ -20,7 +30,8 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 # One conversion for the whole project: the client adapter owns the paho mapping.
 from client._paho import to_paho_properties
-from client.protocol import PublishProperties
+from client.protocol import PublishProperties, Topic
+from client.protocol._props import publish_properties_problem
 
 log = logging.getLogger("gateway.mqtt")
 
@@ -51,6 +62,27 @@ class BrokerAddress:
 
     def __repr__(self) -> str:  # never show the password
         return f"BrokerAddress({self.host}:{self.port}, tls={self.tls}, user={self.username!r})"
+
+
+class InvalidPublish(ValueError):
+    """A publish that breaks the MQTT rules a broker enforces; refused before it is queued."""
+
+
+def _publish_problem(
+    topic: str, payload: bytes, qos: int, properties: PublishProperties | None
+) -> str | None:
+    try:
+        Topic(topic)
+    except ValueError as exc:  # InvalidTopic is a ProtocolError, a ValueError
+        return str(exc)
+    if qos not in (0, 1, 2):
+        return f"qos must be 0, 1 or 2, not {qos!r}"
+    if len(payload) > _MAX_PAYLOAD:
+        return f"payload of {len(payload)} bytes exceeds MQTT's packet limit"
+    return None if properties is None else publish_properties_problem(properties)
+
+
+_MAX_PAYLOAD = 268_435_455 - 65_535 * 2  # MQTT's remaining-length cap, less the headers
 
 
 class BrokerConnection:
@@ -114,6 +146,40 @@ class BrokerConnection:
         if self._connected.is_set():
             log.warning("lost broker %s: %s", self.address, reason)
         self._connected.clear()
+        dropped = self._fail_unacknowledged()
+        if dropped:
+            log.warning(
+                "%d publish(es) unacknowledged at the disconnect: failed, not resent", dropped
+            )
+
+    def _forget(self, mid: int) -> None:
+        messages = getattr(self._client, "_out_messages", None)
+        mutex = getattr(self._client, "_out_message_mutex", None)
+        if messages is not None and mutex is not None:
+            with mutex:
+                messages.pop(mid, None)
+
+    def _fail_unacknowledged(self) -> int:
+        """Take every unacknowledged outgoing message out of paho's session; how many.
+
+        paho has no public call for this: `_out_messages` (guarded by `_out_message_mutex`)
+        is the queue `_messages_reconnect_reset` resends from on the next connect. Each
+        message's info gets `MQTT_ERR_CONN_LOST`, so `wait_for_publish` raises at once.
+        """
+        client = self._client
+        messages = getattr(client, "_out_messages", None)
+        mutex = getattr(client, "_out_message_mutex", None)
+        if messages is None or mutex is None:  # a paho without them: nothing we can do
+            return 0
+        with mutex:
+            lost = list(messages.values())
+            messages.clear()
+            if hasattr(client, "_inflight_messages"):
+                client._inflight_messages = 0
+        for message in lost:
+            message.info.rc = paho.MQTT_ERR_CONN_LOST
+            message.info._set_as_published()  # wakes wait_for_publish, which then raises
+        return len(lost)
 
     def publish(
         self,
@@ -126,6 +192,10 @@ class BrokerConnection:
     ) -> Future[None]:
         """Publish; the future completes when the broker acknowledged (QoS>0) or it was sent."""
         future: Future[None] = Future()
+        problem = _publish_problem(topic, payload, qos, properties)
+        if problem is not None:  # the broker would disconnect us for it: never queue it
+            future.set_exception(InvalidPublish(problem))
+            return future
         if not self.connected:
             future.set_exception(ConnectionError(f"not connected to broker {self.address}"))
             return future
@@ -133,6 +203,9 @@ class BrokerConnection:
             topic, payload, qos=qos, retain=retain, properties=to_paho_properties(properties)
         )
         if info.rc != paho.MQTT_ERR_SUCCESS:
+            # paho keeps a QoS>0 message it could not send (no connection) for the next
+            # connect; our caller is told it failed, so it must never go out later.
+            self._forget(info.mid)
             future.set_exception(ConnectionError(f"publish failed: {paho.error_string(info.rc)}"))
             return future
 

@@ -20,6 +20,9 @@ continue any upload and the gateway's memory stays bounded:
 * The whole payload's SHA-256 is taken while the segments arrive, in a per-replica cache
   (hashlib state cannot be stored); when another replica or a restart took part, it is
   computed by reading the assembled object back once.
+* An upload belongs to the principal that created it (`owner`, the authenticated user name);
+  HEAD, PATCH and DELETE by anyone else answer 404, as for an unknown id. Anonymous uploads
+  (no user) belong to whoever holds the id: a 128-bit random capability, never listed.
 * Abandoned uploads expire (`Upload-Expires`, extended by each PATCH);
   :func:`cleanup_expired_uploads` removes them and any orphaned segments.
 
@@ -146,6 +149,7 @@ class UploadState:
     sha256: str | None = None  # whole payload, lowercase hex, when the client named it
     options: dict[str, Any] = field(default_factory=dict)  # placeholder options (qos, ...)
     url: str | None = None  # set once completed and announced
+    owner: str | None = None  # the creating user; None: anonymous (the id is the capability)
 
     def __post_init__(self) -> None:
         if self.length < 0:
@@ -176,6 +180,7 @@ class UploadState:
             "sha256": self.sha256,
             "options": self.options,
             "url": self.url,
+            "owner": self.owner,
         }
         return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode("utf-8")
 
@@ -196,6 +201,7 @@ class UploadState:
                 sha256=doc.get("sha256"),
                 options=dict(doc.get("options") or {}),
                 url=doc.get("url"),
+                owner=doc.get("owner"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise StoreError(f"unreadable upload state: {exc}") from exc
@@ -227,6 +233,7 @@ class ResumableUploads:
         content_type: str | None,
         sha256: str | None,
         options: dict[str, Any],
+        owner: str | None = None,
     ) -> UploadState:
         """A new, empty upload of `length` bytes, saved before it is returned.
 
@@ -237,6 +244,7 @@ class ResumableUploads:
             content_type: the message's content type.
             sha256: the whole payload's expected SHA-256 (hex), checked at the end.
             options: placeholder options (qos, retain, expiry, user properties).
+            owner: the authenticated user creating it; only they may continue it.
         """
         now = time.time()
         state = UploadState(
@@ -250,6 +258,7 @@ class ResumableUploads:
             content_type=content_type,
             sha256=sha256,
             options=options,
+            owner=owner,
         )
         await self.save(state)
         self._remember(state.id, 0, hashlib.sha256())
@@ -259,7 +268,10 @@ class ResumableUploads:
         await self._call(self.store.put_bytes, state_key(state.id), state.to_json())
 
     async def load(self, upload_id: str, *, now: float | None = None) -> UploadState:
-        """The upload's state; 404 when unknown, 410 when it expired."""
+        """The upload's state; 404 when unknown, 410 when it expired.
+
+        Whose it is (`owner`) is the caller's check: internal re-reads skip it.
+        """
         raw = await self._call(self.store.get_bytes, state_key(check_upload_id(upload_id)))
         if raw is None:
             raise NotFound(f"no upload {upload_id}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Annotated, Any
+from urllib.parse import quote
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -20,6 +21,7 @@ from client.protocol._envelope import encode_download
 from ._context import Context, get_context
 from ._errors import COMMON_RESPONSES, BadRequest, PayloadTooLarge
 from ._ingest import commit_or_discard, receive_envelope
+from ._media import PAYLOAD_SECURITY_HEADERS, is_inline, served_type
 from ._ranges import parse_range
 from ._service import OVERSIZED_SUFFIX, parse_topic
 
@@ -48,13 +50,22 @@ def check_declared_length(request: Request, limit: int) -> int | None:
     declared = request.headers.get("content-length")
     if declared is None:
         return None
-    try:
-        length = int(declared)
-    except ValueError as exc:
-        raise BadRequest("Content-Length is not an integer") from exc
+    length = parse_ascii_int(declared, "Content-Length")
     if length > limit:
         raise PayloadTooLarge(f"body of {length} bytes exceeds the limit of {limit} bytes")
     return length
+
+
+def parse_ascii_int(raw: str, name: str, *, max_digits: int = 20) -> int:
+    """A non-negative decimal integer of ASCII digits only; 400 with a reason otherwise.
+
+    `int()` and `str.isdigit()` accept far more: `int("١٢")` is 12, `"²".isdigit()` is
+    True and `int("²")` raises; `int(" 1_0 ")` is 10. A header is not a Python literal.
+    """
+    value = raw.strip(" \t")
+    if not value or len(value) > max_digits or not (value.isascii() and value.isdigit()):
+        raise BadRequest(f"{name} must be a non-negative integer of ASCII digits, not {raw!r:.40}")
+    return int(value)
 
 
 def message_url(ctx: Context, request: Request, message_id: MessageId) -> str:
@@ -107,18 +118,20 @@ async def _stream(head: bytes, body: AsyncIterator[bytes], tail: bytes) -> Async
         yield tail
 
 
-def _payload_headers(manifest: Manifest) -> dict[str, str]:
+def _payload_headers(manifest: Manifest, media_type: str) -> dict[str, str]:
+    """Headers of a payload answer; the payload can never act as a page of our origin."""
     headers = {
         "ETag": f'"{manifest.sha256}"',
         "Accept-Ranges": "bytes",
         "X-Offload-Sha256": manifest.sha256,
         "X-Offload-Topic": manifest.topic.value.encode("utf-8").decode("latin-1"),
         "Cache-Control": "private, max-age=0, must-revalidate",
+        **PAYLOAD_SECURITY_HEADERS,
     }
     if manifest.filename:
-        from urllib.parse import quote
-
         headers["Content-Disposition"] = f"attachment; filename*=UTF-8''{quote(manifest.filename)}"
+    elif not is_inline(media_type):
+        headers["Content-Disposition"] = "attachment"
     return headers
 
 
@@ -149,6 +162,7 @@ async def download_envelope(message_id: str, request: Request, ctx: Ctx) -> Resp
         "Content-Length": str(len(head) + manifest.size + len(tail)),
         "ETag": f'"bson-{manifest.sha256}"',
         "X-Offload-Sha256": manifest.sha256,
+        **PAYLOAD_SECURITY_HEADERS,
     }
     if request.method == "HEAD":
         return Response(status_code=200, headers=headers, media_type="application/bson")
@@ -166,8 +180,8 @@ async def download_payload(message_id: str, request: Request, ctx: Ctx) -> Respo
     """The raw payload bytes, with Range (206), ETag (SHA-256) and If-None-Match (304)."""
     manifest = await ctx.service.load(MessageId.parse(message_id))
     await ctx.authorize_read(request, manifest.topic)
-    headers = _payload_headers(manifest)
-    media_type = manifest.content_type or "application/octet-stream"
+    media_type = served_type(manifest.content_type)
+    headers = _payload_headers(manifest, media_type)
     if _etag_matches(request, manifest):
         return Response(status_code=304, headers=headers)
     byte_range = parse_range(request.headers.get("range"), manifest.size)

@@ -6,7 +6,8 @@
 The body is the raw payload (its `Content-Type` becomes the message's content type) or, with
 `Content-Type: application/bson`, a hop-client upload document. The gateway stores it while
 it arrives, then publishes the `_format=external` placeholder itself and answers 201 with
-`{"id", "url", "size", "sha256", "topic"}`.
+`{"id", "url", "size", "sha256", "topic", "created"}` (`created` is false when the BSON
+body named an `_id` already stored with the same content: an idempotent retry).
 
 Placeholder options, as query parameters or headers (the query wins):
 
@@ -26,7 +27,8 @@ from urllib.parse import unquote
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
-from client.protocol import Manifest, MessageId, mqtt_string_problem
+from client.protocol import Manifest, MessageId
+from client.protocol._props import mqtt_text_problem
 
 from ._context import Context, get_context
 from ._errors import COMMON_RESPONSES, BadRequest
@@ -40,7 +42,8 @@ from ._ingest import (
     require_broker,
     user_property_headers,
 )
-from ._routes import check_declared_length, message_url
+from ._media import essence, parse_content_type
+from ._routes import check_declared_length, message_url, parse_ascii_int
 from ._service import parse_topic
 
 router = APIRouter()
@@ -71,20 +74,18 @@ def _parse_bool(raw: str, name: str) -> bool:
 
 
 def _parse_int(raw: str, name: str) -> int:
-    try:
-        return int(raw.strip())
-    except ValueError as exc:
-        raise BadRequest(f"{name} must be an integer, not {raw!r}") from exc
+    return parse_ascii_int(raw, name)
 
 
 def _parse_property(raw: str) -> tuple[str, str]:
     name, colon, value = raw.partition(":")
     if not colon:
-        raise BadRequest(f"user property must be NAME:VALUE, not {raw!r}")
-    for part in (name, value):
-        problem = mqtt_string_problem(part)
+        raise BadRequest(f"user property must be NAME:VALUE, not {raw!r:.80}")
+    # Checked again, with everything else that reaches the PUBLISH, by PublishOptions.
+    for part, what in ((name, "name"), (value, "value")):
+        problem = mqtt_text_problem(part, f"user property {what}")
         if problem is not None:  # the broker would drop our connection for it
-            raise BadRequest(f"user property {raw!r} {problem}")
+            raise BadRequest(problem)
     return name.strip(), value
 
 
@@ -151,8 +152,7 @@ def check_filename(name: str | None) -> str | None:
 
 
 def _media_type(request: Request) -> str | None:
-    raw = request.headers.get("content-type")
-    return raw.strip() if raw and raw.strip() else None
+    return parse_content_type(request.headers.get("content-type"), source="Content-Type")
 
 
 # One decorator per method: a multi-method route repeats its operationId in the OpenAPI.
@@ -171,8 +171,10 @@ async def publish(topic: str, request: Request, ctx: Ctx) -> Response:
     # Refuse before the body arrives: a several-GiB upload that cannot be announced is waste.
     require_broker(ctx)
     content_type = _media_type(request)
-    if content_type is not None and content_type.split(";")[0].strip().lower() == BSON_TYPE:
-        received = await receive_envelope(ctx, parsed_topic, request.stream())
+    if content_type is not None and essence(content_type) == BSON_TYPE:
+        received = await receive_envelope(
+            ctx, parsed_topic, request.stream(), check_headers=placeholder_user_properties
+        )
         extra = user_property_headers(options)
         options = PublishOptions(
             qos=options.qos,
@@ -216,6 +218,7 @@ async def publish(topic: str, request: Request, ctx: Ctx) -> Response:
         "size": stored.manifest.size,
         "sha256": stored.manifest.sha256,
         "topic": stored.manifest.topic.value,
+        "created": stored.created,
     }
     return JSONResponse(
         body, status_code=201, headers={"Location": f"{ctx.base_path}/msg/{stored.manifest.id}"}

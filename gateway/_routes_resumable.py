@@ -16,11 +16,16 @@ When the last byte is acknowledged the payload is assembled, its SHA-256 checked
 HEAD) answers `X-Offload-Id`, `X-Offload-Url` and `X-Offload-Sha256`. If the broker is down
 at that moment the answer is 503 and the upload stays complete-but-unannounced: an empty PATCH
 at the final offset tries again.
+
+An upload belongs to the principal that created it: HEAD, PATCH and DELETE by another
+user answer 404, as for an unknown id. Anonymous uploads (no user) are capabilities: whoever
+holds the 128-bit random id may continue them.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
@@ -35,11 +40,13 @@ from ._errors import (
     BadRequest,
     ChecksumMismatch,
     GatewayError,
+    NotFound,
     PayloadTooLarge,
     PreconditionFailed,
     UnsupportedMediaType,
 )
 from ._ingest import PublishOptions, announce, commit_or_discard, user_property_headers
+from ._media import parse_content_type
 from ._resumable import (
     CHECKSUM_ALGORITHMS,
     TUS_EXTENSIONS,
@@ -50,7 +57,7 @@ from ._resumable import (
     parse_checksum,
     parse_metadata,
 )
-from ._routes import message_url
+from ._routes import message_url, parse_ascii_int
 from ._routes_publish import _parse_bool, _parse_int, check_filename
 from ._service import parse_topic
 
@@ -64,7 +71,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     **COMMON_RESPONSES,
     400: {"description": "malformed tus header or metadata"},
     403: {"description": "not allowed to write the upload's topic"},
-    404: {"description": "no such upload"},
+    404: {"description": "no such upload, or another principal's"},
     409: {"description": "Upload-Offset is not the upload's offset"},
     410: {"description": "the upload expired"},
     412: {"description": "unsupported Tus-Resumable version"},
@@ -102,9 +109,26 @@ def _nonnegative(request: Request, name: str) -> int:
     raw = request.headers.get(name)
     if raw is None:
         raise BadRequest(f"{name} header required")
-    if not raw.isdigit():
-        raise BadRequest(f"{name} must be a non-negative integer")
-    return int(raw)
+    return parse_ascii_int(raw, name.title())
+
+
+def _principal(request: Request) -> str | None:
+    """The authenticated user (set by the authorizer), None when anonymous."""
+    principal = getattr(request.state, "offload_principal", None)
+    return principal if isinstance(principal, str) else None
+
+
+async def _load_own(ctx: Context, request: Request, upload_id: str) -> UploadState:
+    """The caller's own upload: 404 for another principal's, as for an unknown id.
+
+    Write access to the topic is checked first (that authenticates the caller).
+    """
+    uploads = _uploads(ctx)
+    state = await uploads.load(upload_id)
+    await ctx.authorize_write(request, state.topic)
+    if state.owner != _principal(request):
+        raise NotFound(f"no upload {upload_id}")
+    return state
 
 
 def _options_from_metadata(meta: dict[str, str]) -> dict[str, Any]:
@@ -121,6 +145,13 @@ def _options_from_metadata(meta: dict[str, str]) -> dict[str, Any]:
         "expiry": options.expiry,
         "user_properties": props,
     }
+
+
+def _content_type(meta: dict[str, str]) -> str | None:
+    for key in ("content_type", "filetype", "type"):
+        if meta.get(key):
+            return parse_content_type(meta[key], source=f"Upload-Metadata {key}")
+    return None
 
 
 def _publish_options(state: UploadState) -> PublishOptions:
@@ -187,9 +218,10 @@ async def create(request: Request, ctx: Ctx) -> Response:
             topic,
             length,
             filename=check_filename(meta.get("filename") or meta.get("name")),
-            content_type=meta.get("content_type") or meta.get("filetype") or meta.get("type"),
+            content_type=_content_type(meta),
             sha256=sha256,
             options=_options_from_metadata(meta),
+            owner=_principal(request),
         )
         if length == 0:
             state = await _finish(ctx, request, state)
@@ -206,8 +238,7 @@ async def offset(upload_id: str, request: Request, ctx: Ctx) -> Response:
 
     async def run() -> Response:
         _check_version(request)
-        state = await _uploads(ctx).load(upload_id)
-        await ctx.authorize_write(request, state.topic)
+        state = await _load_own(ctx, request, upload_id)
         return Response(status_code=200, headers=_state_headers(state))
 
     return await _tus(run)
@@ -233,16 +264,12 @@ async def append(upload_id: str, request: Request, ctx: Ctx) -> Response:
         at = _nonnegative(request, "upload-offset")
         checksum = parse_checksum(request.headers.get("upload-checksum"))
         declared = request.headers.get("content-length")
+        length = None if declared is None else parse_ascii_int(declared, "Content-Length")
         uploads = _uploads(ctx)
-        state = await uploads.load(upload_id)
-        await ctx.authorize_write(request, state.topic)
+        state = await _load_own(ctx, request, upload_id)
         if not state.completed:
             state = await uploads.append(
-                state,
-                at,
-                _body(request),
-                declared=int(declared) if declared and declared.isdigit() else None,
-                checksum=checksum,
+                state, at, _body(request), declared=length, checksum=checksum
             )
             if state.offset == state.length:
                 state = await _finish(ctx, request, state)
@@ -259,10 +286,8 @@ async def terminate(upload_id: str, request: Request, ctx: Ctx) -> Response:
 
     async def run() -> Response:
         _check_version(request)
-        uploads = _uploads(ctx)
-        state = await uploads.load(upload_id)
-        await ctx.authorize_write(request, state.topic)
-        await uploads.terminate(state)
+        state = await _load_own(ctx, request, upload_id)
+        await _uploads(ctx).terminate(state)
         return Response(status_code=204)
 
     return await _tus(run)
@@ -295,19 +320,7 @@ async def _finish(ctx: Context, request: Request, state: UploadState) -> UploadS
     stored = await commit_or_discard(ctx, manifest, kind="resumable")
     url = message_url(ctx, request, stored.manifest.id)
     await announce(ctx, stored.manifest, url, options, created=stored.created)
-    done = UploadState(
-        id=state.id,
-        topic=state.topic,
-        length=state.length,
-        message_id=state.message_id,
-        created=state.created,
-        expires=state.expires,
-        filename=state.filename,
-        content_type=state.content_type,
-        sha256=sha256,
-        options=state.options,
-        url=url,
-    )
+    done = replace(state, segments=(), sha256=sha256, url=url)
     await uploads.save(done)  # completed: segments no longer needed
     await uploads.remove_segments(state)
     return done

@@ -19,6 +19,7 @@ from typing import ParamSpec, TypeVar
 
 from client._exceptions import ProtocolError
 from client.protocol import Manifest, MessageId, Topic, data_key, index_key, meta_key
+from client.protocol._layout import encode_level, topic_prefix
 
 from ._errors import BadRequest, Conflict, NotFound, StorageUnavailable
 from ._observability import UPLOADED_BYTES, UPLOADS
@@ -32,6 +33,9 @@ T = TypeVar("T")
 
 OVERSIZED_SUFFIX = "+oversized"
 MAX_KEY_BYTES = 1024  # S3's limit on object keys
+MAX_LEVEL_BYTES = 255  # one file name on the file store (NAME_MAX)
+# After the topic: "date=YYYY-MM-DD/hour=HH/" + 32-hex token + ".meta.json".
+_KEY_TAIL = len("date=2026-01-01/hour=00/") + 32 + len(".meta.json")
 
 
 def now_ms() -> int:
@@ -39,12 +43,27 @@ def now_ms() -> int:
 
 
 def parse_topic(raw: str, *, max_bytes: int) -> Topic:
-    """A topic from a URL path segment; 400 with a reason when unusable."""
+    """A topic from a URL path segment; 400 with a reason when unusable.
+
+    Each level becomes one segment of the object key (percent-encoded, `_layout`), and on
+    the file store one file name: a level longer than 255 bytes once encoded (NAME_MAX on
+    every common file system) is refused on every store, so a topic works on both or
+    neither, and the whole key must fit S3's 1024 bytes.
+    """
     topic = Topic(raw)  # raises InvalidTopic (400) for empty, wildcards, NUL
     if topic.value.startswith("$"):
         raise BadRequest(f"topic {raw!r}: topics starting with '$' are reserved for the broker")
     if len(topic.value.encode("utf-8")) > max_bytes:
         raise BadRequest(f"topic longer than {max_bytes} bytes")
+    for number, level in enumerate(topic.levels, 1):
+        encoded = len(encode_level(level))
+        if encoded > MAX_LEVEL_BYTES:
+            raise BadRequest(
+                f"topic level {number} is {encoded} bytes once percent-encoded for the "
+                f"object key; at most {MAX_LEVEL_BYTES}"
+            )
+    if len(topic_prefix(topic)) + _KEY_TAIL > MAX_KEY_BYTES:
+        raise BadRequest(f"topic too long: its object keys would exceed {MAX_KEY_BYTES} bytes")
     return topic
 
 
@@ -137,15 +156,21 @@ class OffloadService:
         return StreamingUpload(self.store, key, length, content_type), key, stamp
 
     async def commit(self, manifest: Manifest, *, kind: str = "envelope") -> Stored:
-        """Make an uploaded payload visible by id, or resolve a retry of the same id."""
+        """Make an uploaded payload visible by id, or resolve a retry of the same id.
+
+        The id index is the commit point and is created only where none exists
+        (`ObjectStore.create_bytes`: `If-None-Match: *` on S3, `link(2)` on disk), so of
+        uploads racing for one id exactly one commits. A loser whose content is the same
+        (SHA-256, size and topic) gets the winner's message and `created=False`; any
+        other loser gets 409. Either way the loser's own objects are removed and the
+        winner's are never touched.
+
+        Raises:
+            Conflict: the id is taken by a message with other content or topic.
+        """
         existing = await self.find(manifest.id)
-        if existing is not None:
-            await self._call(self.store.delete, manifest.data_key)
-            if existing.sha256 == manifest.sha256 and existing.topic == manifest.topic:
-                return Stored(existing, created=False)
-            raise Conflict(
-                f"message id {manifest.id} already exists with different content or topic"
-            )
+        if existing is not None:  # fast path: nothing to write when the id is taken
+            return await self._lost(manifest, existing, meta_written=False)
         if manifest.expires is None:
             manifest = replace(manifest, expires=self.expiry_for(manifest.timestamp))
         elif self.max_ttl:  # whoever set it, no payload outlives the cap
@@ -153,11 +178,42 @@ class OffloadService:
             manifest = replace(manifest, expires=min(manifest.expires, cap))
         body = manifest.to_json()
         await self._call(self.store.put_bytes, meta_key(manifest.data_key), body)
-        await self._call(self.store.put_bytes, index_key(manifest.id), body)
-        self.manifests.put(manifest)
-        UPLOADS.labels(kind).inc()
-        UPLOADED_BYTES.inc(manifest.size)
-        return Stored(manifest, created=True)
+        for _attempt in range(3):
+            if await self._call(self.store.create_bytes, index_key(manifest.id), body):
+                self.manifests.put(manifest)
+                UPLOADS.labels(kind).inc()
+                UPLOADED_BYTES.inc(manifest.size)
+                return Stored(manifest, created=True)
+            raw = await self._call(self.store.get_bytes, index_key(manifest.id))
+            if raw is None:
+                continue  # removed meanwhile (expired and swept): try again
+            try:
+                current = Manifest.from_json(raw)
+            except ProtocolError as exc:
+                await self._remove_ours(manifest, meta_written=True)
+                raise Conflict(f"message id {manifest.id} is taken (unreadable index)") from exc
+            if current.data_key == manifest.data_key:
+                # Our own create succeeded and its answer was lost (a retried request).
+                self.manifests.put(manifest)
+                return Stored(manifest, created=True)
+            if current.expires is not None and current.expires <= now_ms():
+                await self.forget(current)  # an expired message frees its id
+                continue
+            return await self._lost(manifest, current, meta_written=True)
+        await self._remove_ours(manifest, meta_written=True)
+        raise Conflict(f"message id {manifest.id} is contended; retry later")
+
+    async def _lost(self, ours: Manifest, winner: Manifest, *, meta_written: bool) -> Stored:
+        """The id is `winner`'s: drop our objects; same content is an idempotent retry."""
+        await self._remove_ours(ours, meta_written=meta_written)
+        if winner.sha256 == ours.sha256 and winner.size == ours.size and winner.topic == ours.topic:
+            return Stored(winner, created=False)
+        raise Conflict(f"message id {ours.id} already exists with different content or topic")
+
+    async def _remove_ours(self, manifest: Manifest, *, meta_written: bool) -> None:
+        if meta_written:
+            await self._call(self.store.delete, meta_key(manifest.data_key))
+        await self._call(self.store.delete, manifest.data_key)
 
     async def discard(self, key: str) -> None:
         try:

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from .._exceptions import InvalidTopic
+from ._types import Topic, mqtt_string_problem
+
+MAX_MQTT_STRING_BYTES = 65535  # two-byte length prefix (MQTT 5 §1.5.4, §1.5.6)
+
 
 @dataclass(frozen=True, slots=True)
 class PublishProperties:
@@ -34,3 +39,59 @@ class PublishProperties:
 
     def with_user_properties(self, *pairs: tuple[str, str]) -> PublishProperties:
         return replace(self, user_properties=self.user_properties + tuple(pairs))
+
+
+def mqtt_text_problem(value: object, what: str) -> str | None:
+    """Why `value` cannot be an MQTT UTF-8 string (`what` names it), or None.
+
+    The rules mosquitto enforces by disconnecting the sender: a str, encodable as UTF-8
+    (no lone surrogates), no U+0000, no control characters, no non-characters, at most
+    65535 bytes.
+    """
+    if not isinstance(value, str):
+        return f"{what} must be a string"
+    problem = mqtt_string_problem(value)
+    if problem is not None:
+        return f"{what} {problem}"
+    if len(value.encode("utf-8")) > MAX_MQTT_STRING_BYTES:
+        return f"{what} is longer than {MAX_MQTT_STRING_BYTES} bytes"
+    return None
+
+
+def publish_properties_problem(props: PublishProperties) -> str | None:
+    """Why a broker would refuse a PUBLISH carrying `props`, or None. Pure.
+
+    Every string property must pass :func:`mqtt_text_problem`, the response topic must be
+    a topic name (no wildcards), correlation data at most 65535 bytes, integers in range.
+    One check for every path that publishes, so a value a broker refuses is caught before
+    anything is stored or queued.
+    """
+    strings = (("content type", props.content_type), ("response topic", props.response_topic))
+    for name, text in strings:
+        if text is not None:
+            problem = mqtt_text_problem(text, name)
+            if problem is not None:
+                return problem
+    if props.response_topic is not None:
+        try:
+            Topic(props.response_topic)
+        except InvalidTopic as exc:
+            return f"response topic: {exc}"
+    if props.correlation_data is not None and (
+        not isinstance(props.correlation_data, bytes)
+        or len(props.correlation_data) > MAX_MQTT_STRING_BYTES
+    ):
+        return f"correlation data must be at most {MAX_MQTT_STRING_BYTES} bytes"
+    for index, pair in enumerate(props.user_properties):
+        if not isinstance(pair, tuple) or len(pair) != 2:
+            return f"user property {index} must be a (name, value) pair"
+        for part, text in zip(("name", "value"), pair, strict=True):
+            problem = mqtt_text_problem(text, f"user property {index} {part}")
+            if problem is not None:
+                return problem
+    if props.payload_format_indicator not in (None, 0, 1):
+        return "payload format indicator must be 0 or 1"
+    expiry = props.message_expiry_interval
+    if expiry is not None and not 0 <= expiry <= 2**32 - 1:
+        return "message expiry interval must fit four bytes"
+    return None

@@ -2,6 +2,13 @@
 
 Synchronous on purpose: the MinIO SDK is, and the gateway calls stores from worker threads.
 Implementations: `S3Store` (any S3 API through the MinIO SDK) and `FileStore` (local disk).
+
+One id, one content: a message becomes visible by id when its index object is created, and
+`create_bytes` creates it only where nothing exists yet, atomically in the store itself, so
+of two uploads racing for one id exactly one wins and the other is told (409, or
+`created: false` when its content is identical). Payload and manifest keys carry a random
+token and never collide, so the index is the single commit point and the only write that
+has to be conditional.
 """
 
 from __future__ import annotations
@@ -40,6 +47,13 @@ class ObjectStore(Protocol):
 
     def put_bytes(self, key: str, data: bytes, content_type: str = "application/json") -> None:
         """Store a small object."""
+
+    def create_bytes(self, key: str, data: bytes, content_type: str = "application/json") -> bool:
+        """Store a small object only if `key` does not exist yet; False when it does.
+
+        Atomic against concurrent callers on any replica: exactly one of them gets True,
+        and an existing object is never replaced. Readers never see a partial object.
+        """
 
     def get_bytes(self, key: str) -> bytes | None:
         """A small object's bytes, or None when it does not exist."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import uuid
 from collections.abc import Iterator, Sequence
@@ -71,9 +72,30 @@ class FileStore:
                 tmp.unlink()
 
     def put_bytes(self, key: str, data: bytes, content_type: str = "application/json") -> None:
-        import io
-
         self.put_stream(key, io.BytesIO(data), len(data))
+
+    def create_bytes(self, key: str, data: bytes, content_type: str = "application/json") -> bool:
+        """Write a temporary file, then hard-link it into place.
+
+        `link(2)` fails with EEXIST when the name exists, atomically, and the name appears
+        with its whole content (an `O_EXCL` create would expose a half-written file to
+        readers); the same holds across processes sharing the directory (NFS included).
+        """
+        path = self._path(key)
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.part")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with tmp.open("wb") as out:
+                out.write(data)
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            raise StoreError(f"write of {key!r} failed: {exc}") from exc
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+        return True
 
     def get_bytes(self, key: str) -> bytes | None:
         try:
