@@ -123,16 +123,16 @@ def test_store_create_bytes_is_exclusive_under_contention(
     else:
         store = FileStore(tmp_path / "files")
     store.ensure_bucket()
+
+    def create(i: int, key: str, start: threading.Barrier, results: dict[int, bool]) -> None:
+        start.wait()
+        results[i] = store.create_bytes(key, f"writer {i}".encode())
+
     for round_ in range(10):
         key = f"ids/probe-{round_}.json"
         results: dict[int, bool] = {}
         start = threading.Barrier(8)
-
-        def create(i: int, key: str = key) -> None:
-            start.wait()
-            results[i] = store.create_bytes(key, f"writer {i}".encode())
-
-        threads = [threading.Thread(target=create, args=(i,)) for i in range(8)]
+        threads = [threading.Thread(target=create, args=(i, key, start, results)) for i in range(8)]
         for t in threads:
             t.start()
         for t in threads:
