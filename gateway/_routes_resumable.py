@@ -296,6 +296,7 @@ async def terminate(upload_id: str, request: Request, ctx: Ctx) -> Response:
 async def _finish(ctx: Context, request: Request, state: UploadState) -> UploadState:
     """Assemble, verify, commit and announce a fully received upload."""
     uploads = _uploads(ctx)
+    options = _publish_options(state)  # re-validated before anything new is stored
     key, sha256, stamp = await uploads.assemble(state)
     if state.sha256 is not None and sha256 != state.sha256:
         await ctx.service.discard(key)
@@ -304,7 +305,6 @@ async def _finish(ctx: Context, request: Request, state: UploadState) -> UploadS
             f"the whole payload has SHA-256 {sha256}, Upload-Metadata said {state.sha256}; "
             "the upload was discarded"
         )
-    options = _publish_options(state)
     manifest = Manifest(
         id=state.message_id,
         topic=state.topic,
