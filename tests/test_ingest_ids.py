@@ -142,3 +142,43 @@ def test_store_create_bytes_is_exclusive_under_contention(
         assert store.get_bytes(key) == f"writer {winners[0]}".encode()
         assert store.create_bytes(key, b"late") is False
         assert store.get_bytes(key) == f"writer {winners[0]}".encode()
+
+
+def test_seaweedfs_refuses_conditional_writes_over_an_existing_key(
+    seaweed: SeaweedFS, bucket_name: str
+) -> None:
+    """What the S3 store relies on, shown on the SeaweedFS CI runs: `If-None-Match: *` is
+    honoured by PutObject and by CompleteMultipartUpload (412, the object untouched)."""
+    import datetime
+    import re
+
+    import urllib3
+    from minio import Minio
+
+    client = Minio(seaweed.endpoint, seaweed.access_key, seaweed.secret_key, secure=False)
+    client.make_bucket(bucket_name)
+    http = urllib3.PoolManager()
+    ttl = datetime.timedelta(minutes=5)
+
+    def signed(method: str, key: str, **query: str) -> str:
+        return client.get_presigned_url(method, bucket_name, key, ttl, extra_query_params=query)
+
+    once = {"If-None-Match": "*"}
+    assert http.request("PUT", signed("PUT", "k"), body=b"first", headers=once).status == 200
+    assert http.request("PUT", signed("PUT", "k"), body=b"second", headers=once).status == 412
+    assert client.get_object(bucket_name, "k").read() == b"first"
+
+    started = http.request("POST", signed("POST", "k", uploads=""))
+    upload_id = re.search(rb"<UploadId>([^<]+)</UploadId>", started.data)
+    assert started.status == 200 and upload_id is not None
+    uid = upload_id.group(1).decode()
+    part = http.request("PUT", signed("PUT", "k", partNumber="1", uploadId=uid), body=b"third")
+    assert part.status == 200
+    etag = part.headers["ETag"]
+    body = (
+        "<CompleteMultipartUpload><Part><PartNumber>1</PartNumber>"
+        f"<ETag>{etag}</ETag></Part></CompleteMultipartUpload>"
+    ).encode()
+    done = http.request("POST", signed("POST", "k", uploadId=uid), body=body, headers=once)
+    assert done.status == 412, done.data
+    assert client.get_object(bucket_name, "k").read() == b"first"
