@@ -88,10 +88,11 @@ def create_app(
             ),
             public_url=(public_url or settings.public_url or "").rstrip("/") or None,
         )
+        # Always one: without credentials files it refuses everyone unless anonymous access
+        # was asked for by name, and it logs which of those modes this gateway is in.
         authenticator = build_authenticator(settings)
-        if authenticator is not None:
-            ctx.authorizer = BrokerRules(authenticator)
-            ctx.extras["mechanisms"] = authenticator.mechanisms
+        ctx.authorizer = BrokerRules(authenticator)
+        ctx.extras["mechanisms"] = authenticator.mechanisms
         # Resumable uploads; presigned URLs, whose signature stands in for credentials.
         ctx.uploads = ResumableUploads(the_store, expiry=settings.upload_expiry)
         secret = settings.auth_secret.get_secret_value() if settings.auth_secret else None

@@ -14,6 +14,7 @@ from gateway.auth import (
     AuthConfigError,
     Authenticated,
     Authenticator,
+    AuthMode,
     Challenge,
     token_digest,
 )
@@ -198,14 +199,51 @@ def test_basic_and_bearer_only_over_tls(password_file: Path, tmp_path: Path) -> 
         assert isinstance(tls.authenticate(header, client="c"), Challenge)
 
 
-def test_anonymous_and_authentication_off(password_file: Path) -> None:
+def test_anonymous_only_when_asked_for_by_name(password_file: Path) -> None:
     assert isinstance(make(password_file).authenticate(None, client="c"), Challenge)
     anon = make(password_file, allow_anonymous=True).authenticate(None, client="c")
     assert isinstance(anon, Authenticated) and anon.user is None
-    off = make(None)
-    assert off.mechanisms == () and not off.enabled
+    # No credentials files: closed, and the refusal says what to set.
+    closed = make(None)
+    assert closed.mode is AuthMode.CLOSED and closed.mechanisms == () and not closed.enabled
+    for header in (None, "SCRAM-SHA-512 junk", "Basic " + b64("a:b"), "Bearer t"):
+        refused = closed.authenticate(header, client="c")
+        assert isinstance(refused, Challenge) and refused.status == 401
+        assert "OFFLOAD_ALLOW_ANONYMOUS=true" in refused.detail
+        assert "OFFLOAD_PASSWORD_FILE" in refused.detail
+    assert "closed" in closed.describe()
+    off = make(None, allow_anonymous=True)
+    assert off.mode is AuthMode.ANONYMOUS and not off.enabled
     assert off.authenticate("SCRAM-SHA-512 junk", client="c") == Authenticated(None)
     assert off.can_write(None, "any/topic")
+    assert "OFF" in off.describe()
+
+
+def test_tokens_only(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"bob:{token_digest('t0ken')}\n")
+    acl = tmp_path / "acl"
+    acl.write_text("user bob\ntopic readwrite bob/#\n")
+    # Bearer tokens never cross plain HTTP: a tokens-only gateway without TLS could serve
+    # nobody, so it does not start, and says what to set.
+    with pytest.raises(AuthConfigError, match="OFFLOAD_TLS"):
+        make(None, tokens_file=tokens)
+    auth = make(None, tokens_file=tokens, acl_file=acl, tls=True)
+    assert auth.mode is AuthMode.TOKENS and auth.enabled and auth.mechanisms == ("Bearer",)
+    assert auth.challenge().headers["WWW-Authenticate"] == 'Bearer realm="r"'
+    ok = auth.authenticate("Bearer t0ken", client="c")
+    assert isinstance(ok, Authenticated) and ok.user == "bob"
+    # The ACL applies to the token's user as to a password user.
+    assert auth.can_write("bob", "bob/x") and not auth.can_write("bob", "other")
+    for header in (
+        None,
+        "Bearer nope",
+        "Bearer t0ken extra",
+        "Basic " + b64("bob:t0ken"),
+        "SCRAM-SHA-512 data=" + b64("n,,n=bob,r=abc"),
+    ):
+        refused = auth.authenticate(header, client="c")
+        assert isinstance(refused, Challenge) and refused.status == 401, header
 
 
 def test_failed_attempts_are_limited(password_file: Path) -> None:
@@ -213,16 +251,19 @@ def test_failed_attempts_are_limited(password_file: Path) -> None:
     auth = make(password_file, clock, max_failures_per_user=3, max_failures_per_address=5)
     for _ in range(3):
         assert isinstance(login(auth, "alice", "wrong", client="a1"), Challenge)
-    # The user is blocked from everywhere, even with the right password.
-    blocked = login_or_block(auth, "alice", "alice-pw", client="a2")
+    # The user is blocked from that address, even with the right password ...
+    blocked = login_or_block(auth, "alice", "alice-pw", client="a1")
     assert blocked.status == 429 and int(blocked.headers["Retry-After"]) > 0
+    # ... but a stranger guessing from a1 cannot lock alice out elsewhere (documented
+    # choice: no per-user limit across addresses).
+    assert isinstance(login(auth, "alice", "alice-pw", client="a2"), Authenticated)
     # An address with too many failures is blocked for every user.
     for _ in range(5):
         auth.authenticate("SCRAM-SHA-512 junk", client="a3")
     from_a3 = auth.authenticate("SCRAM-SHA-512 junk", client="a3")
     assert isinstance(from_a3, Challenge) and from_a3.status == 429
     clock.now += 61
-    assert isinstance(login(auth, "alice", "alice-pw", client="a2"), Authenticated)
+    assert isinstance(login(auth, "alice", "alice-pw", client="a1"), Authenticated)
 
 
 def login_or_block(auth: Authenticator, user: str, password: str, client: str) -> Challenge:

@@ -37,11 +37,10 @@ from ._authenticator import Authenticated, Authenticator, Challenge
 
 Access = Literal["read", "write"]
 STATE_KEY = "auth_response_headers"
-_DETAILS = {401: "authentication required", 429: "too many failed attempts, retry later"}
 
 
 def _refusal(challenge: Challenge) -> HTTPException:
-    return HTTPException(challenge.status, _DETAILS[challenge.status], dict(challenge.headers))
+    return HTTPException(challenge.status, challenge.detail, dict(challenge.headers))
 
 
 @dataclass(frozen=True)
