@@ -7,7 +7,8 @@ adapter lives in ``gateway.auth._fastapi`` so that this package imports without 
 """
 
 from ._acl import Acl, AclRule, base_topic, filter_matches, parse_acl
-from ._authenticator import CLOSED_DETAIL, Authenticated, Authenticator, AuthMode, Challenge
+from ._authenticator import Authenticator
+from ._decisions import CLOSED_DETAIL, Authenticated, AuthMode, Challenge
 from ._exceptions import AuthConfigError, AuthError
 from ._passwd import (
     SCRAM_MIN_ITERATIONS,

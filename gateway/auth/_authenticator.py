@@ -41,11 +41,10 @@ import hmac
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 
 from ._acl import READ, WRITE, Acl, AclSyntaxError, base_topic, parse_acl
+from ._decisions import CLOSED_DETAIL, Authenticated, AuthMode, Challenge
 from ._exceptions import AuthConfigError
 from ._files import WatchedFile
 from ._limits import FailureLimiter, ReplayGuard
@@ -76,51 +75,8 @@ log = logging.getLogger("gateway.auth")
 MIN_SECRET_BYTES = 16
 # SCRAM auth-params a client may send (RFC 7804: realm, data, sid); anything else is junk.
 _SCRAM_PARAMS = frozenset({"realm", "data", "sid"})
-CLOSED_DETAIL = (
-    "this gateway has no credentials configured and serves nobody: set "
-    "OFFLOAD_PASSWORD_FILE and/or OFFLOAD_TOKENS_FILE, or OFFLOAD_ALLOW_ANONYMOUS=true "
-    "to serve without authentication"
-)
-
-
-class AuthMode(Enum):
-    """How a gateway decides who is calling, from which files and flags are set."""
-
-    PASSWORDS = "passwords"  # password file (SCRAM, Basic over TLS), maybe bearer tokens too
-    TOKENS = "tokens"  # tokens file only: Bearer over TLS
-    ANONYMOUS = "anonymous"  # no credentials files, OFFLOAD_ALLOW_ANONYMOUS=true: no checks
-    CLOSED = "closed"  # no credentials files, anonymous not allowed: every request is a 401
-
-
 # Hashed when a Basic user does not exist, so that the answer takes as long as for one who does.
 _DUMMY = PasswordEntry("-", "sha512-pbkdf2", b"\0" * 12, b"\0" * 64, SCRAM_MIN_ITERATIONS)
-
-
-@dataclass(frozen=True, slots=True)
-class Authenticated:
-    """Let the request through as ``user`` (None: anonymous) and add ``response_headers``."""
-
-    user: str | None
-    response_headers: Mapping[str, str] = field(default_factory=dict)
-    mechanism: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Challenge:
-    """Refuse the request: ``status`` 401 (with ``WWW-Authenticate``) or 429 (``Retry-After``).
-
-    ``reason`` is for the gateway's log; it may name a user, so it is not sent to clients.
-    ``detail`` is what the client is told.
-    """
-
-    status: int
-    headers: Mapping[str, str]
-    reason: str
-    detail: str = "authentication required"
-
-    def __post_init__(self) -> None:
-        if self.status not in (401, 429):
-            raise ValueError("a challenge is a 401 or a 429")
 
 
 def _parse_acl_file(text: str) -> Acl:

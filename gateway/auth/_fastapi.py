@@ -33,7 +33,8 @@ from typing import Annotated, Any, Literal
 from fastapi import Depends, HTTPException, Request, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ._authenticator import Authenticated, Authenticator, Challenge
+from ._authenticator import Authenticator
+from ._decisions import Authenticated, Challenge
 
 Access = Literal["read", "write"]
 STATE_KEY = "auth_response_headers"
