@@ -5,9 +5,12 @@ from __future__ import annotations
 import base64
 import os
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from scramp import ScramClient
 
 from gateway.auth import (
@@ -21,6 +24,8 @@ from gateway.auth import (
 from gateway.auth._limits import FailureLimiter, ReplayGuard
 
 SECRET = b"0123456789abcdef0123456789abcdef"
+# Files for the property test (hypothesis does not mix with function-scoped fixtures).
+AUTH_FILES = Path(tempfile.mkdtemp(prefix="offload-authfuzz-"))
 
 
 class Clock:
@@ -323,3 +328,50 @@ def test_bad_configuration_is_refused_at_start(tmp_path: Path, password_file: Pa
     with pytest.raises(ValueError):
         make(password_file, realm='a"b')
     assert SECRET.decode() not in repr(make(password_file))
+
+
+def test_base64_and_sids_have_one_spelling() -> None:
+    from gateway.auth._scram import _unb64url, strict_b64decode
+
+    assert strict_b64decode("eA==") == b"x"
+    for junk in ["eA", "eA=", "eA===", "eB==", "e A==", "eA==\n", "eA==.", "e-A=", "=eA="]:
+        with pytest.raises(ValueError):
+            strict_b64decode(junk)
+    assert _unb64url("eA") == b"x"
+    for junk in ["eA=", "eB", "eA.", "e+", "e/", "e", "eA\t"]:
+        with pytest.raises(ValueError):
+            _unb64url(junk)
+
+
+def test_a_replay_is_refused_whatever_the_sid_spelling(password_file: Path) -> None:
+    auth = make(password_file)
+    scram, challenge, _ = first(auth, "alice", "alice-pw")
+    header = final_header(scram, challenge)
+    assert isinstance(auth.authenticate(header, client="c"), Authenticated)
+    sid = header.split("sid=")[1].split(",")[0]
+    for spelled in [sid + "=", sid + ".", sid + ".x", f'"{sid}"', sid.replace(".", "..", 1)]:
+        replay = auth.authenticate(header.replace(sid, spelled), client="c")
+        assert isinstance(replay, Challenge) and replay.status == 401, spelled
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.one_of(
+        st.text(max_size=300),
+        st.builds(
+            lambda scheme, rest: f"{scheme} {rest}",
+            st.sampled_from(["SCRAM-SHA-512", "Basic", "Bearer", "scram-sha-512"]),
+            st.text(alphabet=st.characters(max_codepoint=0x2FF), max_size=200),
+        ),
+    )
+)
+def test_any_authorization_text_is_a_challenge_never_an_error(header: str) -> None:
+    tokens = AUTH_FILES / "tokens"
+    if not tokens.exists():
+        passwd(AUTH_FILES / "passwd", "alice", "alice-pw", "-I", "4096")
+        tokens.write_text(f"bob:{token_digest('t0ken')}\n")
+    auth = make(AUTH_FILES / "passwd", tls=True, tokens_file=tokens)
+    result = auth.authenticate(header, client="fuzz")
+    # The boundary's catch-all logs "unexpected error": parsing must never get that far.
+    assert isinstance(result, Challenge) and result.status in (401, 429)
+    assert result.reason != "malformed credentials"
