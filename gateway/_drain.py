@@ -1,20 +1,22 @@
-"""Read what is left of a request body before an early answer, so the answer arrives.
+"""Read what is left of a request body before an early refusal, so the refusal arrives.
 
 The gateway refuses many requests before it reads their body: a wrong SCRAM proof, a
 missing credential, a topic the ACL forbids. When the connection then closes (the client or
-a proxy sent ``Connection: close``, as nginx does towards upstreams by default), the kernel
-answers the body bytes still arriving with a TCP reset, and a reset makes the peer drop
-what it has not read yet: the refusal itself. Behind nginx with request buffering off (the
-chart's Ingress settings) a wrong password on a 2 MiB hop-client upload came back as nginx's
-502 ("writev() failed (104: Connection reset by peer) while sending request to upstream"),
-which hop-client reports as "Missing sid in SCRAM server final" instead of "invalid-proof".
+a proxy sent ``Connection: close``, as nginx does towards upstreams by default), closing a
+socket with unread bytes makes the kernel send a TCP reset. The peer, still writing the
+body, fails with "connection reset" and may give up before it reads the answer: behind nginx
+with request buffering off (the chart's Ingress settings) a wrong password on a 2 MiB
+hop-client upload came back as nginx's 502 ("writev() failed (104: Connection reset by
+peer) while sending request to upstream"), which hop-client reports as "Missing sid in
+SCRAM server final" instead of "invalid-proof".
 
-So before the first byte of an answer to a request whose body has not been read whole, this
-middleware reads and discards the rest of it: at most ``max_bytes`` and for at most
+So before the first byte of a 4xx answer to a request whose body has not been read whole,
+this middleware reads and discards the rest of it: at most ``max_bytes`` and for at most
 ``timeout`` seconds, so a refused client cannot hold the gateway longer than an upload
-could. A declared ``Content-Length`` above ``max_bytes`` is not drained at all, nor are
-408 and 413 answers (the body is the problem), nor requests that ``Expect: 100-continue``;
-those answers are sent at once and may still meet the reset on a closing connection.
+could. Sent at once, and so still exposed to the reset on a closing connection: answers to
+a declared ``Content-Length`` above ``max_bytes``; 408 and 413 (the body itself is the
+problem); 5xx (the gateway is in trouble and sheds work); requests that
+``Expect: 100-continue`` (the client has not sent the body).
 """
 
 from __future__ import annotations
@@ -26,9 +28,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 DRAIN_BYTES = 16 * 1024 * 1024
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
-# The body itself is what these refuse (it stalled, or it is too large): reading on would
-# only delay the answer.
+# Refusals of the request (4xx) are drained, except those whose reason is the body itself
+# (it stalled, or it is too large): reading on would only delay the answer. 5xx answers say
+# the gateway is in trouble (overloaded, store down) and go out at once, spending nothing.
 _NO_DRAIN = frozenset({408, 413})
+
+
+def _drains(status: int) -> bool:
+    return 400 <= status < 500 and status not in _NO_DRAIN
 
 
 def _drainable(scope: Scope, max_bytes: int) -> bool:
@@ -97,7 +104,7 @@ class DrainBeforeEarlyAnswer:
             # Only when nothing else is reading: two readers would wait for each other.
             if (
                 message["type"] == "http.response.start"
-                and message.get("status") not in _NO_DRAIN
+                and _drains(int(message.get("status", 0)))
                 and not done
                 and not receiving
             ):
