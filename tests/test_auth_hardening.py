@@ -310,3 +310,33 @@ def test_tokens_only_is_enforced(
             assert r.status_code == 401, (header, r.text)
         assert http.get(f"/msg/{msg_id}", headers=good).status_code == 200
         assert http.get(f"/msg/{msg_id}").status_code == 401
+
+
+def test_a_tokens_only_gateway_serves_our_client(
+    shared_files: Path, gateway_factory: Callable[..., GatewayServer], broker: Mosquitto
+) -> None:
+    """A peer through the running system: the Client offloads and fetches with its token."""
+    from client import Client, Message, Route
+
+    gw = gateway_factory(
+        broker, tokens_file=shared_files / "tokens", acl_file=shared_files / "acl", tls=True
+    )
+    with (
+        Client(broker.url, http_token=TOKEN, discovery_wait=10.0) as reader,
+        Client(broker.url, http_token=TOKEN, discovery_wait=10.0) as writer,
+        Client(broker.url, http_token="not-a-token", discovery_wait=10.0) as stranger,
+    ):
+        reader.subscribe("data/tokens")
+        assert writer.wait_for_endpoint(10) == gw.url
+        assert stranger.wait_for_endpoint(10) == gw.url
+        payload = os.urandom(1024 * 1024)
+        assert writer.publish("data/tokens", payload, qos=1).route is Route.OFFLOADED
+        # A wrong token cannot upload: the client falls back to chunking over the broker.
+        assert stranger.publish("data/tokens", payload, qos=1).route is Route.CHUNKED
+        routes = []
+        for _ in range(2):
+            msg = reader.next_message(30)
+            assert isinstance(msg, Message), msg
+            assert msg.payload == payload
+            routes.append(msg.route)
+        assert sorted(routes) == [Route.CHUNKED, Route.OFFLOADED]
