@@ -247,6 +247,8 @@ class Authenticator:
         Args:
             reason: for the log.
         """
+        if self.mode is AuthMode.CLOSED:  # no scheme to offer: say what to configure
+            return Challenge(401, {}, reason, CLOSED_DETAIL)
         return Challenge(401, {"WWW-Authenticate": self._www_authenticate}, reason)
 
     def authenticate(self, authorization: str | None, *, client: str) -> Authenticated | Challenge:
@@ -259,7 +261,7 @@ class Authenticator:
         if self.mode is AuthMode.ANONYMOUS:
             return Authenticated(None)
         if self.mode is AuthMode.CLOSED:
-            return Challenge(401, {}, "no credentials configured", CLOSED_DETAIL)
+            return self.challenge("no credentials configured")
         if not authorization:
             if self.allow_anonymous:
                 return Authenticated(None)
