@@ -340,3 +340,39 @@ def test_a_tokens_only_gateway_serves_our_client(
             assert msg.payload == payload
             routes.append(msg.route)
         assert sorted(routes) == [Route.CHUNKED, Route.OFFLOADED]
+
+
+def _scram_status(http: httpx.Client, user: str, password: str) -> int:
+    """One SCRAM-SHA-512 exchange by hand (scramp's client); the last status."""
+    from scramp import ScramClient
+
+    scram = ScramClient(["SCRAM-SHA-512"], user, password)
+    first = base64.b64encode(scram.get_client_first().encode()).decode()
+    headers = {"Authorization": f"SCRAM-SHA-512 data={first}"}
+    challenge = http.post("/publish/data/t", headers=headers)
+    if challenge.status_code != 401 or "sid=" not in challenge.headers.get("www-authenticate", ""):
+        return challenge.status_code
+    params = dict(
+        part.strip().split("=", 1)
+        for part in challenge.headers["www-authenticate"].split(" ", 1)[1].split(",")
+    )
+    scram.set_server_first(base64.b64decode(params["data"]).decode())
+    final = base64.b64encode(scram.get_client_final().encode()).decode()
+    header = f"SCRAM-SHA-512 sid={params['sid']},data={final}"
+    return http.post("/publish/data/t", content=b"x", headers={"Authorization": header}).status_code
+
+
+def test_a_guesser_cannot_lock_the_user_out_from_elsewhere(secured: GatewayServer) -> None:
+    # Loopback has all of 127.0.0.0/8: the guesser comes from 127.0.0.2.
+    guesser = httpx.Client(
+        base_url=secured.url, timeout=30, transport=httpx.HTTPTransport(local_address="127.0.0.2")
+    )
+    with guesser:
+        statuses = [_scram_status(guesser, "writer", f"guess-{n}") for n in range(12)]
+        assert statuses[:10] == [401] * 10 and statuses[10:] == [429, 429]
+        # Blocked from there even with the right password: the block slows guessing.
+        assert _scram_status(guesser, "writer", USERS["writer"]) == 429
+    # The real user, from its own address, is not locked out (documented choice).
+    auth = SCRAMAuth(Auth("writer", USERS["writer"], method="SCRAM-SHA-512"), shortcut=True)
+    ok = requests.post(f"{secured.url}/publish/data/t", data=b"x", auth=auth, timeout=30)
+    assert ok.status_code == 201, ok.text
