@@ -210,7 +210,10 @@ class Nginx:
         self.proc.wait(20)
 
 
-@pytest.mark.skipif(shutil.which("nginx") is None, reason="nginx is not installed")
+@pytest.mark.skipif(
+    shutil.which("nginx") is None or shutil.which("openssl") is None,
+    reason="nginx or openssl is not installed (scripts/_bootstrap.sh installs both)",
+)
 @pytest.mark.parametrize("keepalive", [False, True], ids=["upstream-close", "upstream-keepalive"])
 def test_wrong_password_behind_nginx_is_invalid_proof(
     gateway: GatewayServer,
