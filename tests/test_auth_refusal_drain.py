@@ -195,7 +195,16 @@ class Nginx:
             )
         )
         self.proc = subprocess.Popen(
-            ["nginx", "-c", str(root / "nginx.conf")],
+            # -e and -p: nothing under /var (the tests need not run as root).
+            [
+                "nginx",
+                "-e",
+                str(root / "error.log"),
+                "-p",
+                str(root),
+                "-c",
+                str(root / "nginx.conf"),
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
