@@ -82,6 +82,7 @@ def main() -> int:
         "OFFLOAD_MQTT_URL": broker.url,
         "OFFLOAD_MAX_BODY_BYTES": str(max(size * 2, 1 << 30)),
         "OFFLOAD_LOG_LEVEL": "WARNING",
+        "OFFLOAD_ALLOW_ANONYMOUS": "true",
     })  # fmt: skip
     gateway = subprocess.Popen(
         ["offload-gateway", "--port", str(port)], env=env, stderr=subprocess.DEVNULL

@@ -15,6 +15,7 @@ from discovery import Advertiser, DiscoveryRecord
 
 from ._authz import BrokerRules, build_authenticator
 from ._context import Context, get_context
+from ._drain import DrainBeforeEarlyAnswer
 from ._errors import install_error_handlers
 from ._limits import UploadLimits
 from ._mqtt import BrokerAddress, BrokerConnection
@@ -88,10 +89,11 @@ def create_app(
             ),
             public_url=(public_url or settings.public_url or "").rstrip("/") or None,
         )
+        # Always one: without credentials files it refuses everyone unless anonymous access
+        # was asked for by name, and it logs which of those modes this gateway is in.
         authenticator = build_authenticator(settings)
-        if authenticator is not None:
-            ctx.authorizer = BrokerRules(authenticator)
-            ctx.extras["mechanisms"] = authenticator.mechanisms
+        ctx.authorizer = BrokerRules(authenticator)
+        ctx.extras["mechanisms"] = authenticator.mechanisms
         # Resumable uploads; presigned URLs, whose signature stands in for credentials.
         ctx.uploads = ResumableUploads(the_store, expiry=settings.upload_expiry)
         secret = settings.auth_secret.get_secret_value() if settings.auth_secret else None
@@ -163,6 +165,9 @@ def create_app(
         max_per_client=settings.max_uploads_per_client,
         body_idle_timeout=settings.body_idle_timeout,
     )
+    # Outermost: a refusal sent before the body was read (401, 403, 429...) must reach the
+    # peer even when the connection closes right after it (gateway/_drain.py).
+    app.add_middleware(DrainBeforeEarlyAnswer, timeout=settings.body_idle_timeout)
     app.add_api_route(
         "/metrics",
         metrics_endpoint,

@@ -17,23 +17,29 @@ from client.protocol import Topic
 
 from ._errors import Forbidden, TooManyRequests, Unauthorized
 from ._settings import Settings
-from .auth import Authenticator, Challenge
+from .auth import Authenticator, AuthMode, Challenge
 from .auth._fastapi import STATE_KEY
 
 log = logging.getLogger("gateway.auth")
 
 
-def build_authenticator(settings: Settings) -> Authenticator | None:
-    """The authenticator the settings ask for; None when no password or ACL file is set."""
-    if settings.password_file is None and settings.acl_file is None:
-        return None
+def build_authenticator(settings: Settings) -> Authenticator:
+    """The authenticator the settings ask for, and one line in the log saying which mode.
+
+    Without a password file and a tokens file it refuses every request, unless
+    `OFFLOAD_ALLOW_ANONYMOUS=true` was set (see `gateway.auth.AuthMode`).
+
+    Raises:
+        AuthConfigError: a file is missing or invalid, or bearer tokens only without TLS.
+    """
     if settings.auth_secret is not None:
         secret = settings.auth_secret.get_secret_value().encode("utf-8")
     else:
         # Fine for one replica; several need the same secret to finish each other's SCRAM.
-        log.warning("OFFLOAD_AUTH_SECRET is not set: SCRAM sessions work on this replica only")
+        if settings.password_file is not None:
+            log.warning("OFFLOAD_AUTH_SECRET is not set: SCRAM sessions work on this replica only")
         secret = secrets.token_bytes(32)
-    return Authenticator(
+    authenticator = Authenticator(
         password_file=settings.password_file,
         acl_file=settings.acl_file,
         realm=settings.auth_realm,
@@ -42,12 +48,17 @@ def build_authenticator(settings: Settings) -> Authenticator | None:
         allow_anonymous=settings.allow_anonymous,
         tokens_file=settings.tokens_file,
     )
+    mode = authenticator.mode
+    level = logging.WARNING if mode in (AuthMode.CLOSED, AuthMode.ANONYMOUS) else logging.INFO
+    log.log(level, "%s", authenticator.describe())
+    return authenticator
 
 
-def _refuse(challenge: Challenge) -> Unauthorized | TooManyRequests:
+def _refuse(challenge: Challenge, client: str = "") -> Unauthorized | TooManyRequests:
     if challenge.status == 429:
-        return TooManyRequests("too many failed attempts, retry later", dict(challenge.headers))
-    return Unauthorized("authentication required", dict(challenge.headers))
+        log.info("refused %s: %s", client or "a request", challenge.reason)
+        return TooManyRequests(challenge.detail, dict(challenge.headers))
+    return Unauthorized(challenge.detail, dict(challenge.headers))
 
 
 class BrokerRules:

@@ -6,7 +6,8 @@
 Anyone holding the URL - a browser, a Lambda-style function without broker credentials -
 can GET or HEAD that one payload until it expires. The signature is an HMAC-SHA256 over the
 path and the expiry, keyed with a key derived from `OFFLOAD_AUTH_SECRET`; an altered id,
-path or expiry, or an expired URL, is refused with 403. Without the secret each process draws
+path or expiry, an expired URL, or a malformed `sig` or `expires`, is refused with 403 and
+a reason. Without the secret each process draws
 a random key: URLs then work only on the replica that signed them (and not after a restart),
 so replicas behind one load balancer need the same `OFFLOAD_AUTH_SECRET`.
 """
@@ -17,6 +18,7 @@ import base64
 import hashlib
 import hmac
 import logging
+import re
 import secrets
 import time
 from typing import Annotated, Any
@@ -38,6 +40,9 @@ router = APIRouter()
 Ctx = Annotated[Context, Depends(get_context)]
 
 _PURPOSE = b"mqtt-offload presigned download v1"
+# At most 12 digits: any expiry until the year 33658, and int() never sees a huge string.
+_EXPIRES = re.compile(r"[0-9]{1,12}")
+_SIG = re.compile(r"[A-Za-z0-9_-]{43}")  # unpadded URL-safe base64 of 32 HMAC bytes
 
 
 class UrlSigner:
@@ -73,11 +78,23 @@ class UrlSigner:
         """The query string (`expires=...&sig=...`) that grants GET on `path` until `expires`."""
         return urlencode({"expires": expires, "sig": self.signature(path, expires)})
 
-    def valid(self, path: str, expires: str, sig: str, *, now: float) -> bool:
-        """Whether `sig` grants `path` at time `now` (constant-time comparison)."""
-        if not expires.isdigit() or int(expires) <= now:
-            return False
-        return hmac.compare_digest(self.signature(path, int(expires)), sig)
+    def problem(self, path: str, expires: str, sig: str, *, now: float) -> str | None:
+        """Why `sig` does not grant `path` at time `now`, or None when it does.
+
+        Both values come from the URL, so both are checked for shape first: ASCII digits
+        only (`int()` and `str.isdigit()` also take digits such as `²`), and a
+        signature of exactly the length and alphabet `signature` produces. The comparison
+        is constant-time.
+        """
+        if _EXPIRES.fullmatch(expires) is None:
+            return "presigned URL: `expires` must be a Unix time in ASCII digits"
+        if _SIG.fullmatch(sig) is None:
+            return "presigned URL: `sig` is malformed (truncated or altered?)"
+        if int(expires) <= now:
+            return "presigned URL expired"
+        if not hmac.compare_digest(self.signature(path, int(expires)), sig):
+            return "presigned URL invalid or altered"
+        return None
 
 
 class SignedUrls:
@@ -99,20 +116,18 @@ class SignedUrls:
         query = request.query_params
         if "sig" in query or "expires" in query:
             message_id = request.path_params.get("message_id", "")
-            path = request.url.path
-            granted = (
-                not write
-                and request.method in ("GET", "HEAD")
-                and path.endswith(payload_path_suffix(str(message_id)))
-                and self.signer.valid(
-                    payload_path_suffix(str(message_id)),
-                    query.get("expires", ""),
-                    query.get("sig", ""),
-                    now=time.time(),
-                )
+            suffix = payload_path_suffix(str(message_id))
+            if write or request.method not in ("GET", "HEAD"):
+                raise Forbidden("a presigned URL only grants GET and HEAD")
+            if not request.url.path.endswith(suffix):
+                raise Forbidden("a presigned URL only grants /msg/{id}/payload")
+            if len(query.getlist("sig")) > 1 or len(query.getlist("expires")) > 1:
+                raise Forbidden("presigned URL: `sig` and `expires` may appear once each")
+            problem = self.signer.problem(
+                suffix, query.get("expires", ""), query.get("sig", ""), now=time.time()
             )
-            if not granted:
-                raise Forbidden("presigned URL invalid, altered or expired")
+            if problem is not None:
+                raise Forbidden(problem)
             return
         if self.inner is not None:
             await self.inner.authorize(request, topic, write=write)

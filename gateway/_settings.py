@@ -46,7 +46,11 @@ class Settings(BaseSettings):
         7 * 24 * 3600, gt=0, description="longest validity of a presigned download URL, seconds"
     )
     tokens_file: Path | None = None
-    allow_anonymous: bool = False
+    allow_anonymous: bool = Field(
+        False,
+        description="serve requests without credentials as anonymous (ACL's anonymous rules); "
+        "without a password or tokens file the gateway serves nobody unless this is true",
+    )
     auth_realm: str = "mqtt-offload"
     tls: bool = Field(False, description="clients reach the gateway over HTTPS (maybe via a proxy)")
     tls_cert_file: Path | None = None

@@ -7,6 +7,7 @@ need_apt=()
 command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need_apt+=(mosquitto)
 command -v mosquitto_pub >/dev/null 2>&1 || need_apt+=(mosquitto-clients)
 command -v curl >/dev/null 2>&1 || need_apt+=(curl)
+command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need_apt+=(nginx openssl)  # TLS proxy test
 command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
 command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
 python3 -c "import venv, ensurepip" >/dev/null 2>&1 || need_apt+=(python3-venv python3-pip)
@@ -19,6 +20,7 @@ fi
 # The Debian package starts a broker on 1883; the stack and the tests run their own.
 if command -v systemctl >/dev/null 2>&1; then
     systemctl disable --now mosquitto >/dev/null 2>&1 || true
+    systemctl disable --now nginx >/dev/null 2>&1 || true
 fi
 
 if [ ! -x .venv/bin/python ]; then

@@ -41,6 +41,7 @@ def start_gateway(
         "OFFLOAD_S3_SECRET_KEY": s3.secret_key,
         "OFFLOAD_MQTT_URL": broker.url,
         "OFFLOAD_PUBLIC_URL": f"http://127.0.0.1:{gw_port}",
+        "OFFLOAD_ALLOW_ANONYMOUS": "true",  # a local playground: no credentials, by name
     }
     log = (state / "gateway.log").open("wb")
     proc = subprocess.Popen(

@@ -153,6 +153,7 @@ def store_gateway(
         mqtt_url=broker.url,
         discovery_interval=5.0,
         sweep_interval=0,
+        allow_anonymous=True,
     )
     server = GatewayServer(settings).start()
     try:
@@ -336,6 +337,7 @@ def gateway_process(seaweed: SeaweedFS, bucket_name: str) -> Iterator[GatewayPro
             "OFFLOAD_S3_PART_SIZE": str(5 * MiB),  # a 12 MiB payload goes multipart
             "OFFLOAD_SWEEP_INTERVAL": "0",
             "OFFLOAD_LOG_LEVEL": "WARNING",
+            "OFFLOAD_ALLOW_ANONYMOUS": "true",
         }
     ).start()
     try:

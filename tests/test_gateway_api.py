@@ -177,7 +177,7 @@ def test_streamed_body_over_the_limit_is_413_without_content_length(
 def test_file_store_needs_no_server(tmp_path: object) -> None:
     from gateway import Settings
 
-    server = GatewayServer(Settings(storage_url=f"file://{tmp_path}")).start()
+    server = GatewayServer(Settings(storage_url=f"file://{tmp_path}", allow_anonymous=True)).start()
     try:
         msg_id = uuid.uuid4()
         with httpx.Client(base_url=server.url, timeout=30) as http:

@@ -475,6 +475,8 @@ def test_schema_accepts_the_shipped_values(chart: helm.Chart) -> None:
         ),
         ({"tls": {"enabled": True}}, "tls.enabled needs tls.existingSecret"),
         ({"podDisruptionBudget": {"maxUnavailable": 1}}, "podDisruptionBudget: set"),
+        # The gateway would refuse to start: bearer tokens need TLS.
+        ({"auth": {"tokensFile": {"content": "a:" + "0" * 64}}}, "auth.tokensFile without"),
     ],
 )
 def test_contradictory_values_fail_the_render(
@@ -494,8 +496,28 @@ def test_notes_tell_how_to_test_the_release(chart: helm.Chart) -> None:
     assert "curl -fsS $GW/readyz" in notes
     assert "$GW/publish/test/helm" in notes
     assert "every request will be" in notes  # no credentials configured: said loudly
-    quiet = render(chart, {"gateway": {"allowAnonymous": True, "publicUrl": "https://o.example"}})
+    assert "gateway.allowAnonymous=true" in notes
+    # The code agrees: closed unless anonymous access is asked for by name.
+    config = by_kind(manifests(chart, {}))["ConfigMap"]["data"]
+    assert config["OFFLOAD_ALLOW_ANONYMOUS"] == "false"
+    assert not {"OFFLOAD_PASSWORD_FILE", "OFFLOAD_TOKENS_FILE"} & config.keys()
+    from gateway import Settings
+
+    settings = Settings(allow_anonymous=config["OFFLOAD_ALLOW_ANONYMOUS"])  # type: ignore[arg-type]
+    assert settings.allow_anonymous is False
+    anonymous = {"gateway": {"allowAnonymous": True, "publicUrl": "https://o.example"}}
+    warned = render(chart, anonymous)["mqtt-offload/templates/NOTES.txt"]
+    assert "there is no ACL file" in warned
+    anonymous["auth"] = {"aclFile": {"content": "topic read #\n"}}
+    quiet = render(chart, anonymous)
     assert "WARNING" not in quiet["mqtt-offload/templates/NOTES.txt"]
+    tokens = {
+        "gateway": {"publicUrl": "https://o.example"},
+        "auth": {"tokensFile": {"content": "a:" + "0" * 64}},
+    }
+    tokens_only = render(chart, tokens)
+    assert "Tokens only" in tokens_only["mqtt-offload/templates/NOTES.txt"]
+    assert "WARNING" not in tokens_only["mqtt-offload/templates/NOTES.txt"]
 
 
 def test_chart_user_matches_the_image_user(chart: helm.Chart) -> None:

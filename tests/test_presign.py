@@ -120,3 +120,39 @@ def test_presigned_url_expires_and_needs_the_shared_secret(
     assert httpx.get(long_url.replace(gw.url, stranger.url)).status_code == 403
     time.sleep(2.1)
     assert httpx.get(url).status_code == 403
+
+
+def test_malformed_presign_parameters_are_403_with_a_reason(
+    secured: Callable[..., GatewayServer],
+) -> None:
+    gw = secured()
+    msg_id = _store_message(gw, b"x")
+    url = httpx.post(f"{gw.url}/msg/{msg_id}/presign?ttl=600", auth=WRITER).json()["url"]
+    expires = parse_qs(urlsplit(url).query)["expires"][0]
+    sig = parse_qs(urlsplit(url).query)["sig"][0]
+    cases = {
+        # Unicode digits: str.isdigit() and int() accept them.
+        _with_query(url, expires="²"): "ASCII digits",
+        _with_query(url, expires=expires[:-1] + "²"): "ASCII digits",
+        _with_query(url, expires="١٢٣٤٥٦٧٨٩٠١"): "ASCII digits",
+        _with_query(url, expires="9" * 400): "ASCII digits",
+        _with_query(url, expires="-1"): "ASCII digits",
+        _with_query(url, expires=" " + expires): "ASCII digits",
+        _with_query(url, sig="é" * 43): "malformed",
+        _with_query(url, sig=sig[:-1] + "é"): "malformed",
+        _with_query(url, sig=sig + "="): "malformed",
+        _with_query(url, sig=sig[:-1]): "malformed",
+        _with_query(url, sig="\x00" * 43): "malformed",
+        url + f"&sig={sig}": "once each",
+        _with_query(url, expires="1"): "expired",
+    }
+    for bad, reason in cases.items():
+        for method in (httpx.get, httpx.head):
+            r = method(bad)
+            assert r.status_code == 403, (bad, r.status_code, r.text)
+            if method is httpx.get:
+                assert reason in r.json()["detail"], (bad, r.text)
+    # Signed URLs grant reads only.
+    r = httpx.post(url.replace("/payload?", "/presign?"))
+    assert r.status_code == 403 and "GET and HEAD" in r.json()["detail"]
+    assert httpx.get(url).content == b"x"

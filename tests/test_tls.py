@@ -104,6 +104,7 @@ def test_offload_over_mqtts_and_https(
             mqtt_ca_file=pki / "ca.pem",
             discovery_interval=5.0,
             tls=True,
+            allow_anonymous=True,
         ),
         certfile=str(pki / "server.pem"),
         keyfile=str(pki / "server.key"),

@@ -7,7 +7,8 @@ adapter lives in ``gateway.auth._fastapi`` so that this package imports without 
 """
 
 from ._acl import Acl, AclRule, base_topic, filter_matches, parse_acl
-from ._authenticator import Authenticated, Authenticator, Challenge
+from ._authenticator import Authenticator
+from ._decisions import CLOSED_DETAIL, Authenticated, AuthMode, Challenge
 from ._exceptions import AuthConfigError, AuthError
 from ._passwd import (
     SCRAM_MIN_ITERATIONS,
@@ -19,11 +20,13 @@ from ._passwd import (
 from ._tokens import parse_tokens_file, token_digest
 
 __all__ = [
+    "CLOSED_DETAIL",
     "SCRAM_MIN_ITERATIONS",
     "Acl",
     "AclRule",
     "AuthConfigError",
     "AuthError",
+    "AuthMode",
     "Authenticated",
     "Authenticator",
     "Challenge",

@@ -12,14 +12,26 @@ Schemes:
 * ``Basic``, only when the gateway is reached over TLS (``tls=True``): the password then
   crosses the wire, which plain HTTP must not carry. Works for every user in the file and is
   the only way in for the users SCRAM cannot serve.
-* ``Bearer``, only over TLS and with a tokens file (see ``_tokens.py``).
+* ``Bearer``, only over TLS and with a tokens file (see ``_tokens.py``); with a tokens file
+  and no password file it is the only scheme ("tokens only").
 
-Failed attempts are counted per source address and per user name; past the limit the answer
-is 429 with ``Retry-After`` instead of a challenge, which tells a person at a terminal what is
-going on and costs an attacker a wait. While a user is blocked even the right password is
-refused, otherwise the block would not slow guessing down. Replay protection of SCRAM
-finals is per process: another replica accepts a captured final once, within the sid's
-lifetime (60 s by default), unless the replicas share nothing but the secret — use TLS.
+Without a password file and without a tokens file nobody is served, unless anonymous
+access was asked for by name (``allow_anonymous``): a gateway that publishes with its own
+broker account must not become an open door to the broker's topics by omission.
+
+Failed attempts are counted per source address and per (user, address) pair; past the
+limit the answer is 429 with ``Retry-After`` instead of a challenge, which tells a person
+at a terminal what is going on and costs an attacker a wait. While a pair is blocked even
+the right password is refused from that address, otherwise the block would not slow
+guessing down. There is deliberately no per-user limit across addresses: it would let
+anyone who knows a user name lock that user out of the gateway, and it would buy little,
+since the broker itself (mosquitto) never limits CONNECT attempts for the same password
+file. A guesser spread over many addresses is slowed only by the password's strength.
+
+Replay protection of SCRAM finals keys on the server nonce inside the verified sid, so no
+re-spelling of the sid (or of anything else in the header) makes a captured final new.
+It is per process: another replica accepts a captured final once, within the sid's
+lifetime (60 s by default) - use TLS.
 """
 
 from __future__ import annotations
@@ -29,10 +41,10 @@ import hmac
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from ._acl import READ, WRITE, Acl, AclSyntaxError, base_topic, parse_acl
+from ._decisions import CLOSED_DETAIL, Authenticated, AuthMode, Challenge
 from ._exceptions import AuthConfigError
 from ._files import WatchedFile
 from ._limits import FailureLimiter, ReplayGuard
@@ -61,33 +73,10 @@ from ._tokens import parse_tokens_file, token_digest
 log = logging.getLogger("gateway.auth")
 
 MIN_SECRET_BYTES = 16
+# SCRAM auth-params a client may send (RFC 7804: realm, data, sid); anything else is junk.
+_SCRAM_PARAMS = frozenset({"realm", "data", "sid"})
 # Hashed when a Basic user does not exist, so that the answer takes as long as for one who does.
 _DUMMY = PasswordEntry("-", "sha512-pbkdf2", b"\0" * 12, b"\0" * 64, SCRAM_MIN_ITERATIONS)
-
-
-@dataclass(frozen=True, slots=True)
-class Authenticated:
-    """Let the request through as ``user`` (None: anonymous) and add ``response_headers``."""
-
-    user: str | None
-    response_headers: Mapping[str, str] = field(default_factory=dict)
-    mechanism: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Challenge:
-    """Refuse the request: ``status`` 401 (with ``WWW-Authenticate``) or 429 (``Retry-After``).
-
-    ``reason`` is for the gateway's log; it may name a user, so it is not sent to clients.
-    """
-
-    status: int
-    headers: Mapping[str, str]
-    reason: str
-
-    def __post_init__(self) -> None:
-        if self.status not in (401, 429):
-            raise ValueError("a challenge is a 401 or a 429")
 
 
 def _parse_acl_file(text: str) -> Acl:
@@ -121,33 +110,42 @@ class Authenticator:
         """Load the files (re-read later whenever they change).
 
         Args:
-            password_file: mosquitto's ``password_file``; None turns authentication off:
-                every request is anonymous.
-            acl_file: mosquitto's ``acl_file``; None lets everyone read and write everything.
+            password_file: mosquitto's ``password_file``; with neither it nor ``tokens_file``
+                every request is refused unless ``allow_anonymous``.
+            acl_file: mosquitto's ``acl_file``; None lets every caller who gets in read and
+                write everything (as mosquitto does without one).
             realm: the ``realm`` of the challenges.
             secret: signs SCRAM sids; the same value on every replica, at least 16 bytes.
             tls: clients reach the gateway over TLS (directly or through a proxy); enables
                 Basic and Bearer.
-            allow_anonymous: requests without credentials pass as user None.
-            tokens_file: bearer tokens (``user:<sha256 hex>``); needs a password file.
+            allow_anonymous: requests without credentials pass as user None (and the ACL's
+                anonymous rules apply); the only way to serve without credentials files.
+            tokens_file: bearer tokens (``user:<sha256 hex>``); alone, the gateway takes
+                bearer tokens only, which needs ``tls``.
             clock: wall-clock seconds, common to the replicas (sid expiry crosses them).
             sid_lifetime: seconds a client has between server-first and client-final.
-            max_failures_per_user: failures per user and window before 429.
+            max_failures_per_user: failures per (user, address) and window before 429.
             max_failures_per_address: failures per source address and window before 429.
             failure_window: seconds of the failure-counting window.
             tracked_keys: most users/addresses whose failures are remembered at once.
             replay_capacity: most used sids remembered at once.
 
         Raises:
-            AuthConfigError: a file is missing or invalid.
+            AuthConfigError: a file is missing or invalid, or tokens only without ``tls``.
             ValueError: bad arguments (short secret, realm with a quote, ...).
         """
         if '"' in realm or "\\" in realm or not realm.isprintable():
             raise ValueError("realm must be printable and hold no quote or backslash")
         if password_file is not None and len(secret) < MIN_SECRET_BYTES:
             raise ValueError(f"the secret must be at least {MIN_SECRET_BYTES} bytes")
-        if tokens_file is not None and password_file is None:
-            raise ValueError("a tokens file needs a password file (authentication is off)")
+        if tokens_file is not None and password_file is None and not tls:
+            # Bearer tokens never cross plain HTTP, so this gateway could serve nobody.
+            raise AuthConfigError(
+                "a tokens file without a password file takes bearer tokens only, and those "
+                "are refused without TLS: set OFFLOAD_TLS=true (HTTPS proxy in front) or "
+                "OFFLOAD_TLS_CERT_FILE, or add OFFLOAD_PASSWORD_FILE for SCRAM",
+                path=tokens_file,
+            )
         self.realm = realm
         self.tls = tls
         self.allow_anonymous = allow_anonymous
@@ -191,17 +189,38 @@ class Authenticator:
             schemes.append("Bearer")
         self.mechanisms: tuple[str, ...] = tuple(schemes)
         self._www_authenticate = ", ".join(f'{s} realm="{realm}"' for s in schemes)
+        if password_file is not None:
+            self.mode = AuthMode.PASSWORDS
+        elif tokens_file is not None:
+            self.mode = AuthMode.TOKENS
+        else:
+            self.mode = AuthMode.ANONYMOUS if allow_anonymous else AuthMode.CLOSED
 
     def __repr__(self) -> str:
         return (
             f"Authenticator(realm={self.realm!r}, mechanisms={self.mechanisms!r}, "
-            f"tls={self.tls}, allow_anonymous={self.allow_anonymous})"
+            f"tls={self.tls}, allow_anonymous={self.allow_anonymous}, mode={self.mode.value})"
         )
 
     @property
     def enabled(self) -> bool:
-        """Whether requests are authenticated at all (a password file is set)."""
-        return self._passwords is not None
+        """Whether credentials are checked at all (a password or tokens file is set)."""
+        return self.mode in (AuthMode.PASSWORDS, AuthMode.TOKENS)
+
+    def describe(self) -> str:
+        """One line for the start-up log: who gets in and how."""
+        if self.mode is AuthMode.CLOSED:
+            return f"authentication: closed, every request is refused ({CLOSED_DETAIL})"
+        if self.mode is AuthMode.ANONYMOUS:
+            acl = "the ACL file's anonymous rules" if self._acl is not None else "no ACL"
+            return (
+                "authentication: OFF (OFFLOAD_ALLOW_ANONYMOUS=true), every request is "
+                f"served as anonymous under {acl}"
+            )
+        schemes = ", ".join(self.mechanisms) or "none over plain HTTP"
+        anonymous = "allowed" if self.allow_anonymous else "refused"
+        acl = "ACL file" if self._acl is not None else "no ACL file (full access when in)"
+        return f"authentication: {self.mode.value} ({schemes}); anonymous {anonymous}; {acl}"
 
     # -- file events ---------------------------------------------------------------------
 
@@ -228,6 +247,8 @@ class Authenticator:
         Args:
             reason: for the log.
         """
+        if self.mode is AuthMode.CLOSED:  # no scheme to offer: say what to configure
+            return Challenge(401, {}, reason, CLOSED_DETAIL)
         return Challenge(401, {"WWW-Authenticate": self._www_authenticate}, reason)
 
     def authenticate(self, authorization: str | None, *, client: str) -> Authenticated | Challenge:
@@ -237,8 +258,10 @@ class Authenticator:
             authorization: the ``Authorization`` header, None when absent.
             client: the source address, for the failure limits.
         """
-        if self._passwords is None:
+        if self.mode is AuthMode.ANONYMOUS:
             return Authenticated(None)
+        if self.mode is AuthMode.CLOSED:
+            return self.challenge("no credentials configured")
         if not authorization:
             if self.allow_anonymous:
                 return Authenticated(None)
@@ -278,18 +301,23 @@ class Authenticator:
     def _refuse(self, reason: str, *, client: str, user: str | None = None) -> Challenge:
         self._addresses.failed(f"addr:{client}")
         if user is not None:
-            self._users.failed(f"user:{user}")
+            self._users.failed(_user_key(user, client))
         return self.challenge(reason)
 
     def _blocked(self, client: str, user: str | None) -> Challenge | None:
         wait = self._addresses.retry_after(f"addr:{client}")
         who = f"address {client}"
         if wait is None and user is not None:
-            wait = self._users.retry_after(f"user:{user}")
-            who = f"user {user!r}"
+            wait = self._users.retry_after(_user_key(user, client))
+            who = f"user {user!r} from {client}"
         if wait is None:
             return None
-        return Challenge(429, {"Retry-After": str(wait)}, f"too many failed attempts ({who})")
+        return Challenge(
+            429,
+            {"Retry-After": str(wait)},
+            f"too many failed attempts ({who})",
+            "too many failed attempts, retry later",
+        )
 
     def _authenticate(self, authorization: str, client: str) -> Authenticated | Challenge:
         blocked = self._blocked(client, None)
@@ -299,15 +327,19 @@ class Authenticator:
             credentials = parse_authorization(authorization)
         except ValueError as exc:
             return self._refuse(f"malformed Authorization header: {exc}", client=client)
-        if credentials.scheme == MECHANISM:
+        scheme = credentials.scheme
+        if scheme not in {s.upper() for s in self.mechanisms}:
+            why = "refused without TLS" if scheme in ("BASIC", "BEARER") else "not offered"
+            return self._refuse(f"scheme {scheme[:32]!r} {why}", client=client)
+        if scheme == MECHANISM:
+            if credentials.token68 or not credentials.params.keys() <= _SCRAM_PARAMS:
+                return self._refuse("SCRAM with unknown auth-params", client=client)
             return self._scram(credentials.params, client)
-        if credentials.scheme in ("BASIC", "BEARER") and not self.tls:
-            return self._refuse(f"{credentials.scheme} refused without TLS", client=client)
-        if credentials.scheme == "BASIC":
+        if credentials.params or not credentials.token68:
+            return self._refuse(f"{scheme} without a token68 credential", client=client)
+        if scheme == "BASIC":
             return self._basic(credentials.token68, client)
-        if credentials.scheme == "BEARER" and self._tokens is not None:
-            return self._bearer(credentials.token68, client)
-        return self._refuse(f"unsupported scheme {credentials.scheme[:32]!r}", client=client)
+        return self._bearer(credentials.token68, client)
 
     def _scram(self, params: Mapping[str, str], client: str) -> Authenticated | Challenge:
         data = params.get("data")
@@ -341,7 +373,9 @@ class Authenticator:
             state = open_sid(sid, self._secret, self._clock())
         except ValueError as exc:
             return self._refuse(f"SCRAM sid: {exc}", client=client)
-        replay_key = hashlib.sha256(sid.encode("ascii", "replace")).hexdigest()
+        # The nonce was signed by this gateway's secret: it names the exchange, however the
+        # client spelled the sid around it.
+        replay_key = hashlib.sha256(state.server_nonce.encode("utf-8")).hexdigest()
         if self._replays.seen(replay_key):
             return self._refuse("SCRAM final replayed", client=client, user=state.user)
         blocked = self._blocked(client, state.user)
@@ -363,7 +397,7 @@ class Authenticator:
             return self._refuse("SCRAM final replayed", client=client, user=state.user)
         if claimed is not True:
             return Challenge(429, {"Retry-After": str(claimed)}, "replay guard full")
-        self._users.reset(f"user:{state.user}")
+        self._users.reset(_user_key(state.user, client))
         info = f"sid={sid}, data={b64encode_text(message)}"
         return Authenticated(state.user, {"Authentication-Info": info}, MECHANISM)
 
@@ -384,7 +418,7 @@ class Authenticator:
             return self._refuse(f"Basic: unknown user {user!r}", client=client, user=user)
         if not entry.verify(password):
             return self._refuse(f"Basic: wrong password for {user!r}", client=client, user=user)
-        self._users.reset(f"user:{user}")
+        self._users.reset(_user_key(user, client))
         return Authenticated(user, {}, "Basic")
 
     def _bearer(self, token: str, client: str) -> Authenticated | Challenge:
@@ -417,3 +451,7 @@ class Authenticator:
         # Decoy keys, stable per user, so a probe cannot tell unknown users from known ones.
         seed = hmac.digest(self._secret, b"decoy\0" + user.encode("utf-8"), "sha512")
         return ScramKeys(seed[:12], passwords.typical_iterations, seed, seed[::-1])
+
+
+def _user_key(user: str, client: str) -> str:
+    return f"user:{client}\0{user}"

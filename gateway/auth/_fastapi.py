@@ -33,15 +33,15 @@ from typing import Annotated, Any, Literal
 from fastapi import Depends, HTTPException, Request, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ._authenticator import Authenticated, Authenticator, Challenge
+from ._authenticator import Authenticator
+from ._decisions import Authenticated, Challenge
 
 Access = Literal["read", "write"]
 STATE_KEY = "auth_response_headers"
-_DETAILS = {401: "authentication required", 429: "too many failed attempts, retry later"}
 
 
 def _refusal(challenge: Challenge) -> HTTPException:
-    return HTTPException(challenge.status, _DETAILS[challenge.status], dict(challenge.headers))
+    return HTTPException(challenge.status, challenge.detail, dict(challenge.headers))
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ import binascii
 import hashlib
 import hmac
 import json
+import re
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -53,11 +54,31 @@ class Credentials:
     token68: str = ""
 
 
+# RFC 9110 5.6.2 token characters; auth-param values here may also hold "/" and "=", which
+# unquoted base64 needs (hop-client sends ``data=<base64>`` without quotes).
+_TCHAR = r"!#$%&'*+\-.^_`|~0-9A-Za-z"
+_TOKEN = re.compile(f"[{_TCHAR}]+")
+_TOKEN68 = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
+_PARAM = re.compile(f'([{_TCHAR}]+)[ \t]*=[ \t]*(?:([{_TCHAR}/=]+)|"((?:[^"\\\\]|\\\\.)*)")[ \t]*')
+_QUOTED_PAIR = re.compile(r"\\(.)")
+_B64 = re.compile(r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?")
+_B64URL = re.compile(r"[A-Za-z0-9_-]*")
+
+
+def _header_text(value: str) -> bool:
+    """Visible ASCII, blanks and tabs only (what RFC 9110 lets a client put in a header)."""
+    return value.isascii() and all(" " <= ch < "\x7f" or ch == "\t" for ch in value)
+
+
 def parse_authorization(value: str) -> Credentials:
-    """Split an Authorization header into scheme and parameters (RFC 7235 syntax).
+    """Split an Authorization header into scheme and parameters, strictly (RFC 9110 11.4).
 
     Accepts hop-client's ``sid=...,data=...`` (no blank after the comma) as well as blanks
-    and quoted values. The scheme is upper-cased.
+    and quoted values. The scheme is upper-cased, parameter names lower-cased. Anything
+    else - non-ASCII or control characters, a name given twice, an empty list element,
+    junk between parameters - is refused rather than guessed at: the parts of this header
+    are what a replay guard and the proof checks key on, so one request must have one
+    reading.
 
     Args:
         value: the header value.
@@ -67,31 +88,58 @@ def parse_authorization(value: str) -> Credentials:
     """
     if len(value) > MAX_HEADER:
         raise ValueError("Authorization header too long")
-    scheme, _, rest = value.strip().partition(" ")
-    if not scheme or not scheme.isascii() or not scheme.replace("-", "").isalnum():
+    if not _header_text(value):
+        raise ValueError("Authorization header holds non-ASCII or control characters")
+    scheme, _, rest = value.strip(" \t").partition(" ")
+    if not scheme or _TOKEN.fullmatch(scheme) is None:
         raise ValueError("bad authentication scheme")
-    rest = rest.strip()
-    if "=" not in rest.rstrip("="):
+    rest = rest.strip(" \t")
+    if not rest:
+        return Credentials(scheme.upper())
+    if _TOKEN68.fullmatch(rest) is not None:
         return Credentials(scheme.upper(), token68=rest)
     params: dict[str, str] = {}
-    for item in rest.split(","):
-        name, sep, raw = item.strip().partition("=")
-        name = name.strip().lower()
-        raw = raw.strip()
-        if not sep or not name or name in params:
+    position = 0
+    while True:
+        match = _PARAM.match(rest, position)
+        if match is None:
             raise ValueError("bad auth-param list")
-        if len(raw) >= 2 and raw[0] == raw[-1] == '"':
-            raw = raw[1:-1]
-        params[name] = raw
-    return Credentials(scheme.upper(), params=params)
+        name = match.group(1).lower()
+        if name in params:
+            raise ValueError(f"auth-param {name[:32]!r} given twice")
+        token, quoted = match.group(2), match.group(3)
+        params[name] = token if token is not None else _QUOTED_PAIR.sub(r"\1", quoted)
+        position = match.end()
+        if position == len(rest):
+            return Credentials(scheme.upper(), params=params)
+        if rest[position] != ",":
+            raise ValueError("bad auth-param list")
+        position += 1
+        while position < len(rest) and rest[position] in " \t":
+            position += 1
+
+
+def strict_b64decode(data: str) -> bytes:
+    """Standard base64 with canonical padding and trailing bits; ValueError otherwise.
+
+    ``base64.b64decode`` also takes missing or extra padding and non-zero trailing bits, so
+    several spellings decode to one value. Only the one spelling ``b64encode`` produces
+    passes here (checked by encoding again).
+    """
+    if _B64.fullmatch(data) is None:
+        raise ValueError("bad base64 data")
+    raw = base64.b64decode(data, validate=True)
+    if base64.b64encode(raw).decode("ascii") != data:
+        raise ValueError("non-canonical base64 data")
+    return raw
 
 
 def b64decode_text(data: str) -> str:
-    """Strict base64 to UTF-8 text; ValueError for anything else."""
+    """Strict base64 (:func:`strict_b64decode`) of UTF-8 text; ValueError for anything else."""
     try:
-        return base64.b64decode(data, validate=True).decode("utf-8")
-    except (binascii.Error, UnicodeDecodeError) as exc:
-        raise ValueError(f"bad base64 data: {exc}") from exc
+        return strict_b64decode(data).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"base64 data is not UTF-8: {exc}") from exc
 
 
 def b64encode_text(text: str) -> str:
@@ -103,10 +151,16 @@ def _b64url(raw: bytes) -> str:
 
 
 def _unb64url(text: str) -> bytes:
+    """The inverse of :func:`_b64url`, refusing every other spelling of the same bytes."""
+    if _B64URL.fullmatch(text) is None or len(text) % 4 == 1:
+        raise ValueError("bad sid encoding")
     try:
-        return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
     except (binascii.Error, ValueError) as exc:
         raise ValueError("bad sid encoding") from exc
+    if _b64url(raw) != text:
+        raise ValueError("non-canonical sid encoding")
+    return raw
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,10 +201,10 @@ def open_sid(sid: str, secret: bytes, now: float) -> SidState:
     """
     if len(sid) > MAX_HEADER:
         raise ValueError("sid too long")
-    version, _, rest = sid.partition(".")
-    payload_text, _, mac_text = rest.partition(".")
-    if version != SID_VERSION or not payload_text or not mac_text:
+    parts = sid.split(".")
+    if len(parts) != 3 or parts[0] != SID_VERSION or not parts[1] or not parts[2]:
         raise ValueError("malformed sid")
+    _, payload_text, mac_text = parts
     payload, mac = _unb64url(payload_text), _unb64url(mac_text)
     expected = hmac.digest(secret, _SID_TAG + payload, hashlib.sha256)
     if not hmac.compare_digest(mac, expected):

@@ -143,6 +143,13 @@ Rendered as a YAML list of {name, env, secret, key, path} for the rows that are 
 {{- fail (printf "auth.%s: set either content or existingSecret, not both" $name) }}
 {{- end }}
 {{- end }}
+{{- $a := .Values.auth }}
+{{- $passwords := or $a.passwordFile.content $a.passwordFile.existingSecret }}
+{{- $tokens := or $a.tokensFile.content $a.tokensFile.existingSecret }}
+{{- $https := or .Values.tls.enabled (hasPrefix "https://" (include "mqtt-offload.publicUrl" .)) }}
+{{- if and $tokens (not $passwords) (not $https) }}
+{{- fail "auth.tokensFile without auth.passwordFile takes bearer tokens only, which the gateway refuses over plain HTTP (it would not start): enable tls, an Ingress with tls, an https gateway.publicUrl, or add auth.passwordFile" }}
+{{- end }}
 {{- if and .Values.tls.enabled (not .Values.tls.existingSecret) }}
 {{- fail "tls.enabled needs tls.existingSecret (a kubernetes.io/tls Secret)" }}
 {{- end }}
