@@ -5,14 +5,8 @@ Settings are layered defaults < config file < environment (`OFFLOAD_*`) < flags,
 what it did, `subscribe` one JSON line per message (`topic`, `size`, `sha256`, `route`, ...)
 or per error (`error` names the cause: `checksum mismatch`, `chunk timeout`, `not found`, ...).
 
-Exit codes:
-
-    0  success
-    1  subscribe delivered at least one error line; discover found no record
-    2  bad usage or configuration, or a local file that cannot be read or written
-    3  broker unreachable or refused the connection
-    4  message too large and neither offload nor chunking could carry it
-    5  HTTP transfer failed (upload, fetch, not found, checksum mismatch)
+Errors are one line on stderr and a stable exit code per class; the table is in
+:mod:`client._cli_errors` and the README.
 """
 
 from __future__ import annotations
@@ -29,59 +23,33 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, cast
+from urllib.parse import urlsplit
 
 import httpx
 
-from ._client import Client
-from ._config import ClientSettings, load_settings
-from ._exceptions import (
-    ChecksumMismatchError,
-    ChunkBufferOverflow,
-    ChunkTimeoutError,
-    ConfigError,
-    ConnectionFailed,
-    FetchError,
-    MalformedChunk,
-    MalformedPlaceholder,
-    MessageTooLarge,
-    OffloadError,
-    PayloadChecksumMismatch,
-    PayloadNotFound,
-    TransferError,
-    UntrustedEndpoint,
-    UploadError,
+from ._cli_errors import (
+    EXIT_CODES_EPILOG,
+    EXIT_ERRORS,
+    EXIT_OK,
+    Parser,
+    UsageError,
+    cause,
+    describe,
+    detail,
 )
+from ._client import Client
+from ._config import BrokerUrl, ClientSettings, load_settings
+from ._exceptions import ConfigError, InvalidTopic, OffloadError, UploadError
 from ._http import HttpTransport
 from ._message import Message, MessageError, PublishResult
 from ._progress import CountingReader, CountingWriter, Progress
 from ._scram import gateway_auth
-from ._upload import TusUploader
-from .protocol import MessageId
+from ._upload import TusUploader, state_path
+from .protocol import MessageId, Topic, TopicFilter
 
 PROGRESS_MIN_BYTES = 8 << 20  # smaller files finish before a bar is worth drawing
 
-EXIT_OK, EXIT_ERRORS, EXIT_USAGE, EXIT_CONNECT, EXIT_TOO_LARGE, EXIT_TRANSFER = range(6)
-
-# Most specific first: the first matching class names the cause.
-_CAUSES: tuple[tuple[type[OffloadError], str], ...] = (
-    (ChecksumMismatchError, "checksum mismatch"),
-    (PayloadChecksumMismatch, "checksum mismatch"),
-    (ChunkTimeoutError, "chunk timeout"),
-    (ChunkBufferOverflow, "buffer overflow"),
-    (PayloadNotFound, "not found"),
-    (UntrustedEndpoint, "untrusted endpoint"),
-    (FetchError, "fetch failed"),
-    (MalformedPlaceholder, "malformed placeholder"),
-    (MalformedChunk, "malformed chunk"),
-)
-
-
-def cause(error: OffloadError) -> str:
-    """A short, stable name for why a message failed (the `error` field of JSON lines)."""
-    for kind, name in _CAUSES:
-        if isinstance(error, kind):
-            return name
-    return type(error).__name__
+__all__ = ["build_parser", "cause", "main"]
 
 
 def _emit(doc: dict[str, Any]) -> None:
@@ -121,11 +89,10 @@ def _add_connection(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="offload",
         description="MQTT messages of any size: offload to an HTTP gateway, else ADR-23 chunks.",
-        epilog="Exit codes: 0 ok, 1 error lines / nothing found, 2 usage, configuration or a "
-        "local file, 3 broker connection, 4 message too large, 5 HTTP transfer failed.",
+        epilog=EXIT_CODES_EPILOG,
     )
     parser.add_argument("--config", metavar="FILE", help="TOML config file")
     parser.add_argument("-v", "--verbose", action="count", default=0)
@@ -241,7 +208,7 @@ def _subscribe(args: argparse.Namespace) -> int:
                     "topic": item.topic,
                     "error": cause(item.error),
                     "id": item.message_id,
-                    "detail": str(item.error),
+                    "detail": detail(item.error),
                 })  # fmt: skip
             else:
                 _emit(_message_doc(item, args.out, seen))
@@ -314,11 +281,17 @@ def _replacing(path: Path) -> Iterator[BinaryIO]:
 
     A failed download leaves no empty or truncated file and never clobbers an earlier one.
     """
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    except OSError as exc:  # name the user's file, not the hidden temporary one
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
     try:
         with os.fdopen(fd, "wb") as out:
             yield out
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -347,14 +320,23 @@ def _upload(args: argparse.Namespace) -> int:
         uploader = TusUploader(
             http, args.endpoint, state_dir=args.state_dir, segment=args.segment_size
         )
-        result = uploader.upload(
-            args.file,
-            args.topic,
-            resume=args.resume,
-            content_type=args.content_type,
-            on_bytes=bar.update,
-            on_start=bar.restart_from,
-        )
+        try:
+            result = uploader.upload(
+                args.file,
+                args.topic,
+                resume=args.resume,
+                content_type=args.content_type,
+                on_bytes=bar.update,
+                on_start=bar.restart_from,
+            )
+        except (UploadError, KeyboardInterrupt) as exc:
+            remembered = state_path(uploader.state_dir, args.file, uploader.endpoint, args.topic)
+            if not remembered.exists():  # nothing acknowledged yet: nothing to resume
+                raise
+            bar.close()
+            code, line = describe(exc)
+            print(f"{line}; the same command with --resume continues", file=sys.stderr)
+            return code
     _emit({
         "topic": args.topic,
         "id": result.message_id,
@@ -395,45 +377,85 @@ _COMMANDS = {
 }
 
 
+def _http_url(prog: str, flag: str, url: str) -> None:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UsageError(prog, f"{flag} must be an http:// or https:// URL, got {url!r}")
+    try:
+        parts.port  # noqa: B018  (raises on a bad port)
+    except ValueError:
+        raise UsageError(prog, f"{flag} has a bad port: {url!r}") from None
+
+
+def _base_url(prog: str, url: str) -> None:
+    """An endpoint is the gateway's base URL; an API path there only earns a redirect."""
+    _http_url(prog, "--endpoint", url)
+    last = urlsplit(url).path.rstrip("/").rsplit("/", 1)[-1]
+    if last in ("msg", "topic", "uploads", "publish", "docs"):
+        raise UsageError(
+            prog, f"--endpoint is the gateway's base URL (http://HOST:PORT), not /{last}: {url!r}"
+        )
+
+
+def _readable(prog: str, file: Path) -> None:
+    if str(file) != "-" and not file.is_file():
+        reason = "is a directory" if file.is_dir() else "no such file"
+        raise UsageError(prog, f"cannot read {file}: {reason}")
+
+
+def validate(args: argparse.Namespace) -> None:
+    """Every argument checked before anything connects, so a typo is exit 2, not 3 or 5.
+
+    Raises:
+        UsageError: naming the subcommand whose argument is wrong.
+    """
+    prog = f"offload {args.command}"
+    try:
+        if args.command in ("publish", "upload"):
+            Topic(args.topic)
+        if args.command == "subscribe":
+            for topic_filter in args.topic:
+                TopicFilter(topic_filter)
+    except InvalidTopic as exc:
+        raise UsageError(prog, str(exc)) from None
+    if getattr(args, "file", None) is not None:
+        _readable(prog, args.file)
+    if args.command == "fetch":
+        _http_url(prog, "the URL", args.url)
+        if args.output is not None and not args.output.parent.is_dir():
+            raise UsageError(prog, f"cannot write {args.output}: no such directory")
+    if args.command == "upload":
+        _base_url(prog, args.endpoint)
+        if args.segment_size <= 0:
+            raise UsageError(prog, "--segment-size must be positive")
+    if args.command in ("publish", "subscribe", "discover"):
+        try:
+            settings = settings_from_args(args)
+            BrokerUrl.parse(settings.broker)
+        except ConfigError as exc:
+            raise UsageError(prog, str(exc)) from None
+        if settings.endpoint is not None:
+            _base_url(prog, settings.endpoint)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the `offload` command line; returns the exit code.
 
     Args:
         argv: arguments without the program name (default: `sys.argv[1:]`).
     """
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    level = (
-        logging.WARNING
-        if args.verbose == 0
-        else logging.INFO
-        if args.verbose == 1
-        else logging.DEBUG
-    )
-    logging.basicConfig(level=level, format="offload: %(levelname)s %(message)s", stream=sys.stderr)
     try:
+        args = build_parser().parse_args(argv)
+        validate(args)
+        level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
+        logging.basicConfig(
+            level=level, format="offload: %(levelname)s %(message)s", stream=sys.stderr
+        )
         return _COMMANDS[args.command](args)
-    except ConfigError as exc:
-        parser.print_usage(sys.stderr)
-        print(f"offload: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except ConnectionFailed as exc:
-        print(f"offload: cannot connect: {exc}", file=sys.stderr)
-        return EXIT_CONNECT
-    except MessageTooLarge as exc:
-        print(f"offload: {exc}", file=sys.stderr)
-        return EXIT_TOO_LARGE
-    except (TransferError, UploadError) as exc:
-        print(f"offload: {cause(exc)}: {exc}", file=sys.stderr)
-        return EXIT_TRANSFER
-    except OffloadError as exc:
-        print(f"offload: {exc}", file=sys.stderr)
-        return EXIT_ERRORS
-    except OSError as exc:  # a local file: missing input, unwritable output
-        print(f"offload: error: {exc.strerror or exc}: {exc.filename or ''}", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        return 130
+    except (OffloadError, UsageError, OSError, KeyboardInterrupt) as exc:
+        code, line = describe(exc)
+        print(line, file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":
