@@ -21,6 +21,7 @@ from _servers import free_port
 
 pytestmark = pytest.mark.servers
 
+
 def _workers_serving(parent: int, port: int, url: str) -> bool:
     """Two worker processes hold the listening socket, and requests are answered."""
     try:
