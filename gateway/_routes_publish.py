@@ -152,6 +152,10 @@ def check_filename(name: str | None) -> str | None:
 
 def _media_type(request: Request) -> str | None:
     raw = request.headers.get("content-type")
+    # `curl --data-binary @f` sends this by default: it says nothing about the payload, so it
+    # counts as no content type rather than being stored as the message's.
+    if raw and raw.split(";")[0].strip().lower() == "application/x-www-form-urlencoded":
+        return None
     return raw.strip() if raw and raw.strip() else None
 
 

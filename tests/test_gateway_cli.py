@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -17,7 +19,8 @@ import pytest
 from client._scram import ScramAuth
 
 from _auth import write_password_file
-from _servers import free_port
+from _gateway import GatewayServer
+from _servers import Mosquitto, free_port
 
 pytestmark = pytest.mark.servers
 
@@ -82,3 +85,75 @@ def test_scram_logins_succeed_whichever_worker_answers(
         statuses = list(pool.map(login, range(24)))
     # Authenticated every time (a failed login is 401), then told there is no broker.
     assert statuses == [503] * 24
+
+
+# -- /docs without internet ---------------------------------------------------------------------
+
+
+def _asset_urls(html: str) -> list[str]:
+    return re.findall(r"""(?:src|href|url)\s*[=:]\s*['"]([^'"]+)['"]""", html)
+
+
+def test_every_asset_the_docs_pages_load_is_served_by_the_gateway(
+    gateway_factory: Callable[..., GatewayServer],
+) -> None:
+    gw = gateway_factory(None, allow_anonymous=True)
+    for page in ("/docs", "/redoc"):
+        html = httpx.get(f"{gw.url}{page}").text
+        urls = _asset_urls(html)
+        assert any(u.endswith(".js") for u in urls), html
+        for url in urls:
+            assert url.startswith("/"), f"{page} loads {url} from elsewhere"
+            assert httpx.get(f"{gw.url}{url}").status_code == 200, url
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs chromium (apt install)")
+def test_swagger_ui_renders_with_no_network(gateway_factory: Callable[..., GatewayServer]) -> None:
+    gw = gateway_factory(None, allow_anonymous=True)
+    dom = subprocess.run(
+        ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+         # Every name but loopback fails to resolve: a CDN reference would leave a blank page.
+         "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",
+         "--virtual-time-budget=10000", "--dump-dom", f"{gw.url}/docs"],
+        capture_output=True, text=True, timeout=120,
+    ).stdout  # fmt: skip
+    # Drawn by Swagger UI's script from /openapi.json, not present in the served HTML.
+    assert 'class="title">mqtt-offload gateway' in dom
+    assert 'data-path="/publish/{topic}"' in dom
+
+
+def test_docs_and_their_assets_are_routes_in_the_metrics(
+    gateway_factory: Callable[..., GatewayServer],
+) -> None:
+    gw = gateway_factory(None, allow_anonymous=True)
+    for path in ("/docs", "/openapi.json", "/static-offline-docs/swagger-ui.css", "/no/such"):
+        httpx.get(f"{gw.url}{path}")
+    metrics = httpx.get(f"{gw.url}/metrics").text
+    for route in ("/docs", "/openapi.json", "/static-offline-docs"):
+        assert f'route="{route}",status="200"' in metrics
+    assert 'route="unmatched",status="200"' not in metrics
+    assert 'route="unmatched",status="404"' in metrics  # a real miss still is one
+
+
+def test_curl_default_form_type_is_not_the_messages_content_type(
+    gateway_factory: Callable[..., GatewayServer], broker: Mosquitto, tmp_path: Path
+) -> None:
+    gateway = gateway_factory(broker, allow_anonymous=True)
+    photo = tmp_path / "photo.bin"
+    photo.write_bytes(b"\x89PNG not really")
+    sent = subprocess.run(
+        ["curl", "-s", "--data-binary", f"@{photo}", f"{gateway.url}/publish/cams/1"],
+        capture_output=True, text=True, timeout=30, check=True,
+    )  # fmt: skip
+    url = json.loads(sent.stdout)["url"]
+    got = httpx.get(f"{url}/payload")
+    assert got.content == photo.read_bytes()
+    assert "form-urlencoded" not in got.headers.get("content-type", "")
+    typed = subprocess.run(
+        ["curl", "-s", "--data-binary", f"@{photo}", "-H", "Content-Type: image/png",
+         f"{gateway.url}/publish/cams/1"],
+        capture_output=True, text=True, timeout=30, check=True,
+    )  # fmt: skip
+    assert httpx.get(json.loads(typed.stdout)["url"] + "/payload").headers["content-type"] == (
+        "image/png"
+    )
