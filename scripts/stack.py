@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -117,8 +118,10 @@ def start_gateway(
             stdout=log_path.open("wb"),
             stderr=subprocess.STDOUT,
         )
+        quiet = env.get("OFFLOAD_LOG_LEVEL", "INFO").upper() not in ("INFO", "DEBUG")
+        ready = functools.partial(_gateway_ready, port, log_path, quiet)
         try:
-            wait_until(lambda p=port: _healthy(p), f"gateway on port {port}", 30, proc, log_path)
+            wait_until(ready, f"gateway on port {port}", 30, proc, log_path)
         except PortInUse:
             proc.wait()
             if wanted or attempt == START_ATTEMPTS - 1:
@@ -131,6 +134,18 @@ def start_gateway(
         )
         return proc, port
     raise AssertionError("unreachable")
+
+
+def _gateway_ready(port: int, log: Path, quiet: bool) -> bool:
+    """Our gateway holds the port and answers.
+
+    uvicorn logs "running on" only once it holds the port (at INFO, the default level): with
+    it, a healthy answer cannot come from another gateway that happens to own the port.
+    """
+    bound = f"Uvicorn running on http://127.0.0.1:{port}"
+    if not quiet and bound not in log.read_text(errors="replace"):
+        return False
+    return _healthy(port)
 
 
 def _healthy(port: int) -> bool:
