@@ -44,15 +44,26 @@ def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     )
 
 
-def start_subscriber(*args: str) -> subprocess.Popen[str]:
+def subscriptions(broker: Mosquitto, topic: str) -> int:
+    """How many subscriptions to `topic` the broker has logged (mosquitto -v)."""
+    return broker.log().count(f"\t{topic} (QoS")
+
+
+def start_subscriber(broker: Mosquitto, topic: str, *args: str) -> subprocess.Popen[str]:
+    """`offload subscribe`, returned once the broker has its subscription (else a publish
+    right after could be missed)."""
+    before = subscriptions(broker, topic)
     proc = subprocess.Popen(
-        [OFFLOAD, "subscribe", *args],
+        [OFFLOAD, "subscribe", "--broker", broker.url, "--topic", topic, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env=_env(),
     )
-    time.sleep(1.5)  # let it connect and subscribe before anything is published
+    deadline = time.monotonic() + 30
+    while subscriptions(broker, topic) == before:
+        assert proc.poll() is None and time.monotonic() < deadline, "not subscribed"
+        time.sleep(0.05)
     return proc
 
 
@@ -75,9 +86,8 @@ def test_chunked_publish_is_readable_by_an_independent_adr23_reassembler(
     source = tmp_path / "one.bin"
     source.write_bytes(payload)
     subscriber = start_subscriber(
-        "--broker", broker.url, "--topic", topic, "--count", "1", "--timeout", "30",
-        "--out", str(tmp_path / "out"),
-    )  # fmt: skip
+        broker, topic, "--count", "1", "--timeout", "30", "--out", str(tmp_path / "out")
+    )
     try:
         result = run("publish", "--broker", broker.url, "--topic", topic, "--file", str(source))
         assert result.returncode == 0, result.stderr
@@ -110,9 +120,7 @@ def test_out_of_order_duplicate_and_bad_checksum_through_subscribe(
 ) -> None:
     broker = mosquitto_factory(max_packet_size=65536)
     topic = unique_topic("cli-ooo")
-    subscriber = start_subscriber(
-        "--broker", broker.url, "--topic", topic, "--count", "2", "--timeout", "30"
-    )
+    subscriber = start_subscriber(broker, topic, "--count", "2", "--timeout", "30")
     raw = MqttConnection(BrokerUrl.parse(broker.url), on_message=lambda m: None)
     raw.connect()
     try:
@@ -154,9 +162,8 @@ def test_20_mib_file_through_the_gateway(
         stdout=subprocess.PIPE,
     )  # fmt: skip
     subscriber = start_subscriber(
-        "--broker", broker.url, "--topic", topic, "--count", "1", "--timeout", "60",
-        "--out", str(tmp_path / "out"),
-    )  # fmt: skip
+        broker, topic, "--count", "1", "--timeout", "60", "--out", str(tmp_path / "out")
+    )
     try:
         result = run("publish", "--broker", broker.url, "--topic", topic, "--file", str(source))
         assert result.returncode == 0, result.stderr

@@ -172,7 +172,10 @@ def test_subscribe_draws_a_bar_for_large_payloads_on_a_terminal(
 
     thread = threading.Thread(target=subscribe)
     thread.start()
-    time.sleep(1.5)  # the subscription is in place
+    deadline = time.monotonic() + 30
+    while f"\t{topic} (QoS" not in broker.log():  # mosquitto -v logs each subscription
+        assert time.monotonic() < deadline, "not subscribed"
+        time.sleep(0.05)
     published = subprocess.run(
         [OFFLOAD, "publish", "--broker", broker.url, "--topic", topic, "--file", str(file),
          "--qos", "1"],
