@@ -99,19 +99,15 @@ def cause(error: OffloadError) -> str:
 
 def http_reason(exc: httpx.HTTPError) -> str:
     """What went wrong on the wire, in words (httpx's reprs name internal classes)."""
-    root: BaseException = exc
-    while root.__context__ is not None and not str(root):
-        root = root.__context__
-    text = str(exc) or str(root) or type(exc).__name__
+    text = str(exc) or type(exc).__name__
     if isinstance(exc, httpx.ConnectTimeout):
         return "timed out connecting"
     if isinstance(exc, httpx.TimeoutException):
         return "timed out"
     if isinstance(exc, httpx.ConnectError):
-        for code, words in ((errno.ECONNREFUSED, "connection refused"),):
-            if f"[Errno {code}]" in text:
-                return f"cannot connect ({words}: is the gateway running there?)"
-        return f"cannot connect ({text.removeprefix('[Errno -2] ').strip()})"
+        if f"[Errno {errno.ECONNREFUSED}]" in text:
+            return "cannot connect (connection refused: is the gateway running there?)"
+        return f"cannot connect ({text})"
     if isinstance(exc, httpx.RemoteProtocolError):
         return f"the connection broke off ({text})"
     if isinstance(exc, httpx.UnsupportedProtocol):
