@@ -35,6 +35,7 @@ cffi==2.0.0
 click==8.4.0
 dnspython==2.9.2
 fastapi==0.165.0
+fastapi-offline==1.7.7
 h11==0.16.0
 httpcore==1.0.9
 httptools==0.9.0
@@ -53,7 +54,7 @@ pymongo==4.20.0
 python-dotenv==1.2.2
 pyyaml==6.0.3
 scramp==1.5.0
-setuptools==75.8.0
+setuptools==80.9.0
 starlette==1.10.0
 typing-extensions==4.16.0
 typing-inspection==0.4.2

@@ -711,9 +711,11 @@ class Client:
         return None
 
     def _warn_plain_http(self, url: str) -> None:
+        """Warn once per origin; never for loopback, where nothing travels over a network."""
         scheme, host, port = _origin(url)
         origin = f"{host}:{port}"
-        if scheme == "http" and origin not in self._warned_http:
+        loopback = host == "localhost" or host.startswith("127.") or host in ("::1", "[::1]")
+        if scheme == "http" and not loopback and origin not in self._warned_http:
             self._warned_http.add(origin)
             log.warning("offload endpoint %s uses plain http: payloads travel unencrypted", origin)
 

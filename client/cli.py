@@ -5,14 +5,8 @@ Settings are layered defaults < config file < environment (`OFFLOAD_*`) < flags,
 what it did, `subscribe` one JSON line per message (`topic`, `size`, `sha256`, `route`, ...)
 or per error (`error` names the cause: `checksum mismatch`, `chunk timeout`, `not found`, ...).
 
-Exit codes:
-
-    0  success
-    1  subscribe delivered at least one error line; discover found no record
-    2  bad usage or configuration, or a local file that cannot be read or written
-    3  broker unreachable or refused the connection
-    4  message too large and neither offload nor chunking could carry it
-    5  HTTP transfer failed (upload, fetch, not found, checksum mismatch)
+Errors are one line on stderr and a stable exit code per class; the table is in
+:mod:`client._cli_errors` and the README.
 """
 
 from __future__ import annotations
@@ -32,56 +26,20 @@ from typing import Any, BinaryIO, cast
 
 import httpx
 
+from ._cli_args import build_parser, settings_from_args, validate
+from ._cli_errors import EXIT_ERRORS, EXIT_OK, UsageError, cause, describe, detail
 from ._client import Client
-from ._config import ClientSettings, load_settings
-from ._exceptions import (
-    ChecksumMismatchError,
-    ChunkBufferOverflow,
-    ChunkTimeoutError,
-    ConfigError,
-    ConnectionFailed,
-    FetchError,
-    MalformedChunk,
-    MalformedPlaceholder,
-    MessageTooLarge,
-    OffloadError,
-    PayloadChecksumMismatch,
-    PayloadNotFound,
-    TransferError,
-    UntrustedEndpoint,
-    UploadError,
-)
+from ._exceptions import ConfigError, OffloadError, UploadError
 from ._http import HttpTransport
 from ._message import Message, MessageError, PublishResult
 from ._progress import CountingReader, CountingWriter, Progress
 from ._scram import gateway_auth
-from ._upload import TusUploader
+from ._upload import TusUploader, state_path
 from .protocol import MessageId
 
 PROGRESS_MIN_BYTES = 8 << 20  # smaller files finish before a bar is worth drawing
 
-EXIT_OK, EXIT_ERRORS, EXIT_USAGE, EXIT_CONNECT, EXIT_TOO_LARGE, EXIT_TRANSFER = range(6)
-
-# Most specific first: the first matching class names the cause.
-_CAUSES: tuple[tuple[type[OffloadError], str], ...] = (
-    (ChecksumMismatchError, "checksum mismatch"),
-    (PayloadChecksumMismatch, "checksum mismatch"),
-    (ChunkTimeoutError, "chunk timeout"),
-    (ChunkBufferOverflow, "buffer overflow"),
-    (PayloadNotFound, "not found"),
-    (UntrustedEndpoint, "untrusted endpoint"),
-    (FetchError, "fetch failed"),
-    (MalformedPlaceholder, "malformed placeholder"),
-    (MalformedChunk, "malformed chunk"),
-)
-
-
-def cause(error: OffloadError) -> str:
-    """A short, stable name for why a message failed (the `error` field of JSON lines)."""
-    for kind, name in _CAUSES:
-        if isinstance(error, kind):
-            return name
-    return type(error).__name__
+__all__ = ["build_parser", "cause", "main"]
 
 
 def _emit(doc: dict[str, Any]) -> None:
@@ -99,90 +57,6 @@ def _result_doc(result: PublishResult) -> dict[str, Any]:
         "url": result.url,
         "packets": result.packets,
     }
-
-
-def _add_connection(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("connection (flags beat OFFLOAD_* and the config file)")
-    group.add_argument("--broker", help="mqtt[s]://[user:pass@]host[:port]")
-    group.add_argument("--username")
-    group.add_argument("--password")
-    group.add_argument("--protocol", choices=["5", "3.1.1"], help="MQTT version (default 5)")
-    group.add_argument("--client-id")
-    group.add_argument("--endpoint", help="offload gateway URL (skips discovery)")
-    group.add_argument("--discovery-topic")
-    group.add_argument("--discovery-wait", type=float, metavar="SECONDS")
-    group.add_argument("--max-packet-size", type=int, metavar="BYTES")
-    group.add_argument("--offload-threshold", type=int, metavar="BYTES")
-    group.add_argument("--chunk-timeout", type=float, metavar="SECONDS")
-    onoff = argparse.BooleanOptionalAction
-    group.add_argument("--automatic-offload", action=onoff, default=None)
-    group.add_argument("--fetch-external", action=onoff, default=None)
-    group.add_argument("--chunking", action=onoff, default=None)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="offload",
-        description="MQTT messages of any size: offload to an HTTP gateway, else ADR-23 chunks.",
-        epilog="Exit codes: 0 ok, 1 error lines / nothing found, 2 usage, configuration or a "
-        "local file, 3 broker connection, 4 message too large, 5 HTTP transfer failed.",
-    )
-    parser.add_argument("--config", metavar="FILE", help="TOML config file")
-    parser.add_argument("-v", "--verbose", action="count", default=0)
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    pub = sub.add_parser("publish", help="publish a file or a text message")
-    _add_connection(pub)
-    pub.add_argument("--topic", "-t", required=True)
-    what = pub.add_mutually_exclusive_group(required=True)
-    what.add_argument("--file", "-f", type=Path, help="payload file ('-' for stdin)")
-    what.add_argument("--message", "-m", help="payload text (UTF-8)")
-    pub.add_argument("--qos", "-q", type=int, choices=[0, 1, 2], default=1)
-    pub.add_argument("--retain", "-r", action="store_true")
-
-    subs = sub.add_parser("subscribe", help="print one JSON line per message")
-    _add_connection(subs)
-    subs.add_argument("--topic", "-t", required=True, action="append", help="filter (repeatable)")
-    subs.add_argument("--qos", "-q", type=int, choices=[0, 1, 2], default=1)
-    subs.add_argument("--count", "-c", type=int, help="stop after N messages (errors count)")
-    subs.add_argument("--timeout", type=float, metavar="SECONDS", help="stop when idle this long")
-    subs.add_argument("--out", "-o", type=Path, metavar="DIR", help="write payloads here")
-
-    fetch = sub.add_parser("fetch", help="download an offloaded payload")
-    fetch.add_argument("url", help="{endpoint}/msg/{id} (its raw /payload is fetched) or any URL")
-    fetch.add_argument("-o", "--output", type=Path, help="file to write (default: stdout)")
-    fetch.add_argument("--sha256", help="expected SHA-256 (hex) to verify")
-
-    up = sub.add_parser("upload", help="resumable upload of a file (tus); the gateway publishes it")
-    up.add_argument("--endpoint", required=True, help="offload gateway URL")
-    up.add_argument("--topic", "-t", required=True)
-    up.add_argument("--file", "-f", type=Path, required=True)
-    up.add_argument("--resume", action="store_true", help="continue this file's last upload")
-    up.add_argument("--content-type", help="the message's content type")
-    up.add_argument("--segment-size", type=int, default=8 << 20, metavar="BYTES")
-    up.add_argument("--username", help="gateway login (SCRAM), default: OFFLOAD_USERNAME")
-    up.add_argument("--password")
-    up.add_argument("--state-dir", type=Path, help="where upload URLs are remembered")
-
-    disc = sub.add_parser("discover", help="print the advertised discovery record")
-    _add_connection(disc)
-    disc.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS")
-    return parser
-
-
-_SETTING_FLAGS = (
-    "broker", "username", "password", "client_id", "endpoint", "discovery_topic",
-    "discovery_wait", "max_packet_size", "offload_threshold", "chunk_timeout",
-    "automatic_offload", "fetch_external", "chunking",
-)  # fmt: skip
-
-
-def settings_from_args(args: argparse.Namespace) -> ClientSettings:
-    """Flags > environment > config file > defaults."""
-    flags: dict[str, object] = {name: getattr(args, name, None) for name in _SETTING_FLAGS}
-    if getattr(args, "protocol", None):
-        flags["protocol"] = 4 if args.protocol == "3.1.1" else 5
-    return load_settings(flags, environ=os.environ, config_file=args.config)
 
 
 def _publish(args: argparse.Namespace) -> int:
@@ -241,7 +115,7 @@ def _subscribe(args: argparse.Namespace) -> int:
                     "topic": item.topic,
                     "error": cause(item.error),
                     "id": item.message_id,
-                    "detail": str(item.error),
+                    "detail": detail(item.error),
                 })  # fmt: skip
             else:
                 _emit(_message_doc(item, args.out, seen))
@@ -314,11 +188,17 @@ def _replacing(path: Path) -> Iterator[BinaryIO]:
 
     A failed download leaves no empty or truncated file and never clobbers an earlier one.
     """
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    except OSError as exc:  # name the user's file, not the hidden temporary one
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
     try:
         with os.fdopen(fd, "wb") as out:
             yield out
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -347,14 +227,23 @@ def _upload(args: argparse.Namespace) -> int:
         uploader = TusUploader(
             http, args.endpoint, state_dir=args.state_dir, segment=args.segment_size
         )
-        result = uploader.upload(
-            args.file,
-            args.topic,
-            resume=args.resume,
-            content_type=args.content_type,
-            on_bytes=bar.update,
-            on_start=bar.restart_from,
-        )
+        try:
+            result = uploader.upload(
+                args.file,
+                args.topic,
+                resume=args.resume,
+                content_type=args.content_type,
+                on_bytes=bar.update,
+                on_start=bar.restart_from,
+            )
+        except (UploadError, KeyboardInterrupt) as exc:
+            remembered = state_path(uploader.state_dir, args.file, uploader.endpoint, args.topic)
+            if not remembered.exists():  # nothing acknowledged yet: nothing to resume
+                raise
+            bar.close()
+            code, line = describe(exc)
+            print(f"{line}; the same command with --resume continues", file=sys.stderr)
+            return code
     _emit({
         "topic": args.topic,
         "id": result.message_id,
@@ -401,39 +290,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     Args:
         argv: arguments without the program name (default: `sys.argv[1:]`).
     """
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    level = (
-        logging.WARNING
-        if args.verbose == 0
-        else logging.INFO
-        if args.verbose == 1
-        else logging.DEBUG
-    )
-    logging.basicConfig(level=level, format="offload: %(levelname)s %(message)s", stream=sys.stderr)
     try:
+        args = build_parser().parse_args(argv)
+        validate(args)
+        level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
+        logging.basicConfig(
+            level=level, format="offload: %(levelname)s %(message)s", stream=sys.stderr
+        )
         return _COMMANDS[args.command](args)
-    except ConfigError as exc:
-        parser.print_usage(sys.stderr)
-        print(f"offload: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except ConnectionFailed as exc:
-        print(f"offload: cannot connect: {exc}", file=sys.stderr)
-        return EXIT_CONNECT
-    except MessageTooLarge as exc:
-        print(f"offload: {exc}", file=sys.stderr)
-        return EXIT_TOO_LARGE
-    except (TransferError, UploadError) as exc:
-        print(f"offload: {cause(exc)}: {exc}", file=sys.stderr)
-        return EXIT_TRANSFER
-    except OffloadError as exc:
-        print(f"offload: {exc}", file=sys.stderr)
-        return EXIT_ERRORS
-    except OSError as exc:  # a local file: missing input, unwritable output
-        print(f"offload: error: {exc.strerror or exc}: {exc.filename or ''}", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        return 130
+    except (OffloadError, UsageError, OSError, KeyboardInterrupt) as exc:
+        code, line = describe(exc)
+        print(line, file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi_offline import FastAPIOffline
 
 from discovery import Advertiser, DiscoveryRecord
 
@@ -151,7 +152,9 @@ def create_app(
             if ctx.broker is not None:
                 ctx.broker.stop()
 
-    app = FastAPI(
+    # FastAPI's /docs and /redoc load their scripts from a CDN (blank pages without
+    # internet); FastAPIOffline serves the same assets, shipped in its wheel, from here.
+    app = FastAPIOffline(
         title="mqtt-offload gateway",
         version=VERSION,
         summary="Claim-check offload API for MQTT (hop-client compatible)",

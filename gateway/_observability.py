@@ -17,6 +17,7 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
@@ -41,11 +42,22 @@ BROKER_ERRORS = Counter("offload_broker_errors_total", "Failed broker publishes"
 AUTH_FAILURES = Counter("offload_auth_failures_total", "Refused requests", ["status"])
 
 
-def _route_template(scope: Scope) -> str:
-    route = scope.get("route")
-    path = getattr(route, "path", None)
-    # Templates, never raw paths: topics and ids would explode the label space.
-    return str(path) if path else "unmatched"
+def _route_template(scope: Scope, entry: Scope) -> str:
+    """The matched route's template; `entry` is the scope as the request arrived.
+
+    Templates, never raw paths: topics and ids would explode the label space. Routes that
+    FastAPI adds as plain Starlette routes (`/openapi.json`) and mounts (the offline docs
+    assets) leave no `route` in the scope, so they are looked up in the app's table.
+    """
+    path = getattr(scope.get("route"), "path", None)
+    if path:
+        return str(path)
+    app = entry.get("app")
+    for route in getattr(app, "routes", ()):
+        match, _ = route.matches(entry)
+        if match is Match.FULL:
+            return str(getattr(route, "path", "unmatched"))
+    return "unmatched"
 
 
 class ObservabilityMiddleware:
@@ -59,6 +71,7 @@ class ObservabilityMiddleware:
         incoming = dict(scope.get("headers") or []).get(b"x-request-id", b"")
         rid = incoming.decode("latin-1")[:64] if incoming else uuid.uuid4().hex
         token = request_id.set(rid)
+        entry = dict(scope)  # before routing rewrites path and root_path
         start = time.perf_counter()
         status = 500
         received = 0
@@ -84,7 +97,7 @@ class ObservabilityMiddleware:
         try:
             await self.app(scope, counting_receive, tagging_send)
         finally:
-            route = _route_template(scope)
+            route = _route_template(scope, entry)
             method = scope.get("method", "")
             REQUESTS.labels(method, route, str(status)).inc()
             LATENCY.labels(method, route).observe(time.perf_counter() - start)

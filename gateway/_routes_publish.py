@@ -152,7 +152,12 @@ def check_filename(name: str | None) -> str | None:
 
 
 def _media_type(request: Request) -> str | None:
-    return parse_content_type(request.headers.get("content-type"), source="Content-Type")
+    raw = request.headers.get("content-type")
+    # `curl --data-binary @f` sends this by default: it says nothing about the payload, so it
+    # counts as no content type rather than being stored as the message's.
+    if raw and raw.split(";")[0].strip().lower() == "application/x-www-form-urlencoded":
+        return None
+    return parse_content_type(raw, source="Content-Type")
 
 
 # One decorator per method: a multi-method route repeats its operationId in the OpenAPI.

@@ -5,13 +5,17 @@ from __future__ import annotations
 import argparse
 import ctypes
 import ctypes.util
+import logging
 import os
+import secrets
 import sys
 
 import uvicorn
 
 from ._observability import configure_logging
 from ._settings import Settings
+
+log = logging.getLogger("gateway")
 
 # glibc raises its mmap threshold up to 32 MiB after large frees, so the 4-16 MiB transfer
 # buffers end up in heap arenas that are never given back: a 1 GiB upload left the
@@ -46,6 +50,18 @@ def main(argv: list[str] | None = None) -> int:
 
     settings = Settings()
     configure_logging(settings.log_level, settings.log_format)
+    if args.workers < 1:
+        parser.error("--workers must be at least 1")
+    if args.workers > 1 and settings.auth_secret is None:
+        # Workers are processes behind one socket: the two SCRAM round trips and a presigned
+        # URL's issue and use land on any of them, so they must share one secret. Drawn here
+        # once and inherited through the environment (the workers read their settings there).
+        os.environ["OFFLOAD_AUTH_SECRET"] = secrets.token_urlsafe(32)
+        log.warning(
+            "OFFLOAD_AUTH_SECRET is not set: generated one for the %d workers of this gateway; "
+            "set it (the same on every replica) for several replicas or restarts",
+            args.workers,
+        )
     if not settings.public_url:
         host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
         scheme = "https" if settings.tls_cert_file else "http"

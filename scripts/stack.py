@@ -4,57 +4,159 @@ Run through `scripts/up.sh`, which installs everything first. After a self-check
 message across the 256 KiB broker, byte-exact, while a plain mosquitto_sub sees only a
 placeholder) it serves until Ctrl-C; `--check` stops after the self-check.
 
-Ports: STACK_MQTT_PORT (1883), STACK_S3_PORT (8333), STACK_GATEWAY_PORT (8080).
+Ports: STACK_MQTT_PORT (1883), STACK_S3_PORT (8333), STACK_GATEWAY_PORT (8080); 0 picks free
+ones. State (data, logs, `env`): STACK_DIR (default `.stack` in the checkout). A second stack
+on the same STACK_DIR is refused while the first runs (a lock held for the stack's lifetime).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
+import functools
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from _servers import Mosquitto, SeaweedFS, free_port, wait_for_port  # noqa: E402
+from _servers import (  # noqa: E402
+    START_ATTEMPTS,
+    Mosquitto,
+    PortInUse,
+    SeaweedFS,
+    free_port,
+    port_answers,
+    wait_until,
+)
+
+MAX_PACKET = 262144
 
 
-def port(name: str, default: int) -> int:
-    value = int(os.environ.get(name, default))
-    return value if value else free_port(with_grpc=True)
+class StackError(Exception):
+    """A reason the stack cannot start, printed as one line."""
+
+
+def requested_port(name: str, default: int) -> int:
+    raw = os.environ.get(name, str(default))
+    try:
+        value = int(raw)
+    except ValueError:
+        raise StackError(f"{name}={raw!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise StackError(f"{name}={value} is not a port number (0 picks a free one)")
+    if value and port_answers(value):
+        raise StackError(
+            f"port {value} is already in use (another stack or service); "
+            f"set {name}=0 for a free port or {name}=<port> for another"
+        )
+    return value
+
+
+@contextlib.contextmanager
+def exclusive(state: Path) -> Iterator[None]:
+    """Hold `<state>.lock` for the stack's lifetime; refuse if another stack holds it.
+
+    flock is released by the kernel when the process ends, however it ends, so a crashed
+    stack never leaves a stale lock behind.
+    """
+    lock_path = state.with_name(state.name + ".lock")
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    lock: IO[str] = lock_path.open("a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        pid = lock.read().strip() or "?"
+        lock.close()
+        raise StackError(
+            f"another stack (pid {pid}) is running on {state}; stop it first (Ctrl-C in its "
+            f"terminal, or kill {pid}), or set STACK_DIR to another directory and the "
+            "STACK_*_PORT variables to 0"
+        ) from None
+    try:
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"{os.getpid()}\n")
+        lock.flush()
+        yield
+    finally:
+        lock.close()
 
 
 def start_gateway(
-    state: Path, s3: SeaweedFS, broker: Mosquitto, gw_port: int
-) -> subprocess.Popen[bytes]:
-    env = {
-        **os.environ,
-        "OFFLOAD_STORAGE_URL": s3.storage_url("offload"),
-        "OFFLOAD_S3_ACCESS_KEY": s3.access_key,
-        "OFFLOAD_S3_SECRET_KEY": s3.secret_key,
-        "OFFLOAD_MQTT_URL": broker.url,
-        "OFFLOAD_PUBLIC_URL": f"http://127.0.0.1:{gw_port}",
-        "OFFLOAD_ALLOW_ANONYMOUS": "true",  # a local playground: no credentials, by name
-    }
-    log = (state / "gateway.log").open("wb")
-    proc = subprocess.Popen(
-        ["offload-gateway", "--host", "127.0.0.1", "--port", str(gw_port)],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    wait_for_port(gw_port, 30, proc, state / "gateway.log")
-    (state / "env").write_text(
-        "".join(f"export {k}={v}\n" for k, v in env.items() if k.startswith("OFFLOAD_"))
-    )
-    return proc
+    state: Path, s3: SeaweedFS, broker: Mosquitto, wanted: int
+) -> tuple[subprocess.Popen[bytes], int]:
+    """`offload-gateway` on `wanted` (0: a free port, replaced if another program takes it)."""
+    for attempt in range(START_ATTEMPTS if not wanted else 1):
+        port = wanted or free_port()
+        env = {
+            **os.environ,
+            "OFFLOAD_STORAGE_URL": s3.storage_url("offload"),
+            "OFFLOAD_S3_ACCESS_KEY": s3.access_key,
+            "OFFLOAD_S3_SECRET_KEY": s3.secret_key,
+            "OFFLOAD_MQTT_URL": broker.url,
+            "OFFLOAD_PUBLIC_URL": f"http://127.0.0.1:{port}",
+            # A local demo: no password file, so requests without credentials are let in.
+            "OFFLOAD_ALLOW_ANONYMOUS": "true",
+        }
+        log_path = state / "gateway.log"
+        proc = subprocess.Popen(
+            ["offload-gateway", "--host", "127.0.0.1", "--port", str(port)],
+            env=env,
+            stdout=log_path.open("wb"),
+            stderr=subprocess.STDOUT,
+        )
+        quiet = env.get("OFFLOAD_LOG_LEVEL", "INFO").upper() not in ("INFO", "DEBUG")
+        ready = functools.partial(_gateway_ready, port, log_path, quiet)
+        try:
+            wait_until(ready, f"gateway on port {port}", 30, proc, log_path)
+        except PortInUse:
+            proc.wait()
+            if wanted or attempt == START_ATTEMPTS - 1:
+                raise
+            continue
+        settings = {k: v for k, v in env.items() if k.startswith("OFFLOAD_")}
+        settings["OFFLOAD_BROKER"] = broker.url  # for `offload` commands in the same shell
+        (state / "env").write_text(
+            "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(settings.items()))
+        )
+        return proc, port
+    raise AssertionError("unreachable")
+
+
+def _gateway_ready(port: int, log: Path, quiet: bool) -> bool:
+    """Our gateway holds the port and answers.
+
+    uvicorn logs "running on" only once it holds the port (at INFO, the default level): with
+    it, a healthy answer cannot come from another gateway that happens to own the port.
+    """
+    bound = f"Uvicorn running on http://127.0.0.1:{port}"
+    if not quiet and bound not in log.read_text(errors="replace"):
+        return False
+    return _healthy(port)
+
+
+def _healthy(port: int) -> bool:
+    """The gateway itself answers: /healthz with its own JSON, not just an open port."""
+    import httpx
+
+    try:
+        r = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
+        return r.status_code == 200 and r.json() == {"status": "ok"}
+    except (httpx.HTTPError, ValueError):
+        return False
 
 
 def wait_ready(url: str, timeout: float = 30) -> dict[str, object]:
@@ -72,6 +174,12 @@ def wait_ready(url: str, timeout: float = 30) -> dict[str, object]:
         time.sleep(0.3)
 
 
+def _show(name: str, done: subprocess.CompletedProcess[str]) -> None:
+    print(f"    {name}: exit {done.returncode} {done.stdout.strip()}")
+    for line in done.stderr.strip().splitlines():  # warnings on their own lines
+        print(f"      stderr: {line}")
+
+
 def self_check(state: Path, broker: Mosquitto, gw_url: str) -> bool:
     print("==> self-check: 20 MiB through a broker that takes 256 KiB packets")
     ready = wait_ready(gw_url)
@@ -80,71 +188,36 @@ def self_check(state: Path, broker: Mosquitto, gw_url: str) -> bool:
     discover = subprocess.run(
         ["offload", "discover", "--broker", mqtt], capture_output=True, text=True, timeout=30
     )
-    print(f"    discovery record: {discover.stdout.strip() or discover.stderr.strip()}")
+    _show("offload discover", discover)
     big = state / "selfcheck-20MiB.bin"
     big.write_bytes(os.urandom(20 * 1024 * 1024))
     digest = hashlib.sha256(big.read_bytes()).hexdigest()
     topic = f"selfcheck/{os.getpid()}"
     sub = subprocess.Popen(
-        [
-            "offload",
-            "subscribe",
-            "--broker",
-            mqtt,
-            "--topic",
-            topic,
-            "--count",
-            "1",
-            "--timeout",
-            "60",
-        ],
+        ["offload", "subscribe", "--broker", mqtt, "--topic", topic, "--count", "1",
+         "--timeout", "60"],
         stdout=subprocess.PIPE,
         text=True,
-    )
+    )  # fmt: skip
     raw = subprocess.Popen(
-        [
-            "mosquitto_sub",
-            "-V",
-            "5",
-            "-p",
-            str(broker.port),
-            "-h",
-            "127.0.0.1",
-            "-t",
-            topic,
-            "-C",
-            "1",
-            "-W",
-            "60",
-            "-F",
-            "%j",
-        ],
+        ["mosquitto_sub", "-V", "5", "-p", str(broker.port), "-h", "127.0.0.1", "-t", topic,
+         "-C", "1", "-W", "60", "-F", "%j"],
         stdout=subprocess.PIPE,
         text=True,
-    )
+    )  # fmt: skip
     time.sleep(1.0)  # both subscriptions in place before the publish
     t0 = time.monotonic()
     pub = subprocess.run(
-        [
-            "offload",
-            "publish",
-            "--broker",
-            mqtt,
-            "--topic",
-            topic,
-            "--file",
-            str(big),
-            "--qos",
-            "1",
-        ],
+        ["offload", "publish", "--broker", mqtt, "--topic", topic, "--file", str(big),
+         "--qos", "1"],
         capture_output=True,
         text=True,
         timeout=120,
-    )
+    )  # fmt: skip
     sub_out, _ = sub.communicate(timeout=90)
     raw_out, _ = raw.communicate(timeout=90)
     elapsed = time.monotonic() - t0
-    print(f"    offload publish: exit {pub.returncode} {pub.stdout.strip()} {pub.stderr.strip()}")
+    _show("offload publish", pub)
     ok = pub.returncode == 0
     try:
         line = json.loads(sub_out.strip().splitlines()[-1])
@@ -165,7 +238,7 @@ def self_check(state: Path, broker: Mosquitto, gw_url: str) -> bool:
             f"    plain mosquitto_sub saw {seen.get('payloadlen')} bytes, "
             f"_format={props.get('user-properties', {}).get('_format')}"
         )
-        ok = ok and placeholder and int(seen.get("payloadlen", 1 << 30)) < 262144
+        ok = ok and placeholder and int(seen.get("payloadlen", 1 << 30)) < MAX_PACKET
     except (IndexError, ValueError):
         print(f"    mosquitto_sub printed nothing usable: {raw_out!r}")
         ok = False
@@ -174,53 +247,83 @@ def self_check(state: Path, broker: Mosquitto, gw_url: str) -> bool:
     return ok
 
 
+def banner(state: Path, broker: Mosquitto, gw_port: int, s3: SeaweedFS) -> str:
+    """Commands a user can paste into a new shell as they are."""
+    bindir = Path(shutil.which("offload") or sys.executable).parent
+    activate = bindir / "activate"
+    path_line = (
+        f"source {activate}" if activate.exists() else f'export PATH="{bindir}:$PATH"'
+    ) + "   # puts offload, offload-gateway, offload-spark on PATH"
+    gw = f"http://127.0.0.1:{gw_port}"
+    return f"""
+Serving. In another shell:
+  {path_line}
+  source {state / "env"}   # OFFLOAD_BROKER and the gateway's settings, S3 credentials
+  offload subscribe --broker {broker.url} --topic 'demo/#' &
+  offload publish --broker {broker.url} --topic demo/big --file /path/to/large.bin
+  curl -s --data-binary @/path/to/file {gw}/publish/demo/curl
+  curl -s {gw}/readyz
+S3 for Spark or any S3 tool: endpoint http://{s3.endpoint}  bucket offload  access key \
+{s3.access_key}  secret key {s3.secret_key}
+API docs: {gw}/docs   Logs: {state}/   Ctrl-C stops everything."""
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def run(args: argparse.Namespace) -> int:
+    state = Path(os.environ.get("STACK_DIR") or ROOT / ".stack").resolve()
+    with exclusive(state):
+        s3_port = requested_port("STACK_S3_PORT", 8333)
+        mqtt_port = requested_port("STACK_MQTT_PORT", 1883)
+        gw_wanted = requested_port("STACK_GATEWAY_PORT", 8080)
+        shutil.rmtree(state, ignore_errors=True)  # ours alone: the lock is held
+        state.mkdir(parents=True)
+        s3 = SeaweedFS(workdir=state / "seaweedfs", s3_port=s3_port)
+        s3.workdir.mkdir()
+        broker = Mosquitto(max_packet_size=MAX_PACKET, port=mqtt_port, workdir=state / "mosquitto")
+        broker.workdir.mkdir()
+        gateway: subprocess.Popen[bytes] | None = None
+        try:
+            print(f"==> SeaweedFS S3 on 127.0.0.1:{s3_port or '<free port>'}")
+            s3.start()
+            print(f"==> mosquitto on 127.0.0.1:{broker.port or '<free port>'} "
+                  f"(max_packet_size {MAX_PACKET})")  # fmt: skip
+            broker.start()
+            gateway, gw_port = start_gateway(state, s3, broker, gw_wanted)
+            print(f"==> gateway on http://127.0.0.1:{gw_port}  (S3 {s3.endpoint}, "
+                  f"MQTT {broker.url})")  # fmt: skip
+            ok = self_check(state, broker, f"http://127.0.0.1:{gw_port}")
+            if args.check or not ok:
+                return 0 if ok else 1
+            print(banner(state, broker, gw_port, s3), flush=True)
+            while True:
+                signal.pause()
+        except KeyboardInterrupt:
+            return 0
+        finally:
+            t0 = time.monotonic()
+            if gateway is not None:
+                gateway.terminate()
+                gateway.wait(30)
+            broker.stop()
+            s3.stop()
+            print(f"==> stopped in {time.monotonic() - t0:.1f} s")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--check", action="store_true", help="exit after the self-check")
     args = parser.parse_args()
-    state = ROOT / ".stack"
-    shutil.rmtree(state, ignore_errors=True)
-    state.mkdir()
-    s3 = SeaweedFS(workdir=state / "seaweedfs")
-    s3.workdir.mkdir()
-    s3_port = port("STACK_S3_PORT", 8333)
-    s3._ports = {
-        "master": free_port(with_grpc=True),
-        "volume": free_port(with_grpc=True),
-        "filer": free_port(with_grpc=True),
-        "s3": s3_port,
-    }
-    s3.s3_port = s3_port
-    broker = Mosquitto(
-        max_packet_size=262144, port=port("STACK_MQTT_PORT", 1883), workdir=state / "mosquitto"
-    )
-    broker.workdir.mkdir()
-    gw_port = port("STACK_GATEWAY_PORT", 8080)
-    gateway: subprocess.Popen[bytes] | None = None
+    signal.signal(signal.SIGTERM, _raise_interrupt)  # `kill` stops as cleanly as Ctrl-C
     try:
-        print(f"==> SeaweedFS S3 on 127.0.0.1:{s3_port}")
-        s3.start()
-        print(f"==> mosquitto on 127.0.0.1:{broker.port} (max_packet_size 262144)")
-        broker.start()
-        print(f"==> gateway on http://127.0.0.1:{gw_port}")
-        gateway = start_gateway(state, s3, broker, gw_port)
-        ok = self_check(state, broker, f"http://127.0.0.1:{gw_port}")
-        if args.check or not ok:
-            return 0 if ok else 1
-        print(f"""
-Serving. Try:
-  offload subscribe --broker {broker.url} --topic 'demo/#' &
-  offload publish --broker {broker.url} --topic demo/big --file /path/to/large.bin
-  curl -s http://127.0.0.1:{gw_port}/readyz
-Gateway settings: source {state / "env"}   Logs: {state}/   Ctrl-C stops everything.""")
-        signal.sigwait({signal.SIGINT, signal.SIGTERM})
-        return 0
-    finally:
-        if gateway is not None:
-            gateway.terminate()
-            gateway.wait(30)
-        broker.stop()
-        s3.stop()
+        return run(args)
+    except (StackError, PortInUse) as exc:
+        print(f"stack: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":

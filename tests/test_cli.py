@@ -9,9 +9,11 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
 from client._config import BrokerUrl
@@ -20,7 +22,7 @@ from client.protocol._chunk import split
 from client.protocol._size import publish_packet_size
 
 from _gateway import GatewayServer
-from _servers import Mosquitto
+from _servers import Mosquitto, free_port
 from adr23_reference import reassemble
 
 pytestmark = pytest.mark.servers
@@ -42,15 +44,26 @@ def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     )
 
 
-def start_subscriber(*args: str) -> subprocess.Popen[str]:
+def subscriptions(broker: Mosquitto, topic: str) -> int:
+    """How many subscriptions to `topic` the broker has logged (mosquitto -v)."""
+    return broker.log().count(f"\t{topic} (QoS")
+
+
+def start_subscriber(broker: Mosquitto, topic: str, *args: str) -> subprocess.Popen[str]:
+    """`offload subscribe`, returned once the broker has its subscription (else a publish
+    right after could be missed)."""
+    before = subscriptions(broker, topic)
     proc = subprocess.Popen(
-        [OFFLOAD, "subscribe", *args],
+        [OFFLOAD, "subscribe", "--broker", broker.url, "--topic", topic, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env=_env(),
     )
-    time.sleep(1.5)  # let it connect and subscribe before anything is published
+    deadline = time.monotonic() + 30
+    while subscriptions(broker, topic) == before:
+        assert proc.poll() is None and time.monotonic() < deadline, "not subscribed"
+        time.sleep(0.05)
     return proc
 
 
@@ -73,9 +86,8 @@ def test_chunked_publish_is_readable_by_an_independent_adr23_reassembler(
     source = tmp_path / "one.bin"
     source.write_bytes(payload)
     subscriber = start_subscriber(
-        "--broker", broker.url, "--topic", topic, "--count", "1", "--timeout", "30",
-        "--out", str(tmp_path / "out"),
-    )  # fmt: skip
+        broker, topic, "--count", "1", "--timeout", "30", "--out", str(tmp_path / "out")
+    )
     try:
         result = run("publish", "--broker", broker.url, "--topic", topic, "--file", str(source))
         assert result.returncode == 0, result.stderr
@@ -108,9 +120,7 @@ def test_out_of_order_duplicate_and_bad_checksum_through_subscribe(
 ) -> None:
     broker = mosquitto_factory(max_packet_size=65536)
     topic = unique_topic("cli-ooo")
-    subscriber = start_subscriber(
-        "--broker", broker.url, "--topic", topic, "--count", "2", "--timeout", "30"
-    )
+    subscriber = start_subscriber(broker, topic, "--count", "2", "--timeout", "30")
     raw = MqttConnection(BrokerUrl.parse(broker.url), on_message=lambda m: None)
     raw.connect()
     try:
@@ -152,9 +162,8 @@ def test_20_mib_file_through_the_gateway(
         stdout=subprocess.PIPE,
     )  # fmt: skip
     subscriber = start_subscriber(
-        "--broker", broker.url, "--topic", topic, "--count", "1", "--timeout", "60",
-        "--out", str(tmp_path / "out"),
-    )  # fmt: skip
+        broker, topic, "--count", "1", "--timeout", "60", "--out", str(tmp_path / "out")
+    )
     try:
         result = run("publish", "--broker", broker.url, "--topic", topic, "--file", str(source))
         assert result.returncode == 0, result.stderr
@@ -237,7 +246,7 @@ def test_local_file_mistakes_are_clear_errors_not_tracebacks(
 ) -> None:
     missing = run("publish", "--broker", broker.url, "--topic", "t", "--file", "/no/such/file")
     assert missing.returncode == 2
-    assert "No such file or directory: /no/such/file" in missing.stderr
+    assert "cannot read /no/such/file: no such file" in missing.stderr
     assert "Traceback" not in missing.stderr
     unwritable = run("fetch", "http://127.0.0.1:9/msg/x", "-o", str(tmp_path))  # a directory
     assert unwritable.returncode == 2
@@ -255,3 +264,153 @@ def test_failed_fetch_keeps_the_earlier_file_and_leaves_no_partial(
     assert "not found" in result.stderr
     assert target.read_bytes() == b"earlier download"
     assert [p.name for p in tmp_path.iterdir()] == ["keep.bin"]
+
+
+# -- user mistakes: one line, one stable exit code (client/_cli_errors.py) ---------------------
+
+ID = "00000000-0000-4000-8000-000000000000"
+
+
+@dataclass(frozen=True)
+class Mistake:
+    """A command a user might type, the exit code it gets and words its one line contains."""
+
+    args: tuple[str, ...]
+    code: int
+    says: str
+
+
+def _mistakes(
+    broker: str, dead_broker: str, gw: str, dead_gw: str, tmp: Path
+) -> dict[str, Mistake]:
+    ok_file = tmp / "x.bin"
+    ok_file.write_bytes(b"x" * 100)
+    return {
+        "publish to a wildcard topic, before connecting": Mistake(
+            ("publish", "--broker", dead_broker, "-t", "a/#", "-m", "x"), 2,
+            "offload publish: error: invalid topic 'a/#': wildcards are not allowed",
+        ),
+        "upload to a wildcard topic, before connecting": Mistake(
+            ("upload", "--endpoint", dead_gw, "-t", "a/#", "-f", str(ok_file)), 2,
+            "offload upload: error: invalid topic 'a/#'",
+        ),
+        "subscribe to a malformed filter": Mistake(
+            ("subscribe", "--broker", dead_broker, "-t", "a/#/b"), 2,
+            "'#' must be a whole last level",
+        ),
+        "fetch a URL with a typo in the scheme": Mistake(
+            ("fetch", f"htp://127.0.0.1:9/msg/{ID}"), 2,
+            "offload fetch: error: the URL must be an http:// or https:// URL",
+        ),
+        "a broker URL that is not mqtt://": Mistake(
+            ("publish", "--broker", "http://x", "-t", "t", "-m", "x"), 2,
+            "offload publish: error: broker URL must be mqtt:// or mqtts://",
+        ),
+        "an endpoint URL that is not http://": Mistake(
+            ("publish", "--broker", dead_broker, "--endpoint", "htp://x", "-t", "t", "-m", "x"), 2,
+            "offload publish: error: endpoint must be an http(s) URL",
+        ),
+        "publish without --file or --message": Mistake(
+            ("publish", "--broker", broker, "-t", "t"), 2,
+            "offload publish: error: one of the arguments --file/-f --message/-m is required "
+            "(see 'offload publish --help')",
+        ),
+        "upload without --file": Mistake(
+            ("upload", "--endpoint", gw, "-t", "t"), 2,
+            "offload upload: error: the following arguments are required: --file/-f",
+        ),
+        "an unknown subcommand": Mistake(("pubilsh",), 2, "offload: error: argument command"),
+        "publish a file that does not exist": Mistake(
+            ("publish", "--broker", dead_broker, "-t", "t", "-f", "/no/such/file"), 2,
+            "offload publish: error: cannot read /no/such/file: no such file",
+        ),
+        "fetch into a directory that does not exist": Mistake(
+            ("fetch", f"{gw}/msg/{ID}", "-o", "/no/such/dir/x.bin"), 2,
+            "offload fetch: error: cannot write /no/such/dir/x.bin: no such directory",
+        ),
+        "upload with an API path as the endpoint": Mistake(
+            ("upload", "--endpoint", f"{gw}/msg", "-t", "t", "-f", str(ok_file)), 2,
+            "--endpoint is the gateway's base URL (http://HOST:PORT), not /msg",
+        ),
+        "a broker port where nothing listens": Mistake(
+            ("publish", "--broker", dead_broker, "-t", "t", "-m", "x"), 3,
+            f"offload: cannot connect to {dead_broker.removeprefix('mqtt://')}",
+        ),
+        "too large with chunking off and no gateway": Mistake(
+            ("publish", "--broker", broker, "-t", "t", "-m", "x" * 70000, "--no-chunking",
+             "--discovery-topic", "no/gateway/here", "--discovery-wait", "0.2"), 4,
+            "exceeds the broker limit of 65536 bytes",
+        ),
+        "fetch from a gateway that is down": Mistake(
+            ("fetch", f"{dead_gw}/msg/{ID}"), 5,
+            f"offload: fetch failed: {dead_gw}/msg/{ID}/payload: cannot connect (connection "
+            "refused: is the gateway running there?)",
+        ),
+        "fetch a message that does not exist": Mistake(
+            ("fetch", f"{gw}/msg/{ID}"), 5, f"offload: not found: {gw}/msg/{ID}/payload: HTTP 404",
+        ),
+        "upload to a gateway that is down": Mistake(
+            ("upload", "--endpoint", dead_gw, "-t", "t", "-f", str(ok_file)), 5,
+            f"offload: upload failed: {dead_gw}/uploads/: cannot connect (connection refused",
+        ),
+    }  # fmt: skip
+
+
+MISTAKES = list(_mistakes("b", "d", "g", "x", Path(tempfile.gettempdir())))
+
+
+@pytest.fixture(scope="module")
+def mistake_table(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Mistake]]:
+    from gateway import Settings
+
+    tmp = tmp_path_factory.mktemp("mistakes")
+    broker = Mosquitto(max_packet_size=65536).start()
+    gw = GatewayServer(
+        Settings(storage_url=f"file://{tmp / 'store'}", mqtt_url=broker.url, allow_anonymous=True)
+    )
+    gw.start()
+    try:
+        yield _mistakes(broker.url, f"mqtt://127.0.0.1:{free_port()}", gw.url,
+                        f"http://127.0.0.1:{free_port()}", tmp)  # fmt: skip
+    finally:
+        gw.stop()
+        broker.stop()
+
+
+@pytest.mark.parametrize("mistake", MISTAKES)
+def test_a_user_mistake_is_one_line_with_its_exit_code(
+    mistake: str, mistake_table: dict[str, Mistake]
+) -> None:
+    row = mistake_table[mistake]
+    result = run(*row.args, timeout=60)
+    assert result.returncode == row.code, result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr  # one line, nothing else
+    assert row.says in result.stderr
+    for internal in ("Traceback", "Error(", "Error:", ".part", "usage:"):
+        assert internal not in result.stderr
+    words = result.stderr.split(": ")
+    assert len(words) == len(set(words)), "a part of the message repeats"
+
+
+def test_checksum_mismatch_names_its_cause_once(mistake_table: dict[str, Mistake]) -> None:
+    ok = mistake_table["fetch a message that does not exist"].args[1].rsplit("/msg/", 1)[0]
+    published = httpx.post(f"{ok}/publish/mistakes/sum", content=b"payload")
+    assert published.status_code == 201, published.text
+    url = published.json()["url"]
+    result = run("fetch", url, "--sha256", "0" * 64)
+    assert result.returncode == 5
+    assert result.stderr.count("checksum mismatch") == 1, result.stderr
+    assert result.stderr.startswith(f"offload: checksum mismatch: {url}/payload: expected 000")
+
+
+def test_no_plain_http_warning_for_a_gateway_on_loopback(
+    mistake_table: dict[str, Mistake],
+) -> None:
+    broker = mistake_table["too large with chunking off and no gateway"].args[2]
+    result = run(
+        "publish", "--broker", broker, "-t", "mistakes/big", "-m", "x" * 100_000,
+        "--discovery-wait", "10",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["route"] == "offloaded"
+    assert result.stderr == ""  # 127.0.0.1: nothing travels over a network

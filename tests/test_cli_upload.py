@@ -172,7 +172,10 @@ def test_subscribe_draws_a_bar_for_large_payloads_on_a_terminal(
 
     thread = threading.Thread(target=subscribe)
     thread.start()
-    time.sleep(1.5)  # the subscription is in place
+    deadline = time.monotonic() + 30
+    while f"\t{topic} (QoS" not in broker.log():  # mosquitto -v logs each subscription
+        assert time.monotonic() < deadline, "not subscribed"
+        time.sleep(0.05)
     published = subprocess.run(
         [OFFLOAD, "publish", "--broker", broker.url, "--topic", topic, "--file", str(file),
          "--qos", "1"],
@@ -184,3 +187,30 @@ def test_subscribe_draws_a_bar_for_large_payloads_on_a_terminal(
     assert code == 0, bar
     assert json.loads(out)["sha256"] == hashlib.sha256(file.read_bytes()).hexdigest()
     assert f"fetch {topic}" in bar and "12.0 MiB / 12.0 MiB (100%)" in bar
+
+
+def test_an_interrupted_upload_says_how_to_resume(
+    gw: GatewayServer, tmp_path: Path, unique_topic: Callable[[str], str]
+) -> None:
+    file = tmp_path / "big.bin"
+    file.write_bytes(os.urandom(64 * MiB))
+    state_dir = tmp_path / "state"
+    args = _upload_args(gw, unique_topic("ctrl-c"), file, "--segment-size", str(MiB),
+                        "--state-dir", str(state_dir))  # fmt: skip
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_env(tmp_path))  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not (state_dir.exists() and list(state_dir.glob("*.json"))):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.02)
+    time.sleep(0.3)  # some segments on their way
+    proc.send_signal(signal.SIGINT)  # Ctrl-C
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert out == ""
+    assert err == "offload: interrupted; the same command with --resume continues\n"
+
+    done = subprocess.run([*args, "--resume"], capture_output=True, text=True, timeout=120,
+                          env=_env(tmp_path))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["resumed_from"] > 0

@@ -1,0 +1,106 @@
+"""The README's walk-through, run as written against the stack `scripts/up.sh` starts.
+
+The commands between `<!-- walkthrough:begin -->` and `<!-- walkthrough:end -->` are taken
+from README.md and run by bash, unchanged, in a directory laid out like a checkout after
+`up.sh`: `.venv` (this interpreter's environment) and `.stack` (a stack serving on free
+ports, started by `scripts/stack.py`, which `up.sh` runs after installing). So the README
+cannot drift from what works.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.servers, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parent.parent
+BLOCK = re.compile(
+    r"<!-- walkthrough:begin(?: (?P<name>\w+))? -->\s*```sh\n(?P<body>.*?)```\s*"
+    r"<!-- walkthrough:end -->",
+    re.S,
+)
+
+
+def walkthrough() -> dict[str, str]:
+    """The README's walk-through blocks by name ("" for the unnamed one)."""
+    blocks = {m["name"] or "": m["body"] for m in BLOCK.finditer((ROOT / "README.md").read_text())}
+    assert set(blocks) == {"", "spark"}, "the README's walk-through markers moved"
+    return blocks
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A serving stack; yields its state directory (what `.stack` is in a checkout)."""
+    state = tmp_path_factory.mktemp("stack") / ".stack"
+    env = os.environ | {"STACK_DIR": str(state), "STACK_MQTT_PORT": "0", "STACK_S3_PORT": "0",
+                        "STACK_GATEWAY_PORT": "0"}  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "scripts" / "stack.py")],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    seen: list[str] = []
+    deadline = time.monotonic() + 240
+    while not any(line.startswith("Serving.") for line in seen):
+        assert proc.poll() is None and time.monotonic() < deadline, "".join(seen)
+        seen.append(proc.stdout.readline())
+    try:
+        yield state
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+
+
+def _checkout(tmp_path: Path, stack: Path) -> Path:
+    """A directory laid out like a checkout after `up.sh`: `.venv` and `.stack`."""
+    (tmp_path / ".venv").symlink_to(sys.prefix)
+    (tmp_path / ".stack").symlink_to(stack)
+    return tmp_path
+
+
+def _bash(script: str, cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OFFLOAD_", "VIRTUAL_ENV"))}
+    env["OFFLOAD_CONFIG"] = os.devnull  # a user's own config file is not part of the example
+    return subprocess.run(
+        ["bash", "-e", "-o", "pipefail", "-c", script],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def test_walkthrough_publish_subscribe_and_curl(stack: Path, tmp_path: Path) -> None:
+    cwd = _checkout(tmp_path, stack)
+    done = _bash(walkthrough()[""], cwd, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stderr == "", done.stderr  # no warnings, no noise
+    digest = hashlib.sha256((cwd / "big.bin").read_bytes()).hexdigest()
+    lines = [json.loads(line) for line in (cwd / "received.jsonl").read_text().splitlines()]
+    assert sorted(line["topic"] for line in lines) == ["demo/big", "demo/curl"]
+    for line in lines:
+        assert line["sha256"] == digest and line["size"] == 5_000_000
+        assert line["route"] == "offloaded"
+        assert "content_type" not in line  # curl's default form type is not kept
+    assert f"{digest}  big.bin" in done.stdout
+
+
+@pytest.mark.spark
+def test_walkthrough_top_to_bottom_with_spark(stack: Path, tmp_path: Path) -> None:
+    """Both blocks in one shell, as a reader goes through them in one terminal."""
+    cwd = _checkout(tmp_path, stack)
+    blocks = walkthrough()
+    done = _bash(blocks[""] + blocks["spark"], cwd, timeout=420)
+    assert done.returncode == 0, done.stdout + done.stderr
+    digest = hashlib.sha256((cwd / "big.bin").read_bytes()).hexdigest()
+    # Spark's table: this run's two messages (and those of any earlier run, other digests).
+    rows = re.findall(rf"\|(demo/\w+)\s*\|5000000\|{digest}\|", done.stdout)
+    assert sorted(rows) == ["demo/big", "demo/curl"], done.stdout

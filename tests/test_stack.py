@@ -1,0 +1,131 @@
+"""The stack script and the server helpers under it: ports, readiness, a second stack."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import _servers
+from _servers import (
+    GRPC_OFFSET,
+    Mosquitto,
+    PortInUse,
+    SeaweedFS,
+    ephemeral_range,
+    free_port,
+    mqtt_answers,
+)
+
+pytestmark = pytest.mark.servers
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def squatter() -> Iterator[int]:
+    """A port held by a listener that is not the server a test is about to start."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", free_port(with_grpc=True)))
+        s.listen()
+        yield s.getsockname()[1]
+
+
+def test_free_ports_are_below_the_ephemeral_range() -> None:
+    low, _ = ephemeral_range()
+    for _ in range(200):
+        assert _servers.PORT_FLOOR <= free_port() < low
+        assert free_port(with_grpc=True) + GRPC_OFFSET < low
+
+
+def test_a_port_held_by_something_else_does_not_pass_for_a_ready_broker(
+    squatter: int, tmp_path: Path
+) -> None:
+    broker = Mosquitto(port=squatter, workdir=tmp_path)
+    # The port answers (the squatter accepts), but mosquitto could not bind it.
+    with pytest.raises(PortInUse, match=f"mosquitto on port {squatter}: address already in use"):
+        broker.start()
+    assert not mqtt_answers(squatter)
+
+
+def test_a_port_held_by_something_else_fails_seaweedfs_at_once(
+    squatter: int, tmp_path: Path
+) -> None:
+    store = SeaweedFS(workdir=tmp_path, s3_port=squatter)
+    with pytest.raises(PortInUse, match=f"S3 on port {squatter}: address already in use"):
+        store.start()  # not a 90 s wait for readiness
+
+
+def test_a_chosen_port_lost_to_another_program_is_replaced(
+    squatter: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The race the helper cannot prevent for a server in another process: the port was free
+    # when chosen and is taken before the broker binds it. Here the first choice is taken.
+    choices = iter([squatter])
+    real = _servers.free_port
+    monkeypatch.setattr(_servers, "free_port", lambda **kw: next(choices, None) or real(**kw))
+    broker = Mosquitto(workdir=tmp_path).start()
+    try:
+        assert broker.port != squatter
+        assert mqtt_answers(broker.port)
+    finally:
+        broker.stop()
+
+
+def _stack(state: Path, *args: str, **ports: str) -> subprocess.Popen[str]:
+    env = os.environ | {"STACK_DIR": str(state), "STACK_MQTT_PORT": "0", "STACK_S3_PORT": "0",
+                        "STACK_GATEWAY_PORT": "0"} | ports  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "scripts" / "stack.py"), *args],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def test_a_second_stack_is_refused_and_leaves_the_first_alone(tmp_path: Path) -> None:
+    state = tmp_path / "stack"
+    first = _stack(state)
+    try:
+        assert first.stdout is not None
+        seen = []
+        deadline = time.monotonic() + 240
+        while not any(line.startswith("Serving.") for line in seen):
+            assert first.poll() is None and time.monotonic() < deadline, "".join(seen)
+            seen.append(first.stdout.readline())
+        env_before = (state / "env").read_text()
+
+        second = _stack(state, "--check")
+        _, err = second.communicate(timeout=60)
+        assert second.returncode == 2
+        assert err == (
+            f"stack: another stack (pid {first.pid}) is running on {state}; stop it first "
+            f"(Ctrl-C in its terminal, or kill {first.pid}), or set STACK_DIR to another "
+            "directory and the STACK_*_PORT variables to 0\n"
+        )
+        assert (state / "env").read_text() == env_before
+        assert (state / "gateway.log").exists() and (state / "seaweedfs" / "data").is_dir()
+
+        first.send_signal(signal.SIGINT)  # Ctrl-C
+        out, _ = first.communicate(timeout=30)
+        assert first.returncode == 0
+        assert "==> stopped in" in out
+    finally:
+        first.kill()
+        first.wait()
+
+
+def test_a_fixed_port_in_use_is_one_clear_line(squatter: int, tmp_path: Path) -> None:
+    proc = _stack(tmp_path / "stack", "--check", STACK_MQTT_PORT=str(squatter))
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    assert err == (
+        f"stack: port {squatter} is already in use (another stack or service); set "
+        f"STACK_MQTT_PORT=0 for a free port or STACK_MQTT_PORT=<port> for another\n"
+    )
+    assert out == ""  # nothing was started
