@@ -15,6 +15,7 @@ from discovery import Advertiser, DiscoveryRecord
 
 from ._authz import BrokerRules, build_authenticator
 from ._context import Context, get_context
+from ._cors import BrowserUploads, parse_origins
 from ._errors import install_error_handlers
 from ._limits import UploadLimits
 from ._mqtt import BrokerAddress, BrokerConnection
@@ -163,6 +164,8 @@ def create_app(
         max_per_client=settings.max_uploads_per_client,
         body_idle_timeout=settings.body_idle_timeout,
     )
+    if settings.cors_origins:  # outermost: preflights are answered before authentication
+        app.add_middleware(BrowserUploads, origins=parse_origins(settings.cors_origins))
     app.add_api_route(
         "/metrics",
         metrics_endpoint,
