@@ -224,7 +224,8 @@ async def _load_part(
         raise BadRequest(f"Upload-Concat: partial upload {part_id} is for another topic")
     if part.offset != part.length:
         raise BadRequest(
-            f"Upload-Concat: partial upload {part_id} is at {part.offset} of {part.length} bytes"
+            f"Upload-Concat: partial upload {part_id} is not complete "
+            f"({part.offset} of {part.length} bytes)"
         )
     return part
 
