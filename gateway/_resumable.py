@@ -1,4 +1,4 @@
-"""Resumable uploads (tus 1.0: core, creation, checksum, expiration, termination): the state.
+"""Resumable uploads (tus 1.0 and its extensions, see `_routes_resumable`): the state.
 
 Design - everything lives in the object store, nothing on local disk, so any replica can
 continue any upload and the gateway's memory stays bounded:
@@ -7,8 +7,8 @@ continue any upload and the gateway's memory stays bounded:
     uploads/<id>/<offset:020d>-<tok>  one staged object per acknowledged PATCH segment
 
 * A PATCH body streams into its own segment object while its SHA-256 is taken; with an
-  `Upload-Checksum: sha256 <base64>` that does not match, the segment is deleted and the
-  offset stays (460): only that segment is rejected. A PATCH cut off midway stores nothing,
+  `Upload-Checksum` (sha1, md5, crc32 or sha256, see `_tus`) that does not match, the
+  segment is deleted and the offset stays (460): only that segment is rejected. A PATCH cut off midway stores nothing,
   so a client resumes from the last acknowledged offset (HEAD) and resends that segment.
 * On the last byte the segments become the payload object with `ObjectStore.concat`:
   server-side UploadPartCopy (S3 multipart, no bytes through the gateway) when every
@@ -23,11 +23,16 @@ continue any upload and the gateway's memory stays bounded:
 * An upload belongs to the principal that created it (`owner`, the authenticated user name);
   HEAD, PATCH and DELETE by anyone else answer 404, as for an unknown id. Anonymous uploads
   (no user) belong to whoever holds the id: a 128-bit random capability, never listed.
-* Abandoned uploads expire (`Upload-Expires`, extended by each PATCH);
-  :func:`cleanup_expired_uploads` removes them and any orphaned segments.
+* Concatenation: a partial upload is an upload that is never published; a final upload's
+  segments are its parts' segments (no bytes copied until assembly), and once it is
+  published the parts are removed, states and segments.
+* Abandoned uploads expire (`Upload-Expires`, extended by each PATCH); the gateway's
+  sweeper calls :func:`cleanup_expired_uploads`, which removes them and orphaned segments.
 
-Known limit: two PATCHes racing on one upload are detected only loosely (the offset is
-re-read before the state is saved; the loser gets 409). tus clients send one at a time.
+Known limits: two PATCHes racing on one upload are detected only loosely (the offset is
+re-read before the state is saved; the loser gets 409). tus clients send one at a time. Two
+final uploads naming the same parts at once may both publish, or the slower one fail when
+the faster one removed the parts; tus clients send one final upload.
 """
 
 from __future__ import annotations
