@@ -8,8 +8,9 @@ continue any upload and the gateway's memory stays bounded:
 
 * A PATCH body streams into its own segment object while its SHA-256 is taken; with an
   `Upload-Checksum` (sha1, md5, crc32 or sha256, see `_tus`) that does not match, the
-  segment is deleted and the offset stays (460): only that segment is rejected. A PATCH cut off midway stores nothing,
-  so a client resumes from the last acknowledged offset (HEAD) and resends that segment.
+  segment is deleted and the offset stays (460): only that segment is rejected. A PATCH
+  cut off midway stores nothing, so a client resumes from the last acknowledged offset
+  (HEAD) and resends that segment.
 * On the last byte the segments become the payload object with `ObjectStore.concat`:
   server-side UploadPartCopy (S3 multipart, no bytes through the gateway) when every
   segment but the last is at least 5 MiB, else one streamed copy through the gateway.
