@@ -15,7 +15,11 @@ from collections.abc import Callable
 
 import httpx
 import pytest
+import requests
+from test_ingest_requests import _as, two_users
 from test_resumable import TUS, Sub, _meta, create, head_offset, patch
+
+__all__ = ["two_users"]  # a fixture, shared with the ownership tests of plain uploads
 
 from _gateway import GatewayServer
 from _servers import Mosquitto
@@ -309,3 +313,31 @@ def test_cors_origins_are_validated() -> None:
     for bad in ("127.0.0.1:80", "http://a.example/path", "ftp://a.example", "http://u@a.example"):
         with pytest.raises(ValidationError):
             Settings(cors_origins=bad)
+
+
+def test_a_final_upload_joins_only_its_owners_parts(two_users: GatewayServer) -> None:
+    """Bob may write the topic, but Alice's partial upload does not exist for him."""
+    gw = two_users
+    alice, bob = _as("alice"), _as("bob")
+
+    def part(session: requests.Session, data: bytes) -> str:
+        r = session.post(f"{gw.url}/uploads/", data=data, headers={
+            **TUS, "Upload-Concat": "partial", "Upload-Length": str(len(data)),
+            "Upload-Metadata": _meta(topic="shared/joined"),
+            "Content-Type": "application/offset+octet-stream"})  # fmt: skip
+        assert r.status_code == 201, r.text
+        return gw.url + r.headers["location"]
+
+    def final(session: requests.Session, *parts: str) -> requests.Response:
+        return session.post(f"{gw.url}/uploads/", headers={
+            **TUS, "Upload-Concat": "final;" + " ".join(parts),
+            "Upload-Metadata": _meta(topic="shared/joined")})  # fmt: skip
+
+    alices, bobs = part(alice, b"alice's"), part(bob, b"bob's")
+    stolen = final(bob, bobs, alices)
+    assert stolen.status_code == 400 and "no partial upload" in stolen.json()["detail"]
+    assert alice.head(alices, headers=TUS).headers["upload-offset"] == "7"  # untouched
+    mine = final(alice, alices)
+    assert mine.status_code == 201, mine.text
+    assert alice.get(mine.headers["x-offload-url"] + "/payload").content == b"alice's"
+    assert final(bob, bobs).status_code == 201
