@@ -16,6 +16,7 @@ from discovery import Advertiser, DiscoveryRecord
 
 from ._authz import BrokerRules, build_authenticator
 from ._context import Context, get_context
+from ._cors import BrowserUploads, parse_origins
 from ._drain import DrainBeforeEarlyAnswer
 from ._errors import install_error_handlers
 from ._limits import UploadLimits
@@ -168,9 +169,11 @@ def create_app(
         max_per_client=settings.max_uploads_per_client,
         body_idle_timeout=settings.body_idle_timeout,
     )
-    # Outermost: a refusal sent before the body was read (401, 403, 429...) must reach the
+    # Outermost but for CORS: a refusal sent before the body was read (401, 403, 429...) must reach the
     # peer even when the connection closes right after it (gateway/_drain.py).
     app.add_middleware(DrainBeforeEarlyAnswer, timeout=settings.body_idle_timeout)
+    if settings.cors_origins:  # outermost: preflights are answered before authentication
+        app.add_middleware(BrowserUploads, origins=parse_origins(settings.cors_origins))
     app.add_api_route(
         "/metrics",
         metrics_endpoint,

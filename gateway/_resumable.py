@@ -1,4 +1,4 @@
-"""Resumable uploads (tus 1.0: core, creation, checksum, expiration, termination): the state.
+"""Resumable uploads (tus 1.0 and its extensions, see `_routes_resumable`): the state.
 
 Design - everything lives in the object store, nothing on local disk, so any replica can
 continue any upload and the gateway's memory stays bounded:
@@ -7,9 +7,10 @@ continue any upload and the gateway's memory stays bounded:
     uploads/<id>/<offset:020d>-<tok>  one staged object per acknowledged PATCH segment
 
 * A PATCH body streams into its own segment object while its SHA-256 is taken; with an
-  `Upload-Checksum: sha256 <base64>` that does not match, the segment is deleted and the
-  offset stays (460): only that segment is rejected. A PATCH cut off midway stores nothing,
-  so a client resumes from the last acknowledged offset (HEAD) and resends that segment.
+  `Upload-Checksum` (sha1, md5, crc32 or sha256, see `_tus`) that does not match, the
+  segment is deleted and the offset stays (460): only that segment is rejected. A PATCH
+  cut off midway stores nothing, so a client resumes from the last acknowledged offset
+  (HEAD) and resends that segment.
 * On the last byte the segments become the payload object with `ObjectStore.concat`:
   server-side UploadPartCopy (S3 multipart, no bytes through the gateway) when every
   segment but the last is at least 5 MiB, else one streamed copy through the gateway.
@@ -23,18 +24,21 @@ continue any upload and the gateway's memory stays bounded:
 * An upload belongs to the principal that created it (`owner`, the authenticated user name);
   HEAD, PATCH and DELETE by anyone else answer 404, as for an unknown id. Anonymous uploads
   (no user) belong to whoever holds the id: a 128-bit random capability, never listed.
-* Abandoned uploads expire (`Upload-Expires`, extended by each PATCH);
-  :func:`cleanup_expired_uploads` removes them and any orphaned segments.
+* Concatenation: a partial upload is an upload that is never published; a final upload's
+  segments are its parts' segments (no bytes copied until assembly), and once it is
+  published the parts are removed, states and segments.
+* Abandoned uploads expire (`Upload-Expires`, extended by each PATCH); the gateway's
+  sweeper calls :func:`cleanup_expired_uploads`, which removes them and orphaned segments.
 
-Known limit: two PATCHes racing on one upload are detected only loosely (the offset is
-re-read before the state is saved; the loser gets 409). tus clients send one at a time.
+Known limits: two PATCHes racing on one upload are detected only loosely (the offset is
+re-read before the state is saved; the loser gets 409). tus clients send one at a time. Two
+final uploads naming the same parts at once may both publish, or the slower one fail when
+the faster one removed the parts; tus clients send one final upload.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import hashlib
 import json
 import logging
@@ -43,7 +47,6 @@ import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field, replace
-from email.utils import formatdate
 from typing import Any
 
 from client.protocol import MessageId, Topic, data_key
@@ -51,13 +54,11 @@ from client.protocol import MessageId, Topic, data_key
 from ._errors import BadRequest, ChecksumMismatch, Conflict, Gone, NotFound, PayloadTooLarge
 from ._pipe import StreamingUpload
 from ._service import MAX_KEY_BYTES, now_ms
+from ._tus import Checksum, check_upload_id
 from .storage import ObjectInfo, ObjectStore, StoreError
 
 log = logging.getLogger("gateway.uploads")
 
-TUS_VERSION = "1.0.0"
-TUS_EXTENSIONS = "creation,checksum,expiration,termination"
-CHECKSUM_ALGORITHMS = "sha256"
 UPLOADS_PREFIX = "uploads/"
 STATE_VERSION = 1
 _HASH_CACHE = 256  # uploads whose running SHA-256 this replica remembers
@@ -69,61 +70,6 @@ def state_key(upload_id: str) -> str:
 
 def segments_prefix(upload_id: str) -> str:
     return f"{UPLOADS_PREFIX}{upload_id}/"
-
-
-def check_upload_id(raw: str) -> str:
-    """An upload id from a URL: 32 lowercase hex characters (a UUID4 without dashes)."""
-    if len(raw) != 32 or any(c not in "0123456789abcdef" for c in raw):
-        raise NotFound(f"no upload {raw!r}")
-    return raw
-
-
-def parse_metadata(header: str | None) -> dict[str, str]:
-    """tus `Upload-Metadata`: comma-separated `key base64(value)` pairs (value optional).
-
-    Raises:
-        BadRequest: a value is not base64 of UTF-8, or a key repeats.
-    """
-    out: dict[str, str] = {}
-    if not header:
-        return out
-    for item in header.split(","):
-        item = item.strip()
-        if not item:
-            continue
-        key, _, encoded = item.partition(" ")
-        if key in out:
-            raise BadRequest(f"Upload-Metadata key {key!r} repeats")
-        try:
-            out[key] = base64.b64decode(encoded.strip(), validate=True).decode("utf-8")
-        except (binascii.Error, UnicodeDecodeError) as exc:
-            raise BadRequest(f"Upload-Metadata {key!r} is not base64 of UTF-8 text") from exc
-    return out
-
-
-def parse_checksum(header: str | None) -> str | None:
-    """`Upload-Checksum: sha256 <base64 digest>` as lowercase hex; None when absent.
-
-    Raises:
-        BadRequest: another algorithm (tus answers 400) or a malformed digest.
-    """
-    if header is None:
-        return None
-    algorithm, _, encoded = header.strip().partition(" ")
-    if algorithm.lower() != "sha256":
-        raise BadRequest(f"unsupported checksum algorithm {algorithm!r}; use sha256")
-    try:
-        digest = base64.b64decode(encoded.strip(), validate=True)
-    except binascii.Error as exc:
-        raise BadRequest("Upload-Checksum digest is not base64") from exc
-    if len(digest) != 32:
-        raise BadRequest("Upload-Checksum sha256 digest must be 32 bytes")
-    return digest.hex()
-
-
-def http_date(seconds: float) -> str:
-    """RFC 9110 IMF-fixdate, as tus wants `Upload-Expires`."""
-    return formatdate(seconds, usegmt=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +96,8 @@ class UploadState:
     options: dict[str, Any] = field(default_factory=dict)  # placeholder options (qos, ...)
     url: str | None = None  # set once completed and announced
     owner: str | None = None  # the creating user; None: anonymous (the id is the capability)
+    partial: bool = False  # tus concatenation: a part, never published by itself
+    parts: tuple[str, ...] = ()  # a final upload's partial uploads, removed once it is done
 
     def __post_init__(self) -> None:
         if self.length < 0:
@@ -181,6 +129,8 @@ class UploadState:
             "options": self.options,
             "url": self.url,
             "owner": self.owner,
+            "partial": self.partial,
+            "parts": list(self.parts),
         }
         return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode("utf-8")
 
@@ -202,6 +152,8 @@ class UploadState:
                 options=dict(doc.get("options") or {}),
                 url=doc.get("url"),
                 owner=doc.get("owner"),
+                partial=bool(doc.get("partial", False)),
+                parts=tuple(str(p) for p in doc.get("parts") or ()),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise StoreError(f"unreadable upload state: {exc}") from exc
@@ -234,6 +186,7 @@ class ResumableUploads:
         sha256: str | None,
         options: dict[str, Any],
         owner: str | None = None,
+        partial: bool = False,
     ) -> UploadState:
         """A new, empty upload of `length` bytes, saved before it is returned.
 
@@ -245,6 +198,7 @@ class ResumableUploads:
             sha256: the whole payload's expected SHA-256 (hex), checked at the end.
             options: placeholder options (qos, retain, expiry, user properties).
             owner: the authenticated user creating it; only they may continue it.
+            partial: a tus concatenation part: complete, it waits for a final upload.
         """
         now = time.time()
         state = UploadState(
@@ -259,9 +213,40 @@ class ResumableUploads:
             sha256=sha256,
             options=options,
             owner=owner,
+            partial=partial,
         )
         await self.save(state)
         self._remember(state.id, 0, hashlib.sha256())
+        return state
+
+    async def create_final(self, template: UploadState, parts: list[UploadState]) -> UploadState:
+        """A final upload (tus concatenation): the parts' segments, in order, as its own.
+
+        It is complete at once; the caller assembles and publishes it like any other.
+
+        Args:
+            template: the final's own settings, as :meth:`create` would take them (its
+                `length` and `segments` are replaced by the parts').
+            parts: the completed partial uploads, in the order the client named them.
+        """
+        segments: list[Segment] = []
+        at = 0
+        for part in parts:
+            for seg in part.segments:
+                segments.append(Segment(seg.key, at, seg.size))
+                at += seg.size
+        now = time.time()
+        state = replace(
+            template,
+            id=uuid.uuid4().hex,
+            length=at,
+            message_id=MessageId.new(),
+            created=now,
+            expires=now + self.expiry,
+            segments=tuple(segments),
+            parts=tuple(p.id for p in parts),
+        )
+        await self.save(state)
         return state
 
     async def save(self, state: UploadState) -> None:
@@ -293,7 +278,7 @@ class ResumableUploads:
         chunks: AsyncIterator[bytes],
         *,
         declared: int | None,
-        checksum: str | None,
+        checksum: Checksum | None,
     ) -> UploadState:
         """Stage one PATCH segment at `offset`; the saved state with the new offset.
 
@@ -302,7 +287,7 @@ class ResumableUploads:
             offset: the client's `Upload-Offset`; must equal the stored offset.
             chunks: the request body.
             declared: its Content-Length, None when chunked.
-            checksum: the segment's expected SHA-256 hex (`Upload-Checksum`), if any.
+            checksum: the segment's expected digest (`Upload-Checksum`), if any.
 
         Raises:
             Conflict: the offset is not the upload's current offset.
@@ -316,6 +301,8 @@ class ResumableUploads:
             raise PayloadTooLarge(f"segment of {declared} bytes passes Upload-Length by more")
         cached = self._hashes.get(state.id)
         running = cached[1].copy() if cached is not None and cached[0] == offset else None
+        # The store hashes with SHA-256 anyway; another algorithm costs a second hash.
+        check = None if checksum is None or checksum.algorithm == "sha256" else checksum.new()
         key = f"{segments_prefix(state.id)}{offset:020d}-{uuid.uuid4().hex[:8]}"
         upload = StreamingUpload(self.store, key, -1 if declared is None else declared, None)
         total = 0
@@ -326,17 +313,22 @@ class ResumableUploads:
                     raise PayloadTooLarge("segment passes Upload-Length")
                 if running is not None:
                     running.update(chunk)
+                if check is not None:
+                    check.update(chunk)
                 await upload.write(chunk)
             sha256, size = await upload.finish()
         except BaseException as exc:
             await upload.abort(exc)
             raise
-        if checksum is not None and sha256 != checksum:
-            await self._call(self.store.delete, key)
-            raise ChecksumMismatch(
-                f"segment at offset {offset} has SHA-256 {sha256}, Upload-Checksum said "
-                f"{checksum}; the segment was discarded, the upload stays at offset {offset}"
-            )
+        if checksum is not None:
+            got = bytes.fromhex(sha256) if check is None else check.digest()
+            if got != checksum.digest:
+                await self._call(self.store.delete, key)
+                raise ChecksumMismatch(
+                    f"segment at offset {offset} is {checksum.describe(got)}, Upload-Checksum "
+                    f"said {checksum.describe(checksum.digest)}; the segment was discarded, "
+                    f"the upload stays at offset {offset}"
+                )
         if size == 0:
             return state
         # Re-read: a racing PATCH on another replica may have moved the upload on.
@@ -380,9 +372,17 @@ class ResumableUploads:
         return key, sha256, stamp
 
     async def remove_segments(self, state: UploadState) -> None:
-        """Delete the staged segments (after assembly or on termination)."""
+        """Delete the staged segments (after assembly or on termination).
+
+        A final upload's segments are its partial uploads': those go whole, state and all,
+        since nothing may be appended to a part once a final consumed it.
+        """
         await self._call(_delete_prefix, self.store, segments_prefix(state.id))
         self._hashes.pop(state.id, None)
+        for part in state.parts:
+            await self._call(_delete_prefix, self.store, segments_prefix(part))
+            await self._call(self.store.delete, state_key(part))
+            self._hashes.pop(part, None)
 
     async def terminate(self, state: UploadState) -> None:
         """tus termination: segments first, then the state (so no segment is orphaned)."""

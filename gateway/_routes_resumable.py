@@ -1,15 +1,26 @@
-"""Resumable uploads over HTTP: tus 1.0 (core, creation, checksum, expiration, termination).
+"""Resumable uploads over HTTP: tus 1.0 (core, creation, creation-with-upload, checksum,
+expiration, termination, concatenation).
 
     OPTIONS /uploads/        capabilities (Tus-Version, Tus-Extension, Tus-Max-Size, ...)
-    POST    /uploads/        create: Upload-Length, Upload-Metadata -> 201 Location
+    POST    /uploads/        create: Upload-Length, Upload-Metadata -> 201 Location; with
+                             Content-Type: application/offset+octet-stream the body is the
+                             first segment (creation-with-upload, Upload-Checksum applies);
+                             Upload-Concat: partial | final;<part URLs> (concatenation)
     HEAD    /uploads/{id}    Upload-Offset, Upload-Length, Upload-Expires
     PATCH   /uploads/{id}    append at Upload-Offset (application/offset+octet-stream),
-                             optional Upload-Checksum: sha256 <base64> -> 204 | 460
+                             optional Upload-Checksum: sha1|md5|crc32|sha256 <base64>
+                             -> 204 | 460
     DELETE  /uploads/{id}    terminate -> 204
 
-`Upload-Metadata` keys (values base64, as tus wants): `topic` (required), `filename`
-(or `name`), `content_type` (or `filetype`, `type`), `sha256` (whole payload, hex), `qos`,
-`retain`, `expiry` and `prop.<name>` (user properties of the placeholder).
+`Upload-Metadata` keys (values base64, as tus wants): `topic` (required, partial uploads
+too: every upload is authorized against its topic), `filename` (or `name`), `content_type`
+(or `filetype`, `type`), `sha256` (whole payload, hex), `qos`, `retain`, `expiry` and
+`prop.<name>` (user properties of the placeholder).
+
+Concatenation (tus-js-client's `parallelUploads`): partial uploads are never published;
+the final upload names them, must share their topic and owner, takes its length from
+theirs, and is assembled and published at once like the last PATCH of a single upload; the
+parts are then removed.
 
 When the last byte is acknowledged the payload is assembled, its SHA-256 checked against
 `sha256`, the message committed and its placeholder published; the final PATCH (and any later
@@ -32,13 +43,14 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from starlette.requests import ClientDisconnect
 
-from client.protocol import Manifest
+from client.protocol import Manifest, MessageId, Topic
 
 from ._context import Context, get_context
 from ._errors import (
     COMMON_RESPONSES,
     BadRequest,
     ChecksumMismatch,
+    Forbidden,
     GatewayError,
     NotFound,
     PayloadTooLarge,
@@ -47,19 +59,19 @@ from ._errors import (
 )
 from ._ingest import PublishOptions, announce, commit_or_discard, user_property_headers
 from ._media import parse_content_type
-from ._resumable import (
-    CHECKSUM_ALGORITHMS,
-    TUS_EXTENSIONS,
-    TUS_VERSION,
-    ResumableUploads,
-    UploadState,
-    http_date,
-    parse_checksum,
-    parse_metadata,
-)
+from ._resumable import ResumableUploads, UploadState
 from ._routes import message_url, parse_ascii_int
 from ._routes_publish import _parse_bool, _parse_int, check_filename
 from ._service import parse_topic
+from ._tus import (
+    CHECKSUM_ALGORITHMS,
+    TUS_EXTENSIONS,
+    TUS_VERSION,
+    http_date,
+    parse_checksum,
+    parse_concat,
+    parse_metadata,
+)
 
 router = APIRouter(prefix="/uploads", tags=["resumable uploads (tus 1.0)"])
 
@@ -164,18 +176,58 @@ def _publish_options(state: UploadState) -> PublishOptions:
     )
 
 
-def _state_headers(state: UploadState) -> dict[str, str]:
+def _state_headers(ctx: Context, state: UploadState) -> dict[str, str]:
     headers = {
         "Upload-Offset": str(state.offset if not state.completed else state.length),
         "Upload-Length": str(state.length),
         "Upload-Expires": http_date(state.expires),
         "Cache-Control": "no-store",
     }
+    if state.partial:
+        headers["Upload-Concat"] = "partial"
+    elif state.parts:
+        urls = " ".join(f"{ctx.base_path}/uploads/{p}" for p in state.parts)
+        headers["Upload-Concat"] = f"final;{urls}"
     if state.completed:
         assert state.url is not None
         headers["X-Offload-Id"] = str(state.message_id)
         headers["X-Offload-Url"] = state.url
+        if state.sha256 is not None:
+            headers["X-Offload-Sha256"] = state.sha256
     return headers
+
+
+def _segment_type(request: Request) -> bool:
+    """Whether the body is upload data (`application/offset+octet-stream`)."""
+    content_type = (request.headers.get("content-type") or "").split(";")[0].strip()
+    return content_type.lower() == OFFSET_TYPE
+
+
+def _content_length(request: Request) -> int | None:
+    declared = request.headers.get("content-length")
+    return None if declared is None else parse_ascii_int(declared, "Content-Length")
+
+
+async def _load_part(
+    ctx: Context, request: Request, part_id: str, topic: Topic, owner: str | None
+) -> UploadState:
+    """A partial upload a final one may consume: the caller's, same topic, complete."""
+    try:
+        part = await _uploads(ctx).load(part_id)
+    except NotFound as exc:
+        raise BadRequest(f"Upload-Concat: no partial upload {part_id}") from exc
+    if part.owner != owner:
+        raise BadRequest(f"Upload-Concat: no partial upload {part_id}")  # as for unknown
+    if not part.partial:
+        raise BadRequest(f"Upload-Concat: upload {part_id} is not a partial upload")
+    if part.topic != topic:
+        raise BadRequest(f"Upload-Concat: partial upload {part_id} is for another topic")
+    if part.offset != part.length:
+        raise BadRequest(
+            f"Upload-Concat: partial upload {part_id} is not complete "
+            f"({part.offset} of {part.length} bytes)"
+        )
+    return part
 
 
 @router.options("", include_in_schema=False)
@@ -199,11 +251,23 @@ async def create(request: Request, ctx: Ctx) -> Response:
 
     async def run() -> Response:
         _check_version(request)
-        length = _nonnegative(request, "upload-length")
+        concat = parse_concat(request.headers.get("upload-concat"))
+        final = concat is not None and not concat.partial
+        length = 0 if final else _nonnegative(request, "upload-length")
+        if final and "upload-length" in request.headers:
+            raise BadRequest("a final upload takes its length from its parts: no Upload-Length")
         if length > ctx.settings.max_body_bytes:
             raise PayloadTooLarge(
                 f"Upload-Length {length} exceeds the limit of {ctx.settings.max_body_bytes}"
             )
+        # creation-with-upload: checked before anything is stored.
+        with_data = _segment_type(request)
+        declared = _content_length(request)
+        checksum = parse_checksum(request.headers.get("upload-checksum"))
+        if not with_data and declared:
+            raise UnsupportedMediaType(f"data in a POST needs Content-Type: {OFFSET_TYPE}")
+        if final and with_data and declared != 0:
+            raise BadRequest("a final upload carries no data of its own")
         meta = parse_metadata(request.headers.get("upload-metadata"))
         if "topic" not in meta:
             raise BadRequest("Upload-Metadata must name the topic (key `topic`)")
@@ -214,19 +278,41 @@ async def create(request: Request, ctx: Ctx) -> Response:
             len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256)
         ):
             raise BadRequest("Upload-Metadata sha256 must be 64 hex characters")
-        state = await _uploads(ctx).create(
-            topic,
-            length,
-            filename=check_filename(meta.get("filename") or meta.get("name")),
-            content_type=_content_type(meta),
-            sha256=sha256,
-            options=_options_from_metadata(meta),
-            owner=_principal(request),
-        )
-        if length == 0:
-            state = await _finish(ctx, request, state)
-        headers = _state_headers(state)
-        headers["Location"] = f"{ctx.base_path}/uploads/{state.id}"
+        uploads = _uploads(ctx)
+        owner = _principal(request)
+        settings: dict[str, Any] = {
+            "filename": check_filename(meta.get("filename") or meta.get("name")),
+            "content_type": _content_type(meta),
+            "sha256": sha256,
+            "options": _options_from_metadata(meta),
+        }
+        if concat is not None and not concat.partial:
+            parts = [await _load_part(ctx, request, p, topic, owner) for p in concat.parts]
+            if sum(p.length for p in parts) > ctx.settings.max_body_bytes:
+                raise PayloadTooLarge(
+                    f"the parts exceed the limit of {ctx.settings.max_body_bytes} bytes"
+                )
+            template = UploadState(
+                id="", topic=topic, length=0, message_id=MessageId.new(), created=0.0,
+                expires=0.0, owner=owner, **settings,
+            )  # fmt: skip
+            state = await uploads.create_final(template, parts)
+        else:
+            partial = concat is not None
+            state = await uploads.create(topic, length, owner=owner, partial=partial, **settings)
+        location = f"{ctx.base_path}/uploads/{state.id}"
+        try:
+            if with_data and not final:
+                state = await uploads.append(
+                    state, 0, _body(request), declared=declared, checksum=checksum
+                )
+            if state.offset == state.length and not state.partial:
+                state = await _finish(ctx, request, state)
+        except GatewayError as exc:
+            exc.headers.setdefault("Location", location)  # created: the client may resume
+            raise
+        headers = _state_headers(ctx, state)
+        headers["Location"] = location
         return Response(status_code=201, headers=headers)
 
     return await _tus(run)
@@ -239,7 +325,7 @@ async def offset(upload_id: str, request: Request, ctx: Ctx) -> Response:
     async def run() -> Response:
         _check_version(request)
         state = await _load_own(ctx, request, upload_id)
-        return Response(status_code=200, headers=_state_headers(state))
+        return Response(status_code=200, headers=_state_headers(ctx, state))
 
     return await _tus(run)
 
@@ -258,24 +344,24 @@ async def append(upload_id: str, request: Request, ctx: Ctx) -> Response:
 
     async def run() -> Response:
         _check_version(request)
-        content_type = (request.headers.get("content-type") or "").split(";")[0].strip()
-        if content_type.lower() != OFFSET_TYPE:
+        if not _segment_type(request):
             raise UnsupportedMediaType(f"PATCH needs Content-Type: {OFFSET_TYPE}")
         at = _nonnegative(request, "upload-offset")
         checksum = parse_checksum(request.headers.get("upload-checksum"))
-        declared = request.headers.get("content-length")
-        length = None if declared is None else parse_ascii_int(declared, "Content-Length")
+        length = _content_length(request)
         uploads = _uploads(ctx)
         state = await _load_own(ctx, request, upload_id)
+        if state.parts and length:
+            raise Forbidden("a final upload takes no PATCH data (tus concatenation)")
         if not state.completed:
             state = await uploads.append(
                 state, at, _body(request), declared=length, checksum=checksum
             )
-            if state.offset == state.length:
+            if state.offset == state.length and not state.partial:
                 state = await _finish(ctx, request, state)
         elif at != state.length:
             raise BadRequest(f"upload already complete at {state.length} bytes")
-        return Response(status_code=204, headers=_state_headers(state))
+        return Response(status_code=204, headers=_state_headers(ctx, state))
 
     return await _tus(run)
 

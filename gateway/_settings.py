@@ -81,6 +81,21 @@ class Settings(BaseSettings):
         30.0, gt=0, description="seconds an upload body may stall before 408"
     )
 
+    # Browser uploads (tus-js-client, Uppy): CORS, off unless origins are named.
+    cors_origins: str = Field(
+        "",
+        description="comma-separated origins (scheme://host[:port], or *) allowed CORS; "
+        "empty: no CORS",
+    )
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _check_cors_origins(cls, value: str) -> str:
+        from ._cors import parse_origins
+
+        parse_origins(value)  # refuses a malformed origin at start-up
+        return value
+
     @field_validator("storage_url")
     @classmethod
     def _check_storage_url(cls, value: str) -> str:

@@ -11,6 +11,10 @@ One sweep walks the id index (`ids/`), then the payloads and sidecars (`data/`):
   upload that ran for longer than the grace period writes its index milliseconds after its
   payload appears, never a whole sweep interval later.
 
+Then it removes abandoned resumable uploads (`uploads/`): an upload whose `Upload-Expires` has
+passed, with its staged segments, and segments whose upload state is gone. An expired upload
+can no longer be continued on any replica (it answers 410), so removing it races nothing.
+
 Every delete is idempotent, so several gateway replicas may sweep the same bucket; the
 interval is jittered so they do not all list at once. Keys outside the layout are left alone.
 """
@@ -30,6 +34,7 @@ from client._exceptions import ProtocolError
 from client.protocol import Manifest, index_key, meta_key
 from client.protocol._layout import DATA_PREFIX, INDEX_PREFIX, META_SUFFIX, parse_data_key
 
+from ._resumable import cleanup_expired_uploads
 from .storage import ObjectStore, StoreError
 
 log = logging.getLogger("gateway.sweeper")
@@ -46,6 +51,7 @@ class SweepReport:
     kept: int = 0  # live messages seen
     suspects: int = 0  # unreferenced objects seen for the first time (deleted next sweep)
     errors: int = 0  # objects skipped: unreadable manifest or a store error
+    uploads: int = 0  # abandoned resumable uploads removed, with their segments
 
 
 def partition_end_ms(payload_key: str) -> int | None:
@@ -138,8 +144,15 @@ class Sweeper:
                 else:
                     suspects.add(key)
         self._suspects = suspects
-        report = SweepReport(expired, orphans, kept, len(suspects), errors)
-        if expired or orphans or errors:
+        uploads = 0
+        if not self._stopping.is_set():
+            try:
+                uploads = cleanup_expired_uploads(self.store, now / 1000)
+            except StoreError as exc:
+                errors += 1
+                log.warning("sweep: abandoned uploads skipped: %s", exc)
+        report = SweepReport(expired, orphans, kept, len(suspects), errors, uploads)
+        if expired or orphans or errors or uploads:
             log.info("sweep: %s", report)
         return report
 

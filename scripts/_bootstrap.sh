@@ -17,6 +17,18 @@ if [ "${#need_apt[@]}" -gt 0 ]; then
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
+# tus peers (tests/test_tus_js.py): Node and npm for tus-js-client, and the distribution's
+# chromium for the browser test (Playwright drives it by path; no browser is downloaded).
+need_tus=()
+command -v node >/dev/null 2>&1 || need_tus+=(nodejs)
+command -v npm >/dev/null 2>&1 || need_tus+=(npm)
+[ -x /usr/bin/chromium ] || need_tus+=(chromium)
+if [ "${#need_tus[@]}" -gt 0 ]; then
+    echo "==> apt-get install ${need_tus[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${need_tus[@]}" >/dev/null
+fi
 # The Debian package starts a broker on 1883; the stack and the tests run their own.
 if command -v systemctl >/dev/null 2>&1; then
     systemctl disable --now mosquitto >/dev/null 2>&1 || true

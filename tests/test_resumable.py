@@ -80,7 +80,7 @@ def _segment_objects(gw: GatewayServer, upload_id: str) -> list[str]:
 
 @pytest.fixture
 def gw(gateway_factory: Callable[..., GatewayServer], broker: Mosquitto) -> GatewayServer:
-    return gateway_factory(broker)
+    return gateway_factory(broker, allow_anonymous=True)
 
 
 def test_options_advertises_the_extensions(gw: GatewayServer) -> None:
@@ -88,7 +88,8 @@ def test_options_advertises_the_extensions(gw: GatewayServer) -> None:
     assert r.status_code == 204
     assert r.headers["tus-version"] == "1.0.0"
     assert set(r.headers["tus-extension"].split(",")) >= {"creation", "checksum", "expiration"}
-    assert r.headers["tus-checksum-algorithm"] == "sha256"
+    assert set(r.headers["tus-checksum-algorithm"].split(",")) == {"sha1", "md5", "crc32", "sha256"}
+    assert {"creation-with-upload", "concatenation"} <= set(r.headers["tus-extension"].split(","))
 
 
 def test_segments_with_checksums_complete_and_publish(
@@ -109,6 +110,7 @@ def test_segments_with_checksums_complete_and_publish(
             offset += len(part)
             assert int(r.headers["upload-offset"]) == offset
         assert r.headers["x-offload-url"].endswith("/msg/" + r.headers["x-offload-id"])
+        assert r.headers["x-offload-sha256"] == hashlib.sha256(payload).hexdigest()
         url = r.headers["x-offload-url"]
         fetched = http.get(url + "/payload")
         assert fetched.content == payload
@@ -157,8 +159,10 @@ def test_protocol_errors(gw: GatewayServer, unique_topic: Callable[[str], str]) 
         loc = create(http, 10, topic=unique_topic("err"))
         assert patch(http, loc, 5, b"abc").status_code == 409
         assert patch(http, loc, 0, b"x" * 11).status_code == 413
-        md5 = patch(http, loc, 0, b"abc", "md5 kAFQmDzST7DWlj99KOF/cg==")
-        assert md5.status_code == 400
+        sha512 = patch(http, loc, 0, b"abc", "sha512 kAFQmDzST7DWlj99KOF/cg==")
+        assert sha512.status_code == 400 and "sha1" in sha512.json()["detail"]
+        short = patch(http, loc, 0, b"abc", "sha1 kAFQmDzST7DWlj99KOF/cg==")  # 16 bytes
+        assert short.status_code == 400
         wrong_type = http.patch(loc, content=b"a", headers={**TUS, "Upload-Offset": "0"})
         assert wrong_type.status_code == 415
         assert http.delete(loc, headers=TUS).status_code == 204
@@ -183,7 +187,7 @@ def test_small_segments_and_broker_retry(
 ) -> None:
     """Segments below S3's 5 MiB part minimum are copied through; a 503 at the end retries."""
     broker = mosquitto_factory()
-    gw = gateway_factory(broker)
+    gw = gateway_factory(broker, allow_anonymous=True)
     payload = os.urandom(700_000)
     with httpx.Client(base_url=gw.url, timeout=30) as http:
         loc = create(http, len(payload), topic=unique_topic("small"))
@@ -217,7 +221,9 @@ def test_file_store_and_expiry_cleanup(
     from gateway._resumable import cleanup_expired_uploads
     from gateway.storage import FileStore
 
-    gw = gateway_factory(broker, storage_url=f"file://{tmp_path}", upload_expiry=2)
+    gw = gateway_factory(
+        broker, storage_url=f"file://{tmp_path}", upload_expiry=2, allow_anonymous=True
+    )
     payload = os.urandom(6 * MiB + 1)
     with httpx.Client(base_url=gw.url, timeout=30) as http:
         done = create(http, len(payload), topic=unique_topic("fs"))
