@@ -169,8 +169,8 @@ def create_app(
         max_per_client=settings.max_uploads_per_client,
         body_idle_timeout=settings.body_idle_timeout,
     )
-    # Outermost but for CORS: a refusal sent before the body was read (401, 403, 429...) must reach the
-    # peer even when the connection closes right after it (gateway/_drain.py).
+    # Outermost but for CORS: a refusal sent before the body was read (401, 403, 429...)
+    # must reach the peer even when the connection closes right after it (gateway/_drain.py).
     app.add_middleware(DrainBeforeEarlyAnswer, timeout=settings.body_idle_timeout)
     if settings.cors_origins:  # outermost: preflights are answered before authentication
         app.add_middleware(BrowserUploads, origins=parse_origins(settings.cors_origins))
