@@ -15,6 +15,14 @@ Shared subscriptions (`$share/group/...`) hand the chunks of one ADR-23 message 
 members, so no member can reassemble it: each member reports a :class:`ChunkTimeoutError`
 after the first chunk's Message Expiry Interval (else `chunk_timeout`), never silence.
 Offloaded messages have no such problem: the placeholder is one PUBLISH.
+
+Every received message, discovery record and placeholder URL is untrusted (anyone who may
+publish on a subscribed topic, or write the discovery topic, wrote it): nothing in one can
+raise out of paho's thread or stop the worker. A bad message becomes a :class:`MessageError`
+and the next one is delivered; a bad discovery record is ignored with one warning. A
+placeholder is fetched only from the endpoint in force or `discovery_allowlist` (else
+`untrusted_endpoint = "anonymous"` must opt in), never past its declared size, and never
+when that size is over `max_fetch_bytes`.
 """
 
 from __future__ import annotations
@@ -32,7 +40,6 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from types import TracebackType
 from typing import Unpack
-from urllib.parse import urlsplit
 
 import httpx
 
@@ -49,6 +56,7 @@ from ._exceptions import (
     OffloadError,
     PayloadNotFound,
     ProtocolError,
+    ReceiveError,
     UntrustedEndpoint,
     UploadError,
 )
@@ -59,7 +67,9 @@ from ._router import choose_route
 from ._scram import gateway_auth
 from ._source import PayloadLike, PayloadSource
 from .protocol import MessageId, PublishProperties, Topic, TopicFilter
+from .protocol._bounded import Origin, http_origin
 from .protocol._chunk import CHUNK_PROPERTY, Complete, Error, Reassembler, plan_chunks
+from .protocol._reassembly import chunk_bounds
 from .protocol._size import MAX_PACKET_SIZE, publish_packet_size
 
 #: on_fetch_progress(topic, bytes received, total or None), from the fetching thread.
@@ -75,10 +85,13 @@ _CLOSED = object()
 CHUNK_WINDOW = 32
 
 
-def _origin(url: str) -> tuple[str, str, int | None]:
-    parts = urlsplit(url)
-    default = {"http": 80, "https": 443}.get(parts.scheme)
-    return parts.scheme, (parts.hostname or "").lower(), parts.port or default
+def _origin(url: str | None) -> Origin | None:
+    if url is None:
+        return None
+    try:
+        return http_origin(url)
+    except ValueError:
+        return None
 
 
 class Client:
@@ -144,13 +157,24 @@ class Client:
         # Reassembly keeps at most spool_threshold bytes of chunks in RAM; bigger messages
         # are spooled to temporary files and delivered as spooled payloads (issue 3).
         self._chunk_store = SpoolingChunkStore(memory_limit=s.spool_threshold)
+        per_message, tracked = chunk_bounds(
+            max_buffered_bytes=s.max_buffered_bytes,
+            packet_limit=s.max_packet_size or MAX_PACKET_SIZE,
+            ram_budget=s.spool_threshold,
+        )
         self._reassembler = Reassembler(
             default_timeout=s.chunk_timeout,
             max_partial_messages=s.max_partial_messages,
             max_buffered_bytes=s.max_buffered_bytes,
             store=self._chunk_store,
+            max_chunks_per_message=per_message,
+            max_tracked_chunks=tracked,
+            max_timeout=s.max_chunk_timeout,
         )
-        self._warned_http: set[str] = set()
+        self._warned_http: set[Origin] = set()
+        #: Digest of the last malformed discovery record warned about: a retained one comes
+        #: back on every re-subscription, and one warning is enough.
+        self._bad_record: bytes | None = None
         self._conn = MqttConnection(
             s.broker_url,
             on_message=self._on_message,
@@ -209,6 +233,13 @@ class Client:
         self._worker.start()
         try:
             self._conn.connect(timeout)
+            # The worker reads this int; CONNACK may state a smaller packet limit than
+            # configured, which allows more (smaller) chunks per message.
+            self._reassembler.max_chunks_per_message = chunk_bounds(
+                max_buffered_bytes=self.settings.max_buffered_bytes,
+                packet_limit=self.max_packet_size,
+                ram_budget=self.settings.spool_threshold,
+            )[0]
             if self._use_discovery:
                 self._conn.subscribe(self.settings.discovery_topic, 1)
         except BaseException:
@@ -385,7 +416,11 @@ class Client:
             return result
 
     def _endpoint_for_publish(self) -> str | None:
-        """The endpoint, waiting briefly for the retained record after a (re)subscribe."""
+        """The endpoint, waiting briefly for the retained record after a (re)subscribe.
+
+        Also the trusted origin for fetches: a retained placeholder may arrive just before
+        the retained discovery record it points at.
+        """
         if self.settings.endpoint is not None:
             return self.settings.endpoint
         with self._discovery_cond:
@@ -556,10 +591,22 @@ class Client:
 
     def _on_message(self, incoming: Incoming) -> None:
         if self._use_discovery and incoming.topic == self.settings.discovery_topic:
-            self._feed_discovery(incoming)
+            try:
+                self._feed_discovery(incoming)
+            except Exception:  # paho stops its loop on a callback exception: never let one out
+                log.exception("ignoring a discovery record that could not be handled")
             if not any(f.matches(incoming.topic) for f in list(self._filters.values())):
                 return
         self._inbound.put(incoming)
+
+    def _warn_bad_record(self, payload: bytes, text: str, *args: object) -> None:
+        """Warn about a bad discovery record once, not on every re-delivery of it."""
+        digest = hashlib.sha256(payload).digest()
+        if digest == self._bad_record:
+            log.debug(text, *args)
+            return
+        self._bad_record = digest
+        log.warning(text, *args)
 
     def _feed_discovery(self, incoming: Incoming) -> None:
         with self._discovery_cond:
@@ -576,15 +623,19 @@ class Client:
             error = self._discovery.last_error
             self._discovery_cond.notify_all()
         if error is not None:
-            log.warning("ignoring malformed discovery record: %s", error)
+            self._warn_bad_record(
+                incoming.payload, "ignoring malformed discovery record: %s", str(error)[:300]
+            )
         elif refused:
             assert record is not None
-            log.warning(
+            self._warn_bad_record(
+                incoming.payload,
                 "ignoring discovery record: endpoint %s is not in discovery_allowlist %s",
                 record.endpoint,
                 ", ".join(self.settings.discovery_allowlist),
             )
         else:
+            self._bad_record = None
             log.debug("discovery record: %s", record)
 
     # -- worker thread ---------------------------------------------------------------------
@@ -604,6 +655,10 @@ class Client:
                     self._process(item)
                 except OffloadError as exc:  # an error about one message, never fatal
                     self._deliveries.put(MessageError(item.topic, exc))
+                except Exception as exc:  # a bug or the disk: still one message, not the client
+                    log.exception("could not handle a message on %r", item.topic)
+                    failure = ReceiveError(f"could not handle the message: {exc!r}"[:500])
+                    self._deliveries.put(MessageError(item.topic, failure))
             now = time.monotonic()
             for error in self._reassembler.expire(now):
                 self._deliveries.put(MessageError(error.topic, error.error, error.message_id))
@@ -675,13 +730,14 @@ class Client:
         except MalformedPlaceholder as exc:
             return MessageError(incoming.topic, exc)
         try:
-            auth = self._auth_for(ref.url)
+            auth = self._auth_for(ref)
             self._warn_plain_http(ref.url)
             progress = self._on_fetch_progress
             payload = self._transport.fetch(
                 ref.payload_url,
                 expected_sha256=ref.sha256,
                 expected_size=ref.size,
+                max_bytes=self.settings.max_fetch_bytes,
                 spool_threshold=self.settings.spool_threshold,
                 auth=auth,
                 on_bytes=(lambda done, total: progress(incoming.topic, done, total))
@@ -701,21 +757,41 @@ class Client:
             str(ref.message_id),
         )
 
-    def _auth_for(self, url: str) -> httpx.Auth | None:
-        """hop-client's rule: credentials only to the advertised endpoint's origin."""
-        trusted = self.endpoint
-        if trusted is not None and _origin(url) == _origin(trusted):
+    def _auth_for(self, ref: _placeholder.Placeholder) -> httpx.Auth | None:
+        """Whether a placeholder may be fetched, and with which credentials.
+
+        Fetched: the endpoint in force (configured or discovered), with credentials
+        (hop-client's rule); origins in `discovery_allowlist`, without them (e.g. presigned
+        links). Any other origin only with `untrusted_endpoint = "anonymous"`, without
+        them: else a placeholder could make every subscriber send requests to any host and
+        port inside its network.
+
+        Raises:
+            UntrustedEndpoint: the origin is none of those, naming the settings that allow it.
+        """
+        origin = ref.origin
+        trusted = self._endpoint_for_publish()
+        if origin == _origin(trusted):
             return self._http_auth
-        if self.settings.untrusted_endpoint == "refuse":
-            raise UntrustedEndpoint(url, f"not the advertised offload endpoint ({trusted})")
-        return None
+        if self.settings.allowlisted(origin) or self.settings.untrusted_endpoint == "anonymous":
+            return None
+        raise UntrustedEndpoint(
+            ref.url,
+            f"origin {origin} is not the offload endpoint ({trusted or 'none known'}): add it "
+            "to discovery_allowlist, or set untrusted_endpoint=anonymous to fetch from any "
+            "origin without credentials",
+        )
 
     def _warn_plain_http(self, url: str) -> None:
-        scheme, host, port = _origin(url)
-        origin = f"{host}:{port}"
-        if scheme == "http" and origin not in self._warned_http:
-            self._warned_http.add(origin)
-            log.warning("offload endpoint %s uses plain http: payloads travel unencrypted", origin)
+        origin = _origin(url)
+        if origin is not None and origin.scheme == "http" and origin not in self._warned_http:
+            if len(self._warned_http) < 64:  # origins come from placeholders: keep it bounded
+                self._warned_http.add(origin)
+            log.warning(
+                "offload endpoint %s:%s uses plain http: payloads travel unencrypted",
+                origin.host,
+                origin.port,
+            )
 
 
 def chunk_header_present(props: PublishProperties) -> bool:

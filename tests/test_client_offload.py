@@ -105,7 +105,13 @@ def test_20_mib_crosses_a_256_kib_broker_as_a_placeholder(
     assert len(out) < 1024
     assert b"_format" in user_props and b"external" in user_props
     ref = json.loads(body)
-    assert ref == {"url": result.url, "size": 20 * MiB, "sha256": result.sha256}
+    assert ref == {
+        "_format": "external",  # in the body too: 3.1.1 subscribers see no user properties
+        "_id": result.message_id,
+        "url": result.url,
+        "size": 20 * MiB,
+        "sha256": result.sha256,
+    }
     # mosquitto logs "disconnected due to protocol error" for an oversize packet.
     assert "due to" not in broker.log()
     assert "dropping" not in broker.log().lower()
@@ -192,16 +198,24 @@ def test_credentials_only_go_to_the_advertised_endpoint(
     assert result.url is not None and result.message_id is not None
     foreign = result.url.replace(gateway.url, other.url)
     ref = Placeholder(foreign, result.size, result.sha256, MessageId.parse(result.message_id))
+    # By default a foreign origin is refused, and the error says what would allow it.
     _publish_placeholder(pub, topic, ref)
-    msg = _next(sub)
-    assert isinstance(msg, Message) and msg.payload == b"payload-1"  # fetched anonymously
-    assert len(auth.urls) == 1
-
-    strict = clients(untrusted_endpoint="refuse", http_auth=auth)
-    strict.subscribe(topic)
-    _publish_placeholder(pub, topic, ref)
-    err = _next(strict)
+    err = _next(sub)
     assert isinstance(err, MessageError) and isinstance(err.error, UntrustedEndpoint)
+    assert "discovery_allowlist" in str(err.error)
+    assert "untrusted_endpoint=anonymous" in str(err.error)
+
+    # Opted in by name: fetched, but without the credentials.
+    anonymous = clients(untrusted_endpoint="anonymous", http_auth=auth)
+    anonymous.subscribe(topic)
+    allowlisted = clients(discovery_allowlist=(gateway.url, other.url), http_auth=auth)
+    allowlisted.subscribe(topic)
+    _publish_placeholder(pub, topic, ref)
+    for receiver in (anonymous, allowlisted):
+        msg = _next(receiver)
+        assert isinstance(msg, Message) and msg.payload == b"payload-1"
+    assert _next(sub) is not None  # the strict one reported it again
+    assert len(auth.urls) == 1  # neither sent credentials to the other origin
 
 
 def test_mqtt_311_placeholder_carries_its_tag(
