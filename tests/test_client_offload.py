@@ -300,3 +300,63 @@ def test_a_retried_publish_with_the_same_id_keeps_one_object(
         if not str(o.object_name).endswith(".meta.json")
     ]
     assert len(payloads) == 1
+
+
+@pytest.mark.parametrize(
+    ("pub_protocol", "sub_protocol"),
+    [(4, 4), (4, 5), (5, 4), (5, 5)],
+    ids=["311-to-311", "311-to-5", "5-to-311", "5-to-5"],
+)
+def test_one_placeholder_for_every_protocol_pair(
+    gateway: GatewayServer,
+    clients: Callable[..., Client],
+    unique_topic: Callable[[str], str],
+    pub_protocol: int,
+    sub_protocol: int,
+) -> None:
+    """Mixed fleets: a 3.1.1 subscriber sees no user properties, yet knows a placeholder."""
+    topic = unique_topic("mixed")
+    sub = clients(protocol=sub_protocol)
+    sub.subscribe(topic)
+    pub = clients(protocol=pub_protocol, max_packet_size=262144)
+    payload = os.urandom(300 * 1024)  # over the broker's 256 KiB: offloaded
+    result = pub.publish(topic, payload, qos=1)
+    assert result.route is Route.OFFLOADED
+    got = _next(sub)
+    assert isinstance(got, Message), got
+    assert got.route is Route.OFFLOADED and got.payload == payload
+    assert got.message_id == result.message_id
+
+
+def test_gateway_placeholder_reaches_a_311_subscriber(
+    gateway: GatewayServer, clients: Callable[..., Client], unique_topic: Callable[[str], str]
+) -> None:
+    """The gateway encodes its placeholders with the same code: 3.1.1 recognises them too."""
+    topic = unique_topic("gw311")
+    sub = clients(protocol=4)
+    sub.subscribe(topic)
+    payload = os.urandom(64 * 1024)
+    r = httpx.post(f"{gateway.url}/publish/{topic}", content=payload, timeout=30)
+    assert r.status_code == 201, r.text
+    got = _next(sub)
+    assert isinstance(got, Message), got
+    assert got.route is Route.OFFLOADED and got.payload == payload
+
+
+def test_topic_dot_segments_reach_the_gateway_unchanged(
+    gateway: GatewayServer, clients: Callable[..., Client], unique_topic: Callable[[str], str]
+) -> None:
+    """`a/../b` is an MQTT topic of three levels, not a path to normalise into `b`."""
+    from hop import bson as hop_bson
+
+    topic = unique_topic("dots") + "/../x/./y"
+    sub = clients()
+    sub.subscribe(topic)
+    pub = clients(offload_threshold=1)
+    result = pub.publish(topic, b"dotted", qos=1)
+    assert result.route is Route.OFFLOADED
+    got = _next(sub)
+    assert isinstance(got, Message) and got.payload == b"dotted"
+    stored = httpx.get(f"{gateway.url}/msg/{result.message_id}", timeout=30)
+    assert stored.status_code == 200
+    assert hop_bson.loads(stored.content)["metadata"]["topic"] == topic
