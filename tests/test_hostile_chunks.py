@@ -27,7 +27,8 @@ MiB = 1024 * 1024
 SHA = hashlib.sha256(b"never").hexdigest()
 MAX_U32 = 2**32 - 1
 # spool_threshold 1 MiB and max_buffered_bytes 8 MiB on a 256 KiB broker: at most
-# 8 MiB / 63 KiB (rounded up) + 1 = 132 chunks per message, 4096 chunk entries in all (1 MiB / 256 B).
+# 8 MiB / 63 KiB (rounded up) + 1 = 132 chunks per message, and 4096 chunk entries in all
+# (1 MiB / 256 B).
 BOUNDS = {"spool_threshold": MiB, "max_buffered_bytes": 8 * MiB, "max_chunk_timeout": 2.0}
 
 
