@@ -172,9 +172,10 @@ class Client:
             max_timeout=s.max_chunk_timeout,
         )
         self._warned_http: set[Origin] = set()
-        #: Digest of the last malformed discovery record warned about: a retained one comes
-        #: back on every re-subscription, and one warning is enough.
-        self._bad_record: bytes | None = None
+        #: Set once a bad discovery record was warned about, cleared by a usable one: a
+        #: retained bad record comes back on every re-subscription, and a writer of the
+        #: discovery topic could flood them; one warning per bad spell is enough.
+        self._bad_record_warned = False
         self._conn = MqttConnection(
             s.broker_url,
             on_message=self._on_message,
@@ -599,13 +600,12 @@ class Client:
                 return
         self._inbound.put(incoming)
 
-    def _warn_bad_record(self, payload: bytes, text: str, *args: object) -> None:
-        """Warn about a bad discovery record once, not on every re-delivery of it."""
-        digest = hashlib.sha256(payload).digest()
-        if digest == self._bad_record:
+    def _warn_bad_record(self, text: str, *args: object) -> None:
+        """Warn about bad discovery records once until a usable one arrives."""
+        if self._bad_record_warned:
             log.debug(text, *args)
             return
-        self._bad_record = digest
+        self._bad_record_warned = True
         log.warning(text, *args)
 
     def _feed_discovery(self, incoming: Incoming) -> None:
@@ -623,19 +623,16 @@ class Client:
             error = self._discovery.last_error
             self._discovery_cond.notify_all()
         if error is not None:
-            self._warn_bad_record(
-                incoming.payload, "ignoring malformed discovery record: %s", str(error)[:300]
-            )
+            self._warn_bad_record("ignoring malformed discovery record: %s", str(error)[:300])
         elif refused:
             assert record is not None
             self._warn_bad_record(
-                incoming.payload,
                 "ignoring discovery record: endpoint %s is not in discovery_allowlist %s",
                 record.endpoint,
                 ", ".join(self.settings.discovery_allowlist),
             )
         else:
-            self._bad_record = None
+            self._bad_record_warned = record is None and self._bad_record_warned
             log.debug("discovery record: %s", record)
 
     # -- worker thread ---------------------------------------------------------------------
