@@ -360,3 +360,30 @@ def test_topic_dot_segments_reach_the_gateway_unchanged(
     stored = httpx.get(f"{gateway.url}/msg/{result.message_id}", timeout=30)
     assert stored.status_code == 200
     assert hop_bson.loads(stored.content)["metadata"]["topic"] == topic
+
+
+def test_cli_311_subscriber_resolves_an_mqtt5_placeholder(
+    gateway: GatewayServer, clients: Callable[..., Client], unique_topic: Callable[[str], str]
+) -> None:
+    """`offload subscribe --protocol 3.1.1` used to print an MQTT 5 placeholder as data."""
+    broker: Mosquitto = gateway.broker  # type: ignore[attr-defined]
+    topic = unique_topic("cli311")
+    pub = clients()  # MQTT 5
+    payload = os.urandom(1 * MiB)
+    # Retained: the CLI gets it when it subscribes, no guessing when that is.
+    result = pub.publish(topic, payload, qos=1, retain=True)
+    assert result.route is Route.OFFLOADED
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OFFLOAD_")}
+    env["OFFLOAD_CONFIG"] = os.devnull
+    try:
+        done = subprocess.run(
+            ["offload", "subscribe", "--protocol", "3.1.1", "--broker", broker.url,
+             "--topic", topic, "--count", "1", "--timeout", "30"],
+            capture_output=True, text=True, timeout=60, env=env,
+        )  # fmt: skip
+    finally:
+        pub.publish(topic, b"", qos=1, retain=True)
+    assert done.returncode == 0, done.stderr
+    line = json.loads(done.stdout)
+    assert line["route"] == "offloaded" and line["size"] == len(payload)
+    assert line["sha256"] == hashlib.sha256(payload).hexdigest()
