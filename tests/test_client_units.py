@@ -107,6 +107,15 @@ def test_mqtt5_placeholder_body_alone_is_recognised() -> None:
     assert parse(body, PublishProperties()) == REF
 
 
+@pytest.mark.parametrize("protocol", [4, 5])
+def test_hop_client_reads_the_placeholder_body(protocol: int) -> None:
+    # hop-client's consumers read `url` from the JSON: the tag and id beside it are ignored.
+    from hop.models import ExternalMessage
+
+    body, _ = REF.encode(None, protocol=protocol)
+    assert ExternalMessage.load(body).url == REF.url
+
+
 def test_untagged_json_and_other_formats_are_not_placeholders() -> None:
     body, _ = REF.encode(None)
     untagged = json.dumps({"url": REF.url, "size": 123, "sha256": SHA}).encode()
