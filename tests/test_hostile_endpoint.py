@@ -87,6 +87,7 @@ def test_client_hangs_up_on_a_body_past_the_declared_size(
     # The next message is delivered: one lie costs one error line, not the client.
     assert isinstance(after, Message) and after.payload == b"after the liar"
     [served] = liar.wait_finished(1, 30)
+    print(f"liar sent {served.sent} bytes; client peak allocations {peak} bytes")  # with -s
     assert served.hung_up and not served.finished
     assert served.sent < 64 * MiB, f"the client read {served.sent} bytes of a 10-byte payload"
     assert peak < 16 * MiB, f"{peak} bytes allocated for a 10-byte payload"
@@ -150,6 +151,7 @@ def test_cli_reports_the_liar_and_carries_on(
     assert second["topic"] == topic and second["size"] == len(b"after the liar")
     assert proc.returncode == 1  # an error line was printed
     [served] = liar.wait_finished(1, 30)
+    print(f"liar sent {served.sent} bytes; CLI peak RSS {usage.ru_maxrss} KiB")  # with -s
     assert served.hung_up and served.sent < 64 * MiB
     # ru_maxrss is KiB on Linux: the whole CLI process, far below the 300 MiB on offer.
     assert usage.ru_maxrss < 200 * 1024, f"CLI peaked at {usage.ru_maxrss} KiB"
