@@ -180,9 +180,10 @@ def chunk_bounds(*, max_buffered_bytes: int, packet_limit: int, ram_budget: int)
 
     A message larger than `max_buffered_bytes` is dropped anyway, and a sender filling its
     chunks to the packet limit (or at least to :data:`CHUNK_SIZE_FLOOR`) needs no more than
-    `max_buffered_bytes / chunk size + 1` of them. Entries across all partial messages are
-    bounded by the RAM budget at :data:`CHUNK_ENTRY_COST` bytes each, and never below one
-    whole message's worth.
+    `max_buffered_bytes / chunk size + 1` of them. Chunk bookkeeping lives in RAM whatever
+    the store does with the bytes, so entries across all partial messages are bounded by the
+    RAM budget at :data:`CHUNK_ENTRY_COST` bytes each, and one message can never have more
+    chunks than that either (a tiny packet limit then needs a larger RAM budget).
 
     Args:
         max_buffered_bytes: the reassembly byte bound.
@@ -193,8 +194,8 @@ def chunk_bounds(*, max_buffered_bytes: int, packet_limit: int, ram_budget: int)
         `(max_chunks_per_message, max_tracked_chunks)`.
     """
     chunk = max(min(packet_limit, CHUNK_SIZE_FLOOR) - CHUNK_HEADROOM, 1)
-    per_message = min(-(-max_buffered_bytes // chunk) + 1, MAX_U32)
-    tracked = max(per_message, ram_budget // CHUNK_ENTRY_COST)
+    tracked = max(ram_budget // CHUNK_ENTRY_COST, 1)
+    per_message = min(-(-max_buffered_bytes // chunk) + 1, tracked, MAX_U32)
     return per_message, tracked
 
 
