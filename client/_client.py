@@ -44,11 +44,11 @@ from typing import Unpack
 import httpx
 
 from discovery import DiscoveryRecord
-from discovery._resolver import EndpointCache
 
 from . import _placeholder
 from ._chunkstore import SpoolingChunkStore
 from ._config import ClientSettings, SettingsOverrides, load_settings
+from ._discovery import DiscoveryView
 from ._exceptions import (
     ConnectionFailed,
     MalformedPlaceholder,
@@ -149,10 +149,7 @@ class Client:
         self._inbound: queue.SimpleQueue[Incoming | object] = queue.SimpleQueue()
         self._deliveries: queue.SimpleQueue[Delivery | object] = queue.SimpleQueue()
         self._filters: dict[str, TopicFilter] = {}
-        self._discovery = EndpointCache()
-        self._discovery_cond = threading.Condition()
-        self._discovery_since = 0.0
-        self._discovery_seen = False
+        self._discovery = DiscoveryView(s)
         self._use_discovery = s.endpoint is None and (s.automatic_offload or s.fetch_external)
         # Reassembly keeps at most spool_threshold bytes of chunks in RAM; bigger messages
         # are spooled to temporary files and delivered as spooled payloads (issue 3).
@@ -172,10 +169,6 @@ class Client:
             max_timeout=s.max_chunk_timeout,
         )
         self._warned_http: set[Origin] = set()
-        #: Set once a bad discovery record was warned about, cleared by a usable one: a
-        #: retained bad record comes back on every re-subscription, and a writer of the
-        #: discovery topic could flood them; one warning per bad spell is enough.
-        self._bad_record_warned = False
         self._conn = MqttConnection(
             s.broker_url,
             on_message=self._on_message,
@@ -290,15 +283,13 @@ class Client:
         """The offload endpoint in force: configured, else the discovered one (or None)."""
         if self.settings.endpoint is not None:
             return self.settings.endpoint
-        with self._discovery_cond:
-            record = self._discovery.current(time.monotonic())
+        record = self._discovery.current()
         return record.endpoint if record else None
 
     @property
     def discovery_record(self) -> DiscoveryRecord | None:
         """The discovery record currently in force, if any."""
-        with self._discovery_cond:
-            return self._discovery.current(time.monotonic())
+        return self._discovery.current()
 
     def wait_for_endpoint(self, timeout: float) -> str | None:
         """Wait up to `timeout` seconds for a discovery record; the endpoint or None.
@@ -306,14 +297,8 @@ class Client:
         Args:
             timeout: seconds to wait.
         """
-        deadline = time.monotonic() + timeout
-        with self._discovery_cond:
-            while True:
-                record = self._discovery.current(time.monotonic())
-                left = deadline - time.monotonic()
-                if record is not None or left <= 0:
-                    return record.endpoint if record else self.settings.endpoint
-                self._discovery_cond.wait(left)
+        record = self._discovery.wait(timeout)
+        return record.endpoint if record else self.settings.endpoint
 
     # -- publishing ------------------------------------------------------------------------
 
@@ -424,14 +409,8 @@ class Client:
         """
         if self.settings.endpoint is not None:
             return self.settings.endpoint
-        with self._discovery_cond:
-            while True:
-                now = time.monotonic()
-                record = self._discovery.current(now)
-                left = self._discovery_since + self.settings.discovery_wait - now
-                if record is not None or self._discovery_seen or left <= 0:
-                    return record.endpoint if record else None
-                self._discovery_cond.wait(left)
+        record = self._discovery.settled()
+        return record.endpoint if record else None
 
     def _publish_offloaded(
         self,
@@ -585,55 +564,16 @@ class Client:
     # -- paho thread (never block) ---------------------------------------------------------
 
     def _on_connect(self) -> None:
-        with self._discovery_cond:
-            # paho re-subscribed: the retained record is on its way; let a large publish wait.
-            self._discovery_since = time.monotonic()
-            self._discovery_seen = False
+        # paho re-subscribed: the retained record is on its way; let a large publish wait.
+        self._discovery.resubscribed()
 
     def _on_message(self, incoming: Incoming) -> None:
         if self._use_discovery and incoming.topic == self.settings.discovery_topic:
-            try:
-                self._feed_discovery(incoming)
-            except Exception:  # paho stops its loop on a callback exception: never let one out
-                log.exception("ignoring a discovery record that could not be handled")
+            expiry = incoming.properties.message_expiry_interval
+            self._discovery.feed(incoming.payload, expiry)  # never raises
             if not any(f.matches(incoming.topic) for f in list(self._filters.values())):
                 return
         self._inbound.put(incoming)
-
-    def _warn_bad_record(self, text: str, *args: object) -> None:
-        """Warn about bad discovery records once until a usable one arrives."""
-        if self._bad_record_warned:
-            log.debug(text, *args)
-            return
-        self._bad_record_warned = True
-        log.warning(text, *args)
-
-    def _feed_discovery(self, incoming: Incoming) -> None:
-        with self._discovery_cond:
-            record = self._discovery.feed(
-                incoming.payload,
-                expiry_interval=incoming.properties.message_expiry_interval,
-                now=time.monotonic(),
-            )
-            refused = record is not None and not self.settings.endpoint_allowed(record.endpoint)
-            if refused:
-                # A spoofed record must not even leave an older endpoint in place.
-                self._discovery.clear()
-            self._discovery_seen = True
-            error = self._discovery.last_error
-            self._discovery_cond.notify_all()
-        if error is not None:
-            self._warn_bad_record("ignoring malformed discovery record: %s", str(error)[:300])
-        elif refused:
-            assert record is not None
-            self._warn_bad_record(
-                "ignoring discovery record: endpoint %s is not in discovery_allowlist %s",
-                record.endpoint,
-                ", ".join(self.settings.discovery_allowlist),
-            )
-        else:
-            self._bad_record_warned = record is None and self._bad_record_warned
-            log.debug("discovery record: %s", record)
 
     # -- worker thread ---------------------------------------------------------------------
 
