@@ -18,24 +18,20 @@ Offloaded messages have no such problem: the placeholder is one PUBLISH.
 
 Every received message, discovery record and placeholder URL is untrusted (anyone who may
 publish on a subscribed topic, or write the discovery topic, wrote it): nothing in one can
-raise out of paho's thread or stop the worker. A bad message becomes a :class:`MessageError`
-and the next one is delivered; a bad discovery record is ignored with one warning. A
-placeholder is fetched only from the endpoint in force or `discovery_allowlist` (else
-`untrusted_endpoint = "anonymous"` must opt in), never past its declared size, and never
-when that size is over `max_fetch_bytes`.
+raise out of paho's thread or stop the worker. The worker's half lives in
+:mod:`client._receive`, the discovery view in :mod:`client._discovery`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 import os
 import queue
 import ssl
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from types import TracebackType
@@ -46,52 +42,32 @@ import httpx
 from discovery import DiscoveryRecord
 
 from . import _placeholder
-from ._chunkstore import SpoolingChunkStore
 from ._config import ClientSettings, SettingsOverrides, load_settings
 from ._discovery import DiscoveryView
 from ._exceptions import (
     ConnectionFailed,
-    MalformedPlaceholder,
     MessageTooLarge,
-    OffloadError,
-    PayloadNotFound,
     ProtocolError,
-    ReceiveError,
-    UntrustedEndpoint,
     UploadError,
 )
 from ._http import HttpTransport
-from ._message import Message, MessageError, Payload, PublishResult, Route
+from ._message import Message, MessageError, PublishResult, Route
 from ._paho import Incoming, MqttConnection
+from ._receive import Delivery, FetchProgress, PlainHttpWarner, Receiver
 from ._router import choose_route
 from ._scram import gateway_auth
 from ._source import PayloadLike, PayloadSource
 from .protocol import MessageId, PublishProperties, Topic, TopicFilter
-from .protocol._bounded import Origin, http_origin
-from .protocol._chunk import CHUNK_PROPERTY, Complete, Error, Reassembler, plan_chunks
-from .protocol._reassembly import chunk_bounds
+from .protocol._chunk import plan_chunks
 from .protocol._size import MAX_PACKET_SIZE, publish_packet_size
-
-#: on_fetch_progress(topic, bytes received, total or None), from the fetching thread.
-FetchProgress = Callable[[str, int, int | None], None]
 
 UPLOAD_ATTEMPTS = 2  # per offloaded publish, same message id each time
 
 log = logging.getLogger("client")
 
-Delivery = Message | MessageError
 _CLOSED = object()
 #: Chunk publishes outstanding at once: bounds what paho buffers for a huge chunked message.
 CHUNK_WINDOW = 32
-
-
-def _origin(url: str | None) -> Origin | None:
-    if url is None:
-        return None
-    try:
-        return http_origin(url)
-    except ValueError:
-        return None
 
 
 class Client:
@@ -130,7 +106,6 @@ class Client:
         on_fetch_progress: FetchProgress | None = None,
         **overrides: Unpack[SettingsOverrides],
     ) -> None:
-        self._on_fetch_progress = on_fetch_progress
         base = settings or ClientSettings()
         changes: dict[str, object] = dict(overrides)
         if broker is not None:
@@ -146,29 +121,10 @@ class Client:
         self._http_auth = http_auth or gateway_auth(
             username=broker_login.username, password=broker_login.password, token=s.http_token
         )
-        self._inbound: queue.SimpleQueue[Incoming | object] = queue.SimpleQueue()
-        self._deliveries: queue.SimpleQueue[Delivery | object] = queue.SimpleQueue()
         self._filters: dict[str, TopicFilter] = {}
         self._discovery = DiscoveryView(s)
         self._use_discovery = s.endpoint is None and (s.automatic_offload or s.fetch_external)
-        # Reassembly keeps at most spool_threshold bytes of chunks in RAM; bigger messages
-        # are spooled to temporary files and delivered as spooled payloads (issue 3).
-        self._chunk_store = SpoolingChunkStore(memory_limit=s.spool_threshold)
-        per_message, tracked = chunk_bounds(
-            max_buffered_bytes=s.max_buffered_bytes,
-            packet_limit=s.max_packet_size or MAX_PACKET_SIZE,
-            ram_budget=s.spool_threshold,
-        )
-        self._reassembler = Reassembler(
-            default_timeout=s.chunk_timeout,
-            max_partial_messages=s.max_partial_messages,
-            max_buffered_bytes=s.max_buffered_bytes,
-            store=self._chunk_store,
-            max_chunks_per_message=per_message,
-            max_tracked_chunks=tracked,
-            max_timeout=s.max_chunk_timeout,
-        )
-        self._warned_http: set[Origin] = set()
+        self._warn_plain_http = PlainHttpWarner()
         self._conn = MqttConnection(
             s.broker_url,
             on_message=self._on_message,
@@ -178,6 +134,18 @@ class Client:
             keepalive=s.keepalive,
             ca_file=s.ca_file,
         )
+        self._receiver = Receiver(
+            settings=s,
+            transport=self._transport,
+            http_auth=self._http_auth,
+            conn=self._conn,
+            endpoint_in_force=self._endpoint_for_publish,
+            warn_plain_http=self._warn_plain_http,
+            use_discovery=self._use_discovery,
+            on_fetch_progress=on_fetch_progress,
+        )
+        self._inbound = self._receiver.inbound
+        self._deliveries = self._receiver.deliveries
         self._worker: threading.Thread | None = None
         self._stop = threading.Event()
         self._closed = False
@@ -223,17 +191,13 @@ class Client:
             # re-sends a QoS>0 one after every reconnect.
             log.warning("MQTT 3.1.1 brokers do not state a packet limit: set max_packet_size")
         self._stop.clear()
-        self._worker = threading.Thread(target=self._work, name="offload-worker", daemon=True)
+        self._worker = threading.Thread(
+            target=self._receiver.run, args=(self._stop,), name="offload-worker", daemon=True
+        )
         self._worker.start()
         try:
             self._conn.connect(timeout)
-            # The worker reads this int; CONNACK may state a smaller packet limit than
-            # configured, which allows more (smaller) chunks per message.
-            self._reassembler.max_chunks_per_message = chunk_bounds(
-                max_buffered_bytes=self.settings.max_buffered_bytes,
-                packet_limit=self.max_packet_size,
-                ram_budget=self.settings.spool_threshold,
-            )[0]
+            self._receiver.packet_limit_known(self.max_packet_size)
             if self._use_discovery:
                 self._conn.subscribe(self.settings.discovery_topic, 1)
         except BaseException:
@@ -245,7 +209,7 @@ class Client:
         self._closed = True
         self._conn.close()
         self._stop_worker()
-        self._chunk_store.close()
+        self._receiver.chunk_store.close()
         self._deliveries.put(_CLOSED)
         if self._owns_transport:
             self._transport.close()
@@ -574,163 +538,3 @@ class Client:
             if not any(f.matches(incoming.topic) for f in list(self._filters.values())):
                 return
         self._inbound.put(incoming)
-
-    # -- worker thread ---------------------------------------------------------------------
-
-    def _work(self) -> None:
-        last_refresh = time.monotonic()
-        while not self._stop.is_set():
-            now = time.monotonic()
-            deadline = self._reassembler.next_deadline
-            wait = 0.5 if deadline is None else min(0.5, max(deadline - now, 0.0) + 0.01)
-            try:
-                item = self._inbound.get(timeout=wait)
-            except queue.Empty:
-                item = None
-            if isinstance(item, Incoming):
-                try:
-                    self._process(item)
-                except OffloadError as exc:  # an error about one message, never fatal
-                    self._deliveries.put(MessageError(item.topic, exc))
-                except Exception as exc:  # a bug or the disk: still one message, not the client
-                    log.exception("could not handle a message on %r", item.topic)
-                    failure = ReceiveError(f"could not handle the message: {exc!r}"[:500])
-                    self._deliveries.put(MessageError(item.topic, failure))
-            now = time.monotonic()
-            for error in self._reassembler.expire(now):
-                self._deliveries.put(MessageError(error.topic, error.error, error.message_id))
-            refresh = self.settings.discovery_refresh
-            if self._use_discovery and refresh > 0 and now - last_refresh > refresh:
-                last_refresh = now
-                if self._conn.connected:
-                    self._conn.resubscribe(self.settings.discovery_topic)
-
-    def _process(self, incoming: Incoming) -> None:
-        props = incoming.properties
-        if self.settings.protocol == 5 and chunk_header_present(props):
-            self._process_chunk(incoming)
-            return
-        if self.settings.fetch_external and _placeholder.is_tagged(incoming.payload, props):
-            delivery = self._resolve(incoming)
-            if (
-                self.settings.ignore_payload_not_found
-                and isinstance(delivery, MessageError)
-                and isinstance(delivery.error, PayloadNotFound)
-            ):
-                # The SQS extended client's ignorePayloadNotFound: expired or deleted objects
-                # are skipped, visibly in the log only.
-                log.warning(
-                    "skipped message %s on %r: %s",
-                    delivery.message_id,
-                    incoming.topic,
-                    delivery.error,
-                )
-                return
-            self._deliveries.put(delivery)
-            return
-        self._deliveries.put(
-            Message(
-                incoming.topic,
-                Payload(incoming.payload),
-                hashlib.sha256(incoming.payload).hexdigest(),
-                incoming.qos,
-                incoming.retain,
-                props,
-            )
-        )
-
-    def _process_chunk(self, incoming: Incoming) -> None:
-        outcome = self._reassembler.feed(incoming, time.monotonic())
-        for dropped in outcome.dropped:
-            self._deliveries.put(MessageError(dropped.topic, dropped.error, dropped.message_id))
-        if isinstance(outcome, Error):
-            self._deliveries.put(MessageError(outcome.topic, outcome.error, outcome.message_id))
-        elif isinstance(outcome, Complete):
-            body = outcome.payload
-            self._deliveries.put(
-                Message(
-                    outcome.topic,
-                    Payload(body) if isinstance(body, bytes) else Payload(path=body),
-                    outcome.sha256,
-                    outcome.qos,
-                    False,
-                    outcome.properties,
-                    Route.CHUNKED,
-                    outcome.message_id,
-                )
-            )
-
-    def _resolve(self, incoming: Incoming) -> Delivery:
-        """Fetch a placeholder's payload; any failure becomes a MessageError."""
-        try:
-            ref = _placeholder.parse(incoming.payload, incoming.properties)
-        except MalformedPlaceholder as exc:
-            return MessageError(incoming.topic, exc)
-        try:
-            auth = self._auth_for(ref)
-            self._warn_plain_http(ref.url)
-            progress = self._on_fetch_progress
-            payload = self._transport.fetch(
-                ref.payload_url,
-                expected_sha256=ref.sha256,
-                expected_size=ref.size,
-                max_bytes=self.settings.max_fetch_bytes,
-                spool_threshold=self.settings.spool_threshold,
-                auth=auth,
-                on_bytes=(lambda done, total: progress(incoming.topic, done, total))
-                if progress is not None
-                else None,
-            )
-        except OffloadError as exc:
-            return MessageError(incoming.topic, exc, str(ref.message_id))
-        return Message(
-            incoming.topic,
-            payload,
-            ref.sha256,
-            incoming.qos,
-            incoming.retain,
-            _placeholder.original_properties(incoming.properties),
-            Route.OFFLOADED,
-            str(ref.message_id),
-        )
-
-    def _auth_for(self, ref: _placeholder.Placeholder) -> httpx.Auth | None:
-        """Whether a placeholder may be fetched, and with which credentials.
-
-        Fetched: the endpoint in force (configured or discovered), with credentials
-        (hop-client's rule); origins in `discovery_allowlist`, without them (e.g. presigned
-        links). Any other origin only with `untrusted_endpoint = "anonymous"`, without
-        them: else a placeholder could make every subscriber send requests to any host and
-        port inside its network.
-
-        Raises:
-            UntrustedEndpoint: the origin is none of those, naming the settings that allow it.
-        """
-        origin = ref.origin
-        trusted = self._endpoint_for_publish()
-        if origin == _origin(trusted):
-            return self._http_auth
-        if self.settings.allowlisted(origin) or self.settings.untrusted_endpoint == "anonymous":
-            return None
-        raise UntrustedEndpoint(
-            ref.url,
-            f"origin {origin} is not the offload endpoint ({trusted or 'none known'}): add it "
-            "to discovery_allowlist, or set untrusted_endpoint=anonymous to fetch from any "
-            "origin without credentials",
-        )
-
-    def _warn_plain_http(self, url: str) -> None:
-        origin = _origin(url)
-        if origin is not None and origin.scheme == "http" and origin not in self._warned_http:
-            if len(self._warned_http) < 64:  # origins come from placeholders: keep it bounded
-                self._warned_http.add(origin)
-            log.warning(
-                "offload endpoint %s:%s uses plain http: payloads travel unencrypted",
-                origin.host,
-                origin.port,
-            )
-
-
-def chunk_header_present(props: PublishProperties) -> bool:
-    """Whether a message claims to be an ADR-23 chunk (a malformed value still fails loudly)."""
-    return props.user_property(CHUNK_PROPERTY) is not None
