@@ -14,10 +14,11 @@ from typing import Unpack
 
 import httpx
 
-from ._client import Client, Delivery
+from ._client import Client
 from ._config import ClientSettings, SettingsOverrides
 from ._http import HttpTransport
 from ._message import PublishResult
+from ._receive import Delivery
 from ._source import PayloadLike
 from .protocol import PublishProperties
 

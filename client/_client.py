@@ -15,70 +15,59 @@ Shared subscriptions (`$share/group/...`) hand the chunks of one ADR-23 message 
 members, so no member can reassemble it: each member reports a :class:`ChunkTimeoutError`
 after the first chunk's Message Expiry Interval (else `chunk_timeout`), never silence.
 Offloaded messages have no such problem: the placeholder is one PUBLISH.
+
+Every received message, discovery record and placeholder URL is untrusted (anyone who may
+publish on a subscribed topic, or write the discovery topic, wrote it): nothing in one can
+raise out of paho's thread or stop the worker. The worker's half lives in
+:mod:`client._receive`, the discovery view in :mod:`client._discovery`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 import os
 import queue
 import ssl
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from types import TracebackType
 from typing import Unpack
-from urllib.parse import urlsplit
 
 import httpx
 
 from discovery import DiscoveryRecord
-from discovery._resolver import EndpointCache
 
 from . import _placeholder
-from ._chunkstore import SpoolingChunkStore
 from ._config import ClientSettings, SettingsOverrides, load_settings
+from ._discovery import DiscoveryView
 from ._exceptions import (
     ConnectionFailed,
-    MalformedPlaceholder,
     MessageTooLarge,
-    OffloadError,
-    PayloadNotFound,
     ProtocolError,
-    UntrustedEndpoint,
     UploadError,
 )
 from ._http import HttpTransport
-from ._message import Message, MessageError, Payload, PublishResult, Route
+from ._message import Message, MessageError, PublishResult, Route
 from ._paho import Incoming, MqttConnection
+from ._receive import Delivery, FetchProgress, PlainHttpWarner, Receiver
 from ._router import choose_route
 from ._scram import gateway_auth
 from ._source import PayloadLike, PayloadSource
 from .protocol import MessageId, PublishProperties, Topic, TopicFilter
-from .protocol._chunk import CHUNK_PROPERTY, Complete, Error, Reassembler, plan_chunks
+from .protocol._chunk import plan_chunks
 from .protocol._size import MAX_PACKET_SIZE, publish_packet_size
-
-#: on_fetch_progress(topic, bytes received, total or None), from the fetching thread.
-FetchProgress = Callable[[str, int, int | None], None]
 
 UPLOAD_ATTEMPTS = 2  # per offloaded publish, same message id each time
 
 log = logging.getLogger("client")
 
-Delivery = Message | MessageError
 _CLOSED = object()
 #: Chunk publishes outstanding at once: bounds what paho buffers for a huge chunked message.
 CHUNK_WINDOW = 32
-
-
-def _origin(url: str) -> tuple[str, str, int | None]:
-    parts = urlsplit(url)
-    default = {"http": 80, "https": 443}.get(parts.scheme)
-    return parts.scheme, (parts.hostname or "").lower(), parts.port or default
 
 
 class Client:
@@ -117,7 +106,6 @@ class Client:
         on_fetch_progress: FetchProgress | None = None,
         **overrides: Unpack[SettingsOverrides],
     ) -> None:
-        self._on_fetch_progress = on_fetch_progress
         base = settings or ClientSettings()
         changes: dict[str, object] = dict(overrides)
         if broker is not None:
@@ -133,24 +121,10 @@ class Client:
         self._http_auth = http_auth or gateway_auth(
             username=broker_login.username, password=broker_login.password, token=s.http_token
         )
-        self._inbound: queue.SimpleQueue[Incoming | object] = queue.SimpleQueue()
-        self._deliveries: queue.SimpleQueue[Delivery | object] = queue.SimpleQueue()
         self._filters: dict[str, TopicFilter] = {}
-        self._discovery = EndpointCache()
-        self._discovery_cond = threading.Condition()
-        self._discovery_since = 0.0
-        self._discovery_seen = False
+        self._discovery = DiscoveryView(s)
         self._use_discovery = s.endpoint is None and (s.automatic_offload or s.fetch_external)
-        # Reassembly keeps at most spool_threshold bytes of chunks in RAM; bigger messages
-        # are spooled to temporary files and delivered as spooled payloads (issue 3).
-        self._chunk_store = SpoolingChunkStore(memory_limit=s.spool_threshold)
-        self._reassembler = Reassembler(
-            default_timeout=s.chunk_timeout,
-            max_partial_messages=s.max_partial_messages,
-            max_buffered_bytes=s.max_buffered_bytes,
-            store=self._chunk_store,
-        )
-        self._warned_http: set[str] = set()
+        self._warn_plain_http = PlainHttpWarner()
         self._conn = MqttConnection(
             s.broker_url,
             on_message=self._on_message,
@@ -160,6 +134,18 @@ class Client:
             keepalive=s.keepalive,
             ca_file=s.ca_file,
         )
+        self._receiver = Receiver(
+            settings=s,
+            transport=self._transport,
+            http_auth=self._http_auth,
+            conn=self._conn,
+            endpoint_in_force=self._endpoint_for_publish,
+            warn_plain_http=self._warn_plain_http,
+            use_discovery=self._use_discovery,
+            on_fetch_progress=on_fetch_progress,
+        )
+        self._inbound = self._receiver.inbound
+        self._deliveries = self._receiver.deliveries
         self._worker: threading.Thread | None = None
         self._stop = threading.Event()
         self._closed = False
@@ -205,10 +191,13 @@ class Client:
             # re-sends a QoS>0 one after every reconnect.
             log.warning("MQTT 3.1.1 brokers do not state a packet limit: set max_packet_size")
         self._stop.clear()
-        self._worker = threading.Thread(target=self._work, name="offload-worker", daemon=True)
+        self._worker = threading.Thread(
+            target=self._receiver.run, args=(self._stop,), name="offload-worker", daemon=True
+        )
         self._worker.start()
         try:
             self._conn.connect(timeout)
+            self._receiver.packet_limit_known(self.max_packet_size)
             if self._use_discovery:
                 self._conn.subscribe(self.settings.discovery_topic, 1)
         except BaseException:
@@ -220,7 +209,7 @@ class Client:
         self._closed = True
         self._conn.close()
         self._stop_worker()
-        self._chunk_store.close()
+        self._receiver.chunk_store.close()
         self._deliveries.put(_CLOSED)
         if self._owns_transport:
             self._transport.close()
@@ -258,15 +247,13 @@ class Client:
         """The offload endpoint in force: configured, else the discovered one (or None)."""
         if self.settings.endpoint is not None:
             return self.settings.endpoint
-        with self._discovery_cond:
-            record = self._discovery.current(time.monotonic())
+        record = self._discovery.current()
         return record.endpoint if record else None
 
     @property
     def discovery_record(self) -> DiscoveryRecord | None:
         """The discovery record currently in force, if any."""
-        with self._discovery_cond:
-            return self._discovery.current(time.monotonic())
+        return self._discovery.current()
 
     def wait_for_endpoint(self, timeout: float) -> str | None:
         """Wait up to `timeout` seconds for a discovery record; the endpoint or None.
@@ -274,14 +261,8 @@ class Client:
         Args:
             timeout: seconds to wait.
         """
-        deadline = time.monotonic() + timeout
-        with self._discovery_cond:
-            while True:
-                record = self._discovery.current(time.monotonic())
-                left = deadline - time.monotonic()
-                if record is not None or left <= 0:
-                    return record.endpoint if record else self.settings.endpoint
-                self._discovery_cond.wait(left)
+        record = self._discovery.wait(timeout)
+        return record.endpoint if record else self.settings.endpoint
 
     # -- publishing ------------------------------------------------------------------------
 
@@ -385,17 +366,15 @@ class Client:
             return result
 
     def _endpoint_for_publish(self) -> str | None:
-        """The endpoint, waiting briefly for the retained record after a (re)subscribe."""
+        """The endpoint, waiting briefly for the retained record after a (re)subscribe.
+
+        Also the trusted origin for fetches: a retained placeholder may arrive just before
+        the retained discovery record it points at.
+        """
         if self.settings.endpoint is not None:
             return self.settings.endpoint
-        with self._discovery_cond:
-            while True:
-                now = time.monotonic()
-                record = self._discovery.current(now)
-                left = self._discovery_since + self.settings.discovery_wait - now
-                if record is not None or self._discovery_seen or left <= 0:
-                    return record.endpoint if record else None
-                self._discovery_cond.wait(left)
+        record = self._discovery.settled()
+        return record.endpoint if record else None
 
     def _publish_offloaded(
         self,
@@ -549,177 +528,13 @@ class Client:
     # -- paho thread (never block) ---------------------------------------------------------
 
     def _on_connect(self) -> None:
-        with self._discovery_cond:
-            # paho re-subscribed: the retained record is on its way; let a large publish wait.
-            self._discovery_since = time.monotonic()
-            self._discovery_seen = False
+        # paho re-subscribed: the retained record is on its way; let a large publish wait.
+        self._discovery.resubscribed()
 
     def _on_message(self, incoming: Incoming) -> None:
         if self._use_discovery and incoming.topic == self.settings.discovery_topic:
-            self._feed_discovery(incoming)
+            expiry = incoming.properties.message_expiry_interval
+            self._discovery.feed(incoming.payload, expiry)  # never raises
             if not any(f.matches(incoming.topic) for f in list(self._filters.values())):
                 return
         self._inbound.put(incoming)
-
-    def _feed_discovery(self, incoming: Incoming) -> None:
-        with self._discovery_cond:
-            record = self._discovery.feed(
-                incoming.payload,
-                expiry_interval=incoming.properties.message_expiry_interval,
-                now=time.monotonic(),
-            )
-            refused = record is not None and not self.settings.endpoint_allowed(record.endpoint)
-            if refused:
-                # A spoofed record must not even leave an older endpoint in place.
-                self._discovery.clear()
-            self._discovery_seen = True
-            error = self._discovery.last_error
-            self._discovery_cond.notify_all()
-        if error is not None:
-            log.warning("ignoring malformed discovery record: %s", error)
-        elif refused:
-            assert record is not None
-            log.warning(
-                "ignoring discovery record: endpoint %s is not in discovery_allowlist %s",
-                record.endpoint,
-                ", ".join(self.settings.discovery_allowlist),
-            )
-        else:
-            log.debug("discovery record: %s", record)
-
-    # -- worker thread ---------------------------------------------------------------------
-
-    def _work(self) -> None:
-        last_refresh = time.monotonic()
-        while not self._stop.is_set():
-            now = time.monotonic()
-            deadline = self._reassembler.next_deadline
-            wait = 0.5 if deadline is None else min(0.5, max(deadline - now, 0.0) + 0.01)
-            try:
-                item = self._inbound.get(timeout=wait)
-            except queue.Empty:
-                item = None
-            if isinstance(item, Incoming):
-                try:
-                    self._process(item)
-                except OffloadError as exc:  # an error about one message, never fatal
-                    self._deliveries.put(MessageError(item.topic, exc))
-            now = time.monotonic()
-            for error in self._reassembler.expire(now):
-                self._deliveries.put(MessageError(error.topic, error.error, error.message_id))
-            refresh = self.settings.discovery_refresh
-            if self._use_discovery and refresh > 0 and now - last_refresh > refresh:
-                last_refresh = now
-                if self._conn.connected:
-                    self._conn.resubscribe(self.settings.discovery_topic)
-
-    def _process(self, incoming: Incoming) -> None:
-        props = incoming.properties
-        if self.settings.protocol == 5 and chunk_header_present(props):
-            self._process_chunk(incoming)
-            return
-        if self.settings.fetch_external and _placeholder.is_tagged(incoming.payload, props):
-            delivery = self._resolve(incoming)
-            if (
-                self.settings.ignore_payload_not_found
-                and isinstance(delivery, MessageError)
-                and isinstance(delivery.error, PayloadNotFound)
-            ):
-                # The SQS extended client's ignorePayloadNotFound: expired or deleted objects
-                # are skipped, visibly in the log only.
-                log.warning(
-                    "skipped message %s on %r: %s",
-                    delivery.message_id,
-                    incoming.topic,
-                    delivery.error,
-                )
-                return
-            self._deliveries.put(delivery)
-            return
-        self._deliveries.put(
-            Message(
-                incoming.topic,
-                Payload(incoming.payload),
-                hashlib.sha256(incoming.payload).hexdigest(),
-                incoming.qos,
-                incoming.retain,
-                props,
-            )
-        )
-
-    def _process_chunk(self, incoming: Incoming) -> None:
-        outcome = self._reassembler.feed(incoming, time.monotonic())
-        for dropped in outcome.dropped:
-            self._deliveries.put(MessageError(dropped.topic, dropped.error, dropped.message_id))
-        if isinstance(outcome, Error):
-            self._deliveries.put(MessageError(outcome.topic, outcome.error, outcome.message_id))
-        elif isinstance(outcome, Complete):
-            body = outcome.payload
-            self._deliveries.put(
-                Message(
-                    outcome.topic,
-                    Payload(body) if isinstance(body, bytes) else Payload(path=body),
-                    outcome.sha256,
-                    outcome.qos,
-                    False,
-                    outcome.properties,
-                    Route.CHUNKED,
-                    outcome.message_id,
-                )
-            )
-
-    def _resolve(self, incoming: Incoming) -> Delivery:
-        """Fetch a placeholder's payload; any failure becomes a MessageError."""
-        try:
-            ref = _placeholder.parse(incoming.payload, incoming.properties)
-        except MalformedPlaceholder as exc:
-            return MessageError(incoming.topic, exc)
-        try:
-            auth = self._auth_for(ref.url)
-            self._warn_plain_http(ref.url)
-            progress = self._on_fetch_progress
-            payload = self._transport.fetch(
-                ref.payload_url,
-                expected_sha256=ref.sha256,
-                expected_size=ref.size,
-                spool_threshold=self.settings.spool_threshold,
-                auth=auth,
-                on_bytes=(lambda done, total: progress(incoming.topic, done, total))
-                if progress is not None
-                else None,
-            )
-        except OffloadError as exc:
-            return MessageError(incoming.topic, exc, str(ref.message_id))
-        return Message(
-            incoming.topic,
-            payload,
-            ref.sha256,
-            incoming.qos,
-            incoming.retain,
-            _placeholder.original_properties(incoming.properties),
-            Route.OFFLOADED,
-            str(ref.message_id),
-        )
-
-    def _auth_for(self, url: str) -> httpx.Auth | None:
-        """hop-client's rule: credentials only to the advertised endpoint's origin."""
-        trusted = self.endpoint
-        if trusted is not None and _origin(url) == _origin(trusted):
-            return self._http_auth
-        if self.settings.untrusted_endpoint == "refuse":
-            raise UntrustedEndpoint(url, f"not the advertised offload endpoint ({trusted})")
-        return None
-
-    def _warn_plain_http(self, url: str) -> None:
-        """Warn once per origin; never for loopback, where nothing travels over a network."""
-        scheme, host, port = _origin(url)
-        origin = f"{host}:{port}"
-        loopback = host == "localhost" or host.startswith("127.") or host in ("::1", "[::1]")
-        if scheme == "http" and not loopback and origin not in self._warned_http:
-            self._warned_http.add(origin)
-            log.warning("offload endpoint %s uses plain http: payloads travel unencrypted", origin)
-
-
-def chunk_header_present(props: PublishProperties) -> bool:
-    """Whether a message claims to be an ADR-23 chunk (a malformed value still fails loudly)."""
-    return props.user_property(CHUNK_PROPERTY) is not None

@@ -23,7 +23,10 @@ discovery_topic        OFFLOAD_DISCOVERY_TOPIC         default `sys/metadata`
 discovery_wait         OFFLOAD_DISCOVERY_WAIT          seconds a large publish waits for the record
 discovery_refresh      OFFLOAD_DISCOVERY_REFRESH       seconds between re-subscriptions
 chunk_timeout          OFFLOAD_CHUNK_TIMEOUT           reassembly timeout without message expiry
-untrusted_endpoint     OFFLOAD_UNTRUSTED_ENDPOINT      `anonymous` or `refuse` (foreign fetch URLs)
+untrusted_endpoint     OFFLOAD_UNTRUSTED_ENDPOINT      `refuse` (default) or `anonymous`: fetch
+                                                       placeholders pointing at origins that are
+                                                       not the endpoint or in the allow-list
+max_fetch_bytes        OFFLOAD_MAX_FETCH_BYTES         largest placeholder size fetched (5 GiB)
 spool_threshold        OFFLOAD_SPOOL_THRESHOLD         payloads above this are spooled to disk;
                                                        also the RAM budget of chunk reassembly
 http_timeout           OFFLOAD_HTTP_TIMEOUT            seconds per HTTP read/connect
@@ -38,12 +41,16 @@ discovery_allowlist    OFFLOAD_DISCOVERY_ALLOWLIST     comma-separated `scheme:/
                                                        endpoint elsewhere is ignored
 max_partial_messages   OFFLOAD_MAX_PARTIAL_MESSAGES    chunked messages reassembled at once
 max_buffered_bytes     OFFLOAD_MAX_BUFFERED_BYTES      chunk bytes buffered at once (RAM + disk)
+max_chunk_timeout      OFFLOAD_MAX_CHUNK_TIMEOUT       cap on the reassembly time chunk 0's
+                                                       Message Expiry Interval may ask for
 =====================  ==============================  ===========================================
 
 Gateway credentials: with `http_token` the client sends `Authorization: Bearer`; otherwise,
 when the broker login has a user name and password, it authenticates to the gateway with
 SCRAM-SHA-512 as that same user (the gateway reads the broker's password file). Either goes
-only to the endpoint in force (configured, or advertised on the discovery topic).
+only to the endpoint in force (configured, or advertised on the discovery topic) and to
+origins in `discovery_allowlist`. Placeholders are fetched only from those origins unless
+`untrusted_endpoint = "anonymous"` opts in to fetching any other origin without credentials.
 """
 
 from __future__ import annotations
@@ -58,6 +65,7 @@ from typing import Any, Literal, TypedDict, get_args
 from urllib.parse import unquote, urlsplit
 
 from ._exceptions import ConfigError
+from .protocol._bounded import Origin, http_origin
 
 UntrustedPolicy = Literal["anonymous", "refuse"]
 ENV_PREFIX = "OFFLOAD_"
@@ -119,7 +127,8 @@ class ClientSettings:
     discovery_wait: float = 2.0
     discovery_refresh: float = 60.0
     chunk_timeout: float = 60.0
-    untrusted_endpoint: UntrustedPolicy = "anonymous"
+    untrusted_endpoint: UntrustedPolicy = "refuse"
+    max_fetch_bytes: int = 5 * 1024**3
     spool_threshold: int = 64 * 1024 * 1024
     http_timeout: float = 60.0
     keepalive: int = 30
@@ -128,6 +137,7 @@ class ClientSettings:
     discovery_allowlist: tuple[str, ...] = ()
     max_partial_messages: int = 64
     max_buffered_bytes: int = 1024 * 1024 * 1024
+    max_chunk_timeout: float = 3600.0
     ca_file: str | None = None
 
     def __post_init__(self) -> None:
@@ -136,7 +146,12 @@ class ClientSettings:
             raise ConfigError(f"protocol must be 5 or 4 (3.1.1), got {self.protocol!r}")
         if self.untrusted_endpoint not in get_args(UntrustedPolicy):
             raise ConfigError("untrusted_endpoint must be 'anonymous' or 'refuse'")
-        for name in ("max_partial_messages", "max_buffered_bytes", "spool_threshold"):
+        for name in (
+            "max_partial_messages",
+            "max_buffered_bytes",
+            "spool_threshold",
+            "max_fetch_bytes",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         if isinstance(self.discovery_allowlist, str):
@@ -148,7 +163,13 @@ class ClientSettings:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ConfigError(f"{name} must be positive, got {value}")
-        for name in ("discovery_wait", "discovery_refresh", "chunk_timeout", "http_timeout"):
+        for name in (
+            "discovery_wait",
+            "discovery_refresh",
+            "chunk_timeout",
+            "http_timeout",
+            "max_chunk_timeout",
+        ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must not be negative")
         if self.endpoint is not None:
@@ -165,20 +186,29 @@ class ClientSettings:
         """
         if not self.discovery_allowlist:
             return True
-        parts = urlsplit(url)
         try:
-            port = parts.port
+            return self.allowlisted(http_origin(url))
         except ValueError:
             return False
-        host = (parts.hostname or "").lower()
+
+    def allowlisted(self, origin: Origin) -> bool:
+        """Whether `origin` matches an entry of `discovery_allowlist` (empty: none does).
+
+        An entry without a port matches the scheme's default port and any port named
+        explicitly, as before: the entry names a host, not a listener.
+
+        Args:
+            origin: scheme, host and port of a URL.
+        """
         for entry in self.discovery_allowlist:
             scheme, pattern, want_port = _parse_origin(entry)
-            if parts.scheme != scheme or (want_port is not None and port != want_port):
+            if origin.scheme != scheme or (want_port is not None and origin.port != want_port):
                 continue
+            host = origin.host
             if pattern.startswith("*."):
                 if host.endswith(pattern[1:]) and len(host) > len(pattern) - 1:
                     return True
-            elif host == pattern:
+            elif host == pattern.lower():
                 return True
         return False
 
@@ -326,4 +356,6 @@ class SettingsOverrides(TypedDict, total=False):
     discovery_allowlist: tuple[str, ...]
     max_partial_messages: int
     max_buffered_bytes: int
+    max_chunk_timeout: float
+    max_fetch_bytes: int
     ca_file: str | None

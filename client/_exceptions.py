@@ -21,7 +21,8 @@ Hierarchy::
     |   +-- FetchError                        placeholder could not be resolved
     |       +-- PayloadNotFound               the object is gone (expired, deleted)
     |       +-- PayloadChecksumMismatch       .expected, .actual
-    |       +-- UntrustedEndpoint             credentials withheld and refusal configured
+    |       +-- UntrustedEndpoint             not an origin the settings allow fetching from
+    +-- ReceiveError                          a received message failed unexpectedly (logged)
     +-- ConnectionFailed                      broker unreachable or refused us
     +-- PublishRejected                       .topic: the broker refused a PUBLISH (reason code)
     +-- ConfigError                           unusable settings (URL, file, value)
@@ -147,7 +148,19 @@ class PayloadChecksumMismatch(FetchError):
 
 
 class UntrustedEndpoint(FetchError):
-    """The placeholder points away from the advertised endpoint and refusal is configured."""
+    """The placeholder points at an origin the settings do not allow fetching from.
+
+    Allowed are the endpoint in force (configured or discovered) and `discovery_allowlist`;
+    `untrusted_endpoint = "anonymous"` opts in to any other origin, without credentials.
+    """
+
+
+class ReceiveError(OffloadError):
+    """A received message could not be handled for a reason no other error names.
+
+    The receive path turns every failure into a delivered error so that no message can stop
+    the client; this one wraps the unexpected ones (the traceback is logged).
+    """
 
 
 class ConnectionFailed(OffloadError):

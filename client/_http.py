@@ -5,6 +5,12 @@ The only module that imports httpx. Every httpx error crossing in becomes an
 seam: callers pass an `httpx.Auth` per request (:mod:`client._scram`: SCRAM or a bearer
 token) and decide, by the credential rule, whether a URL may receive it at all; a SCRAM
 failure becomes an UploadError / FetchError with status 401.
+
+A fetch trusts nothing the endpoint says beyond the placeholder's declared size: a
+Content-Length that differs is refused before the body is read, a body that runs past the
+size is cut off (the connection is closed, not drained), content codings are refused (a
+10-byte gzip body may inflate to gigabytes), and error bodies are read only up to
+:data:`MAX_ERROR_BODY` bytes.
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ from .protocol import MessageId
 from .protocol._envelope import encode_upload
 
 BSON_TYPE = "application/bson"
+#: Most bytes of an error response read to find its `detail`.
+MAX_ERROR_BODY = 65536
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,9 +69,47 @@ def _counted(
         yield piece
 
 
+def _capped(pieces: Iterator[bytes], limit: int | None, url: str) -> Iterator[bytes]:
+    """The pieces, failing as soon as they would add up to more than `limit` bytes."""
+    if limit is None:
+        yield from pieces
+        return
+    done = 0
+    for piece in pieces:
+        done += len(piece)
+        if done > limit:
+            # Raised inside the response's `with`: httpx closes the connection unread.
+            raise FetchError(url, f"body runs past the declared size of {limit} bytes: cut off")
+        yield piece
+
+
+def _content_length(url: str, response: httpx.Response) -> int | None:
+    """The response's Content-Length as an int, None when absent; junk is refused."""
+    values = response.headers.get_list("Content-Length")
+    if not values:
+        return None
+    value = values[0]
+    if len(set(values)) != 1 or len(value) > 20 or not (value.isascii() and value.isdigit()):
+        raise FetchError(url, f"unusable Content-Length {value[:40]!r}")
+    return int(value)
+
+
+def _quote_level(level: str) -> str:
+    # `.` and `..` levels are RFC 3986 dot segments: httpx (like any URL library) would
+    # remove them, so `a/../b` would reach the gateway as `b`. Percent-encoded dots are
+    # not dot segments, and the gateway decodes them back into the topic's own levels.
+    if level in (".", ".."):
+        return level.replace(".", "%2E")
+    return quote(level, safe="")
+
+
 def upload_url(endpoint: str, topic: str) -> str:
-    """`{endpoint}/topic/{topic}+oversized`, each topic level percent-encoded."""
-    return f"{endpoint.rstrip('/')}/topic/{quote(topic, safe='/')}+oversized"
+    """`{endpoint}/topic/{topic}+oversized`, each topic level percent-encoded.
+
+    Every level travels as it is, `.` and `..` included (they are ordinary MQTT levels).
+    """
+    levels = "/".join(_quote_level(level) for level in topic.split("/"))
+    return f"{endpoint.rstrip('/')}/topic/{levels}+oversized"
 
 
 _AUTH_HINTS = {
@@ -72,15 +118,30 @@ _AUTH_HINTS = {
 }
 
 
+def _bounded_body(response: httpx.Response) -> bytes:
+    """At most MAX_ERROR_BODY bytes of a response body, read or streamed."""
+    try:
+        return response.content[:MAX_ERROR_BODY]
+    except httpx.ResponseNotRead:
+        pass
+    body = b""
+    for piece in response.iter_raw():
+        body += piece
+        if len(body) >= MAX_ERROR_BODY:
+            break
+    return body[:MAX_ERROR_BODY]
+
+
 def _detail(response: httpx.Response) -> str:
     status = response.status_code
     text = f"HTTP {status}"
     try:
-        doc = json.loads(response.read())
-    except (ValueError, httpx.HTTPError):
+        raw = _bounded_body(response)
+        doc = json.loads(raw) if raw[:1] == b"{" else None
+    except (ValueError, RecursionError, httpx.HTTPError, httpx.StreamError):
         doc = None
     if isinstance(doc, dict) and "detail" in doc:
-        text = f"{text}: {doc['detail']}"
+        text = f"{text}: {str(doc['detail'])[:500]}"
     if status in _AUTH_HINTS:
         text = f"{text} ({_AUTH_HINTS[status]})"
     return text
@@ -181,19 +242,24 @@ class HttpTransport:
         *,
         expected_sha256: str | None,
         expected_size: int | None = None,
+        max_bytes: int | None = None,
         spool_threshold: int = 64 << 20,
         spool_dir: str | os.PathLike[str] | None = None,
         auth: httpx.Auth | None = None,
         on_bytes: Callable[[int, int | None], None] | None = None,
     ) -> Payload:
-        """GET a raw payload, verifying its SHA-256 while it streams in.
+        """GET a raw payload, verifying its SHA-256 while it streams in, never reading more.
 
-        Payloads larger than `spool_threshold` are written to a temporary file.
+        At most `expected_size` bytes (else `max_bytes`) are read: a Content-Length that
+        differs from `expected_size` (or exceeds `max_bytes`) is refused before the body, a
+        body that runs past it is cut off and the connection closed. Payloads larger than
+        `spool_threshold` are written to a temporary file, deleted on any failure.
 
         Args:
-            url: the raw payload URL (`{endpoint}/msg/{id}/payload`).
+            url: the raw payload URL (`{endpoint}/msg/{id}/payload`); http or https only.
             expected_sha256: lowercase hex the payload must hash to; None skips the check.
-            expected_size: the size the placeholder announced, used to choose memory or disk.
+            expected_size: the size the placeholder declared: the most that is read.
+            max_bytes: refuse a declared size (or, without one, a body) larger than this.
             spool_threshold: payloads above this many bytes go to a temporary file.
             spool_dir: where spool files are made (default: the system temp directory).
             auth: credentials, only when the URL may receive them.
@@ -202,18 +268,46 @@ class HttpTransport:
         Raises:
             PayloadNotFound: 404 or 410.
             PayloadChecksumMismatch: the bytes do not hash to `expected_sha256`.
-            FetchError: no answer, another error status, or a truncated body.
+            FetchError: a refused URL or size, no answer, another error status, a body
+                shorter or longer than declared.
         """
+        if expected_size is not None and max_bytes is not None and expected_size > max_bytes:
+            raise FetchError(
+                url,
+                f"declared size {expected_size} is more than max_fetch_bytes ({max_bytes})",
+            )
+        limit = expected_size if expected_size is not None else max_bytes
         digest = hashlib.sha256()
         try:
-            with self._client.stream("GET", url, auth=auth or httpx.USE_CLIENT_DEFAULT) as response:
+            target = httpx.URL(url)
+            if target.scheme not in ("http", "https") or not target.host:
+                raise FetchError(url, "only http and https URLs are fetched")
+            with self._client.stream(
+                "GET",
+                target,
+                # The body is counted as it travels: no content coding may inflate it.
+                headers={"Accept-Encoding": "identity"},
+                auth=auth or httpx.USE_CLIENT_DEFAULT,
+            ) as response:
                 if response.status_code in (404, 410):
                     raise PayloadNotFound(url, _detail(response), response.status_code)
                 if response.status_code != 200:
                     raise FetchError(url, _detail(response), response.status_code)
-                announced = response.headers.get("Content-Length")
-                size = int(announced) if announced and announced.isdigit() else expected_size
-                stream = _counted(response.iter_bytes(), size, on_bytes)
+                coding = response.headers.get("Content-Encoding", "identity").strip().lower()
+                if coding not in ("", "identity"):
+                    raise FetchError(url, f"refused Content-Encoding {coding[:50]!r}")
+                announced = _content_length(url, response)
+                if announced is not None and expected_size is not None:
+                    if announced != expected_size:
+                        raise FetchError(
+                            url,
+                            f"Content-Length {announced} differs from the declared size "
+                            f"{expected_size}: refused before the body",
+                        )
+                elif announced is not None and limit is not None and announced > limit:
+                    raise FetchError(url, f"Content-Length {announced} is more than {limit}")
+                size = expected_size if expected_size is not None else announced
+                stream = _counted(_capped(response.iter_raw(), limit, url), size, on_bytes)
                 if size is not None and size <= spool_threshold:
                     # httpx's own read size, no re-chunking, one join: a single copy.
                     pieces = []
@@ -223,7 +317,7 @@ class HttpTransport:
                     payload = Payload(b"".join(pieces))
                 else:
                     payload = self._spool(stream, digest, spool_dir)
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as exc:
             raise FetchError(url, f"fetch failed: {exc!r}") from exc
         except ScramFailure as exc:
             raise FetchError(url, str(exc), 401) from exc

@@ -343,6 +343,8 @@ class MqttConnection:
         log.debug("disconnected: %s", reason)
 
     def _on_message(self, client: mqtt.Client, userdata: Any, msg: mqtt.MQTTMessage) -> None:
+        # paho re-raises a callback's exception and its loop thread dies with it: one odd
+        # message would stop the client for good. Nothing may leave this method.
         try:
             incoming = Incoming(
                 msg.topic,
@@ -351,10 +353,13 @@ class MqttConnection:
                 bool(msg.retain),
                 from_paho_properties(getattr(msg, "properties", None)),
             )
-        except (UnicodeDecodeError, ValueError):
+        except (UnicodeDecodeError, ValueError, TypeError):
             log.warning("dropped a PUBLISH with an undecodable topic or properties")
             return
-        self._on_message_cb(incoming)
+        try:
+            self._on_message_cb(incoming)
+        except Exception:
+            log.exception("dropped a PUBLISH on %r that could not be handed over", incoming.topic)
 
     def _on_publish(
         self,

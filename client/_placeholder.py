@@ -1,19 +1,22 @@
 """The `_format=external` placeholder published in place of an offloaded payload. Pure.
 
-MQTT 5 placeholder: the user properties `_format=external` and `_id=<uuid>` (hop-client's
-headers), the original user properties after them, and the payload::
+One placeholder for every protocol version: the payload always carries the tag and the id
+itself, so any consumer recognises it whichever version published it and whichever receives
+it (a broker hands an MQTT 5 message to a 3.1.1 subscriber without its properties)::
 
-    {"url": "https://gw.example/msg/<uuid>", "size": 20971520, "sha256": "<64 hex>"}
+    {"_format": "external", "_id": "<uuid>",
+     "url": "https://gw.example/msg/<uuid>", "size": 20971520, "sha256": "<64 hex>"}
 
-MQTT 3.1.1 has no properties, so the payload carries the tag itself::
+An MQTT 5 placeholder also has the user properties `_format=external` and `_id=<uuid>`
+(hop-client's headers), followed by the original user properties. hop-client's own
+`ExternalMessage` reads only `url` from the JSON, so the extra members do not disturb it.
 
-    {"_format": "external", "_id": "<uuid>", "url": ..., "size": ..., "sha256": ...}
-
-Detection rule (both protocol versions, since a broker bridges 3.1.1 publishers to MQTT 5
-subscribers without inventing properties): a message is a placeholder when it has the user
+Detection rule (both protocol versions): a message is a placeholder when it has the user
 property `_format=external`, or when it has no `_format` user property and its payload is a
-JSON object (at most 64 KiB) whose `"_format"` member is `"external"`. A tagged message whose
-reference cannot be read is a :class:`MalformedPlaceholder`, never a payload.
+JSON object (at most 64 KiB, nested at most 16 deep) whose `"_format"` member is
+`"external"`. A tagged message whose reference cannot be read is a
+:class:`MalformedPlaceholder`, never a payload. Size and depth are checked before any JSON is
+decoded (:mod:`client.protocol._bounded`): every placeholder is hostile input.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from urllib.parse import urlsplit
 
 from ._exceptions import MalformedPlaceholder
 from .protocol import MessageId, PublishProperties
+from .protocol._bounded import Origin, http_origin, loads_object
 
 FORMAT_KEY = "_format"
 FORMAT_EXTERNAL = "external"
@@ -45,13 +49,19 @@ class Placeholder:
     message_id: MessageId
 
     def __post_init__(self) -> None:
-        parts = urlsplit(self.url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise MalformedPlaceholder(f"url must be an http(s) URL: {self.url!r}")
+        try:
+            http_origin(self.url)
+        except ValueError as exc:
+            raise MalformedPlaceholder(f"url: {exc}") from exc
         if not isinstance(self.size, int) or isinstance(self.size, bool) or self.size < 0:
             raise MalformedPlaceholder(f"size must be a non-negative integer: {self.size!r}")
         if not isinstance(self.sha256, str) or not _SHA256.fullmatch(self.sha256):
             raise MalformedPlaceholder("sha256 must be 64 lowercase hex characters")
+
+    @property
+    def origin(self) -> Origin:
+        """Scheme, host and port of :attr:`url` (checked in `__post_init__`)."""
+        return http_origin(self.url)
 
     @property
     def payload_url(self) -> str:
@@ -67,9 +77,14 @@ class Placeholder:
             properties: the original message's properties, kept on the placeholder.
             protocol: 5 for MQTT 5, 4 for MQTT 3.1.1 (tag carried in the payload).
         """
-        doc: dict[str, Any] = {"url": self.url, "size": self.size, "sha256": self.sha256}
+        doc: dict[str, Any] = {
+            FORMAT_KEY: FORMAT_EXTERNAL,
+            ID_KEY: str(self.message_id),
+            "url": self.url,
+            "size": self.size,
+            "sha256": self.sha256,
+        }
         if protocol != 5:
-            doc = {FORMAT_KEY: FORMAT_EXTERNAL, ID_KEY: str(self.message_id), **doc}
             return json.dumps(doc, separators=(",", ":")).encode(), None
         original = (properties or PublishProperties()).without_user_properties(FORMAT_KEY, ID_KEY)
         tags = ((FORMAT_KEY, FORMAT_EXTERNAL), (ID_KEY, str(self.message_id)))
@@ -86,11 +101,13 @@ def is_tagged(payload: bytes, properties: PublishProperties) -> bool:
         return tag == FORMAT_EXTERNAL
     if len(payload) > MAX_PLACEHOLDER_BYTES or payload.lstrip()[:1] != b"{":
         return False
+    if b'"' + FORMAT_KEY.encode() + b'"' not in payload:
+        return False  # cheap: most JSON messages are not placeholders
     try:
-        doc = json.loads(payload)
+        doc = loads_object(payload, max_bytes=MAX_PLACEHOLDER_BYTES)
     except ValueError:
         return False
-    return isinstance(doc, dict) and doc.get(FORMAT_KEY) == FORMAT_EXTERNAL
+    return doc.get(FORMAT_KEY) == FORMAT_EXTERNAL
 
 
 def parse(payload: bytes, properties: PublishProperties) -> Placeholder:
@@ -104,15 +121,20 @@ def parse(payload: bytes, properties: PublishProperties) -> Placeholder:
         MalformedPlaceholder: the reference cannot be read.
     """
     try:
-        doc = json.loads(payload)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise MalformedPlaceholder(f"placeholder payload is not JSON: {exc}") from exc
-    if not isinstance(doc, dict):
-        raise MalformedPlaceholder("placeholder payload is not a JSON object")
-    raw_id = properties.user_property(ID_KEY) or doc.get(ID_KEY)
+        doc = loads_object(payload, max_bytes=MAX_PLACEHOLDER_BYTES)
+    except ValueError as exc:
+        raise MalformedPlaceholder(f"placeholder payload: {exc}") from exc
+    prop_id, body_id = properties.user_property(ID_KEY), doc.get(ID_KEY)
+    if prop_id is not None and body_id is not None and prop_id != body_id:
+        raise MalformedPlaceholder("placeholder names two different ids")
+    raw_id = prop_id if prop_id is not None else body_id
     url, size, sha = doc.get("url"), doc.get("size"), doc.get("sha256")
     if not isinstance(url, str):
         raise MalformedPlaceholder("placeholder has no url")
+    try:
+        http_origin(url)
+    except ValueError as exc:
+        raise MalformedPlaceholder(f"placeholder url: {exc}") from exc
     if not isinstance(raw_id, str):
         # hop-style references name the id only in the URL's last segment.
         raw_id = urlsplit(url).path.rstrip("/").rsplit("/", 1)[-1]
@@ -120,7 +142,7 @@ def parse(payload: bytes, properties: PublishProperties) -> Placeholder:
         message_id = MessageId.parse(raw_id)
     except ValueError as exc:
         raise MalformedPlaceholder(f"placeholder id: {exc}") from exc
-    if not isinstance(size, int) or not isinstance(sha, str):
+    if not isinstance(size, int) or isinstance(size, bool) or not isinstance(sha, str):
         raise MalformedPlaceholder("placeholder needs integer size and string sha256")
     return Placeholder(url, size, sha, message_id)
 

@@ -8,6 +8,10 @@ is accepted too::
      "OffloadProtocolVersion": 1,
      "MaxUploadBytes": 5368709120,
      "AuthMechanisms": ["SCRAM-SHA-512", "SCRAM-SHA-256"]}
+
+Anyone who can write the discovery topic can put anything there, and every client reads it
+on paho's network thread: :meth:`DiscoveryRecord.from_json` bounds size and depth before it
+decodes and raises only :class:`MalformedDiscoveryRecord`, whatever the bytes.
 """
 
 from __future__ import annotations
@@ -18,10 +22,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from client._exceptions import MalformedDiscoveryRecord
+from client.protocol._bounded import http_origin, loads_object
 
 ENDPOINT_KEY = "LargeMessageUploadEndpoint"
 DEFAULT_TOPIC = "sys/metadata"
 PROTOCOL_VERSION = 1
+#: Largest discovery record read (a real one is under 300 bytes).
+MAX_RECORD_BYTES = 16384
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,9 +41,10 @@ class DiscoveryRecord:
     auth_mechanisms: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        parts = urlsplit(self.endpoint)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise MalformedDiscoveryRecord(f"endpoint must be an http(s) URL: {self.endpoint!r}")
+        try:
+            http_origin(self.endpoint)
+        except ValueError as exc:
+            raise MalformedDiscoveryRecord(f"endpoint: {exc}") from exc
         if self.endpoint.endswith("/"):
             object.__setattr__(self, "endpoint", self.endpoint.rstrip("/"))
 
@@ -62,12 +70,16 @@ class DiscoveryRecord:
 
     @classmethod
     def from_json(cls, payload: bytes | str) -> DiscoveryRecord:
+        """Read a record from the discovery topic's payload.
+
+        Raises:
+            MalformedDiscoveryRecord: whatever is wrong with it (and nothing else).
+        """
+        data = payload.encode("utf-8", "surrogatepass") if isinstance(payload, str) else payload
         try:
-            doc = json.loads(payload)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise MalformedDiscoveryRecord(f"not JSON: {exc}") from exc
-        if not isinstance(doc, dict):
-            raise MalformedDiscoveryRecord("not a JSON object")
+            doc = loads_object(data, max_bytes=MAX_RECORD_BYTES)
+        except ValueError as exc:
+            raise MalformedDiscoveryRecord(str(exc)) from exc
         endpoint = doc.get(ENDPOINT_KEY)
         if not isinstance(endpoint, str):
             raise MalformedDiscoveryRecord(f"{ENDPOINT_KEY} missing or not a string")
@@ -80,4 +92,6 @@ class DiscoveryRecord:
             raise MalformedDiscoveryRecord("MaxUploadBytes must be a positive integer")
         if not isinstance(mechs, list) or not all(isinstance(m, str) for m in mechs):
             raise MalformedDiscoveryRecord("AuthMechanisms must be a list of strings")
+        if isinstance(max_bytes, bool):
+            raise MalformedDiscoveryRecord("MaxUploadBytes must be a positive integer")
         return cls(endpoint, version, max_bytes, tuple(mechs))

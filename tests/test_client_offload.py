@@ -105,7 +105,13 @@ def test_20_mib_crosses_a_256_kib_broker_as_a_placeholder(
     assert len(out) < 1024
     assert b"_format" in user_props and b"external" in user_props
     ref = json.loads(body)
-    assert ref == {"url": result.url, "size": 20 * MiB, "sha256": result.sha256}
+    assert ref == {
+        "_format": "external",  # in the body too: 3.1.1 subscribers see no user properties
+        "_id": result.message_id,
+        "url": result.url,
+        "size": 20 * MiB,
+        "sha256": result.sha256,
+    }
     # mosquitto logs "disconnected due to protocol error" for an oversize packet.
     assert "due to" not in broker.log()
     assert "dropping" not in broker.log().lower()
@@ -192,16 +198,24 @@ def test_credentials_only_go_to_the_advertised_endpoint(
     assert result.url is not None and result.message_id is not None
     foreign = result.url.replace(gateway.url, other.url)
     ref = Placeholder(foreign, result.size, result.sha256, MessageId.parse(result.message_id))
+    # By default a foreign origin is refused, and the error says what would allow it.
     _publish_placeholder(pub, topic, ref)
-    msg = _next(sub)
-    assert isinstance(msg, Message) and msg.payload == b"payload-1"  # fetched anonymously
-    assert len(auth.urls) == 1
-
-    strict = clients(untrusted_endpoint="refuse", http_auth=auth)
-    strict.subscribe(topic)
-    _publish_placeholder(pub, topic, ref)
-    err = _next(strict)
+    err = _next(sub)
     assert isinstance(err, MessageError) and isinstance(err.error, UntrustedEndpoint)
+    assert "discovery_allowlist" in str(err.error)
+    assert "untrusted_endpoint=anonymous" in str(err.error)
+
+    # Opted in by name: fetched, but without the credentials.
+    anonymous = clients(untrusted_endpoint="anonymous", http_auth=auth)
+    anonymous.subscribe(topic)
+    allowlisted = clients(discovery_allowlist=(gateway.url, other.url), http_auth=auth)
+    allowlisted.subscribe(topic)
+    _publish_placeholder(pub, topic, ref)
+    for receiver in (anonymous, allowlisted):
+        msg = _next(receiver)
+        assert isinstance(msg, Message) and msg.payload == b"payload-1"
+    assert _next(sub) is not None  # the strict one reported it again
+    assert len(auth.urls) == 1  # neither sent credentials to the other origin
 
 
 def test_mqtt_311_placeholder_carries_its_tag(
@@ -286,3 +300,90 @@ def test_a_retried_publish_with_the_same_id_keeps_one_object(
         if not str(o.object_name).endswith(".meta.json")
     ]
     assert len(payloads) == 1
+
+
+@pytest.mark.parametrize(
+    ("pub_protocol", "sub_protocol"),
+    [(4, 4), (4, 5), (5, 4), (5, 5)],
+    ids=["311-to-311", "311-to-5", "5-to-311", "5-to-5"],
+)
+def test_one_placeholder_for_every_protocol_pair(
+    gateway: GatewayServer,
+    clients: Callable[..., Client],
+    unique_topic: Callable[[str], str],
+    pub_protocol: int,
+    sub_protocol: int,
+) -> None:
+    """Mixed fleets: a 3.1.1 subscriber sees no user properties, yet knows a placeholder."""
+    topic = unique_topic("mixed")
+    sub = clients(protocol=sub_protocol)
+    sub.subscribe(topic)
+    pub = clients(protocol=pub_protocol, max_packet_size=262144)
+    payload = os.urandom(300 * 1024)  # over the broker's 256 KiB: offloaded
+    result = pub.publish(topic, payload, qos=1)
+    assert result.route is Route.OFFLOADED
+    got = _next(sub)
+    assert isinstance(got, Message), got
+    assert got.route is Route.OFFLOADED and got.payload == payload
+    assert got.message_id == result.message_id
+
+
+def test_gateway_placeholder_reaches_a_311_subscriber(
+    gateway: GatewayServer, clients: Callable[..., Client], unique_topic: Callable[[str], str]
+) -> None:
+    """The gateway encodes its placeholders with the same code: 3.1.1 recognises them too."""
+    topic = unique_topic("gw311")
+    sub = clients(protocol=4)
+    sub.subscribe(topic)
+    payload = os.urandom(64 * 1024)
+    r = httpx.post(f"{gateway.url}/publish/{topic}", content=payload, timeout=30)
+    assert r.status_code == 201, r.text
+    got = _next(sub)
+    assert isinstance(got, Message), got
+    assert got.route is Route.OFFLOADED and got.payload == payload
+
+
+def test_topic_dot_segments_reach_the_gateway_unchanged(
+    gateway: GatewayServer, clients: Callable[..., Client], unique_topic: Callable[[str], str]
+) -> None:
+    """`a/../b` is an MQTT topic of three levels, not a path to normalise into `b`."""
+    from hop import bson as hop_bson
+
+    topic = unique_topic("dots") + "/../x/./y"
+    sub = clients()
+    sub.subscribe(topic)
+    pub = clients(offload_threshold=1)
+    result = pub.publish(topic, b"dotted", qos=1)
+    assert result.route is Route.OFFLOADED
+    got = _next(sub)
+    assert isinstance(got, Message) and got.payload == b"dotted"
+    stored = httpx.get(f"{gateway.url}/msg/{result.message_id}", timeout=30)
+    assert stored.status_code == 200
+    assert hop_bson.loads(stored.content)["metadata"]["topic"] == topic
+
+
+def test_cli_311_subscriber_resolves_an_mqtt5_placeholder(
+    gateway: GatewayServer, clients: Callable[..., Client], unique_topic: Callable[[str], str]
+) -> None:
+    """`offload subscribe --protocol 3.1.1` used to print an MQTT 5 placeholder as data."""
+    broker: Mosquitto = gateway.broker  # type: ignore[attr-defined]
+    topic = unique_topic("cli311")
+    pub = clients()  # MQTT 5
+    payload = os.urandom(1 * MiB)
+    # Retained: the CLI gets it when it subscribes, no guessing when that is.
+    result = pub.publish(topic, payload, qos=1, retain=True)
+    assert result.route is Route.OFFLOADED
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OFFLOAD_")}
+    env["OFFLOAD_CONFIG"] = os.devnull
+    try:
+        done = subprocess.run(
+            ["offload", "subscribe", "--protocol", "3.1.1", "--broker", broker.url,
+             "--topic", topic, "--count", "1", "--timeout", "30"],
+            capture_output=True, text=True, timeout=60, env=env,
+        )  # fmt: skip
+    finally:
+        pub.publish(topic, b"", qos=1, retain=True)
+    assert done.returncode == 0, done.stderr
+    line = json.loads(done.stdout)
+    assert line["route"] == "offloaded" and line["size"] == len(payload)
+    assert line["sha256"] == hashlib.sha256(payload).hexdigest()

@@ -75,7 +75,14 @@ def test_mqtt5_placeholder_keeps_original_properties_after_its_tags() -> None:
     )
     body, props = REF.encode(original)
     assert props is not None
-    assert json.loads(body) == {"url": REF.url, "size": 123, "sha256": SHA}
+    # The body carries the tag and id too: a 3.1.1 receiver sees no user properties.
+    assert json.loads(body) == {
+        "_format": "external",
+        "_id": str(MID),
+        "url": REF.url,
+        "size": 123,
+        "sha256": SHA,
+    }
     assert props.user_properties == (("_format", "external"), ("_id", str(MID)), ("a", "1"))
     assert props.content_type == "image/png" and props.message_expiry_interval == 60
     assert props.topic_alias is None
@@ -93,9 +100,26 @@ def test_mqtt311_placeholder_is_detected_from_its_payload() -> None:
     assert parse(body, PublishProperties()) == REF
 
 
+def test_mqtt5_placeholder_body_alone_is_recognised() -> None:
+    # What a 3.1.1 subscriber gets from an MQTT 5 producer: the payload, no properties.
+    body, _ = REF.encode(None)
+    assert is_tagged(body, PublishProperties())
+    assert parse(body, PublishProperties()) == REF
+
+
+@pytest.mark.parametrize("protocol", [4, 5])
+def test_hop_client_reads_the_placeholder_body(protocol: int) -> None:
+    # hop-client's consumers read `url` from the JSON: the tag and id beside it are ignored.
+    from hop.models import ExternalMessage
+
+    body, _ = REF.encode(None, protocol=protocol)
+    assert ExternalMessage.load(body).url == REF.url
+
+
 def test_untagged_json_and_other_formats_are_not_placeholders() -> None:
     body, _ = REF.encode(None)
-    assert not is_tagged(body, PublishProperties())  # MQTT 5 body without its tag
+    untagged = json.dumps({"url": REF.url, "size": 123, "sha256": SHA}).encode()
+    assert not is_tagged(untagged, PublishProperties())
     assert not is_tagged(body, PublishProperties(user_properties=(("_format", "json"),)))
     assert not is_tagged(b"\x00binary", PublishProperties())
 

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 from .._exceptions import (
     ChecksumMismatchError,
@@ -21,87 +20,31 @@ from .._exceptions import (
     ChunkTimeoutError,
     MalformedChunk,
 )
-from ._chunk import CHUNK_PROPERTY, ChunkHeader, chunk_header
+from ._chunk import CHUNK_PROPERTY, MAX_U32, ChunkHeader, chunk_header
+from ._chunkstores import (
+    ChunkStore,
+    Joined,
+    JoiningChunkStore,
+    MemoryChunkStore,
+    PartialKey,
+)
 from ._props import PublishProperties
 
-PartialKey = tuple[str, str]
-"""(topic, message id): chunks of one message share both."""
-
-
-@dataclass(frozen=True, slots=True)
-class Joined:
-    """A message's chunks joined in order, as :meth:`ChunkStore.join` returns them.
-
-    Exactly one of `data` (in memory) and `path` (a file the caller now owns) is set when the
-    checksum matched; neither when it did not (the store has already deleted what it built).
-    """
-
-    sha256: str
-    """The actual SHA-256 of the joined bytes, lower-case hex."""
-    size: int
-    data: bytes | None = None
-    path: Path | None = None
-
-
-class ChunkStore(Protocol):
-    """Where buffered chunk payloads live until their message is complete.
-
-    The reassembler keeps all bookkeeping (which indices arrived, byte counts, deadlines) and
-    uses the store only for bytes, so a store that spools to disk can replace the memory one.
-    """
-
-    def put(self, key: PartialKey, index: int, data: bytes) -> None:
-        """Keep chunk `index` of message `key` (never called twice for the same index)."""
-
-    def take(self, key: PartialKey, count: int) -> Iterator[bytes]:
-        """Yield chunks 0..count-1 of `key` in order, forgetting each once yielded."""
-
-    def discard(self, key: PartialKey) -> None:
-        """Forget everything about `key` (no error if unknown)."""
-
-
-@runtime_checkable
-class JoiningChunkStore(ChunkStore, Protocol):
-    """A :class:`ChunkStore` that also joins a finished message itself (e.g. in a file).
-
-    A store without :meth:`join` is joined through :meth:`ChunkStore.take`, in memory.
-    """
-
-    def join(self, key: PartialKey, count: int, expected_sha256: str) -> Joined:
-        """Join chunks 0..count-1 of `key` in order, hash them and forget `key`.
-
-        Args:
-            key: the message.
-            count: how many chunks it has (all present).
-            expected_sha256: the checksum chunk 0 announced; on a mismatch the store keeps
-                nothing and returns a :class:`Joined` with neither data nor path.
-        """
-
-
-class MemoryChunkStore:
-    """The default :class:`ChunkStore`: a dict of dicts."""
-
-    def __init__(self) -> None:
-        self._chunks: dict[PartialKey, dict[int, bytes]] = {}
-
-    def put(self, key: PartialKey, index: int, data: bytes) -> None:
-        self._chunks.setdefault(key, {})[index] = data
-
-    def take(self, key: PartialKey, count: int) -> Iterator[bytes]:
-        chunks = self._chunks.get(key, {})
-        for index in range(count):
-            yield chunks.pop(index)
-
-    def join(self, key: PartialKey, count: int, expected_sha256: str) -> Joined:
-        chunks = self._chunks.pop(key, {})
-        data = b"".join([chunks[i] for i in range(count)])
-        actual = hashlib.sha256(data).hexdigest()
-        if actual != expected_sha256:
-            return Joined(actual, len(data))
-        return Joined(actual, len(data), data=data)
-
-    def discard(self, key: PartialKey) -> None:
-        self._chunks.pop(key, None)
+__all__ = [
+    "CHUNK_ENTRY_COST",
+    "ChunkMessage",
+    "ChunkStore",
+    "Complete",
+    "Error",
+    "Joined",
+    "JoiningChunkStore",
+    "MemoryChunkStore",
+    "Outcome",
+    "PartialKey",
+    "Pending",
+    "Reassembler",
+    "chunk_bounds",
+]
 
 
 class ChunkMessage(Protocol):
@@ -165,6 +108,39 @@ class Error:
 
 Outcome = Complete | Pending | Error
 
+#: Smallest chunk payload assumed of a sender when bounding chunks per message: brokers that
+#: need chunking state limits of 64 KiB and more, and ADR 23 fills every chunk but the last.
+CHUNK_SIZE_FLOOR = 64 * 1024
+#: Headroom for a chunk's own PUBLISH header and properties within the packet limit.
+CHUNK_HEADROOM = 1024
+#: RAM charged per tracked chunk entry (index set, store slot, spool span) when deriving
+#: how many entries the RAM budget allows.
+CHUNK_ENTRY_COST = 256
+
+
+def chunk_bounds(*, max_buffered_bytes: int, packet_limit: int, ram_budget: int) -> tuple[int, int]:
+    """Chunks per message and chunk entries in all, derived from the limits in force.
+
+    A message larger than `max_buffered_bytes` is dropped anyway, and a sender filling its
+    chunks to the packet limit (or at least to :data:`CHUNK_SIZE_FLOOR`) needs no more than
+    `max_buffered_bytes / chunk size + 1` of them. Chunk bookkeeping lives in RAM whatever
+    the store does with the bytes, so entries across all partial messages are bounded by the
+    RAM budget at :data:`CHUNK_ENTRY_COST` bytes each, and one message can never have more
+    chunks than that either (a tiny packet limit then needs a larger RAM budget).
+
+    Args:
+        max_buffered_bytes: the reassembly byte bound.
+        packet_limit: the Maximum Packet Size in force.
+        ram_budget: bytes of RAM reassembly may use (the client's `spool_threshold`).
+
+    Returns:
+        `(max_chunks_per_message, max_tracked_chunks)`.
+    """
+    chunk = max(min(packet_limit, CHUNK_SIZE_FLOOR) - CHUNK_HEADROOM, 1)
+    tracked = max(ram_budget // CHUNK_ENTRY_COST, 1)
+    per_message = min(-(-max_buffered_bytes // chunk) + 1, tracked, MAX_U32)
+    return per_message, tracked
+
 
 @dataclass(slots=True)
 class _Partial:
@@ -192,10 +168,20 @@ class Reassembler:
     next chunk or at the next :meth:`expire` sweep, whichever comes first, so results do not
     depend on how often the caller sweeps.
 
-    Bounds: at most `max_partial_messages` incomplete messages and `max_buffered_bytes` of
-    buffered payload. Making room evicts the oldest *other* partial messages first; a message
-    that cannot fit even alone is dropped itself. Every eviction is reported as a
-    ChunkBufferOverflow.
+    Bounds: every structure that a sender can grow is bounded, not only payload bytes (a
+    chunk 0 declaring 2**32-1 chunks followed by empty chunks costs no payload but one entry
+    per chunk):
+
+    * at most `max_partial_messages` incomplete messages;
+    * at most `max_buffered_bytes` of buffered payload;
+    * at most `max_chunks_per_message` chunks in one message: a chunk 0 declaring more, or a
+      chunk whose index is beyond it, fails that message at once;
+    * at most `max_tracked_chunks` chunk entries across all partial messages;
+    * a chunk 0's Message Expiry Interval counts for at most `max_timeout` seconds;
+    * the last `remember_finished` finished ids.
+
+    Making room evicts the oldest *other* partial messages first; a message that cannot fit
+    even alone is dropped itself. Every eviction is reported as a ChunkBufferOverflow.
 
     Messages that completed or failed are remembered (the last `remember_finished` of them) so
     their late chunks are ignored instead of opening a partial that would time out.
@@ -211,6 +197,9 @@ class Reassembler:
         max_buffered_bytes: int = 64 * 1024 * 1024,
         remember_finished: int = 1024,
         store: ChunkStore | None = None,
+        max_chunks_per_message: int | None = None,
+        max_tracked_chunks: int | None = None,
+        max_timeout: float | None = None,
     ) -> None:
         """Make an empty reassembler.
 
@@ -223,11 +212,26 @@ class Reassembler:
             remember_finished: how many finished message ids to remember for ignoring late
                 duplicates.
             store: where chunk bytes are kept; in memory by default.
+            max_chunks_per_message: most chunks one message may have (None: 2**32-1, as
+                ADR 23 allows); see :func:`chunk_bounds` for a value derived from the limits.
+            max_tracked_chunks: most chunk entries kept across all partial messages (None:
+                `max_buffered_bytes`, i.e. one byte per entry at least).
+            max_timeout: most seconds a chunk 0's Message Expiry Interval may extend a
+                message's deadline to (None: no cap).
         """
         if default_timeout is not None and default_timeout < 0:
             raise ValueError("default_timeout must not be negative")
         if max_partial_messages < 1 or max_buffered_bytes < 1 or remember_finished < 0:
             raise ValueError("reassembly bounds must be positive")
+        if (max_chunks_per_message is not None and max_chunks_per_message < 1) or (
+            max_tracked_chunks is not None and max_tracked_chunks < 1
+        ):
+            raise ValueError("chunk count bounds must be positive")
+        if max_timeout is not None and max_timeout < 0:
+            raise ValueError("max_timeout must not be negative")
+        self.max_chunks_per_message = max_chunks_per_message or MAX_U32
+        self.max_tracked_chunks = max_tracked_chunks or max_buffered_bytes
+        self._max_timeout = max_timeout
         self._default_timeout = default_timeout
         self._max_partials = max_partial_messages
         self._max_bytes = max_buffered_bytes
@@ -236,6 +240,7 @@ class Reassembler:
         self._partials: OrderedDict[PartialKey, _Partial] = OrderedDict()  # oldest first
         self._finished: OrderedDict[PartialKey, None] = OrderedDict()
         self._bytes = 0
+        self._tracked = 0
 
     @property
     def partial_messages(self) -> int:
@@ -246,6 +251,11 @@ class Reassembler:
     def buffered_bytes(self) -> int:
         """Chunk payload bytes currently buffered."""
         return self._bytes
+
+    @property
+    def tracked_chunks(self) -> int:
+        """Chunk entries currently kept across all partial messages."""
+        return self._tracked
 
     @property
     def next_deadline(self) -> float | None:
@@ -277,6 +287,15 @@ class Reassembler:
 
         dropped: list[Error] = []
         partial = self._partials.get(key)
+        bound = self.max_chunks_per_message
+        declared = header.total if header.total is not None else header.index + 1
+        if declared > bound:
+            reason = f"{declared} chunks or more, beyond the bound of {bound} per message"
+            if partial is not None:
+                return self._overflow(key, reason, dropped)
+            self._remember_finished(key)
+            error = ChunkBufferOverflow(header.message_id, reason)
+            return Error(topic, header.message_id, error)
         if partial is None:
             if len(self._partials) >= self._max_partials:
                 dropped.append(
@@ -299,7 +318,8 @@ class Reassembler:
             partial.qos = message.qos
             expiry = message.properties.message_expiry_interval
             if expiry is not None:
-                partial.deadline = partial.started + expiry
+                cap = self._max_timeout
+                partial.deadline = partial.started + (expiry if cap is None else min(expiry, cap))
             if self._overdue(partial, now):
                 return self._timeout(key, partial, dropped)
         first = partial.first
@@ -317,10 +337,17 @@ class Reassembler:
                 reason = f"{partial.nbytes + len(data)} bytes exceed {self._max_bytes}"
                 return self._overflow(key, reason, dropped)
             dropped.append(self._evict(victim, f"buffer limit of {self._max_bytes} bytes"))
+        while self._tracked >= self.max_tracked_chunks:
+            victim = next((k for k in self._partials if k != key), None)
+            reason = f"more than {self.max_tracked_chunks} chunks tracked"
+            if victim is None:
+                return self._overflow(key, reason, dropped)
+            dropped.append(self._evict(victim, reason))
         self._store.put(key, header.index, data)
         partial.indices.add(header.index)
         partial.nbytes += len(data)
         self._bytes += len(data)
+        self._tracked += 1
 
         if first is not None and len(partial.indices) == first.total:
             return self._assemble(key, partial, first, dropped)
@@ -362,11 +389,15 @@ class Reassembler:
         partial = self._partials.pop(key)
         self._store.discard(key)
         self._bytes -= partial.nbytes
+        self._tracked -= len(partial.indices)
+        self._remember_finished(key)
+        return partial
+
+    def _remember_finished(self, key: PartialKey) -> None:
         if self._remember:
             self._finished[key] = None
             while len(self._finished) > self._remember:
                 self._finished.popitem(last=False)
-        return partial
 
     def _evict(self, key: PartialKey, reason: str) -> Error:
         partial = self._forget(key)

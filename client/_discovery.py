@@ -1,0 +1,119 @@
+"""The client's live view of the discovery topic: fed on paho's thread, read by every other.
+
+Whoever can write the discovery topic writes what this module reads, so :meth:`feed` never
+raises (paho stops its loop on a callback exception) and a bad record is ignored with one
+warning per spell of bad records, not one per re-delivery: a retained one comes back on
+every re-subscription. A bad or refused record also removes the endpoint in force: a spoofed
+record must not leave an older endpoint in place either.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from discovery import DiscoveryRecord
+from discovery._resolver import EndpointCache
+
+from ._config import ClientSettings
+
+log = logging.getLogger("client")
+
+
+class DiscoveryView:
+    """The record in force, and a way to wait briefly for it after a (re)subscription.
+
+    Args:
+        settings: `discovery_wait` and `discovery_allowlist` are read from it.
+    """
+
+    def __init__(self, settings: ClientSettings) -> None:
+        self._settings = settings
+        self._cache = EndpointCache()
+        self._cond = threading.Condition()
+        self._since = 0.0
+        self._seen = False
+        self._warned = False
+
+    def current(self) -> DiscoveryRecord | None:
+        """The record in force now, if any."""
+        with self._cond:
+            return self._cache.current(time.monotonic())
+
+    def resubscribed(self) -> None:
+        """The broker is about to re-send the retained record: let waiters wait for it."""
+        with self._cond:
+            self._since = time.monotonic()
+            self._seen = False
+
+    def wait(self, timeout: float) -> DiscoveryRecord | None:
+        """Wait up to `timeout` seconds for a record; the record or None."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                record = self._cache.current(time.monotonic())
+                left = deadline - time.monotonic()
+                if record is not None or left <= 0:
+                    return record
+                self._cond.wait(left)
+
+    def settled(self) -> DiscoveryRecord | None:
+        """The record, waiting up to `discovery_wait` after a (re)subscription for the first.
+
+        Used before a large publish and before trusting a fetch: a retained placeholder may
+        arrive just before the retained record it points at.
+        """
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                record = self._cache.current(now)
+                left = self._since + self._settings.discovery_wait - now
+                if record is not None or self._seen or left <= 0:
+                    return record
+                self._cond.wait(left)
+
+    def feed(self, payload: bytes, expiry_interval: int | None) -> None:
+        """Take one message from the discovery topic (paho's thread: never raises).
+
+        Args:
+            payload: the message payload, as anyone who may write the topic wrote it.
+            expiry_interval: its remaining Message Expiry Interval, if any.
+        """
+        try:
+            self._feed(payload, expiry_interval)
+        except Exception:  # a bug must not stop paho's loop: log it and carry on
+            log.exception("ignoring a discovery record that could not be handled")
+
+    def _feed(self, payload: bytes, expiry_interval: int | None) -> None:
+        settings = self._settings
+        with self._cond:
+            record = self._cache.feed(
+                payload, expiry_interval=expiry_interval, now=time.monotonic()
+            )
+            refused = record is not None and not settings.endpoint_allowed(record.endpoint)
+            if refused:
+                self._cache.clear()
+            self._seen = True
+            error = self._cache.last_error
+            self._cond.notify_all()
+        if error is not None:
+            self._warn("ignoring malformed discovery record: %s", str(error)[:300])
+        elif refused:
+            assert record is not None
+            self._warn(
+                "ignoring discovery record: endpoint %s is not in discovery_allowlist %s",
+                record.endpoint,
+                ", ".join(settings.discovery_allowlist),
+            )
+        else:
+            # An empty payload (record deleted) neither ends nor starts a bad spell.
+            self._warned = record is None and self._warned
+            log.debug("discovery record: %s", record)
+
+    def _warn(self, text: str, *args: object) -> None:
+        if self._warned:
+            log.debug(text, *args)
+            return
+        self._warned = True
+        log.warning(text, *args)

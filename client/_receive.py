@@ -1,0 +1,308 @@
+"""The receive path: the worker thread that turns received PUBLISHes into deliveries.
+
+Everything it reads is untrusted: anyone who may publish on a subscribed topic wrote the
+message, its `__chunk` value and its placeholder. So a message can only ever become one
+:class:`Message` or one :class:`MessageError` (an unexpected failure included, as a
+:class:`ReceiveError` with its traceback logged), and the next message is always delivered.
+A placeholder is fetched only from the endpoint in force (with credentials, hop-client's
+rule) or an origin in `discovery_allowlist`; other origins need `untrusted_endpoint =
+"anonymous"` (and get no credentials), else a placeholder could make every subscriber send
+requests to any host and port inside its network. The transport never reads more than the
+placeholder's declared size (:meth:`client._http.HttpTransport.fetch`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+
+import httpx
+
+from . import _placeholder
+from ._chunkstore import SpoolingChunkStore
+from ._config import ClientSettings
+from ._exceptions import (
+    MalformedPlaceholder,
+    OffloadError,
+    PayloadNotFound,
+    ReceiveError,
+    UntrustedEndpoint,
+)
+from ._http import HttpTransport
+from ._message import Message, MessageError, Payload, Route
+from ._paho import Incoming, MqttConnection
+from .protocol import PublishProperties
+from .protocol._bounded import Origin, http_origin
+from .protocol._chunk import CHUNK_PROPERTY, Complete, Error, Reassembler
+from .protocol._reassembly import chunk_bounds
+from .protocol._size import MAX_PACKET_SIZE
+
+log = logging.getLogger("client")
+
+Delivery = Message | MessageError
+#: on_fetch_progress(topic, bytes received, total or None), from the fetching thread.
+FetchProgress = Callable[[str, int, int | None], None]
+
+
+def origin_of(url: str | None) -> Origin | None:
+    """The origin of a URL, None when there is none or it is not a usable http(s) URL."""
+    if url is None:
+        return None
+    try:
+        return http_origin(url)
+    except ValueError:
+        return None
+
+
+def _loopback(host: str) -> bool:
+    return host == "localhost" or host.startswith("127.") or host in ("::1", "[::1]")
+
+
+class PlainHttpWarner:
+    """Warns once per origin that payloads travel over plain http (a bounded set of them).
+
+    Never for loopback, where nothing travels over a network.
+    """
+
+    def __init__(self, limit: int = 64) -> None:
+        self._warned: set[Origin] = set()
+        self._limit = limit
+        self._lock = threading.Lock()
+
+    def __call__(self, url: str) -> None:
+        origin = origin_of(url)
+        if origin is None or origin.scheme != "http" or _loopback(origin.host):
+            return
+        with self._lock:
+            # Origins may come from placeholders (with the anonymous opt-in): keep it bounded.
+            if origin in self._warned or len(self._warned) >= self._limit:
+                return
+            self._warned.add(origin)
+        log.warning(
+            "offload endpoint %s:%s uses plain http: payloads travel unencrypted",
+            origin.host,
+            origin.port,
+        )
+
+
+class Receiver:
+    """Reassembles chunks, resolves placeholders and hands out deliveries, on one thread.
+
+    Args:
+        settings: the client's settings.
+        transport: the HTTP transport used to fetch placeholders' payloads.
+        http_auth: credentials for the endpoint in force.
+        conn: the MQTT connection (for the periodic discovery re-subscription).
+        endpoint_in_force: the configured or discovered endpoint (may wait briefly for the
+            retained discovery record after a (re)subscription).
+        warn_plain_http: the client's plain-http warner.
+        use_discovery: whether the discovery topic is followed.
+        on_fetch_progress: called as `(topic, bytes received, total)` while fetching.
+    """
+
+    def __init__(
+        self,
+        *,
+        settings: ClientSettings,
+        transport: HttpTransport,
+        http_auth: httpx.Auth | None,
+        conn: MqttConnection,
+        endpoint_in_force: Callable[[], str | None],
+        warn_plain_http: PlainHttpWarner,
+        use_discovery: bool,
+        on_fetch_progress: FetchProgress | None = None,
+    ) -> None:
+        s = settings
+        self._settings = s
+        self._transport = transport
+        self._http_auth = http_auth
+        self._conn = conn
+        self._endpoint_in_force = endpoint_in_force
+        self._warn_plain_http = warn_plain_http
+        self._use_discovery = use_discovery
+        self._on_fetch_progress = on_fetch_progress
+        self.inbound: queue.SimpleQueue[Incoming | object] = queue.SimpleQueue()
+        self.deliveries: queue.SimpleQueue[Delivery | object] = queue.SimpleQueue()
+        # Reassembly keeps at most spool_threshold bytes of chunks in RAM; bigger messages
+        # are spooled to temporary files and delivered as spooled payloads (issue 3).
+        self.chunk_store = SpoolingChunkStore(memory_limit=s.spool_threshold)
+        per_message, tracked = chunk_bounds(
+            max_buffered_bytes=s.max_buffered_bytes,
+            packet_limit=s.max_packet_size or MAX_PACKET_SIZE,
+            ram_budget=s.spool_threshold,
+        )
+        self._reassembler = Reassembler(
+            default_timeout=s.chunk_timeout,
+            max_partial_messages=s.max_partial_messages,
+            max_buffered_bytes=s.max_buffered_bytes,
+            store=self.chunk_store,
+            max_chunks_per_message=per_message,
+            max_tracked_chunks=tracked,
+            max_timeout=s.max_chunk_timeout,
+        )
+
+    def packet_limit_known(self, limit: int) -> None:
+        """CONNACK told the packet limit: a smaller one allows more (smaller) chunks.
+
+        Args:
+            limit: the Maximum Packet Size in force.
+        """
+        s = self._settings
+        # An int attribute the worker reads: one assignment, no lock needed.
+        self._reassembler.max_chunks_per_message = chunk_bounds(
+            max_buffered_bytes=s.max_buffered_bytes,
+            packet_limit=limit,
+            ram_budget=s.spool_threshold,
+        )[0]
+
+    def run(self, stop: threading.Event) -> None:
+        """The worker thread's loop, until `stop` is set."""
+        last_refresh = time.monotonic()
+        while not stop.is_set():
+            now = time.monotonic()
+            deadline = self._reassembler.next_deadline
+            wait = 0.5 if deadline is None else min(0.5, max(deadline - now, 0.0) + 0.01)
+            try:
+                item = self.inbound.get(timeout=wait)
+            except queue.Empty:
+                item = None
+            if isinstance(item, Incoming):
+                try:
+                    self._process(item)
+                except OffloadError as exc:  # an error about one message, never fatal
+                    self.deliveries.put(MessageError(item.topic, exc))
+                except Exception as exc:  # a bug or the disk: still one message, not the client
+                    log.exception("could not handle a message on %r", item.topic)
+                    failure = ReceiveError(f"could not handle the message: {exc!r}"[:500])
+                    self.deliveries.put(MessageError(item.topic, failure))
+            now = time.monotonic()
+            for error in self._reassembler.expire(now):
+                self.deliveries.put(MessageError(error.topic, error.error, error.message_id))
+            refresh = self._settings.discovery_refresh
+            if self._use_discovery and refresh > 0 and now - last_refresh > refresh:
+                last_refresh = now
+                if self._conn.connected:
+                    self._conn.resubscribe(self._settings.discovery_topic)
+
+    def _process(self, incoming: Incoming) -> None:
+        props = incoming.properties
+        if self._settings.protocol == 5 and chunk_header_present(props):
+            self._process_chunk(incoming)
+            return
+        if self._settings.fetch_external and _placeholder.is_tagged(incoming.payload, props):
+            delivery = self._resolve(incoming)
+            if (
+                self._settings.ignore_payload_not_found
+                and isinstance(delivery, MessageError)
+                and isinstance(delivery.error, PayloadNotFound)
+            ):
+                # The SQS extended client's ignorePayloadNotFound: expired or deleted objects
+                # are skipped, visibly in the log only.
+                log.warning(
+                    "skipped message %s on %r: %s",
+                    delivery.message_id,
+                    incoming.topic,
+                    delivery.error,
+                )
+                return
+            self.deliveries.put(delivery)
+            return
+        self.deliveries.put(
+            Message(
+                incoming.topic,
+                Payload(incoming.payload),
+                hashlib.sha256(incoming.payload).hexdigest(),
+                incoming.qos,
+                incoming.retain,
+                props,
+            )
+        )
+
+    def _process_chunk(self, incoming: Incoming) -> None:
+        outcome = self._reassembler.feed(incoming, time.monotonic())
+        for dropped in outcome.dropped:
+            self.deliveries.put(MessageError(dropped.topic, dropped.error, dropped.message_id))
+        if isinstance(outcome, Error):
+            self.deliveries.put(MessageError(outcome.topic, outcome.error, outcome.message_id))
+        elif isinstance(outcome, Complete):
+            body = outcome.payload
+            self.deliveries.put(
+                Message(
+                    outcome.topic,
+                    Payload(body) if isinstance(body, bytes) else Payload(path=body),
+                    outcome.sha256,
+                    outcome.qos,
+                    False,
+                    outcome.properties,
+                    Route.CHUNKED,
+                    outcome.message_id,
+                )
+            )
+
+    def _resolve(self, incoming: Incoming) -> Delivery:
+        """Fetch a placeholder's payload; any failure becomes a MessageError."""
+        try:
+            ref = _placeholder.parse(incoming.payload, incoming.properties)
+        except MalformedPlaceholder as exc:
+            return MessageError(incoming.topic, exc)
+        try:
+            auth = self._auth_for(ref)
+            self._warn_plain_http(ref.url)
+            progress = self._on_fetch_progress
+            payload = self._transport.fetch(
+                ref.payload_url,
+                expected_sha256=ref.sha256,
+                expected_size=ref.size,
+                max_bytes=self._settings.max_fetch_bytes,
+                spool_threshold=self._settings.spool_threshold,
+                auth=auth,
+                on_bytes=(lambda done, total: progress(incoming.topic, done, total))
+                if progress is not None
+                else None,
+            )
+        except OffloadError as exc:
+            return MessageError(incoming.topic, exc, str(ref.message_id))
+        return Message(
+            incoming.topic,
+            payload,
+            ref.sha256,
+            incoming.qos,
+            incoming.retain,
+            _placeholder.original_properties(incoming.properties),
+            Route.OFFLOADED,
+            str(ref.message_id),
+        )
+
+    def _auth_for(self, ref: _placeholder.Placeholder) -> httpx.Auth | None:
+        """Whether a placeholder may be fetched, and with which credentials.
+
+        Fetched: the endpoint in force (configured or discovered), with credentials
+        (hop-client's rule); origins in `discovery_allowlist`, without them (e.g. presigned
+        links). Any other origin only with `untrusted_endpoint = "anonymous"`, without
+        them: else a placeholder could make every subscriber send requests to any host and
+        port inside its network.
+
+        Raises:
+            UntrustedEndpoint: the origin is none of those, naming the settings that allow it.
+        """
+        origin = ref.origin
+        trusted = self._endpoint_in_force()
+        if origin == origin_of(trusted):
+            return self._http_auth
+        if self._settings.allowlisted(origin) or self._settings.untrusted_endpoint == "anonymous":
+            return None
+        raise UntrustedEndpoint(
+            ref.url,
+            f"origin {origin} is not the offload endpoint ({trusted or 'none known'}): add it "
+            "to discovery_allowlist, or set untrusted_endpoint=anonymous to fetch from any "
+            "origin without credentials",
+        )
+
+
+def chunk_header_present(props: PublishProperties) -> bool:
+    """Whether a message claims to be an ADR-23 chunk (a malformed value still fails loudly)."""
+    return props.user_property(CHUNK_PROPERTY) is not None

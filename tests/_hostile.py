@@ -1,0 +1,160 @@
+"""Hostile peers for the tests: a lying HTTP endpoint and a raw MQTT publisher.
+
+The lying endpoint is a tiny HTTP/1.1 server on a loopback socket that answers every GET
+with a body far larger than any placeholder declares, with or without Content-Length, and
+records how much it managed to send before the client hung up. The raw publisher is plain
+paho (no project code), so a test can put any bytes and user properties on the wire.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from _servers import free_port
+
+MiB = 1024 * 1024
+BLOCK = b"\0" * (64 * 1024)
+
+
+@dataclass
+class Served:
+    """What the lying endpoint saw of one request."""
+
+    request_line: str
+    sent: int = 0
+    hung_up: bool = False
+    finished: bool = False
+
+
+@dataclass
+class LyingEndpoint:
+    """Answers every GET with `body_bytes` bytes, announced or chunked."""
+
+    body_bytes: int = 300 * MiB
+    content_length: bool = True
+    port: int = 0
+    served: list[Served] = field(default_factory=list)
+    _sock: socket.socket | None = None
+    _threads: list[threading.Thread] = field(default_factory=list)
+    _done: threading.Condition = field(default_factory=threading.Condition)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> LyingEndpoint:
+        self.port = free_port()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", self.port))
+        sock.listen(8)
+        self._sock = sock
+        thread = threading.Thread(target=self._accept, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+        return self
+
+    def stop(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def wait_finished(self, count: int, timeout: float) -> list[Served]:
+        """Wait until `count` requests have ended (hung up or sent in full)."""
+        with self._done:
+            self._done.wait_for(
+                lambda: sum(s.hung_up or s.finished for s in self.served) >= count, timeout
+            )
+            return list(self.served)
+
+    def _accept(self) -> None:
+        assert self._sock is not None
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            head = b""
+            while b"\r\n\r\n" not in head and len(head) < 65536:
+                piece = conn.recv(4096)
+                if not piece:
+                    return
+                head += piece
+            served = Served(head.split(b"\r\n", 1)[0].decode("latin-1"))
+            with self._done:
+                self.served.append(served)
+            if self.content_length:
+                headers = f"Content-Length: {self.body_bytes}\r\n"
+            else:
+                headers = "Transfer-Encoding: chunked\r\n"
+            try:
+                conn.sendall(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
+                    + headers.encode()
+                    + b"\r\n"
+                )
+                left = self.body_bytes
+                while left > 0:
+                    block = BLOCK[: min(left, len(BLOCK))]
+                    if self.content_length:
+                        conn.sendall(block)
+                    else:
+                        conn.sendall(b"%x\r\n%s\r\n" % (len(block), block))
+                    left -= len(block)
+                    served.sent += len(block)
+                if not self.content_length:
+                    conn.sendall(b"0\r\n\r\n")
+                served.finished = True
+            except OSError:
+                served.hung_up = True
+            with self._done:
+                self._done.notify_all()
+
+
+class RawPublisher:
+    """A plain paho MQTT 5 client publishing whatever bytes and user properties it is given."""
+
+    def __init__(self, broker_url: str, *, protocol: int = 5) -> None:
+        host, port = broker_url.removeprefix("mqtt://").rsplit(":", 1)
+        version = mqtt.MQTTv5 if protocol == 5 else mqtt.MQTTv311
+        self.protocol = protocol
+        self._paho = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=version)
+        self._paho.connect(host, int(port))
+        self._paho.loop_start()
+
+    def publish(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        user_properties: list[tuple[str, str]] | None = None,
+        expiry: int | None = None,
+        qos: int = 1,
+        retain: bool = False,
+    ) -> None:
+        props: Any = None
+        if self.protocol == 5 and (user_properties or expiry is not None):
+            props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+            if user_properties:
+                props.UserProperty = user_properties
+            if expiry is not None:
+                props.MessageExpiryInterval = expiry
+        info = self._paho.publish(topic, payload, qos, retain, props)
+        if qos:
+            info.wait_for_publish(30)
+
+    def close(self) -> None:
+        self._paho.disconnect()
+        self._paho.loop_stop()
