@@ -223,7 +223,6 @@ _SUPPORTED: dict[int, _Reader] = {
     0x11: _read_uint64,
     0x12: _read_int64,
 }
-assert set(_SUPPORTED) == set(FIXED_SIZE) | VARIABLE
 
 # The reader of every type byte, indexed by it: a type outside _SUPPORTED gets one that
 # raises, naming the type. A tuple, because indexing it is cheaper than a dict lookup and
