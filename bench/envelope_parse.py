@@ -115,7 +115,7 @@ def main() -> None:
     fields = min(fields_run(args.docs) for _ in range(args.runs))
     rate = args.docs / fields
     print(f"fields: {args.docs} documents, 8 headers: best {fields * 1e3:.1f} ms, {rate:.0f}/s")
-    small = args.docs // 20
+    small = max(1, args.docs // 20)
     bytewise = min(bytewise_run(small) for _ in range(args.runs))
     byte_rate = small / bytewise
     print(f"bytewise: {small} docs, 1-byte feeds: best {bytewise * 1e3:.1f} ms, {byte_rate:.0f}/s")
