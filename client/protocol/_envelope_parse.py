@@ -111,7 +111,7 @@ class EnvelopeParser:
             view = view.cast("B")
         view = view.toreadonly()
         n = len(view)
-        if self._state is _PAYLOAD and n < self._remaining:
+        if self._state is _PAYLOAD and 0 < n < self._remaining:
             # The hot path: a slice wholly inside the payload is one view and one event.
             self._offset += n
             self._remaining -= n
