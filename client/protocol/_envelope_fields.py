@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ._envelope import _fail
+from ._bson_values import fail as _fail
 
 
 def _header_pairs(value: object, lenient: bool) -> tuple[tuple[str, bytes], ...]:
