@@ -29,7 +29,7 @@ import contextvars
 import itertools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
@@ -205,6 +205,36 @@ class Transfers:
         now = time.monotonic()
         with self._lock:
             return sum(1 for s in self._active if now - s.last_progress > bound)
+
+
+_closers: contextvars.ContextVar[list[Callable[[], None]] | None] = contextvars.ContextVar(
+    "offload_request_closers", default=None
+)
+
+
+@contextlib.contextmanager
+def request_scope() -> Iterator[None]:
+    """Run what `close_at_request_end` registered when the request ends, however it ends.
+
+    A response stream abandoned half way (client gone, send timed out) is otherwise only
+    closed when the garbage collector finds it, which holds its transfer slot and store
+    connection for an unbounded time.
+    """
+    closers: list[Callable[[], None]] = []
+    token = _closers.set(closers)
+    try:
+        yield
+    finally:
+        _closers.reset(token)
+        for closer in closers:
+            closer()
+
+
+def close_at_request_end(closer: Callable[[], None]) -> None:
+    """Register `closer` (idempotent, never raising) with the current request, if any."""
+    closers = _closers.get()
+    if closers is not None:
+        closers.append(closer)
 
 
 @dataclass

@@ -26,6 +26,7 @@ import logging
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ._errors import GatewayError
+from ._executors import request_scope
 
 log = logging.getLogger("gateway")
 
@@ -73,7 +74,8 @@ class UploadLimits:
             await self.app(scope, receive, send)
             return
         try:
-            await self._limited(scope, receive, self._bounded_send(send))
+            with request_scope():
+                await self._limited(scope, receive, self._bounded_send(send))
         except _ResponseStalled as exc:
             # Returning with the response incomplete makes the server close the connection.
             log.warning("%s %s: %s; connection dropped", scope["method"], scope["path"], exc)

@@ -21,7 +21,7 @@ from client._exceptions import ProtocolError
 from client.protocol import Manifest, MessageId, Topic, data_key, index_key, meta_key
 
 from ._errors import BadRequest, Conflict, NotFound, StorageUnavailable
-from ._executors import Slot, Workers
+from ._executors import Slot, Workers, close_at_request_end
 from ._observability import UPLOADED_BYTES, UPLOADS
 from ._pipe import StreamingUpload
 from .storage import ObjectStore, StoreError
@@ -285,6 +285,7 @@ class PayloadStream:
         self._slot = slot
         self._pending: concurrent.futures.Future[bytes] | None = None
         self._closed = False
+        close_at_request_end(self._close)
 
     def __aiter__(self) -> PayloadStream:
         return self
