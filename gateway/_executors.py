@@ -26,7 +26,10 @@ import asyncio
 import concurrent.futures
 import contextlib
 import contextvars
+import ctypes
+import ctypes.util
 import itertools
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -207,6 +210,20 @@ class Transfers:
             return sum(1 for s in self._active if now - s.last_progress > bound)
 
 
+def _find_malloc_trim() -> Callable[[int], int] | None:
+    """glibc's malloc_trim, or None elsewhere (musl, macOS)."""
+    if sys.platform != "linux":
+        return None
+    name = ctypes.util.find_library("c")
+    try:
+        trim: Callable[[int], int] = ctypes.CDLL(name).malloc_trim
+    except (OSError, AttributeError, TypeError):
+        return None
+    return trim
+
+
+_malloc_trim = _find_malloc_trim()
+
 _closers: contextvars.ContextVar[list[Callable[[], None]] | None] = contextvars.ContextVar(
     "offload_request_closers", default=None
 )
@@ -292,10 +309,17 @@ class Workers:
 
     async def _beat(self, interval: float = 0.5) -> None:
         loop = asyncio.get_running_loop()
+        busy = False
         while True:
             before = loop.time()
             await asyncio.sleep(interval)
             self.loop_lag = max(0.0, loop.time() - before - interval)
+            # Transfers free their buffers, but glibc keeps freed heap in its per-thread
+            # arenas: 50 aborted uploads left 400 MiB resident that a trim gives back.
+            if busy and self.transfers.active == 0 and _malloc_trim is not None:
+                with contextlib.suppress(Saturated, RuntimeError):
+                    self.store.submit(_malloc_trim, 0)
+            busy = self.transfers.active > 0
 
     def health(self, *, bound: float, transfer_bound: float) -> Health:
         """Whether every pool makes progress; never waits.

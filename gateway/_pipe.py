@@ -140,7 +140,9 @@ class PipeReader:
                 self._cond.wait(remaining)
             if self._error is not None:  # an abort wins over batches still queued
                 self._eof = True
-                raise _Aborted(str(self._error)) from self._error
+                # Not chained: the reason's traceback would tie this thread's frames
+                # (and the parts they hold) to the request's.
+                raise _Aborted(str(self._error)) from None
             batch = self._batches.popleft()
             waiter, self._space = self._space, None
         self._wake(waiter)
@@ -148,10 +150,18 @@ class PipeReader:
         return batch
 
     def close(self) -> None:
-        """The store stopped reading (done or failed): release a waiting feeder at once."""
+        """The store stopped reading (done or failed): release a waiting feeder at once.
+
+        Drops what is still queued and the abort reason too: the reason's traceback
+        reaches the request's frames, which reach this reader, and such a cycle would keep
+        megabytes of body alive until the garbage collector happened to look.
+        """
         with self._cond:
             self.closed_by_reader = True
             waiter, self._space = self._space, None
+            self._batches.clear()
+            self._pieces = []
+            self._error = None if self._error is None else _Aborted("aborted")
         self._wake(waiter)
 
     def _wake(self, waiter: asyncio.Future[None] | None) -> None:
@@ -188,7 +198,7 @@ class PipeReader:
     def fail(self, reason: BaseException) -> None:
         """Stop the transfer thread at its next read; never blocks."""
         with self._cond:
-            if self._error is None:
+            if self._error is None and not self.closed_by_reader:
                 self._error = reason
             self._cond.notify_all()
 
@@ -227,16 +237,10 @@ class StreamingUpload:
         self._batch: Batch = []
         self._batched = 0
         self._handed = loop.time()
-        job = slot.submit(self._run, store, content_type)
+        job = slot.submit(_transfer, store, key, self._reader, length, content_type)
         job.add_done_callback(lambda _: slot.release())  # from the thread: no loop needed
         self._task: asyncio.Future[None] = asyncio.wrap_future(job)
         self._task.add_done_callback(_retrieve)
-
-    def _run(self, store: ObjectStore, content_type: str | None) -> None:
-        try:
-            store.put_stream(self.key, cast(BinaryIO, self._reader), self.length, content_type)
-        finally:
-            self._reader.close()
 
     async def write(self, data: Buffer) -> None:
         if not data:
@@ -249,19 +253,33 @@ class StreamingUpload:
     async def _hand_over(self) -> None:
         batch, self._batch, self._batched = self._batch, [], 0
         if self._task.done():
-            await self._stopped()
+            self._raise_outcome()
+            raise StoreError(f"upload of {self.key!r} stopped early")
         await self._put(batch)
         self._handed = self._task.get_loop().time()
 
-    async def _stopped(self) -> None:
-        """The transfer thread ended before the body did: raise why."""
-        try:
-            await self._task
-        except _Idle as exc:
-            raise RequestTimeout(f"request body stalled: {exc}") from exc
-        except _Aborted as exc:
-            raise StorageUnavailable(f"upload of {self.key!r} stopped: {exc}") from exc
-        raise StoreError(f"upload of {self.key!r} stopped early")
+    async def _done_within(self, timeout: float) -> bool:
+        """Wait for the transfer thread without raising its error (see `_raise_outcome`)."""
+        done, _ = await asyncio.wait({self._task}, timeout=timeout)
+        return bool(done)
+
+    def _raise_outcome(self) -> None:
+        """Raise a fresh error for how the finished transfer thread failed, if it did.
+
+        Never the stored exception itself: raising it here would add this frame (which
+        holds `self`, which holds the future, which holds the exception) to its traceback,
+        a cycle that keeps the upload's buffers alive until the garbage collector runs.
+        """
+        exc = self._task.exception()
+        if exc is None:
+            return
+        if isinstance(exc, _Idle):
+            raise RequestTimeout(f"request body stalled: {exc}")
+        if isinstance(exc, _Aborted):
+            raise StorageUnavailable(f"upload of {self.key!r} stopped: {exc}")
+        if isinstance(exc, StoreError):
+            raise StoreError(str(exc))
+        raise StorageUnavailable(f"upload of {self.key!r} failed: {exc!r}")
 
     async def _put(self, item: Batch) -> None:
         try:
@@ -277,15 +295,12 @@ class StreamingUpload:
         if self._batch:
             await self._hand_over()
         await self._put(_EOF)
-        try:
-            await asyncio.wait_for(asyncio.shield(self._task), self._store_timeout)
-        except TimeoutError:
+        if not await self._done_within(self._store_timeout):
             self._reader.fail(TimeoutError("object store stalled"))
             raise StorageUnavailable(
                 f"object store did not finish the upload within {self._store_timeout:g} seconds"
-            ) from None
-        except _Aborted:
-            await self._stopped()
+            )
+        self._raise_outcome()
         return self._reader.sha256.hexdigest(), self._reader.count
 
     async def abort(self, reason: BaseException) -> None:
@@ -293,14 +308,26 @@ class StreamingUpload:
 
         Waits for the transfer thread at most the store timeout: a store that hangs
         keeps its slot until its own timeouts end the call, but never this request.
+        Either way nothing was stored (the abort asked for, or the store's own error).
         """
         self._reader.fail(reason)
-        # The abort we asked for, or the store's own error: either way nothing was stored.
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(asyncio.shield(self._task), self._store_timeout)
+        await self._done_within(self._store_timeout)
+
+
+def _transfer(
+    store: ObjectStore, key: str, reader: PipeReader, length: int, content_type: str | None
+) -> None:
+    """The transfer thread's job; a function, so its frames never reach the upload."""
+    try:
+        store.put_stream(key, cast(BinaryIO, reader), length, content_type)
+    finally:
+        reader.close()
 
 
 def _retrieve(future: asyncio.Future[None] | concurrent.futures.Future[None]) -> None:
-    """Mark a transfer's error as seen: an abandoned one must not log 'never retrieved'."""
+    """Mark a transfer's error as seen (an abandoned one must not log 'never retrieved')
+    and drop its traceback: the transfer thread's frames hold whole parts."""
     if not future.cancelled():
-        future.exception()
+        exc = future.exception()
+        if exc is not None:
+            exc.__traceback__ = None
