@@ -28,6 +28,7 @@ import contextlib
 import contextvars
 import ctypes
 import ctypes.util
+import gc
 import itertools
 import sys
 import threading
@@ -224,6 +225,21 @@ def _find_malloc_trim() -> Callable[[int], int] | None:
 
 _malloc_trim = _find_malloc_trim()
 
+
+def _give_back_memory() -> None:
+    """Free what abandoned transfers left in reference cycles, then return it to the OS.
+
+    A response abandoned half way (client gone, send timed out) leaves its last pieces
+    in cycles through the task group's error handling (4 MiB each, measured: 20 dropped
+    downloads kept 80 MiB until a collection), and glibc keeps freed heap in per-thread
+    arenas (50 aborted uploads left 400 MiB resident that a trim gave back). Run when
+    transfers go idle and every 30 s while they are not.
+    """
+    gc.collect()
+    if _malloc_trim is not None:
+        _malloc_trim(0)
+
+
 _closers: contextvars.ContextVar[list[Callable[[], None]] | None] = contextvars.ContextVar(
     "offload_request_closers", default=None
 )
@@ -307,19 +323,21 @@ class Workers:
         """Start measuring the event loop's lag (call on the loop)."""
         self._heartbeat = asyncio.get_running_loop().create_task(self._beat())
 
-    async def _beat(self, interval: float = 0.5) -> None:
+    async def _beat(self, interval: float = 0.5, cleanup_every: float = 30.0) -> None:
         loop = asyncio.get_running_loop()
         busy = False
+        cleaned = loop.time()
         while True:
             before = loop.time()
             await asyncio.sleep(interval)
-            self.loop_lag = max(0.0, loop.time() - before - interval)
-            # Transfers free their buffers, but glibc keeps freed heap in its per-thread
-            # arenas: 50 aborted uploads left 400 MiB resident that a trim gives back.
-            if busy and self.transfers.active == 0 and _malloc_trim is not None:
+            now = loop.time()
+            self.loop_lag = max(0.0, now - before - interval)
+            active = self.transfers.active
+            if (busy and not active) or (active and now - cleaned > cleanup_every):
+                cleaned = now
                 with contextlib.suppress(Saturated, RuntimeError):
-                    self.store.submit(_malloc_trim, 0)
-            busy = self.transfers.active > 0
+                    self.store.submit(_give_back_memory)
+            busy = active > 0
 
     def health(self, *, bound: float, transfer_bound: float) -> Health:
         """Whether every pool makes progress; never waits.

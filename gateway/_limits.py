@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import traceback
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -79,6 +80,9 @@ class UploadLimits:
         except _ResponseStalled as exc:
             # Returning with the response incomplete makes the server close the connection.
             log.warning("%s %s: %s; connection dropped", scope["method"], scope["path"], exc)
+            # The frames it passed through hold the piece being sent (and the task group
+            # keeps the error in a cycle): free them now, not when the collector runs.
+            traceback.clear_frames(exc.__traceback__)
 
     async def _limited(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["method"] not in _BODY_METHODS:
