@@ -460,3 +460,41 @@ def test_healthz_reports_a_worker_pool_that_makes_no_progress() -> None:
         assert wait_for(lambda: gw.health().status_code == 200, timeout=60)
     finally:
         gw.stop()
+
+
+def test_a_login_flood_is_refused_not_queued(
+    start_gateway: Callable[..., GatewayProcess], tmp_path: Path
+) -> None:
+    """Password hashing has its own small pool with a bounded queue: a flood of logins
+    gets 503 + Retry-After beyond it, and the gateway stays live."""
+    from _auth import write_password_file
+
+    passwd = tmp_path / "passwd"
+    write_password_file(passwd, [("alice", "secret", 200_000)])
+    gw = start_gateway(password_file=passwd, tls="true", hash_threads=1)
+
+    async def flood() -> list[httpx.Response]:
+        # Ten addresses, 15 each: under the per-client upload limit, so hashing decides.
+        clients = [client(f"127.0.1.{i}") for i in range(10, 20)]
+        try:
+            return await asyncio.gather(
+                *(
+                    clients[i % 10].post(
+                        f"{gw.url}/topic/flood/t+oversized",
+                        content=b"x",
+                        auth=("alice", f"wrong{i}"),
+                    )
+                    for i in range(150)
+                )
+            )
+        finally:
+            for http in clients:
+                await http.aclose()
+
+    responses = asyncio.run(flood())
+    statuses = {r.status_code for r in responses}
+    assert statuses <= {401, 429, 503}, statuses
+    refused = [r for r in responses if r.status_code == 503]
+    assert refused and all(int(r.headers["retry-after"]) > 0 for r in refused)
+    assert "hash workers are saturated" in refused[0].json()["detail"]
+    assert gw.health().status_code == 200
