@@ -189,9 +189,11 @@ def main() -> None:
             for n in args.concurrency:
                 total = n * size / MiB
                 d_up, d_down = direct(s3, bucket, n, payload)
+                time.sleep(2)  # idle: the gateway gives back freed memory (heartbeat)
                 with PeakRss(gw.pid) as up_mem:
                     g_up, ids = asyncio.run(gateway_uploads(gw.url, n, payload))
                 # Downloads measured apart, so each peak belongs to one direction.
+                time.sleep(2)
                 with PeakRss(gw.pid) as down_mem:
                     g_down = asyncio.run(gateway_downloads(gw.url, ids, size))
                 per_up = (up_mem.peak - up_mem.before) / 1024 / n
