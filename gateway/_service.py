@@ -201,12 +201,14 @@ class OffloadService:
         is closed, finished or dropped.
         """
         slot = self.workers.transfers.admit()
+        job = slot.submit(self.store.open_range, manifest.data_key, start, length)
         try:
-            pieces = await asyncio.wrap_future(
-                slot.submit(self.store.open_range, manifest.data_key, start, length)
-            )
+            pieces = await asyncio.wrap_future(job)
         except BaseException as exc:
-            slot.release()
+            if job.done():
+                slot.release()
+            else:  # cancelled while the store call runs: close what it opens, then release
+                job.add_done_callback(lambda done: _abandon(done, slot))
             if isinstance(exc, FileNotFoundError):
                 raise NotFound(f"payload of message {manifest.id} is gone") from exc
             if isinstance(exc, StoreError):
@@ -267,6 +269,16 @@ def _names_payload(raw_index: bytes, payload_key: str) -> bool:
         return Manifest.from_json(raw_index).data_key == payload_key
     except ProtocolError:
         return True  # an unreadable index for this id: removing it is the safe side
+
+
+def _abandon(job: concurrent.futures.Future[Iterator[bytes]], slot: Slot) -> None:
+    try:
+        if not job.cancelled() and job.exception() is None:
+            closer = getattr(job.result(), "close", None)
+            if closer is not None:
+                closer()
+    finally:
+        slot.release()
 
 
 class PayloadStream:
