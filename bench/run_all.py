@@ -6,7 +6,7 @@ gateway) and prints a `RESULT <json>` line (bench/_harness.py), or, for the olde
 parsed here. Nothing else may run on the machine meanwhile: the numbers are ratios against
 baselines taken in the same run, but 2 cores are easily disturbed.
 
-    python bench/run_all.py                    # about 6 minutes on 2 cores
+    python bench/run_all.py                    # about 8 minutes on 2 cores
     python bench/run_all.py --quick            # fewer runs, smaller memory test
     python bench/run_all.py --only 1 6         # benchmarks by number
     python bench/run_all.py --spark            # also bench/spark_read.py (needs pyspark)
@@ -36,6 +36,13 @@ def _cmd(name: str, quick: bool) -> list[str]:
         "4": ["chunking.py", "--runs", "20" if quick else "50"],
         "5": ["memory.py", "--size", str((256 if quick else 1024) * MiB)],
         "6": ["concurrency.py", "--requests", "15" if quick else "30"],
+        "7": [
+            "load.py",
+            "--concurrency",
+            *(["8"] if quick else ["8", "32"]),
+            "--size-mib",
+            "16" if quick else "32",
+        ],
         "spark": ["spark_read.py", "--objects", "16"],
     }[name]
     return [sys.executable, str(HERE / args[0]), *args[1:]]
@@ -139,11 +146,11 @@ def machine() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--only", nargs="+", choices=["1", "2", "3", "4", "5", "6", "spark"])
+    parser.add_argument("--only", nargs="+", choices=["1", "2", "3", "4", "5", "6", "7", "spark"])
     parser.add_argument("--spark", action="store_true")
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
-    names = args.only or ["1", "2", "3", "4", "5", "6", *(["spark"] if args.spark else [])]
+    names = args.only or ["1", "2", "3", "4", "5", "6", "7", *(["spark"] if args.spark else [])]
     print(f"machine: {machine()}")
     rows: list[dict[str, object]] = []
     for name in names:

@@ -19,6 +19,7 @@ from ._context import Context, get_context
 from ._cors import BrowserUploads, parse_origins
 from ._drain import DrainBeforeEarlyAnswer
 from ._errors import install_error_handlers
+from ._executors import Workers
 from ._limits import UploadLimits
 from ._mqtt import BrokerAddress, BrokerConnection
 from ._observability import ObservabilityMiddleware, metrics_endpoint
@@ -76,8 +77,11 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
         the_store = store or build_store(settings)
+        # Pools sized on purpose, one per kind of blocking work (gateway/_executors.py).
+        workers = Workers.from_settings(settings)
+        workers.start()
         try:
-            await asyncio.to_thread(the_store.ensure_bucket)
+            await workers.store.run(the_store.ensure_bucket)
         except StoreError as exc:
             # Start anyway: /readyz reports the store, uploads answer 503 until it is back.
             log.warning("object store not ready at start-up: %s", exc)
@@ -88,16 +92,19 @@ def create_app(
                 default_ttl=settings.default_ttl,
                 max_ttl=settings.max_ttl,
                 delete_after_fetch=settings.delete_after_fetch,
+                workers=workers,
             ),
             public_url=(public_url or settings.public_url or "").rstrip("/") or None,
         )
         # Always one: without credentials files it refuses everyone unless anonymous access
         # was asked for by name, and it logs which of those modes this gateway is in.
         authenticator = build_authenticator(settings)
-        ctx.authorizer = BrokerRules(authenticator)
+        ctx.authorizer = BrokerRules(authenticator, hashing=workers.hashing)
         ctx.extras["mechanisms"] = authenticator.mechanisms
         # Resumable uploads; presigned URLs, whose signature stands in for credentials.
-        ctx.uploads = ResumableUploads(the_store, expiry=settings.upload_expiry)
+        ctx.uploads = ResumableUploads(
+            the_store, expiry=settings.upload_expiry, transfers=workers.transfers
+        )
         secret = settings.auth_secret.get_secret_value() if settings.auth_secret else None
         ctx.signer = UrlSigner.from_settings(secret)
         ctx.authorizer = SignedUrls(ctx.signer, ctx.authorizer)
@@ -152,6 +159,7 @@ def create_app(
                 advertiser.stop()
             if ctx.broker is not None:
                 ctx.broker.stop()
+            workers.shutdown()
 
     # FastAPI's /docs and /redoc load their scripts from a CDN (blank pages without
     # internet); FastAPIOffline serves the same assets, shipped in its wheel, from here.
@@ -168,6 +176,7 @@ def create_app(
         UploadLimits,
         max_per_client=settings.max_uploads_per_client,
         body_idle_timeout=settings.body_idle_timeout,
+        send_idle_timeout=settings.send_idle_timeout,
     )
     # Outermost but for CORS: a refusal sent before the body was read (401, 403, 429...)
     # must reach the peer even when the connection closes right after it (gateway/_drain.py).
@@ -186,25 +195,56 @@ def create_app(
     app.include_router(resumable_router)
     app.include_router(presign_router)
 
-    @app.get("/healthz", tags=["operations"])
-    async def healthz() -> dict[str, str]:
-        """The process is alive."""
-        return {"status": "ok"}
+    # Longer than every timeout that should end a transfer: a full pool that moved nothing
+    # for this long will not free itself.
+    transfer_bound = (
+        max(settings.body_idle_timeout, settings.store_stall_timeout, settings.send_idle_timeout)
+        + settings.health_timeout
+    )
+
+    def worker_health(request: Request) -> tuple[bool, dict[str, Any]]:
+        workers = get_context(request).service.workers
+        health = workers.health(bound=settings.health_timeout, transfer_bound=transfer_bound)
+        return health.ok, health.detail
+
+    @app.get(
+        "/healthz",
+        tags=["operations"],
+        responses={503: {"description": "wedged: the event loop or a worker pool is stuck"}},
+    )
+    async def healthz(request: Request) -> JSONResponse:
+        """The process is alive: its event loop turns and every worker pool makes progress.
+
+        Answers at once (it never waits on a pool): a job that waited longer than
+        `OFFLOAD_HEALTH_TIMEOUT` for a thread, or every transfer slot taken with no byte
+        moved for longer than any timeout allows, is a wedge that only a restart cures.
+        Saturation (all transfers busy and moving) is not: that answers 503 to new
+        transfers, and stays alive.
+        """
+        ok, detail = worker_health(request)
+        return JSONResponse(
+            {"status": "ok" if ok else "wedged", "workers": detail},
+            status_code=200 if ok else 503,
+        )
 
     @app.get(
         "/readyz",
         tags=["operations"],
-        responses={503: {"description": "storage or broker unreachable (`checks` says which)"}},
+        responses={
+            503: {"description": "storage, broker or workers unavailable (`checks` says which)"}
+        },
     )
     async def readyz(request: Request) -> JSONResponse:
-        """Storage and broker reachable."""
+        """Storage and broker reachable, worker pools making progress."""
         ctx = get_context(request)
         checks: dict[str, str] = {}
+        ok, _ = worker_health(request)
+        checks["workers"] = "ok" if ok else "wedged (see /healthz)"
         try:
-            await asyncio.wait_for(asyncio.to_thread(ctx.service.store.ping), timeout=5)
+            await asyncio.wait_for(ctx.service.workers.store.run(ctx.service.store.ping), 5)
             checks["storage"] = "ok"
         except (StoreError, TimeoutError) as exc:
-            checks["storage"] = f"unavailable: {exc}"
+            checks["storage"] = f"unavailable: {exc or 'no answer within 5 s'}"
         if ctx.broker is not None:
             checks["broker"] = "ok" if ctx.broker.connected else "unavailable: not connected"
         ready = all(v == "ok" for v in checks.values())

@@ -7,7 +7,6 @@ they did not send yet, and 403 for authenticated ones.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import secrets
 
@@ -16,6 +15,7 @@ from fastapi import Request
 from client.protocol import Topic
 
 from ._errors import Forbidden, TooManyRequests, Unauthorized
+from ._executors import WorkerPool
 from ._settings import Settings
 from .auth import Authenticator, AuthMode, Challenge
 from .auth._fastapi import STATE_KEY
@@ -64,14 +64,15 @@ def _refuse(challenge: Challenge, client: str = "") -> Unauthorized | TooManyReq
 class BrokerRules:
     """The `Authorizer` the routes call: authenticate, then check the ACL for the topic."""
 
-    def __init__(self, authenticator: Authenticator) -> None:
+    def __init__(self, authenticator: Authenticator, *, hashing: WorkerPool) -> None:
         self.authenticator = authenticator
+        self.hashing = hashing  # its own pool: a login flood never starves store calls
 
     async def authorize(self, request: Request, topic: Topic, *, write: bool) -> None:
         client = request.client.host if request.client is not None else ""
         header = request.headers.get("authorization")
         # Off the event loop: HTTP Basic costs a 4096-round PBKDF2.
-        result = await asyncio.to_thread(self.authenticator.authenticate, header, client=client)
+        result = await self.hashing.run(self.authenticator.authenticate, header, client=client)
         if isinstance(result, Challenge):
             raise _refuse(result)
         # Who this is, for resources that belong to a principal (resumable uploads).

@@ -1,25 +1,38 @@
-"""Upload limits as ASGI middleware: concurrent uploads per client, stalled bodies.
+"""Transfer limits as ASGI middleware: uploads per client, stalled bodies, stalled readers.
 
 uvicorn's `timeout_keep_alive` only covers idle connections between requests; a client that
 sends headers and then a byte now and then (slow loris) would hold an upload, a store
-connection and a worker thread for ever. So every wait for the next piece of a request body
-is bounded here, and a client address may only run so many uploads at once.
+connection and a transfer thread for ever. So every wait for the next piece of a request
+body is bounded here, and a client address may only run so many uploads at once; the slot
+is given back in a `finally`, however the request ends.
 
-Both apply to requests with a body (POST, PUT, PATCH). The client address is the ASGI
-`client`, i.e. the peer, or the forwarded address when uvicorn runs with `--proxy-headers`
-behind a trusted proxy.
+The other direction too: a client that stops reading a download makes uvicorn's `send`
+wait for ever (flow control). Every send is bounded by the send idle timeout; when it
+passes, the request is abandoned, which closes the connection and releases the download's
+transfer slot. Large body messages go out in slices, so what stays buffered for a client
+that never reads is a slice, not a whole store piece.
+
+Per-client counting applies to requests with a body (POST, PUT, PATCH). The client address
+is the ASGI `client`, i.e. the peer, or the forwarded address when uvicorn runs with
+`--proxy-headers` behind a trusted proxy.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import traceback
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ._errors import GatewayError
+from ._executors import request_scope
+
+log = logging.getLogger("gateway")
 
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+SEND_SLICE = 256 * 1024  # bytes per body message handed to the server
 
 
 class RequestTimeout(GatewayError):
@@ -28,24 +41,51 @@ class RequestTimeout(GatewayError):
     status = 408
 
 
+class _ResponseStalled(Exception):
+    """The client read nothing for the send idle timeout."""
+
+
 class UploadLimits:
-    """ASGI middleware enforcing per-client upload concurrency and a body idle timeout.
+    """ASGI middleware: per-client upload concurrency, body and send idle timeouts.
 
     Args:
         app: the application to wrap.
         max_per_client: uploads one client address may have in progress (0: no limit).
         body_idle_timeout: seconds to wait for the next piece of a request body.
+        send_idle_timeout: seconds to wait for the client to take the next response piece.
     """
 
-    def __init__(self, app: ASGIApp, *, max_per_client: int, body_idle_timeout: float) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        max_per_client: int,
+        body_idle_timeout: float,
+        send_idle_timeout: float = 60.0,
+    ) -> None:
         self.app = app
         self.max_per_client = max_per_client
         self.body_idle_timeout = body_idle_timeout
+        self.send_idle_timeout = send_idle_timeout
         # One event loop serves this instance: plain dict updates cannot interleave.
         self.active: dict[str, int] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] not in _BODY_METHODS:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        try:
+            with request_scope():
+                await self._limited(scope, receive, self._bounded_send(send))
+        except _ResponseStalled as exc:
+            # Returning with the response incomplete makes the server close the connection.
+            log.warning("%s %s: %s; connection dropped", scope["method"], scope["path"], exc)
+            # The frames it passed through hold the piece being sent (and the task group
+            # keeps the error in a cycle): free them now, not when the collector runs.
+            traceback.clear_frames(exc.__traceback__)
+
+    async def _limited(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["method"] not in _BODY_METHODS:
             await self.app(scope, receive, send)
             return
         client = scope.get("client")
@@ -85,6 +125,33 @@ class UploadLimits:
             return message
 
         return bounded_receive
+
+    def _bounded_send(self, send: Send) -> Send:
+        timeout = self.send_idle_timeout
+
+        async def one(message: Message) -> None:
+            try:
+                await asyncio.wait_for(send(message), timeout)
+            except TimeoutError:
+                raise _ResponseStalled(f"client read nothing for {timeout:g} seconds") from None
+
+        async def bounded_send(message: Message) -> None:
+            body = message.get("body", b"")
+            if message["type"] != "http.response.body" or len(body) <= SEND_SLICE:
+                await one(message)
+                return
+            more = message.get("more_body", False)
+            for start in range(0, len(body), SEND_SLICE):
+                last = start + SEND_SLICE >= len(body)
+                await one(
+                    {
+                        "type": "http.response.body",
+                        "body": body[start : start + SEND_SLICE],
+                        "more_body": more or not last,
+                    }
+                )
+
+        return bounded_send
 
 
 async def _refuse(send: Send, address: str, limit: int) -> None:

@@ -52,6 +52,7 @@ from typing import Any
 from client.protocol import MessageId, Topic, data_key
 
 from ._errors import BadRequest, ChecksumMismatch, Conflict, Gone, NotFound, PayloadTooLarge
+from ._executors import Transfers
 from ._pipe import StreamingUpload
 from ._service import MAX_KEY_BYTES, now_ms
 from ._tus import Checksum, check_upload_id
@@ -165,10 +166,12 @@ class ResumableUploads:
     Args:
         store: where the state and the segments live.
         expiry: seconds an upload may stay idle before it is abandoned.
+        transfers: the transfer pool segment uploads are admitted to.
     """
 
-    def __init__(self, store: ObjectStore, *, expiry: int) -> None:
+    def __init__(self, store: ObjectStore, *, expiry: int, transfers: Transfers) -> None:
         self.store = store
+        self.transfers = transfers
         self.expiry = expiry
         # upload id -> (offset the hash has seen, running hash); per replica, best effort.
         self._hashes: OrderedDict[str, tuple[int, Any]] = OrderedDict()
@@ -304,7 +307,9 @@ class ResumableUploads:
         # The store hashes with SHA-256 anyway; another algorithm costs a second hash.
         check = None if checksum is None or checksum.algorithm == "sha256" else checksum.new()
         key = f"{segments_prefix(state.id)}{offset:020d}-{uuid.uuid4().hex[:8]}"
-        upload = StreamingUpload(self.store, key, -1 if declared is None else declared, None)
+        upload = StreamingUpload(
+            self.store, key, -1 if declared is None else declared, None, transfers=self.transfers
+        )
         total = 0
         try:
             async for chunk in chunks:

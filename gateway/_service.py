@@ -8,8 +8,8 @@ removes, never a half-visible message.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
-import threading
 import time
 import uuid
 from collections import OrderedDict
@@ -22,6 +22,7 @@ from client.protocol import Manifest, MessageId, Topic, data_key, index_key, met
 from client.protocol._layout import encode_level, topic_prefix
 
 from ._errors import BadRequest, Conflict, NotFound, StorageUnavailable
+from ._executors import Slot, Workers, close_at_request_end
 from ._observability import UPLOADED_BYTES, UPLOADS
 from ._pipe import StreamingUpload
 from .storage import ObjectStore, StoreError
@@ -123,6 +124,8 @@ class OffloadService:
         default_ttl: seconds a payload is kept when the upload names no expiry (0: forever).
         max_ttl: cap on any payload's lifetime in seconds, named or default (0: no cap).
         delete_after_fetch: delete a message once its payload was sent whole to a client.
+        workers: the thread pools (store calls, transfers); default: a set with the
+            default sizes, for a service built outside the gateway's lifespan.
     """
 
     def __init__(
@@ -132,7 +135,9 @@ class OffloadService:
         default_ttl: int = 0,
         max_ttl: int = 0,
         delete_after_fetch: bool = False,
+        workers: Workers | None = None,
     ) -> None:
+        self.workers = workers or Workers.defaults()
         self.store = store
         self.default_ttl = default_ttl
         self.max_ttl = max_ttl
@@ -141,7 +146,7 @@ class OffloadService:
 
     async def _call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         try:
-            return await asyncio.to_thread(fn, *args, **kwargs)
+            return await self.workers.store.run(fn, *args, **kwargs)
         except StoreError as exc:
             raise StorageUnavailable(f"object store unavailable: {exc}") from exc
 
@@ -153,7 +158,10 @@ class OffloadService:
         key = data_key(topic, stamp, uuid.uuid4().hex)
         if len(key.encode("utf-8")) + 16 > MAX_KEY_BYTES:
             raise BadRequest("topic too long: its object key would exceed 1024 bytes")
-        return StreamingUpload(self.store, key, length, content_type), key, stamp
+        upload = StreamingUpload(
+            self.store, key, length, content_type, transfers=self.workers.transfers
+        )
+        return upload, key, stamp
 
     async def commit(self, manifest: Manifest, *, kind: str = "envelope") -> Stored:
         """Make an uploaded payload visible by id, or resolve a retry of the same id.
@@ -217,7 +225,7 @@ class OffloadService:
 
     async def discard(self, key: str) -> None:
         try:
-            await asyncio.to_thread(self.store.delete, key)
+            await self.workers.store.run(self.store.delete, key)
         except StoreError as exc:
             log.warning("could not remove abandoned payload %s: %s", key, exc)
 
@@ -243,16 +251,26 @@ class OffloadService:
     async def open_payload(
         self, manifest: Manifest, start: int = 0, length: int | None = None
     ) -> AsyncIterator[bytes]:
-        """The payload bytes (or a range) as an async stream; 404 when the object is gone."""
+        """The payload bytes (or a range) as an async stream; 404 when the object is gone.
+
+        Takes a transfer slot (503 `Saturated` when none is free), held until the stream
+        is closed, finished or dropped.
+        """
+        slot = self.workers.transfers.admit()
+        job = slot.submit(self.store.open_range, manifest.data_key, start, length)
         try:
-            pieces = await asyncio.to_thread(
-                self.store.open_range, manifest.data_key, start, length
-            )
-        except FileNotFoundError as exc:
-            raise NotFound(f"payload of message {manifest.id} is gone") from exc
-        except StoreError as exc:
-            raise StorageUnavailable(f"object store unavailable: {exc}") from exc
-        return _iterate(pieces)
+            pieces = await asyncio.wrap_future(job)
+        except BaseException as exc:
+            if job.done():
+                slot.release()
+            else:  # cancelled while the store call runs: close what it opens, then release
+                job.add_done_callback(lambda done: _abandon(done, slot))
+            if isinstance(exc, FileNotFoundError):
+                raise NotFound(f"payload of message {manifest.id} is gone") from exc
+            if isinstance(exc, StoreError):
+                raise StorageUnavailable(f"object store unavailable: {exc}") from exc
+            raise
+        return PayloadStream(pieces, slot)
 
     # -- retention (docs/reliability.md) ---------------------------------------------------
 
@@ -309,39 +327,87 @@ def _names_payload(raw_index: bytes, payload_key: str) -> bool:
         return True  # an unreadable index for this id: removing it is the safe side
 
 
-async def _iterate(pieces: Iterator[bytes]) -> AsyncIterator[bytes]:
-    """Pull a blocking iterator from worker threads, one piece read ahead.
+def _abandon(job: concurrent.futures.Future[Iterator[bytes]], slot: Slot) -> None:
+    try:
+        if not job.cancelled() and job.exception() is None:
+            closer = getattr(job.result(), "close", None)
+            if closer is not None:
+                closer()
+    finally:
+        slot.release()
+
+
+class PayloadStream:
+    """Pull a blocking iterator from its transfer slot's thread, one piece read ahead.
 
     The next piece is read from the store while the current one is written to the client,
     so the two transfers overlap (bench/RESULTS.md: a download otherwise waits for each
-    store read in turn). Memory: two pieces per download.
+    store read in turn). Memory: two pieces per download. The slot has at most one job at
+    a time: closing after a disconnect runs after the read in flight, in the same pool.
+    Closed on the end, on `aclose`, or when dropped unread (a response that never
+    started), so the slot and the store connection are always given back.
     """
-    iterator = iter(pieces)
-    # A generator must not be resumed or closed while another thread runs it: the lock
-    # makes close() wait for a read that is still in flight after a disconnect.
-    lock = threading.Lock()
 
-    def step() -> bytes:
-        with lock:
-            return next(iterator, b"")
+    def __init__(self, pieces: Iterator[bytes], slot: Slot) -> None:
+        self._iterator = iter(pieces)
+        self._slot = slot
+        self._pending: concurrent.futures.Future[bytes] | None = None
+        self._closed = False
+        close_at_request_end(self._close)
 
-    def close() -> None:
-        with lock:
-            closer = getattr(iterator, "close", None)
-            if closer is not None:
-                closer()
+    def __aiter__(self) -> PayloadStream:
+        return self
 
-    pending: asyncio.Future[bytes] = asyncio.ensure_future(asyncio.to_thread(step))
-    try:
-        while True:
-            piece = await pending
-            if not piece:
+    def _step(self) -> bytes:
+        piece = next(self._iterator, b"")
+        if piece:
+            self._slot.touch()
+        return piece
+
+    async def __anext__(self) -> bytes:
+        if self._closed:
+            raise StopAsyncIteration
+        if self._pending is None:
+            self._pending = self._slot.submit(self._step)
+        try:
+            piece = await asyncio.wrap_future(self._pending)
+        except BaseException:
+            self._close()
+            raise
+        if not piece:
+            self._pending = None
+            self._close()
+            raise StopAsyncIteration
+        self._pending = self._slot.submit(self._step)
+        return piece
+
+    async def aclose(self) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        """Close the store iterator after any read in flight; never blocks the loop."""
+        if self._closed:
+            return
+        self._closed = True
+        pending, self._pending = self._pending, None
+
+        def close_now(_: object = None) -> None:
+            try:
+                job = self._slot.submit(self._close_iterator)
+            except RuntimeError:  # the pool is shut down: the process is ending
+                self._slot.release()
                 return
-            pending = asyncio.ensure_future(asyncio.to_thread(step))
-            yield piece
-    finally:
-        if not pending.done():
-            pending.cancel()  # the thread finishes its read; close() waits for it
-        elif not pending.cancelled():
-            pending.exception()  # retrieved: the error (if any) was raised or is moot
-        await asyncio.to_thread(close)
+            job.add_done_callback(lambda _: self._slot.release())
+
+        if pending is None or pending.done():
+            close_now()
+        else:
+            pending.add_done_callback(close_now)
+
+    def _close_iterator(self) -> None:
+        closer = getattr(self._iterator, "close", None)
+        if closer is not None:
+            closer()
+
+    def __del__(self) -> None:
+        self._close()

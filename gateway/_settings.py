@@ -96,6 +96,29 @@ class Settings(BaseSettings):
         parse_origins(value)  # refuses a malformed origin at start-up
         return value
 
+    # Concurrency and load: pools, admission, timeouts (README "Load and concurrency").
+    max_transfers: int = Field(
+        64,
+        ge=1,
+        le=4096,
+        description="streaming uploads and downloads at once, one thread each (503 beyond)",
+    )
+    store_threads: int = Field(
+        16, ge=1, le=512, description="threads for short object-store calls (manifests, deletes)"
+    )
+    hash_threads: int = Field(
+        2, ge=1, le=64, description="threads for password hashing (PBKDF2 for Basic and SCRAM)"
+    )
+    store_stall_timeout: float = Field(
+        60.0, gt=0, description="seconds a transfer may wait for the object store before 503"
+    )
+    send_idle_timeout: float = Field(
+        60.0, gt=0, description="seconds a response may wait for the client to read"
+    )
+    health_timeout: float = Field(
+        30.0, gt=0, description="seconds a queued job may wait for a thread before /healthz 503"
+    )
+
     @field_validator("storage_url")
     @classmethod
     def _check_storage_url(cls, value: str) -> str:

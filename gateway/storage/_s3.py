@@ -19,6 +19,7 @@ from minio.helpers import MAX_MULTIPART_COUNT, MAX_PART_SIZE, MIN_PART_SIZE
 
 from ._base import ObjectInfo, StoreError
 from ._chain import concat_by_streaming
+from ._multipart import put_parallel
 
 log = logging.getLogger("gateway.storage")
 
@@ -141,6 +142,18 @@ class S3Store:
         self, key: str, reader: BinaryIO, length: int, content_type: str | None = None
     ) -> None:
         try:
+            if self._parallel > 1:  # not the SDK's: it leaks its threads when a part fails
+                put_parallel(
+                    self._client,
+                    self.bucket,
+                    key,
+                    reader,
+                    length,
+                    content_type=content_type or "application/octet-stream",
+                    part_size=self._part_size,
+                    parallel=self._parallel,
+                )
+                return
             self._client.put_object(
                 self.bucket,
                 key,
@@ -148,7 +161,7 @@ class S3Store:
                 length,
                 content_type=content_type or "application/octet-stream",
                 part_size=self._part_size,
-                num_parallel_uploads=self._parallel,
+                num_parallel_uploads=1,
             )
         except _UNAVAILABLE as exc:
             raise StoreError(f"upload of {key!r} failed: {exc}") from exc

@@ -1,0 +1,227 @@
+"""Benchmark 7: many concurrent large uploads and downloads; memory per concurrent transfer.
+
+Starts SeaweedFS and `offload-gateway` as a subprocess (one worker, default pools and
+limits). For each concurrency level N, N clients at once move SIZE bytes each:
+
+* baseline: direct S3 SDK transfers (`Minio.put_object` / `get_object`, one shared client
+  with an N-connection pool, N threads), measured in the same run;
+* candidate: the gateway, N asyncio httpx clients streaming `POST /topic/<t>+oversized`
+  (hop-client BSON around the payload), then N downloads of `GET /msg/<id>/payload`.
+
+Reports aggregate MiB/s for both (ratio = gateway / direct) and the gateway's memory per
+concurrent transfer: (peak RSS during the level - RSS before it) / N, from VmHWM, which is
+reset before each level (/proc/<pid>/clear_refs; falls back to sampling VmRSS every 50 ms
+where that is not allowed).
+
+    python bench/load.py                          # N = 8 and 32, 32 MiB each
+    python bench/load.py --concurrency 64 --size-mib 16
+    BENCH_GATEWAY_ENV=OFFLOAD_S3_PARALLEL_UPLOADS=1 python bench/load.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import os
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+from _harness import (
+    MiB,
+    SeaweedFS,
+    absolute_row,
+    emit,
+    gateway_process,
+    make_bucket,
+    reset_hwm,
+    row,
+    vm_hwm_kib,
+)
+from minio import Minio
+from urllib3 import PoolManager
+
+from client.protocol import MessageId, encode_upload
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise KeyError("VmRSS")
+
+
+class PeakRss:
+    """Peak RSS of `pid` while the block runs: VmHWM after a reset, or sampled."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.before = rss_kib(pid)
+        self.peak = self.before
+        self._sampled = not reset_hwm(pid)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.05):
+            self.peak = max(self.peak, rss_kib(self.pid))
+
+    def __enter__(self) -> PeakRss:
+        if self._sampled:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._sampled:
+            self._stop.set()
+            self._thread.join()
+        else:
+            self.peak = max(self.peak, vm_hwm_kib(self.pid))
+
+
+def timed(fn: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def direct(s3: Minio, bucket: str, n: int, payload: bytes) -> tuple[float, float]:
+    """Seconds for n concurrent puts, then n concurrent gets of what was put."""
+    keys = [f"direct/{uuid.uuid4().hex}" for _ in range(n)]
+
+    def put(key: str) -> None:
+        s3.put_object(bucket, key, io.BytesIO(payload), len(payload))
+
+    def get(key: str) -> None:
+        response = s3.get_object(bucket, key)
+        try:
+            got = sum(len(piece) for piece in response.stream(4 * MiB))
+        finally:
+            response.close()
+            response.release_conn()
+        assert got == len(payload)
+
+    with ThreadPoolExecutor(n) as pool:
+        up = timed(lambda: list(pool.map(put, keys)))
+        down = timed(lambda: list(pool.map(get, keys)))
+    return up, down
+
+
+def _limits(n: int) -> httpx.Limits:
+    return httpx.Limits(max_connections=n, max_keepalive_connections=n)
+
+
+async def gateway_uploads(url: str, n: int, payload: bytes) -> tuple[float, list[str]]:
+    """Seconds for n concurrent streamed uploads; the message ids."""
+    async with httpx.AsyncClient(timeout=300, limits=_limits(n)) as http:
+
+        async def upload() -> str:
+            head, tail = encode_upload(len(payload), headers=[("_id", MessageId.new().bytes)])
+
+            async def body() -> AsyncIterator[bytes]:
+                yield head
+                view = memoryview(payload)
+                for start in range(0, len(payload), MiB):
+                    yield bytes(view[start : start + MiB])
+                yield tail
+
+            r = await http.post(
+                f"{url}/topic/bench/load+oversized",
+                content=body(),
+                headers={
+                    "Content-Type": "application/bson",
+                    "Content-Length": str(len(head) + len(payload) + len(tail)),
+                },
+            )
+            assert r.status_code == 201, r.text
+            return str(r.json()["id"])
+
+        t0 = time.perf_counter()
+        ids = await asyncio.gather(*(upload() for _ in range(n)))
+        return time.perf_counter() - t0, list(ids)
+
+
+async def gateway_downloads(url: str, ids: list[str], size: int) -> float:
+    """Seconds for concurrent downloads of every id."""
+    async with httpx.AsyncClient(timeout=300, limits=_limits(len(ids))) as http:
+
+        async def download(message_id: str) -> None:
+            got = 0
+            async with http.stream("GET", f"{url}/msg/{message_id}/payload") as r:
+                assert r.status_code == 200, await r.aread()
+                async for piece in r.aiter_raw():
+                    got += len(piece)
+            assert got == size
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(download(i) for i in ids))
+        return time.perf_counter() - t0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 32])
+    parser.add_argument("--size-mib", type=int, default=32)
+    args = parser.parse_args()
+    size = args.size_mib * MiB
+    payload = os.urandom(size)
+    seaweed = SeaweedFS().start()
+    bucket = f"bench-{uuid.uuid4().hex[:8]}"
+    rows: list[dict[str, object]] = []
+    try:
+        make_bucket(seaweed, bucket)
+        top = max(args.concurrency)
+        s3 = Minio(
+            seaweed.endpoint,
+            seaweed.access_key,
+            seaweed.secret_key,
+            secure=False,
+            http_client=PoolManager(maxsize=top),
+        )
+        with gateway_process(seaweed, bucket) as gw:
+            idle = rss_kib(gw.pid)
+            print(f"gateway RSS idle: {idle / 1024:.0f} MiB")
+            for n in args.concurrency:
+                total = n * size / MiB
+                d_up, d_down = direct(s3, bucket, n, payload)
+                time.sleep(2)  # idle: the gateway gives back freed memory (heartbeat)
+                with PeakRss(gw.pid) as up_mem:
+                    g_up, ids = asyncio.run(gateway_uploads(gw.url, n, payload))
+                # Downloads measured apart, so each peak belongs to one direction.
+                time.sleep(2)
+                with PeakRss(gw.pid) as down_mem:
+                    g_down = asyncio.run(gateway_downloads(gw.url, ids, size))
+                per_up = (up_mem.peak - up_mem.before) / 1024 / n
+                per_down = (down_mem.peak - down_mem.before) / 1024 / n
+                label = f"{n} x {args.size_mib} MiB"
+                print(
+                    f"{label}: uploads direct {total / d_up:.0f} MiB/s, gateway "
+                    f"{total / g_up:.0f} MiB/s; downloads direct {total / d_down:.0f} MiB/s, "
+                    f"gateway {total / g_down:.0f} MiB/s; gateway RSS peak "
+                    f"{up_mem.peak / 1024:.0f} MiB uploading ({per_up:.1f} MiB per upload), "
+                    f"{down_mem.peak / 1024:.0f} MiB downloading ({per_down:.1f} MiB per download)"
+                )
+                rows += [
+                    row("7 load", f"{label} uploads, aggregate", total / d_up, total / g_up,
+                        "MiB/s", "info", higher_is_better=True, limit=0),
+                    row("7 load", f"{label} downloads, aggregate", total / d_down,
+                        total / g_down, "MiB/s", "info", higher_is_better=True, limit=0),
+                    absolute_row("7 load", f"{label} RSS per concurrent upload", per_up,
+                                 "MiB", "info", True),
+                    absolute_row("7 load", f"{label} RSS per concurrent download", per_down,
+                                 "MiB", "info", True),
+                ]  # fmt: skip
+    finally:
+        seaweed.stop()
+    for r in rows:
+        r["met"] = None  # no target in the issue: reported for comparison
+    emit(rows)
+
+
+if __name__ == "__main__":
+    main()
