@@ -154,7 +154,8 @@ def _healthy(port: int) -> bool:
 
     try:
         r = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
-        return r.status_code == 200 and r.json().get("status") == "ok"
+        body = r.json()
+        return r.status_code == 200 and isinstance(body, dict) and body.get("status") == "ok"
     except (httpx.HTTPError, ValueError):
         return False
 
