@@ -24,6 +24,9 @@ class Settings(BaseSettings):
     s3_region: str | None = None
     s3_part_size: int = Field(8 * 1024 * 1024, ge=5 * 1024 * 1024)
     s3_parallel_uploads: int = Field(2, ge=1, le=16)
+    s3_timeout: float = Field(
+        10.0, gt=0, le=600, description="seconds an S3 request may wait for the store's answer"
+    )
     mqtt_url: str | None = Field(None, description="mqtt://[USER:PASS@]HOST:PORT or mqtts://")
     mqtt_username: str | None = None
     mqtt_password: SecretStr | None = None

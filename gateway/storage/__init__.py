@@ -20,6 +20,7 @@ def open_store(
     region: str | None = None,
     part_size: int = 8 * 1024 * 1024,
     parallel_uploads: int = 2,
+    timeout: float = 10.0,
 ) -> S3Store | FileStore:
     """Open the store a storage URL names.
 
@@ -30,6 +31,8 @@ def open_store(
         region: S3 region (overrides `region=` in the URL).
         part_size: multipart part size in bytes.
         parallel_uploads: parts in flight per upload.
+        timeout: seconds an S3 request may wait for the store's next bytes (connecting is
+            bounded separately, at most 3 s, so a store that is down still fails fast).
     """
     parts = urlsplit(url)
     if parts.scheme == "file":
@@ -50,4 +53,5 @@ def open_store(
         region=region or query.get("region", [None])[0],
         part_size=part_size,
         parallel_uploads=parallel_uploads,
+        timeout=timeout,
     )
