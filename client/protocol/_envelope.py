@@ -43,7 +43,7 @@ from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 from typing import Any, TypeAlias
 
-from .._exceptions import EnvelopeTooLarge, MalformedEnvelope
+from ._errors import EnvelopeTooLarge, MalformedEnvelope
 
 MAX_BSON_DOCUMENT = 2**31 - 1  # a BSON document's length is a signed int32
 MAX_DEPTH = 32  # nesting of documents/arrays inside one buffered field
