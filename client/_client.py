@@ -39,9 +39,6 @@ from typing import Unpack
 
 import httpx
 
-from discovery import DiscoveryRecord
-
-from . import _placeholder
 from ._config import ClientSettings, SettingsOverrides, load_settings
 from ._discovery import DiscoveryView
 from ._exceptions import (
@@ -57,7 +54,14 @@ from ._receive import Delivery, FetchProgress, PlainHttpWarner, Receiver
 from ._router import choose_route
 from ._scram import gateway_auth
 from ._source import PayloadLike, PayloadSource
-from .protocol import MessageId, PublishProperties, Topic, TopicFilter
+from .protocol import (
+    DiscoveryRecord,
+    MessageId,
+    PublishProperties,
+    Topic,
+    TopicFilter,
+    _placeholder,
+)
 from .protocol._chunk import plan_chunks
 from .protocol._size import MAX_PACKET_SIZE, publish_packet_size
 

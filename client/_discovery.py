@@ -13,10 +13,8 @@ import logging
 import threading
 import time
 
-from discovery import DiscoveryRecord
-from discovery._resolver import EndpointCache
-
 from ._config import ClientSettings
+from .protocol import DiscoveryRecord, EndpointCache
 
 log = logging.getLogger("client")
 

@@ -29,96 +29,30 @@ Hierarchy::
 
 Errors about one received message are not raised into the paho thread: the consumer
 delivers them to the application as :class:`client.MessageError` items carrying one of these.
+
+`OffloadError`, `ProtocolError` and its subclasses, `MessageTooLarge` and the `ChunkError`
+family are raised by the protocol cores and defined there (:mod:`client.protocol._errors`), so
+the cores import nothing from here; this module re-exports those same classes.
 """
 
 from __future__ import annotations
 
-
-class OffloadError(Exception):
-    """Base class of every error raised by mqtt-offload's client side."""
-
-
-class ProtocolError(OffloadError, ValueError):
-    """Bytes or values that do not follow one of the project's wire formats."""
-
-
-class InvalidTopic(ProtocolError):
-    def __init__(self, topic: object, reason: str) -> None:
-        super().__init__(f"invalid topic {topic!r}: {reason}")
-        self.topic = topic
-        self.reason = reason
-
-
-class InvalidMessageId(ProtocolError):
-    def __init__(self, value: object, reason: str = "not a UUID") -> None:
-        super().__init__(f"invalid message id {value!r}: {reason}")
-        self.value = value
-        self.reason = reason
-
-
-class MalformedEnvelope(ProtocolError):
-    """A BSON offload document that cannot be parsed or has wrong field types."""
-
-
-class EnvelopeTooLarge(MalformedEnvelope):
-    """A BSON offload document, or its non-payload part, larger than the parser's bound.
-
-    Raised as soon as the declared length is read, so a server can answer 413 early.
-    """
-
-    def __init__(self, what: str, limit: int, size: int | None = None) -> None:
-        detail = "" if size is None else f" ({size} bytes)"
-        super().__init__(f"{what} larger than {limit} bytes{detail}")
-        self.limit = limit
-        self.size = size
-
-
-class MalformedChunk(ProtocolError):
-    """A `__chunk` user property that does not follow ADR 23."""
-
-
-class MalformedPlaceholder(ProtocolError):
-    """A `_format=external` message whose reference cannot be read."""
-
-
-class MalformedDiscoveryRecord(ProtocolError):
-    """A discovery record that is not a JSON object with a usable endpoint."""
-
-
-class MessageTooLarge(OffloadError):
-    def __init__(self, size: int, limit: int, reason: str = "") -> None:
-        detail = f": {reason}" if reason else ""
-        super().__init__(
-            f"message of {size} bytes exceeds the broker limit of {limit} bytes{detail}"
-        )
-        self.size = size
-        self.limit = limit
-
-
-class ChunkError(OffloadError):
-    def __init__(self, message_id: str, detail: str) -> None:
-        super().__init__(f"chunked message {message_id}: {detail}")
-        self.message_id = message_id
-
-
-class ChunkTimeoutError(ChunkError):
-    def __init__(self, message_id: str, received: int, total: int | None) -> None:
-        of = "?" if total is None else str(total)
-        super().__init__(message_id, f"chunk timeout: {received} of {of} chunks arrived in time")
-        self.received = received
-        self.total = total
-
-
-class ChecksumMismatchError(ChunkError):
-    def __init__(self, message_id: str, expected: str, actual: str) -> None:
-        super().__init__(message_id, f"checksum mismatch: expected {expected}, got {actual}")
-        self.expected = expected
-        self.actual = actual
-
-
-class ChunkBufferOverflow(ChunkError):
-    def __init__(self, message_id: str, reason: str) -> None:
-        super().__init__(message_id, f"dropped partial message: {reason}")
+from .protocol._errors import (
+    ChecksumMismatchError,
+    ChunkBufferOverflow,
+    ChunkError,
+    ChunkTimeoutError,
+    EnvelopeTooLarge,
+    InvalidMessageId,
+    InvalidTopic,
+    MalformedChunk,
+    MalformedDiscoveryRecord,
+    MalformedEnvelope,
+    MalformedPlaceholder,
+    MessageTooLarge,
+    OffloadError,
+    ProtocolError,
+)
 
 
 class TransferError(OffloadError):
@@ -177,3 +111,31 @@ class PublishRejected(OffloadError):
 
 class ConfigError(OffloadError, ValueError):
     """A setting that cannot be used."""
+
+
+__all__ = [
+    "ChecksumMismatchError",
+    "ChunkBufferOverflow",
+    "ChunkError",
+    "ChunkTimeoutError",
+    "ConfigError",
+    "ConnectionFailed",
+    "EnvelopeTooLarge",
+    "FetchError",
+    "InvalidMessageId",
+    "InvalidTopic",
+    "MalformedChunk",
+    "MalformedDiscoveryRecord",
+    "MalformedEnvelope",
+    "MalformedPlaceholder",
+    "MessageTooLarge",
+    "OffloadError",
+    "PayloadChecksumMismatch",
+    "PayloadNotFound",
+    "ProtocolError",
+    "PublishRejected",
+    "ReceiveError",
+    "TransferError",
+    "UntrustedEndpoint",
+    "UploadError",
+]

@@ -22,7 +22,6 @@ from collections.abc import Callable
 
 import httpx
 
-from . import _placeholder
 from ._chunkstore import SpoolingChunkStore
 from ._config import ClientSettings
 from ._exceptions import (
@@ -35,10 +34,10 @@ from ._exceptions import (
 from ._http import HttpTransport
 from ._message import Message, MessageError, Payload, Route
 from ._paho import Incoming, MqttConnection
-from .protocol import PublishProperties
+from .protocol import PublishProperties, _placeholder
 from .protocol._bounded import Origin, http_origin
-from .protocol._chunk import CHUNK_PROPERTY, Complete, Error, Reassembler
-from .protocol._reassembly import chunk_bounds
+from .protocol._chunk import CHUNK_PROPERTY
+from .protocol._reassembly import Complete, Error, Reassembler, chunk_bounds
 from .protocol._size import MAX_PACKET_SIZE
 
 log = logging.getLogger("client")

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 
-from ._record import DiscoveryRecord
+from client.protocol import DiscoveryRecord
 
 log = logging.getLogger("discovery")
 

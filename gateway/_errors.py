@@ -30,7 +30,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from client._exceptions import EnvelopeTooLarge, ProtocolError
+from client.protocol import EnvelopeTooLarge, ProtocolError
 
 from ._observability import BROKER_ERRORS, STORAGE_ERRORS
 from .storage import StoreError

@@ -4,7 +4,7 @@ Shared by the hop-client upload (`POST /topic/...+oversized`), `POST /publish/{t
 the resumable uploads: every path streams the body into the store (never buffering it),
 builds an uncommitted `Manifest`, commits it, and - for the HTTP publish paths - publishes
 the same `_format=external` placeholder the client library publishes
-(`client._placeholder.Placeholder.encode`), so subscribers cannot tell who offloaded it.
+(`client.protocol.Placeholder.encode`), so subscribers cannot tell who offloaded it.
 
 The ordering rule: commit first, publish second (a subscriber may fetch the moment the
 placeholder arrives), and withdraw the committed message when the publish fails, so no
@@ -20,17 +20,23 @@ from dataclasses import dataclass
 
 from starlette.requests import ClientDisconnect
 
-from client._placeholder import FORMAT_KEY, ID_KEY, Placeholder
-from client.protocol import Manifest, MessageId, PublishProperties, Topic
-from client.protocol._envelope import (
-    Complete,
+from client.protocol import (
+    FORMAT_KEY,
+    ID_KEY,
+    EnvelopeComplete,
     EnvelopeParser,
+    Manifest,
+    MessageId,
     PayloadData,
     PayloadEnd,
     PayloadStart,
+    Placeholder,
+    PublishProperties,
+    Topic,
+    mqtt_text_problem,
+    publish_properties_problem,
+    upload_fields,
 )
-from client.protocol._envelope_fields import upload_fields
-from client.protocol._props import mqtt_text_problem, publish_properties_problem
 
 from ._context import Context
 from ._errors import BadRequest, BrokerUnavailable, PayloadTooLarge, StorageUnavailable
@@ -176,7 +182,7 @@ async def receive_envelope(
                     assert upload is not None
                     sha256, size = await upload.finish()
                     stored_key, upload = upload.key, None
-                elif isinstance(event, Complete):
+                elif isinstance(event, EnvelopeComplete):
                     fields = upload_fields(event.fields)
                     if check_headers is not None:
                         check_headers(fields.headers)

@@ -29,9 +29,8 @@ import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
 # One conversion for the whole project: the client adapter owns the paho mapping.
-from client._paho import to_paho_properties
-from client.protocol import PublishProperties, Topic
-from client.protocol._props import publish_properties_problem
+from client.mqtt import to_paho_properties
+from client.protocol import PublishProperties, Topic, publish_properties_problem
 
 log = logging.getLogger("gateway.mqtt")
 

@@ -15,8 +15,7 @@ from urllib.parse import quote
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from client.protocol import Manifest, MessageId
-from client.protocol._envelope import encode_download
+from client.protocol import Manifest, MessageId, encode_download
 
 from ._context import Context, get_context
 from ._errors import COMMON_RESPONSES, BadRequest, PayloadTooLarge

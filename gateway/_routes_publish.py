@@ -27,8 +27,7 @@ from urllib.parse import unquote
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
-from client.protocol import Manifest, MessageId
-from client.protocol._props import mqtt_text_problem
+from client.protocol import Manifest, MessageId, mqtt_text_problem
 
 from ._context import Context, get_context
 from ._errors import COMMON_RESPONSES, BadRequest

@@ -17,9 +17,17 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import ParamSpec, TypeVar
 
-from client._exceptions import ProtocolError
-from client.protocol import Manifest, MessageId, Topic, data_key, index_key, meta_key
-from client.protocol._layout import encode_level, topic_prefix
+from client.protocol import (
+    Manifest,
+    MessageId,
+    ProtocolError,
+    Topic,
+    data_key,
+    encode_level,
+    index_key,
+    meta_key,
+    topic_prefix,
+)
 
 from ._errors import BadRequest, Conflict, NotFound, StorageUnavailable
 from ._executors import Slot, Workers, close_at_request_end

@@ -30,9 +30,16 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from client._exceptions import ProtocolError
-from client.protocol import Manifest, index_key, meta_key
-from client.protocol._layout import DATA_PREFIX, INDEX_PREFIX, META_SUFFIX, parse_data_key
+from client.protocol import (
+    DATA_PREFIX,
+    INDEX_PREFIX,
+    META_SUFFIX,
+    Manifest,
+    ProtocolError,
+    index_key,
+    meta_key,
+    parse_data_key,
+)
 
 from ._resumable import cleanup_expired_uploads
 from .storage import ObjectStore, StoreError

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install what the tests need, then run them: lint, types, the whole suite.
+# Install what the tests need, then run them: lint, types, import layers, the whole suite.
 # Extra arguments go to pytest (e.g. `scripts/test.sh -m "not spark"`).
 source "$(dirname "$0")/_bootstrap.sh"
 echo "==> ruff"
@@ -7,5 +7,7 @@ ruff check .
 ruff format --check .
 echo "==> mypy"
 mypy
+echo "==> lint-imports (the layers: README, Development)"
+lint-imports --no-cache --no-logo
 echo "==> pytest"
 exec python -m pytest -q "$@"

@@ -28,17 +28,19 @@ from client.protocol._chunk import (
     CHUNK_PROPERTY,
     ChunkHeader,
     ChunkPlan,
+    chunk_header,
+    plan_chunks,
+    split,
+)
+from client.protocol._props import PublishProperties
+from client.protocol._reassembly import (
     Complete,
     Error,
     MemoryChunkStore,
     PartialKey,
     Pending,
     Reassembler,
-    chunk_header,
-    plan_chunks,
-    split,
 )
-from client.protocol._props import PublishProperties
 from client.protocol._size import max_payload, publish_packet_size
 from client.protocol._types import MessageId
 

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from client import ChecksumMismatchError, Client, Message, Route
 from client._chunkstore import SpoolingChunkStore
 from client.protocol import PublishProperties
-from client.protocol._chunk import Complete, Error, Reassembler, split
+from client.protocol._chunk import split
+from client.protocol._reassembly import Complete, Error, Reassembler
 
 from _servers import Mosquitto
 

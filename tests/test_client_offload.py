@@ -25,8 +25,7 @@ from client import (
     Route,
     UntrustedEndpoint,
 )
-from client._placeholder import Placeholder
-from client.protocol import MessageId
+from client.protocol import MessageId, Placeholder
 
 from _gateway import GatewayServer
 from _servers import Mosquitto, SeaweedFS

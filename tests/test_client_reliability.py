@@ -11,8 +11,7 @@ import pytest
 
 from client import Client, ConfigError, Message, Route
 from client._config import ClientSettings, load_settings
-from client._placeholder import Placeholder
-from client.protocol import MessageId
+from client.protocol import MessageId, Placeholder
 
 from _gateway import GatewayServer
 

@@ -13,10 +13,10 @@ import pytest
 from client import ClientSettings, ConfigError, MessageTooLarge, PublishProperties, Route
 from client._config import BrokerUrl, load_settings
 from client._exceptions import MalformedPlaceholder
-from client._placeholder import Placeholder, is_tagged, original_properties, parse
 from client._router import choose_route
 from client._source import PayloadSource
 from client.protocol import MessageId
+from client.protocol._placeholder import Placeholder, is_tagged, original_properties, parse
 
 # -- routing ------------------------------------------------------------------------------
 

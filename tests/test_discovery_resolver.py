@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from discovery._resolver import EndpointCache
+from discovery import EndpointCache
 
 RECORD = json.dumps({"LargeMessageUploadEndpoint": "https://gw.example:8443/"}).encode()
 

@@ -21,8 +21,7 @@ import pytest
 from _hostile import LyingEndpoint, RawPublisher
 
 from client import Client, FetchError, Message, MessageError
-from client._placeholder import Placeholder
-from client.protocol import MessageId
+from client.protocol import MessageId, Placeholder
 
 from _servers import Mosquitto
 

@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 
 from client import ChunkBufferOverflow, ChunkTimeoutError, MalformedPlaceholder
 from client._exceptions import MalformedDiscoveryRecord
-from client._placeholder import MAX_PLACEHOLDER_BYTES, is_tagged, parse
 from client.protocol import ChunkFailure, PublishProperties, Reassembler
 from client.protocol._bounded import http_origin, json_depth_exceeds, loads_object
+from client.protocol._placeholder import MAX_PLACEHOLDER_BYTES, is_tagged, parse
 from client.protocol._reassembly import Pending, chunk_bounds
 from discovery import DiscoveryRecord
 

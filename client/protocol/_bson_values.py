@@ -17,7 +17,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeAlias
 
-from .._exceptions import MalformedEnvelope
+from ._errors import MalformedEnvelope
 
 MAX_BSON_DOCUMENT = 2**31 - 1  # a BSON document's length is a signed int32
 MAX_DEPTH = 32  # nesting of documents/arrays inside one buffered field

@@ -1,4 +1,4 @@
-"""ADR 23 chunking: the `__chunk` user property, splitting a payload and reassembling it.
+"""ADR 23 chunking: the `__chunk` user property and splitting a payload into chunks.
 
 The fallback when no offload endpoint is usable: a payload larger than the broker's Maximum
 Packet Size travels as several PUBLISH packets on the same topic, each with a `__chunk` user
@@ -20,9 +20,10 @@ Decisions the ADR leaves open, made here once:
   to the same text (modulo case), so duplicates cannot hide behind aliases.
 * Which properties each chunk carries, and the chunk size: see :func:`plan_chunks`.
 
-Reassembly (:class:`Reassembler`) is in :mod:`client.protocol._reassembly`, re-exported here.
+Reassembly (:class:`Reassembler`) is in :mod:`client.protocol._reassembly`, which imports this
+module (never the other way round).
 
-Everything here is pure: no paho, no sockets, no clock (callers pass `now`).
+Everything here is pure: no paho, no sockets, no clock.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import uuid
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass, replace
 
-from .._exceptions import MalformedChunk, MessageTooLarge
+from ._errors import MalformedChunk, MessageTooLarge
 from ._props import PublishProperties
 from ._size import MQTT_V5, max_payload
 from ._types import MessageId
@@ -383,41 +384,13 @@ def split(
     return [(c.properties, bytes(view[c.offset : c.offset + c.length])) for c in plan]
 
 
-# The reassembler lives in _reassembly.py (one concept per module); its names stay importable
-# from here. Imported last: _reassembly imports the header names defined above, and the package
-# __init__ always loads this module first, so the cycle resolves.
-from ._reassembly import (  # noqa: E402
-    ChunkMessage,
-    ChunkStore,
-    Complete,
-    Error,
-    Joined,
-    JoiningChunkStore,
-    MemoryChunkStore,
-    Outcome,
-    PartialKey,
-    Pending,
-    Reassembler,
-)
-
 __all__ = [
     "CHUNK_PROPERTY",
     "MAX_U32",
     "REASSEMBLY_USER_PROPERTIES",
     "ChunkHeader",
-    "ChunkMessage",
     "ChunkPlan",
-    "ChunkStore",
-    "Complete",
-    "Error",
-    "Joined",
-    "JoiningChunkStore",
-    "MemoryChunkStore",
-    "Outcome",
-    "PartialKey",
-    "Pending",
     "PlannedChunk",
-    "Reassembler",
     "chunk_header",
     "plan_chunks",
     "split",

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .._exceptions import EnvelopeTooLarge
 from ._bson_values import BIN_HEAD, INT32, INT64, MAX_BSON_DOCUMENT, fail
+from ._errors import EnvelopeTooLarge
 
 _MESSAGE = "message"
 

@@ -17,7 +17,6 @@ from collections.abc import Callable
 from types import MappingProxyType
 from typing import Any, TypeAlias
 
-from .._exceptions import EnvelopeTooLarge, MalformedEnvelope
 from ._bson_values import (
     BIN_HEAD,
     FIXED_SIZE,
@@ -30,6 +29,7 @@ from ._bson_values import (
     type_name,
 )
 from ._envelope_events import Complete, Event, PayloadData, PayloadEnd, PayloadStart
+from ._errors import EnvelopeTooLarge, MalformedEnvelope
 
 _MESSAGE = "message"
 _NAME_WINDOW = 256  # bytes copied per search for a name's NUL: names are short

@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote, unquote
 
-from .._exceptions import ProtocolError
+from ._errors import ProtocolError
 from ._types import MessageId, Topic, TopicFilter
 
 DATA_PREFIX = "data/"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .._exceptions import InvalidTopic
+from ._errors import InvalidTopic
 from ._types import Topic, mqtt_string_problem
 
 MAX_MQTT_STRING_BYTES = 65535  # two-byte length prefix (MQTT 5 §1.5.4, §1.5.6)

@@ -13,13 +13,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
-from .._exceptions import (
-    ChecksumMismatchError,
-    ChunkBufferOverflow,
-    ChunkError,
-    ChunkTimeoutError,
-    MalformedChunk,
-)
 from ._chunk import CHUNK_PROPERTY, MAX_U32, ChunkHeader, chunk_header
 from ._chunkstores import (
     ChunkStore,
@@ -27,6 +20,13 @@ from ._chunkstores import (
     JoiningChunkStore,
     MemoryChunkStore,
     PartialKey,
+)
+from ._errors import (
+    ChecksumMismatchError,
+    ChunkBufferOverflow,
+    ChunkError,
+    ChunkTimeoutError,
+    MalformedChunk,
 )
 from ._props import PublishProperties
 

@@ -14,7 +14,7 @@ larger than what any broker lets through.
 
 from __future__ import annotations
 
-from .._exceptions import InvalidTopic, MessageTooLarge, ProtocolError
+from ._errors import InvalidTopic, MessageTooLarge, ProtocolError
 from ._props import PublishProperties
 
 MQTT_V31 = 3

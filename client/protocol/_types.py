@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-from .._exceptions import InvalidMessageId, InvalidTopic
+from ._errors import InvalidMessageId, InvalidTopic
 
 MAX_TOPIC_BYTES = 65535  # MQTT UTF-8 string limit
 

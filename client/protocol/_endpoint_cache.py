@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from client._exceptions import MalformedDiscoveryRecord
-
-from ._record import DiscoveryRecord
+from ._discovery import DiscoveryRecord
+from ._errors import MalformedDiscoveryRecord
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from client._exceptions import MalformedDiscoveryRecord
-from client.protocol._bounded import http_origin, loads_object
+from ._bounded import http_origin, loads_object
+from ._errors import MalformedDiscoveryRecord
 
-ENDPOINT_KEY = "LargeMessageUploadEndpoint"
-DEFAULT_TOPIC = "sys/metadata"
-PROTOCOL_VERSION = 1
+DISCOVERY_ENDPOINT_KEY = "LargeMessageUploadEndpoint"
+DISCOVERY_TOPIC = "sys/metadata"
+DISCOVERY_PROTOCOL_VERSION = 1
 #: Largest discovery record read (a real one is under 300 bytes).
 MAX_RECORD_BYTES = 16384
 
@@ -36,7 +36,7 @@ class DiscoveryRecord:
     """An offload endpoint as advertised by a gateway."""
 
     endpoint: str
-    protocol_version: int = PROTOCOL_VERSION
+    protocol_version: int = DISCOVERY_PROTOCOL_VERSION
     max_upload_bytes: int | None = None
     auth_mechanisms: tuple[str, ...] = ()
 
@@ -58,7 +58,7 @@ class DiscoveryRecord:
 
     def to_json(self) -> bytes:
         doc: dict[str, Any] = {
-            ENDPOINT_KEY: self.endpoint,
+            DISCOVERY_ENDPOINT_KEY: self.endpoint,
             "OffloadProtocolVersion": self.protocol_version,
         }
         if self.max_upload_bytes is not None:
@@ -80,10 +80,10 @@ class DiscoveryRecord:
             doc = loads_object(data, max_bytes=MAX_RECORD_BYTES)
         except ValueError as exc:
             raise MalformedDiscoveryRecord(str(exc)) from exc
-        endpoint = doc.get(ENDPOINT_KEY)
+        endpoint = doc.get(DISCOVERY_ENDPOINT_KEY)
         if not isinstance(endpoint, str):
-            raise MalformedDiscoveryRecord(f"{ENDPOINT_KEY} missing or not a string")
-        version = doc.get("OffloadProtocolVersion", PROTOCOL_VERSION)
+            raise MalformedDiscoveryRecord(f"{DISCOVERY_ENDPOINT_KEY} missing or not a string")
+        version = doc.get("OffloadProtocolVersion", DISCOVERY_PROTOCOL_VERSION)
         max_bytes = doc.get("MaxUploadBytes")
         mechs = doc.get("AuthMechanisms", [])
         if not isinstance(version, int) or isinstance(version, bool):

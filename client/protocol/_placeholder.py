@@ -27,9 +27,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit
 
-from ._exceptions import MalformedPlaceholder
-from .protocol import MessageId, PublishProperties
-from .protocol._bounded import Origin, http_origin, loads_object
+from ._bounded import Origin, http_origin, loads_object
+from ._errors import MalformedPlaceholder
+from ._props import PublishProperties
+from ._types import MessageId
 
 FORMAT_KEY = "_format"
 FORMAT_EXTERNAL = "external"
