@@ -158,3 +158,39 @@ class RawPublisher:
     def close(self) -> None:
         self._paho.disconnect()
         self._paho.loop_stop()
+
+
+class PeakRss:
+    """A child process's own peak resident memory (KiB), sampled from /proc while it runs.
+
+    `wait4`'s `ru_maxrss` will not do: Linux carries the peak of the address space a child
+    was forked from across `exec`, so a child of a large pytest process reports pytest's
+    peak. `VmHWM` belongs to the program's own address space (it starts anew at `exec`).
+    """
+
+    def __init__(self, pid: int, interval: float = 0.02) -> None:
+        self.kib = 0
+        self._path = f"/proc/{pid}/status"
+        self._interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        try:
+            with open(self._path) as status:
+                for line in status:
+                    if line.startswith("VmHWM:"):
+                        self.kib = max(self.kib, int(line.split()[1]))
+        except (OSError, ValueError, IndexError):  # gone, or a zombie without memory
+            pass
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self._sample()
+
+    def stop(self) -> int:
+        """Stop sampling; the highest peak seen."""
+        self._stop.set()
+        self._thread.join()
+        return self.kib
