@@ -15,11 +15,11 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from ._options import ScanOptions, parse_options
 from ._plan import pack, select_objects
 from ._read import DDL, read_batches
-from ._store import open_read_store
+from ._store import ACCESS_KEY_ENV, SECRET_KEY_ENV, open_read_store
+from ._stream import OffloadStreamReader, parse_stream_options
+from ._worker import check_worker_python
 
 FORMAT = "offload"
-ACCESS_KEY_ENV = "OFFLOAD_S3_ACCESS_KEY"
-SECRET_KEY_ENV = "OFFLOAD_S3_SECRET_KEY"
 
 
 class OffloadPartition(InputPartition):
@@ -66,6 +66,9 @@ class OffloadDataSource(DataSource):
         payload: "false" leaves the payload column null and never fetches payloads.
         verify: "false" skips checking each payload's SHA-256 and size against its manifest.
         parallelism: task slots to plan for (default: what `register` saw).
+        maxFilesPerTrigger: streams only: at most this many messages per micro-batch.
+        lateness: streams only: seconds an upload may take from its stamp to its commit
+            and still be delivered (default 600).
     """
 
     # Set by `register` on a subclass; read on the driver's planning worker.
@@ -81,6 +84,9 @@ class OffloadDataSource(DataSource):
     def reader(self, schema: Any) -> OffloadReader:
         return OffloadReader(parse_options(self.options, defaults=self.defaults))
 
+    def streamReader(self, schema: Any) -> OffloadStreamReader:
+        return OffloadStreamReader(parse_stream_options(self.options, defaults=self.defaults))
+
 
 def register(spark: Any, *, parallelism: int | None = None) -> None:
     """Make `spark.read.format("offload")` available in this session.
@@ -94,6 +100,7 @@ def register(spark: Any, *, parallelism: int | None = None) -> None:
         parallelism: task slots to plan for (default: `spark.sparkContext.defaultParallelism`,
             or the CPU count where there is no SparkContext, as on Spark Connect).
     """
+    check_worker_python(spark)
     defaults: dict[str, str] = {}
     if parallelism is None:
         try:

@@ -16,6 +16,22 @@ from typing import Protocol
 from .._exceptions import ConfigError, FetchError
 from ._options import StorageLocation
 
+ACCESS_KEY_ENV = "OFFLOAD_S3_ACCESS_KEY"
+SECRET_KEY_ENV = "OFFLOAD_S3_SECRET_KEY"
+# S3 error codes meaning "who you are" rather than "what you asked for" is wrong.
+REFUSED_CODES = frozenset(
+    {
+        "AccessDenied",
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "AllAccessDisabled",
+        "AuthorizationHeaderMalformed",
+        "MissingSecurityHeader",
+        "ExpiredToken",
+        "InvalidToken",
+    }
+)
+
 
 @dataclass(frozen=True, slots=True)
 class Listing:
@@ -57,7 +73,15 @@ class S3ReadStore:
     def __repr__(self) -> str:
         return f"S3ReadStore({self._location.url!r})"
 
-    def _fail(self, what: str, exc: Exception) -> FetchError:
+    def _fail(self, what: str, exc: Exception) -> FetchError | ConfigError:
+        code = getattr(exc, "code", None)
+        if code in REFUSED_CODES:
+            return ConfigError(
+                f"{self._location.url} refused the credentials ({code}) while {what}: set "
+                f'option("accessKey", ...) and option("secretKey", ...), or '
+                f"{ACCESS_KEY_ENV} and {SECRET_KEY_ENV} in the driver's environment before "
+                "register(spark) (python -m client.spark: --access-key/--secret-key)"
+            )
         return FetchError(self._location.url, f"{what}: {exc}")
 
     def list_level(self, prefix: str) -> Listing:
