@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _spark_session import local_spark
 from minio import Minio
 
 from client.protocol import Manifest, MessageId, Topic, data_key, index_key, meta_key
 
 from _servers import SeaweedFS
-from _spark_session import local_spark
 
 pytestmark = [pytest.mark.spark, pytest.mark.servers]
 

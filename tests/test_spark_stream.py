@@ -17,10 +17,10 @@ from typing import Any
 
 import httpx
 import pytest
+from _spark_session import local_spark
 
 from _gateway import GatewayServer
 from _servers import Mosquitto, SeaweedFS
-from _spark_session import local_spark
 
 pytestmark = [pytest.mark.spark, pytest.mark.servers]
 
