@@ -54,14 +54,39 @@ How it reads:
   the store or the network, not the CPU, is the limit, i.e. across executors on a cluster.
   For raw bytes at JVM speed use `binaryFile` (below).
 
+Streaming (`spark.readStream.format("offload")`, same options but `until`, plus
+`maxFilesPerTrigger` and `lateness`) delivers newly committed messages in micro-batches; its
+offsets (see `_offsets`) live in the query's checkpoint, so a restarted query continues where
+it stopped and a checkpointed file sink gets every message exactly once::
+
+    (spark.readStream.format("offload").option("storage", URL).option("topic", "a/#")
+        .option("maxFilesPerTrigger", "100").load()
+        .writeStream.format("parquet").option("path", OUT)
+        .option("checkpointLocation", CHECKPOINT).start())
+
+A message is visible once its sidecar exists. Messages are ordered by the gateway's stamp,
+taken when the upload began; an upload that commits more than `lateness` seconds (default
+600) after its stamp, and after newer messages were delivered, is not delivered. The offset
+carries the tokens of about `lateness` seconds of delivered messages.
+
 Export job (also runnable by `spark-submit client/spark/job.py ...`)::
 
     python -m client.spark --storage URL --topic 'a/#' --since 2026-11-01 --until 2026-11-08 \\
         --out /data/offload-parquet [--no-payload] [--master local[2]]
+    python -m client.spark --storage URL --topic 'a/#' --out DIR --follow \\
+        --checkpoint DIR [--trigger-seconds 10] [--max-files-per-trigger N]
 
-writes Parquet partitioned by `topic` and `date` (UTC), replacing only the partitions it
-writes (dynamic partition overwrite; the range is widened to whole UTC days so a partition
-is always rewritten whole), then prints messages and bytes per topic per day.
+The first form writes Parquet partitioned by `topic` and `date` (UTC), replacing only the
+partitions it writes (dynamic partition overwrite; the range is widened to whole UTC days
+so a partition is always rewritten whole), then prints messages and bytes per topic per
+day. `--follow` keeps running and appends new messages with the streaming source (same
+columns and partitions; the checkpoint holds its progress).
+
+`register` fails with a ConfigError naming PYSPARK_PYTHON when, on a local master, the
+interpreter Spark's workers would run cannot import pyarrow, minio or this package (else
+the first query dies with only "Python worker exited unexpectedly"). A store that refuses
+the credentials fails the query with a ConfigError naming the `accessKey`/`secretKey`
+options and the OFFLOAD_S3_ACCESS_KEY/OFFLOAD_S3_SECRET_KEY variables.
 
 Raw objects with Spark's built-in sources (no Python data source needed)
 -----------------------------------------------------------------------
