@@ -36,7 +36,7 @@ def _cmd(name: str, quick: bool) -> list[str]:
         "4": ["chunking.py", "--runs", "20" if quick else "50"],
         "5": ["memory.py", "--size", str((256 if quick else 1024) * MiB)],
         "6": ["concurrency.py", "--requests", "15" if quick else "30"],
-        "spark": ["spark_read.py", "--objects", "16"],
+        "spark": ["spark_read.py", "--store", "both", "--objects", "16" if quick else "64"],
     }[name]
     return [sys.executable, str(HERE / args[0]), *args[1:]]
 

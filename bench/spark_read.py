@@ -266,11 +266,14 @@ def bench_s3(spark: Any, args: argparse.Namespace, size: int) -> list[dict[str, 
         seaweed.stop()
     base = medians["MinIO SDK sequential loop"]
     what = f"{args.objects} x {args.size_mib:g} MiB, SeaweedFS, local[2]"
-    return [
+    rows = [
         row("spark", f"offload {v} vs MinIO get loop, {what}", base, medians[f"offload {v}"],
-            "MiB/s", "report", higher_is_better=True, limit=0.0)
+            "MiB/s", "info", higher_is_better=True, limit=0.0)
         for v in ("verify=true", "verify=false")
     ]  # fmt: skip
+    for r in rows:  # reported, not a target: binaryFile over s3a is not available here
+        r["met"] = None
+    return rows
 
 
 def main() -> int:
