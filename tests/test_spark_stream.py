@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -32,6 +34,7 @@ from client.spark.job import follow  # noqa: E402
 from client.spark.job import main as job_main  # noqa: E402
 
 WAIT_S = 120
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -129,6 +132,74 @@ def test_stream_delivers_live_messages_exactly_once_across_a_restart(
     finally:
         query.stop()
 
+    ids = [r[0] for r in rows]
+    assert len(ids) == len(set(ids)), "a message was delivered twice"
+    assert {i: (t, p) for i, t, p in rows} == sent
+
+
+def test_follow_cli_killed_and_restarted_delivers_each_message_once(
+    spark: Any,
+    gateway_factory: Callable[..., GatewayServer],
+    broker: Mosquitto,
+    seaweed: SeaweedFS,
+    tmp_path: Path,
+) -> None:
+    """`python -m client.spark --follow`, killed with SIGKILL mid-stream, then restarted."""
+    gateway = gateway_factory(broker)
+    base = f"follow-{uuid.uuid4().hex[:8]}"
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    env = dict(
+        os.environ,
+        OFFLOAD_S3_ACCESS_KEY=seaweed.access_key,
+        OFFLOAD_S3_SECRET_KEY=seaweed.secret_key,
+        SPARK_LOCAL_IP="127.0.0.1",  # loopback only
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    )
+    command = [
+        sys.executable, "-m", "client.spark", "--storage", gateway.settings.storage_url,
+        "--topic", f"{base}/#", "--out", str(out), "--follow", "--checkpoint", str(checkpoint),
+        "--trigger-seconds", "0.5", "--max-files-per-trigger", "3", "--master", "local[1]",
+    ]  # fmt: skip
+    sent: dict[str, tuple[str, bytes]] = {}
+
+    def send(n: int, tag: str) -> None:
+        for i in range(n):
+            topic, payload = f"{base}/{tag}", f"{tag} {i}".encode() * 100
+            sent[publish(gateway, topic, payload)] = (topic, payload)
+
+    log = tmp_path / "job.log"
+
+    def start() -> subprocess.Popen[bytes]:
+        # To a file, not a pipe: nobody reads a pipe while the job runs, and a full one
+        # would stall the job's logging.
+        with log.open("ab") as sink:
+            return subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT)
+
+    def wait(job: subprocess.Popen[bytes], count: int) -> list[tuple[str, str, bytes]]:
+        deadline = time.monotonic() + WAIT_S
+        while len(rows := sink_rows(spark, out)) < count and time.monotonic() < deadline:
+            assert job.poll() is None, log.read_text(errors="replace")[-2000:]
+            time.sleep(0.5)
+        return rows
+
+    send(4, "before")
+    job = start()
+    try:
+        assert len(wait(job, 4)) == 4
+        send(2, "live")  # published while the job runs
+        assert len(wait(job, 6)) == 6
+    finally:
+        job.kill()  # a crash, not a clean stop: recovery is the checkpoint's job
+        job.wait()
+    send(4, "while-down")
+    job = start()
+    try:
+        wait(job, len(sent))
+        time.sleep(2)  # a few more triggers: nothing may arrive twice
+        rows = sink_rows(spark, out)
+    finally:
+        job.kill()
+        job.wait()
     ids = [r[0] for r in rows]
     assert len(ids) == len(set(ids)), "a message was delivered twice"
     assert {i: (t, p) for i, t, p in rows} == sent
