@@ -10,13 +10,18 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
 
+from .._exceptions import ConfigError
 from ._options import ScanOptions, parse_options
 from ._plan import pack, select_objects
 from ._read import DDL, read_batches
 from ._store import ACCESS_KEY_ENV, SECRET_KEY_ENV, open_read_store
-from ._stream import OffloadStreamReader, parse_stream_options
 from ._worker import check_worker_python
 
 FORMAT = "offload"
@@ -84,7 +89,15 @@ class OffloadDataSource(DataSource):
     def reader(self, schema: Any) -> OffloadReader:
         return OffloadReader(parse_options(self.options, defaults=self.defaults))
 
-    def streamReader(self, schema: Any) -> OffloadStreamReader:
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:
+        # Imported here: read limits (pyspark.sql.streaming.datasource) came with Spark 4.2,
+        # and batch reads must keep working on 4.0 and 4.1.
+        try:
+            from ._stream import OffloadStreamReader, parse_stream_options
+        except ImportError as exc:
+            raise ConfigError(
+                f'readStream.format("offload") needs pyspark >= 4.2 (read limits): {exc}'
+            ) from exc
         return OffloadStreamReader(parse_stream_options(self.options, defaults=self.defaults))
 
 
