@@ -8,6 +8,7 @@ exactly once, across a stop and a restart from the checkpoint.
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 from _spark_session import local_spark
+from minio import Minio
 
 from _gateway import GatewayServer
 from _servers import Mosquitto, SeaweedFS
@@ -29,6 +31,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.servers]
 pytest.importorskip("pyspark")
 
 from client._exceptions import ConfigError  # noqa: E402
+from client.protocol import Manifest, MessageId, Topic, data_key, meta_key  # noqa: E402
 from client.spark import register  # noqa: E402
 from client.spark.job import follow  # noqa: E402
 from client.spark.job import main as job_main  # noqa: E402
@@ -206,7 +209,11 @@ def test_follow_cli_killed_and_restarted_delivers_each_message_once(
 
 
 def test_stream_replays_an_unfinished_batch_from_its_offsets(
-    spark: Any, seaweed: SeaweedFS, gateway_factory: Callable[..., GatewayServer], broker: Mosquitto
+    spark: Any,
+    seaweed: SeaweedFS,
+    bucket_name: str,
+    gateway_factory: Callable[..., GatewayServer],
+    broker: Mosquitto,
 ) -> None:
     """The offset alone names a batch's messages: re-planning it reads exactly the same rows."""
     from client.spark._stream import OffloadStreamReader, parse_stream_options
@@ -214,6 +221,15 @@ def test_stream_replays_an_unfinished_batch_from_its_offsets(
     gateway = gateway_factory(broker)
     topic = f"replay-{uuid.uuid4().hex[:8]}/x"
     ids = {publish(gateway, topic, f"m{i}".encode()) for i in range(3)}
+    # Not committed: a sidecar without its id index (a commit in progress), and one whose
+    # id's index names another payload (a loser of a race for the id). Neither is delivered.
+    client = Minio(seaweed.endpoint, seaweed.access_key, seaweed.secret_key, secure=False)
+    now = int(time.time() * 1000)
+    for message_id in (MessageId.new(), MessageId.parse(next(iter(ids)))):
+        key = data_key(Topic(topic), now, uuid.uuid4().hex)
+        manifest = Manifest(message_id, Topic(topic), now, 1, hashlib.sha256(b"u").hexdigest(), key)
+        for name, body in ((key, b"u"), (meta_key(key), manifest.to_json())):
+            client.put_object(bucket_name, name, io.BytesIO(body), len(body))
     options = {
         "storage": gateway.settings.storage_url,
         "accessKey": seaweed.access_key,

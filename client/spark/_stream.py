@@ -1,9 +1,10 @@
 """`spark.readStream.format("offload")`: newly committed messages in micro-batches.
 
 A thin adapter over `_offsets` (what a batch takes) and `_read` (how a task reads it). The
-driver lists the topic filter's hour partitions from the offset's `floor` on, keeps payloads
-whose sidecar exists (committed), and reads the sidecar of each message it has not seen yet
-for its exact stamp (once per message: stamps are cached for the life of the query). The
+driver lists the topic filter's hour partitions from the offset's `floor` on, and for each
+message it has not seen yet reads the sidecar (its exact stamp) and the id index (the commit
+point: only a payload the index names is delivered). Stamps of committed messages are
+cached for the life of the query, so each is read once. The
 batch's keys are written into the end offset, so Spark's checkpoint alone decides what a
 replayed batch reads; with a checkpointed file sink that is exactly once.
 """
@@ -23,7 +24,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from .._exceptions import ConfigError, ProtocolError
-from ..protocol import Manifest, meta_key, parse_data_key
+from ..protocol import Manifest, index_key, meta_key, parse_data_key
 from ._offsets import Candidate, StreamOffset, advance, initial_offset, positive_ms
 from ._options import ScanOptions, parse_options
 from ._plan import select_objects
@@ -140,10 +141,24 @@ class OffloadStreamReader(DataSourceStreamReader):
 
 
 def _stamp(store: ReadStore, key: str) -> int | None:
+    """The message's stamp once it is committed; None while it is not (or never will be).
+
+    The id index is the commit point (written last): a sidecar without it is a commit in
+    progress, and one whose index names another payload lost a race for its id and is
+    about to be removed by the gateway. Neither may reach the sink.
+    """
     raw = store.get(meta_key(key))
     if raw is None:  # expired since the listing
         return None
     try:
-        return Manifest.from_json(raw).timestamp
+        manifest = Manifest.from_json(raw)
     except ProtocolError as exc:
         raise ProtocolError(f"{meta_key(key)}: {exc}") from exc
+    index = store.get(index_key(manifest.id))
+    if index is None:
+        return None
+    try:
+        committed = Manifest.from_json(index)
+    except ProtocolError as exc:
+        raise ProtocolError(f"{index_key(manifest.id)}: {exc}") from exc
+    return manifest.timestamp if committed.data_key == key else None
