@@ -155,14 +155,14 @@ def binary_file(spark: Any, root: Path) -> tuple[float, int]:
     return time.perf_counter() - started, int(total)
 
 
-def timed(what: Reader) -> tuple[float, int, str]:
-    """Run one reader; its seconds, bytes, and the CPU seconds it cost per process name."""
+def timed(what: Reader) -> tuple[float, int, str, float]:
+    """Run one reader: seconds, bytes, CPU seconds per process name, and their sum."""
     before = cpu_seconds()
     seconds, total = what()
     after = cpu_seconds()
     spent = {k: v - before.get(k, 0.0) for k, v in after.items()}
     cpu = " ".join(f"{k} {v:.2f}" for k, v in sorted(spent.items()) if v >= 0.05)
-    return seconds, total, f"cpu s: {cpu}"
+    return seconds, total, f"cpu s: {cpu}", sum(v for v in spent.values() if v > 0)
 
 
 def compare(readers: dict[str, Reader], rounds: int, expected: int, label: str) -> dict[str, float]:
@@ -170,18 +170,22 @@ def compare(readers: dict[str, Reader], rounds: int, expected: int, label: str) 
     for read in readers.values():
         assert read()[1] == expected
     rates: dict[str, list[float]] = {name: [] for name in readers}
+    cpus: dict[str, list[float]] = {name: [] for name in readers}
     names = list(readers)
     for round_ in range(rounds):
         order = names[round_ % len(names) :] + names[: round_ % len(names)]
         for name in order:
-            seconds, total, cpu = timed(readers[name])
+            seconds, total, cpu, cpu_total = timed(readers[name])
+            cpus[name].append(cpu_total / (expected / (1024 * MIB)))
             assert total == expected, (name, total, expected)
             rate = expected / MIB / seconds
             rates[name].append(rate)
             print(f"{label} round {round_ + 1} {name:28s} {seconds:6.2f}s {rate:7.1f} MiB/s  {cpu}")
     medians = {name: statistics.median(r) for name, r in rates.items()}
     for name, rate in medians.items():
-        print(f"{label} median {name:28s} {rate:7.1f} MiB/s")
+        # CPU per GiB is steadier than wall time when other work shares the cores.
+        cpu_gib = statistics.median(cpus[name])
+        print(f"{label} median {name:28s} {rate:7.1f} MiB/s  {cpu_gib:.2f} CPU-s/GiB")
     return medians
 
 
