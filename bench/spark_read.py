@@ -1,26 +1,27 @@
-"""Benchmark: the `offload` Spark source on local[2] versus a sequential MinIO SDK get loop.
+"""Benchmark: the `offload` Spark source against Spark's own `binaryFile` source, local[2].
 
-Starts its own SeaweedFS (tests/_servers.py), writes N payloads (default 64 x 16 MiB = 1 GiB)
-exactly as the gateway lays them out, then times, over the same objects:
+Writes N payloads (default 64 x 16 MiB = 1 GiB) exactly as the gateway lays them out, in a
+`file://` store (a directory) and/or in SeaweedFS (tests/_servers.py), then times over the
+same objects, in one SparkSession:
 
-(a) a sequential `Minio.get_object(...).read()` loop over the payload keys (every byte read);
-(b) Spark `local[2]` reading them through the data source with
-    `select(sum(length(payload)))`, which makes every payload a value in the JVM (the
-    source has no column pruning, so `count()` would move the same bytes but not read
-    them there), once with SHA-256 verification (the default) and once without;
-(c) the same scan with `payload=false`: what a query costs before any payload moves.
+file store (`--store file`, the default):
+(a) `spark.read.format("binaryFile")` over `data/**`, payload files only (a 32-character
+    glob: payload names are 32 hex digits, sidecars end in `.meta.json`);
+(b) `spark.read.format("offload")` with `verify=false`, and with the default SHA-256 check;
+each as `select(sum(length(<bytes column>)))`, which makes every payload a value in the JVM.
 
-Start-up is excluded from both: before timing, Spark reads the payloads of one of the four
-topics (JVM, JIT and Python workers warm) and the loop reads the same objects. The rounds
-then alternate loop / Spark so a noisy neighbour hits both; the last line gives medians.
-For each phase the CPU seconds of every process involved (this one, the Spark JVM, its
-Python workers, SeaweedFS) are printed from /proc: on a shared 2-core machine they, not the
-wall time, show where the bytes cost.
+S3 store (`--store s3`): (b) against a sequential MinIO SDK get loop (binaryFile over S3
+needs hadoop-aws jars, which this environment cannot download).
 
-The JVM runs with `-XX:G1HeapRegionSize=32m` (see client.spark's docstring).
+Start-up is excluded: every reader runs once untimed first (JVM, JIT, Python workers). Each
+round then runs the readers in a rotated order, so a noisy neighbour hits all of them; the
+summary gives medians. For each run the CPU seconds of every process involved (this one,
+the Spark JVM, its Python workers, SeaweedFS) are printed from /proc: on a shared 2-core
+machine they, not the wall time, show where the bytes cost. The JVM runs with
+`-XX:G1HeapRegionSize=32m` (see client.spark's docstring).
 
-    python bench/spark_read.py                       # 1 GiB, 3 rounds
-    python bench/spark_read.py --objects 16          # 256 MiB
+    python bench/spark_read.py                       # file store, 1 GiB, 3 rounds
+    python bench/spark_read.py --store both --objects 16
 """
 
 from __future__ import annotations
@@ -31,14 +32,16 @@ import io
 import os
 import statistics
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+from _harness import emit, row  # type: ignore[import-not-found]
 from minio import Minio
 
 from client.protocol import Manifest, MessageId, Topic, data_key, index_key, meta_key
@@ -74,7 +77,11 @@ def cpu_seconds() -> dict[str, float]:
     return totals
 
 
-def write_objects(client: Minio, bucket: str, count: int, size: int) -> list[str]:
+Put = Callable[[str, bytes], None]
+Reader = Callable[[], tuple[float, int]]
+
+
+def write_objects(put: Put, count: int, size: int) -> list[str]:
     """Payload, sidecar and index of `count` messages of `size` random bytes each."""
     keys = []
     block = os.urandom(size)
@@ -88,12 +95,27 @@ def write_objects(client: Minio, bucket: str, count: int, size: int) -> list[str
         manifest = Manifest(
             MessageId.new(), topic, when, size, hashlib.sha256(payload).hexdigest(), key
         )
-        client.put_object(bucket, key, io.BytesIO(payload), size, part_size=64 * MIB)
-        body = manifest.to_json()
-        client.put_object(bucket, meta_key(key), io.BytesIO(body), len(body))
-        client.put_object(bucket, index_key(manifest.id), io.BytesIO(body), len(body))
+        put(key, payload)
+        put(meta_key(key), manifest.to_json())
+        put(index_key(manifest.id), manifest.to_json())
         keys.append(key)
     return keys
+
+
+def s3_put(client: Minio, bucket: str) -> Put:
+    def put(key: str, data: bytes) -> None:
+        client.put_object(bucket, key, io.BytesIO(data), len(data), part_size=64 * MIB)
+
+    return put
+
+
+def file_put(root: Path) -> Put:
+    def put(key: str, data: bytes) -> None:
+        path = root / key
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+
+    return put
 
 
 def sequential_loop(client: Minio, bucket: str, keys: list[str]) -> tuple[float, int]:
@@ -109,119 +131,179 @@ def sequential_loop(client: Minio, bucket: str, keys: list[str]) -> tuple[float,
     return time.perf_counter() - started, total
 
 
-def spark_read(spark: object, url: str, verify: bool, topic: str = "#") -> tuple[float, int]:
+def offload(spark: Any, url: str, verify: bool) -> tuple[float, int]:
     from pyspark.sql import functions as F
 
     started = time.perf_counter()
-    df = (
-        spark.read.format("offload")  # type: ignore[attr-defined]
-        .option("storage", url)
-        .option("topic", topic)
-        .option("verify", str(verify).lower())
-        .load()
-    )
+    reader = spark.read.format("offload").option("storage", url)
+    df = reader.option("verify", str(verify).lower()).load()
     total = df.select(F.sum(F.length("payload"))).collect()[0][0]
     return time.perf_counter() - started, int(total)
 
 
-def spark_metadata(spark: object, url: str) -> tuple[float, int]:
-    """The same scan without payloads: Spark's and the source's cost per query, not per byte."""
+def binary_file(spark: Any, root: Path) -> tuple[float, int]:
+    from pyspark.sql import functions as F
+
     started = time.perf_counter()
-    reader = spark.read.format("offload")  # type: ignore[attr-defined]
-    rows = reader.option("storage", url).option("payload", "false").load().count()
-    return time.perf_counter() - started, rows
+    df = (
+        spark.read.format("binaryFile")
+        .option("recursiveFileLookup", "true")
+        .option("pathGlobFilter", "?" * 32)  # payload names: 32 hex digits
+        .load(str(root / "data"))
+    )
+    total = df.select(F.sum(F.length("content"))).collect()[0][0]
+    return time.perf_counter() - started, int(total)
 
 
-def timed(what: Callable[[], tuple[float, int]]) -> tuple[float, int, str]:
-    """Run one phase; its seconds, bytes, and the CPU seconds it cost per process name."""
+def timed(what: Reader) -> tuple[float, int, str, float]:
+    """Run one reader: seconds, bytes, CPU seconds per process name, and their sum."""
     before = cpu_seconds()
     seconds, total = what()
     after = cpu_seconds()
     spent = {k: v - before.get(k, 0.0) for k, v in after.items()}
     cpu = " ".join(f"{k} {v:.2f}" for k, v in sorted(spent.items()) if v >= 0.05)
-    return seconds, total, f"cpu s: {cpu}"
+    return seconds, total, f"cpu s: {cpu}", sum(v for v in spent.values() if v > 0)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--objects", type=int, default=64)
-    parser.add_argument("--size-mib", type=float, default=16.0)
-    parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
-    size = int(args.size_mib * MIB)
-    expected: int = args.objects * size
-    total_mib = expected / MIB
+def compare(readers: dict[str, Reader], rounds: int, expected: int, label: str) -> dict[str, float]:
+    """Median MiB/s of each reader over alternating rounds, after one untimed warm-up each."""
+    for read in readers.values():
+        assert read()[1] == expected
+    rates: dict[str, list[float]] = {name: [] for name in readers}
+    cpus: dict[str, list[float]] = {name: [] for name in readers}
+    names = list(readers)
+    for round_ in range(rounds):
+        order = names[round_ % len(names) :] + names[: round_ % len(names)]
+        for name in order:
+            seconds, total, cpu, cpu_total = timed(readers[name])
+            cpus[name].append(cpu_total / (expected / (1024 * MIB)))
+            assert total == expected, (name, total, expected)
+            rate = expected / MIB / seconds
+            rates[name].append(rate)
+            print(f"{label} round {round_ + 1} {name:28s} {seconds:6.2f}s {rate:7.1f} MiB/s  {cpu}")
+    medians = {name: statistics.median(r) for name, r in rates.items()}
+    for name, rate in medians.items():
+        # CPU per GiB is steadier than wall time when other work shares the cores.
+        cpu_gib = statistics.median(cpus[name])
+        print(f"{label} median {name:28s} {rate:7.1f} MiB/s  {cpu_gib:.2f} CPU-s/GiB")
+    return medians
 
+
+def session() -> Any:
     from pyspark.sql import SparkSession
 
-    from client.spark import register
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("offload-bench")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.memory", "2g")
+        # Payloads of several MiB are "humongous" objects for G1's default 1-4 MiB
+        # regions; 32 MiB regions roughly halve Spark's cost per byte here.
+        .config("spark.driver.extraJavaOptions", "-XX:G1HeapRegionSize=32m")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
 
+
+def bench_file(spark: Any, args: argparse.Namespace, size: int) -> list[dict[str, object]]:
+    expected = args.objects * size
+    with tempfile.TemporaryDirectory(prefix="offload-spark-bench-") as tmp:
+        root = Path(tmp)
+        write_objects(file_put(root), args.objects, size)
+        url = f"file://{root}"
+        medians = compare(
+            {
+                "binaryFile": lambda: binary_file(spark, root),
+                "offload verify=false": lambda: offload(spark, url, False),
+                "offload verify=true": lambda: offload(spark, url, True),
+            },
+            args.rounds,
+            expected,
+            "file",
+        )
+    base = medians["binaryFile"]
+    what = f"{args.objects} x {args.size_mib:g} MiB, file://, local[2]"
+    return [
+        row("spark", f"offload {v} vs binaryFile, {what}", base, medians[f"offload {v}"],
+            "MiB/s", ">= 0.9", higher_is_better=True, limit=0.9)
+        for v in ("verify=true", "verify=false")
+    ]  # fmt: skip
+
+
+def bench_s3(spark: Any, args: argparse.Namespace, size: int) -> list[dict[str, object]]:
+    expected = args.objects * size
     seaweed = SeaweedFS().start()
-    spark = None
     try:
-        os.environ["OFFLOAD_S3_ACCESS_KEY"] = seaweed.access_key
-        os.environ["OFFLOAD_S3_SECRET_KEY"] = seaweed.secret_key
         client = Minio(seaweed.endpoint, seaweed.access_key, seaweed.secret_key, secure=False)
         bucket = f"bench-{uuid.uuid4().hex[:12]}"
         client.make_bucket(bucket)
+        keys = write_objects(s3_put(client, bucket), args.objects, size)
         url = seaweed.storage_url(bucket)
-        t0 = time.perf_counter()
-        keys = write_objects(client, bucket, args.objects, size)
-        print(
-            f"wrote {args.objects} x {args.size_mib:g} MiB = {total_mib:.0f} MiB "
-            f"in {time.perf_counter() - t0:.1f}s"
-        )
 
-        spark = (
-            SparkSession.builder.master("local[2]")
-            .appName("offload-bench")
-            .config("spark.ui.enabled", "false")
-            .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.sql.shuffle.partitions", "2")
-            .config("spark.driver.memory", "2g")
-            # Payloads of several MiB are "humongous" objects for G1's default 1-4 MiB
-            # regions; 32 MiB regions roughly halve Spark's cost per byte here.
-            .config("spark.driver.extraJavaOptions", "-XX:G1HeapRegionSize=32m")
-            .getOrCreate()
-        )
-        spark.sparkContext.setLogLevel("ERROR")
-        register(spark)
-        # Warm-up, not timed: one topic's payloads through Spark (JVM, JIT, Python workers)
-        # and through the loop.
-        warm_keys = [k for k in keys if "/bench/0/" in k]
-        spark_read(spark, url, verify=True, topic="bench/0")
-        sequential_loop(client, bucket, warm_keys)
+        def via(verify: bool) -> tuple[float, int]:
+            from pyspark.sql import functions as F
 
-        def rate(seconds: float) -> float:
-            return total_mib / seconds
+            started = time.perf_counter()
+            reader = spark.read.format("offload").option("storage", url)
+            reader = reader.option("accessKey", seaweed.access_key)
+            reader = reader.option("secretKey", seaweed.secret_key)
+            df = reader.option("verify", str(verify).lower()).load()
+            total = df.select(F.sum(F.length("payload"))).collect()[0][0]
+            return time.perf_counter() - started, int(total)
 
-        ratios: dict[str, list[float]] = {"verify": [], "no verify": []}
-        for round_ in range(1, args.rounds + 1):
-            loop_s, loop_bytes, loop_cpu = timed(lambda: sequential_loop(client, bucket, keys))
-            print(
-                f"round {round_} sequential MinIO get loop : {loop_s:6.2f}s "
-                f"{rate(loop_s):7.1f} MiB/s          {loop_cpu}"
-            )
-            assert loop_bytes == expected, (loop_bytes, expected)
-            for label, verify in (("verify", True), ("no verify", False)):
-                spark_s, spark_bytes, spark_cpu = timed(partial(spark_read, spark, url, verify))
-                assert spark_bytes == expected, (label, spark_bytes, expected)
-                ratios[label].append(loop_s / spark_s)
-                print(
-                    f"round {round_} spark local[2], {label:9s} : {spark_s:6.2f}s "
-                    f"{rate(spark_s):7.1f} MiB/s {loop_s / spark_s:.2f}x  {spark_cpu}"
-                )
-            meta_s, rows, meta_cpu = timed(lambda: spark_metadata(spark, url))
-            assert rows == args.objects, (rows, args.objects)
-            print(f"round {round_} spark metadata only      : {meta_s:6.2f}s {'':24s}{meta_cpu}")
-        print(
-            "median ratio to the loop: "
-            + ", ".join(f"{k} {statistics.median(v):.2f}x" for k, v in ratios.items())
+        medians = compare(
+            {
+                "MinIO SDK sequential loop": lambda: sequential_loop(client, bucket, keys),
+                "offload verify=false": lambda: via(False),
+                "offload verify=true": lambda: via(True),
+            },
+            args.rounds,
+            expected,
+            "s3",
         )
     finally:
-        if spark is not None:
-            spark.stop()
         seaweed.stop()
+    base = medians["MinIO SDK sequential loop"]
+    what = f"{args.objects} x {args.size_mib:g} MiB, SeaweedFS, local[2]"
+    rows = [
+        row("spark", f"offload {v} vs MinIO get loop, {what}", base, medians[f"offload {v}"],
+            "MiB/s", "info", higher_is_better=True, limit=0.0)
+        for v in ("verify=true", "verify=false")
+    ]  # fmt: skip
+    for r in rows:  # reported, not a target: binaryFile over s3a is not available here
+        r["met"] = None
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--objects", type=int, default=64)
+    parser.add_argument("--size-mib", type=float, default=16.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--store", choices=("file", "s3", "both"), default="file")
+    args = parser.parse_args()
+    size = int(args.size_mib * MIB)
+    print(f"load before: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}", flush=True)
+
+    from client.spark import register
+
+    spark = session()
+    rows: list[dict[str, object]] = []
+    try:
+        register(spark)
+        if args.store in ("file", "both"):
+            rows += bench_file(spark, args, size)
+        if args.store in ("s3", "both"):
+            rows += bench_s3(spark, args, size)
+    finally:
+        spark.stop()
+    print(f"load after: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}", flush=True)
+    emit(rows)
     return 0
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _spark_session import local_spark
 from minio import Minio
 
 from client.protocol import Manifest, MessageId, Topic, data_key, index_key, meta_key
@@ -98,19 +99,9 @@ def s3_writer(seaweed: SeaweedFS) -> tuple[LayoutWriter, str]:
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[SparkSession]:
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("offload-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.memory", "1g")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
+    session = local_spark()
     register(session)
     yield session
-    session.stop()
 
 
 PAYLOADS = {

@@ -37,31 +37,49 @@ How it reads:
   (`spark.driver.extraJavaOptions` / `spark.executor.extraJavaOptions`); with G1's default
   regions every such value is a "humongous" allocation, which halved throughput here.
 * Throughput: every payload byte crosses from the Python worker into the JVM through Arrow
-  (socket, off-heap buffer, then a `byte[]` and an UnsafeRow per value), and each query
-  starts Python workers that cost ~1 CPU-second before any payload moves. Payloads travel
-  in Arrow batches of ~16 MiB, a larger payload alone and without a copy (bigger batches
-  made the JVM fault in fresh pages for every batch). On the 2-core test machine, shared,
-  with loopback SeaweedFS and start-up excluded, `python bench/spark_read.py` (1 GiB =
-  64 x 16 MiB, local[2], medians of 3 rounds) measured Spark at 365 MiB/s verifying and
-  395 MiB/s without, against 1,110 MiB/s for one sequential MinIO get loop: 0.32x and
-  0.37x. (Over 512 MiB in one sitting: 0.32x / 0.38x, and 0.24x / 0.33x with the former
-  64 MiB copied batches; the earlier 0.17-0.21x also timed the JIT's warm-up.) Spark is
-  CPU-bound there: per GiB the loop costs 1.3 CPU-seconds (SeaweedFS included), Spark 4.5-5
-  (JVM 1.6-2, Python workers 1.7, SeaweedFS 1.2), so two cores cannot reach the loop's
-  pace. No measurable gain from `spark.buffer.size`, `spark.python.unix.domain.socket.
-  enabled`, ParallelGC or `-XX:+AlwaysPreTouch`; `spark.sql.execution.arrow.
-  maxRecordsPerBatch` applies only to sources that yield tuples. This source pays off where
-  the store or the network, not the CPU, is the limit, i.e. across executors on a cluster.
-  For raw bytes at JVM speed use `binaryFile` (below).
+  (socket, off-heap buffer, then a `byte[]` and an UnsafeRow per value). Payloads travel
+  in Arrow batches of ~16 MiB, a larger payload alone and without a copy; on a `file://`
+  store payload files of 1 MiB or more are mapped rather than read, so Python copies each
+  byte once (into the socket) and hashes it in place. Measured against Spark's own
+  `binaryFile` over the same objects (`python bench/spark_read.py`, bench/RESULTS.md):
+  0.88-1.0 of its speed with verification on a loaded 2-core machine, at ~1.3x its CPU
+  per GiB (hashing ~0.55 CPU-s per GiB); without verification about its CPU. The Python
+  Data Source API has no column pruning: say `option("payload", "false")` when payloads
+  are not needed. For raw bytes without manifests use `binaryFile` (below).
+
+Streaming (pyspark >= 4.2; `spark.readStream.format("offload")`, same options but `until`, plus
+`maxFilesPerTrigger` and `lateness`) delivers newly committed messages in micro-batches; its
+offsets (see `_offsets`) live in the query's checkpoint, so a restarted query continues where
+it stopped and a checkpointed file sink gets every message exactly once::
+
+    (spark.readStream.format("offload").option("storage", URL).option("topic", "a/#")
+        .option("maxFilesPerTrigger", "100").load()
+        .writeStream.format("parquet").option("path", OUT)
+        .option("checkpointLocation", CHECKPOINT).start())
+
+A message is visible once its sidecar exists. Messages are ordered by the gateway's stamp,
+taken when the upload began; an upload that commits more than `lateness` seconds (default
+600) after its stamp, and after newer messages were delivered, is not delivered. The offset
+carries the tokens of about `lateness` seconds of delivered messages.
 
 Export job (also runnable by `spark-submit client/spark/job.py ...`)::
 
     python -m client.spark --storage URL --topic 'a/#' --since 2026-11-01 --until 2026-11-08 \\
         --out /data/offload-parquet [--no-payload] [--master local[2]]
+    python -m client.spark --storage URL --topic 'a/#' --out DIR --follow \\
+        --checkpoint DIR [--trigger-seconds 10] [--max-files-per-trigger N]
 
-writes Parquet partitioned by `topic` and `date` (UTC), replacing only the partitions it
-writes (dynamic partition overwrite; the range is widened to whole UTC days so a partition
-is always rewritten whole), then prints messages and bytes per topic per day.
+The first form writes Parquet partitioned by `topic` and `date` (UTC), replacing only the
+partitions it writes (dynamic partition overwrite; the range is widened to whole UTC days
+so a partition is always rewritten whole), then prints messages and bytes per topic per
+day. `--follow` keeps running and appends new messages with the streaming source (same
+columns and partitions; the checkpoint holds its progress).
+
+`register` fails with a ConfigError naming PYSPARK_PYTHON when, on a local master, the
+interpreter Spark's workers would run cannot import pyarrow, minio or this package (else
+the first query dies with only "Python worker exited unexpectedly"). A store that refuses
+the credentials fails the query with a ConfigError naming the `accessKey`/`secretKey`
+options and the OFFLOAD_S3_ACCESS_KEY/OFFLOAD_S3_SECRET_KEY variables.
 
 Raw objects with Spark's built-in sources (no Python data source needed)
 -----------------------------------------------------------------------

@@ -18,6 +18,7 @@ shaped to copy as little as possible (measured with bench/spark_read.py):
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -25,7 +26,7 @@ from typing import Any
 from .._exceptions import PayloadChecksumMismatch, ProtocolError
 from ..protocol import Manifest, meta_key
 from ._options import ScanOptions
-from ._store import ReadStore
+from ._store import Payload, ReadStore
 
 BATCH_BYTES = 16 * 1024 * 1024
 BATCH_ROWS = 4096
@@ -60,7 +61,7 @@ def arrow_schema() -> Any:
 
 def _fetch(
     store: ReadStore, key: str, options: ScanOptions
-) -> tuple[Manifest, bytes | None] | None:
+) -> tuple[Manifest, Payload | None] | None:
     """One message, or None when it is gone or outside the time range."""
     raw = store.get(meta_key(key))
     if raw is None:  # deleted (expired) since the driver listed it
@@ -74,7 +75,7 @@ def _fetch(
         return None
     if not options.payload:
         return manifest, None
-    payload = store.get(key)
+    payload = store.get_payload(key)
     if payload is None:
         return None
     if options.verify:
@@ -90,7 +91,7 @@ def _fetch(
 
 def fetch_all(
     store: ReadStore, keys: Iterable[str], options: ScanOptions
-) -> Iterator[tuple[Manifest, bytes | None]]:
+) -> Iterator[tuple[Manifest, Payload | None]]:
     """Messages for `keys`, in order, with up to FETCH_AHEAD requests in flight.
 
     Args:
@@ -112,18 +113,27 @@ def fetch_all(
                 yield done
 
 
-def _binary(values: list[bytes | None]) -> Any:
-    """A binary Arrow array; a lone payload is wrapped, not copied."""
+def _binary(values: list[Payload | None]) -> Any:
+    """A binary Arrow array; a lone payload is wrapped, not copied (bytes or a mapping)."""
     import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
-    if len(values) == 1 and values[0] is not None:
-        value = values[0]
-        offsets = pa.array([0, len(value)], pa.int32()).buffers()[1]
-        return pa.Array.from_buffers(pa.binary(), 1, [None, offsets, pa.py_buffer(value)])
-    return pa.array(values, pa.binary())
+    if all(v is None for v in values):
+        return pa.nulls(len(values), pa.binary())
+    offsets = [0, *itertools.accumulate(0 if v is None else len(v) for v in values)]
+    present = [v for v in values if v is not None]
+    data = present[0] if len(present) == 1 else b"".join(present)
+    validity = None
+    if len(present) != len(values):
+        validity = pa.array([v is not None for v in values]).buffers()[1]
+    return pa.Array.from_buffers(
+        pa.binary(),
+        len(values),
+        [validity, pa.array(offsets, pa.int32()).buffers()[1], pa.py_buffer(data)],
+        null_count=len(values) - len(present),
+    )
 
 
-def _batch(rows: list[tuple[Manifest, bytes | None]]) -> Any:
+def _batch(rows: list[tuple[Manifest, Payload | None]]) -> Any:
     import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
     schema = arrow_schema()
@@ -159,7 +169,7 @@ def read_batches(
         options: the scan's options.
         batch_bytes: payload bytes per batch (tests make it small).
     """
-    rows: list[tuple[Manifest, bytes | None]] = []
+    rows: list[tuple[Manifest, Payload | None]] = []
     held = 0
     for manifest, payload in fetch_all(store, keys, options):
         size = len(payload) if payload is not None else 0

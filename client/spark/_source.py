@@ -10,16 +10,21 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
 
+from .._exceptions import ConfigError
 from ._options import ScanOptions, parse_options
 from ._plan import pack, select_objects
 from ._read import DDL, read_batches
-from ._store import open_read_store
+from ._store import ACCESS_KEY_ENV, SECRET_KEY_ENV, open_read_store
+from ._worker import check_worker_python
 
 FORMAT = "offload"
-ACCESS_KEY_ENV = "OFFLOAD_S3_ACCESS_KEY"
-SECRET_KEY_ENV = "OFFLOAD_S3_SECRET_KEY"
 
 
 class OffloadPartition(InputPartition):
@@ -66,6 +71,9 @@ class OffloadDataSource(DataSource):
         payload: "false" leaves the payload column null and never fetches payloads.
         verify: "false" skips checking each payload's SHA-256 and size against its manifest.
         parallelism: task slots to plan for (default: what `register` saw).
+        maxFilesPerTrigger: streams only: at most this many messages per micro-batch.
+        lateness: streams only: seconds an upload may take from its stamp to its commit
+            and still be delivered (default 600).
     """
 
     # Set by `register` on a subclass; read on the driver's planning worker.
@@ -81,6 +89,17 @@ class OffloadDataSource(DataSource):
     def reader(self, schema: Any) -> OffloadReader:
         return OffloadReader(parse_options(self.options, defaults=self.defaults))
 
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:
+        # Imported here: read limits (pyspark.sql.streaming.datasource) came with Spark 4.2,
+        # and batch reads must keep working on 4.0 and 4.1.
+        try:
+            from ._stream import OffloadStreamReader, parse_stream_options
+        except ImportError as exc:
+            raise ConfigError(
+                f'readStream.format("offload") needs pyspark >= 4.2 (read limits): {exc}'
+            ) from exc
+        return OffloadStreamReader(parse_stream_options(self.options, defaults=self.defaults))
+
 
 def register(spark: Any, *, parallelism: int | None = None) -> None:
     """Make `spark.read.format("offload")` available in this session.
@@ -94,6 +113,7 @@ def register(spark: Any, *, parallelism: int | None = None) -> None:
         parallelism: task slots to plan for (default: `spark.sparkContext.defaultParallelism`,
             or the CPU count where there is no SparkContext, as on Spark Connect).
     """
+    check_worker_python(spark)
     defaults: dict[str, str] = {}
     if parallelism is None:
         try:

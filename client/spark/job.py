@@ -39,6 +39,18 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-payload", action="store_true", help="metadata columns only")
     parser.add_argument("--master", help="Spark master when not run by spark-submit")
     parser.add_argument(
+        "--follow",
+        action="store_true",
+        help="keep running: append newly committed messages (needs --checkpoint)",
+    )
+    parser.add_argument("--checkpoint", help="--follow: checkpoint directory (offsets)")
+    parser.add_argument(
+        "--trigger-seconds", type=float, default=10.0, help="--follow: seconds between batches"
+    )
+    parser.add_argument(
+        "--max-files-per-trigger", type=int, help="--follow: at most N messages per batch"
+    )
+    parser.add_argument(
         "--access-key", help="S3 access key (default: OFFLOAD_S3_ACCESS_KEY, preferred)"
     )
     parser.add_argument(
@@ -105,6 +117,62 @@ def export(
         .parquet(out)
     )
     return inventory(spark, out, topic_filter, since, until)
+
+
+def follow(
+    spark: Any,
+    *,
+    storage: str,
+    out: str,
+    checkpoint: str,
+    topic: str = "#",
+    since: int | None = None,
+    payload: bool = True,
+    credentials: dict[str, str] | None = None,
+    max_files_per_trigger: int | None = None,
+    trigger_seconds: float = 10.0,
+) -> Any:
+    """Start appending newly committed messages under `out`; return the StreamingQuery.
+
+    Same columns and `topic`/`date` partitions as `export`. Progress lives in `checkpoint`:
+    a query restarted with the same checkpoint continues where it stopped, and the file
+    sink's own log makes each micro-batch land exactly once. Use a fresh `out` (or one this
+    query owns): `export` rewrites partitions, a stream only appends.
+
+    Args:
+        spark: the SparkSession (`register` is called on it).
+        storage: the storage URL.
+        out: output directory.
+        checkpoint: checkpoint directory of this query.
+        topic: MQTT topic filter.
+        since: first timestamp in ms for a new query (None: the oldest message).
+        payload: include payload bytes (else the payload column is null).
+        credentials: `accessKey` / `secretKey` options, overriding the environment.
+        max_files_per_trigger: at most this many messages per micro-batch.
+        trigger_seconds: interval between micro-batches.
+    """
+    from pyspark.sql import functions as F
+
+    register(spark)
+    reader = spark.readStream.format(FORMAT).option("storage", storage).option("topic", topic)
+    reader = reader.option("payload", str(payload).lower())
+    if since is not None:
+        reader = reader.option("since", str(since))
+    if max_files_per_trigger is not None:
+        reader = reader.option("maxFilesPerTrigger", str(max_files_per_trigger))
+    for name, secret in (credentials or {}).items():
+        reader = reader.option(name, secret)
+    frame = reader.load()
+    days = F.floor(F.unix_micros("timestamp") / _MICROS_PER_DAY).cast("int")
+    frame = frame.withColumn("date", F.date_from_unix_date(days))
+    return (
+        frame.writeStream.format("parquet")
+        .option("path", out)
+        .option("checkpointLocation", checkpoint)
+        .partitionBy("topic", "date")
+        .trigger(processingTime=f"{trigger_seconds} seconds")
+        .start()
+    )
 
 
 def inventory(
@@ -181,12 +249,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if args.follow and not args.checkpoint:
+        print("error: --follow needs --checkpoint DIR", file=sys.stderr)
+        return 2
+    if args.follow and args.until:
+        print("error: --follow runs without an end; drop --until", file=sys.stderr)
+        return 2
+    if args.max_files_per_trigger is not None and args.max_files_per_trigger < 1:
+        print("error: --max-files-per-trigger must be at least 1", file=sys.stderr)
+        return 2
+    if not args.trigger_seconds > 0:
+        print("error: --trigger-seconds must be positive", file=sys.stderr)
+        return 2
     credentials = {}
     if args.access_key:
         credentials["accessKey"] = args.access_key
     if args.secret_key:
         credentials["secretKey"] = args.secret_key
     spark = _session(args.master)
+    if args.follow:
+        query = follow(
+            spark,
+            storage=args.storage,
+            out=args.out,
+            checkpoint=args.checkpoint,
+            topic=args.topic,
+            since=since,
+            payload=not args.no_payload,
+            credentials=credentials,
+            max_files_per_trigger=args.max_files_per_trigger,
+            trigger_seconds=args.trigger_seconds,
+        )
+        print(f"following {args.topic!r} into {args.out} (checkpoint {args.checkpoint})")
+        query.awaitTermination()
+        return 0
     rows = export(
         spark,
         storage=args.storage,
