@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from ._config import BrokerUrl, ClientSettings, load_settings
     from ._http import HttpTransport
     from ._message import Message, MessageError, Payload, PublishResult, Route
+    from ._paho import Incoming, InvalidPublish, MqttConnection
     from ._scram import BearerAuth, ScramAuth
 
 _LAZY = {
@@ -57,6 +58,9 @@ _LAZY = {
     "Payload": "._message",
     "PublishResult": "._message",
     "Route": "._message",
+    "Incoming": "._paho",
+    "InvalidPublish": "._paho",
+    "MqttConnection": "._paho",
     "ScramAuth": "._scram",
     "BearerAuth": "._scram",
     "SpoolingChunkStore": "._chunkstore",
@@ -86,6 +90,8 @@ __all__ = [
     "ConnectionFailed",
     "FetchError",
     "HttpTransport",
+    "Incoming",
+    "InvalidPublish",
     "MalformedChunk",
     "MalformedDiscoveryRecord",
     "MalformedEnvelope",
@@ -93,6 +99,7 @@ __all__ = [
     "Message",
     "MessageError",
     "MessageTooLarge",
+    "MqttConnection",
     "OffloadError",
     "Payload",
     "PayloadChecksumMismatch",

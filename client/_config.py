@@ -107,6 +107,17 @@ class BrokerUrl:
         password = unquote(parts.password) if parts.password else None
         return cls(parts.hostname, port, tls, user, password)
 
+    def with_login(self, username: str | None, password: str | None) -> BrokerUrl:
+        """This URL with `username` / `password` in place of the URL's (None keeps those)."""
+        return dataclasses.replace(
+            self,
+            username=username if username is not None else self.username,
+            password=password if password is not None else self.password,
+        )
+
+    def __str__(self) -> str:  # for log lines: never the password
+        return f"{'mqtts' if self.tls else 'mqtt'}://{self.host}:{self.port}"
+
 
 @dataclass(frozen=True, slots=True)
 class ClientSettings:
@@ -215,12 +226,7 @@ class ClientSettings:
     @property
     def broker_url(self) -> BrokerUrl:
         """The parsed broker URL with explicit username/password applied over the URL's."""
-        url = BrokerUrl.parse(self.broker)
-        return dataclasses.replace(
-            url,
-            username=self.username if self.username is not None else url.username,
-            password=self.password if self.password is not None else url.password,
-        )
+        return BrokerUrl.parse(self.broker).with_login(self.username, self.password)
 
 
 def _split_list(text: str) -> tuple[str, ...]:
