@@ -1,4 +1,4 @@
-"""The project's one MQTT adapter: the only module that imports paho.
+"""The project's one MQTT adapter: the module that owns the paho client.
 
 Used by :class:`client.Client` (which takes one as `connection=`, as httpx takes a
 `transport=`) and by the gateway's broker link. paho's callbacks run on its network thread and
@@ -33,38 +33,16 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
-from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
-from ._config import BrokerUrl
-from ._exceptions import ConnectionFailed, ProtocolError, PublishRejected
-from .protocol import PublishProperties, Topic
-from .protocol._props import publish_properties_problem
+from ._acks import Acks, InvalidPublish, publish_problem
+from ._broker import BrokerUrl
+from ._exceptions import ConnectionFailed, PublishRejected
+from ._paho_props import from_paho_properties, to_paho_properties
+from .protocol import PublishProperties
 
 log = logging.getLogger("client.mqtt")
-
-#: MQTT's remaining-length cap, less room for the fixed and variable headers.
-_MAX_PAYLOAD = 268_435_455 - 65_535 * 2
-
-
-class InvalidPublish(ProtocolError):
-    """A publish that breaks the MQTT rules a broker enforces; refused before it is queued."""
-
-
-def publish_problem(
-    topic: str, payload: bytes, qos: int, properties: PublishProperties | None
-) -> str | None:
-    """Why a broker would refuse (and disconnect us for) this PUBLISH, or None. Pure."""
-    try:
-        Topic(topic)
-    except ValueError as exc:  # InvalidTopic is a ProtocolError, a ValueError
-        return str(exc)
-    if qos not in (0, 1, 2):
-        return f"qos must be 0, 1 or 2, not {qos!r}"
-    if len(payload) > _MAX_PAYLOAD:
-        return f"payload of {len(payload)} bytes exceeds MQTT's packet limit"
-    return None if properties is None else publish_properties_problem(properties)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,97 +54,6 @@ class Incoming:
     qos: int
     retain: bool
     properties: PublishProperties
-
-
-def to_paho_properties(props: PublishProperties | None) -> Properties | None:
-    """Our PublishProperties as paho's PUBLISH Properties (None when there are none)."""
-    if props is None or props == PublishProperties():
-        return None
-    out = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
-    if props.payload_format_indicator is not None:
-        out.PayloadFormatIndicator = props.payload_format_indicator
-    if props.message_expiry_interval is not None:
-        out.MessageExpiryInterval = props.message_expiry_interval
-    if props.content_type is not None:
-        out.ContentType = props.content_type
-    if props.response_topic is not None:
-        out.ResponseTopic = props.response_topic
-    if props.correlation_data is not None:
-        out.CorrelationData = props.correlation_data
-    if props.user_properties:
-        out.UserProperty = list(props.user_properties)
-    if props.topic_alias is not None:
-        out.TopicAlias = props.topic_alias
-    return out
-
-
-def from_paho_properties(props: Properties | None) -> PublishProperties:
-    """paho's received PUBLISH Properties as our frozen value."""
-    if props is None:
-        return PublishProperties()
-
-    def get(name: str) -> Any:
-        return getattr(props, name, None)
-
-    sub_ids = get("SubscriptionIdentifier")
-    if isinstance(sub_ids, int):
-        sub_ids = [sub_ids]
-    corr = get("CorrelationData")
-    return PublishProperties(
-        payload_format_indicator=get("PayloadFormatIndicator"),
-        message_expiry_interval=get("MessageExpiryInterval"),
-        content_type=get("ContentType"),
-        response_topic=get("ResponseTopic"),
-        correlation_data=bytes(corr) if corr is not None else None,
-        user_properties=tuple((str(k), str(v)) for k, v in (get("UserProperty") or ())),
-        topic_alias=get("TopicAlias"),
-        subscription_identifiers=tuple(sub_ids or ()),
-    )
-
-
-class _Acks:
-    """Futures keyed by packet id, tolerant of an ack that arrives before registration.
-
-    paho may process a PUBACK on its thread before `publish()` has returned the mid to us;
-    our lock is never held while calling into paho, so ordering is resolved here instead.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._waiting: dict[int, Future[Any]] = {}
-        self._early: dict[int, Any] = {}
-
-    def register(self, mid: int, future: Future[Any]) -> None:
-        with self._lock:
-            if mid in self._early:
-                outcome = self._early.pop(mid)
-            else:
-                self._waiting[mid] = future
-                return
-        _settle(future, outcome)
-
-    def settle(self, mid: int, outcome: Any) -> None:
-        with self._lock:
-            future = self._waiting.pop(mid, None)
-            if future is None:
-                self._early[mid] = outcome
-                return
-        _settle(future, outcome)
-
-    def fail_all(self, exc: BaseException) -> None:
-        with self._lock:
-            waiting, self._waiting = self._waiting, {}
-        for future in waiting.values():
-            _settle(future, exc)
-
-
-def _settle(future: Future[Any], outcome: Any) -> None:
-    if future.done():
-        return
-    if isinstance(outcome, BaseException):
-        future.set_exception(outcome)
-    else:
-        future.set_result(outcome)
 
 
 class MqttConnection:
@@ -213,8 +100,8 @@ class MqttConnection:
         self._first = threading.Event()
         self._lock = threading.Lock()
         self._subscriptions: dict[str, int] = {}
-        self._pubacks = _Acks()
-        self._subacks = _Acks()
+        self._pubacks = Acks()
+        self._subacks = Acks()
         #: Maximum Packet Size from the latest CONNACK, None when the broker stated none.
         self.max_packet_size: int | None = None
         #: Incremented on every successful CONNACK.
