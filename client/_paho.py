@@ -9,16 +9,12 @@ PUBACK / SUBACK complete `concurrent.futures.Future` objects from paho's `on_pub
 `on_subscribe` (no thread waits per publish), and CONNACK updates the Maximum Packet Size. No
 paho type leaves this module.
 
-Every publish is checked against the MQTT rules a broker enforces before it is queued: mosquitto
-answers a malformed PUBLISH (a control character in a property, say) by closing the
-connection, and paho resends every unacknowledged QoS 1/2 message after each reconnect, so one
-bad message would cost the link for good.
-
-What happens to unacknowledged QoS 1/2 publishes when the connection drops is the owner's
-choice (`resend_unacknowledged`): the client keeps MQTT's session semantics (paho sends them
-again after the reconnect and the futures complete then); the gateway fails them at once,
-because its HTTP caller withdraws the stored message and answers 503, so a later resend would
-announce a message that no longer exists.
+Every publish is checked against the MQTT rules a broker enforces before it is queued: a
+broker closes the connection over a malformed PUBLISH, and paho would resend it after every
+reconnect. What happens to unacknowledged QoS 1/2 publishes when the connection drops is the
+owner's choice (`resend_unacknowledged`): the client keeps MQTT's session semantics; the
+gateway fails them at once, since its HTTP caller withdraws the stored message and answers
+503, so a later resend would announce a message that no longer exists.
 """
 
 from __future__ import annotations
@@ -319,7 +315,9 @@ class MqttConnection:
         size = getattr(properties, "MaximumPacketSize", None) if properties else None
         self.max_packet_size = int(size) if size else None
         self.connections += 1
-        log.debug("connected, Maximum Packet Size %s", self.max_packet_size)
+        log.info(
+            "connected to broker %s (Maximum Packet Size %s)", self.broker, self.max_packet_size
+        )
         with self._lock:
             subs = list(self._subscriptions.items())
         for topic_filter, qos in subs:
