@@ -39,18 +39,21 @@ from ._exceptions import (
 from .protocol import PublishProperties
 
 if TYPE_CHECKING:
+    from ._acks import InvalidPublish
     from ._aio import AsyncClient
+    from ._broker import BrokerUrl
     from ._chunkstore import SpoolingChunkStore
     from ._client import Client
-    from ._config import BrokerUrl, ClientSettings, load_settings
+    from ._config import ClientSettings, load_settings
     from ._http import HttpTransport
     from ._message import Message, MessageError, Payload, PublishResult, Route
+    from ._paho import Incoming, MqttConnection
     from ._scram import BearerAuth, ScramAuth
 
 _LAZY = {
     "AsyncClient": "._aio",
     "Client": "._client",
-    "BrokerUrl": "._config",
+    "BrokerUrl": "._broker",
     "ClientSettings": "._config",
     "load_settings": "._config",
     "HttpTransport": "._http",
@@ -59,6 +62,9 @@ _LAZY = {
     "Payload": "._message",
     "PublishResult": "._message",
     "Route": "._message",
+    "Incoming": "._paho",
+    "InvalidPublish": "._acks",
+    "MqttConnection": "._paho",
     "ScramAuth": "._scram",
     "BearerAuth": "._scram",
     "SpoolingChunkStore": "._chunkstore",
@@ -88,6 +94,8 @@ __all__ = [
     "ConnectionFailed",
     "FetchError",
     "HttpTransport",
+    "Incoming",
+    "InvalidPublish",
     "MalformedChunk",
     "MalformedDiscoveryRecord",
     "MalformedEnvelope",
@@ -95,6 +103,7 @@ __all__ = [
     "Message",
     "MessageError",
     "MessageTooLarge",
+    "MqttConnection",
     "OffloadError",
     "Payload",
     "PayloadChecksumMismatch",

@@ -1,7 +1,10 @@
-"""asyncio face of the blocking :class:`Client`: same behaviour, run on worker threads.
+"""asyncio face of the blocking :class:`Client`: same surface, run on worker threads.
 
-Not a second implementation: every call goes to the blocking core through
+Not a second implementation: every call that does I/O goes to the blocking core through
 `asyncio.to_thread`, so routing, offload, chunking and fetching behave exactly the same.
+`tests/test_client_surface.py` checks that every public method and property of
+:class:`Client` exists here with the same parameters (a coroutine where the blocking one
+waits), so the two cannot drift apart again.
 """
 
 from __future__ import annotations
@@ -15,12 +18,13 @@ from typing import Unpack
 import httpx
 
 from ._client import Client
-from ._config import ClientSettings, SettingsOverrides
+from ._config import ClientSettings, SettingsOverrides, load_settings
 from ._http import HttpTransport
 from ._message import PublishResult
-from ._receive import Delivery
+from ._paho import MqttConnection
+from ._receive import Delivery, FetchProgress
 from ._source import PayloadLike
-from .protocol import PublishProperties
+from .protocol import DiscoveryRecord, MessageId, PublishProperties
 
 # How long one executor thread waits for a delivery before checking back with the event
 # loop: bounds how long a cancelled `async for` keeps a thread busy.
@@ -33,8 +37,11 @@ class AsyncClient:
     Args:
         broker: `mqtt[s]://[user:pass@]host[:port]`.
         settings: a complete settings object; keyword overrides apply on top.
+        connection: the MQTT connection to use (see :class:`Client`).
         transport: the HTTP transport to the gateway.
         http_auth: credentials for the gateway, sent only to the advertised endpoint.
+        on_fetch_progress: called as `(topic, bytes received, total)` while fetching (from a
+            worker thread, not the event loop).
         **overrides: any :class:`ClientSettings` field.
     """
 
@@ -43,12 +50,21 @@ class AsyncClient:
         broker: str | None = None,
         *,
         settings: ClientSettings | None = None,
+        connection: MqttConnection | None = None,
         transport: HttpTransport | None = None,
         http_auth: httpx.Auth | None = None,
+        on_fetch_progress: FetchProgress | None = None,
         **overrides: Unpack[SettingsOverrides],
     ) -> None:
+        #: The blocking client every call is delegated to.
         self.sync = Client(
-            broker, settings=settings, transport=transport, http_auth=http_auth, **overrides
+            broker,
+            settings=settings,
+            connection=connection,
+            transport=transport,
+            http_auth=http_auth,
+            on_fetch_progress=on_fetch_progress,
+            **overrides,
         )
 
     @classmethod
@@ -57,6 +73,10 @@ class AsyncClient:
         broker: str | None = None,
         *,
         config_file: str | os.PathLike[str] | None = None,
+        connection: MqttConnection | None = None,
+        transport: HttpTransport | None = None,
+        http_auth: httpx.Auth | None = None,
+        on_fetch_progress: FetchProgress | None = None,
         **overrides: Unpack[SettingsOverrides],
     ) -> AsyncClient:
         """Like :meth:`Client.from_config` (reads the environment and config file).
@@ -64,25 +84,61 @@ class AsyncClient:
         Args:
             broker: broker URL.
             config_file: TOML file instead of the default.
+            connection: as for the constructor.
+            transport: as for the constructor.
+            http_auth: as for the constructor.
+            on_fetch_progress: as for the constructor.
             **overrides: settings that win over every other layer.
         """
-        self = cls.__new__(cls)
-        self.sync = Client.from_config(broker, config_file=config_file, **overrides)
-        return self
+        explicit: dict[str, object] = {"broker": broker, **overrides}
+        return cls(
+            settings=load_settings(explicit, environ=os.environ, config_file=config_file),
+            connection=connection,
+            transport=transport,
+            http_auth=http_auth,
+            on_fetch_progress=on_fetch_progress,
+        )
+
+    # -- state (no I/O) --------------------------------------------------------------------
+
+    @property
+    def settings(self) -> ClientSettings:
+        """The settings in force."""
+        return self.sync.settings
+
+    @property
+    def connection(self) -> MqttConnection:
+        """The MQTT connection in use."""
+        return self.sync.connection
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called."""
+        return self.sync.closed
 
     @property
     def max_packet_size(self) -> int:
+        """The limit in force (see :attr:`Client.max_packet_size`)."""
         return self.sync.max_packet_size
 
     @property
     def endpoint(self) -> str | None:
+        """The offload endpoint in force (see :attr:`Client.endpoint`)."""
         return self.sync.endpoint
+
+    @property
+    def discovery_record(self) -> DiscoveryRecord | None:
+        """The discovery record currently in force, if any."""
+        return self.sync.discovery_record
+
+    # -- lifecycle -------------------------------------------------------------------------
 
     async def connect(self, timeout: float = 10.0) -> None:
         """Connect (see :meth:`Client.connect`)."""
         await asyncio.to_thread(self.sync.connect, timeout)
 
     async def close(self) -> None:
+        """Disconnect and end :meth:`messages` iterators (see :meth:`Client.close`)."""
         await asyncio.to_thread(self.sync.close)
 
     async def __aenter__(self) -> AsyncClient:
@@ -94,6 +150,12 @@ class AsyncClient:
     ) -> None:
         await self.close()
 
+    async def wait_for_endpoint(self, timeout: float) -> str | None:
+        """Wait for a discovery record (see :meth:`Client.wait_for_endpoint`)."""
+        return await asyncio.to_thread(self.sync.wait_for_endpoint, timeout)
+
+    # -- publishing and receiving ----------------------------------------------------------
+
     async def publish(
         self,
         topic: str,
@@ -103,6 +165,7 @@ class AsyncClient:
         retain: bool = False,
         properties: PublishProperties | None = None,
         timeout: float | None = 60.0,
+        message_id: MessageId | str | None = None,
     ) -> PublishResult:
         """Publish a message of any size (see :meth:`Client.publish`).
 
@@ -113,6 +176,7 @@ class AsyncClient:
             retain: retain flag.
             properties: MQTT 5 properties.
             timeout: seconds to wait for acknowledgements.
+            message_id: the id an offloaded payload is stored under.
         """
         return await asyncio.to_thread(
             self.sync.publish,
@@ -122,14 +186,31 @@ class AsyncClient:
             retain=retain,
             properties=properties,
             timeout=timeout,
+            message_id=message_id,
         )
 
-    async def subscribe(self, topic_filter: str, qos: int = 1) -> None:
+    async def subscribe(self, topic_filter: str, qos: int = 1, *, timeout: float = 10.0) -> None:
         """Subscribe and wait for SUBACK (see :meth:`Client.subscribe`)."""
-        await asyncio.to_thread(self.sync.subscribe, topic_filter, qos)
+        await asyncio.to_thread(self.sync.subscribe, topic_filter, qos, timeout=timeout)
 
     async def unsubscribe(self, topic_filter: str) -> None:
+        """Stop receiving `topic_filter` (see :meth:`Client.unsubscribe`)."""
         await asyncio.to_thread(self.sync.unsubscribe, topic_filter)
+
+    async def next_message(self, timeout: float | None = None) -> Delivery | None:
+        """The next delivery, or None after `timeout` or close (see :meth:`Client.next_message`).
+
+        Waits in slices of a quarter second, so a cancelled wait frees its thread soon.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            left = _POLL if deadline is None else min(_POLL, max(deadline - loop.time(), 0.0))
+            item = await asyncio.to_thread(self.sync.next_message, left)
+            if item is not None or self.sync.closed:
+                return item
+            if deadline is not None and loop.time() >= deadline:
+                return None
 
     async def messages(self, timeout: float | None = None) -> AsyncIterator[Delivery]:
         """Deliveries as they arrive (see :meth:`Client.messages`).
@@ -137,15 +218,5 @@ class AsyncClient:
         Args:
             timeout: stop after this many seconds without a delivery; None: until close.
         """
-        loop = asyncio.get_running_loop()
-        idle_since = loop.time()
-        while True:
-            item = await asyncio.to_thread(self.sync.next_message, _POLL)
-            if item is not None:
-                idle_since = loop.time()
-                yield item
-                continue
-            if self.sync.closed:
-                return
-            if timeout is not None and loop.time() - idle_since >= timeout:
-                return
+        while (item := await self.next_message(timeout)) is not None:
+            yield item

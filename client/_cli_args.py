@@ -11,8 +11,9 @@ import os
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from ._broker import BrokerUrl
 from ._cli_errors import EXIT_CODES_EPILOG, Parser, UsageError
-from ._config import BrokerUrl, ClientSettings, load_settings
+from ._config import ClientSettings, load_settings
 from ._exceptions import ConfigError, InvalidTopic
 from .protocol import Topic, TopicFilter
 

@@ -18,60 +18,57 @@ Offloaded messages have no such problem: the placeholder is one PUBLISH.
 
 Every received message, discovery record and placeholder URL is untrusted (anyone who may
 publish on a subscribed topic, or write the discovery topic, wrote it): nothing in one can
-raise out of paho's thread or stop the worker. The worker's half lives in
-:mod:`client._receive`, the discovery view in :mod:`client._discovery`.
+raise out of paho's thread or stop the worker.
+
+This class is a facade: it merges the settings and wires four parts it owns, each in its
+own module: the MQTT connection (:mod:`client._paho`, injectable as `connection=`), the
+publisher (:mod:`client._publish`), the receiver with its worker (:mod:`client._receive`) and
+the discovery watcher (:mod:`client._discovery`). The credential-origin rule is
+:func:`client._scram.gateway_auth` plus :meth:`client._receive.Receiver._auth_for`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import queue
 import ssl
 import threading
-import time
 from collections.abc import Iterator
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from types import TracebackType
 from typing import Unpack
 
 import httpx
 
-from ._config import ClientSettings, SettingsOverrides, load_settings
+from ._config import ClientSettings, SettingsOverrides, load_settings, merge_settings
 from ._discovery import DiscoveryView
-from ._exceptions import (
-    ConnectionFailed,
-    MessageTooLarge,
-    ProtocolError,
-    UploadError,
-)
 from ._http import HttpTransport
-from ._message import Message, MessageError, PublishResult, Route
+from ._message import Message, MessageError, PublishResult
 from ._paho import Incoming, MqttConnection
+from ._publish import Publisher, wait_ack
 from ._receive import Delivery, FetchProgress, PlainHttpWarner, Receiver
-from ._router import choose_route
 from ._scram import gateway_auth
-from ._source import PayloadLike, PayloadSource
-from .protocol import (
-    DiscoveryRecord,
-    MessageId,
-    PublishProperties,
-    Topic,
-    TopicFilter,
-    _placeholder,
-)
-from .protocol._chunk import plan_chunks
-from .protocol._size import MAX_PACKET_SIZE, publish_packet_size
-
-UPLOAD_ATTEMPTS = 2  # per offloaded publish, same message id each time
+from ._source import PayloadLike
+from .protocol import DiscoveryRecord, MessageId, PublishProperties, TopicFilter
 
 log = logging.getLogger("client")
 
 _CLOSED = object()
-#: Chunk publishes outstanding at once: bounds what paho buffers for a huge chunked message.
-CHUNK_WINDOW = 32
+
+
+def _default_transport(s: ClientSettings) -> HttpTransport:
+    verify = ssl.create_default_context(cafile=s.ca_file) if s.ca_file else True
+    return HttpTransport(timeout=s.http_timeout, verify=verify)
+
+
+def _default_connection(s: ClientSettings) -> MqttConnection:
+    return MqttConnection(
+        s.broker_url,
+        client_id=s.client_id,
+        protocol=s.protocol,
+        keepalive=s.keepalive,
+        ca_file=s.ca_file,
+    )
 
 
 class Client:
@@ -89,6 +86,9 @@ class Client:
         broker: `mqtt[s]://[user:pass@]host[:port]`.
         settings: a complete settings object (e.g. from :func:`client.load_settings`);
             keyword overrides apply on top of it.
+        connection: the MQTT connection to use (default: a new :class:`MqttConnection` from
+            the settings), as httpx takes a `transport=`. Its broker, client id, protocol,
+            keep-alive and CA file are then in force; the client connects and closes it.
         transport: the HTTP transport to the gateway (default: a new :class:`HttpTransport`).
         http_auth: credentials for the gateway, sent only to the advertised endpoint
             (same scheme, host and port) under hop-client's rule. Default: a bearer token
@@ -105,51 +105,47 @@ class Client:
         broker: str | None = None,
         *,
         settings: ClientSettings | None = None,
+        connection: MqttConnection | None = None,
         transport: HttpTransport | None = None,
         http_auth: httpx.Auth | None = None,
         on_fetch_progress: FetchProgress | None = None,
         **overrides: Unpack[SettingsOverrides],
     ) -> None:
-        base = settings or ClientSettings()
-        changes: dict[str, object] = dict(overrides)
-        if broker is not None:
-            changes["broker"] = broker
-        self.settings = dataclasses.replace(base, **changes)  # type: ignore[arg-type]
-        s = self.settings
+        if connection is not None:  # the connection's protocol is the one spoken
+            overrides["protocol"] = connection.protocol
+        s = merge_settings(settings, broker, dict(overrides))
+        self.settings = s
         self._owns_transport = transport is None
-        self._transport = transport or HttpTransport(
-            timeout=s.http_timeout,
-            verify=ssl.create_default_context(cafile=s.ca_file) if s.ca_file else True,
-        )
-        broker_login = s.broker_url
+        self._transport = transport or _default_transport(s)
+        self._conn = connection or _default_connection(s)
+        self._conn.set_message_handler(self._on_message)
+        login = self._conn.broker
         self._http_auth = http_auth or gateway_auth(
-            username=broker_login.username, password=broker_login.password, token=s.http_token
+            username=login.username, password=login.password, token=s.http_token
         )
         self._filters: dict[str, TopicFilter] = {}
         self._discovery = DiscoveryView(s)
+        self._conn.on_connected(self._discovery.resubscribed)
         self._use_discovery = s.endpoint is None and (s.automatic_offload or s.fetch_external)
-        self._warn_plain_http = PlainHttpWarner()
-        self._conn = MqttConnection(
-            s.broker_url,
-            on_message=self._on_message,
-            on_connect=self._on_connect,
-            client_id=s.client_id,
-            protocol=s.protocol,
-            keepalive=s.keepalive,
-            ca_file=s.ca_file,
+        warner = PlainHttpWarner()
+        self._publisher = Publisher(
+            settings=s,
+            conn=self._conn,
+            transport=self._transport,
+            http_auth=self._http_auth,
+            endpoint=self._discovery.settled_endpoint,
+            warn_plain_http=warner,
         )
         self._receiver = Receiver(
             settings=s,
             transport=self._transport,
             http_auth=self._http_auth,
             conn=self._conn,
-            endpoint_in_force=self._endpoint_for_publish,
-            warn_plain_http=self._warn_plain_http,
+            endpoint_in_force=self._discovery.settled_endpoint,
+            warn_plain_http=warner,
             use_discovery=self._use_discovery,
             on_fetch_progress=on_fetch_progress,
         )
-        self._inbound = self._receiver.inbound
-        self._deliveries = self._receiver.deliveries
         self._worker: threading.Thread | None = None
         self._stop = threading.Event()
         self._closed = False
@@ -160,8 +156,10 @@ class Client:
         broker: str | None = None,
         *,
         config_file: str | os.PathLike[str] | None = None,
+        connection: MqttConnection | None = None,
         transport: HttpTransport | None = None,
         http_auth: httpx.Auth | None = None,
+        on_fetch_progress: FetchProgress | None = None,
         **overrides: Unpack[SettingsOverrides],
     ) -> Client:
         """A client configured from keyword arguments > environment > config file > defaults.
@@ -171,13 +169,20 @@ class Client:
         Args:
             broker: broker URL; falls back to `OFFLOAD_BROKER` / the config file.
             config_file: TOML file instead of `$OFFLOAD_CONFIG` or the default path.
+            connection: as for the constructor.
             transport: as for the constructor.
             http_auth: as for the constructor.
+            on_fetch_progress: as for the constructor.
             **overrides: settings that win over every other layer.
         """
         explicit: dict[str, object] = {"broker": broker, **overrides}
-        settings = load_settings(explicit, environ=os.environ, config_file=config_file)
-        return cls(settings=settings, transport=transport, http_auth=http_auth)
+        return cls(
+            settings=load_settings(explicit, environ=os.environ, config_file=config_file),
+            connection=connection,
+            transport=transport,
+            http_auth=http_auth,
+            on_fetch_progress=on_fetch_progress,
+        )
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -214,13 +219,13 @@ class Client:
         self._conn.close()
         self._stop_worker()
         self._receiver.chunk_store.close()
-        self._deliveries.put(_CLOSED)
+        self._receiver.deliveries.put(_CLOSED)
         if self._owns_transport:
             self._transport.close()
 
     def _stop_worker(self) -> None:
         self._stop.set()
-        self._inbound.put(_CLOSED)
+        self._receiver.inbound.put(_CLOSED)
         if self._worker is not None and self._worker is not threading.current_thread():
             self._worker.join(10)
         self._worker = None
@@ -237,6 +242,11 @@ class Client:
     # -- state -----------------------------------------------------------------------------
 
     @property
+    def connection(self) -> MqttConnection:
+        """The MQTT connection in use (given as `connection=` or made from the settings)."""
+        return self._conn
+
+    @property
     def closed(self) -> bool:
         """True once :meth:`close` was called."""
         return self._closed
@@ -244,15 +254,12 @@ class Client:
     @property
     def max_packet_size(self) -> int:
         """The limit in force: CONNACK's Maximum Packet Size, else the configured one."""
-        return self._conn.max_packet_size or self.settings.max_packet_size or MAX_PACKET_SIZE
+        return self._publisher.max_packet_size
 
     @property
     def endpoint(self) -> str | None:
         """The offload endpoint in force: configured, else the discovered one (or None)."""
-        if self.settings.endpoint is not None:
-            return self.settings.endpoint
-        record = self._discovery.current()
-        return record.endpoint if record else None
+        return self._discovery.endpoint()
 
     @property
     def discovery_record(self) -> DiscoveryRecord | None:
@@ -265,8 +272,7 @@ class Client:
         Args:
             timeout: seconds to wait.
         """
-        record = self._discovery.wait(timeout)
-        return record.endpoint if record else self.settings.endpoint
+        return self._discovery.wait_endpoint(timeout)
 
     # -- publishing ------------------------------------------------------------------------
 
@@ -307,175 +313,15 @@ class Client:
             PublishRejected: the broker refused the PUBLISH.
             ProtocolError: an invalid topic or properties.
         """
-        Topic(topic)
-        if isinstance(message_id, str):
-            message_id = MessageId.parse(message_id)
-        s = self.settings
-        if s.protocol != 5:
-            if properties is not None and properties != PublishProperties():
-                raise ProtocolError("MQTT 3.1.1 cannot carry publish properties")
-            properties = None
-        with PayloadSource(payload) as source:
-            limit = self.max_packet_size
-            try:
-                packet = publish_packet_size(
-                    topic, source.size, qos=qos, properties=properties, protocol=s.protocol
-                )
-            except MessageTooLarge as exc:
-                packet = exc.size
-            over_threshold = s.offload_threshold is not None and source.size > s.offload_threshold
-            endpoint = None
-            if s.automatic_offload and (packet > limit or over_threshold):
-                endpoint = self._endpoint_for_publish()
-            route = choose_route(
-                packet_size=packet,
-                payload_size=source.size,
-                limit=limit,
-                offload_threshold=s.offload_threshold,
-                endpoint_known=endpoint is not None,
-                automatic_offload=s.automatic_offload,
-                chunking=s.chunking and s.protocol == 5,
-            )
-            if route is Route.OFFLOADED:
-                assert endpoint is not None
-                try:
-                    return self._publish_offloaded(
-                        endpoint,
-                        topic,
-                        source,
-                        qos,
-                        retain,
-                        properties,
-                        limit,
-                        timeout,
-                        message_id=message_id,
-                    )
-                except UploadError as exc:
-                    if packet <= limit:
-                        log.warning("offload failed (%s); publishing directly instead", exc)
-                        route = Route.DIRECT
-                    elif s.chunking and s.protocol == 5:
-                        log.warning("offload failed (%s); falling back to chunking", exc)
-                        route = Route.CHUNKED
-                    else:
-                        raise
-            if route is Route.CHUNKED:
-                return self._publish_chunked(topic, source, qos, retain, properties, limit, timeout)
-            future = self._conn.publish(
-                topic, source.read_all(), qos=qos, retain=retain, properties=properties
-            )
-            # Hash while the PUBACK travels: the small-message hot path (bench/small_messages.py).
-            result = PublishResult(topic, Route.DIRECT, source.size, source.sha256)
-            self._wait(future, timeout, topic)
-            return result
-
-    def _endpoint_for_publish(self) -> str | None:
-        """The endpoint, waiting briefly for the retained record after a (re)subscribe.
-
-        Also the trusted origin for fetches: a retained placeholder may arrive just before
-        the retained discovery record it points at.
-        """
-        if self.settings.endpoint is not None:
-            return self.settings.endpoint
-        record = self._discovery.settled()
-        return record.endpoint if record else None
-
-    def _publish_offloaded(
-        self,
-        endpoint: str,
-        topic: str,
-        source: PayloadSource,
-        qos: int,
-        retain: bool,
-        properties: PublishProperties | None,
-        limit: int,
-        timeout: float | None,
-        *,
-        message_id: MessageId | None = None,
-    ) -> PublishResult:
-        self._warn_plain_http(endpoint)
-        message_id = message_id or MessageId.new()
-        headers = [(k, v.encode()) for k, v in (properties.user_properties if properties else ())]
-        attempt = 0
-        while True:
-            try:
-                receipt = self._transport.upload(
-                    endpoint,
-                    topic,
-                    source,
-                    message_id=message_id,
-                    headers=headers,
-                    auth=self._http_auth,
-                    # The payload need not outlive the placeholder that points at it.
-                    ttl=properties.message_expiry_interval if properties else None,
-                )
-                break
-            except UploadError as exc:
-                # A dropped connection or a 5xx may have stored the payload or not: the
-                # same id again is safe (the gateway answers an identical re-upload with
-                # success and keeps one object), so retry before giving up.
-                transient = exc.status is None or exc.status >= 500
-                attempt += 1
-                if not transient or attempt >= UPLOAD_ATTEMPTS:
-                    raise
-                log.info(
-                    "upload attempt %d failed (%s); retrying with id %s", attempt, exc, message_id
-                )
-                time.sleep(0.2 * attempt)
-        ref = _placeholder.Placeholder(receipt.url, source.size, source.sha256, message_id)
-        body, props = ref.encode(properties, protocol=self.settings.protocol)
-        size = publish_packet_size(
-            topic, len(body), qos=qos, properties=props, protocol=self.settings.protocol
-        )
-        if size > limit:
-            raise MessageTooLarge(size, limit, "even the placeholder does not fit")
-        future = self._conn.publish(topic, body, qos=qos, retain=retain, properties=props)
-        self._wait(future, timeout, topic)
-        return PublishResult(
-            topic, Route.OFFLOADED, source.size, source.sha256, str(message_id), receipt.url
-        )
-
-    def _publish_chunked(
-        self,
-        topic: str,
-        source: PayloadSource,
-        qos: int,
-        retain: bool,
-        properties: PublishProperties | None,
-        limit: int,
-        timeout: float | None,
-    ) -> PublishResult:
-        if retain:
-            log.warning("retain flag dropped: a broker would retain only the last chunk")
-        plan = plan_chunks(
-            topic=topic,
-            payload_size=source.size,
-            sha256_hex=source.sha256,
-            message_id=MessageId.new(),
+        return self._publisher.publish(
+            topic,
+            payload,
             qos=qos,
+            retain=retain,
             properties=properties,
-            limit=limit,
+            timeout=timeout,
+            message_id=message_id,
         )
-        window: list[Future[None]] = []
-        for chunk in plan:
-            data = source.read_at(chunk.offset, chunk.length)
-            window.append(
-                self._conn.publish(topic, data, qos=qos, retain=False, properties=chunk.properties)
-            )
-            if len(window) >= CHUNK_WINDOW:
-                self._wait(window.pop(0), timeout, topic)
-        for future in window:
-            self._wait(future, timeout, topic)
-        return PublishResult(
-            topic, Route.CHUNKED, source.size, source.sha256, plan.message_id, None, plan.total
-        )
-
-    @staticmethod
-    def _wait(future: Future[None], timeout: float | None, topic: str) -> None:
-        try:
-            future.result(timeout)
-        except FutureTimeout as exc:
-            raise ConnectionFailed(f"no acknowledgement for {topic!r} within {timeout}s") from exc
 
     # -- subscribing and receiving ---------------------------------------------------------
 
@@ -492,11 +338,14 @@ class Client:
         """
         parsed = TopicFilter(topic_filter)
         self._filters[topic_filter] = parsed
-        future = self._conn.subscribe(topic_filter, qos)
-        self._wait(future, timeout, topic_filter)
+        wait_ack(self._conn.subscribe(topic_filter, qos), timeout, topic_filter)
 
     def unsubscribe(self, topic_filter: str) -> None:
-        """Stop receiving `topic_filter` (also after reconnects)."""
+        """Stop receiving `topic_filter` (also after reconnects).
+
+        Args:
+            topic_filter: a filter given to :meth:`subscribe`.
+        """
         self._filters.pop(topic_filter, None)
         if not (self._use_discovery and topic_filter == self.settings.discovery_topic):
             self._conn.unsubscribe(topic_filter)
@@ -507,12 +356,13 @@ class Client:
         Args:
             timeout: seconds to wait; None waits until a delivery or close.
         """
+        deliveries = self._receiver.deliveries
         try:
-            item = self._deliveries.get(timeout=timeout)
+            item = deliveries.get(timeout=timeout)
         except queue.Empty:
             return None
         if item is _CLOSED:
-            self._deliveries.put(_CLOSED)  # let every other iterator end too
+            deliveries.put(_CLOSED)  # let every other iterator end too
             return None
         assert isinstance(item, Message | MessageError)
         return item
@@ -531,14 +381,10 @@ class Client:
 
     # -- paho thread (never block) ---------------------------------------------------------
 
-    def _on_connect(self) -> None:
-        # paho re-subscribed: the retained record is on its way; let a large publish wait.
-        self._discovery.resubscribed()
-
     def _on_message(self, incoming: Incoming) -> None:
         if self._use_discovery and incoming.topic == self.settings.discovery_topic:
             expiry = incoming.properties.message_expiry_interval
             self._discovery.feed(incoming.payload, expiry)  # never raises
             if not any(f.matches(incoming.topic) for f in list(self._filters.values())):
                 return
-        self._inbound.put(incoming)
+        self._receiver.inbound.put(incoming)

@@ -1,4 +1,4 @@
-"""Client settings, the broker URL, and the environment / config-file layer.
+"""Client settings, declared once, and the environment / config-file layer.
 
 Library classes take these as keyword arguments and never read the environment themselves.
 :func:`load_settings` is the edge that does, used by the CLI and :meth:`Client.from_config`;
@@ -7,43 +7,11 @@ precedence, highest first: explicit keyword argument / CLI flag > environment va
 `~/.config/mqtt-offload/config.toml`, flat `name = value` keys or a `[client]` table) >
 defaults.
 
-=====================  ==============================  ===========================================
-setting                environment                     meaning
-=====================  ==============================  ===========================================
-broker                 OFFLOAD_BROKER                  `mqtt[s]://[user:pass@]host[:port]`
-username / password    OFFLOAD_USERNAME / _PASSWORD    broker credentials (override the URL's)
-protocol               OFFLOAD_PROTOCOL                5 (MQTT 5) or 4 (3.1.1; "3.1.1" accepted)
-endpoint               OFFLOAD_ENDPOINT                offload gateway URL; skips discovery
-automatic_offload      OFFLOAD_AUTOMATIC_OFFLOAD       upload oversized messages (default true)
-fetch_external         OFFLOAD_FETCH_EXTERNAL          resolve placeholders (default true)
-chunking               OFFLOAD_CHUNKING                ADR-23 chunking fallback (default true)
-max_packet_size        OFFLOAD_MAX_PACKET_SIZE         limit when CONNACK states none
-offload_threshold      OFFLOAD_OFFLOAD_THRESHOLD       offload payloads above this even if they fit
-discovery_topic        OFFLOAD_DISCOVERY_TOPIC         default `sys/metadata`
-discovery_wait         OFFLOAD_DISCOVERY_WAIT          seconds a large publish waits for the record
-discovery_refresh      OFFLOAD_DISCOVERY_REFRESH       seconds between re-subscriptions
-chunk_timeout          OFFLOAD_CHUNK_TIMEOUT           reassembly timeout without message expiry
-untrusted_endpoint     OFFLOAD_UNTRUSTED_ENDPOINT      `refuse` (default) or `anonymous`: fetch
-                                                       placeholders pointing at origins that are
-                                                       not the endpoint or in the allow-list
-max_fetch_bytes        OFFLOAD_MAX_FETCH_BYTES         largest placeholder size fetched (5 GiB)
-spool_threshold        OFFLOAD_SPOOL_THRESHOLD         payloads above this are spooled to disk;
-                                                       also the RAM budget of chunk reassembly
-http_timeout           OFFLOAD_HTTP_TIMEOUT            seconds per HTTP read/connect
-keepalive              OFFLOAD_KEEPALIVE               MQTT keep-alive seconds
-ca_file                OFFLOAD_CA_FILE                 CA bundle for mqtts:// and https:// (PEM)
-http_token             OFFLOAD_HTTP_TOKEN              bearer token for the gateway instead of
-                                                       SCRAM with the broker user and password
-ignore_payload_not_found  OFFLOAD_IGNORE_PAYLOAD_NOT_FOUND  skip (log) placeholders whose
-                                                       object is gone instead of a MessageError
-discovery_allowlist    OFFLOAD_DISCOVERY_ALLOWLIST     comma-separated `scheme://host[:port]`
-                                                       (host may start with `*.`); a discovered
-                                                       endpoint elsewhere is ignored
-max_partial_messages   OFFLOAD_MAX_PARTIAL_MESSAGES    chunked messages reassembled at once
-max_buffered_bytes     OFFLOAD_MAX_BUFFERED_BYTES      chunk bytes buffered at once (RAM + disk)
-max_chunk_timeout      OFFLOAD_MAX_CHUNK_TIMEOUT       cap on the reassembly time chunk 0's
-                                                       Message Expiry Interval may ask for
-=====================  ==============================  ===========================================
+Every setting is declared once, as a field of :class:`ClientSettings` whose metadata holds
+its meaning and its parser: the keyword arguments, the `OFFLOAD_*` environment variables, the
+config-file keys and the README's settings table (:func:`settings_table`, checked by
+`tests/test_client_units.py`) all come from those fields. Print the table with
+`python -m client._config`.
 
 Gateway credentials: with `http_token` the client sends `Authorization: Bearer`; otherwise,
 when the broker login has a user name and password, it authenticates to the gateway with
@@ -58,12 +26,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypedDict, get_args
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
+from ._broker import BrokerUrl
 from ._exceptions import ConfigError
 from .protocol._bounded import Origin, http_origin
 
@@ -72,73 +41,133 @@ ENV_PREFIX = "OFFLOAD_"
 DEFAULT_CONFIG_FILE = Path("~/.config/mqtt-offload/config.toml")
 
 
-@dataclass(frozen=True, slots=True)
-class BrokerUrl:
-    """`mqtt://[user:pass@]host[:port]` (1883) or `mqtts://...` (TLS, 8883)."""
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
 
-    host: str
-    port: int
-    tls: bool = False
-    username: str | None = None
-    password: str | None = field(default=None, repr=False)
 
-    @classmethod
-    def parse(cls, url: str) -> BrokerUrl:
-        """Parse a broker URL.
+def _split_list(text: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in text.replace(" ", ",").split(",") if item.strip())
 
-        Args:
-            url: `mqtt://` or `mqtts://` URL; `tcp://`/`ssl://` are accepted as aliases.
 
-        Raises:
-            ConfigError: not a usable broker URL.
-        """
-        parts = urlsplit(url if "://" in url else f"mqtt://{url}")
-        schemes = {"mqtt": False, "tcp": False, "mqtts": True, "ssl": True}
-        if parts.scheme not in schemes:
-            raise ConfigError(f"broker URL must be mqtt:// or mqtts://, got {parts.scheme!r}")
-        tls = schemes[parts.scheme]
-        try:
-            port = parts.port or (8883 if tls else 1883)
-        except ValueError as exc:
-            raise ConfigError(f"broker URL has a bad port: {exc}") from exc
-        if not parts.hostname:
-            raise ConfigError("broker URL has no host")
-        user = unquote(parts.username) if parts.username else None
-        password = unquote(parts.password) if parts.password else None
-        return cls(parts.hostname, port, tls, user, password)
+def _parse_bool(text: str) -> bool:
+    if text.lower() in _TRUE:
+        return True
+    if text.lower() in _FALSE:
+        return False
+    raise ValueError("must be true or false")
+
+
+def _optional(parse: Callable[[str], object]) -> Callable[[str], object]:
+    """An empty string (`OFFLOAD_X=`) means None for an optional setting."""
+    return lambda text: None if text == "" else parse(text)
+
+
+def _parse_protocol(text: str) -> int:
+    return {"5": 5, "4": 4, "3.1.1": 4, "311": 4}[text]
+
+
+def setting(
+    default: Any, meaning: str, parse: Callable[[str], object] = str, *, secret: bool = False
+) -> Any:
+    """One declared setting: its default, its README meaning and its environment parser.
+
+    Args:
+        default: the value when no layer sets it.
+        meaning: the README table's text (Markdown).
+        parse: turns an environment / config-file string into the value.
+        secret: kept out of the settings' repr.
+    """
+    return field(default=default, repr=not secret, metadata={"meaning": meaning, "parse": parse})
+
+
+_OPT_INT = _optional(int)
+_OPT_STR = _optional(str)
 
 
 @dataclass(frozen=True, slots=True)
 class ClientSettings:
-    """Everything a :class:`client.Client` can be told. See the module table."""
+    """Everything a :class:`client.Client` can be told. See the README's settings table."""
 
-    broker: str = "mqtt://localhost:1883"
-    username: str | None = None
-    password: str | None = field(default=None, repr=False)
-    client_id: str = ""
-    protocol: int = 5
-    endpoint: str | None = None
-    automatic_offload: bool = True
-    fetch_external: bool = True
-    chunking: bool = True
-    max_packet_size: int | None = None
-    offload_threshold: int | None = None
-    discovery_topic: str = "sys/metadata"
-    discovery_wait: float = 2.0
-    discovery_refresh: float = 60.0
-    chunk_timeout: float = 60.0
-    untrusted_endpoint: UntrustedPolicy = "refuse"
-    max_fetch_bytes: int = 5 * 1024**3
-    spool_threshold: int = 64 * 1024 * 1024
-    http_timeout: float = 60.0
-    keepalive: int = 30
-    http_token: str | None = field(default=None, repr=False)
-    ignore_payload_not_found: bool = False
-    discovery_allowlist: tuple[str, ...] = ()
-    max_partial_messages: int = 64
-    max_buffered_bytes: int = 1024 * 1024 * 1024
-    max_chunk_timeout: float = 3600.0
-    ca_file: str | None = None
+    broker: str = setting("mqtt://localhost:1883", "`mqtt[s]://[user:pass@]host[:port]`")
+    username: str | None = setting(
+        None, "broker user name (over the URL's; also used for the gateway)", _OPT_STR
+    )
+    password: str | None = setting(
+        None, "broker password (over the URL's; also used for the gateway)", _OPT_STR, secret=True
+    )
+    client_id: str = setting("", "MQTT client id; empty lets the broker assign one")
+    protocol: int = setting(5, "5 (default) or 4 / `3.1.1`", _parse_protocol)
+    endpoint: str | None = setting(None, "gateway URL; skips discovery", _OPT_STR)
+    automatic_offload: bool = setting(True, "upload oversized messages (default true)", _parse_bool)
+    fetch_external: bool = setting(True, "resolve placeholders (default true)", _parse_bool)
+    chunking: bool = setting(True, "ADR-23 fallback (default true)", _parse_bool)
+    max_packet_size: int | None = setting(
+        None, "limit when CONNACK states none (needed for 3.1.1)", _OPT_INT
+    )
+    offload_threshold: int | None = setting(
+        None, "offload payloads above this even when they fit", _OPT_INT
+    )
+    discovery_topic: str = setting("sys/metadata", "default `sys/metadata`")
+    discovery_wait: float = setting(2.0, "seconds a large publish waits for the record", float)
+    discovery_refresh: float = setting(60.0, "seconds between re-subscriptions", float)
+    chunk_timeout: float = setting(
+        60.0, "reassembly timeout when chunk 0 has no message expiry", float
+    )
+    # ruff cannot tell a Literal alias is immutable; `setting` returns a dataclass field.
+    untrusted_endpoint: UntrustedPolicy = setting(  # noqa: RUF009
+        "refuse",
+        "`refuse` (default): placeholders pointing anywhere but the endpoint in force or "
+        "`discovery_allowlist` are errors; `anonymous` opts in to fetching any origin, "
+        "without credentials",
+    )
+    max_fetch_bytes: int = setting(
+        5 * 1024**3,
+        "largest placeholder `size` fetched (5 GiB); larger ones are errors, never requested",
+        int,
+    )
+    spool_threshold: int = setting(
+        64 * 1024 * 1024, "payloads above this are spooled to a temporary file", int
+    )
+    http_timeout: float = setting(60.0, "seconds per HTTP connect/read", float)
+    keepalive: int = setting(30, "MQTT keep-alive seconds", int)
+    http_token: str | None = setting(
+        None,
+        "bearer token for the gateway instead of SCRAM (the gateway accepts tokens only over TLS)",
+        _OPT_STR,
+        secret=True,
+    )
+    ignore_payload_not_found: bool = setting(
+        False,
+        "skip (and log) placeholders whose object is gone instead of delivering a "
+        "`PayloadNotFound` error",
+        _parse_bool,
+    )
+    discovery_allowlist: tuple[str, ...] = setting(
+        (),
+        "comma-separated `http(s)://host[:port]` (`*.` allowed); a discovery record pointing "
+        "elsewhere is ignored with a warning, and placeholders may be fetched from these "
+        "origins too",
+        _split_list,
+    )
+    max_partial_messages: int = setting(64, "chunked messages reassembled at once (64)", int)
+    max_buffered_bytes: int = setting(
+        1024 * 1024 * 1024,
+        "bytes of partial chunked messages, memory and disk (1 GiB); beyond, the oldest is "
+        "dropped and reported",
+        int,
+    )
+    max_chunk_timeout: float = setting(
+        3600.0,
+        "most seconds a chunk 0's Message Expiry Interval may keep a partial message (3600); "
+        "chunks per message and chunk entries are derived from `max_buffered_bytes`, the "
+        "packet limit and `spool_threshold` (see Chunking)",
+        float,
+    )
+    ca_file: str | None = setting(
+        None,
+        "CA bundle (PEM) for `mqtts://` brokers and `https://` gateways (default: system CAs)",
+        _OPT_STR,
+    )
 
     def __post_init__(self) -> None:
         BrokerUrl.parse(self.broker)
@@ -215,16 +244,7 @@ class ClientSettings:
     @property
     def broker_url(self) -> BrokerUrl:
         """The parsed broker URL with explicit username/password applied over the URL's."""
-        url = BrokerUrl.parse(self.broker)
-        return dataclasses.replace(
-            url,
-            username=self.username if self.username is not None else url.username,
-            password=self.password if self.password is not None else url.password,
-        )
-
-
-def _split_list(text: str) -> tuple[str, ...]:
-    return tuple(item.strip() for item in text.replace(" ", ",").split(",") if item.strip())
+        return BrokerUrl.parse(self.broker).with_login(self.username, self.password)
 
 
 def _parse_origin(entry: str) -> tuple[str, str, int | None]:
@@ -241,38 +261,62 @@ def _parse_origin(entry: str) -> tuple[str, str, int | None]:
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(ClientSettings)}
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
 
 
 def _coerce(name: str, value: object) -> object:
-    """Turn an environment string or TOML value into the field's type."""
-    kind = str(_FIELDS[name].type)
-    if name == "discovery_allowlist" and isinstance(value, list):
+    """An environment string or TOML value as the field's type, by the field's own parser."""
+    parse = _FIELDS[name].metadata["parse"]
+    if isinstance(value, list) and name == "discovery_allowlist":
         return tuple(str(v) for v in value)
-    if value is None or not isinstance(value, str):
-        if "bool" in kind and not isinstance(value, bool):
+    if not isinstance(value, str):  # TOML already typed it: only a bool must be a bool
+        if parse is _parse_bool and not isinstance(value, bool):
             raise ConfigError(f"{name} must be a boolean, got {value!r}")
         return value
-    text = value.strip()
     try:
-        if kind == "bool":
-            if text.lower() in _TRUE:
-                return True
-            if text.lower() in _FALSE:
-                return False
-            raise ConfigError(f"{name} must be true or false, got {value!r}")
-        if name == "discovery_allowlist":
-            return _split_list(text)
-        if name == "protocol":
-            return {"5": 5, "4": 4, "3.1.1": 4, "311": 4}[text]
-        if kind.startswith("int"):
-            return None if text == "" and "None" in kind else int(text)
-        if kind.startswith("float"):
-            return float(text)
+        return parse(value.strip())
     except (KeyError, ValueError) as exc:
         raise ConfigError(f"{name}: cannot use {value!r}") from exc
-    return None if text == "" and "None" in kind else text
+
+
+def settings_table() -> str:
+    """The README's client settings table (Markdown), made from the declared fields."""
+    rows = ["| setting | environment | meaning |", "| --- | --- | --- |"]
+    for f in dataclasses.fields(ClientSettings):
+        env = ENV_PREFIX + f.name.upper()
+        rows.append(f"| `{f.name}` | `{env}` | {f.metadata['meaning']} |")
+    return "\n".join(rows) + "\n"
+
+
+def merge_settings(
+    settings: ClientSettings | None, broker: str | None, overrides: Mapping[str, object]
+) -> ClientSettings:
+    """`settings` (default: the defaults) with `broker` and keyword overrides applied.
+
+    Raises:
+        TypeError: an unknown setting, as for any unknown keyword argument.
+        ConfigError: a value that cannot be used.
+    """
+    changes = dict(overrides)
+    if broker is not None:
+        changes["broker"] = broker
+    return dataclasses.replace(settings or ClientSettings(), **changes)  # type: ignore[arg-type]
+
+
+def _read_config_file(path: Path) -> dict[str, object]:
+    """The settings a TOML file sets (flat keys or a `[client]` table), parsed."""
+    try:
+        doc: dict[str, Any] = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"config file {path}: {exc}") from exc
+    table = doc.get("client", doc)
+    if not isinstance(table, dict):
+        raise ConfigError(f"config file {path}: [client] must be a table")
+    values: dict[str, object] = {}
+    for key, value in table.items():
+        if key not in _FIELDS:
+            raise ConfigError(f"config file {path}: unknown setting {key!r}")
+        values[key] = _coerce(key, value)
+    return values
 
 
 def load_settings(
@@ -304,17 +348,7 @@ def load_settings(
         default = DEFAULT_CONFIG_FILE.expanduser()
         path = default if default.exists() else None
     if path is not None:
-        try:
-            doc: dict[str, Any] = tomllib.loads(path.read_text())
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"config file {path}: {exc}") from exc
-        table = doc.get("client", doc)
-        if not isinstance(table, dict):
-            raise ConfigError(f"config file {path}: [client] must be a table")
-        for key, value in table.items():
-            if key not in _FIELDS:
-                raise ConfigError(f"config file {path}: unknown setting {key!r}")
-            values[key] = _coerce(key, value)
+        values.update(_read_config_file(path))
     for name in _FIELDS:
         raw = env.get(ENV_PREFIX + name.upper())
         if raw is not None:
@@ -359,3 +393,7 @@ class SettingsOverrides(TypedDict, total=False):
     max_chunk_timeout: float
     max_fetch_bytes: int
     ca_file: str | None
+
+
+if __name__ == "__main__":  # python -m client._config: the README table
+    print(settings_table(), end="")

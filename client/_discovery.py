@@ -71,6 +71,31 @@ class DiscoveryView:
                     return record
                 self._cond.wait(left)
 
+    # -- the endpoint in force: configured, else discovered ----------------------------------
+
+    def endpoint(self) -> str | None:
+        """The configured endpoint, else the current record's (or None)."""
+        if self._settings.endpoint is not None:
+            return self._settings.endpoint
+        record = self.current()
+        return record.endpoint if record else None
+
+    def settled_endpoint(self) -> str | None:
+        """The configured endpoint, else the record's once settled (see :meth:`settled`).
+
+        Also the trusted origin for fetches: a retained placeholder may arrive just before
+        the retained discovery record it points at.
+        """
+        if self._settings.endpoint is not None:
+            return self._settings.endpoint
+        record = self.settled()
+        return record.endpoint if record else None
+
+    def wait_endpoint(self, timeout: float) -> str | None:
+        """Wait up to `timeout` seconds for a record; its endpoint, else the configured one."""
+        record = self.wait(timeout)
+        return record.endpoint if record else self._settings.endpoint
+
     def feed(self, payload: bytes, expiry_interval: int | None) -> None:
         """Take one message from the discovery topic (paho's thread: never raises).
 

@@ -1,11 +1,20 @@
-"""The one module that imports paho: connection, loop thread, futures and conversion.
+"""The project's one MQTT adapter: the module that owns the paho client.
 
-paho's callbacks run on its network thread and must never block it (a blocked loop thread
-cannot read the PUBACK a publisher waits for: the re-entrancy deadlock of the reference notes).
-So every callback here only converts and hands over: received messages go to the `on_message`
-callable the owner passes (it must be quick, e.g. a queue put), PUBACK / SUBACK complete
-`concurrent.futures.Future` objects, and CONNACK updates the Maximum Packet Size. No paho type
-leaves this module.
+Used by :class:`client.Client` (which takes one as `connection=`, as httpx takes a
+`transport=`) and by the gateway's broker link. paho's callbacks run on its network thread and
+must never block it (a blocked loop thread cannot read the PUBACK a publisher waits for: the
+re-entrancy deadlock of the reference notes). So every callback here only converts and hands
+over: received messages go to the message handler (it must be quick, e.g. a queue put),
+PUBACK / SUBACK complete `concurrent.futures.Future` objects from paho's `on_publish` /
+`on_subscribe` (no thread waits per publish), and CONNACK updates the Maximum Packet Size. No
+paho type leaves this module.
+
+Every publish is checked against the MQTT rules a broker enforces before it is queued: a
+broker closes the connection over a malformed PUBLISH, and paho would resend it after every
+reconnect. What happens to unacknowledged QoS 1/2 publishes when the connection drops is the
+owner's choice (`resend_unacknowledged`): the client keeps MQTT's session semantics; the
+gateway fails them at once, since its HTTP caller withdraws the stored message and answers
+503, so a later resend would announce a message that no longer exists.
 """
 
 from __future__ import annotations
@@ -20,12 +29,13 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
-from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
-from ._config import BrokerUrl
+from ._acks import Acks, InvalidPublish, publish_problem
+from ._broker import BrokerUrl
 from ._exceptions import ConnectionFailed, PublishRejected
+from ._paho_props import from_paho_properties, to_paho_properties
 from .protocol import PublishProperties
 
 log = logging.getLogger("client.mqtt")
@@ -42,132 +52,52 @@ class Incoming:
     properties: PublishProperties
 
 
-def to_paho_properties(props: PublishProperties | None) -> Properties | None:
-    """Our PublishProperties as paho's PUBLISH Properties (None when there are none)."""
-    if props is None or props == PublishProperties():
-        return None
-    out = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
-    if props.payload_format_indicator is not None:
-        out.PayloadFormatIndicator = props.payload_format_indicator
-    if props.message_expiry_interval is not None:
-        out.MessageExpiryInterval = props.message_expiry_interval
-    if props.content_type is not None:
-        out.ContentType = props.content_type
-    if props.response_topic is not None:
-        out.ResponseTopic = props.response_topic
-    if props.correlation_data is not None:
-        out.CorrelationData = props.correlation_data
-    if props.user_properties:
-        out.UserProperty = list(props.user_properties)
-    if props.topic_alias is not None:
-        out.TopicAlias = props.topic_alias
-    return out
-
-
-def from_paho_properties(props: Properties | None) -> PublishProperties:
-    """paho's received PUBLISH Properties as our frozen value."""
-    if props is None:
-        return PublishProperties()
-
-    def get(name: str) -> Any:
-        return getattr(props, name, None)
-
-    sub_ids = get("SubscriptionIdentifier")
-    if isinstance(sub_ids, int):
-        sub_ids = [sub_ids]
-    corr = get("CorrelationData")
-    return PublishProperties(
-        payload_format_indicator=get("PayloadFormatIndicator"),
-        message_expiry_interval=get("MessageExpiryInterval"),
-        content_type=get("ContentType"),
-        response_topic=get("ResponseTopic"),
-        correlation_data=bytes(corr) if corr is not None else None,
-        user_properties=tuple((str(k), str(v)) for k, v in (get("UserProperty") or ())),
-        topic_alias=get("TopicAlias"),
-        subscription_identifiers=tuple(sub_ids or ()),
-    )
-
-
-class _Acks:
-    """Futures keyed by packet id, tolerant of an ack that arrives before registration.
-
-    paho may process a PUBACK on its thread before `publish()` has returned the mid to us;
-    our lock is never held while calling into paho, so ordering is resolved here instead.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._waiting: dict[int, Future[Any]] = {}
-        self._early: dict[int, Any] = {}
-
-    def register(self, mid: int, future: Future[Any]) -> None:
-        with self._lock:
-            if mid in self._early:
-                outcome = self._early.pop(mid)
-            else:
-                self._waiting[mid] = future
-                return
-        _settle(future, outcome)
-
-    def settle(self, mid: int, outcome: Any) -> None:
-        with self._lock:
-            future = self._waiting.pop(mid, None)
-            if future is None:
-                self._early[mid] = outcome
-                return
-        _settle(future, outcome)
-
-    def fail_all(self, exc: BaseException) -> None:
-        with self._lock:
-            waiting, self._waiting = self._waiting, {}
-        for future in waiting.values():
-            _settle(future, exc)
-
-
-def _settle(future: Future[Any], outcome: Any) -> None:
-    if future.done():
-        return
-    if isinstance(outcome, BaseException):
-        future.set_exception(outcome)
-    else:
-        future.set_result(outcome)
-
-
 class MqttConnection:
     """A paho client on its own loop thread, with reconnect and restored subscriptions.
 
     Args:
-        broker: where to connect, with credentials and TLS choice.
-        on_message: called on paho's thread for every PUBLISH; must not block.
-        on_connect: called on paho's thread after every successful (re)connect.
+        broker: where to connect, with credentials and TLS choice (a URL or parsed).
+        on_message: called on paho's thread for every PUBLISH; must not block. May be set
+            later with :meth:`set_message_handler` (a :class:`client.Client` does).
+        on_connect: called on paho's thread after every successful (re)connect; more with
+            :meth:`on_connected`.
         client_id: MQTT client id; empty lets the broker assign one (MQTT 5).
         protocol: 5 for MQTT 5, 4 for MQTT 3.1.1.
         keepalive: keep-alive seconds.
+        ca_file: CA bundle (PEM) to verify an `mqtts://` broker; None: the system's.
+        resend_unacknowledged: True (MQTT's session semantics): a QoS 1/2 publish still
+            unacknowledged when the connection drops is sent again after the reconnect, and
+            one made while disconnected waits for it. False: both fail with
+            :class:`ConnectionFailed` at once and are never sent later.
     """
 
     def __init__(
         self,
-        broker: BrokerUrl,
+        broker: BrokerUrl | str,
         *,
-        on_message: Callable[[Incoming], None],
+        on_message: Callable[[Incoming], None] | None = None,
         on_connect: Callable[[], None] | None = None,
         client_id: str = "",
         protocol: int = 5,
         keepalive: int = 30,
         ca_file: str | None = None,
+        resend_unacknowledged: bool = True,
     ) -> None:
-        self._broker = broker
+        self.broker = BrokerUrl.parse(broker) if isinstance(broker, str) else broker
         self._on_message_cb = on_message
-        self._on_connect_cb = on_connect
+        self._connect_callbacks: list[Callable[[], None]] = []
+        if on_connect is not None:
+            self._connect_callbacks.append(on_connect)
         self.protocol = protocol
         self._keepalive = keepalive
+        self._resend = resend_unacknowledged
         self._connected = threading.Event()
         self._connack_error: ConnectionFailed | None = None
         self._first = threading.Event()
         self._lock = threading.Lock()
         self._subscriptions: dict[str, int] = {}
-        self._pubacks = _Acks()
-        self._subacks = _Acks()
+        self._pubacks = Acks()
+        self._subacks = Acks()
         #: Maximum Packet Size from the latest CONNACK, None when the broker stated none.
         self.max_packet_size: int | None = None
         #: Incremented on every successful CONNACK.
@@ -179,9 +109,9 @@ class MqttConnection:
             protocol=version,
             clean_session=None if protocol == 5 else True,
         )
-        if broker.username is not None:
-            self._paho.username_pw_set(broker.username, broker.password)
-        if broker.tls:
+        if self.broker.username is not None:
+            self._paho.username_pw_set(self.broker.username, self.broker.password)
+        if self.broker.tls:
             self._paho.tls_set(ca_certs=ca_file, cert_reqs=ssl.CERT_REQUIRED)
         self._paho.reconnect_delay_set(min_delay=1, max_delay=10)
         self._paho.on_connect = self._on_connect
@@ -189,6 +119,14 @@ class MqttConnection:
         self._paho.on_message = self._on_message
         self._paho.on_publish = self._on_publish
         self._paho.on_subscribe = self._on_subscribe
+
+    def set_message_handler(self, handler: Callable[[Incoming], None]) -> None:
+        """Where received PUBLISHes go (paho's thread: the handler must not block)."""
+        self._on_message_cb = handler
+
+    def on_connected(self, callback: Callable[[], None]) -> None:
+        """Also call `callback()` (from paho's thread, so quickly) after every (re)connect."""
+        self._connect_callbacks.append(callback)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -201,14 +139,14 @@ class MqttConnection:
         Raises:
             ConnectionFailed: unreachable, refused, or no CONNACK in time.
         """
-        where = f"{self._broker.host}:{self._broker.port}"
+        where = f"{self.broker.host}:{self.broker.port}"
         try:
             if self.protocol == 5:
                 self._paho.connect(
-                    self._broker.host, self._broker.port, self._keepalive, clean_start=True
+                    self.broker.host, self.broker.port, self._keepalive, clean_start=True
                 )
             else:
-                self._paho.connect(self._broker.host, self._broker.port, self._keepalive)
+                self._paho.connect(self.broker.host, self.broker.port, self._keepalive)
         except (OSError, ValueError) as exc:
             raise ConnectionFailed(f"cannot connect to {where}: {exc}") from exc
         self._paho.loop_start()
@@ -219,19 +157,27 @@ class MqttConnection:
             self.close()
             raise self._connack_error
 
+    def start(self) -> None:
+        """Connect in the background and keep reconnecting (a server's link: never raises)."""
+        self._paho.connect_async(self.broker.host, self.broker.port, self._keepalive)
+        self._paho.loop_start()
+
     def close(self) -> None:
         """Disconnect and stop the loop thread; pending acks fail with ConnectionFailed."""
         self._paho.disconnect()
         self._paho.loop_stop()
+        self._connected.clear()
         closed = ConnectionFailed("connection closed")
         self._pubacks.fail_all(closed)
         self._subacks.fail_all(closed)
 
     @property
     def connected(self) -> bool:
+        """Whether the broker accepted the connection and it has not dropped since."""
         return self._connected.is_set()
 
     def wait_connected(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for a connection; whether there is one."""
         return self._connected.wait(timeout)
 
     # -- operations ------------------------------------------------------------------------
@@ -253,17 +199,30 @@ class MqttConnection:
             qos: 0, 1 or 2.
             retain: retain flag.
             properties: MQTT 5 properties (ignored for 3.1.1 by the caller's choice).
+
+        The future fails with :class:`InvalidPublish` (nothing queued) for a PUBLISH the
+        broker would disconnect us for, :class:`PublishRejected` for a failure reason code,
+        and :class:`ConnectionFailed` when it cannot be delivered (see
+        `resend_unacknowledged`).
         """
         future: Future[None] = Future()
+        problem = publish_problem(topic, payload, qos, properties)
+        if problem is not None:
+            future.set_exception(InvalidPublish(problem))
+            return future
+        if not self._resend and not self.connected:
+            future.set_exception(ConnectionFailed(f"not connected to broker {self.broker}"))
+            return future
         paho_props = to_paho_properties(properties) if self.protocol == 5 else None
         info = self._paho.publish(topic, payload, qos, retain, paho_props)
-        if info.rc == MQTTErrorCode.MQTT_ERR_NO_CONN and qos == 0:
-            # QoS 0 is not kept for a reconnect by paho: it is simply lost, so say so.
-            future.set_exception(
-                ConnectionFailed(f"not connected: QoS 0 publish to {topic!r} lost")
-            )
+        if info.rc == MQTTErrorCode.MQTT_ERR_NO_CONN and (qos == 0 or not self._resend):
+            # QoS 0 is not kept for a reconnect by paho: it is simply lost, so say so; a
+            # QoS>0 one paho keeps must not go out later when the caller was told it failed.
+            self._forget(info.mid)
+            future.set_exception(ConnectionFailed(f"not connected: publish to {topic!r} not sent"))
             return future
         if info.rc not in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN):
+            self._forget(info.mid)
             future.set_exception(PublishRejected(topic, mqtt.error_string(info.rc)))
             return future
         self._pubacks.register(info.mid, future)
@@ -287,6 +246,7 @@ class MqttConnection:
         return self._send_subscribe(topic_filter, qos)
 
     def unsubscribe(self, topic_filter: str) -> None:
+        """Stop receiving `topic_filter`, also after reconnects."""
         with self._lock:
             self._subscriptions.pop(topic_filter, None)
         self._paho.unsubscribe(topic_filter)
@@ -301,6 +261,42 @@ class MqttConnection:
         self._subacks.register(mid, future)
         return future
 
+    # -- paho's session queue (resend_unacknowledged=False) --------------------------------
+
+    def _forget(self, mid: int) -> None:
+        """Drop one message from paho's resend queue (paho keeps QoS>0 ones it could not send)."""
+        messages = getattr(self._paho, "_out_messages", None)
+        mutex = getattr(self._paho, "_out_message_mutex", None)
+        if messages is not None and mutex is not None:
+            with mutex:
+                messages.pop(mid, None)
+
+    def _fail_unacknowledged(self) -> int:
+        """Take every unacknowledged outgoing message out of paho's session; how many.
+
+        paho has no public call for this: `_out_messages` (guarded by `_out_message_mutex`)
+        is the queue `_messages_reconnect_reset` resends from on the next connect. Our
+        futures fail with ConnectionFailed; each message's info gets `MQTT_ERR_CONN_LOST`, so
+        a `wait_for_publish` on it raises at once.
+        """
+        client = self._paho
+        messages = getattr(client, "_out_messages", None)
+        mutex = getattr(client, "_out_message_mutex", None)
+        if messages is None or mutex is None:  # a paho without them: nothing we can do
+            return 0
+        with mutex:
+            lost = list(messages.values())
+            messages.clear()
+            if hasattr(client, "_inflight_messages"):
+                client._inflight_messages = 0
+        for message in lost:
+            message.info.rc = mqtt.MQTT_ERR_CONN_LOST
+            message.info._set_as_published()  # wakes wait_for_publish, which then raises
+            self._pubacks.settle(
+                message.mid, ConnectionFailed("connection lost before the acknowledgement")
+            )
+        return len(lost)
+
     # -- paho callbacks (paho's thread: never block) --------------------------------------
 
     def _on_connect(
@@ -312,13 +308,16 @@ class MqttConnection:
         properties: Properties | None,
     ) -> None:
         if reason.is_failure:
+            log.warning("broker %s refused the connection: %s", self.broker, reason)
             self._connack_error = ConnectionFailed(f"broker refused the connection: {reason}")
             self._first.set()
             return
         size = getattr(properties, "MaximumPacketSize", None) if properties else None
         self.max_packet_size = int(size) if size else None
         self.connections += 1
-        log.debug("connected, Maximum Packet Size %s", self.max_packet_size)
+        log.info(
+            "connected to broker %s (Maximum Packet Size %s)", self.broker, self.max_packet_size
+        )
         with self._lock:
             subs = list(self._subscriptions.items())
         for topic_filter, qos in subs:
@@ -328,8 +327,11 @@ class MqttConnection:
                 self._subacks.register(mid, Future())
         self._connected.set()
         self._first.set()
-        if self._on_connect_cb is not None:
-            self._on_connect_cb()
+        for callback in list(self._connect_callbacks):
+            try:
+                callback()
+            except Exception:  # paho would stop its loop thread on an escaping exception
+                log.exception("on_connected callback failed")
 
     def _on_disconnect(
         self,
@@ -339,12 +341,22 @@ class MqttConnection:
         reason: ReasonCode,
         properties: Properties | None,
     ) -> None:
+        if self._connected.is_set():
+            log.info("lost broker %s: %s", self.broker, reason)
         self._connected.clear()
-        log.debug("disconnected: %s", reason)
+        if not self._resend:
+            dropped = self._fail_unacknowledged()
+            if dropped:
+                log.warning(
+                    "%d publish(es) unacknowledged at the disconnect: failed, not resent", dropped
+                )
 
     def _on_message(self, client: mqtt.Client, userdata: Any, msg: mqtt.MQTTMessage) -> None:
         # paho re-raises a callback's exception and its loop thread dies with it: one odd
         # message would stop the client for good. Nothing may leave this method.
+        handler = self._on_message_cb
+        if handler is None:
+            return
         try:
             incoming = Incoming(
                 msg.topic,
@@ -357,7 +369,7 @@ class MqttConnection:
             log.warning("dropped a PUBLISH with an undecodable topic or properties")
             return
         try:
-            self._on_message_cb(incoming)
+            handler(incoming)
         except Exception:
             log.exception("dropped a PUBLISH on %r that could not be handed over", incoming.topic)
 

@@ -21,7 +21,7 @@ from ._drain import DrainBeforeEarlyAnswer
 from ._errors import install_error_handlers
 from ._executors import Workers
 from ._limits import UploadLimits
-from ._mqtt import BrokerAddress, BrokerConnection
+from ._mqtt import broker_link
 from ._observability import ObservabilityMiddleware, metrics_endpoint
 from ._presign import SignedUrls, UrlSigner
 from ._presign import router as presign_router
@@ -110,19 +110,8 @@ def create_app(
         ctx.signer = UrlSigner.from_settings(secret)
         ctx.authorizer = SignedUrls(ctx.signer, ctx.authorizer)
         advertiser: Advertiser | None = None
-        if settings.mqtt_url:
-            address = BrokerAddress.parse(
-                settings.mqtt_url,
-                username=settings.mqtt_username,
-                password=settings.mqtt_password.get_secret_value()
-                if settings.mqtt_password
-                else None,
-            )
-            ctx.broker = BrokerConnection(
-                address,
-                client_id=settings.mqtt_client_id,
-                ca_file=str(settings.mqtt_ca_file) if settings.mqtt_ca_file else None,
-            )
+        ctx.broker = broker_link(settings)
+        if ctx.broker is not None:
             if ctx.public_url:
                 record = DiscoveryRecord(
                     ctx.public_url,
@@ -159,7 +148,7 @@ def create_app(
             if advertiser is not None:
                 advertiser.stop()
             if ctx.broker is not None:
-                ctx.broker.stop()
+                ctx.broker.close()
             workers.shutdown()
 
     # FastAPI's /docs and /redoc load their scripts from a CDN (blank pages without

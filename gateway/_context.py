@@ -13,7 +13,7 @@ from fastapi import Request
 
 from client.protocol import Topic
 
-from ._mqtt import BrokerConnection
+from ._mqtt import MqttConnection
 from ._resumable import ResumableUploads
 from ._service import OffloadService
 from ._settings import Settings
@@ -32,7 +32,7 @@ class Authorizer(Protocol):
 class Context:
     settings: Settings
     service: OffloadService
-    broker: BrokerConnection | None = None
+    broker: MqttConnection | None = None
     authorizer: Authorizer | None = None
     public_url: str | None = None
     extras: dict[str, object] = field(default_factory=dict)

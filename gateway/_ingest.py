@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from starlette.requests import ClientDisconnect
 
+from client import ConnectionFailed, PublishRejected
 from client.protocol import (
     FORMAT_KEY,
     ID_KEY,
@@ -233,7 +234,7 @@ def require_broker(ctx: Context) -> None:
     if ctx.broker is None:
         raise BrokerUnavailable("this gateway has no broker configured (OFFLOAD_MQTT_URL)")
     if not ctx.broker.connected:
-        raise BrokerUnavailable(f"broker unreachable: not connected to {ctx.broker.address}")
+        raise BrokerUnavailable(f"broker unreachable: not connected to {ctx.broker.broker}")
 
 
 async def announce(
@@ -276,7 +277,7 @@ async def announce(
         if created:
             await ctx.service.forget(manifest)
         raise BadRequest(f"cannot publish this message: {exc}; nothing was kept") from exc
-    except (ConnectionError, TimeoutError, BrokerUnavailable) as exc:
+    except (ConnectionFailed, PublishRejected, TimeoutError, BrokerUnavailable) as exc:
         if created:
             try:
                 await ctx.service.forget(manifest)

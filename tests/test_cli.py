@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from client._config import BrokerUrl
+from client import BrokerUrl
 from client._paho import Incoming, MqttConnection
 from client.protocol._chunk import split
 from client.protocol._size import publish_packet_size

@@ -151,7 +151,7 @@ def test_limit_re_read_after_broker_restart_with_another_limit(
         while client.max_packet_size != 65536 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert client.max_packet_size == 65536
-        assert client._conn.wait_connected(10)
+        assert client.connection.wait_connected(10)
         topic = unique_topic("restart")
         client.subscribe(topic)
         result = client.publish(topic, os.urandom(100 * KiB), qos=1)
@@ -259,7 +259,7 @@ def test_out_of_order_chunks_with_duplicate_and_bad_checksum(
     raw = clients()
     order = [*reversed(chunks), chunks[1]]
     for props, data in order:
-        raw._conn.publish(topic, data, qos=1, properties=props).result(10)
+        raw.connection.publish(topic, data, qos=1, properties=props).result(10)
     msg = _message(sub)
     assert msg.payload == payload and msg.route is Route.CHUNKED
     assert sub.next_message(0.5) is None  # the duplicate delivered nothing
@@ -273,7 +273,7 @@ def test_out_of_order_chunks_with_duplicate_and_bad_checksum(
         ("__chunk", tampered)
     )
     for props, data in [(first_props, first_data), *bad[1:]]:
-        raw._conn.publish(topic, data, qos=1, properties=props).result(10)
+        raw.connection.publish(topic, data, qos=1, properties=props).result(10)
     err = _one(sub)
     assert isinstance(err, MessageError)
     assert "checksum mismatch" in str(err.error)
@@ -288,7 +288,7 @@ def test_missing_chunk_times_out_as_error(
     chunks = split(b"y" * 200_000, topic=topic, qos=1, properties=None, limit=65536)
     raw = clients()
     for props, data in chunks[:-1]:
-        raw._conn.publish(topic, data, qos=1, properties=props).result(10)
+        raw.connection.publish(topic, data, qos=1, properties=props).result(10)
     err = _one(sub, timeout=5)
     assert isinstance(err, MessageError)
     assert isinstance(err.error, ChunkTimeoutError)

@@ -118,7 +118,7 @@ def test_20_mib_crosses_a_256_kib_broker_as_a_placeholder(
 
 def _publish_placeholder(client: Client, topic: str, ref: Placeholder) -> None:
     body, props = ref.encode(None)
-    client._conn.publish(topic, body, qos=1, properties=props).result(10)
+    client.connection.publish(topic, body, qos=1, properties=props).result(10)
 
 
 def test_missing_object_is_payload_not_found(

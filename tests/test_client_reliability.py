@@ -32,7 +32,7 @@ def test_ignore_payload_not_found_skips_gone_objects_and_logs(
     mid = MessageId.new()
     body, props = Placeholder(f"{gateway.url}/msg/{mid}", 10, "0" * 64, mid).encode(None)
     with caplog.at_level(logging.WARNING, logger="client"):
-        pub._conn.publish(topic, body, qos=1, properties=props).result(10)
+        pub.connection.publish(topic, body, qos=1, properties=props).result(10)
         pub.publish(topic, b"after", qos=1)
         got = lenient.next_message(30)
     assert isinstance(got, Message) and got.payload == b"after"  # the gone one was skipped

@@ -10,8 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from client import ClientSettings, ConfigError, MessageTooLarge, PublishProperties, Route
-from client._config import BrokerUrl, load_settings
+from client import (
+    BrokerUrl,
+    ClientSettings,
+    ConfigError,
+    MessageTooLarge,
+    PublishProperties,
+    Route,
+    load_settings,
+)
 from client._exceptions import MalformedPlaceholder
 from client._router import choose_route
 from client._source import PayloadSource
@@ -214,6 +221,52 @@ def test_from_config_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> N
     plain = Client("mqtt://h:1")  # the library itself never reads the environment
     assert plain.settings.broker == "mqtt://h:1"
     assert plain.settings.fetch_external is True
+
+
+def test_readme_settings_table_is_the_declared_one() -> None:
+    """One declaration: the README's table is generated from the settings' fields."""
+    from client._config import settings_table
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    start = readme.index("<!-- client-settings:")
+    block = readme[readme.index("\n", start) + 1 : readme.index("<!-- /client-settings -->")]
+    assert block == settings_table(), "run `python -m client._config` and paste the table"
+    for name in ("client_id", "password", "max_chunk_timeout", "ca_file"):
+        assert f"| `{name}` | `OFFLOAD_{name.upper()}` |" in block
+
+
+def test_keyword_overrides_mirror_the_declared_fields() -> None:
+    """`SettingsOverrides` exists only for mypy's sake: it must name every field, typed alike."""
+    import dataclasses
+    import typing
+
+    from client._config import SettingsOverrides
+
+    fields = {f.name: f.type for f in dataclasses.fields(ClientSettings)}
+    overrides = SettingsOverrides.__annotations__
+    assert set(overrides) == set(fields) - {"broker"}  # broker is the positional argument
+    assert typing.get_type_hints(SettingsOverrides) == {
+        k: v for k, v in typing.get_type_hints(ClientSettings).items() if k != "broker"
+    }
+
+
+def test_every_declared_setting_reads_its_default_back_from_the_environment() -> None:
+    """Each field's own parser (no switching on annotations) takes the text of its default."""
+    import dataclasses
+
+    env = {}
+    for f in dataclasses.fields(ClientSettings):
+        default = f.default
+        if isinstance(default, tuple):
+            text = ",".join(default)
+        elif isinstance(default, bool):
+            text = "true" if default else "false"
+        else:
+            text = "" if default is None else str(default)
+        env[f"OFFLOAD_{f.name.upper()}"] = text
+    assert load_settings(environ=env) == ClientSettings()
+    assert load_settings(environ={"OFFLOAD_OFFLOAD_THRESHOLD": "10"}).offload_threshold == 10
+    assert load_settings(environ={"OFFLOAD_DISCOVERY_WAIT": "0.5"}).discovery_wait == 0.5
 
 
 # -- payload source -----------------------------------------------------------------------

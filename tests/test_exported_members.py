@@ -16,12 +16,11 @@ import pytest
 
 import client
 import client._exceptions
-import client.mqtt
 import client.protocol
 import client.protocol._errors
 import discovery
 
-PACKAGES = [client, client.mqtt, client.protocol, discovery]
+PACKAGES = [client, client.protocol, discovery]
 
 
 @pytest.mark.parametrize("package", PACKAGES, ids=lambda p: p.__name__)

@@ -144,18 +144,20 @@ def test_a_binary_hop_header_is_kept_but_not_published(
 
 def test_a_publish_the_broker_refuses_is_failed_not_resent(broker: Mosquitto) -> None:
     """Force what validation now prevents: mosquitto disconnects, the link recovers."""
-    from gateway._mqtt import BrokerAddress, BrokerConnection
+    from gateway._mqtt import broker_link
+    from gateway._settings import Settings
 
-    conn = BrokerConnection(BrokerAddress.parse(broker.url))
+    conn = broker_link(Settings(mqtt_url=broker.url))
+    assert conn is not None
     conn.start()
     try:
         assert conn.wait_connected(10)
         disconnects: list[object] = []
-        conn._client.on_disconnect = _counting(conn._client.on_disconnect, disconnects)
+        conn._paho.on_disconnect = _counting(conn._paho.on_disconnect, disconnects)
         bad = Properties(PacketTypes.PUBLISH)
         bad.ContentType = "text/plain\r\nX: 1"  # what tus metadata used to smuggle in
-        # Straight to paho, past BrokerConnection.publish and its validation.
-        info = conn._client.publish("wedge/raw", b"x", qos=1, properties=bad)
+        # Straight to paho, past MqttConnection.publish and its validation.
+        info = conn._paho.publish("wedge/raw", b"x", qos=1, properties=bad)
         with pytest.raises(RuntimeError):
             info.wait_for_publish(timeout=20)  # failed by the disconnect, not left waiting
         assert info.rc == paho.MQTT_ERR_CONN_LOST
@@ -166,13 +168,13 @@ def test_a_publish_the_broker_refuses_is_failed_not_resent(broker: Mosquitto) ->
         conn.publish(topic, b"hello", qos=1).result(timeout=30)  # acknowledged: link works
         assert sub.message()["payload"] == "hello"
         assert len(disconnects) == 1  # the bad PUBLISH was not sent again after reconnect
-        # And BrokerConnection.publish itself refuses it before queueing.
+        # And MqttConnection.publish itself refuses it before queueing.
         refused = conn.publish("wedge/raw", b"x", properties=_props("a\nb"))
         with pytest.raises(ValueError, match="content type"):
             refused.result(timeout=5)
         assert conn.connected
     finally:
-        conn.stop()
+        conn.close()
 
 
 def _props(content_type: str) -> PublishProperties:

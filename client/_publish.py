@@ -1,0 +1,257 @@
+"""The publish path: route a message (direct, offloaded, ADR-23 chunks) and wait for acks.
+
+Runs on the application's thread and only waits on futures that paho's thread completes
+(:mod:`client._paho`), which never waits on anything: publishing from inside the message loop
+cannot deadlock. Offloaded uploads are retried once with the same message id (the gateway
+keeps one object for an identical re-upload); an upload that still fails falls back to a
+direct publish when the message fits, else to chunking when that is allowed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+
+import httpx
+
+from ._config import ClientSettings
+from ._exceptions import ConnectionFailed, MessageTooLarge, ProtocolError, UploadError
+from ._http import HttpTransport
+from ._message import PublishResult, Route
+from ._paho import MqttConnection
+from ._receive import PlainHttpWarner
+from ._router import choose_route
+from ._source import PayloadLike, PayloadSource
+from .protocol import MessageId, PublishProperties, Topic, _placeholder
+from .protocol._chunk import plan_chunks
+from .protocol._size import MAX_PACKET_SIZE, publish_packet_size
+
+log = logging.getLogger("client")
+
+UPLOAD_ATTEMPTS = 2  # per offloaded publish, same message id each time
+#: Chunk publishes outstanding at once: bounds what paho buffers for a huge chunked message.
+CHUNK_WINDOW = 32
+
+
+def wait_ack(future: Future[None], timeout: float | None, topic: str) -> None:
+    """Wait for a PUBACK / SUBACK future; a timeout is a :class:`ConnectionFailed`."""
+    try:
+        future.result(timeout)
+    except FutureTimeout as exc:
+        raise ConnectionFailed(f"no acknowledgement for {topic!r} within {timeout}s") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class _Send:
+    """One publish's fixed parts, passed down the route taken."""
+
+    topic: str
+    qos: int
+    retain: bool
+    properties: PublishProperties | None
+    limit: int
+    timeout: float | None
+
+
+class Publisher:
+    """Sends one message of any size the way :func:`client._router.choose_route` says.
+
+    Args:
+        settings: the client's settings.
+        conn: the MQTT connection.
+        transport: the HTTP transport to the gateway.
+        http_auth: credentials for the endpoint in force.
+        endpoint: the configured or discovered endpoint (may wait briefly for discovery).
+        warn_plain_http: the client's plain-http warner.
+    """
+
+    def __init__(
+        self,
+        *,
+        settings: ClientSettings,
+        conn: MqttConnection,
+        transport: HttpTransport,
+        http_auth: httpx.Auth | None,
+        endpoint: Callable[[], str | None],
+        warn_plain_http: PlainHttpWarner,
+    ) -> None:
+        self._settings = settings
+        self._conn = conn
+        self._transport = transport
+        self._http_auth = http_auth
+        self._endpoint = endpoint
+        self._warn_plain_http = warn_plain_http
+
+    @property
+    def max_packet_size(self) -> int:
+        """The limit in force: CONNACK's Maximum Packet Size, else the configured one."""
+        return self._conn.max_packet_size or self._settings.max_packet_size or MAX_PACKET_SIZE
+
+    def publish(
+        self,
+        topic: str,
+        payload: PayloadLike,
+        *,
+        qos: int,
+        retain: bool,
+        properties: PublishProperties | None,
+        timeout: float | None,
+        message_id: MessageId | str | None,
+    ) -> PublishResult:
+        """See :meth:`client.Client.publish`."""
+        Topic(topic)
+        if isinstance(message_id, str):
+            message_id = MessageId.parse(message_id)
+        s = self._settings
+        if s.protocol != 5:
+            if properties is not None and properties != PublishProperties():
+                raise ProtocolError("MQTT 3.1.1 cannot carry publish properties")
+            properties = None
+        with PayloadSource(payload) as source:
+            send = _Send(topic, qos, retain, properties, self.max_packet_size, timeout)
+            return self._route(send, source, message_id)
+
+    def _route(
+        self, send: _Send, source: PayloadSource, message_id: MessageId | None
+    ) -> PublishResult:
+        s = self._settings
+        packet = self._packet_size(send, source.size)
+        over_threshold = s.offload_threshold is not None and source.size > s.offload_threshold
+        endpoint = None
+        if s.automatic_offload and (packet > send.limit or over_threshold):
+            endpoint = self._endpoint()
+        chunking = s.chunking and s.protocol == 5
+        route = choose_route(
+            packet_size=packet,
+            payload_size=source.size,
+            limit=send.limit,
+            offload_threshold=s.offload_threshold,
+            endpoint_known=endpoint is not None,
+            automatic_offload=s.automatic_offload,
+            chunking=chunking,
+        )
+        if route is Route.OFFLOADED:
+            assert endpoint is not None
+            try:
+                return self._offloaded(endpoint, send, source, message_id)
+            except UploadError as exc:
+                if packet <= send.limit:
+                    log.warning("offload failed (%s); publishing directly instead", exc)
+                    route = Route.DIRECT
+                elif chunking:
+                    log.warning("offload failed (%s); falling back to chunking", exc)
+                    route = Route.CHUNKED
+                else:
+                    raise
+        if route is Route.CHUNKED:
+            return self._chunked(send, source)
+        future = self._conn.publish(
+            send.topic,
+            source.read_all(),
+            qos=send.qos,
+            retain=send.retain,
+            properties=send.properties,
+        )
+        # Hash while the PUBACK travels: the small-message hot path (bench/small_messages.py).
+        result = PublishResult(send.topic, Route.DIRECT, source.size, source.sha256)
+        wait_ack(future, send.timeout, send.topic)
+        return result
+
+    def _packet_size(self, send: _Send, payload_size: int) -> int:
+        """The exact size of the message as one PUBLISH, even beyond MQTT's own cap."""
+        try:
+            return publish_packet_size(
+                send.topic,
+                payload_size,
+                qos=send.qos,
+                properties=send.properties,
+                protocol=self._settings.protocol,
+            )
+        except MessageTooLarge as exc:
+            return exc.size
+
+    def _upload(
+        self, endpoint: str, send: _Send, source: PayloadSource, message_id: MessageId
+    ) -> str:
+        """Upload the payload; the URL it is stored at. Retries a transient failure once."""
+        props = send.properties
+        headers = [(k, v.encode()) for k, v in (props.user_properties if props else ())]
+        attempt = 0
+        while True:
+            try:
+                return self._transport.upload(
+                    endpoint,
+                    send.topic,
+                    source,
+                    message_id=message_id,
+                    headers=headers,
+                    auth=self._http_auth,
+                    # The payload need not outlive the placeholder that points at it.
+                    ttl=props.message_expiry_interval if props else None,
+                ).url
+            except UploadError as exc:
+                # A dropped connection or a 5xx may have stored the payload or not: the
+                # same id again is safe (the gateway answers an identical re-upload with
+                # success and keeps one object), so retry before giving up.
+                transient = exc.status is None or exc.status >= 500
+                attempt += 1
+                if not transient or attempt >= UPLOAD_ATTEMPTS:
+                    raise
+                log.info(
+                    "upload attempt %d failed (%s); retrying with id %s", attempt, exc, message_id
+                )
+                time.sleep(0.2 * attempt)
+
+    def _offloaded(
+        self, endpoint: str, send: _Send, source: PayloadSource, message_id: MessageId | None
+    ) -> PublishResult:
+        self._warn_plain_http(endpoint)
+        message_id = message_id or MessageId.new()
+        url = self._upload(endpoint, send, source, message_id)
+        protocol = self._settings.protocol
+        ref = _placeholder.Placeholder(url, source.size, source.sha256, message_id)
+        body, props = ref.encode(send.properties, protocol=protocol)
+        size = publish_packet_size(
+            send.topic, len(body), qos=send.qos, properties=props, protocol=protocol
+        )
+        if size > send.limit:
+            raise MessageTooLarge(size, send.limit, "even the placeholder does not fit")
+        future = self._conn.publish(
+            send.topic, body, qos=send.qos, retain=send.retain, properties=props
+        )
+        wait_ack(future, send.timeout, send.topic)
+        return PublishResult(
+            send.topic, Route.OFFLOADED, source.size, source.sha256, str(message_id), url
+        )
+
+    def _chunked(self, send: _Send, source: PayloadSource) -> PublishResult:
+        if send.retain:
+            log.warning("retain flag dropped: a broker would retain only the last chunk")
+        plan = plan_chunks(
+            topic=send.topic,
+            payload_size=source.size,
+            sha256_hex=source.sha256,
+            message_id=MessageId.new(),
+            qos=send.qos,
+            properties=send.properties,
+            limit=send.limit,
+        )
+        window: list[Future[None]] = []
+        for chunk in plan:
+            data = source.read_at(chunk.offset, chunk.length)
+            window.append(
+                self._conn.publish(
+                    send.topic, data, qos=send.qos, retain=False, properties=chunk.properties
+                )
+            )
+            if len(window) >= CHUNK_WINDOW:
+                wait_ack(window.pop(0), send.timeout, send.topic)
+        for future in window:
+            wait_ack(future, send.timeout, send.topic)
+        return PublishResult(
+            send.topic, Route.CHUNKED, source.size, source.sha256, plan.message_id, None, plan.total
+        )
