@@ -7,6 +7,7 @@ import shutil
 import ssl
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -113,7 +114,13 @@ def test_offload_over_mqtts_and_https(
         assert gw.url.startswith("https://")
         # The gateway reached the TLS broker with the private CA.
         trust = ssl.create_default_context(cafile=str(pki / "ca.pem"))
-        ready = httpx.get(f"{gw.url}/readyz", verify=trust, timeout=10)
+        # The broker link comes up in the background after the port opens: poll for it.
+        deadline = time.monotonic() + 20
+        while True:
+            ready = httpx.get(f"{gw.url}/readyz", verify=trust, timeout=10)
+            if ready.json()["checks"]["broker"] == "ok" or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
         assert ready.json()["checks"]["broker"] == "ok"
         # Without the CA the certificate is refused.
         with pytest.raises(httpx.ConnectError):
