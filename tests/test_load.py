@@ -107,6 +107,8 @@ def start_gateway(
             "OFFLOAD_LOG_LEVEL": "WARNING",
         }
         env.update({f"OFFLOAD_{k.upper()}": str(v) for k, v in settings.items()})
+        if "password_file" not in settings and "tokens_file" not in settings:
+            env["OFFLOAD_ALLOW_ANONYMOUS"] = "true"  # no credentials files: opt in by name
         gw = GatewayProcess(env)
         started.append(gw)
         return gw
