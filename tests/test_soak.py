@@ -34,8 +34,8 @@ pytestmark = [pytest.mark.servers, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parent.parent
 KiB = 1024
 SOAK_SECONDS = 36.0
-EVERY = 6.0
-SLOW_READER = 0.3  # seconds the subscriber spends on each message  # seconds between faults, alternating gateway and store
+EVERY = 6.0  # seconds between faults, alternating gateway and store
+SLOW_READER = 0.3  # seconds the subscriber spends on each message
 
 
 @dataclass
