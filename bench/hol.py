@@ -13,10 +13,14 @@ measured in the same run:
 The subscriber runs as its own process (this script with `--subscriber`) and stamps each
 small message's latency (receive wall clock minus the send time inside the payload); every
 large message's SHA-256 is checked against what was sent. Printed: p50/p99 of the small
-messages' latency for both systems and the p99 ratio (target <= 0.10).
+messages' latency for both systems per run, their medians over `--runs` runs (the systems
+alternate, so both see the same machine) and the ratio of the median p99s (target <= 0.10).
+Telemetry comes from its own process (another device); `--same-process` sends it from a
+thread of the large messages' producer instead, which adds that process's upload work (GIL)
+to the claim check's telemetry latency.
 
     python bench/hol.py
-    python bench/hol.py --big 4 --size-mib 8
+    python bench/hol.py --runs 1 --big 4 --size-mib 8
 """
 
 from __future__ import annotations
@@ -31,10 +35,13 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
+from typing import Any
 
 from _harness import ROOT, MiB, Mosquitto, SeaweedFS, emit, gateway_process, make_bucket, row
 
 NODELAY = "set_tcp_nodelay true"
+NAMES = {"paho": "raised-limit mosquitto + paho", "client": "claim check (Client)"}
 SMALL = 100
 PERIOD = 0.010
 
@@ -80,7 +87,7 @@ def subscriber(kind: str, broker: str, endpoint: str | None, big: int) -> None:
         def on_message(c: object, u: object, msg: mqtt.MQTTMessage) -> None:
             if msg.topic == "hol/small" and msg.payload == b"END":
                 ended.set()
-            seen(msg.topic, msg.payload)
+            seen(msg.topic, bytes(msg.payload))
 
         sub.on_message = on_message
         sub.connect(host, int(port))
@@ -112,20 +119,16 @@ def subscriber(kind: str, broker: str, endpoint: str | None, big: int) -> None:
 # -- producers ------------------------------------------------------------------------------
 
 
-def _run(kind: str, broker: Mosquitto, endpoint: str | None, payloads: list[bytes]) -> list[float]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, __file__, "--subscriber", kind, "--broker", broker.url,
-           "--big", str(len(payloads))]  # fmt: skip
-    cmd += ["--endpoint", endpoint] if endpoint else []
-    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-    assert child.stdout is not None
-    assert child.stdout.readline().strip() == "READY"
-    stop = threading.Event()
+Publish = Callable[[bytes], None]
+
+
+def _publishers(kind: str, broker: str, endpoint: str | None) -> tuple[Publish, Publish, Publish]:
+    """(small, big, close) for plain paho or the project's Client."""
     if kind == "paho":
         import paho.mqtt.client as mqtt
         from paho.mqtt.enums import CallbackAPIVersion
 
-        host, port = broker.url.removeprefix("mqtt://").rsplit(":", 1)
+        host, port = broker.removeprefix("mqtt://").rsplit(":", 1)
         pubs = []
         for _ in range(2):
             p = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
@@ -133,52 +136,94 @@ def _run(kind: str, broker: Mosquitto, endpoint: str | None, payloads: list[byte
             p.loop_start()
             pubs.append(p)
 
-        def small_pub(body: bytes) -> None:
-            pubs[0].publish("hol/small", body, 0)
-
-        def big_pub(body: bytes) -> None:
-            pubs[1].publish("hol/big", body, 1).wait_for_publish(120)
-
-        def close() -> None:
+        def close(_: bytes = b"") -> None:
             for p in pubs:
                 p.disconnect()
                 p.loop_stop()
-    else:
-        from client import Client
 
-        small_c = Client(broker.url, endpoint=endpoint)
-        big_c = Client(broker.url, endpoint=endpoint)
-        small_c.connect()
-        big_c.connect()
+        return (
+            lambda body: pubs[0].publish("hol/small", body, 0).wait_for_publish(10),
+            lambda body: pubs[1].publish("hol/big", body, 1).wait_for_publish(120),
+            close,
+        )
+    from client import Client
 
-        def small_pub(body: bytes) -> None:
-            small_c.publish("hol/small", body, qos=0)
+    small_c = Client(broker, endpoint=endpoint)
+    big_c = Client(broker, endpoint=endpoint)
+    small_c.connect()
+    big_c.connect()
 
-        def big_pub(body: bytes) -> None:
-            big_c.publish("hol/big", body, qos=1, timeout=120)
+    def close_clients(_: bytes = b"") -> None:
+        small_c.close()
+        big_c.close()
 
-        def close() -> None:
-            small_c.close()
-            big_c.close()
+    def small(body: bytes) -> None:
+        small_c.publish("hol/small", body, qos=0)
 
-    def ticker() -> None:
-        next_at = time.monotonic()
-        while not stop.is_set():
-            small_pub(_stamp())
-            next_at += PERIOD
-            time.sleep(max(0.0, next_at - time.monotonic()))
+    def big(body: bytes) -> None:
+        big_c.publish("hol/big", body, qos=1, timeout=120)
 
-    tick = threading.Thread(target=ticker, daemon=True)
-    tick.start()
+    return small, big, close_clients
+
+
+def _tick(small: Publish, stop: threading.Event) -> None:
+    next_at = time.monotonic()
+    while not stop.is_set():
+        small(_stamp())
+        next_at += PERIOD
+        time.sleep(max(0.0, next_at - time.monotonic()))
+    small(b"END")
+
+
+def ticker(kind: str, broker: str, endpoint: str | None) -> None:
+    """The telemetry producer as its own process: ticks until its stdin closes."""
+    small, _, close = _publishers(kind, broker, endpoint)
+    stop = threading.Event()
+    thread = threading.Thread(target=_tick, args=(small, stop))
+    print("READY", flush=True)
+    thread.start()
+    sys.stdin.read()
+    stop.set()
+    thread.join()
+    time.sleep(0.2)
+    close(b"")
+
+
+def _child(role: str, kind: str, broker: Mosquitto, endpoint: str | None, big: int) -> Any:
+    cmd = [sys.executable, __file__, role, kind, "--broker", broker.url, "--big", str(big)]
+    cmd += ["--endpoint", endpoint] if endpoint else []
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    child = subprocess.Popen(
+        cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT
+    )
+    assert child.stdout is not None
+    assert child.stdout.readline().strip() == "READY"
+    return child
+
+
+def _run(
+    kind: str, broker: Mosquitto, endpoint: str | None, payloads: list[bytes], same: bool
+) -> list[float]:
+    sub = _child("--subscriber", kind, broker, endpoint, len(payloads))
+    small, big, close = _publishers(kind, broker.url, endpoint)
+    stop = threading.Event()
+    tick = None
+    if same:  # telemetry from a thread of the process that sends the large messages
+        tick = threading.Thread(target=_tick, args=(small, stop), daemon=True)
+        tick.start()
+    else:  # telemetry from its own process, as from another device
+        tick = _child("--ticker", kind, broker, endpoint, len(payloads))
     time.sleep(0.5)
     for body in payloads:
-        big_pub(body)
+        big(body)
     time.sleep(0.5)
-    stop.set()
-    tick.join()
-    small_pub(b"END")
-    out, _ = child.communicate(timeout=600)
-    close()
+    if isinstance(tick, threading.Thread):
+        stop.set()
+        tick.join()
+    else:
+        tick.communicate(timeout=60)
+    out, _ = sub.communicate(timeout=600)
+    close(b"")
     result = json.loads(out.strip().splitlines()[-1])
     sent = [hashlib.sha256(b).hexdigest() for b in payloads]
     if sorted(result["big"]) != sorted(sent):
@@ -193,34 +238,49 @@ def _pct(values: list[float], q: float) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--subscriber", choices=["paho", "client"])
+    parser.add_argument("--ticker", choices=["paho", "client"])
+    parser.add_argument(
+        "--same-process",
+        action="store_true",
+        help="send telemetry from a thread of the large messages' producer process",
+    )
     parser.add_argument("--broker")
     parser.add_argument("--endpoint")
     parser.add_argument("--big", type=int, default=6)
     parser.add_argument("--size-mib", type=int, default=16)
+    parser.add_argument("--runs", type=int, default=3, help="runs per system (medians)")
     args = parser.parse_args()
     if args.subscriber:
         subscriber(args.subscriber, args.broker, args.endpoint, args.big)
+        return
+    if args.ticker:
+        ticker(args.ticker, args.broker, args.endpoint)
         return
     payloads = [os.urandom(args.size_mib * MiB) for _ in range(args.big)]
     seaweed = SeaweedFS().start()
     raised = Mosquitto(extra_config=NODELAY).start()
     limited = Mosquitto(max_packet_size=262144, extra_config=NODELAY).start()
     bucket = f"hol-{uuid.uuid4().hex[:8]}"
+    p99s: dict[str, list[float]] = {"paho": [], "client": []}
+    p50s: dict[str, list[float]] = {"paho": [], "client": []}
     try:
         make_bucket(seaweed, bucket)
-        base = _run("paho", raised, None, payloads)
         with gateway_process(seaweed, bucket, broker=limited) as gw:
-            cand = _run("client", limited, gw.url, payloads)
+            for run in range(1, args.runs + 1):  # the two systems alternate: same conditions
+                for kind, broker, endpoint in (("paho", raised, None), ("client", limited, gw.url)):
+                    lat = _run(kind, broker, endpoint, payloads, args.same_process)
+                    p50s[kind].append(_pct(lat, 50))
+                    p99s[kind].append(_pct(lat, 99))
+                    print(f"run {run} {NAMES[kind]}: {len(lat)} small messages, "
+                          f"p50 {p50s[kind][-1]:.1f} ms, p99 {p99s[kind][-1]:.1f} ms")  # fmt: skip
     finally:
         limited.stop()
         raised.stop()
         seaweed.stop()
-    b50, b99 = _pct(base, 50), _pct(base, 99)
-    c50, c99 = _pct(cand, 50), _pct(cand, 99)
-    print(f"raised-limit mosquitto + paho: {len(base)} small messages, p50 {b50:.1f} ms, "
-          f"p99 {b99:.1f} ms")  # fmt: skip
-    print(f"claim check (Client):          {len(cand)} small messages, p50 {c50:.1f} ms, "
-          f"p99 {c99:.1f} ms")  # fmt: skip
+    b50, b99 = statistics.median(p50s["paho"]), statistics.median(p99s["paho"])
+    c50, c99 = statistics.median(p50s["client"]), statistics.median(p99s["client"])
+    print(f"median of {args.runs}: {NAMES['paho']} p50 {b50:.1f} ms p99 {b99:.1f} ms; "
+          f"{NAMES['client']} p50 {c50:.1f} ms p99 {c99:.1f} ms")  # fmt: skip
     print(f"p99 ratio {c99 / b99:.3f} (target <= 0.10); {args.big} x {args.size_mib} MiB intact")
     emit(
         [

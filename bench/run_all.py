@@ -43,7 +43,7 @@ def _cmd(name: str, quick: bool) -> list[str]:
             "--size-mib",
             "16" if quick else "32",
         ],
-        "8": ["hol.py", "--big", "6", "--size-mib", "8" if quick else "16"],
+        "8": ["hol.py", "--runs", "1" if quick else "3"],
         "spark": ["spark_read.py", "--store", "both", "--objects", "16" if quick else "64"],
     }[name]
     return [sys.executable, str(HERE / args[0]), *args[1:]]
