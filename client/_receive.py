@@ -246,6 +246,9 @@ class Receiver:
 
     def _fetch_into(self, slot: Slot, incoming: Incoming, ref: _placeholder.Placeholder) -> None:
         """A pool job: fetch a placeholder's payload and fill its slot, whatever happens."""
+        if self._stop.is_set():  # closing: jobs still queued are dropped, not fetched
+            self.sequencer.fill(slot, None)
+            return
         try:
             delivery: Delivery | None = self._resolve(incoming, ref)
         except Exception as exc:  # a bug or the disk: still one message, not the client

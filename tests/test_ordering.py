@@ -24,7 +24,7 @@ from _hostile import RawPublisher
 from client import Client, FetchError, Message, MessageError
 from client.protocol import MessageId, Placeholder
 
-from _servers import Mosquitto
+from _servers import Mosquitto, wait_until
 
 pytestmark = pytest.mark.servers
 OFFLOAD = shutil.which("offload") or "offload"
@@ -212,6 +212,12 @@ def test_intake_stops_at_max_pending_deliveries(
             pub.publish(f"{root}/t{i}", b"%d" % i)
         # Four outstanding at most: the head and three others; the rest wait unread.
         assert _payloads(sub, 3) == [b"0", b"1", b"2"]
+        # A's head still held: the worker fills the room again, then leaves the rest waiting
+        # in the connection's queue instead of holding them.
+        receiver = sub._receiver
+        wait_until(lambda: receiver.sequencer.outstanding[0] == 4, "a full intake", 10)
+        assert receiver.inbound.qsize() > 0
+        assert receiver.sequencer.outstanding[0] == 4
         held.gate.set()
         rest = _payloads(sub, 18)
         assert sorted(rest) == sorted([b"head"] + [b"%d" % i for i in range(3, 20)])
