@@ -19,6 +19,13 @@ Telemetry comes from its own process (another device); `--same-process` sends it
 thread of the large messages' producer instead, which adds that process's upload work (GIL)
 to the claim check's telemetry latency.
 
+Where the claim check's remaining tail comes from (2 cores, November 2026): a plain paho
+subscriber that fetches nothing, on the same 256 KiB broker during the same claim-check
+flow, sees a p99 of 18-45 ms too, as does a `Client` with `fetch_external=False`: the tail
+is CPU taken by the upload path (producer, gateway, SeaweedFS) from mosquitto and the
+telemetry processes, not the subscriber's receive path. Direct transfers and a leaner
+proxy (issue 15, items 2 and 4) are what shrink it further.
+
     python bench/hol.py
     python bench/hol.py --runs 1 --big 4 --size-mib 8
 """
