@@ -43,6 +43,7 @@ def _cmd(name: str, quick: bool) -> list[str]:
             "--size-mib",
             "16" if quick else "32",
         ],
+        "8": ["hol.py", "--runs", "1" if quick else "3"],
         "spark": ["spark_read.py", "--store", "both", "--objects", "16" if quick else "64"],
     }[name]
     return [sys.executable, str(HERE / args[0]), *args[1:]]
@@ -146,11 +147,23 @@ def machine() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--only", nargs="+", choices=["1", "2", "3", "4", "5", "6", "7", "spark"])
+    parser.add_argument(
+        "--only", nargs="+", choices=["1", "2", "3", "4", "5", "6", "7", "8", "spark"]
+    )
     parser.add_argument("--spark", action="store_true")
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
-    names = args.only or ["1", "2", "3", "4", "5", "6", "7", *(["spark"] if args.spark else [])]
+    names = args.only or [
+        "1",
+        "2",
+        "3",
+        "4",
+        "5",
+        "6",
+        "7",
+        "8",
+        *(["spark"] if args.spark else []),
+    ]
     print(f"machine: {machine()}")
     rows: list[dict[str, object]] = []
     for name in names:

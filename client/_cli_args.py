@@ -63,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     subs.add_argument("--count", "-c", type=int, help="stop after N messages (errors count)")
     subs.add_argument("--timeout", type=float, metavar="SECONDS", help="stop when idle this long")
     subs.add_argument("--out", "-o", type=Path, metavar="DIR", help="write payloads here")
+    subs.add_argument(
+        "--ordering", choices=["topic", "arrival"], help="per-topic (default) or arrival order"
+    )
+    subs.add_argument("--fetch-concurrency", type=int, metavar="N", help="fetches at once (4)")
 
     fetch = sub.add_parser("fetch", help="download an offloaded payload")
     fetch.add_argument("url", help="{endpoint}/msg/{id} (its raw /payload is fetched) or any URL")
@@ -89,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
 _SETTING_FLAGS = (
     "broker", "username", "password", "client_id", "endpoint", "discovery_topic",
     "discovery_wait", "max_packet_size", "offload_threshold", "chunk_timeout",
-    "automatic_offload", "fetch_external", "chunking",
+    "automatic_offload", "fetch_external", "chunking", "ordering", "fetch_concurrency",
 )  # fmt: skip
 
 

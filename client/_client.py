@@ -4,8 +4,10 @@ Threads and who may block:
 
 * paho's network thread (:mod:`client._paho`) only converts and enqueues; discovery records
   are applied there because that is cheap and must not wait behind a slow fetch;
-* one worker thread turns received messages into deliveries: placeholders are fetched (HTTP),
-  chunks reassembled, chunk timeouts swept, the discovery subscription refreshed;
+* one worker thread turns received messages into deliveries: chunks reassembled, chunk
+  timeouts swept, the discovery subscription refreshed; placeholders are handed to a pool of
+  `fetch_concurrency` fetch threads, and deliveries leave in order per topic
+  (:mod:`client._ordering`), so a slow fetch never holds up another topic;
 * the application's thread(s) publish and iterate :meth:`Client.messages`.
 
 Publishing only waits on futures completed by paho's thread, which never waits on anything,
@@ -95,7 +97,7 @@ class Client:
             when `http_token` is set, else SCRAM-SHA-512 with the broker's user name and
             password when both are set (:mod:`client._scram`), else none.
         on_fetch_progress: called as `(topic, bytes received, total)` while a placeholder's
-            payload downloads (from the client's worker thread: keep it quick).
+            payload downloads (from a fetch thread, `fetch_concurrency` at once: keep it quick).
         **overrides: any :class:`ClientSettings` field, e.g. `automatic_offload=False`,
             `chunking=False`, `endpoint="http://gw:8000"`, `max_packet_size=65536`.
     """
@@ -365,6 +367,7 @@ class Client:
             deliveries.put(_CLOSED)  # let every other iterator end too
             return None
         assert isinstance(item, Message | MessageError)
+        self._receiver.sequencer.consumed(item)
         return item
 
     def messages(self, timeout: float | None = None) -> Iterator[Delivery]:

@@ -37,6 +37,7 @@ from ._exceptions import ConfigError
 from .protocol._bounded import Origin, http_origin
 
 UntrustedPolicy = Literal["anonymous", "refuse"]
+Ordering = Literal["topic", "arrival"]
 ENV_PREFIX = "OFFLOAD_"
 DEFAULT_CONFIG_FILE = Path("~/.config/mqtt-offload/config.toml")
 
@@ -163,6 +164,35 @@ class ClientSettings:
         "packet limit and `spool_threshold` (see Chunking)",
         float,
     )
+    fetch_concurrency: int = setting(
+        4,
+        "placeholders fetched at once (4); a message is delivered once every earlier message "
+        "on its topic has been (see Delivery order)",
+        int,
+    )
+    ordering: Ordering = setting(  # noqa: RUF009
+        "topic",
+        "`topic` (default): order kept per topic, other topics never wait behind a fetch; "
+        "`arrival`: strict arrival order across all topics",
+    )
+    fetch_retry_for: float = setting(
+        45.0,
+        "seconds a fetch retries with backoff after a transient failure (refused or reset "
+        "connection, timeout, 5xx) before it is reported; later messages on its topic wait",
+        float,
+    )
+    max_pending_deliveries: int = setting(
+        1000,
+        "messages received but not yet taken by the application (being fetched, waiting for "
+        "their turn or queued); at the bound the client stops taking new ones",
+        int,
+    )
+    max_pending_bytes: int = setting(
+        256 * 1024 * 1024,
+        "payload bytes those hold in memory (256 MiB; spooled payloads count none); one "
+        "message is always admitted",
+        int,
+    )
     ca_file: str | None = setting(
         None,
         "CA bundle (PEM) for `mqtts://` brokers and `https://` gateways (default: system CAs)",
@@ -175,11 +205,16 @@ class ClientSettings:
             raise ConfigError(f"protocol must be 5 or 4 (3.1.1), got {self.protocol!r}")
         if self.untrusted_endpoint not in get_args(UntrustedPolicy):
             raise ConfigError("untrusted_endpoint must be 'anonymous' or 'refuse'")
+        if self.ordering not in get_args(Ordering):
+            raise ConfigError("ordering must be 'topic' or 'arrival'")
         for name in (
             "max_partial_messages",
             "max_buffered_bytes",
             "spool_threshold",
             "max_fetch_bytes",
+            "fetch_concurrency",
+            "max_pending_deliveries",
+            "max_pending_bytes",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
@@ -198,6 +233,7 @@ class ClientSettings:
             "chunk_timeout",
             "http_timeout",
             "max_chunk_timeout",
+            "fetch_retry_for",
         ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must not be negative")
@@ -392,6 +428,11 @@ class SettingsOverrides(TypedDict, total=False):
     max_buffered_bytes: int
     max_chunk_timeout: float
     max_fetch_bytes: int
+    fetch_concurrency: int
+    ordering: Ordering
+    fetch_retry_for: float
+    max_pending_deliveries: int
+    max_pending_bytes: int
     ca_file: str | None
 
 

@@ -46,6 +46,18 @@ BSON_TYPE = "application/bson"
 MAX_ERROR_BODY = 65536
 
 
+class TransientFetchError(FetchError):
+    """A fetch failure that may pass: no connection, a reset, a timeout, a 5xx or a 429.
+
+    The receiver retries these for `fetch_retry_for` seconds (a gateway or store restart)
+    before reporting them; every other FetchError is final at once.
+    """
+
+
+#: Statuses a restarting gateway or store answers for a moment.
+TRANSIENT_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+
+
 @dataclass(frozen=True, slots=True)
 class UploadReceipt:
     """A stored upload: where to fetch it, and what it is."""
@@ -291,6 +303,8 @@ class HttpTransport:
             ) as response:
                 if response.status_code in (404, 410):
                     raise PayloadNotFound(url, _detail(response), response.status_code)
+                if response.status_code in TRANSIENT_STATUSES:
+                    raise TransientFetchError(url, _detail(response), response.status_code)
                 if response.status_code != 200:
                     raise FetchError(url, _detail(response), response.status_code)
                 coding = response.headers.get("Content-Encoding", "identity").strip().lower()
@@ -317,10 +331,17 @@ class HttpTransport:
                     payload = Payload(b"".join(pieces))
                 else:
                     payload = self._spool(stream, digest, spool_dir)
+        except httpx.TransportError as exc:  # refused, reset, timed out, cut short
+            raise TransientFetchError(url, f"fetch failed: {exc!r}") from exc
         except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as exc:
             raise FetchError(url, f"fetch failed: {exc!r}") from exc
         except ScramFailure as exc:
             raise FetchError(url, str(exc), 401) from exc
+        if expected_size is not None and payload.size < expected_size:
+            payload.discard()  # the connection ended early (a restart): worth another try
+            raise TransientFetchError(
+                url, f"size mismatch: expected {expected_size}, got {payload.size}"
+            )
         if expected_size is not None and payload.size != expected_size:
             payload.discard()
             raise FetchError(url, f"size mismatch: expected {expected_size}, got {payload.size}")

@@ -9,6 +9,12 @@ rule) or an origin in `discovery_allowlist`; other origins need `untrusted_endpo
 "anonymous"` (and get no credentials), else a placeholder could make every subscriber send
 requests to any host and port inside its network. The transport never reads more than the
 placeholder's declared size (:meth:`client._http.HttpTransport.fetch`).
+
+Placeholders are fetched by a pool of `fetch_concurrency` threads, and deliveries leave
+in order per topic (or in strict arrival order with `ordering = "arrival"`) through a
+:class:`client._ordering.Sequencer`, which also bounds how many messages and bytes are
+outstanding. A transient fetch failure (no connection, a reset, a timeout, a 5xx) is
+retried with backoff for `fetch_retry_for` seconds, its topic's later messages waiting.
 """
 
 from __future__ import annotations
@@ -31,8 +37,9 @@ from ._exceptions import (
     ReceiveError,
     UntrustedEndpoint,
 )
-from ._http import HttpTransport
+from ._http import HttpTransport, TransientFetchError
 from ._message import Message, MessageError, Payload, Route
+from ._ordering import FetchPool, Sequencer, Slot
 from ._paho import Incoming, MqttConnection
 from .protocol import PublishProperties, _placeholder
 from .protocol._bounded import Origin, http_origin
@@ -126,6 +133,13 @@ class Receiver:
         self._on_fetch_progress = on_fetch_progress
         self.inbound: queue.SimpleQueue[Incoming | object] = queue.SimpleQueue()
         self.deliveries: queue.SimpleQueue[Delivery | object] = queue.SimpleQueue()
+        self.sequencer = Sequencer(
+            self.deliveries,
+            max_pending=s.max_pending_deliveries,
+            max_pending_bytes=s.max_pending_bytes,
+            arrival_order=s.ordering == "arrival",
+        )
+        self._stop = threading.Event()
         # Reassembly keeps at most spool_threshold bytes of chunks in RAM; bigger messages
         # are spooled to temporary files and delivered as spooled payloads (issue 3).
         self.chunk_store = SpoolingChunkStore(memory_limit=s.spool_threshold)
@@ -160,6 +174,14 @@ class Receiver:
 
     def run(self, stop: threading.Event) -> None:
         """The worker thread's loop, until `stop` is set."""
+        self._stop = stop
+        pool = FetchPool(self._settings.fetch_concurrency)
+        try:
+            self._loop(stop, pool)
+        finally:
+            pool.close()
+
+    def _loop(self, stop: threading.Event, pool: FetchPool) -> None:
         last_refresh = time.monotonic()
         while not stop.is_set():
             now = time.monotonic()
@@ -171,46 +193,47 @@ class Receiver:
                 item = None
             if isinstance(item, Incoming):
                 try:
-                    self._process(item)
+                    self._process(item, pool)
                 except OffloadError as exc:  # an error about one message, never fatal
-                    self.deliveries.put(MessageError(item.topic, exc))
+                    self._emit(item.topic, MessageError(item.topic, exc))
                 except Exception as exc:  # a bug or the disk: still one message, not the client
                     log.exception("could not handle a message on %r", item.topic)
                     failure = ReceiveError(f"could not handle the message: {exc!r}"[:500])
-                    self.deliveries.put(MessageError(item.topic, failure))
+                    self._emit(item.topic, MessageError(item.topic, failure))
             now = time.monotonic()
             for error in self._reassembler.expire(now):
-                self.deliveries.put(MessageError(error.topic, error.error, error.message_id))
+                self._emit(error.topic, MessageError(error.topic, error.error, error.message_id))
             refresh = self._settings.discovery_refresh
             if self._use_discovery and refresh > 0 and now - last_refresh > refresh:
                 last_refresh = now
                 if self._conn.connected:
                     self._conn.resubscribe(self._settings.discovery_topic)
 
-    def _process(self, incoming: Incoming) -> None:
+    def _emit(self, topic: str, delivery: Delivery) -> None:
+        """Queue a ready delivery behind every earlier message on its topic."""
+        weight = delivery.body.size if isinstance(delivery, Message) else 0
+        slot = self.sequencer.reserve(topic, weight, self._stop)
+        if slot is not None:
+            self.sequencer.fill(slot, delivery)
+
+    def _process(self, incoming: Incoming, pool: FetchPool) -> None:
         props = incoming.properties
         if self._settings.protocol == 5 and chunk_header_present(props):
             self._process_chunk(incoming)
             return
         if self._settings.fetch_external and _placeholder.is_tagged(incoming.payload, props):
-            delivery = self._resolve(incoming)
-            if (
-                self._settings.ignore_payload_not_found
-                and isinstance(delivery, MessageError)
-                and isinstance(delivery.error, PayloadNotFound)
-            ):
-                # The SQS extended client's ignorePayloadNotFound: expired or deleted objects
-                # are skipped, visibly in the log only.
-                log.warning(
-                    "skipped message %s on %r: %s",
-                    delivery.message_id,
-                    incoming.topic,
-                    delivery.error,
-                )
+            try:
+                ref = _placeholder.parse(incoming.payload, incoming.properties)
+            except MalformedPlaceholder as exc:
+                self._emit(incoming.topic, MessageError(incoming.topic, exc))
                 return
-            self.deliveries.put(delivery)
+            held = min(ref.size, self._settings.spool_threshold)
+            slot = self.sequencer.reserve(incoming.topic, held, self._stop)
+            if slot is not None:
+                pool.submit(lambda: self._fetch_into(slot, incoming, ref))
             return
-        self.deliveries.put(
+        self._emit(
+            incoming.topic,
             Message(
                 incoming.topic,
                 Payload(incoming.payload),
@@ -218,18 +241,47 @@ class Receiver:
                 incoming.qos,
                 incoming.retain,
                 props,
-            )
+            ),
         )
+
+    def _fetch_into(self, slot: Slot, incoming: Incoming, ref: _placeholder.Placeholder) -> None:
+        """A pool job: fetch a placeholder's payload and fill its slot, whatever happens."""
+        if self._stop.is_set():  # closing: jobs still queued are dropped, not fetched
+            self.sequencer.fill(slot, None)
+            return
+        try:
+            delivery: Delivery | None = self._resolve(incoming, ref)
+        except Exception as exc:  # a bug or the disk: still one message, not the client
+            log.exception("could not fetch a message on %r", incoming.topic)
+            failure = ReceiveError(f"could not handle the message: {exc!r}"[:500])
+            delivery = MessageError(incoming.topic, failure, str(ref.message_id))
+        if (
+            self._settings.ignore_payload_not_found
+            and isinstance(delivery, MessageError)
+            and isinstance(delivery.error, PayloadNotFound)
+        ):
+            # The SQS extended client's ignorePayloadNotFound: expired or deleted objects
+            # are skipped, visibly in the log only.
+            log.warning(
+                "skipped message %s on %r: %s", delivery.message_id, incoming.topic, delivery.error
+            )
+            delivery = None
+        self.sequencer.fill(slot, delivery)
 
     def _process_chunk(self, incoming: Incoming) -> None:
         outcome = self._reassembler.feed(incoming, time.monotonic())
         for dropped in outcome.dropped:
-            self.deliveries.put(MessageError(dropped.topic, dropped.error, dropped.message_id))
+            self._emit(
+                dropped.topic, MessageError(dropped.topic, dropped.error, dropped.message_id)
+            )
         if isinstance(outcome, Error):
-            self.deliveries.put(MessageError(outcome.topic, outcome.error, outcome.message_id))
+            self._emit(
+                outcome.topic, MessageError(outcome.topic, outcome.error, outcome.message_id)
+            )
         elif isinstance(outcome, Complete):
             body = outcome.payload
-            self.deliveries.put(
+            self._emit(
+                outcome.topic,
                 Message(
                     outcome.topic,
                     Payload(body) if isinstance(body, bytes) else Payload(path=body),
@@ -239,32 +291,47 @@ class Receiver:
                     outcome.properties,
                     Route.CHUNKED,
                     outcome.message_id,
-                )
+                ),
             )
 
-    def _resolve(self, incoming: Incoming) -> Delivery:
-        """Fetch a placeholder's payload; any failure becomes a MessageError."""
-        try:
-            ref = _placeholder.parse(incoming.payload, incoming.properties)
-        except MalformedPlaceholder as exc:
-            return MessageError(incoming.topic, exc)
-        try:
-            auth = self._auth_for(ref)
-            self._warn_plain_http(ref.url)
-            progress = self._on_fetch_progress
-            payload = self._transport.fetch(
-                ref.payload_url,
-                expected_sha256=ref.sha256,
-                expected_size=ref.size,
-                max_bytes=self._settings.max_fetch_bytes,
-                spool_threshold=self._settings.spool_threshold,
-                auth=auth,
-                on_bytes=(lambda done, total: progress(incoming.topic, done, total))
-                if progress is not None
-                else None,
-            )
-        except OffloadError as exc:
-            return MessageError(incoming.topic, exc, str(ref.message_id))
+    def _resolve(self, incoming: Incoming, ref: _placeholder.Placeholder) -> Delivery:
+        """Fetch a placeholder's payload, retrying transient failures; errors become MessageError.
+
+        A transient failure (see :class:`client._http.TransientFetchError`) is retried with
+        exponential backoff (0.25 s doubling to 5 s) until `fetch_retry_for` seconds have
+        passed since the first attempt, or the client closes.
+        """
+        retry_until = time.monotonic() + self._settings.fetch_retry_for
+        backoff = 0.25
+        while True:
+            try:
+                return self._fetch_once(incoming, ref)
+            except TransientFetchError as exc:
+                left = retry_until - time.monotonic()
+                if left <= 0 or self._stop.is_set():
+                    return MessageError(incoming.topic, exc, str(ref.message_id))
+                log.info("fetch of %s failed (%s): retrying", ref.message_id, exc)
+                if self._stop.wait(min(backoff, left)):
+                    return MessageError(incoming.topic, exc, str(ref.message_id))
+                backoff = min(backoff * 2, 5.0)
+            except OffloadError as exc:
+                return MessageError(incoming.topic, exc, str(ref.message_id))
+
+    def _fetch_once(self, incoming: Incoming, ref: _placeholder.Placeholder) -> Message:
+        auth = self._auth_for(ref)
+        self._warn_plain_http(ref.url)
+        progress = self._on_fetch_progress
+        payload = self._transport.fetch(
+            ref.payload_url,
+            expected_sha256=ref.sha256,
+            expected_size=ref.size,
+            max_bytes=self._settings.max_fetch_bytes,
+            spool_threshold=self._settings.spool_threshold,
+            auth=auth,
+            on_bytes=(lambda done, total: progress(incoming.topic, done, total))
+            if progress is not None
+            else None,
+        )
         return Message(
             incoming.topic,
             payload,
