@@ -61,11 +61,14 @@ def loaded_after(code: str) -> After:
 
 
 def run_main(*argv: str) -> str:
-    """`client.cli.main(argv)` in a fresh interpreter; `--help` exits, so catch that."""
+    """`offload ARGV` as the console script runs it (`main()` reads sys.argv), in a fresh
+    interpreter; `--help` exits, so catch that."""
     return (
+        "import sys\n"
         "from client.cli import main\n"
+        f"sys.argv = ['offload', *{list(argv)!r}]\n"
         "try:\n"
-        f"    result = main({list(argv)!r})\n"
+        "    result = main()\n"
         "except SystemExit as exc:\n"
         "    result = exc.code\n"
     )
@@ -100,6 +103,30 @@ def test_fetch_loads_httpx_but_not_paho_or_scramp() -> None:
     assert after.result == 5
     assert "httpx" in after.loaded  # the check sees a library that did load
     assert not {"paho", "dns", "scramp", "asn1crypto", "client._client"} & set(after.loaded)
+    # httpx's own command line (rich, click, pygments where installed) is skipped too.
+    assert not {"rich", "click", "pygments"} & set(after.loaded)
+
+
+def test_publish_loads_paho_but_neither_dnspython_nor_httpx_cli() -> None:
+    # A real connection attempt to a closed loopback port: refused, exit 3.
+    broker = f"mqtt://127.0.0.1:{free_port()}"
+    after = loaded_after(run_main("publish", "--broker", broker, "-t", "a/b", "-m", "x"))
+    assert after.result == 3
+    assert {"paho", "httpx", "client._client"} <= set(after.loaded)
+    assert not {"dns", "rich", "click", "pygments", "scramp"} & set(after.loaded)
+
+
+def test_an_application_importing_the_cli_keeps_every_optional_import() -> None:
+    # main(argv) is a library call: the process is not `offload`'s to trim.
+    code = (
+        "from client.cli import main\n"
+        "result = main(['publish', '-t', 'a/#', '-m', 'x'])\n"
+        "import paho.mqtt.client, httpx\n"
+    )
+    after = loaded_after(code)
+    assert after.result == 2
+    assert "dns" in after.loaded  # paho found dnspython: its SRV lookup still works
+    assert "httpx" in after.loaded
 
 
 def test_a_client_loads_scramp_only_when_it_logs_in() -> None:
