@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -28,7 +29,14 @@ import time
 from pathlib import Path
 
 from _harness import ROOT, absolute_row, emit, row
-from _servers import free_port  # tests/, on the path once _harness is imported
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
 
 OFFLOAD = str(Path(sys.executable).with_name("offload"))
 TARGET_MS = 100.0  # issue 15: `import client.cli` <= 0.10 s
@@ -39,7 +47,7 @@ COMMANDS = {
     "cli": [sys.executable, "-c", "import client.cli"],
     "help": [OFFLOAD, "--help"],
     "paho": [sys.executable, "-c", "import paho.mqtt.client"],
-    "publish": [OFFLOAD, "publish", "--broker", f"mqtt://127.0.0.1:{free_port()}", "-t", "b/s",
+    "publish": [OFFLOAD, "publish", "--broker", f"mqtt://127.0.0.1:{_closed_port()}", "-t", "b/s",
                 "-m", "x"],
     # Each module in its own process: one loaded first would lend the other its imports.
     "importtime client.cli": [sys.executable, "-X", "importtime", "-c", "import client.cli"],
