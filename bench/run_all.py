@@ -8,7 +8,7 @@ baselines taken in the same run, but 2 cores are easily disturbed.
 
     python bench/run_all.py                    # about 8 minutes on 2 cores
     python bench/run_all.py --quick            # fewer runs, smaller memory test
-    python bench/run_all.py --only 1 6         # benchmarks by number
+    python bench/run_all.py --only 1 6         # benchmarks by number (or name: startup)
     python bench/run_all.py --spark            # also bench/spark_read.py (needs pyspark)
     python bench/run_all.py --markdown         # the table as Markdown (for RESULTS.md)
 """
@@ -44,6 +44,7 @@ def _cmd(name: str, quick: bool) -> list[str]:
             "16" if quick else "32",
         ],
         "8": ["hol.py", "--runs", "1" if quick else "3"],
+        "startup": ["startup.py", "--runs", "10" if quick else "20"],
         "spark": ["spark_read.py", "--store", "both", "--objects", "16" if quick else "64"],
     }[name]
     return [sys.executable, str(HERE / args[0]), *args[1:]]
@@ -148,22 +149,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument(
-        "--only", nargs="+", choices=["1", "2", "3", "4", "5", "6", "7", "8", "spark"]
+        "--only",
+        nargs="+",
+        choices=["1", "2", "3", "4", "5", "6", "7", "8", "startup", "spark"],
     )
     parser.add_argument("--spark", action="store_true")
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
     names = args.only or [
-        "1",
-        "2",
-        "3",
-        "4",
-        "5",
-        "6",
-        "7",
-        "8",
-        *(["spark"] if args.spark else []),
-    ]
+        "1", "2", "3", "4", "5", "6", "7", "8", "startup", *(["spark"] if args.spark else [])
+    ]  # fmt: skip
     print(f"machine: {machine()}")
     rows: list[dict[str, object]] = []
     for name in names:

@@ -1,8 +1,9 @@
 """mqtt-offload client: publish and receive MQTT messages of any size.
 
 Importing `client` (or `client.protocol`, `client._exceptions`) stays light: the paho-,
-httpx- and scramp-based classes load on first use. The Spark executors, the gateway and the
-`discovery` package import the protocol cores through this package; loading the MQTT client
+httpx- and scramp-based classes, and the protocol codecs, load on first use (the `offload`
+CLI's start-up is paid by every command in a shell loop). The Spark executors, the gateway
+and the `discovery` package import the protocol cores through this package; loading the MQTT client
 with them would cost every such process about 0.45 s and fail where the `client` extra
 (scramp) is not installed. There is no import cycle to hide: `client` imports nothing from
 `discovery` or `gateway` (`lint-imports` checks it).
@@ -36,7 +37,6 @@ from ._exceptions import (
     UntrustedEndpoint,
     UploadError,
 )
-from .protocol import PublishProperties
 
 if TYPE_CHECKING:
     from ._acks import InvalidPublish
@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from ._message import Message, MessageError, Payload, PublishResult, Route
     from ._paho import Incoming, MqttConnection
     from ._scram import BearerAuth, ScramAuth
+    from .protocol import PublishProperties
 
 _LAZY = {
     "AsyncClient": "._aio",
@@ -68,6 +69,7 @@ _LAZY = {
     "ScramAuth": "._scram",
     "BearerAuth": "._scram",
     "SpoolingChunkStore": "._chunkstore",
+    "PublishProperties": ".protocol",
 }
 
 

@@ -1,7 +1,8 @@
 """The `offload` command line's arguments: the parser, the settings they make, their checks.
 
 Every argument is checked here before a command connects anywhere, so a mistyped topic or
-URL is a usage error (exit 2) whatever state the broker or gateway is in.
+URL is a usage error (exit 2) whatever state the broker or gateway is in. The checks import
+their modules when they run: `offload --help` and a usage error load no codec or setting.
 """
 
 from __future__ import annotations
@@ -9,13 +10,14 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from ._broker import BrokerUrl
 from ._cli_errors import EXIT_CODES_EPILOG, Parser, UsageError
-from ._config import ClientSettings, load_settings
 from ._exceptions import ConfigError, InvalidTopic
-from .protocol import Topic, TopicFilter
+
+if TYPE_CHECKING:
+    from ._config import ClientSettings
 
 
 def _add_connection(parser: argparse.ArgumentParser) -> None:
@@ -99,6 +101,8 @@ _SETTING_FLAGS = (
 
 def settings_from_args(args: argparse.Namespace) -> ClientSettings:
     """Flags > environment > config file > defaults."""
+    from ._config import load_settings  # not for `--help` or `fetch`: tomllib and friends
+
     flags: dict[str, object] = {name: getattr(args, name, None) for name in _SETTING_FLAGS}
     if getattr(args, "protocol", None):
         flags["protocol"] = 4 if args.protocol == "3.1.1" else 5
@@ -137,6 +141,8 @@ def validate(args: argparse.Namespace) -> None:
     Raises:
         UsageError: naming the subcommand whose argument is wrong.
     """
+    from .protocol import Topic, TopicFilter  # dataclasses and uuid: not for `--help`
+
     prog = f"offload {args.command}"
     try:
         if args.command in ("publish", "upload"):
@@ -157,6 +163,8 @@ def validate(args: argparse.Namespace) -> None:
         if args.segment_size <= 0:
             raise UsageError(prog, "--segment-size must be positive")
     if args.command in ("publish", "subscribe", "discover"):
+        from ._broker import BrokerUrl
+
         try:
             settings = settings_from_args(args)
             BrokerUrl.parse(settings.broker)

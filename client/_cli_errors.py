@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import argparse
 import errno
-from typing import NoReturn
-
-import httpx
+from typing import TYPE_CHECKING, NoReturn
 
 from ._exceptions import (
     ChecksumMismatchError,
@@ -44,6 +42,9 @@ from ._exceptions import (
     UntrustedEndpoint,
     UploadError,
 )
+
+if TYPE_CHECKING:
+    import httpx
 
 EXIT_OK, EXIT_ERRORS, EXIT_USAGE, EXIT_CONNECT, EXIT_TOO_LARGE, EXIT_TRANSFER = range(6)
 EXIT_INTERRUPTED = 130
@@ -99,6 +100,8 @@ def cause(error: OffloadError) -> str:
 
 def http_reason(exc: httpx.HTTPError) -> str:
     """What went wrong on the wire, in words (httpx's reprs name internal classes)."""
+    import httpx  # loaded already: `exc` is one of its errors (no start-up cost for the CLI)
+
     text = str(exc) or type(exc).__name__
     if isinstance(exc, httpx.ConnectTimeout):
         return "timed out connecting"
@@ -116,6 +119,8 @@ def http_reason(exc: httpx.HTTPError) -> str:
 
 
 def _transfer_line(exc: TransferError) -> str:
+    import httpx  # loaded already: a TransferError comes out of an httpx transfer
+
     name = cause(exc)
     detail = str(exc).removeprefix(f"{exc.url}: ")
     if isinstance(exc.__cause__, httpx.HTTPError):

@@ -29,10 +29,12 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Generator
+from typing import TYPE_CHECKING
 
 import httpx
-from scramp import ScramClient
-from scramp.utils import ScramException
+
+if TYPE_CHECKING:
+    from scramp import ScramClient
 
 MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256")
 
@@ -114,6 +116,11 @@ class ScramAuth(httpx.Auth):
         return f"ScramAuth(username={self.username!r}, mechanism={self.mechanism!r})"
 
     def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        # scramp (with asn1crypto) costs 30 ms to import: only a login pays it, not every
+        # process that builds a Client (`offload publish` in a shell loop).
+        from scramp import ScramClient
+        from scramp.utils import ScramException
+
         scram = ScramClient([self.mechanism], self.username, self._password)
         probe = _probe(request) if _has_body(request) else request
         probe.headers["Authorization"] = f"{self.mechanism} data={_b64(scram.get_client_first())}"
@@ -139,6 +146,8 @@ class ScramAuth(httpx.Auth):
         self._check_server_final(scram, response, sid)
 
     def _check_server_final(self, scram: ScramClient, response: httpx.Response, sid: str) -> None:
+        from scramp.utils import ScramException  # loaded already by auth_flow
+
         info = response.headers.get("authentication-info")
         if info is None:
             if response.status_code < 400:

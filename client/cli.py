@@ -15,27 +15,24 @@ import argparse
 import contextlib
 import errno
 import json
-import logging
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO, cast
-
-import httpx
+from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 from ._cli_args import build_parser, settings_from_args, validate
 from ._cli_errors import EXIT_ERRORS, EXIT_OK, UsageError, cause, describe, detail
-from ._client import Client
 from ._exceptions import ConfigError, OffloadError, UploadError
-from ._http import HttpTransport
-from ._message import Message, MessageError, PublishResult
-from ._progress import CountingReader, CountingWriter, Progress
-from ._scram import gateway_auth
-from ._upload import TusUploader, state_path
-from .protocol import MessageId
+
+if TYPE_CHECKING:
+    from ._message import Message, PublishResult
+
+# Start-up is paid by every `offload publish` in a shell loop, so this module imports only
+# argument parsing and error reporting. Each command imports what it uses when it runs:
+# httpx only for a transfer, paho only to connect, scramp only for a SCRAM login
+# (tests/test_cli_startup.py keeps it so; bench/startup.py measures it).
 
 PROGRESS_MIN_BYTES = 8 << 20  # smaller files finish before a bar is worth drawing
 
@@ -60,6 +57,9 @@ def _result_doc(result: PublishResult) -> dict[str, Any]:
 
 
 def _publish(args: argparse.Namespace) -> int:
+    from ._client import Client
+    from ._progress import CountingReader, Progress
+
     settings = settings_from_args(args)
     with Client(settings=settings) as client:
         if args.file is not None:
@@ -86,6 +86,10 @@ def _safe_name(topic: str) -> str:
 
 
 def _subscribe(args: argparse.Namespace) -> int:
+    from ._client import Client
+    from ._message import MessageError
+    from ._progress import Progress
+
     settings = settings_from_args(args)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
@@ -147,6 +151,10 @@ def _message_doc(msg: Message, out: Path | None, seq: int) -> dict[str, Any]:
 
 
 def _fetch(args: argparse.Namespace) -> int:
+    from ._http import HttpTransport
+    from ._progress import CountingWriter, Progress
+    from .protocol import MessageId
+
     if args.output is not None and args.output.is_dir():
         # Before any download: a directory cannot become the file.
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(args.output))
@@ -188,6 +196,8 @@ def _replacing(path: Path) -> Iterator[BinaryIO]:
 
     A failed download leaves no empty or truncated file and never clobbers an earlier one.
     """
+    import tempfile
+
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
     except OSError as exc:  # name the user's file, not the hidden temporary one
@@ -208,6 +218,8 @@ def _content_length(url: str) -> int | None:
     """The payload's size for the progress bar's ETA; None when the server does not say."""
     if not sys.stderr.isatty():
         return None
+    import httpx
+
     try:
         length = httpx.head(url, timeout=10).headers.get("content-length")
     except httpx.HTTPError:
@@ -216,6 +228,12 @@ def _content_length(url: str) -> int | None:
 
 
 def _upload(args: argparse.Namespace) -> int:
+    import httpx
+
+    from ._progress import Progress
+    from ._scram import gateway_auth
+    from ._upload import TusUploader, state_path
+
     settings = settings_from_args(args)
     auth = gateway_auth(
         username=settings.username, password=settings.password, token=settings.http_token
@@ -256,6 +274,8 @@ def _upload(args: argparse.Namespace) -> int:
 
 
 def _discover(args: argparse.Namespace) -> int:
+    from ._client import Client
+
     settings = settings_from_args(args)
     if settings.endpoint is not None:
         raise ConfigError("discover asks the broker: do not pass --endpoint")
@@ -275,6 +295,20 @@ def _discover(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# Optional imports of our libraries that no `offload` command uses, paid at every start
+# (30-100 ms each on 2 cores): httpx's own command line (rich, click and pygments, where they
+# are installed) and paho's DNS SRV lookup (dnspython, which pymongo always installs; we
+# never call `connect_srv`). None in sys.modules makes their `try: import ... except
+# ImportError` take its fallback at once. Only in the `offload` process itself, never in an
+# application that imports this module.
+_UNUSED_OPTIONAL_IMPORTS = ("httpx._main", "dns.resolver")
+
+
+def _skip_unused_optional_imports() -> None:
+    for name in _UNUSED_OPTIONAL_IMPORTS:
+        sys.modules.setdefault(name, None)  # type: ignore[arg-type]
+
+
 _COMMANDS = {
     "publish": _publish,
     "subscribe": _subscribe,
@@ -288,11 +322,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the `offload` command line; returns the exit code.
 
     Args:
-        argv: arguments without the program name (default: `sys.argv[1:]`).
+        argv: arguments without the program name (default: `sys.argv[1:]`, and then this
+            is the `offload` process: the optional imports no command uses are skipped).
     """
+    if argv is None:
+        _skip_unused_optional_imports()
     try:
         args = build_parser().parse_args(argv)
         validate(args)
+        import logging
+
         level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
         logging.basicConfig(
             level=level, format="offload: %(levelname)s %(message)s", stream=sys.stderr

@@ -4,36 +4,15 @@ Shared by the client, the gateway, the discovery advertiser and the Spark reader
 imports nothing from the rest of the project and no I/O library (paho, httpx, minio, fastapi),
 and it raises only its own errors (:mod:`client.protocol._errors`, re-exported by `client`).
 `lint-imports` (contracts in pyproject.toml) keeps it that way.
+
+Only the errors load with the package; every other name loads its module on first use
+(PEP 562 `__getattr__`), since each `offload` command and each gateway or Spark process
+needs a few of these codecs and building all their dataclasses cost about 50 ms a start.
 """
 
-from ._bounded import Origin, http_origin, loads_object
-from ._chunk import (
-    CHUNK_PROPERTY,
-    ChunkHeader,
-    ChunkPlan,
-    PlannedChunk,
-    chunk_header,
-    plan_chunks,
-    split,
-)
-from ._discovery import (
-    DISCOVERY_ENDPOINT_KEY,
-    DISCOVERY_PROTOCOL_VERSION,
-    DISCOVERY_TOPIC,
-    DiscoveryRecord,
-)
-from ._endpoint_cache import CachedRecord, EndpointCache
-from ._envelope import (
-    MAX_BSON_DOCUMENT,
-    EnvelopeParser,
-    PayloadData,
-    PayloadEnd,
-    PayloadStart,
-    encode_download,
-    encode_upload,
-)
-from ._envelope import Complete as EnvelopeComplete
-from ._envelope_fields import DownloadFields, UploadFields, download_fields, upload_fields
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from ._errors import (
     ChecksumMismatchError,
     ChunkBufferOverflow,
@@ -50,29 +29,134 @@ from ._errors import (
     OffloadError,
     ProtocolError,
 )
-from ._layout import (
-    DATA_PREFIX,
-    INDEX_PREFIX,
-    META_SUFFIX,
-    DataKey,
-    Manifest,
-    data_key,
-    decode_level,
-    encode_level,
-    filter_prefix,
-    index_key,
-    meta_key,
-    parse_data_key,
-    topic_prefix,
-)
-from ._placeholder import FORMAT_KEY, ID_KEY, Placeholder
-from ._props import PublishProperties, mqtt_text_problem, publish_properties_problem
-from ._reassembly import Complete as ChunkComplete
-from ._reassembly import Error as ChunkFailure
-from ._reassembly import Pending as ChunkPending
-from ._reassembly import Reassembler
-from ._size import MAX_PACKET_SIZE, fits, max_payload, publish_packet_size
-from ._types import MAX_TOPIC_BYTES, MessageId, Topic, TopicFilter, mqtt_string_problem
+
+if TYPE_CHECKING:
+    from ._bounded import Origin, http_origin, loads_object
+    from ._chunk import (
+        CHUNK_PROPERTY,
+        ChunkHeader,
+        ChunkPlan,
+        PlannedChunk,
+        chunk_header,
+        plan_chunks,
+        split,
+    )
+    from ._discovery import (
+        DISCOVERY_ENDPOINT_KEY,
+        DISCOVERY_PROTOCOL_VERSION,
+        DISCOVERY_TOPIC,
+        DiscoveryRecord,
+    )
+    from ._endpoint_cache import CachedRecord, EndpointCache
+    from ._envelope import (
+        MAX_BSON_DOCUMENT,
+        EnvelopeParser,
+        PayloadData,
+        PayloadEnd,
+        PayloadStart,
+        encode_download,
+        encode_upload,
+    )
+    from ._envelope import Complete as EnvelopeComplete
+    from ._envelope_fields import DownloadFields, UploadFields, download_fields, upload_fields
+    from ._layout import (
+        DATA_PREFIX,
+        INDEX_PREFIX,
+        META_SUFFIX,
+        DataKey,
+        Manifest,
+        data_key,
+        decode_level,
+        encode_level,
+        filter_prefix,
+        index_key,
+        meta_key,
+        parse_data_key,
+        topic_prefix,
+    )
+    from ._placeholder import FORMAT_KEY, ID_KEY, Placeholder
+    from ._props import PublishProperties, mqtt_text_problem, publish_properties_problem
+    from ._reassembly import Complete as ChunkComplete
+    from ._reassembly import Error as ChunkFailure
+    from ._reassembly import Pending as ChunkPending
+    from ._reassembly import Reassembler
+    from ._size import MAX_PACKET_SIZE, fits, max_payload, publish_packet_size
+    from ._types import MAX_TOPIC_BYTES, MessageId, Topic, TopicFilter, mqtt_string_problem
+
+# name -> (module, name there). Loaded on first use: a process that needs one value (the
+# `offload` CLI checking a topic, a client importing its errors) does not pay for every codec.
+_LAZY: dict[str, tuple[str, str]] = {
+    "CHUNK_PROPERTY": ("._chunk", "CHUNK_PROPERTY"),
+    "CachedRecord": ("._endpoint_cache", "CachedRecord"),
+    "ChunkComplete": ("._reassembly", "Complete"),
+    "ChunkFailure": ("._reassembly", "Error"),
+    "ChunkHeader": ("._chunk", "ChunkHeader"),
+    "ChunkPending": ("._reassembly", "Pending"),
+    "ChunkPlan": ("._chunk", "ChunkPlan"),
+    "DATA_PREFIX": ("._layout", "DATA_PREFIX"),
+    "DISCOVERY_ENDPOINT_KEY": ("._discovery", "DISCOVERY_ENDPOINT_KEY"),
+    "DISCOVERY_PROTOCOL_VERSION": ("._discovery", "DISCOVERY_PROTOCOL_VERSION"),
+    "DISCOVERY_TOPIC": ("._discovery", "DISCOVERY_TOPIC"),
+    "DataKey": ("._layout", "DataKey"),
+    "DiscoveryRecord": ("._discovery", "DiscoveryRecord"),
+    "DownloadFields": ("._envelope_fields", "DownloadFields"),
+    "EndpointCache": ("._endpoint_cache", "EndpointCache"),
+    "EnvelopeComplete": ("._envelope", "Complete"),
+    "EnvelopeParser": ("._envelope", "EnvelopeParser"),
+    "FORMAT_KEY": ("._placeholder", "FORMAT_KEY"),
+    "ID_KEY": ("._placeholder", "ID_KEY"),
+    "INDEX_PREFIX": ("._layout", "INDEX_PREFIX"),
+    "MAX_BSON_DOCUMENT": ("._envelope", "MAX_BSON_DOCUMENT"),
+    "MAX_PACKET_SIZE": ("._size", "MAX_PACKET_SIZE"),
+    "MAX_TOPIC_BYTES": ("._types", "MAX_TOPIC_BYTES"),
+    "META_SUFFIX": ("._layout", "META_SUFFIX"),
+    "Manifest": ("._layout", "Manifest"),
+    "MessageId": ("._types", "MessageId"),
+    "Origin": ("._bounded", "Origin"),
+    "PayloadData": ("._envelope", "PayloadData"),
+    "PayloadEnd": ("._envelope", "PayloadEnd"),
+    "PayloadStart": ("._envelope", "PayloadStart"),
+    "Placeholder": ("._placeholder", "Placeholder"),
+    "PlannedChunk": ("._chunk", "PlannedChunk"),
+    "PublishProperties": ("._props", "PublishProperties"),
+    "Reassembler": ("._reassembly", "Reassembler"),
+    "Topic": ("._types", "Topic"),
+    "TopicFilter": ("._types", "TopicFilter"),
+    "UploadFields": ("._envelope_fields", "UploadFields"),
+    "chunk_header": ("._chunk", "chunk_header"),
+    "data_key": ("._layout", "data_key"),
+    "decode_level": ("._layout", "decode_level"),
+    "download_fields": ("._envelope_fields", "download_fields"),
+    "encode_download": ("._envelope", "encode_download"),
+    "encode_level": ("._layout", "encode_level"),
+    "encode_upload": ("._envelope", "encode_upload"),
+    "filter_prefix": ("._layout", "filter_prefix"),
+    "fits": ("._size", "fits"),
+    "http_origin": ("._bounded", "http_origin"),
+    "index_key": ("._layout", "index_key"),
+    "loads_object": ("._bounded", "loads_object"),
+    "max_payload": ("._size", "max_payload"),
+    "meta_key": ("._layout", "meta_key"),
+    "mqtt_string_problem": ("._types", "mqtt_string_problem"),
+    "mqtt_text_problem": ("._props", "mqtt_text_problem"),
+    "parse_data_key": ("._layout", "parse_data_key"),
+    "plan_chunks": ("._chunk", "plan_chunks"),
+    "publish_packet_size": ("._size", "publish_packet_size"),
+    "publish_properties_problem": ("._props", "publish_properties_problem"),
+    "split": ("._chunk", "split"),
+    "topic_prefix": ("._layout", "topic_prefix"),
+    "upload_fields": ("._envelope_fields", "upload_fields"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    where = _LAZY.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(where[0], __name__), where[1])
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "CHUNK_PROPERTY",
