@@ -18,10 +18,10 @@ import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
-from starlette.requests import ClientDisconnect
+from starlette.requests import ClientDisconnect, Request
 
-from client._placeholder import FORMAT_KEY, ID_KEY, Placeholder
-from client.protocol import Manifest, MessageId, PublishProperties, Topic
+from client._placeholder import Placeholder
+from client.protocol import Manifest, MessageId, Topic
 from client.protocol._envelope import (
     Complete,
     EnvelopeParser,
@@ -35,53 +35,100 @@ from client.protocol._props import mqtt_text_problem, publish_properties_problem
 from ._context import Context
 from ._errors import BadRequest, BrokerUnavailable, PayloadTooLarge, StorageUnavailable
 from ._mqtt import InvalidPublish
+from ._options import RESERVED, PublishOptions
 from ._pipe import StreamingUpload
 from ._service import Stored, message_id_from_headers
 
 log = logging.getLogger("gateway")
 
+ID_HEADER = "_id"  # the hop header that carries the message id
+
 PUBLISH_TIMEOUT = 30.0  # seconds to wait for the broker's PUBACK/PUBCOMP
-MAX_EXPIRY = 2**32 - 1  # MQTT's Message Expiry Interval is a four-byte integer
-_RESERVED = (FORMAT_KEY, ID_KEY)
 
 
 @dataclass(frozen=True, slots=True)
-class PublishOptions:
-    """How the gateway publishes a placeholder: QoS, retain, expiry, user properties."""
+class Received:
+    """A payload stored but not yet described: what every receive path hands on.
 
-    qos: int = 1
-    retain: bool = False
-    expiry: int | None = None  # seconds (Message Expiry Interval); None: never expires
-    user_properties: tuple[tuple[str, str], ...] = ()
+    The hop BSON upload, the raw `/publish` body and a completed tus upload each end in
+    one of these; `build_manifest` turns it into the message, the same way for all three.
+    """
 
-    def __post_init__(self) -> None:
-        if self.qos not in (0, 1, 2):
-            raise BadRequest(f"qos must be 0, 1 or 2, not {self.qos!r}")
-        if self.expiry is not None and not 0 <= self.expiry <= MAX_EXPIRY:
-            raise BadRequest(f"expiry must be between 0 and {MAX_EXPIRY} seconds")
-        for name, _value in self.user_properties:
-            if not name:
-                raise BadRequest("user property names must not be empty")
-            if name in _RESERVED:
-                raise BadRequest(f"user property {name!r} is reserved for the placeholder")
-        # The broker drops the connection of a client whose PUBLISH breaks the MQTT string
-        # rules: refuse here, before the payload is read or stored.
-        problem = publish_properties_problem(self.properties(None))
-        if problem is not None:
-            raise BadRequest(problem)
-
-    def properties(self, content_type: str | None) -> PublishProperties:
-        """The original message's properties (the placeholder keeps them)."""
-        return PublishProperties(
-            message_expiry_interval=self.expiry,
-            content_type=content_type,
-            user_properties=self.user_properties,
-        )
+    topic: Topic
+    data_key: str
+    sha256: str
+    size: int
+    timestamp: int  # milliseconds since the epoch, when the upload began
+    headers: tuple[tuple[str, bytes], ...] = ()  # the sender's (hop document); else none
+    key: bytes | None = None  # the hop document's `key`
+    message_id: MessageId | None = None  # the id the sender chose; None: a new one
 
 
-def user_property_headers(options: PublishOptions) -> tuple[tuple[str, bytes], ...]:
-    """User properties as stored headers, the way the client library stores them."""
-    return tuple((name, value.encode("utf-8")) for name, value in options.user_properties)
+@dataclass(frozen=True, slots=True)
+class Published:
+    """A message committed and announced: what the publish routes answer with."""
+
+    manifest: Manifest
+    created: bool  # False: an identical earlier message was found (idempotent retry)
+    url: str
+
+
+def build_manifest(
+    ctx: Context,
+    received: Received,
+    *,
+    ttl: int | None,
+    content_type: str | None = None,
+    filename: str | None = None,
+    extra_headers: tuple[tuple[str, bytes], ...] = (),
+) -> Manifest:
+    """The one place a received payload becomes a `Manifest` (not yet committed).
+
+    The id is the sender's when it named one, else new; a message whose headers carry no
+    `_id` gets one, the way the client library stores it. `extra_headers` (user properties)
+    follow the sender's, and `ttl` (seconds, capped by the gateway) sets its expiry.
+    """
+    message_id = received.message_id or MessageId.new()
+    headers = received.headers
+    if not any(name == ID_HEADER for name, _ in headers):
+        headers = (*headers, (ID_HEADER, message_id.bytes))
+    return Manifest(
+        id=message_id,
+        topic=received.topic,
+        timestamp=received.timestamp,
+        size=received.size,
+        sha256=received.sha256,
+        data_key=received.data_key,
+        headers=headers + extra_headers,
+        key=received.key,
+        content_type=content_type,
+        filename=filename,
+        expires=ctx.service.expiry_for(received.timestamp, ttl),
+    )
+
+
+def message_url(ctx: Context, request: Request, message_id: MessageId) -> str:
+    """The URL a placeholder and a `201` name: the public URL when set, else the request's."""
+    base = ctx.public_url or str(request.base_url).rstrip("/")
+    return f"{base}/msg/{message_id}"
+
+
+async def publish(
+    ctx: Context, request: Request, manifest: Manifest, options: PublishOptions, *, kind: str
+) -> Published:
+    """Commit, then announce: the one commit -> URL -> placeholder sequence of every path.
+
+    Args:
+        ctx: the request context.
+        request: gives the message URL when no public URL is set.
+        manifest: from `build_manifest`.
+        options: the placeholder's QoS, retain, expiry and user properties.
+        kind: the upload path, for the metrics (`publish`, `resumable`).
+    """
+    stored = await commit_or_discard(ctx, manifest, kind=kind)
+    url = message_url(ctx, request, stored.manifest.id)
+    await announce(ctx, stored.manifest, url, options, created=stored.created)
+    return Published(stored.manifest, stored.created, url)
 
 
 def check_running_total(total: int, limit: int) -> None:
@@ -97,7 +144,7 @@ async def receive_raw(
     *,
     length: int,
     content_type: str | None,
-) -> tuple[str, str, int, int]:
+) -> Received:
     """Stream a raw body into a new payload object.
 
     Args:
@@ -108,7 +155,7 @@ async def receive_raw(
         content_type: stored as the object's content type.
 
     Returns:
-        (data key, SHA-256 hex, size, timestamp ms); nothing is stored when this raises.
+        The stored payload; nothing is stored when this raises.
     """
     limit = ctx.settings.max_body_bytes
     upload, key, stamp = ctx.service.begin_upload(topic, length, content_type=content_type)
@@ -126,7 +173,7 @@ async def receive_raw(
         if isinstance(exc, ClientDisconnect):
             raise BadRequest("client disconnected before the body was complete") from exc
         raise
-    return key, sha256, size, stamp
+    return Received(topic, key, sha256, size, stamp)
 
 
 async def receive_envelope(
@@ -135,11 +182,11 @@ async def receive_envelope(
     chunks: AsyncIterator[bytes],
     *,
     check_headers: Callable[[Sequence[tuple[str, bytes]]], object] | None = None,
-) -> Manifest:
+) -> Received:
     """Stream a hop-client BSON upload document `{message, headers, key?}` into the store.
 
-    The message id is the `_id` header (16 raw bytes or UUID text); without one a new id is
-    assigned and added to the headers.
+    The message id is the `_id` header (16 raw bytes or UUID text); without one,
+    `build_manifest` assigns a new id and adds it to the headers.
 
     Args:
         ctx: the request context.
@@ -149,7 +196,7 @@ async def receive_envelope(
             arrive (before the payload is stored when the document sends them first).
 
     Returns:
-        The manifest, not yet committed; nothing is left stored when this raises.
+        The stored payload, its headers and id; nothing is left stored when this raises.
     """
     parser = EnvelopeParser(
         max_document=ctx.settings.max_body_bytes, max_fields=ctx.settings.max_header_bytes
@@ -182,20 +229,15 @@ async def receive_envelope(
                         check_headers(fields.headers)
         parser.end()
         assert fields is not None and stored_key is not None
-        headers = fields.headers
-        message_id = message_id_from_headers(headers)
-        if message_id is None:
-            message_id = MessageId.new()
-            headers = (*headers, ("_id", message_id.bytes))
-        return Manifest(
-            id=message_id,
-            topic=topic,
-            timestamp=stamp,
-            size=size,
-            sha256=sha256,
-            data_key=stored_key,
-            headers=headers,
+        return Received(
+            topic,
+            stored_key,
+            sha256,
+            size,
+            stamp,
+            headers=tuple(fields.headers),
             key=fields.key,
+            message_id=message_id_from_headers(fields.headers),
         )
     except BaseException as exc:
         if upload is not None:
@@ -296,7 +338,7 @@ def placeholder_user_properties(
     """
     out: list[tuple[str, str]] = []
     for name, value in headers:
-        if name in _RESERVED:
+        if name in RESERVED:
             continue
         try:
             text = value.decode("utf-8")

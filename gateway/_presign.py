@@ -31,7 +31,7 @@ from client.protocol import MessageId, Topic
 
 from ._context import Authorizer, Context, get_context
 from ._errors import COMMON_RESPONSES, Forbidden
-from ._routes import message_url
+from ._ingest import message_url
 
 log = logging.getLogger("gateway")
 

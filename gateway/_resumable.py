@@ -53,6 +53,7 @@ from client.protocol import MessageId, Topic, data_key
 
 from ._errors import BadRequest, ChecksumMismatch, Conflict, Gone, NotFound, PayloadTooLarge
 from ._executors import Transfers
+from ._options import PublishOptions
 from ._pipe import StreamingUpload
 from ._service import MAX_KEY_BYTES, now_ms
 from ._tus import Checksum, check_upload_id
@@ -94,7 +95,7 @@ class UploadState:
     filename: str | None = None
     content_type: str | None = None
     sha256: str | None = None  # whole payload, lowercase hex, when the client named it
-    options: dict[str, Any] = field(default_factory=dict)  # placeholder options (qos, ...)
+    options: PublishOptions = field(default_factory=PublishOptions)  # checked on arrival
     url: str | None = None  # set once completed and announced
     owner: str | None = None  # the creating user; None: anonymous (the id is the capability)
     partial: bool = False  # tus concatenation: a part, never published by itself
@@ -127,7 +128,7 @@ class UploadState:
             "filename": self.filename,
             "content_type": self.content_type,
             "sha256": self.sha256,
-            "options": self.options,
+            "options": self.options.to_json(),
             "url": self.url,
             "owner": self.owner,
             "partial": self.partial,
@@ -150,7 +151,7 @@ class UploadState:
                 filename=doc.get("filename"),
                 content_type=doc.get("content_type"),
                 sha256=doc.get("sha256"),
-                options=dict(doc.get("options") or {}),
+                options=PublishOptions.from_json(doc.get("options") or {}),
                 url=doc.get("url"),
                 owner=doc.get("owner"),
                 partial=bool(doc.get("partial", False)),
@@ -187,7 +188,7 @@ class ResumableUploads:
         filename: str | None,
         content_type: str | None,
         sha256: str | None,
-        options: dict[str, Any],
+        options: PublishOptions,
         owner: str | None = None,
         partial: bool = False,
     ) -> UploadState:
