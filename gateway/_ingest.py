@@ -32,7 +32,7 @@ from client.protocol._envelope import (
 from client.protocol._envelope_fields import upload_fields
 from client.protocol._props import mqtt_text_problem, publish_properties_problem
 
-from ._context import Context
+from ._context import Context, NoBroker
 from ._errors import BadRequest, BrokerUnavailable, PayloadTooLarge, StorageUnavailable
 from ._mqtt import InvalidPublish
 from ._options import RESERVED, PublishOptions
@@ -266,7 +266,7 @@ async def commit_or_discard(ctx: Context, manifest: Manifest, *, kind: str) -> S
 
 def require_broker(ctx: Context) -> None:
     """Refuse before reading a body when the placeholder could not be published anyway."""
-    if ctx.broker is None:
+    if isinstance(ctx.broker, NoBroker):
         raise BrokerUnavailable("this gateway has no broker configured (OFFLOAD_MQTT_URL)")
     if not ctx.broker.connected:
         raise BrokerUnavailable(f"broker unreachable: not connected to {ctx.broker.address}")
@@ -303,7 +303,6 @@ async def announce(
         raise BadRequest(f"cannot publish this message: {problem}; nothing was kept")
     try:
         require_broker(ctx)
-        assert ctx.broker is not None
         future = ctx.broker.publish(
             manifest.topic.value, body, qos=options.qos, retain=options.retain, properties=props
         )

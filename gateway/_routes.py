@@ -11,13 +11,13 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 from urllib.parse import quote
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from client.protocol import Manifest, MessageId
 from client.protocol._envelope import encode_download
 
-from ._context import Context, get_context
+from ._context import Context, Ctx
 from ._errors import COMMON_RESPONSES, BadRequest, PayloadTooLarge
 from ._ingest import build_manifest, commit_or_discard, message_url, receive_envelope
 from ._media import PAYLOAD_SECURITY_HEADERS, is_inline, served_type
@@ -27,7 +27,6 @@ from ._service import OVERSIZED_SUFFIX, parse_topic
 
 router = APIRouter()
 
-Ctx = Annotated[Context, Depends(get_context)]
 Ttl = Annotated[
     int | None,
     Query(ge=1, le=2**32 - 1, description="seconds until the payload expires (MQTT expiry)"),

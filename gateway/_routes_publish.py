@@ -20,12 +20,12 @@ Placeholder options, as query parameters or headers (the query wins):
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from ._context import Context, get_context
+from ._context import Ctx
 from ._errors import COMMON_RESPONSES
 from ._ingest import (
     build_manifest,
@@ -42,7 +42,6 @@ from ._service import parse_topic
 
 router = APIRouter()
 
-Ctx = Annotated[Context, Depends(get_context)]
 
 BSON_TYPE = "application/bson"
 

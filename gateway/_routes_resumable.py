@@ -37,15 +37,15 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from starlette.requests import ClientDisconnect
 
 from client.protocol import MessageId, Topic
 
-from ._context import Context, get_context
+from ._context import Context, Ctx
 from ._errors import (
     COMMON_RESPONSES,
     BadRequest,
@@ -60,7 +60,6 @@ from ._errors import (
 from ._ingest import Received, build_manifest, publish
 from ._media import parse_content_type
 from ._options import PublishOptions, check_filename, parse_ascii_int
-from ._resumable import ResumableUploads, UploadState
 from ._service import parse_topic
 from ._tus import (
     CHECKSUM_ALGORITHMS,
@@ -71,10 +70,10 @@ from ._tus import (
     parse_concat,
     parse_metadata,
 )
+from ._upload_state import UploadState
 
 router = APIRouter(prefix="/uploads", tags=["resumable uploads (tus 1.0)"])
 
-Ctx = Annotated[Context, Depends(get_context)]
 
 OFFSET_TYPE = "application/offset+octet-stream"
 
@@ -91,11 +90,6 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     460: {"description": "checksum mismatch: the segment was discarded"},
     503: {"description": "object store or broker unavailable"},
 }
-
-
-def _uploads(ctx: Context) -> ResumableUploads:
-    assert ctx.uploads is not None, "create_app puts ResumableUploads into the context"
-    return ctx.uploads
 
 
 async def _tus(call: Callable[[], Awaitable[Response]]) -> Response:
@@ -134,7 +128,7 @@ async def _load_own(ctx: Context, request: Request, upload_id: str) -> UploadSta
 
     Write access to the topic is checked first (that authenticates the caller).
     """
-    uploads = _uploads(ctx)
+    uploads = ctx.uploads
     state = await uploads.load(upload_id)
     await ctx.authorize_write(request, state.topic)
     if state.owner != _principal(request):
@@ -186,7 +180,7 @@ async def _load_part(
 ) -> UploadState:
     """A partial upload a final one may consume: the caller's, same topic, complete."""
     try:
-        part = await _uploads(ctx).load(part_id)
+        part = await ctx.uploads.load(part_id)
     except NotFound as exc:
         raise BadRequest(f"Upload-Concat: no partial upload {part_id}") from exc
     if part.owner != owner:
@@ -251,7 +245,7 @@ async def create(request: Request, ctx: Ctx) -> Response:
             len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256)
         ):
             raise BadRequest("Upload-Metadata sha256 must be 64 hex characters")
-        uploads = _uploads(ctx)
+        uploads = ctx.uploads
         owner = _principal(request)
         settings: dict[str, Any] = {
             "filename": check_filename(meta.get("filename") or meta.get("name")),
@@ -322,7 +316,7 @@ async def append(upload_id: str, request: Request, ctx: Ctx) -> Response:
         at = _nonnegative(request, "upload-offset")
         checksum = parse_checksum(request.headers.get("upload-checksum"))
         length = _content_length(request)
-        uploads = _uploads(ctx)
+        uploads = ctx.uploads
         state = await _load_own(ctx, request, upload_id)
         if state.parts and length:
             raise Forbidden("a final upload takes no PATCH data (tus concatenation)")
@@ -346,7 +340,7 @@ async def terminate(upload_id: str, request: Request, ctx: Ctx) -> Response:
     async def run() -> Response:
         _check_version(request)
         state = await _load_own(ctx, request, upload_id)
-        await _uploads(ctx).terminate(state)
+        await ctx.uploads.terminate(state)
         return Response(status_code=204)
 
     return await _tus(run)
@@ -354,7 +348,7 @@ async def terminate(upload_id: str, request: Request, ctx: Ctx) -> Response:
 
 async def _finish(ctx: Context, request: Request, state: UploadState) -> UploadState:
     """Assemble, verify, commit and announce a fully received upload."""
-    uploads = _uploads(ctx)
+    uploads = ctx.uploads
     key, sha256, stamp = await uploads.assemble(state)
     if state.sha256 is not None and sha256 != state.sha256:
         await ctx.service.discard(key)

@@ -23,6 +23,7 @@ from client.protocol._layout import encode_level, topic_prefix
 
 from ._errors import BadRequest, Conflict, NotFound, StorageUnavailable
 from ._executors import Slot, Workers, close_at_request_end
+from ._manifests import ManifestRepository
 from ._observability import UPLOADED_BYTES, UPLOADS
 from ._pipe import StreamingUpload
 from .storage import ObjectStore, StoreError
@@ -143,6 +144,7 @@ class OffloadService:
         self.max_ttl = max_ttl
         self.delete_after_fetch = delete_after_fetch
         self.manifests = ManifestCache()
+        self.repository = ManifestRepository(store)  # shared with the sweeper's rules
 
     async def _call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         try:
@@ -296,11 +298,7 @@ class OffloadService:
         reused the id after expiry keeps its own.
         """
         self.manifests.evict(manifest.id)
-        raw = await self._call(self.store.get_bytes, index_key(manifest.id))
-        if raw is not None and _names_payload(raw, manifest.data_key):
-            await self._call(self.store.delete, index_key(manifest.id))
-        await self._call(self.store.delete, meta_key(manifest.data_key))
-        await self._call(self.store.delete, manifest.data_key)
+        await self._call(self.repository.forget, manifest)
 
     async def then_forget(
         self, manifest: Manifest, body: AsyncIterator[bytes]
@@ -318,13 +316,6 @@ class OffloadService:
                 await self.forget(manifest)
             except StorageUnavailable as exc:  # the sweeper removes it at expiry instead
                 log.warning("delete after fetch of %s failed: %s", manifest.id, exc)
-
-
-def _names_payload(raw_index: bytes, payload_key: str) -> bool:
-    try:
-        return Manifest.from_json(raw_index).data_key == payload_key
-    except ProtocolError:
-        return True  # an unreadable index for this id: removing it is the safe side
 
 
 def _abandon(job: concurrent.futures.Future[Iterator[bytes]], slot: Slot) -> None:
