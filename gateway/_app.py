@@ -18,7 +18,7 @@ from fastapi_offline import FastAPIOffline
 from client.protocol import PublishProperties
 from discovery import Advertiser, DiscoveryRecord
 
-from ._authz import BrokerRules, build_authenticator
+from ._authz import AuthenticationInfoMiddleware, BrokerRules, build_authenticator
 from ._context import Broker, Context, NoBroker
 from ._cors import BrowserUploads, parse_origins
 from ._drain import DrainBeforeEarlyAnswer
@@ -37,7 +37,6 @@ from ._routes_resumable import router as resumable_router
 from ._service import OffloadService
 from ._settings import Settings, get_settings
 from ._sweeper import Sweeper
-from .auth._fastapi import AuthenticationInfoMiddleware
 from .storage import ObjectStore, StoreError, open_store
 
 log = logging.getLogger("gateway")
