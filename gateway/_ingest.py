@@ -29,7 +29,7 @@ from client.protocol._envelope import (
     PayloadEnd,
     PayloadStart,
 )
-from client.protocol._envelope_fields import upload_fields
+from client.protocol._envelope_fields import UploadFields, upload_fields
 from client.protocol._props import mqtt_text_problem, publish_properties_problem
 
 from ._context import Context, NoBroker
@@ -201,52 +201,80 @@ async def receive_envelope(
     parser = EnvelopeParser(
         max_document=ctx.settings.max_body_bytes, max_fields=ctx.settings.max_header_bytes
     )
-    upload: StreamingUpload | None = None
-    stored_key: str | None = None
-    fields = None
-    sha256 = ""
-    size = 0
-    stamp = 0
+    sink = _EnvelopeSink(ctx, topic, check_headers)
     try:
         async for chunk in chunks:
             for event in parser.feed(chunk):
-                if isinstance(event, PayloadData):
-                    assert upload is not None
-                    await upload.write(event.data)
-                elif isinstance(event, PayloadStart):
-                    if event.fields:  # headers sent first: reject bad ones before storing
-                        early = upload_fields(event.fields)
-                        if check_headers is not None:
-                            check_headers(early.headers)
-                    upload, _, stamp = ctx.service.begin_upload(topic, event.length)
-                elif isinstance(event, PayloadEnd):
-                    assert upload is not None
-                    sha256, size = await upload.finish()
-                    stored_key, upload = upload.key, None
-                elif isinstance(event, Complete):
-                    fields = upload_fields(event.fields)
-                    if check_headers is not None:
-                        check_headers(fields.headers)
+                await sink.handle(event)
         parser.end()
-        assert fields is not None and stored_key is not None
+        return sink.received()
+    except BaseException as exc:
+        await sink.abort(exc)
+        if isinstance(exc, ClientDisconnect):
+            raise BadRequest("client disconnected before the body was complete") from exc
+        raise
+
+
+class _EnvelopeSink:
+    """Where a hop upload document's parser events go: the payload into the store."""
+
+    def __init__(
+        self,
+        ctx: Context,
+        topic: Topic,
+        check_headers: Callable[[Sequence[tuple[str, bytes]]], object] | None,
+    ) -> None:
+        self.ctx = ctx
+        self.topic = topic
+        self.check_headers = check_headers
+        self.upload: StreamingUpload | None = None
+        self.stored_key: str | None = None
+        self.fields: UploadFields | None = None
+        self.sha256 = ""
+        self.size = 0
+        self.stamp = 0
+
+    def _check(self, headers: Sequence[tuple[str, bytes]]) -> None:
+        if self.check_headers is not None:
+            self.check_headers(headers)
+
+    async def handle(self, event: object) -> None:
+        if isinstance(event, PayloadData):
+            assert self.upload is not None
+            await self.upload.write(event.data)
+        elif isinstance(event, PayloadStart):
+            if event.fields:  # headers sent first: reject bad ones before storing
+                self._check(upload_fields(event.fields).headers)
+            self.upload, _, self.stamp = self.ctx.service.begin_upload(self.topic, event.length)
+        elif isinstance(event, PayloadEnd):
+            assert self.upload is not None
+            self.sha256, self.size = await self.upload.finish()
+            self.stored_key, self.upload = self.upload.key, None
+        elif isinstance(event, Complete):
+            self.fields = upload_fields(event.fields)
+            self._check(self.fields.headers)
+
+    def received(self) -> Received:
+        """The stored payload, once the document ended."""
+        fields = self.fields
+        assert fields is not None and self.stored_key is not None
         return Received(
-            topic,
-            stored_key,
-            sha256,
-            size,
-            stamp,
+            self.topic,
+            self.stored_key,
+            self.sha256,
+            self.size,
+            self.stamp,
             headers=tuple(fields.headers),
             key=fields.key,
             message_id=message_id_from_headers(fields.headers),
         )
-    except BaseException as exc:
-        if upload is not None:
-            await upload.abort(exc)
-        if stored_key is not None:  # stored but not described: never leave it behind
-            await ctx.service.discard(stored_key)
-        if isinstance(exc, ClientDisconnect):
-            raise BadRequest("client disconnected before the body was complete") from exc
-        raise
+
+    async def abort(self, exc: BaseException) -> None:
+        """Leave nothing behind: the upload in progress, or a payload stored undescribed."""
+        if self.upload is not None:
+            await self.upload.abort(exc)
+        if self.stored_key is not None:
+            await self.ctx.service.discard(self.stored_key)
 
 
 async def commit_or_discard(ctx: Context, manifest: Manifest, *, kind: str) -> Stored:
