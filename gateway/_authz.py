@@ -1,16 +1,23 @@
 """Identity and topic rules for each request: the broker's own password and ACL files.
 
-Adapts `gateway.auth.Authenticator` to the routes' `Context.authorize_*` seam. Denials
-become 401 (with the SCRAM challenge) for anonymous callers, who may hold credentials
-they did not send yet, and 403 for authenticated ones.
+Adapts `gateway.auth.Authenticator` to the routes' `Context.authorize_*` seam: the one HTTP
+adapter of `gateway.auth`. Denials become 401 (with the SCRAM challenge) for anonymous
+callers, who may hold credentials they did not send yet, and 403 for authenticated ones.
+
+``Authentication-Info`` (SCRAM's server-final) must reach the client on every answer to a
+SCRAM final, errors included: hop-client checks it before it even looks at the status, and
+without it reports a broken handshake instead of the route's 403 or 404. `BrokerRules`
+leaves it in ``request.state``, where `AuthenticationInfoMiddleware` adds it to every answer.
 """
 
 from __future__ import annotations
 
 import logging
 import secrets
+from typing import Any
 
 from fastapi import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from client.protocol import Topic
 
@@ -18,9 +25,10 @@ from ._errors import Forbidden, TooManyRequests, Unauthorized
 from ._executors import WorkerPool
 from ._settings import Settings
 from .auth import Authenticator, AuthMode, Challenge
-from .auth._fastapi import STATE_KEY
 
 log = logging.getLogger("gateway.auth")
+
+STATE_KEY = "auth_response_headers"
 
 
 def build_authenticator(settings: Settings) -> Authenticator:
@@ -87,3 +95,30 @@ class BrokerRules:
         if result.user is None and self.authenticator.enabled:
             raise _refuse(self.authenticator.challenge(f"anonymous may not {access} {topic}"))
         raise Forbidden(f"not allowed to {access} topic {topic.value!r}", extra)
+
+
+class AuthenticationInfoMiddleware:
+    """Adds the authentication's response headers to answers that lack them (errors)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        # One dict shared with the request, which may be a copy of this scope.
+        state: dict[str, Any] = scope.setdefault("state", {})
+
+        async def send_with_headers(message: Message) -> None:
+            extra = state.get(STATE_KEY)
+            if message["type"] == "http.response.start" and extra:
+                headers = list(message.get("headers", []))
+                present = {name.lower() for name, _ in headers}
+                for name, value in extra.items():
+                    if name.lower().encode("latin-1") not in present:
+                        headers.append((name.encode("latin-1"), value.encode("latin-1")))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)

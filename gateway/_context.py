@@ -1,19 +1,23 @@
 """What every request handler gets: settings, the service, the broker link, auth checks.
 
-Built once in the lifespan and handed out through `Depends(get_context)`.
+One frozen value, built once in the lifespan by `gateway._app.build_context` and handed out
+through one dependency per resource (`Ctx`, defined here once; `presign`'s `Signer`). It has
+no Optional services: a gateway without a broker holds `NoBroker`, which says why nothing can
+be published, and the authorizer is always there (it refuses or admits by configuration).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Protocol
 from urllib.parse import urlsplit
 
-from fastapi import Request
+from fastapi import Depends, Request
 
-from client.protocol import Topic
+from client.protocol import PublishProperties, Topic
 
-from ._mqtt import MqttConnection
 from ._resumable import ResumableUploads
 from ._service import OffloadService
 from ._settings import Settings
@@ -28,31 +32,91 @@ class Authorizer(Protocol):
     async def authorize(self, request: Request, topic: Topic, *, write: bool) -> None: ...
 
 
-@dataclass
+class Broker(Protocol):
+    """The broker link the gateway publishes placeholders and its discovery record through."""
+
+    @property
+    def broker(self) -> object: ...
+
+    @property
+    def connected(self) -> bool: ...
+
+    def publish(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        qos: int = 1,
+        retain: bool = False,
+        properties: PublishProperties | None = None,
+    ) -> Future[None]: ...
+
+    def on_connected(self, callback: Callable[[], None]) -> None: ...
+
+    def start(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class NoBroker:
+    """The broker of a gateway with no `OFFLOAD_MQTT_URL`: never connected, publishes nothing.
+
+    Routes that must publish refuse with 503 before reading a body (`require_broker`), and
+    /readyz leaves the broker out of its checks.
+    """
+
+    broker = "no broker configured (OFFLOAD_MQTT_URL)"
+    connected = False
+
+    def publish(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        qos: int = 1,
+        retain: bool = False,
+        properties: PublishProperties | None = None,
+    ) -> Future[None]:
+        future: Future[None] = Future()
+        future.set_exception(ConnectionError(self.broker))
+        return future
+
+    def on_connected(self, callback: Callable[[], None]) -> None:
+        """Nothing to connect to, so nothing to call back."""
+
+    def start(self) -> None:
+        """Nothing to start."""
+
+    def close(self) -> None:
+        """Nothing to close."""
+
+
+@dataclass(frozen=True, slots=True)
 class Context:
+    """The gateway's services, built once per application (see `gateway._app`)."""
+
     settings: Settings
     service: OffloadService
-    broker: MqttConnection | None = None
-    authorizer: Authorizer | None = None
-    public_url: str | None = None
-    extras: dict[str, object] = field(default_factory=dict)
-    # HTTP publish extras (issue 4): resumable uploads and presigned-URL signing.
-    uploads: ResumableUploads | None = None
-    signer: UrlSigner | None = None
+    broker: Broker
+    authorizer: Authorizer
+    uploads: ResumableUploads  # HTTP publish extras (issue 4): resumable uploads
+    signer: UrlSigner  # and presigned-URL signing
+    public_url: str = ""  # the endpoint URL clients are told; "": the request's own
 
     @property
     def base_path(self) -> str:
         return urlsplit(self.public_url).path.rstrip("/") if self.public_url else ""
 
     async def authorize_write(self, request: Request, topic: Topic) -> None:
-        if self.authorizer is not None:
-            await self.authorizer.authorize(request, topic, write=True)
+        await self.authorizer.authorize(request, topic, write=True)
 
     async def authorize_read(self, request: Request, topic: Topic) -> None:
-        if self.authorizer is not None:
-            await self.authorizer.authorize(request, topic, write=False)
+        await self.authorizer.authorize(request, topic, write=False)
 
 
 def get_context(request: Request) -> Context:
     ctx: Context = request.state.ctx
     return ctx
+
+
+Ctx = Annotated[Context, Depends(get_context)]

@@ -11,8 +11,10 @@ the gateway for good. Now:
   (`Transfers.admit`) or refused at once with 503 and `Retry-After`; an admitted transfer
   never waits for a thread, and nothing else runs in this pool. The event loop feeds an
   upload without a thread hop (`gateway._pipe`), so no transfer needs a second thread.
-* `WorkerPool("store")`: short object-store calls (manifests, index, deletes, pings), each
-  bounded by the store client's own timeouts; it never waits on a transfer.
+* `WorkerPool("store")`: short object-store calls (manifests, index, deletes, pings,
+  resumable-upload state), each bounded by the store client's own timeouts; it never waits
+  on a transfer. A retention sweep also runs here (one thread while it lasts), so that
+  /healthz sees every store call the gateway makes.
 * `WorkerPool("hash")`: password hashing (PBKDF2 for Basic and SCRAM); it can queue only
   so much (`max_waiting`) before it answers 503, so a login flood cannot grow memory.
 

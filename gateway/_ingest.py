@@ -18,12 +18,10 @@ import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
-from starlette.requests import ClientDisconnect
+from starlette.requests import ClientDisconnect, Request
 
 from client import ConnectionFailed, PublishRejected
 from client.protocol import (
-    FORMAT_KEY,
-    ID_KEY,
     EnvelopeComplete,
     EnvelopeParser,
     Manifest,
@@ -32,63 +30,110 @@ from client.protocol import (
     PayloadEnd,
     PayloadStart,
     Placeholder,
-    PublishProperties,
     Topic,
+    UploadFields,
     mqtt_text_problem,
     publish_properties_problem,
     upload_fields,
 )
 
-from ._context import Context
+from ._context import Context, NoBroker
 from ._errors import BadRequest, BrokerUnavailable, PayloadTooLarge, StorageUnavailable
 from ._mqtt import InvalidPublish
+from ._options import RESERVED, PublishOptions
 from ._pipe import StreamingUpload
 from ._service import Stored, message_id_from_headers
 
 log = logging.getLogger("gateway")
 
+ID_HEADER = "_id"  # the hop header that carries the message id
+
 PUBLISH_TIMEOUT = 30.0  # seconds to wait for the broker's PUBACK/PUBCOMP
-MAX_EXPIRY = 2**32 - 1  # MQTT's Message Expiry Interval is a four-byte integer
-_RESERVED = (FORMAT_KEY, ID_KEY)
 
 
 @dataclass(frozen=True, slots=True)
-class PublishOptions:
-    """How the gateway publishes a placeholder: QoS, retain, expiry, user properties."""
+class Received:
+    """A payload stored but not yet described: what every receive path hands on.
 
-    qos: int = 1
-    retain: bool = False
-    expiry: int | None = None  # seconds (Message Expiry Interval); None: never expires
-    user_properties: tuple[tuple[str, str], ...] = ()
+    The hop BSON upload, the raw `/publish` body and a completed tus upload each end in
+    one of these; `build_manifest` turns it into the message, the same way for all three.
+    """
 
-    def __post_init__(self) -> None:
-        if self.qos not in (0, 1, 2):
-            raise BadRequest(f"qos must be 0, 1 or 2, not {self.qos!r}")
-        if self.expiry is not None and not 0 <= self.expiry <= MAX_EXPIRY:
-            raise BadRequest(f"expiry must be between 0 and {MAX_EXPIRY} seconds")
-        for name, _value in self.user_properties:
-            if not name:
-                raise BadRequest("user property names must not be empty")
-            if name in _RESERVED:
-                raise BadRequest(f"user property {name!r} is reserved for the placeholder")
-        # The broker drops the connection of a client whose PUBLISH breaks the MQTT string
-        # rules: refuse here, before the payload is read or stored.
-        problem = publish_properties_problem(self.properties(None))
-        if problem is not None:
-            raise BadRequest(problem)
-
-    def properties(self, content_type: str | None) -> PublishProperties:
-        """The original message's properties (the placeholder keeps them)."""
-        return PublishProperties(
-            message_expiry_interval=self.expiry,
-            content_type=content_type,
-            user_properties=self.user_properties,
-        )
+    topic: Topic
+    data_key: str
+    sha256: str
+    size: int
+    timestamp: int  # milliseconds since the epoch, when the upload began
+    headers: tuple[tuple[str, bytes], ...] = ()  # the sender's (hop document); else none
+    key: bytes | None = None  # the hop document's `key`
+    message_id: MessageId | None = None  # the id the sender chose; None: a new one
 
 
-def user_property_headers(options: PublishOptions) -> tuple[tuple[str, bytes], ...]:
-    """User properties as stored headers, the way the client library stores them."""
-    return tuple((name, value.encode("utf-8")) for name, value in options.user_properties)
+@dataclass(frozen=True, slots=True)
+class Published:
+    """A message committed and announced: what the publish routes answer with."""
+
+    manifest: Manifest
+    created: bool  # False: an identical earlier message was found (idempotent retry)
+    url: str
+
+
+def build_manifest(
+    ctx: Context,
+    received: Received,
+    *,
+    ttl: int | None,
+    content_type: str | None = None,
+    filename: str | None = None,
+    extra_headers: tuple[tuple[str, bytes], ...] = (),
+) -> Manifest:
+    """The one place a received payload becomes a `Manifest` (not yet committed).
+
+    The id is the sender's when it named one, else new; a message whose headers carry no
+    `_id` gets one, the way the client library stores it. `extra_headers` (user properties)
+    follow the sender's, and `ttl` (seconds, capped by the gateway) sets its expiry.
+    """
+    message_id = received.message_id or MessageId.new()
+    headers = received.headers
+    if not any(name == ID_HEADER for name, _ in headers):
+        headers = (*headers, (ID_HEADER, message_id.bytes))
+    return Manifest(
+        id=message_id,
+        topic=received.topic,
+        timestamp=received.timestamp,
+        size=received.size,
+        sha256=received.sha256,
+        data_key=received.data_key,
+        headers=headers + extra_headers,
+        key=received.key,
+        content_type=content_type,
+        filename=filename,
+        expires=ctx.service.expiry_for(received.timestamp, ttl),
+    )
+
+
+def message_url(ctx: Context, request: Request, message_id: MessageId) -> str:
+    """The URL a placeholder and a `201` name: the public URL when set, else the request's."""
+    base = ctx.public_url or str(request.base_url).rstrip("/")
+    return f"{base}/msg/{message_id}"
+
+
+async def publish(
+    ctx: Context, request: Request, manifest: Manifest, options: PublishOptions, *, kind: str
+) -> Published:
+    """Commit, then announce: the one commit -> URL -> placeholder sequence of every path.
+
+    Args:
+        ctx: the request context.
+        request: gives the message URL when no public URL is set.
+        manifest: from `build_manifest`.
+        options: the placeholder's QoS, retain, expiry and user properties.
+        kind: the upload path, for the metrics (`publish`, `resumable`).
+    """
+    stored = await commit_or_discard(ctx, manifest, kind=kind)
+    url = message_url(ctx, request, stored.manifest.id)
+    await announce(ctx, stored.manifest, url, options, created=stored.created)
+    return Published(stored.manifest, stored.created, url)
 
 
 def check_running_total(total: int, limit: int) -> None:
@@ -104,7 +149,7 @@ async def receive_raw(
     *,
     length: int,
     content_type: str | None,
-) -> tuple[str, str, int, int]:
+) -> Received:
     """Stream a raw body into a new payload object.
 
     Args:
@@ -115,7 +160,7 @@ async def receive_raw(
         content_type: stored as the object's content type.
 
     Returns:
-        (data key, SHA-256 hex, size, timestamp ms); nothing is stored when this raises.
+        The stored payload; nothing is stored when this raises.
     """
     limit = ctx.settings.max_body_bytes
     upload, key, stamp = ctx.service.begin_upload(topic, length, content_type=content_type)
@@ -133,7 +178,7 @@ async def receive_raw(
         if isinstance(exc, ClientDisconnect):
             raise BadRequest("client disconnected before the body was complete") from exc
         raise
-    return key, sha256, size, stamp
+    return Received(topic, key, sha256, size, stamp)
 
 
 async def receive_envelope(
@@ -142,11 +187,11 @@ async def receive_envelope(
     chunks: AsyncIterator[bytes],
     *,
     check_headers: Callable[[Sequence[tuple[str, bytes]]], object] | None = None,
-) -> Manifest:
+) -> Received:
     """Stream a hop-client BSON upload document `{message, headers, key?}` into the store.
 
-    The message id is the `_id` header (16 raw bytes or UUID text); without one a new id is
-    assigned and added to the headers.
+    The message id is the `_id` header (16 raw bytes or UUID text); without one,
+    `build_manifest` assigns a new id and adds it to the headers.
 
     Args:
         ctx: the request context.
@@ -156,62 +201,85 @@ async def receive_envelope(
             arrive (before the payload is stored when the document sends them first).
 
     Returns:
-        The manifest, not yet committed; nothing is left stored when this raises.
+        The stored payload, its headers and id; nothing is left stored when this raises.
     """
     parser = EnvelopeParser(
         max_document=ctx.settings.max_body_bytes, max_fields=ctx.settings.max_header_bytes
     )
-    upload: StreamingUpload | None = None
-    stored_key: str | None = None
-    fields = None
-    sha256 = ""
-    size = 0
-    stamp = 0
+    sink = _EnvelopeSink(ctx, topic, check_headers)
     try:
         async for chunk in chunks:
             for event in parser.feed(chunk):
-                if isinstance(event, PayloadData):
-                    assert upload is not None
-                    await upload.write(event.data)
-                elif isinstance(event, PayloadStart):
-                    if event.fields:  # headers sent first: reject bad ones before storing
-                        early = upload_fields(event.fields)
-                        if check_headers is not None:
-                            check_headers(early.headers)
-                    upload, _, stamp = ctx.service.begin_upload(topic, event.length)
-                elif isinstance(event, PayloadEnd):
-                    assert upload is not None
-                    sha256, size = await upload.finish()
-                    stored_key, upload = upload.key, None
-                elif isinstance(event, EnvelopeComplete):
-                    fields = upload_fields(event.fields)
-                    if check_headers is not None:
-                        check_headers(fields.headers)
+                await sink.handle(event)
         parser.end()
-        assert fields is not None and stored_key is not None
-        headers = fields.headers
-        message_id = message_id_from_headers(headers)
-        if message_id is None:
-            message_id = MessageId.new()
-            headers = (*headers, ("_id", message_id.bytes))
-        return Manifest(
-            id=message_id,
-            topic=topic,
-            timestamp=stamp,
-            size=size,
-            sha256=sha256,
-            data_key=stored_key,
-            headers=headers,
-            key=fields.key,
-        )
+        return sink.received()
     except BaseException as exc:
-        if upload is not None:
-            await upload.abort(exc)
-        if stored_key is not None:  # stored but not described: never leave it behind
-            await ctx.service.discard(stored_key)
+        await sink.abort(exc)
         if isinstance(exc, ClientDisconnect):
             raise BadRequest("client disconnected before the body was complete") from exc
         raise
+
+
+class _EnvelopeSink:
+    """Where a hop upload document's parser events go: the payload into the store."""
+
+    def __init__(
+        self,
+        ctx: Context,
+        topic: Topic,
+        check_headers: Callable[[Sequence[tuple[str, bytes]]], object] | None,
+    ) -> None:
+        self.ctx = ctx
+        self.topic = topic
+        self.check_headers = check_headers
+        self.upload: StreamingUpload | None = None
+        self.stored_key: str | None = None
+        self.fields: UploadFields | None = None
+        self.sha256 = ""
+        self.size = 0
+        self.stamp = 0
+
+    def _check(self, headers: Sequence[tuple[str, bytes]]) -> None:
+        if self.check_headers is not None:
+            self.check_headers(headers)
+
+    async def handle(self, event: object) -> None:
+        if isinstance(event, PayloadData):
+            assert self.upload is not None
+            await self.upload.write(event.data)
+        elif isinstance(event, PayloadStart):
+            if event.fields:  # headers sent first: reject bad ones before storing
+                self._check(upload_fields(event.fields).headers)
+            self.upload, _, self.stamp = self.ctx.service.begin_upload(self.topic, event.length)
+        elif isinstance(event, PayloadEnd):
+            assert self.upload is not None
+            self.sha256, self.size = await self.upload.finish()
+            self.stored_key, self.upload = self.upload.key, None
+        elif isinstance(event, EnvelopeComplete):
+            self.fields = upload_fields(event.fields)
+            self._check(self.fields.headers)
+
+    def received(self) -> Received:
+        """The stored payload, once the document ended."""
+        fields = self.fields
+        assert fields is not None and self.stored_key is not None
+        return Received(
+            self.topic,
+            self.stored_key,
+            self.sha256,
+            self.size,
+            self.stamp,
+            headers=tuple(fields.headers),
+            key=fields.key,
+            message_id=message_id_from_headers(fields.headers),
+        )
+
+    async def abort(self, exc: BaseException) -> None:
+        """Leave nothing behind: the upload in progress, or a payload stored undescribed."""
+        if self.upload is not None:
+            await self.upload.abort(exc)
+        if self.stored_key is not None:
+            await self.ctx.service.discard(self.stored_key)
 
 
 async def commit_or_discard(ctx: Context, manifest: Manifest, *, kind: str) -> Stored:
@@ -231,7 +299,7 @@ async def commit_or_discard(ctx: Context, manifest: Manifest, *, kind: str) -> S
 
 def require_broker(ctx: Context) -> None:
     """Refuse before reading a body when the placeholder could not be published anyway."""
-    if ctx.broker is None:
+    if isinstance(ctx.broker, NoBroker):
         raise BrokerUnavailable("this gateway has no broker configured (OFFLOAD_MQTT_URL)")
     if not ctx.broker.connected:
         raise BrokerUnavailable(f"broker unreachable: not connected to {ctx.broker.broker}")
@@ -268,7 +336,6 @@ async def announce(
         raise BadRequest(f"cannot publish this message: {problem}; nothing was kept")
     try:
         require_broker(ctx)
-        assert ctx.broker is not None
         future = ctx.broker.publish(
             manifest.topic.value, body, qos=options.qos, retain=options.retain, properties=props
         )
@@ -303,7 +370,7 @@ def placeholder_user_properties(
     """
     out: list[tuple[str, str]] = []
     for name, value in headers:
-        if name in _RESERVED:
+        if name in RESERVED:
             continue
         try:
             text = value.decode("utf-8")

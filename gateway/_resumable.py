@@ -38,126 +38,29 @@ the faster one removed the parts; tus clients send one final upload.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
-import json
 import logging
 import time
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from client.protocol import MessageId, Topic, data_key
 
 from ._errors import BadRequest, ChecksumMismatch, Conflict, Gone, NotFound, PayloadTooLarge
-from ._executors import Transfers
+from ._executors import Transfers, WorkerPool
+from ._options import PublishOptions
 from ._pipe import StreamingUpload
 from ._service import MAX_KEY_BYTES, now_ms
 from ._tus import Checksum, check_upload_id
+from ._upload_state import UPLOADS_PREFIX, Segment, UploadState, segments_prefix, state_key
 from .storage import ObjectInfo, ObjectStore, StoreError
 
 log = logging.getLogger("gateway.uploads")
 
-UPLOADS_PREFIX = "uploads/"
-STATE_VERSION = 1
 _HASH_CACHE = 256  # uploads whose running SHA-256 this replica remembers
-
-
-def state_key(upload_id: str) -> str:
-    return f"{UPLOADS_PREFIX}{upload_id}.json"
-
-
-def segments_prefix(upload_id: str) -> str:
-    return f"{UPLOADS_PREFIX}{upload_id}/"
-
-
-@dataclass(frozen=True, slots=True)
-class Segment:
-    key: str
-    offset: int
-    size: int
-
-
-@dataclass(frozen=True, slots=True)
-class UploadState:
-    """One resumable upload, as stored in `uploads/<id>.json`."""
-
-    id: str
-    topic: Topic
-    length: int
-    message_id: MessageId
-    created: float  # seconds since the epoch
-    expires: float
-    segments: tuple[Segment, ...] = ()
-    filename: str | None = None
-    content_type: str | None = None
-    sha256: str | None = None  # whole payload, lowercase hex, when the client named it
-    options: dict[str, Any] = field(default_factory=dict)  # placeholder options (qos, ...)
-    url: str | None = None  # set once completed and announced
-    owner: str | None = None  # the creating user; None: anonymous (the id is the capability)
-    partial: bool = False  # tus concatenation: a part, never published by itself
-    parts: tuple[str, ...] = ()  # a final upload's partial uploads, removed once it is done
-
-    def __post_init__(self) -> None:
-        if self.length < 0:
-            raise BadRequest("Upload-Length must not be negative")
-        if self.offset > self.length:
-            raise BadRequest("segments exceed the upload length")
-
-    @property
-    def offset(self) -> int:
-        return sum(s.size for s in self.segments)
-
-    @property
-    def completed(self) -> bool:
-        return self.url is not None
-
-    def to_json(self) -> bytes:
-        doc = {
-            "v": STATE_VERSION,
-            "id": self.id,
-            "topic": self.topic.value,
-            "length": self.length,
-            "message_id": str(self.message_id),
-            "created": self.created,
-            "expires": self.expires,
-            "segments": [[s.key, s.offset, s.size] for s in self.segments],
-            "filename": self.filename,
-            "content_type": self.content_type,
-            "sha256": self.sha256,
-            "options": self.options,
-            "url": self.url,
-            "owner": self.owner,
-            "partial": self.partial,
-            "parts": list(self.parts),
-        }
-        return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode("utf-8")
-
-    @classmethod
-    def from_json(cls, raw: bytes) -> UploadState:
-        try:
-            doc = json.loads(raw)
-            return cls(
-                id=str(doc["id"]),
-                topic=Topic(doc["topic"]),
-                length=int(doc["length"]),
-                message_id=MessageId.parse(doc["message_id"]),
-                created=float(doc["created"]),
-                expires=float(doc["expires"]),
-                segments=tuple(Segment(str(k), int(o), int(n)) for k, o, n in doc["segments"]),
-                filename=doc.get("filename"),
-                content_type=doc.get("content_type"),
-                sha256=doc.get("sha256"),
-                options=dict(doc.get("options") or {}),
-                url=doc.get("url"),
-                owner=doc.get("owner"),
-                partial=bool(doc.get("partial", False)),
-                parts=tuple(str(p) for p in doc.get("parts") or ()),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise StoreError(f"unreadable upload state: {exc}") from exc
 
 
 class ResumableUploads:
@@ -167,17 +70,22 @@ class ResumableUploads:
         store: where the state and the segments live.
         expiry: seconds an upload may stay idle before it is abandoned.
         transfers: the transfer pool segment uploads are admitted to.
+        calls: the pool short store calls (state, deletes, assembly) run in, so that
+            /healthz sees them wait (the gateway's `Workers.store`).
     """
 
-    def __init__(self, store: ObjectStore, *, expiry: int, transfers: Transfers) -> None:
+    def __init__(
+        self, store: ObjectStore, *, expiry: int, transfers: Transfers, calls: WorkerPool
+    ) -> None:
         self.store = store
         self.transfers = transfers
+        self.calls = calls
         self.expiry = expiry
         # upload id -> (offset the hash has seen, running hash); per replica, best effort.
         self._hashes: OrderedDict[str, tuple[int, Any]] = OrderedDict()
 
     async def _call(self, fn: Any, *args: Any) -> Any:
-        return await asyncio.to_thread(fn, *args)
+        return await self.calls.run(fn, *args)
 
     async def create(
         self,
@@ -187,7 +95,7 @@ class ResumableUploads:
         filename: str | None,
         content_type: str | None,
         sha256: str | None,
-        options: dict[str, Any],
+        options: PublishOptions,
         owner: str | None = None,
         partial: bool = False,
     ) -> UploadState:

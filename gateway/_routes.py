@@ -8,25 +8,24 @@ GET|HEAD /msg/{id}/payload      raw payload bytes, Range, ETag
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from typing import Annotated, Any
 from urllib.parse import quote
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from client.protocol import Manifest, MessageId, encode_download
 
-from ._context import Context, get_context
+from ._context import Context, Ctx
 from ._errors import COMMON_RESPONSES, BadRequest, PayloadTooLarge
-from ._ingest import commit_or_discard, receive_envelope
+from ._ingest import build_manifest, commit_or_discard, message_url, receive_envelope
 from ._media import PAYLOAD_SECURITY_HEADERS, is_inline, served_type
+from ._options import parse_ascii_int
 from ._ranges import parse_range
 from ._service import OVERSIZED_SUFFIX, parse_topic
 
 router = APIRouter()
 
-Ctx = Annotated[Context, Depends(get_context)]
 Ttl = Annotated[
     int | None,
     Query(ge=1, le=2**32 - 1, description="seconds until the payload expires (MQTT expiry)"),
@@ -53,23 +52,6 @@ def check_declared_length(request: Request, limit: int) -> int | None:
     if length > limit:
         raise PayloadTooLarge(f"body of {length} bytes exceeds the limit of {limit} bytes")
     return length
-
-
-def parse_ascii_int(raw: str, name: str, *, max_digits: int = 20) -> int:
-    """A non-negative decimal integer of ASCII digits only; 400 with a reason otherwise.
-
-    `int()` and `str.isdigit()` accept far more: `int("١٢")` is 12, `"²".isdigit()` is
-    True and `int("²")` raises; `int(" 1_0 ")` is 10. A header is not a Python literal.
-    """
-    value = raw.strip(" \t")
-    if not value or len(value) > max_digits or not (value.isascii() and value.isdigit()):
-        raise BadRequest(f"{name} must be a non-negative integer of ASCII digits, not {raw!r:.40}")
-    return int(value)
-
-
-def message_url(ctx: Context, request: Request, message_id: MessageId) -> str:
-    base = ctx.public_url or str(request.base_url).rstrip("/")
-    return f"{base}/msg/{message_id}"
 
 
 def created_response(ctx: Context, request: Request, manifest: Manifest, created: bool) -> Response:
@@ -103,7 +85,7 @@ async def upload_envelope(topic: str, request: Request, ctx: Ctx, ttl: Ttl = Non
     await ctx.authorize_write(request, parsed_topic)
     check_declared_length(request, ctx.settings.max_body_bytes)
     received = await receive_envelope(ctx, parsed_topic, request.stream())
-    manifest = replace(received, expires=ctx.service.expiry_for(received.timestamp, ttl))
+    manifest = build_manifest(ctx, received, ttl=ttl)
     stored = await commit_or_discard(ctx, manifest, kind="envelope")
     return created_response(ctx, request, stored.manifest, stored.created)
 

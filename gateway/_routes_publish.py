@@ -20,37 +20,30 @@ Placeholder options, as query parameters or headers (the query wins):
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Annotated, Any
-from urllib.parse import unquote
+from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from client.protocol import Manifest, MessageId, mqtt_text_problem
-
-from ._context import Context, get_context
-from ._errors import COMMON_RESPONSES, BadRequest
+from ._context import Ctx
+from ._errors import COMMON_RESPONSES
 from ._ingest import (
-    PublishOptions,
-    announce,
-    commit_or_discard,
+    build_manifest,
     placeholder_user_properties,
     receive_envelope,
     receive_raw,
     require_broker,
-    user_property_headers,
 )
+from ._ingest import publish as publish_message
 from ._media import essence, parse_content_type
-from ._routes import check_declared_length, message_url, parse_ascii_int
+from ._options import PublishOptions, check_filename, filename_from_disposition
+from ._routes import check_declared_length
 from ._service import parse_topic
 
 router = APIRouter()
 
-Ctx = Annotated[Context, Depends(get_context)]
 
 BSON_TYPE = "application/bson"
-MAX_FILENAME_BYTES = 255
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     **COMMON_RESPONSES,
@@ -61,93 +54,6 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     413: {"description": "body larger than the configured maximum"},
     503: {"description": "broker or object store unavailable; nothing was kept"},
 }
-
-
-def _parse_bool(raw: str, name: str) -> bool:
-    value = raw.strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise BadRequest(f"{name} must be true or false, not {raw!r}")
-
-
-def _parse_int(raw: str, name: str) -> int:
-    return parse_ascii_int(raw, name)
-
-
-def _parse_property(raw: str) -> tuple[str, str]:
-    name, colon, value = raw.partition(":")
-    if not colon:
-        raise BadRequest(f"user property must be NAME:VALUE, not {raw!r:.80}")
-    # Checked again, with everything else that reaches the PUBLISH, by PublishOptions.
-    for part, what in ((name, "name"), (value, "value")):
-        problem = mqtt_text_problem(part, f"user property {what}")
-        if problem is not None:  # the broker would drop our connection for it
-            raise BadRequest(problem)
-    return name.strip(), value
-
-
-def _one(request: Request, query: str, header: str) -> str | None:
-    value = request.query_params.get(query)
-    return value if value is not None else request.headers.get(header)
-
-
-def publish_options(request: Request) -> PublishOptions:
-    """The placeholder options from query parameters, else `X-Offload-*` headers.
-
-    Args:
-        request: the incoming request.
-
-    Raises:
-        BadRequest: an option is malformed.
-    """
-    qos = _one(request, "qos", "x-offload-qos")
-    retain = _one(request, "retain", "x-offload-retain")
-    expiry = _one(request, "expiry", "x-offload-expiry")
-    props = request.query_params.getlist("prop") or request.headers.getlist("x-offload-property")
-    return PublishOptions(
-        qos=1 if qos is None else _parse_int(qos, "qos"),
-        retain=False if retain is None else _parse_bool(retain, "retain"),
-        expiry=None if expiry is None else _parse_int(expiry, "expiry"),
-        user_properties=tuple(_parse_property(p) for p in props),
-    )
-
-
-def filename_from_disposition(header: str | None) -> str | None:
-    """The file name of a Content-Disposition header (RFC 6266: `filename*` wins)."""
-    if not header:
-        return None
-    plain: str | None = None
-    for part in header.split(";")[1:]:
-        key, _, value = part.strip().partition("=")
-        key = key.strip().lower()
-        value = value.strip()
-        if key == "filename*":
-            charset, _, rest = value.partition("'")
-            _lang, _, encoded = rest.partition("'")
-            try:
-                return unquote(encoded, encoding=charset or "utf-8", errors="strict")
-            except (LookupError, UnicodeDecodeError) as exc:
-                raise BadRequest(f"undecodable Content-Disposition filename*: {exc}") from exc
-        if key == "filename":
-            plain = value[1:-1] if len(value) >= 2 and value[0] == value[-1] == '"' else value
-    return plain
-
-
-def check_filename(name: str | None) -> str | None:
-    """A file name safe to store and send back in a header; None when absent."""
-    if name is None:
-        return None
-    # Only the last path component: a name is a label for the download, never a path.
-    name = name.replace("\\", "/").rsplit("/", 1)[-1]
-    if not name or name in (".", ".."):
-        return None
-    if any(ord(c) < 32 or ord(c) == 127 for c in name):
-        raise BadRequest("filename must not contain control characters")
-    if len(name.encode("utf-8")) > MAX_FILENAME_BYTES:
-        raise BadRequest(f"filename longer than {MAX_FILENAME_BYTES} bytes")
-    return name
 
 
 def _media_type(request: Request) -> str | None:
@@ -166,7 +72,7 @@ async def publish(topic: str, request: Request, ctx: Ctx) -> Response:
     """Store the body and publish its placeholder on `topic` (see the module docstring)."""
     parsed_topic = parse_topic(topic, max_bytes=ctx.settings.max_topic_bytes)
     await ctx.authorize_write(request, parsed_topic)
-    options = publish_options(request)
+    options = PublishOptions.from_request(request)
     filename = check_filename(
         request.query_params.get("filename")
         or filename_from_disposition(request.headers.get("content-disposition"))
@@ -179,51 +85,34 @@ async def publish(topic: str, request: Request, ctx: Ctx) -> Response:
         received = await receive_envelope(
             ctx, parsed_topic, request.stream(), check_headers=placeholder_user_properties
         )
-        extra = user_property_headers(options)
-        options = PublishOptions(
-            qos=options.qos,
-            retain=options.retain,
-            expiry=options.expiry,
-            user_properties=placeholder_user_properties(received.headers) + options.user_properties,
+        # The document's headers travel as user properties too, ahead of the options'.
+        manifest = build_manifest(
+            ctx, received, ttl=options.expiry, filename=filename, extra_headers=options.headers()
         )
-        manifest = replace(
-            received,
-            headers=received.headers + extra,
-            filename=filename,
-            expires=ctx.service.expiry_for(received.timestamp, options.expiry),
-        )
+        options = options.with_leading(placeholder_user_properties(received.headers))
     else:
-        key, sha256, size, stamp = await receive_raw(
-            ctx,
-            parsed_topic,
-            request.stream(),
-            length=-1 if declared is None else declared,
-            content_type=content_type,
+        length = -1 if declared is None else declared
+        received = await receive_raw(
+            ctx, parsed_topic, request.stream(), length=length, content_type=content_type
         )
-        message_id = MessageId.new()
-        manifest = Manifest(
-            id=message_id,
-            topic=parsed_topic,
-            timestamp=stamp,
-            size=size,
-            sha256=sha256,
-            data_key=key,
-            headers=(("_id", message_id.bytes), *user_property_headers(options)),
+        manifest = build_manifest(
+            ctx,
+            received,
+            ttl=options.expiry,
             content_type=content_type,
             filename=filename,
-            expires=ctx.service.expiry_for(stamp, options.expiry),
+            extra_headers=options.headers(),
         )
-    stored = await commit_or_discard(ctx, manifest, kind="publish")
-    url = message_url(ctx, request, stored.manifest.id)
-    await announce(ctx, stored.manifest, url, options, created=stored.created)
+    published = await publish_message(ctx, request, manifest, options, kind="publish")
+    message = published.manifest
     body = {
-        "id": str(stored.manifest.id),
-        "url": url,
-        "size": stored.manifest.size,
-        "sha256": stored.manifest.sha256,
-        "topic": stored.manifest.topic.value,
-        "created": stored.created,
+        "id": str(message.id),
+        "url": published.url,
+        "size": message.size,
+        "sha256": message.sha256,
+        "topic": message.topic.value,
+        "created": published.created,
     }
     return JSONResponse(
-        body, status_code=201, headers={"Location": f"{ctx.base_path}/msg/{stored.manifest.id}"}
+        body, status_code=201, headers={"Location": f"{ctx.base_path}/msg/{message.id}"}
     )

@@ -37,15 +37,15 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from starlette.requests import ClientDisconnect
 
-from client.protocol import Manifest, MessageId, Topic
+from client.protocol import MessageId, Topic
 
-from ._context import Context, get_context
+from ._context import Context, Ctx
 from ._errors import (
     COMMON_RESPONSES,
     BadRequest,
@@ -57,11 +57,9 @@ from ._errors import (
     PreconditionFailed,
     UnsupportedMediaType,
 )
-from ._ingest import PublishOptions, announce, commit_or_discard, user_property_headers
+from ._ingest import Received, build_manifest, publish
 from ._media import parse_content_type
-from ._resumable import ResumableUploads, UploadState
-from ._routes import message_url, parse_ascii_int
-from ._routes_publish import _parse_bool, _parse_int, check_filename
+from ._options import PublishOptions, check_filename, parse_ascii_int
 from ._service import parse_topic
 from ._tus import (
     CHECKSUM_ALGORITHMS,
@@ -72,10 +70,10 @@ from ._tus import (
     parse_concat,
     parse_metadata,
 )
+from ._upload_state import UploadState
 
 router = APIRouter(prefix="/uploads", tags=["resumable uploads (tus 1.0)"])
 
-Ctx = Annotated[Context, Depends(get_context)]
 
 OFFSET_TYPE = "application/offset+octet-stream"
 
@@ -92,11 +90,6 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     460: {"description": "checksum mismatch: the segment was discarded"},
     503: {"description": "object store or broker unavailable"},
 }
-
-
-def _uploads(ctx: Context) -> ResumableUploads:
-    assert ctx.uploads is not None, "create_app puts ResumableUploads into the context"
-    return ctx.uploads
 
 
 async def _tus(call: Callable[[], Awaitable[Response]]) -> Response:
@@ -135,7 +128,7 @@ async def _load_own(ctx: Context, request: Request, upload_id: str) -> UploadSta
 
     Write access to the topic is checked first (that authenticates the caller).
     """
-    uploads = _uploads(ctx)
+    uploads = ctx.uploads
     state = await uploads.load(upload_id)
     await ctx.authorize_write(request, state.topic)
     if state.owner != _principal(request):
@@ -143,37 +136,11 @@ async def _load_own(ctx: Context, request: Request, upload_id: str) -> UploadSta
     return state
 
 
-def _options_from_metadata(meta: dict[str, str]) -> dict[str, Any]:
-    props = [[k[len("prop.") :], v] for k, v in meta.items() if k.startswith("prop.")]
-    options = PublishOptions(
-        qos=_parse_int(meta["qos"], "qos") if "qos" in meta else 1,
-        retain=_parse_bool(meta["retain"], "retain") if "retain" in meta else False,
-        expiry=_parse_int(meta["expiry"], "expiry") if "expiry" in meta else None,
-        user_properties=tuple((k, v) for k, v in props),
-    )  # validates; stored as plain JSON in the upload state
-    return {
-        "qos": options.qos,
-        "retain": options.retain,
-        "expiry": options.expiry,
-        "user_properties": props,
-    }
-
-
 def _content_type(meta: dict[str, str]) -> str | None:
     for key in ("content_type", "filetype", "type"):
         if meta.get(key):
             return parse_content_type(meta[key], source=f"Upload-Metadata {key}")
     return None
-
-
-def _publish_options(state: UploadState) -> PublishOptions:
-    o = state.options
-    return PublishOptions(
-        qos=int(o.get("qos", 1)),
-        retain=bool(o.get("retain", False)),
-        expiry=o.get("expiry"),
-        user_properties=tuple((str(k), str(v)) for k, v in o.get("user_properties", [])),
-    )
 
 
 def _state_headers(ctx: Context, state: UploadState) -> dict[str, str]:
@@ -213,7 +180,7 @@ async def _load_part(
 ) -> UploadState:
     """A partial upload a final one may consume: the caller's, same topic, complete."""
     try:
-        part = await _uploads(ctx).load(part_id)
+        part = await ctx.uploads.load(part_id)
     except NotFound as exc:
         raise BadRequest(f"Upload-Concat: no partial upload {part_id}") from exc
     if part.owner != owner:
@@ -278,13 +245,13 @@ async def create(request: Request, ctx: Ctx) -> Response:
             len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256)
         ):
             raise BadRequest("Upload-Metadata sha256 must be 64 hex characters")
-        uploads = _uploads(ctx)
+        uploads = ctx.uploads
         owner = _principal(request)
         settings: dict[str, Any] = {
             "filename": check_filename(meta.get("filename") or meta.get("name")),
             "content_type": _content_type(meta),
             "sha256": sha256,
-            "options": _options_from_metadata(meta),
+            "options": PublishOptions.from_metadata(meta),
         }
         if concat is not None and not concat.partial:
             parts = [await _load_part(ctx, request, p, topic, owner) for p in concat.parts]
@@ -349,7 +316,7 @@ async def append(upload_id: str, request: Request, ctx: Ctx) -> Response:
         at = _nonnegative(request, "upload-offset")
         checksum = parse_checksum(request.headers.get("upload-checksum"))
         length = _content_length(request)
-        uploads = _uploads(ctx)
+        uploads = ctx.uploads
         state = await _load_own(ctx, request, upload_id)
         if state.parts and length:
             raise Forbidden("a final upload takes no PATCH data (tus concatenation)")
@@ -373,7 +340,7 @@ async def terminate(upload_id: str, request: Request, ctx: Ctx) -> Response:
     async def run() -> Response:
         _check_version(request)
         state = await _load_own(ctx, request, upload_id)
-        await _uploads(ctx).terminate(state)
+        await ctx.uploads.terminate(state)
         return Response(status_code=204)
 
     return await _tus(run)
@@ -381,8 +348,7 @@ async def terminate(upload_id: str, request: Request, ctx: Ctx) -> Response:
 
 async def _finish(ctx: Context, request: Request, state: UploadState) -> UploadState:
     """Assemble, verify, commit and announce a fully received upload."""
-    uploads = _uploads(ctx)
-    options = _publish_options(state)  # re-validated before anything new is stored
+    uploads = ctx.uploads
     key, sha256, stamp = await uploads.assemble(state)
     if state.sha256 is not None and sha256 != state.sha256:
         await ctx.service.discard(key)
@@ -391,22 +357,18 @@ async def _finish(ctx: Context, request: Request, state: UploadState) -> UploadS
             f"the whole payload has SHA-256 {sha256}, Upload-Metadata said {state.sha256}; "
             "the upload was discarded"
         )
-    manifest = Manifest(
-        id=state.message_id,
-        topic=state.topic,
-        timestamp=stamp,
-        size=state.length,
-        sha256=sha256,
-        data_key=key,
-        headers=(("_id", state.message_id.bytes), *user_property_headers(options)),
+    options = state.options
+    received = Received(state.topic, key, sha256, state.length, stamp, message_id=state.message_id)
+    manifest = build_manifest(
+        ctx,
+        received,
+        ttl=options.expiry,
         content_type=state.content_type,
         filename=state.filename,
-        expires=ctx.service.expiry_for(stamp, options.expiry),
+        extra_headers=options.headers(),
     )
-    stored = await commit_or_discard(ctx, manifest, kind="resumable")
-    url = message_url(ctx, request, stored.manifest.id)
-    await announce(ctx, stored.manifest, url, options, created=stored.created)
-    done = replace(state, segments=(), sha256=sha256, url=url)
+    published = await publish(ctx, request, manifest, options, kind="resumable")
+    done = replace(state, segments=(), sha256=sha256, url=published.url)
     await uploads.save(done)  # completed: segments no longer needed
     await uploads.remove_segments(state)
     return done

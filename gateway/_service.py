@@ -8,12 +8,11 @@ removes, never a half-visible message.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import ParamSpec, TypeVar
 
@@ -30,8 +29,10 @@ from client.protocol import (
 )
 
 from ._errors import BadRequest, Conflict, NotFound, StorageUnavailable
-from ._executors import Slot, Workers, close_at_request_end
+from ._executors import Workers
+from ._manifests import ManifestRepository
 from ._observability import UPLOADED_BYTES, UPLOADS
+from ._payload_stream import PayloadStream, abandon
 from ._pipe import StreamingUpload
 from .storage import ObjectStore, StoreError
 
@@ -151,6 +152,7 @@ class OffloadService:
         self.max_ttl = max_ttl
         self.delete_after_fetch = delete_after_fetch
         self.manifests = ManifestCache()
+        self.repository = ManifestRepository(store)  # shared with the sweeper's rules
 
     async def _call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         try:
@@ -272,7 +274,7 @@ class OffloadService:
             if job.done():
                 slot.release()
             else:  # cancelled while the store call runs: close what it opens, then release
-                job.add_done_callback(lambda done: _abandon(done, slot))
+                job.add_done_callback(lambda done: abandon(done, slot))
             if isinstance(exc, FileNotFoundError):
                 raise NotFound(f"payload of message {manifest.id} is gone") from exc
             if isinstance(exc, StoreError):
@@ -304,11 +306,7 @@ class OffloadService:
         reused the id after expiry keeps its own.
         """
         self.manifests.evict(manifest.id)
-        raw = await self._call(self.store.get_bytes, index_key(manifest.id))
-        if raw is not None and _names_payload(raw, manifest.data_key):
-            await self._call(self.store.delete, index_key(manifest.id))
-        await self._call(self.store.delete, meta_key(manifest.data_key))
-        await self._call(self.store.delete, manifest.data_key)
+        await self._call(self.repository.forget, manifest)
 
     async def then_forget(
         self, manifest: Manifest, body: AsyncIterator[bytes]
@@ -326,96 +324,3 @@ class OffloadService:
                 await self.forget(manifest)
             except StorageUnavailable as exc:  # the sweeper removes it at expiry instead
                 log.warning("delete after fetch of %s failed: %s", manifest.id, exc)
-
-
-def _names_payload(raw_index: bytes, payload_key: str) -> bool:
-    try:
-        return Manifest.from_json(raw_index).data_key == payload_key
-    except ProtocolError:
-        return True  # an unreadable index for this id: removing it is the safe side
-
-
-def _abandon(job: concurrent.futures.Future[Iterator[bytes]], slot: Slot) -> None:
-    try:
-        if not job.cancelled() and job.exception() is None:
-            closer = getattr(job.result(), "close", None)
-            if closer is not None:
-                closer()
-    finally:
-        slot.release()
-
-
-class PayloadStream:
-    """Pull a blocking iterator from its transfer slot's thread, one piece read ahead.
-
-    The next piece is read from the store while the current one is written to the client,
-    so the two transfers overlap (bench/RESULTS.md: a download otherwise waits for each
-    store read in turn). Memory: two pieces per download. The slot has at most one job at
-    a time: closing after a disconnect runs after the read in flight, in the same pool.
-    Closed on the end, on `aclose`, or when dropped unread (a response that never
-    started), so the slot and the store connection are always given back.
-    """
-
-    def __init__(self, pieces: Iterator[bytes], slot: Slot) -> None:
-        self._iterator = iter(pieces)
-        self._slot = slot
-        self._pending: concurrent.futures.Future[bytes] | None = None
-        self._closed = False
-        close_at_request_end(self._close)
-
-    def __aiter__(self) -> PayloadStream:
-        return self
-
-    def _step(self) -> bytes:
-        piece = next(self._iterator, b"")
-        if piece:
-            self._slot.touch()
-        return piece
-
-    async def __anext__(self) -> bytes:
-        if self._closed:
-            raise StopAsyncIteration
-        if self._pending is None:
-            self._pending = self._slot.submit(self._step)
-        try:
-            piece = await asyncio.wrap_future(self._pending)
-        except BaseException:
-            self._close()
-            raise
-        if not piece:
-            self._pending = None
-            self._close()
-            raise StopAsyncIteration
-        self._pending = self._slot.submit(self._step)
-        return piece
-
-    async def aclose(self) -> None:
-        self._close()
-
-    def _close(self) -> None:
-        """Close the store iterator after any read in flight; never blocks the loop."""
-        if self._closed:
-            return
-        self._closed = True
-        pending, self._pending = self._pending, None
-
-        def close_now(_: object = None) -> None:
-            try:
-                job = self._slot.submit(self._close_iterator)
-            except RuntimeError:  # the pool is shut down: the process is ending
-                self._slot.release()
-                return
-            job.add_done_callback(lambda _: self._slot.release())
-
-        if pending is None or pending.done():
-            close_now()
-        else:
-            pending.add_done_callback(close_now)
-
-    def _close_iterator(self) -> None:
-        closer = getattr(self._iterator, "close", None)
-        if closer is not None:
-            closer()
-
-    def __del__(self) -> None:
-        self._close()

@@ -107,7 +107,10 @@ class Settings(BaseSettings):
         description="streaming uploads and downloads at once, one thread each (503 beyond)",
     )
     store_threads: int = Field(
-        16, ge=1, le=512, description="threads for short object-store calls (manifests, deletes)"
+        16,
+        ge=1,
+        le=512,
+        description="threads for object-store calls (manifests, deletes, upload state, sweeps)",
     )
     hash_threads: int = Field(
         2, ge=1, le=64, description="threads for password hashing (PBKDF2 for Basic and SCRAM)"

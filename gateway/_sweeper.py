@@ -41,6 +41,8 @@ from client.protocol import (
     parse_data_key,
 )
 
+from ._executors import WorkerPool
+from ._manifests import ManifestRepository
 from ._resumable import cleanup_expired_uploads
 from .storage import ObjectStore, StoreError
 
@@ -84,6 +86,7 @@ class Sweeper:
 
     def __init__(self, store: ObjectStore, *, interval: float = 600.0, grace: float = 3600.0):
         self.store = store
+        self.repository = ManifestRepository(store)
         self.interval = interval
         self.grace_ms = int(grace * 1000)
         self._suspects: set[str] = set()
@@ -190,21 +193,14 @@ class Sweeper:
         return manifest is not None and self._indexed(manifest)
 
     def _read(self, key: str) -> Manifest | None:
-        raw = self.store.get_bytes(key)
-        return None if raw is None else Manifest.from_json(raw)
+        return self.repository.read(key)
 
     def _forget(self, manifest: Manifest) -> None:
         # Index first: once it is gone nothing serves the message, whatever fails next.
-        current = self._read_lenient(index_key(manifest.id))
-        if current is None or current.data_key == manifest.data_key:
-            self.store.delete(index_key(manifest.id))
-        self._delete(meta_key(manifest.data_key), manifest.data_key)
+        self.repository.forget(manifest)
 
     def _read_lenient(self, key: str) -> Manifest | None:
-        try:
-            return self._read(key)
-        except ProtocolError:
-            return None  # unreadable: treat as ours to delete
+        return self.repository.read_lenient(key)  # unreadable: treat as ours to delete
 
     def _delete(self, *keys: str) -> None:
         for key in keys:
@@ -216,11 +212,15 @@ class Sweeper:
         """Seconds to the next sweep: the interval with +-20 % jitter."""
         return self.interval * random.uniform(0.8, 1.2)
 
-    def start(self) -> None:
-        """Start sweeping in the running event loop (no-op when interval is 0)."""
+    def start(self, pool: WorkerPool) -> None:
+        """Start sweeping in the running event loop (no-op when interval is 0).
+
+        Args:
+            pool: where each sweep runs (the gateway's `Workers.store`, seen by /healthz).
+        """
         if self.interval > 0 and self._task is None:
             self._stopping.clear()
-            self._task = asyncio.create_task(self._run(), name="offload-sweeper")
+            self._task = asyncio.create_task(self._run(pool), name="offload-sweeper")
 
     async def stop(self) -> None:
         """Stop sweeping; a sweep in progress stops at its next object."""
@@ -231,12 +231,12 @@ class Sweeper:
                 await self._task
             self._task = None
 
-    async def _run(self) -> None:
+    async def _run(self, pool: WorkerPool) -> None:
         # A random first delay spreads replicas that started together.
         await asyncio.sleep(random.uniform(0.1, 1.0) * self.interval)
         while not self._stopping.is_set():
             try:
-                await asyncio.to_thread(self.sweep_once)
+                await pool.run(self.sweep_once)
             except StoreError as exc:
                 log.warning("sweep skipped: object store unavailable: %s", exc)
             except Exception:  # a bug must not kill retention for the process's lifetime

@@ -105,6 +105,8 @@ def start_gateway(
             "OFFLOAD_MQTT_URL": broker.url,
             "OFFLOAD_SWEEP_INTERVAL": "0",
             "OFFLOAD_LOG_LEVEL": "WARNING",
+            # No credentials files: anonymous access asked for by name, as conftest does.
+            "OFFLOAD_ALLOW_ANONYMOUS": "true",
         }
         env.update({f"OFFLOAD_{k.upper()}": str(v) for k, v in settings.items()})
         if "password_file" not in settings and "tokens_file" not in settings:

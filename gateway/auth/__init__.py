@@ -2,8 +2,9 @@
 
 One identity for broker and offload API: the gateway reads mosquitto's ``password_file``
 (SCRAM-SHA-512 per RFC 7804, Basic and Bearer over TLS) and ``acl_file`` (the same
-read/write rules the broker applies) and re-reads them when they change. The FastAPI
-adapter lives in ``gateway.auth._fastapi`` so that this package imports without FastAPI.
+read/write rules the broker applies) and re-reads them when they change. The HTTP
+adapter is ``gateway._authz`` (the gateway's own), so that this package imports without
+FastAPI.
 """
 
 from ._acl import Acl, AclRule, base_topic, filter_matches, parse_acl

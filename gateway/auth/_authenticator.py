@@ -2,7 +2,7 @@
 
 The one stateful object of the package: it owns the watched files, the failure limits and
 the used-sid set, and turns an ``Authorization`` header into :class:`Authenticated` or
-:class:`Challenge`. Framework-free; ``_fastapi.py`` adapts it.
+:class:`Challenge`. Framework-free; ``gateway._authz`` adapts it.
 
 Schemes:
 
