@@ -1,16 +1,22 @@
-"""Run the real gateway app under uvicorn in a background thread (httpx's serve_in_thread)."""
+"""The real gateway for tests: under uvicorn in a background thread (httpx's serve_in_thread),
+or as its own `offload-gateway` process that a test can SIGKILL and restart."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import uvicorn
 
-from _servers import wait_for_port
+from _servers import free_port, wait_for_port
 
 
 @dataclass
@@ -66,3 +72,35 @@ class GatewayServer:
             self._thread.join(timeout=30)
         self._server = None
         self._thread = None
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class GatewayProcess:
+    """`offload-gateway` as its own process on a fixed port: SIGKILL it, restart it."""
+
+    env: dict[str, str]
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> GatewayProcess:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway.cli", "--port", str(self.port)],
+            env={**os.environ, **self.env, "PYTHONPATH": str(ROOT)},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_for_port(self.port, 30, self.proc)
+        return self
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+            self.proc = None

@@ -11,15 +11,10 @@ import contextlib
 import hashlib
 import io
 import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import bson
 import httpx
@@ -32,13 +27,12 @@ from client.protocol import MessageId
 from gateway import Settings
 from gateway.storage import S3Store
 
-from _gateway import GatewayServer
-from _servers import Mosquitto, SeaweedFS, free_port, wait_for_port
+from _gateway import GatewayProcess, GatewayServer
+from _servers import Mosquitto, SeaweedFS
 
 pytestmark = pytest.mark.servers
 
 MiB = 1024 * 1024
-ROOT = Path(__file__).resolve().parent.parent
 
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -293,35 +287,6 @@ def test_broker_restart_during_a_chunked_send_delivers_the_message(
 
 
 # -- gateway killed ---------------------------------------------------------------------------
-
-
-@dataclass
-class GatewayProcess:
-    """`offload-gateway` as its own process, so it can be killed with SIGKILL."""
-
-    env: dict[str, str]
-    port: int = field(default_factory=free_port)
-    proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> GatewayProcess:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli", "--port", str(self.port)],
-            env={**os.environ, **self.env, "PYTHONPATH": str(ROOT)},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        wait_for_port(self.port, 30, self.proc)
-        return self
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-            self.proc = None
 
 
 @pytest.fixture

@@ -13,58 +13,24 @@ from __future__ import annotations
 
 import hashlib
 import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 
 from client import Client, Message, MessageError, OffloadError
 from gateway.storage import S3Store
 
-from _servers import Mosquitto, SeaweedFS, free_port, wait_for_port
+from _gateway import GatewayProcess
+from _servers import Mosquitto, SeaweedFS
 
 pytestmark = [pytest.mark.servers, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parent.parent
 KiB = 1024
 SOAK_SECONDS = 36.0
 EVERY = 6.0  # seconds between faults, alternating gateway and store
 SLOW_READER = 0.3  # seconds the subscriber spends on each message
-
-
-@dataclass
-class GatewayProcess:
-    """`offload-gateway` as its own process on a fixed port, so it can be SIGKILLed."""
-
-    env: dict[str, str]
-    port: int = field(default_factory=free_port)
-    proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> GatewayProcess:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli", "--port", str(self.port)],
-            env={**os.environ, **self.env, "PYTHONPATH": str(ROOT)},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        wait_for_port(self.port, 30, self.proc)
-        return self
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-            self.proc = None
 
 
 @pytest.fixture
