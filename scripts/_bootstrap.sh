@@ -7,7 +7,6 @@ need_apt=()
 command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need_apt+=(mosquitto)
 command -v mosquitto_pub >/dev/null 2>&1 || need_apt+=(mosquitto-clients)
 command -v curl >/dev/null 2>&1 || need_apt+=(curl)
-command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need_apt+=(nginx openssl)  # TLS proxy test
 command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
 command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
 python3 -c "import venv, ensurepip" >/dev/null 2>&1 || need_apt+=(python3-venv python3-pip)
@@ -17,17 +16,22 @@ if [ "${#need_apt[@]}" -gt 0 ]; then
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
-# tus peers (tests/test_tus_js.py): Node and npm for tus-js-client, and the distribution's
-# chromium for the browser test (Playwright drives it by path; no browser is downloaded).
-need_tus=()
-command -v node >/dev/null 2>&1 || need_tus+=(nodejs)
-command -v npm >/dev/null 2>&1 || need_tus+=(npm)
-[ -x /usr/bin/chromium ] || need_tus+=(chromium)
-if [ "${#need_tus[@]}" -gt 0 ]; then
-    echo "==> apt-get install ${need_tus[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${need_tus[@]}" >/dev/null
+# Peers only the tests use (scripts/test.sh sets BOOTSTRAP_TEST_PEERS=1; up.sh does not):
+# nginx in front of the gateway (tests/test_auth_refusal_drain.py), Node and npm for
+# tus-js-client, and the distribution's chromium for the browser tests (Playwright drives it
+# by path; no browser is downloaded).
+if [ "${BOOTSTRAP_TEST_PEERS:-0}" = 1 ]; then
+    need_peers=()
+    command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need_peers+=(nginx openssl)
+    command -v node >/dev/null 2>&1 || need_peers+=(nodejs)
+    command -v npm >/dev/null 2>&1 || need_peers+=(npm)
+    [ -x /usr/bin/chromium ] || need_peers+=(chromium)
+    if [ "${#need_peers[@]}" -gt 0 ]; then
+        echo "==> apt-get install ${need_peers[*]}"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq
+        apt-get install -y -qq --no-install-recommends "${need_peers[@]}" >/dev/null
+    fi
 fi
 # The Debian package starts a broker on 1883; the stack and the tests run their own.
 if command -v systemctl >/dev/null 2>&1; then

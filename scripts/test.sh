@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install what the tests need, then run them: lint, types, import layers, the whole suite.
 # Extra arguments go to pytest (e.g. `scripts/test.sh -m "not spark"`).
-source "$(dirname "$0")/_bootstrap.sh"
+BOOTSTRAP_TEST_PEERS=1 source "$(dirname "$0")/_bootstrap.sh"
 echo "==> ruff"
 ruff check .
 ruff format --check .
