@@ -125,8 +125,8 @@ def main() -> None:
                 f"ratio {c_med / b_med:.2f}x"
             )
     finally:
-        limited.stop()
-        open_broker.stop()
+        limited.close()
+        open_broker.close()
 
 
 if __name__ == "__main__":

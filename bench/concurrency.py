@@ -139,7 +139,7 @@ def main() -> None:
                 run_clients(args.clients, args.requests, gateway),
             )
     finally:
-        seaweed.stop()
+        seaweed.close()
     rows = [
         row(
             "6 concurrency",

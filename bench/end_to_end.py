@@ -248,9 +248,9 @@ def main() -> None:
                     if kind == "s3":  # the store's own put + get: the floor, not a target
                         rows[-1]["met"] = None
     finally:
-        limited.stop()
-        raised.stop()
-        seaweed.stop()
+        limited.close()
+        raised.close()
+        seaweed.close()
         shutil.rmtree(workdir, ignore_errors=True)
     emit(rows)
 

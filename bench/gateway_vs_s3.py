@@ -120,7 +120,7 @@ def main() -> None:
                 down["gateway"].append(gateway_download(http, gw.url, gid, args.size))
                 raw.append(gateway_download_urllib3(pool, gw.url, gid, args.size))
     finally:
-        seaweed.stop()
+        seaweed.close()
     rows = []
     down_raw = {"direct": down["direct"], "gateway": raw}
     for name, times in (("upload", up), ("download", down), ("download, urllib3", down_raw)):

@@ -281,9 +281,9 @@ def main() -> None:
                     print(f"run {run} {NAMES[kind]}: {len(lat)} small messages, "
                           f"p50 {p50s[kind][-1]:.1f} ms, p99 {p99s[kind][-1]:.1f} ms")  # fmt: skip
     finally:
-        limited.stop()
-        raised.stop()
-        seaweed.stop()
+        limited.close()
+        raised.close()
+        seaweed.close()
     b50, b99 = statistics.median(p50s["paho"]), statistics.median(p99s["paho"])
     c50, c99 = statistics.median(p50s["client"]), statistics.median(p99s["client"])
     print(f"median of {args.runs}: {NAMES['paho']} p50 {b50:.1f} ms p99 {b99:.1f} ms; "

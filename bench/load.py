@@ -217,7 +217,7 @@ def main() -> None:
                                  "MiB", "info", True),
                 ]  # fmt: skip
     finally:
-        seaweed.stop()
+        seaweed.close()
     for r in rows:
         r["met"] = None  # no target in the issue: reported for comparison
     emit(rows)

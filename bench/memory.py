@@ -237,8 +237,8 @@ def main() -> None:
                     )
                 )
     finally:
-        broker.stop()
-        seaweed.stop()
+        broker.close()
+        seaweed.close()
         shutil.rmtree(workdir, ignore_errors=True)
     emit(rows)
 

@@ -74,7 +74,7 @@ def main() -> None:
     finally:
         raw.loop_stop()
         raw.disconnect()
-        broker.stop()
+        broker.close()
 
 
 if __name__ == "__main__":

@@ -267,7 +267,7 @@ def bench_s3(spark: Any, args: argparse.Namespace, size: int) -> list[dict[str, 
             "s3",
         )
     finally:
-        seaweed.stop()
+        seaweed.close()
     base = medians["MinIO SDK sequential loop"]
     what = f"{args.objects} x {args.size_mib:g} MiB, SeaweedFS, local[2]"
     rows = [

@@ -137,7 +137,7 @@ def main() -> int:
     finally:
         gateway.terminate()
         gateway.wait(30)
-        broker.stop()
+        broker.close()
         shutil.rmtree(workdir, ignore_errors=True)
     return 0
 

@@ -42,6 +42,9 @@ PORT_FLOOR = 10000  # below are well-known and registered services
 START_ATTEMPTS = 4  # fresh ports after `address already in use`
 
 
+TEMPORARY = Path("<temporary>")
+
+
 class PortInUse(RuntimeError):
     """The server could not bind its port: another program holds it."""
 
@@ -170,8 +173,13 @@ class Mosquitto:
     max_packet_size: int | None = None
     extra_config: str = ""
     port: int = 0
-    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="mosq-")))
+    workdir: Path = TEMPORARY  # TEMPORARY: a new directory, removed by close()
     proc: subprocess.Popen[bytes] | None = None
+
+    def __post_init__(self) -> None:
+        self._owned_workdir = self.workdir == TEMPORARY
+        if self._owned_workdir:
+            self.workdir = Path(tempfile.mkdtemp(prefix="mosq-"))
 
     @property
     def url(self) -> str:
@@ -227,6 +235,12 @@ class Mosquitto:
         self.stop()
         self.start()
 
+    def close(self) -> None:
+        """Stop, and remove the working directory if it was ours (SeaweedFS leaves GBs)."""
+        self.stop()
+        if self._owned_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
     def log(self) -> str:
         path = self.workdir / "mosquitto.log"
         return path.read_text(errors="replace") if path.exists() else ""
@@ -241,10 +255,15 @@ class SeaweedFS:
 
     access_key: str = S3_ACCESS_KEY
     secret_key: str = S3_SECRET_KEY
-    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="weed-")))
+    workdir: Path = TEMPORARY  # TEMPORARY: a new directory, removed by close()
     s3_port: int = 0
     proc: subprocess.Popen[bytes] | None = None
     ports: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._owned_workdir = self.workdir == TEMPORARY
+        if self._owned_workdir:
+            self.workdir = Path(tempfile.mkdtemp(prefix="weed-"))
 
     @property
     def endpoint(self) -> str:
@@ -372,6 +391,12 @@ class SeaweedFS:
         self.stop()
         self.start()
 
+    def close(self) -> None:
+        """Stop, and remove the working directory if it was ours (SeaweedFS leaves GBs)."""
+        self.stop()
+        if self._owned_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
 
 @contextlib.contextmanager
 def running(server: Mosquitto | SeaweedFS) -> Iterator[Mosquitto | SeaweedFS]:
@@ -379,4 +404,4 @@ def running(server: Mosquitto | SeaweedFS) -> Iterator[Mosquitto | SeaweedFS]:
     try:
         yield server
     finally:
-        server.stop()
+        server.close()

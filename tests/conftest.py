@@ -25,7 +25,7 @@ def seaweed() -> Iterator[SeaweedFS]:
     try:
         yield server
     finally:
-        server.stop()
+        server.close()
 
 
 @pytest.fixture
@@ -56,7 +56,7 @@ def mosquitto_factory() -> Iterator[Callable[..., Mosquitto]]:
 
     yield start
     for broker in started:
-        broker.stop()
+        broker.close()
 
 
 @pytest.fixture

@@ -374,7 +374,7 @@ def mistake_table(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str
                         f"http://127.0.0.1:{free_port()}", tmp)  # fmt: skip
     finally:
         gw.stop()
-        broker.stop()
+        broker.close()
 
 
 @pytest.mark.parametrize("mistake", MISTAKES)

@@ -82,7 +82,7 @@ def _run(
 def broker() -> Iterator[Mosquitto]:
     server = Mosquitto().start()
     yield server
-    server.stop()
+    server.close()
 
 
 def test_client_extra_alone_runs_the_cli(wheel: Path, tmp_path: Path, broker: Mosquitto) -> None:

@@ -133,7 +133,7 @@ def own_seaweed() -> Iterator[SeaweedFS]:
     try:
         yield server
     finally:
-        server.stop()
+        server.close()
 
 
 @pytest.fixture

@@ -39,7 +39,7 @@ def store() -> Iterator[SeaweedFS]:
     try:
         yield server
     finally:
-        server.stop()
+        server.close()
 
 
 def test_every_acknowledged_message_survives_restarts(
