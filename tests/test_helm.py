@@ -294,6 +294,54 @@ def env_sources(container: dict[str, Any]) -> dict[str, tuple[str, str]]:
     }
 
 
+def config_map(chart: helm.Chart, values: dict[str, Any]) -> dict[str, str]:
+    data = by_kind(manifests(chart, values))["ConfigMap"]["data"]
+    assert isinstance(data, dict)
+    return data
+
+
+def test_every_rendered_setting_is_one_the_gateway_reads(chart: helm.Chart) -> None:
+    """A misspelt OFFLOAD_* name would be ignored silently by pydantic-settings."""
+    from gateway._settings import Settings
+
+    values = {"gateway": {"corsOrigins": "https://app.example.com"}}
+    names = {f"OFFLOAD_{field.upper()}" for field in Settings.model_fields}
+    config = config_map(chart, values)
+    assert set(config) <= names
+    # And the gateway accepts every value the chart renders (types, ranges, CORS syntax).
+    fields = {f"OFFLOAD_{f.upper()}": f for f in Settings.model_fields}
+    Settings.model_validate({fields[k]: v for k, v in config.items()})
+
+
+def test_load_settings_follow_the_values(chart: helm.Chart) -> None:
+    values = {
+        "gateway": {
+            "maxTransfers": 8,
+            "hashThreads": 4,
+            "timeouts": {"bodyIdle": 5, "sendIdle": 6, "storeStall": 7, "health": 8},
+        },
+        "storage": {"timeout": 3},
+    }
+    config = config_map(chart, values)
+    assert config["OFFLOAD_MAX_TRANSFERS"] == "8"
+    assert config["OFFLOAD_HASH_THREADS"] == "4"
+    assert config["OFFLOAD_BODY_IDLE_TIMEOUT"] == "5"
+    assert config["OFFLOAD_HEALTH_TIMEOUT"] == "8"
+    assert config["OFFLOAD_S3_TIMEOUT"] == "3"
+    assert "OFFLOAD_CORS_ORIGINS" not in config_map(chart, {})  # no CORS unless origins named
+
+
+def test_default_transfers_fit_the_memory_limit() -> None:
+    """Admission (maxTransfers) must refuse before the pod's memory limit kills it."""
+    values = yaml.safe_load(Path(CHART_DIR / "values.yaml").read_text())
+    limit = values["resources"]["limits"]["memory"]
+    units = {"Mi": 2**20, "Gi": 2**30}
+    limit_bytes = int(limit[:-2]) * units[limit[-2:]]
+    per_upload = 40 * 2**20  # measured by bench/load.py at the default part size x parallelism
+    assert values["storage"]["partSize"] * values["storage"]["parallelUploads"] <= per_upload
+    assert values["gateway"]["maxTransfers"] * per_upload <= limit_bytes
+
+
 def test_example_reads_credentials_from_existing_secrets(chart: helm.Chart) -> None:
     objects = by_kind(manifests(chart, example_values()))
     assert "Secret" not in objects  # nothing inline: the chart must not invent an empty Secret
