@@ -194,6 +194,7 @@ def create_app(
         max_per_client=settings.max_uploads_per_client,
         body_idle_timeout=settings.body_idle_timeout,
         send_idle_timeout=settings.send_idle_timeout,
+        min_body_rate=settings.min_body_rate,
     )
     # Outermost but for CORS: a refusal sent before the body was read (401, 403, 429...)
     # must reach the peer even when the connection closes right after it (gateway/_drain.py).

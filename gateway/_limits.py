@@ -12,6 +12,11 @@ passes, the request is abandoned, which closes the connection and releases the d
 transfer slot. Large body messages go out in slices, so what stays buffered for a client
 that never reads is a slice, not a whole store piece.
 
+A body that keeps trickling (a byte every few seconds) never trips the idle timeout, so the
+body must also average `min_body_rate` bytes per second over each window of
+`body_idle_timeout` seconds. Only the time spent waiting on the client counts: while the
+gateway itself is not reading (the store is slow), the client is not to blame.
+
 Per-client counting applies to requests with a body (POST, PUT, PATCH). The client address
 is the ASGI `client`, i.e. the peer, or the forwarded address when uvicorn runs with
 `--proxy-headers` behind a trusted proxy.
@@ -22,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 import traceback
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -53,6 +59,8 @@ class UploadLimits:
         max_per_client: uploads one client address may have in progress (0: no limit).
         body_idle_timeout: seconds to wait for the next piece of a request body.
         send_idle_timeout: seconds to wait for the client to take the next response piece.
+        min_body_rate: bytes per second a body must average over each `body_idle_timeout`
+            of waiting for it (0: no minimum).
     """
 
     def __init__(
@@ -62,10 +70,12 @@ class UploadLimits:
         max_per_client: int,
         body_idle_timeout: float,
         send_idle_timeout: float = 60.0,
+        min_body_rate: int = 0,
     ) -> None:
         self.app = app
         self.max_per_client = max_per_client
         self.body_idle_timeout = body_idle_timeout
+        self.min_body_rate = min_body_rate
         self.send_idle_timeout = send_idle_timeout
         # One event loop serves this instance: plain dict updates cannot interleave.
         self.active: dict[str, int] = {}
@@ -106,6 +116,7 @@ class UploadLimits:
 
     def _bounded(self, receive: Receive) -> Receive:
         timeout = self.body_idle_timeout
+        pace = _Pace(timeout, self.min_body_rate)
         body_done = False
 
         async def bounded_receive() -> Message:
@@ -114,12 +125,14 @@ class UploadLimits:
                 # Later receives wait for the disconnect (streaming responses listen for
                 # it): that wait is not a stalled upload and must not time out.
                 return await receive()
+            started = time.monotonic()
             try:
                 message = await asyncio.wait_for(receive(), timeout)
             except TimeoutError:
                 raise RequestTimeout(
                     f"request body stalled: no bytes for {timeout:g} seconds"
                 ) from None
+            pace.add(len(message.get("body", b"")), time.monotonic() - started)
             if message["type"] != "http.request" or not message.get("more_body", False):
                 body_done = True
             return message
@@ -152,6 +165,31 @@ class UploadLimits:
                 )
 
         return bounded_send
+
+
+class _Pace:
+    """The body's average rate over each `window` seconds spent waiting for it."""
+
+    def __init__(self, window: float, min_rate: int) -> None:
+        self.window = window
+        self.min_rate = min_rate
+        self.waited = 0.0
+        self.received = 0
+
+    def add(self, size: int, waited: float) -> None:
+        if not self.min_rate:
+            return
+        self.waited += waited
+        self.received += size
+        if self.waited < self.window:
+            return
+        rate = self.received / self.waited
+        if rate < self.min_rate:
+            raise RequestTimeout(
+                f"request body too slow: {rate:.0f} bytes/s over {self.waited:.0f} s, "
+                f"the minimum is {self.min_rate} bytes/s"
+            )
+        self.waited, self.received = 0.0, 0
 
 
 async def _refuse(send: Send, address: str, limit: int) -> None:

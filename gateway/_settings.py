@@ -83,6 +83,12 @@ class Settings(BaseSettings):
     body_idle_timeout: float = Field(
         30.0, gt=0, description="seconds an upload body may stall before 408"
     )
+    min_body_rate: int = Field(
+        1024,
+        ge=0,
+        description="bytes per second an upload body must average over each body idle "
+        "timeout of waiting for it (408 below: trickling slow loris); 0: no minimum",
+    )
 
     # Browser uploads (tus-js-client, Uppy): CORS, off unless origins are named.
     cors_origins: str = Field(

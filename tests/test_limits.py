@@ -94,15 +94,44 @@ def test_slow_loris_body_times_out_with_408_and_stores_nothing(
 def test_a_slow_but_moving_body_is_not_cut(
     gateway_factory: Callable[..., GatewayServer], raw_uploads: list[RawUpload]
 ) -> None:
-    gw = gateway_factory(None, body_idle_timeout=1.0)
+    gw = gateway_factory(None, body_idle_timeout=1.0, min_body_rate=100)
     body = upload_doc(b"m" * 600, uuid.uuid4())
     upload = RawUpload(gw, body)
     raw_uploads.append(upload)
     step = len(body) // 8 + 1
-    for _ in range(8):  # about 2.4 s in all, never 1 s without a byte
+    for _ in range(8):  # about 2.4 s in all at ~300 bytes/s, never 1 s without a byte
         upload.send(step)
         time.sleep(0.3)
     assert upload.response().startswith(b"HTTP/1.1 201")
+
+
+def test_a_trickling_body_is_cut_below_the_minimum_rate(
+    gateway_factory: Callable[..., GatewayServer],
+    raw_uploads: list[RawUpload],
+    stored: Callable[[], list[str]],
+) -> None:
+    """A byte now and then never trips the idle timeout, but cannot hold a slot for ever."""
+    gw = gateway_factory(None, body_idle_timeout=1.0, min_body_rate=1000)
+    upload = RawUpload(gw, upload_doc(b"t" * 10_000, uuid.uuid4()))
+    raw_uploads.append(upload)
+    answer = b""
+    for _ in range(40):  # ~30 bytes/s, a piece every 0.3 s: never idle for 1 s
+        try:
+            upload.send(10)
+        except OSError:  # the gateway answered and closed the connection
+            break
+        upload.sock.settimeout(0.3)
+        try:
+            answer += upload.sock.recv(65536)
+        except TimeoutError:
+            continue
+        if answer:
+            break
+    answer += upload.response(timeout=5)
+    assert answer.startswith(b"HTTP/1.1 408"), answer
+    assert b"too slow" in answer
+    assert upload.sent < 200  # cut after about a second of waiting, not at the end
+    assert stored() == []
 
 
 def test_concurrent_uploads_per_client_are_limited(
