@@ -31,6 +31,7 @@ the discovery watcher (:mod:`client._discovery`). The credential-origin rule is
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -45,6 +46,7 @@ import httpx
 from ._config import ClientSettings, SettingsOverrides, load_settings, merge_settings
 from ._discovery import DiscoveryView
 from ._http import HttpTransport
+from ._inbound import Closed as InboundClosed
 from ._message import Message, MessageError, PublishResult
 from ._paho import Incoming, MqttConnection
 from ._publish import Publisher, wait_ack
@@ -218,6 +220,8 @@ class Client:
     def close(self) -> None:
         """Disconnect, stop the worker and end :meth:`messages` iterators."""
         self._closed = True
+        # First: paho's thread may be waiting for room in a full inbound queue.
+        self._receiver.inbound.close()
         self._conn.close()
         self._stop_worker()
         self._receiver.chunk_store.close()
@@ -227,7 +231,7 @@ class Client:
 
     def _stop_worker(self) -> None:
         self._stop.set()
-        self._receiver.inbound.put(_CLOSED)
+        self._receiver.inbound.wake()
         if self._worker is not None and self._worker is not threading.current_thread():
             self._worker.join(10)
         self._worker = None
@@ -390,4 +394,6 @@ class Client:
             self._discovery.feed(incoming.payload, expiry)  # never raises
             if not any(f.matches(incoming.topic) for f in list(self._filters.values())):
                 return
-        self._receiver.inbound.put(incoming)
+        # Waits while the client holds its bound of unread messages; closing drops it.
+        with contextlib.suppress(InboundClosed):
+            self._receiver.inbound.put(incoming, len(incoming.payload))

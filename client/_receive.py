@@ -38,6 +38,7 @@ from ._exceptions import (
     UntrustedEndpoint,
 )
 from ._http import HttpTransport, TransientFetchError
+from ._inbound import InboundQueue
 from ._message import Message, MessageError, Payload, Route
 from ._ordering import FetchPool, Sequencer, Slot
 from ._paho import Incoming, MqttConnection
@@ -131,7 +132,9 @@ class Receiver:
         self._warn_plain_http = warn_plain_http
         self._use_discovery = use_discovery
         self._on_fetch_progress = on_fetch_progress
-        self.inbound: queue.SimpleQueue[Incoming | object] = queue.SimpleQueue()
+        self.inbound: InboundQueue[Incoming] = InboundQueue(
+            s.max_pending_deliveries, s.max_pending_bytes
+        )
         self.deliveries: queue.SimpleQueue[Delivery | object] = queue.SimpleQueue()
         self.sequencer = Sequencer(
             self.deliveries,
@@ -187,11 +190,8 @@ class Receiver:
             now = time.monotonic()
             deadline = self._reassembler.next_deadline
             wait = 0.5 if deadline is None else min(0.5, max(deadline - now, 0.0) + 0.01)
-            try:
-                item = self.inbound.get(timeout=wait)
-            except queue.Empty:
-                item = None
-            if isinstance(item, Incoming):
+            item = self.inbound.get(timeout=wait)
+            if item is not None:
                 try:
                     self._process(item, pool)
                 except OffloadError as exc:  # an error about one message, never fatal

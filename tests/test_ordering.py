@@ -212,16 +212,39 @@ def test_intake_stops_at_max_pending_deliveries(
             pub.publish(f"{root}/t{i}", b"%d" % i)
         # Four outstanding at most: the head and three others; the rest wait unread.
         assert _payloads(sub, 3) == [b"0", b"1", b"2"]
-        # A's head still held: the worker fills the room again, then leaves the rest waiting
-        # in the connection's queue instead of holding them.
+        # A's head still held: the worker fills the room again, the hand-off queue fills to
+        # the same bound, and then paho's thread waits: the rest stay unread in the socket.
         receiver = sub._receiver
         wait_until(lambda: receiver.sequencer.outstanding[0] == 4, "a full intake", 10)
-        assert receiver.inbound.qsize() > 0
+        wait_until(lambda: receiver.inbound.waits > 0, "paho waiting for room", 10)
+        assert len(receiver.inbound) == 4
         assert receiver.sequencer.outstanding[0] == 4
         held.gate.set()
         rest = _payloads(sub, 18)
         assert sorted(rest) == sorted([b"head"] + [b"%d" % i for i in range(3, 20)])
         assert sub._receiver.sequencer.outstanding == (0, 0)
+    pub.close()
+
+
+def test_a_flood_the_application_never_reads_is_bounded_and_close_does_not_hang(
+    mosquitto_factory: Callable[..., Mosquitto], unique_topic: Callable[[str], str]
+) -> None:
+    """paho's thread waits at the bound; close() must still wake it and return."""
+    broker = mosquitto_factory()
+    topic = unique_topic("flood")
+    pub = RawPublisher(broker.url)
+    sub = Client(broker.url, max_pending_deliveries=2, max_pending_bytes=10_000)
+    sub.connect()
+    sub.subscribe(topic, qos=1)
+    for i in range(200):
+        pub.publish(topic, b"%05d" % i + b"x" * 995, qos=1)
+    receiver = sub._receiver
+    wait_until(lambda: receiver.inbound.waits > 0, "paho waiting for room", 10)
+    assert len(receiver.inbound) <= 2
+    closer = threading.Thread(target=sub.close)
+    closer.start()
+    closer.join(20)
+    assert not closer.is_alive(), "close() hung on a full hand-off queue"
     pub.close()
 
 
