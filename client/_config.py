@@ -11,7 +11,8 @@ Every setting is declared once, as a field of :class:`ClientSettings` whose meta
 its meaning and its parser: the keyword arguments, the `OFFLOAD_*` environment variables, the
 config-file keys and the README's settings table (:func:`settings_table`, checked by
 `tests/test_client_units.py`) all come from those fields. Print the table with
-`python -m client._config`.
+`python -m client._config`. The field parsers, the allow-list matching and the config-file
+reading are in `_setting_parsers`, `_allowlist` and `_config_file`.
 
 Gateway credentials: with `http_token` the client sends `Authorization: Bearer`; otherwise,
 when the broker login has a user name and password, it authenticates to the gateway with
@@ -25,64 +26,41 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tomllib
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypedDict, get_args
+from typing import Literal, TypedDict, get_args
 from urllib.parse import urlsplit
 
+from ._allowlist import origin_listed, parse_origin, url_listed
 from ._broker import BrokerUrl
+from ._config_file import DEFAULT_CONFIG_FILE, ENV_PREFIX, config_file_path, read_settings_table
 from ._exceptions import ConfigError
-from .protocol._bounded import Origin, http_origin
+
+# Under the names the field declarations below have always used (parallel branches add fields).
+from ._setting_parsers import OPT_INT as _OPT_INT
+from ._setting_parsers import OPT_STR as _OPT_STR
+from ._setting_parsers import parse_bool as _parse_bool
+from ._setting_parsers import parse_protocol as _parse_protocol
+from ._setting_parsers import setting
+from ._setting_parsers import split_list as _split_list
+from .protocol._bounded import Origin
+
+__all__ = [
+    "DEFAULT_CONFIG_FILE",
+    "ENV_PREFIX",
+    "ClientSettings",
+    "Ordering",
+    "SettingsOverrides",
+    "UntrustedPolicy",
+    "load_settings",
+    "merge_settings",
+    "setting",
+    "settings_table",
+]
 
 UntrustedPolicy = Literal["anonymous", "refuse"]
 Ordering = Literal["topic", "arrival"]
-ENV_PREFIX = "OFFLOAD_"
-DEFAULT_CONFIG_FILE = Path("~/.config/mqtt-offload/config.toml")
-
-
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
-
-
-def _split_list(text: str) -> tuple[str, ...]:
-    return tuple(item.strip() for item in text.replace(" ", ",").split(",") if item.strip())
-
-
-def _parse_bool(text: str) -> bool:
-    if text.lower() in _TRUE:
-        return True
-    if text.lower() in _FALSE:
-        return False
-    raise ValueError("must be true or false")
-
-
-def _optional(parse: Callable[[str], object]) -> Callable[[str], object]:
-    """An empty string (`OFFLOAD_X=`) means None for an optional setting."""
-    return lambda text: None if text == "" else parse(text)
-
-
-def _parse_protocol(text: str) -> int:
-    return {"5": 5, "4": 4, "3.1.1": 4, "311": 4}[text]
-
-
-def setting(
-    default: Any, meaning: str, parse: Callable[[str], object] = str, *, secret: bool = False
-) -> Any:
-    """One declared setting: its default, its README meaning and its environment parser.
-
-    Args:
-        default: the value when no layer sets it.
-        meaning: the README table's text (Markdown).
-        parse: turns an environment / config-file string into the value.
-        secret: kept out of the settings' repr.
-    """
-    return field(default=default, repr=not secret, metadata={"meaning": meaning, "parse": parse})
-
-
-_OPT_INT = _optional(int)
-_OPT_STR = _optional(str)
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,7 +200,7 @@ class ClientSettings:
             object.__setattr__(self, "discovery_allowlist", _split_list(self.discovery_allowlist))
         object.__setattr__(self, "discovery_allowlist", tuple(self.discovery_allowlist))
         for entry in self.discovery_allowlist:
-            _parse_origin(entry)
+            parse_origin(entry)
         for name in ("max_packet_size", "offload_threshold"):
             value = getattr(self, name)
             if value is not None and value <= 0:
@@ -249,12 +227,7 @@ class ClientSettings:
         Args:
             url: the endpoint URL from a discovery record.
         """
-        if not self.discovery_allowlist:
-            return True
-        try:
-            return self.allowlisted(http_origin(url))
-        except ValueError:
-            return False
+        return not self.discovery_allowlist or url_listed(self.discovery_allowlist, url)
 
     def allowlisted(self, origin: Origin) -> bool:
         """Whether `origin` matches an entry of `discovery_allowlist` (empty: none does).
@@ -265,35 +238,12 @@ class ClientSettings:
         Args:
             origin: scheme, host and port of a URL.
         """
-        for entry in self.discovery_allowlist:
-            scheme, pattern, want_port = _parse_origin(entry)
-            if origin.scheme != scheme or (want_port is not None and origin.port != want_port):
-                continue
-            host = origin.host
-            if pattern.startswith("*."):
-                if host.endswith(pattern[1:]) and len(host) > len(pattern) - 1:
-                    return True
-            elif host == pattern.lower():
-                return True
-        return False
+        return origin_listed(self.discovery_allowlist, origin)
 
     @property
     def broker_url(self) -> BrokerUrl:
         """The parsed broker URL with explicit username/password applied over the URL's."""
         return BrokerUrl.parse(self.broker).with_login(self.username, self.password)
-
-
-def _parse_origin(entry: str) -> tuple[str, str, int | None]:
-    """`scheme://host[:port]` of an allow-list entry (host may be `*.domain`)."""
-    parts = urlsplit(entry)
-    host = parts.hostname or ""
-    try:
-        port = parts.port
-    except ValueError as exc:
-        raise ConfigError(f"discovery_allowlist entry {entry!r}: {exc}") from exc
-    if parts.scheme not in ("http", "https") or not host or parts.path not in ("", "/"):
-        raise ConfigError(f"discovery_allowlist entries are http(s)://host[:port], got {entry!r}")
-    return parts.scheme, host, port
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(ClientSettings)}
@@ -340,15 +290,8 @@ def merge_settings(
 
 def _read_config_file(path: Path) -> dict[str, object]:
     """The settings a TOML file sets (flat keys or a `[client]` table), parsed."""
-    try:
-        doc: dict[str, Any] = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"config file {path}: {exc}") from exc
-    table = doc.get("client", doc)
-    if not isinstance(table, dict):
-        raise ConfigError(f"config file {path}: [client] must be a table")
     values: dict[str, object] = {}
-    for key, value in table.items():
+    for key, value in read_settings_table(path).items():
         if key not in _FIELDS:
             raise ConfigError(f"config file {path}: unknown setting {key!r}")
         values[key] = _coerce(key, value)
@@ -375,14 +318,7 @@ def load_settings(
     """
     env = dict(environ or {})
     values: dict[str, object] = {}
-    path: Path | None
-    if config_file is not None:
-        path = Path(config_file)
-    elif env.get(ENV_PREFIX + "CONFIG"):
-        path = Path(env[ENV_PREFIX + "CONFIG"])
-    else:
-        default = DEFAULT_CONFIG_FILE.expanduser()
-        path = default if default.exists() else None
+    path = config_file_path(env, config_file)
     if path is not None:
         values.update(_read_config_file(path))
     for name in _FIELDS:

@@ -14,7 +14,8 @@ broker closes the connection over a malformed PUBLISH, and paho would resend it 
 reconnect. What happens to unacknowledged QoS 1/2 publishes when the connection drops is the
 owner's choice (`resend_unacknowledged`): the client keeps MQTT's session semantics; the
 gateway fails them at once, since its HTTP caller withdraws the stored message and answers
-503, so a later resend would announce a message that no longer exists.
+503, so a later resend would announce a message that no longer exists (paho has no public
+call for that: `_paho_session` reaches into its queue).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from ._acks import Acks, InvalidPublish, publish_problem
 from ._broker import BrokerUrl
 from ._exceptions import ConnectionFailed, PublishRejected
 from ._paho_props import from_paho_properties, to_paho_properties
+from ._paho_session import forget_outgoing, take_unacknowledged
 from .protocol import PublishProperties
 
 log = logging.getLogger("client.mqtt")
@@ -218,11 +220,11 @@ class MqttConnection:
         if info.rc == MQTTErrorCode.MQTT_ERR_NO_CONN and (qos == 0 or not self._resend):
             # QoS 0 is not kept for a reconnect by paho: it is simply lost, so say so; a
             # QoS>0 one paho keeps must not go out later when the caller was told it failed.
-            self._forget(info.mid)
+            forget_outgoing(self._paho, info.mid)
             future.set_exception(ConnectionFailed(f"not connected: publish to {topic!r} not sent"))
             return future
         if info.rc not in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN):
-            self._forget(info.mid)
+            forget_outgoing(self._paho, info.mid)
             future.set_exception(PublishRejected(topic, mqtt.error_string(info.rc)))
             return future
         self._pubacks.register(info.mid, future)
@@ -261,39 +263,12 @@ class MqttConnection:
         self._subacks.register(mid, future)
         return future
 
-    # -- paho's session queue (resend_unacknowledged=False) --------------------------------
-
-    def _forget(self, mid: int) -> None:
-        """Drop one message from paho's resend queue (paho keeps QoS>0 ones it could not send)."""
-        messages = getattr(self._paho, "_out_messages", None)
-        mutex = getattr(self._paho, "_out_message_mutex", None)
-        if messages is not None and mutex is not None:
-            with mutex:
-                messages.pop(mid, None)
-
     def _fail_unacknowledged(self) -> int:
-        """Take every unacknowledged outgoing message out of paho's session; how many.
-
-        paho has no public call for this: `_out_messages` (guarded by `_out_message_mutex`)
-        is the queue `_messages_reconnect_reset` resends from on the next connect. Our
-        futures fail with ConnectionFailed; each message's info gets `MQTT_ERR_CONN_LOST`, so
-        a `wait_for_publish` on it raises at once.
-        """
-        client = self._paho
-        messages = getattr(client, "_out_messages", None)
-        mutex = getattr(client, "_out_message_mutex", None)
-        if messages is None or mutex is None:  # a paho without them: nothing we can do
-            return 0
-        with mutex:
-            lost = list(messages.values())
-            messages.clear()
-            if hasattr(client, "_inflight_messages"):
-                client._inflight_messages = 0
-        for message in lost:
-            message.info.rc = mqtt.MQTT_ERR_CONN_LOST
-            message.info._set_as_published()  # wakes wait_for_publish, which then raises
+        """Fail every unacknowledged publish, taken out of paho's session; how many."""
+        lost = take_unacknowledged(self._paho)
+        for mid in lost:
             self._pubacks.settle(
-                message.mid, ConnectionFailed("connection lost before the acknowledgement")
+                mid, ConnectionFailed("connection lost before the acknowledgement")
             )
         return len(lost)
 

@@ -29,6 +29,14 @@ from .auth import Authenticator, AuthMode, Challenge
 log = logging.getLogger("gateway.auth")
 
 STATE_KEY = "auth_response_headers"
+# Where `BrokerRules` leaves the authenticated user for the rest of the request.
+_PRINCIPAL = "offload_principal"
+
+
+def principal_of(request: Request) -> str | None:
+    """The user `BrokerRules.authorize` admitted for this request, None when anonymous."""
+    principal = getattr(request.state, _PRINCIPAL, None)
+    return principal if isinstance(principal, str) else None
 
 
 def build_authenticator(settings: Settings) -> Authenticator:
@@ -84,7 +92,7 @@ class BrokerRules:
         if isinstance(result, Challenge):
             raise _refuse(result)
         # Who this is, for resources that belong to a principal (resumable uploads).
-        request.state.offload_principal = result.user
+        setattr(request.state, _PRINCIPAL, result.user)
         extra = dict(result.response_headers)
         if extra:  # SCRAM's server-final reaches the client on every answer (middleware)
             setattr(request.state, STATE_KEY, extra)

@@ -8,8 +8,11 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from ._context import Context, Ctx, NoBroker
+from ._context import NoBroker
+from ._deps import AppSettings, BrokerLink, Service
 from ._observability import metrics_endpoint
+from ._service import OffloadService
+from ._settings import Settings
 from .storage import StoreError
 
 router = APIRouter(tags=["operations"])
@@ -22,18 +25,15 @@ router.add_api_route(
 )
 
 
-def worker_health(ctx: Context) -> tuple[bool, dict[str, Any]]:
+def worker_health(settings: Settings, service: OffloadService) -> tuple[bool, dict[str, Any]]:
     """Whether every worker pool makes progress, and each pool's figures."""
-    settings = ctx.settings
     # Longer than every timeout that should end a transfer: a full pool that moved nothing
     # for this long will not free itself.
     transfer_bound = (
         max(settings.body_idle_timeout, settings.store_stall_timeout, settings.send_idle_timeout)
         + settings.health_timeout
     )
-    health = ctx.service.workers.health(
-        bound=settings.health_timeout, transfer_bound=transfer_bound
-    )
+    health = service.workers.health(bound=settings.health_timeout, transfer_bound=transfer_bound)
     return health.ok, health.detail
 
 
@@ -41,7 +41,7 @@ def worker_health(ctx: Context) -> tuple[bool, dict[str, Any]]:
     "/healthz",
     responses={503: {"description": "wedged: the event loop or a worker pool is stuck"}},
 )
-async def healthz(ctx: Ctx) -> JSONResponse:
+async def healthz(settings: AppSettings, service: Service) -> JSONResponse:
     """The process is alive: its event loop turns and every worker pool makes progress.
 
     Answers at once (it never waits on a pool): a job that waited longer than
@@ -50,7 +50,7 @@ async def healthz(ctx: Ctx) -> JSONResponse:
     Saturation (all transfers busy and moving) is not: that answers 503 to new
     transfers, and stays alive.
     """
-    ok, detail = worker_health(ctx)
+    ok, detail = worker_health(settings, service)
     return JSONResponse(
         {"status": "ok" if ok else "wedged", "workers": detail},
         status_code=200 if ok else 503,
@@ -63,18 +63,18 @@ async def healthz(ctx: Ctx) -> JSONResponse:
         503: {"description": "storage, broker or workers unavailable (`checks` says which)"}
     },
 )
-async def readyz(ctx: Ctx) -> JSONResponse:
+async def readyz(settings: AppSettings, service: Service, broker: BrokerLink) -> JSONResponse:
     """Storage and broker reachable, worker pools making progress."""
     checks: dict[str, str] = {}
-    ok, _ = worker_health(ctx)
+    ok, _ = worker_health(settings, service)
     checks["workers"] = "ok" if ok else "wedged (see /healthz)"
     try:
-        await asyncio.wait_for(ctx.service.workers.store.run(ctx.service.store.ping), 5)
+        await asyncio.wait_for(service.workers.store.run(service.store.ping), 5)
         checks["storage"] = "ok"
     except (StoreError, TimeoutError) as exc:
         checks["storage"] = f"unavailable: {exc or 'no answer within 5 s'}"
-    if not isinstance(ctx.broker, NoBroker):
-        checks["broker"] = "ok" if ctx.broker.connected else "unavailable: not connected"
+    if not isinstance(broker, NoBroker):
+        checks["broker"] = "ok" if broker.connected else "unavailable: not connected"
     ready = all(v == "ok" for v in checks.values())
     return JSONResponse(
         {"status": "ready" if ready else "not ready", "checks": checks},

@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from client.protocol import Manifest, MessageId, encode_download
 
 from ._context import Context, Ctx
+from ._deps import Access, Service
 from ._errors import COMMON_RESPONSES, BadRequest, PayloadTooLarge
 from ._ingest import build_manifest, commit_or_discard, message_url, receive_envelope
 from ._media import PAYLOAD_SECURITY_HEADERS, is_inline, served_type
@@ -70,7 +71,9 @@ def created_response(ctx: Context, request: Request, manifest: Manifest, created
 
 
 @router.post("/topic/{topic:path}", status_code=201, responses=_ERRORS, tags=["offload"])
-async def upload_envelope(topic: str, request: Request, ctx: Ctx, ttl: Ttl = None) -> Response:
+async def upload_envelope(
+    topic: str, request: Request, ctx: Ctx, access: Access, ttl: Ttl = None
+) -> Response:
     """Store a hop-client BSON upload document `{message, headers, key?}`.
 
     The message id is the `_id` header (16 raw UUID bytes or 36-character text); without
@@ -82,7 +85,7 @@ async def upload_envelope(topic: str, request: Request, ctx: Ctx, ttl: Ttl = Non
     parsed_topic = parse_topic(
         topic[: -len(OVERSIZED_SUFFIX)], max_bytes=ctx.settings.max_topic_bytes
     )
-    await ctx.authorize_write(request, parsed_topic)
+    await access.write(parsed_topic)
     check_declared_length(request, ctx.settings.max_body_bytes)
     received = await receive_envelope(ctx, parsed_topic, request.stream())
     manifest = build_manifest(ctx, received, ttl=ttl)
@@ -128,10 +131,12 @@ def _etag_matches(request: Request, manifest: Manifest) -> bool:
 # FastAPI reports as a duplicate (and OpenAPI tools reject).
 @router.get("/msg/{message_id}", responses=_ERRORS, tags=["offload"])
 @router.head("/msg/{message_id}", responses=_ERRORS, tags=["offload"])
-async def download_envelope(message_id: str, request: Request, ctx: Ctx) -> Response:
+async def download_envelope(
+    message_id: str, request: Request, service: Service, access: Access
+) -> Response:
     """The stored message as hop-client expects it: BSON `{message, metadata}`."""
-    manifest = await ctx.service.load(MessageId.parse(message_id))
-    await ctx.authorize_read(request, manifest.topic)
+    manifest = await service.load(MessageId.parse(message_id))
+    await access.read(manifest.topic)
     head, tail = encode_download(
         manifest.size,
         timestamp_ms=manifest.timestamp,
@@ -147,9 +152,9 @@ async def download_envelope(message_id: str, request: Request, ctx: Ctx) -> Resp
     }
     if request.method == "HEAD":
         return Response(status_code=200, headers=headers, media_type="application/bson")
-    body = await ctx.service.open_payload(manifest)
+    body = await service.open_payload(manifest)
     return StreamingResponse(
-        ctx.service.then_forget(manifest, _stream(head, body, tail)),
+        service.then_forget(manifest, _stream(head, body, tail)),
         headers=headers,
         media_type="application/bson",
     )
@@ -157,10 +162,12 @@ async def download_envelope(message_id: str, request: Request, ctx: Ctx) -> Resp
 
 @router.get("/msg/{message_id}/payload", responses=_ERRORS, tags=["offload"])
 @router.head("/msg/{message_id}/payload", responses=_ERRORS, tags=["offload"])
-async def download_payload(message_id: str, request: Request, ctx: Ctx) -> Response:
+async def download_payload(
+    message_id: str, request: Request, service: Service, access: Access
+) -> Response:
     """The raw payload bytes, with Range (206), ETag (SHA-256) and If-None-Match (304)."""
-    manifest = await ctx.service.load(MessageId.parse(message_id))
-    await ctx.authorize_read(request, manifest.topic)
+    manifest = await service.load(MessageId.parse(message_id))
+    await access.read(manifest.topic)
     media_type = served_type(manifest.content_type)
     headers = _payload_headers(manifest, media_type)
     if _etag_matches(request, manifest):
@@ -175,8 +182,8 @@ async def download_payload(message_id: str, request: Request, ctx: Ctx) -> Respo
     headers["Content-Length"] = str(length)
     if request.method == "HEAD" or length == 0:
         return Response(status_code=status, headers=headers, media_type=media_type)
-    body = await ctx.service.open_payload(manifest, start, length if byte_range else None)
+    body = await service.open_payload(manifest, start, length if byte_range else None)
     stream = _stream(b"", body, b"")
     if byte_range is None:  # only a whole payload counts as fetched (delete-after-fetch)
-        stream = ctx.service.then_forget(manifest, stream)
+        stream = service.then_forget(manifest, stream)
     return StreamingResponse(stream, status_code=status, headers=headers, media_type=media_type)

@@ -26,6 +26,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from ._context import Ctx
+from ._deps import Access
 from ._errors import COMMON_RESPONSES
 from ._ingest import (
     build_manifest,
@@ -68,10 +69,10 @@ def _media_type(request: Request) -> str | None:
 # One decorator per method: a multi-method route repeats its operationId in the OpenAPI.
 @router.post("/publish/{topic:path}", status_code=201, responses=_ERRORS, tags=["publish"])
 @router.put("/publish/{topic:path}", status_code=201, responses=_ERRORS, tags=["publish"])
-async def publish(topic: str, request: Request, ctx: Ctx) -> Response:
+async def publish(topic: str, request: Request, ctx: Ctx, access: Access) -> Response:
     """Store the body and publish its placeholder on `topic` (see the module docstring)."""
     parsed_topic = parse_topic(topic, max_bytes=ctx.settings.max_topic_bytes)
-    await ctx.authorize_write(request, parsed_topic)
+    await access.write(parsed_topic)
     options = PublishOptions.from_request(request)
     filename = check_filename(
         request.query_params.get("filename")

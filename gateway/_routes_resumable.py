@@ -46,6 +46,7 @@ from starlette.requests import ClientDisconnect
 from client.protocol import MessageId, Topic
 
 from ._context import Context, Ctx
+from ._deps import Access, AppSettings, Uploads
 from ._errors import (
     COMMON_RESPONSES,
     BadRequest,
@@ -60,6 +61,7 @@ from ._errors import (
 from ._ingest import Received, build_manifest, publish
 from ._media import parse_content_type
 from ._options import PublishOptions, check_filename, parse_ascii_int
+from ._resumable import ResumableUploads
 from ._service import parse_topic
 from ._tus import (
     CHECKSUM_ALGORITHMS,
@@ -117,21 +119,13 @@ def _nonnegative(request: Request, name: str) -> int:
     return parse_ascii_int(raw, name.title())
 
 
-def _principal(request: Request) -> str | None:
-    """The authenticated user (set by the authorizer), None when anonymous."""
-    principal = getattr(request.state, "offload_principal", None)
-    return principal if isinstance(principal, str) else None
-
-
-async def _load_own(ctx: Context, request: Request, upload_id: str) -> UploadState:
+async def _load_own(uploads: ResumableUploads, access: Access, upload_id: str) -> UploadState:
     """The caller's own upload: 404 for another principal's, as for an unknown id.
 
     Write access to the topic is checked first (that authenticates the caller).
     """
-    uploads = ctx.uploads
     state = await uploads.load(upload_id)
-    await ctx.authorize_write(request, state.topic)
-    if state.owner != _principal(request):
+    if state.owner != await access.write(state.topic):
         raise NotFound(f"no upload {upload_id}")
     return state
 
@@ -199,13 +193,13 @@ async def _load_part(
 
 @router.options("", include_in_schema=False)
 @router.options("/", status_code=204, responses=_ERRORS)
-async def capabilities(ctx: Ctx) -> Response:
+async def capabilities(settings: AppSettings) -> Response:
     """What this tus server supports."""
     headers = {
         "Tus-Resumable": TUS_VERSION,
         "Tus-Version": TUS_VERSION,
         "Tus-Extension": TUS_EXTENSIONS,
-        "Tus-Max-Size": str(ctx.settings.max_body_bytes),
+        "Tus-Max-Size": str(settings.max_body_bytes),
         "Tus-Checksum-Algorithm": CHECKSUM_ALGORITHMS,
     }
     return Response(status_code=204, headers=headers)
@@ -213,7 +207,7 @@ async def capabilities(ctx: Ctx) -> Response:
 
 @router.post("", include_in_schema=False)
 @router.post("/", status_code=201, responses=_ERRORS)
-async def create(request: Request, ctx: Ctx) -> Response:
+async def create(request: Request, ctx: Ctx, access: Access) -> Response:
     """tus creation: a new upload for the topic named in `Upload-Metadata`."""
 
     async def run() -> Response:
@@ -239,14 +233,13 @@ async def create(request: Request, ctx: Ctx) -> Response:
         if "topic" not in meta:
             raise BadRequest("Upload-Metadata must name the topic (key `topic`)")
         topic = parse_topic(meta["topic"], max_bytes=ctx.settings.max_topic_bytes)
-        await ctx.authorize_write(request, topic)
+        owner = await access.write(topic)
         sha256 = meta.get("sha256", "").lower() or None
         if sha256 is not None and (
             len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256)
         ):
             raise BadRequest("Upload-Metadata sha256 must be 64 hex characters")
         uploads = ctx.uploads
-        owner = _principal(request)
         settings: dict[str, Any] = {
             "filename": check_filename(meta.get("filename") or meta.get("name")),
             "content_type": _content_type(meta),
@@ -286,12 +279,12 @@ async def create(request: Request, ctx: Ctx) -> Response:
 
 
 @router.head("/{upload_id}", responses=_ERRORS)
-async def offset(upload_id: str, request: Request, ctx: Ctx) -> Response:
+async def offset(upload_id: str, request: Request, ctx: Ctx, access: Access) -> Response:
     """The upload's current offset: where a client resumes."""
 
     async def run() -> Response:
         _check_version(request)
-        state = await _load_own(ctx, request, upload_id)
+        state = await _load_own(ctx.uploads, access, upload_id)
         return Response(status_code=200, headers=_state_headers(ctx, state))
 
     return await _tus(run)
@@ -306,7 +299,7 @@ async def _body(request: Request) -> AsyncIterator[bytes]:
 
 
 @router.patch("/{upload_id}", status_code=204, responses=_ERRORS)
-async def append(upload_id: str, request: Request, ctx: Ctx) -> Response:
+async def append(upload_id: str, request: Request, ctx: Ctx, access: Access) -> Response:
     """Append one segment at `Upload-Offset`; the last one completes and publishes."""
 
     async def run() -> Response:
@@ -317,7 +310,7 @@ async def append(upload_id: str, request: Request, ctx: Ctx) -> Response:
         checksum = parse_checksum(request.headers.get("upload-checksum"))
         length = _content_length(request)
         uploads = ctx.uploads
-        state = await _load_own(ctx, request, upload_id)
+        state = await _load_own(ctx.uploads, access, upload_id)
         if state.parts and length:
             raise Forbidden("a final upload takes no PATCH data (tus concatenation)")
         if not state.completed:
@@ -334,13 +327,13 @@ async def append(upload_id: str, request: Request, ctx: Ctx) -> Response:
 
 
 @router.delete("/{upload_id}", status_code=204, responses=_ERRORS)
-async def terminate(upload_id: str, request: Request, ctx: Ctx) -> Response:
+async def terminate(upload_id: str, request: Request, uploads: Uploads, access: Access) -> Response:
     """tus termination: forget the upload and its segments (a published message stays)."""
 
     async def run() -> Response:
         _check_version(request)
-        state = await _load_own(ctx, request, upload_id)
-        await ctx.uploads.terminate(state)
+        state = await _load_own(uploads, access, upload_id)
+        await uploads.terminate(state)
         return Response(status_code=204)
 
     return await _tus(run)

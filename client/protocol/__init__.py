@@ -32,15 +32,8 @@ from ._errors import (
 
 if TYPE_CHECKING:
     from ._bounded import Origin, http_origin, loads_object
-    from ._chunk import (
-        CHUNK_PROPERTY,
-        ChunkHeader,
-        ChunkPlan,
-        PlannedChunk,
-        chunk_header,
-        plan_chunks,
-        split,
-    )
+    from ._chunk import ChunkPlan, PlannedChunk, plan_chunks, split
+    from ._chunk_header import CHUNK_PROPERTY, ChunkHeader, chunk_header
     from ._discovery import (
         DISCOVERY_ENDPOINT_KEY,
         DISCOVERY_PROTOCOL_VERSION,
@@ -86,11 +79,11 @@ if TYPE_CHECKING:
 # name -> (module, name there). Loaded on first use: a process that needs one value (the
 # `offload` CLI checking a topic, a client importing its errors) does not pay for every codec.
 _LAZY: dict[str, tuple[str, str]] = {
-    "CHUNK_PROPERTY": ("._chunk", "CHUNK_PROPERTY"),
+    "CHUNK_PROPERTY": ("._chunk_header", "CHUNK_PROPERTY"),
     "CachedRecord": ("._endpoint_cache", "CachedRecord"),
     "ChunkComplete": ("._reassembly", "Complete"),
     "ChunkFailure": ("._reassembly", "Error"),
-    "ChunkHeader": ("._chunk", "ChunkHeader"),
+    "ChunkHeader": ("._chunk_header", "ChunkHeader"),
     "ChunkPending": ("._reassembly", "Pending"),
     "ChunkPlan": ("._chunk", "ChunkPlan"),
     "DATA_PREFIX": ("._layout", "DATA_PREFIX"),
@@ -123,7 +116,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "Topic": ("._types", "Topic"),
     "TopicFilter": ("._types", "TopicFilter"),
     "UploadFields": ("._envelope_fields", "UploadFields"),
-    "chunk_header": ("._chunk", "chunk_header"),
+    "chunk_header": ("._chunk_header", "chunk_header"),
     "data_key": ("._layout", "data_key"),
     "decode_level": ("._layout", "decode_level"),
     "download_fields": ("._envelope_fields", "download_fields"),

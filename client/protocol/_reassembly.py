@@ -3,6 +3,9 @@
 Pure: no paho, no clock (callers pass `now`). Bytes live in an injected :class:`ChunkStore`;
 the default keeps them in memory, :class:`client._chunkstore.SpoolingChunkStore` moves large
 messages to temporary files so that reassembling a multi-gigabyte message needs no RAM for it.
+
+This module holds the state machine; its values (`_reassembly_outcomes`) and the derivation of
+its chunk-count bounds (`_reassembly_bounds`) have modules of their own, re-exported here.
 """
 
 from __future__ import annotations
@@ -11,24 +14,13 @@ import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Protocol
 
-from ._chunk import CHUNK_PROPERTY, MAX_U32, ChunkHeader, chunk_header
-from ._chunkstores import (
-    ChunkStore,
-    Joined,
-    JoiningChunkStore,
-    MemoryChunkStore,
-    PartialKey,
-)
-from ._errors import (
-    ChecksumMismatchError,
-    ChunkBufferOverflow,
-    ChunkError,
-    ChunkTimeoutError,
-    MalformedChunk,
-)
+from ._chunk_header import CHUNK_PROPERTY, MAX_U32, ChunkHeader, chunk_header
+from ._chunkstores import ChunkStore, Joined, JoiningChunkStore, MemoryChunkStore, PartialKey
+from ._errors import ChecksumMismatchError, ChunkBufferOverflow, ChunkTimeoutError, MalformedChunk
 from ._props import PublishProperties
+from ._reassembly_bounds import CHUNK_ENTRY_COST, chunk_bounds
+from ._reassembly_outcomes import ChunkMessage, Complete, Error, Outcome, Pending
 
 __all__ = [
     "CHUNK_ENTRY_COST",
@@ -45,101 +37,6 @@ __all__ = [
     "Reassembler",
     "chunk_bounds",
 ]
-
-
-class ChunkMessage(Protocol):
-    """What :meth:`Reassembler.feed` reads from a received message."""
-
-    @property
-    def topic(self) -> str: ...
-    @property
-    def payload(self) -> bytes: ...
-    @property
-    def properties(self) -> PublishProperties: ...
-    @property
-    def qos(self) -> int: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Complete:
-    """All chunks arrived and the checksum matched: the original message."""
-
-    topic: str
-    payload: bytes | Path
-    """The bytes, or the file a spooling store assembled them in (the caller owns it)."""
-    properties: PublishProperties
-    """Chunk 0's properties without `__chunk`."""
-    message_id: str
-    qos: int
-    dropped: tuple[Error, ...] = ()
-    """Other partial messages evicted to make room for this chunk."""
-    sha256: str = ""
-    """SHA-256 of the payload, lower-case hex (verified)."""
-    size: int = 0
-    """Payload length in bytes."""
-
-
-@dataclass(frozen=True, slots=True)
-class Pending:
-    """The chunk was kept (or ignored as a duplicate); the message is not complete yet."""
-
-    topic: str
-    message_id: str
-    index: int
-    received: int
-    """Distinct chunks of this message buffered so far (0 for a late duplicate)."""
-    total: int | None
-    """None until chunk 0 has arrived."""
-    duplicate: bool = False
-    """True when the chunk was already buffered or its message already finished."""
-    dropped: tuple[Error, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class Error:
-    """A chunked message failed; its buffers are gone and its later chunks will be ignored."""
-
-    topic: str
-    message_id: str | None
-    """None when the `__chunk` value itself was unreadable."""
-    error: ChunkError | MalformedChunk
-    dropped: tuple[Error, ...] = ()
-
-
-Outcome = Complete | Pending | Error
-
-#: Smallest chunk payload assumed of a sender when bounding chunks per message: brokers that
-#: need chunking state limits of 64 KiB and more, and ADR 23 fills every chunk but the last.
-CHUNK_SIZE_FLOOR = 64 * 1024
-#: Headroom for a chunk's own PUBLISH header and properties within the packet limit.
-CHUNK_HEADROOM = 1024
-#: RAM charged per tracked chunk entry (index set, store slot, spool span) when deriving
-#: how many entries the RAM budget allows.
-CHUNK_ENTRY_COST = 256
-
-
-def chunk_bounds(*, max_buffered_bytes: int, packet_limit: int, ram_budget: int) -> tuple[int, int]:
-    """Chunks per message and chunk entries in all, derived from the limits in force.
-
-    A message larger than `max_buffered_bytes` is dropped anyway, and a sender filling its
-    chunks to the packet limit (or at least to :data:`CHUNK_SIZE_FLOOR`) needs no more than
-    `max_buffered_bytes / chunk size + 1` of them. Chunk bookkeeping lives in RAM whatever
-    the store does with the bytes, so entries across all partial messages are bounded by the
-    RAM budget at :data:`CHUNK_ENTRY_COST` bytes each, and one message can never have more
-    chunks than that either (a tiny packet limit then needs a larger RAM budget).
-
-    Args:
-        max_buffered_bytes: the reassembly byte bound.
-        packet_limit: the Maximum Packet Size in force.
-        ram_budget: bytes of RAM reassembly may use (the client's `spool_threshold`).
-
-    Returns:
-        `(max_chunks_per_message, max_tracked_chunks)`.
-    """
-    chunk = max(min(packet_limit, CHUNK_SIZE_FLOOR) - CHUNK_HEADROOM, 1)
-    tracked = max(ram_budget // CHUNK_ENTRY_COST, 1)
-    per_message = min(-(-max_buffered_bytes // chunk) + 1, tracked, MAX_U32)
-    return per_message, tracked
 
 
 @dataclass(slots=True)
@@ -274,81 +171,33 @@ class Reassembler:
             ValueError: the message carries no `__chunk` property (check with
                 :func:`chunk_header` first).
         """
-        topic = message.topic
         try:
             header = chunk_header(message.properties)
         except MalformedChunk as exc:
-            return Error(topic, None, exc)
+            return Error(message.topic, None, exc)
         if header is None:
-            raise ValueError(f"message on {topic!r} has no {CHUNK_PROPERTY} user property")
-        key = (topic, header.message_id)
+            raise ValueError(f"message on {message.topic!r} has no {CHUNK_PROPERTY} user property")
+        key = (message.topic, header.message_id)
         if key in self._finished:
-            return Pending(topic, header.message_id, header.index, 0, None, duplicate=True)
-
+            return Pending(key[0], header.message_id, header.index, 0, None, duplicate=True)
         dropped: list[Error] = []
-        partial = self._partials.get(key)
-        bound = self.max_chunks_per_message
-        declared = header.total if header.total is not None else header.index + 1
-        if declared > bound:
-            reason = f"{declared} chunks or more, beyond the bound of {bound} per message"
-            if partial is not None:
-                return self._overflow(key, reason, dropped)
-            self._remember_finished(key)
-            error = ChunkBufferOverflow(header.message_id, reason)
-            return Error(topic, header.message_id, error)
-        if partial is None:
-            if len(self._partials) >= self._max_partials:
-                dropped.append(
-                    self._evict_oldest(f"more than {self._max_partials} partial messages")
-                )
-            deadline = None if self._default_timeout is None else now + self._default_timeout
-            partial = _Partial(topic, header.message_id, now, deadline)
-            self._partials[key] = partial
-        elif self._overdue(partial, now):
-            return self._timeout(key, partial, dropped)
-
+        partial = self._admit(key, header, now, dropped)
+        if isinstance(partial, Error):
+            return partial
         if header.index in partial.indices:
             if header.is_first and header != partial.first:
                 return self._malformed(key, "conflicting first chunks", dropped)
             return self._pending(partial, header.index, dropped, duplicate=True)
-
         if header.is_first:
-            partial.first = header
-            partial.first_properties = message.properties.without_user_properties(CHUNK_PROPERTY)
-            partial.qos = message.qos
-            expiry = message.properties.message_expiry_interval
-            if expiry is not None:
-                cap = self._max_timeout
-                partial.deadline = partial.started + (expiry if cap is None else min(expiry, cap))
+            self._take_first(partial, header, message)
             if self._overdue(partial, now):
                 return self._timeout(key, partial, dropped)
+        refused = self._check_index(key, partial, header, dropped)
+        if refused is None:
+            refused = self._store_chunk(key, partial, header.index, message.payload, dropped)
+        if refused is not None:
+            return refused
         first = partial.first
-        total = first.total if first is not None else None
-        # Indices buffered before chunk 0 are checked once, when it tells the total.
-        if total is not None and (
-            header.index >= total or (header.is_first and max(partial.indices, default=0) >= total)
-        ):
-            return self._malformed(key, f"chunk index beyond totalChunks {total}", dropped)
-
-        data = bytes(message.payload)
-        while self._bytes + len(data) > self._max_bytes:
-            victim = next((k for k in self._partials if k != key), None)
-            if victim is None:
-                reason = f"{partial.nbytes + len(data)} bytes exceed {self._max_bytes}"
-                return self._overflow(key, reason, dropped)
-            dropped.append(self._evict(victim, f"buffer limit of {self._max_bytes} bytes"))
-        while self._tracked >= self.max_tracked_chunks:
-            victim = next((k for k in self._partials if k != key), None)
-            reason = f"more than {self.max_tracked_chunks} chunks tracked"
-            if victim is None:
-                return self._overflow(key, reason, dropped)
-            dropped.append(self._evict(victim, reason))
-        self._store.put(key, header.index, data)
-        partial.indices.add(header.index)
-        partial.nbytes += len(data)
-        self._bytes += len(data)
-        self._tracked += 1
-
         if first is not None and len(partial.indices) == first.total:
             return self._assemble(key, partial, first, dropped)
         return self._pending(partial, header.index, dropped, duplicate=False)
@@ -366,6 +215,91 @@ class Reassembler:
         return [self._timeout(k, self._partials[k], []) for k in overdue]
 
     # -- internals
+
+    def _admit(
+        self, key: PartialKey, header: ChunkHeader, now: float, dropped: list[Error]
+    ) -> _Partial | Error:
+        """The partial message this chunk belongs to, opened if new, or why it fails.
+
+        A chunk whose index or declared total is beyond `max_chunks_per_message` fails its
+        message before anything is buffered; opening a partial past `max_partial_messages`
+        evicts the oldest; a partial whose deadline passed fails now, not at the next sweep.
+        """
+        partial = self._partials.get(key)
+        bound = self.max_chunks_per_message
+        declared = header.total if header.total is not None else header.index + 1
+        if declared > bound:
+            reason = f"{declared} chunks or more, beyond the bound of {bound} per message"
+            if partial is not None:
+                return self._overflow(key, reason, dropped)
+            self._remember_finished(key)
+            error = ChunkBufferOverflow(header.message_id, reason)
+            return Error(key[0], header.message_id, error)
+        if partial is None:
+            if len(self._partials) >= self._max_partials:
+                dropped.append(
+                    self._evict_oldest(f"more than {self._max_partials} partial messages")
+                )
+            deadline = None if self._default_timeout is None else now + self._default_timeout
+            partial = _Partial(key[0], header.message_id, now, deadline)
+            self._partials[key] = partial
+        elif self._overdue(partial, now):
+            return self._timeout(key, partial, dropped)
+        return partial
+
+    def _take_first(self, partial: _Partial, header: ChunkHeader, message: ChunkMessage) -> None:
+        """Keep what only chunk 0 carries: the total, the properties, the QoS and the expiry.
+
+        Its Message Expiry Interval (capped by `max_timeout`) replaces the default timeout,
+        still counted from the message's first chunk (ADR 23).
+        """
+        partial.first = header
+        partial.first_properties = message.properties.without_user_properties(CHUNK_PROPERTY)
+        partial.qos = message.qos
+        expiry = message.properties.message_expiry_interval
+        if expiry is not None:
+            cap = self._max_timeout
+            partial.deadline = partial.started + (expiry if cap is None else min(expiry, cap))
+
+    def _check_index(
+        self, key: PartialKey, partial: _Partial, header: ChunkHeader, dropped: list[Error]
+    ) -> Error | None:
+        """Fail the message if this chunk (or one buffered before chunk 0) is past the total."""
+        first = partial.first
+        total = first.total if first is not None else None
+        # Indices buffered before chunk 0 are checked once, when it tells the total.
+        if total is not None and (
+            header.index >= total or (header.is_first and max(partial.indices, default=0) >= total)
+        ):
+            return self._malformed(key, f"chunk index beyond totalChunks {total}", dropped)
+        return None
+
+    def _store_chunk(
+        self, key: PartialKey, partial: _Partial, index: int, payload: bytes, dropped: list[Error]
+    ) -> Error | None:
+        """Buffer one chunk within the byte and entry bounds, evicting older messages first.
+
+        Returns the message's own failure when it cannot fit even alone.
+        """
+        data = bytes(payload)
+        while self._bytes + len(data) > self._max_bytes:
+            victim = next((k for k in self._partials if k != key), None)
+            if victim is None:
+                reason = f"{partial.nbytes + len(data)} bytes exceed {self._max_bytes}"
+                return self._overflow(key, reason, dropped)
+            dropped.append(self._evict(victim, f"buffer limit of {self._max_bytes} bytes"))
+        while self._tracked >= self.max_tracked_chunks:
+            victim = next((k for k in self._partials if k != key), None)
+            reason = f"more than {self.max_tracked_chunks} chunks tracked"
+            if victim is None:
+                return self._overflow(key, reason, dropped)
+            dropped.append(self._evict(victim, reason))
+        self._store.put(key, index, data)
+        partial.indices.add(index)
+        partial.nbytes += len(data)
+        self._bytes += len(data)
+        self._tracked += 1
+        return None
 
     @staticmethod
     def _overdue(partial: _Partial, now: float) -> bool:

@@ -1,0 +1,176 @@
+"""The credentials files the gateway shares with mosquitto, kept current, and what they answer.
+
+The password, ACL and tokens files are the broker's (one identity for broker and offload API),
+so the gateway re-reads them whenever an administrator changes them, with no restart (see
+``_files.WatchedFile``). This module owns the three watched files and every question the
+schemes ask of them: a user's SCRAM keys (with stable decoys for unknown or SCRAM-less users,
+so a probe cannot tell them apart), a Basic password check that costs the same for an unknown
+user, a bearer token's user, and the ACL's answer for a topic. No HTTP, no failure counting:
+those belong to the authenticator and its throttle.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+
+from ._acl import Acl, AclSyntaxError, base_topic, parse_acl
+from ._exceptions import AuthConfigError
+from ._files import WatchedFile
+from ._passwd import (
+    SCRAM_MIN_ITERATIONS,
+    UPGRADE_HINT,
+    PasswordEntry,
+    PasswordFile,
+    ScramKeys,
+    parse_password_file,
+)
+from ._tokens import parse_tokens_file, token_digest
+
+log = logging.getLogger("gateway.auth")
+
+# Hashed when a Basic user does not exist, so that the answer takes as long as for one who does.
+_DUMMY = PasswordEntry("-", "sha512-pbkdf2", b"\0" * 12, b"\0" * 64, SCRAM_MIN_ITERATIONS)
+
+
+def _parse_acl_file(text: str) -> Acl:
+    try:
+        return parse_acl(text)
+    except AclSyntaxError as exc:
+        raise AuthConfigError(str(exc)) from exc
+
+
+class Credentials:
+    """The password, ACL and tokens files (each optional), re-read when they change.
+
+    Thread-safe: each file is a `WatchedFile`; the set of users already warned about is only
+    ever added to or cleared whole.
+    """
+
+    def __init__(
+        self,
+        *,
+        password_file: Path | None,
+        acl_file: Path | None,
+        tokens_file: Path | None,
+        secret: bytes,
+    ) -> None:
+        """Load the files that are set.
+
+        Args:
+            password_file: mosquitto's ``password_file``, or None.
+            acl_file: mosquitto's ``acl_file``, or None (everything allowed).
+            tokens_file: bearer tokens (``user:<sha256 hex>``), or None.
+            secret: seeds the decoy SCRAM keys (the authenticator's sid secret).
+
+        Raises:
+            AuthConfigError: a file is missing or invalid.
+        """
+        self._secret = secret
+        self._warned: set[str] = set()
+        self._passwords = (
+            WatchedFile(
+                password_file,
+                parse_password_file,
+                fallback=PasswordFile({}),
+                on_load=self._loaded_passwords,
+            )
+            if password_file is not None
+            else None
+        )
+        self._acl = (
+            WatchedFile(acl_file, _parse_acl_file, fallback=Acl()) if acl_file is not None else None
+        )
+        no_tokens: Mapping[str, str] = {}
+        self._tokens = (
+            WatchedFile(tokens_file, parse_tokens_file, fallback=no_tokens)
+            if tokens_file is not None
+            else None
+        )
+
+    @property
+    def has_acl(self) -> bool:
+        """Whether an ACL file restricts topics (without one, everyone in may do anything)."""
+        return self._acl is not None
+
+    def allows(self, user: str | None, topic: str, access: int) -> bool:
+        """The ACL's answer for ``user`` and ``topic`` (``+oversized`` ignored); True without one.
+
+        Args:
+            user: None for anonymous.
+            topic: the MQTT topic.
+            access: ``_acl.READ`` or ``_acl.WRITE``.
+        """
+        if self._acl is None:
+            return True
+        return self._acl.get().allows(user, base_topic(topic), access)
+
+    def check_password(self, user: str, password: str) -> bool | None:
+        """Whether ``password`` is ``user``'s; None for an unknown user (at the same cost).
+
+        Args:
+            user: the Basic user name.
+            password: the Basic password.
+        """
+        assert self._passwords is not None  # Basic is only offered with a password file
+        entry = self._passwords.get().get(user)
+        if entry is None:
+            _DUMMY.verify(password)
+            return None
+        return entry.verify(password)
+
+    def token_user(self, token: str) -> str | None:
+        """The user a bearer token belongs to, or None.
+
+        Args:
+            token: the Bearer credential as sent.
+        """
+        assert self._tokens is not None  # Bearer is only offered with a tokens file
+        # A dict lookup by the token's SHA-256: its timing says nothing about stored tokens.
+        return self._tokens.get().get(token_digest(token)) if token else None
+
+    def scram_keys(self, user: str) -> ScramKeys:
+        """``user``'s SCRAM-SHA-512 keys, or decoy keys when it has none.
+
+        Decoys are stable per user, so a probe cannot tell unknown users from known ones; a
+        known user whose entry cannot do SCRAM is named in the log once per file load.
+
+        Args:
+            user: from the client-first message.
+        """
+        assert self._passwords is not None  # SCRAM is only offered with a password file
+        passwords = self._passwords.get()
+        entry = passwords.get(user)
+        keys = entry.scram_keys() if entry is not None else None
+        if keys is not None:
+            return keys
+        if entry is not None and user not in self._warned:
+            self._warned.add(user)
+            log.warning(
+                "user %r tried SCRAM-SHA-512 but its password entry cannot do it "
+                "(%s, %d iterations); %s",
+                user,
+                entry.scheme,
+                entry.iterations,
+                UPGRADE_HINT,
+            )
+        seed = hmac.digest(self._secret, b"decoy\0" + user.encode("utf-8"), "sha512")
+        return ScramKeys(seed[:12], passwords.typical_iterations, seed, seed[::-1])
+
+    def _loaded_passwords(self, passwords: PasswordFile) -> None:
+        # Each load says once what is wrong with it, and who cannot use SCRAM and why.
+        self._warned.clear()
+        for problem in passwords.problems:
+            log.warning("password file: %s", problem)
+        weak = passwords.weak_users
+        if weak:
+            log.warning(
+                "password file: %d user(s) cannot use SCRAM-SHA-512 (sha512 entries or fewer "
+                "than %d iterations): %s; they can only use HTTP Basic over TLS. Fix: %s",
+                len(weak),
+                SCRAM_MIN_ITERATIONS,
+                ", ".join(weak),
+                UPGRADE_HINT,
+            )

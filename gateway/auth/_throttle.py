@@ -1,0 +1,111 @@
+"""The lockout policy: which failed attempts count against whom, and when a caller must wait.
+
+Failed attempts are counted per source address and per (user, address) pair; past the
+limit the answer is 429 with ``Retry-After`` instead of a challenge, which tells a person
+at a terminal what is going on and costs an attacker a wait. While a pair is blocked even
+the right password is refused from that address, otherwise the block would not slow
+guessing down. There is deliberately no per-user limit across addresses: it would let
+anyone who knows a user name lock that user out of the gateway, and it would buy little,
+since the broker itself (mosquitto) never limits CONNECT attempts for the same password
+file. A guesser spread over many addresses is slowed only by the password's strength.
+
+Kept apart from the schemes so that every scheme applies the same policy through three
+calls: `Throttle.blocked` before the costly step, `Throttle.refuse` on a failure,
+`Throttle.succeeded` on a success.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ._decisions import Challenge
+from ._limits import FailureLimiter
+
+
+def _address_key(client: str) -> str:
+    return f"addr:{client}"
+
+
+def _user_key(user: str, client: str) -> str:
+    return f"user:{client}\0{user}"
+
+
+class Throttle:
+    """Failure counts per address and per (user, address), and the answers they lead to.
+
+    Thread-safe (the limiters are). Bounded: each limiter tracks at most ``tracked_keys``.
+    """
+
+    def __init__(
+        self,
+        *,
+        challenge: Callable[[str], Challenge],
+        max_failures_per_user: int,
+        max_failures_per_address: int,
+        failure_window: float,
+        tracked_keys: int,
+        clock: Callable[[], float],
+    ) -> None:
+        """Set up empty counts.
+
+        Args:
+            challenge: the 401 a refused caller gets, given the reason for the log.
+            max_failures_per_user: failures per (user, address) and window before 429.
+            max_failures_per_address: failures per source address and window before 429.
+            failure_window: seconds of the failure-counting window.
+            tracked_keys: most users/addresses whose failures are remembered at once.
+            clock: seconds.
+        """
+        self._challenge = challenge
+        self._users = FailureLimiter(
+            limit=max_failures_per_user, window=failure_window, capacity=tracked_keys, clock=clock
+        )
+        self._addresses = FailureLimiter(
+            limit=max_failures_per_address,
+            window=failure_window,
+            capacity=tracked_keys,
+            clock=clock,
+        )
+
+    def refuse(self, reason: str, *, client: str, user: str | None = None) -> Challenge:
+        """Count a failure from ``client`` (and against ``user`` there), answer a 401.
+
+        Args:
+            reason: for the log.
+            client: the source address.
+            user: the user the attempt was for, when known.
+        """
+        self._addresses.failed(_address_key(client))
+        if user is not None:
+            self._users.failed(_user_key(user, client))
+        return self._challenge(reason)
+
+    def blocked(self, client: str, user: str | None) -> Challenge | None:
+        """A 429 with ``Retry-After`` while ``client`` (or ``user`` from it) must wait, else None.
+
+        Args:
+            client: the source address.
+            user: the user, once the credentials name one.
+        """
+        wait = self._addresses.retry_after(_address_key(client))
+        who = f"address {client}"
+        if wait is None and user is not None:
+            wait = self._users.retry_after(_user_key(user, client))
+            who = f"user {user!r} from {client}"
+        if wait is None:
+            return None
+        return Challenge(
+            429,
+            {"Retry-After": str(wait)},
+            f"too many failed attempts ({who})",
+            "too many failed attempts, retry later",
+        )
+
+    def succeeded(self, user: str, client: str) -> None:
+        """Forget ``user``'s failures from ``client``: it proved who it is.
+
+        Args:
+            user: the authenticated user.
+            client: the source address.
+        """
+        self._users.reset(_user_key(user, client))
