@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from client._exceptions import ConfigError
 from client.protocol import Manifest, MessageId, Topic, TopicFilter, data_key, meta_key
 from client.spark import parse_options, parse_storage_url, parse_time
-from client.spark._options import StorageLocation
+from client.spark._options import StorageLocation, Verify
 from client.spark._plan import (
     MAX_PARTITION_BYTES,
     OPEN_COST_BYTES,
@@ -261,7 +261,7 @@ def test_parse_options() -> None:
     )
     assert opts.topic_filter == TopicFilter("a/+")
     assert (opts.since, opts.until) == (ms("2026-11-22T00:00:00"), 1795392000000)
-    assert (opts.payload, opts.verify, opts.parallelism) == (False, False, 4)
+    assert (opts.payload, opts.verify, opts.parallelism) == (False, Verify.OFF, 4)
     assert "SK" not in repr(opts)
     explicit = parse_options(
         {"storage": "s3://h:1/b", "accessKey": "mine"}, defaults={"accessKey": "env"}
@@ -285,12 +285,30 @@ def test_parse_options() -> None:
         {"storage": "s3://h:1/b", "since": "yesterday"},
         {"storage": "s3://h:1/b", "since": "2026-11-23", "until": "2026-11-22"},
         {"storage": "s3://h:1/b", "payload": "maybe"},
+        {"storage": "s3://h:1/b", "verify": "md5"},
         {"storage": "s3://h:1/b", "parallelism": "0"},
     ],
 )
 def test_bad_options_are_config_errors(options: dict[str, str]) -> None:
     with pytest.raises(ConfigError):
         parse_options(options)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (None, Verify.AUTO),
+        ("true", Verify.AUTO),
+        ("Yes", Verify.AUTO),
+        ("SHA256", Verify.SHA256),
+        ("sha-256", Verify.SHA256),
+        ("false", Verify.OFF),
+        ("0", Verify.OFF),
+    ],
+)
+def test_verify_option_values(value: str | None, expected: Verify) -> None:
+    options = {"storage": "file:///srv"} | ({} if value is None else {"verify": value})
+    assert parse_options(options).verify is expected
 
 
 def test_parse_time() -> None:
