@@ -110,7 +110,9 @@ def test_chunked_publish(gw: GatewayServer, unique_topic: Callable[[str], str]) 
     assert_recorded(gw, r.json()["id"], payload)
 
 
-def test_tuspy_upload(gw: GatewayServer, unique_topic: Callable[[str], str], tmp_path: Path) -> None:
+def test_tuspy_upload(
+    gw: GatewayServer, unique_topic: Callable[[str], str], tmp_path: Path
+) -> None:
     payload = os.urandom(700 * KiB + 3)
     source = tmp_path / "tuspy.bin"
     source.write_bytes(payload)
