@@ -50,9 +50,10 @@ How it reads:
   byte once (into the socket) and checks it in place (SHA-256) or in 1 MiB slices
   (CRC-32C, whose library takes only `bytes`). On two cores every reader is CPU-bound, so
   the check's CPU is the gap to Spark's own `binaryFile` over the same objects: SHA-256
-  left 0.69 of its speed on a quiet machine, CRC-32C leaves about what `verify=false`
-  reads (`python bench/spark_read.py`, bench/RESULTS.md). The Python Data Source API has
-  no column pruning: say `option("payload", "false")` when payloads are not needed. For raw bytes without manifests use `binaryFile` (below).
+  costs ~0.6 CPU-s per GiB and left 0.69 of its speed on a quiet machine; CRC-32C costs
+  ~0.1, about what `verify=false` costs (`python bench/spark_read.py`, bench/RESULTS.md).
+  The Python Data Source API has no column pruning: say `option("payload", "false")` when
+  payloads are not needed. For raw bytes without manifests use `binaryFile` (below).
 
 Streaming (pyspark >= 4.2; `spark.readStream.format("offload")`, same options but `until`, plus
 `maxFilesPerTrigger` and `lateness`) delivers newly committed messages in micro-batches; its
@@ -125,7 +126,14 @@ The embedded store (`file:///PATH`) is the same layout on disk, so the same code
 `file:///PATH/data/sensors/temp/` as the directory (tested in tests/test_spark.py).
 """
 
-from ._options import ScanOptions, StorageLocation, parse_options, parse_storage_url, parse_time
+from ._options import (
+    ScanOptions,
+    StorageLocation,
+    Verify,
+    parse_options,
+    parse_storage_url,
+    parse_time,
+)
 from ._source import FORMAT, OffloadDataSource, register
 
 __all__ = [
@@ -133,6 +141,7 @@ __all__ = [
     "OffloadDataSource",
     "ScanOptions",
     "StorageLocation",
+    "Verify",
     "parse_options",
     "parse_storage_url",
     "parse_time",
