@@ -6,7 +6,7 @@ crossing threads so the per-byte cost stays small, the hand-over is bounded so m
 too, and the SHA-256 and the CRC-32C are taken in the transfer thread as the bytes go by: one
 pass, off the event loop. The CRC-32C (`google_crc32c`, hardware accelerated, ~10 GiB/s
 against SHA-256's ~1.7) goes into the manifest so readers that trust the store, such as the
-Spark source, can check a payload for corruption at a tenth of the cost; it releases the GIL
+Spark source, can check a payload for corruption at a sixth of the cost; it releases the GIL
 for `bytes` of 1 MiB or more, which is what `read(n)` hands the SDK.
 
 The feeding side never needs a thread: when the hand-over is full the event loop waits on

@@ -31,8 +31,8 @@ How it reads:
 * `verify` checks every payload against its manifest and fails the task with
   `PayloadChecksumMismatch` on a difference: a truncated or corrupted object would
   otherwise reach analyses silently. `true` (the default) checks the size and the CRC-32C
-  the gateway records in the manifest (~0.1 CPU-s per GiB), or the SHA-256 when the
-  manifest predates that field; `sha256` always checks size and SHA-256 (~0.6 CPU-s per
+  the gateway records in the manifest (0.1-0.2 CPU-s per GiB), or the SHA-256 when the
+  manifest predates that field; `sha256` always checks size and SHA-256 (0.6-0.7 CPU-s per
   GiB); `false` checks nothing. Metadata-only scans never hash. Why CRC-32C suffices by
   default: this reader holds the store's credentials and trusts it, and whoever can rewrite
   a payload there can rewrite its manifest too, so the check guards against corruption and
@@ -50,8 +50,8 @@ How it reads:
   byte once (into the socket) and checks it in place (SHA-256) or in 1 MiB slices
   (CRC-32C, whose library takes only `bytes`). On two cores every reader is CPU-bound, so
   the check's CPU is the gap to Spark's own `binaryFile` over the same objects: SHA-256
-  costs ~0.6 CPU-s per GiB and left 0.69 of its speed on a quiet machine; CRC-32C costs
-  ~0.1, about what `verify=false` costs (`python bench/spark_read.py`, bench/RESULTS.md).
+  costs 0.6-0.7 CPU-s per GiB and left 0.69 of its speed on a quiet machine; CRC-32C costs
+  0.1-0.2, near `verify=false` (`python bench/spark_read.py`, bench/RESULTS.md).
   The Python Data Source API has no column pruning: say `option("payload", "false")` when
   payloads are not needed. For raw bytes without manifests use `binaryFile` (below).
 

@@ -23,7 +23,7 @@ class Verify(enum.Enum):
     against them. What verification catches is corruption (a bad disk, a truncated copy, a
     restore gone wrong) and a payload that does not belong to its manifest (a torn or
     mismatched object). CRC-32C does that, as S3's own `x-amz-checksum-crc32c` does, at
-    about a tenth of SHA-256's CPU; SHA-256 additionally makes a deliberate collision
+    a fifth of SHA-256's CPU or less; SHA-256 additionally makes a deliberate collision
     infeasible, which matters only where manifests are kept apart from payloads.
     """
 

@@ -15,8 +15,8 @@ shaped to copy as little as possible (measured with bench/spark_read.py):
   zeroing cost more than the copy itself (64 MiB batches were ~30% slower than 16 MiB).
 
 Verification (`Verify`, in `_options`) is the one cost here that is not a copy. On two cores
-every reader is CPU-bound, so SHA-256 (~0.6 CPU-s per GiB with SHA-NI) was the whole gap to
-Spark's `binaryFile`; the manifest's CRC-32C costs ~0.1 CPU-s per GiB. google_crc32c takes
+every reader is CPU-bound, so SHA-256 (0.6-0.7 CPU-s per GiB with SHA-NI) was the whole gap to
+Spark's `binaryFile`; the manifest's CRC-32C costs 0.1-0.2 CPU-s per GiB. google_crc32c takes
 only `bytes` (a mapping or a memoryview is refused) and releases the GIL for 1 MiB or more
 of them, so a mapped payload is fed to it in 1 MiB slices: copies that stay in the CPU cache
 (measured 0.094 against 0.082 CPU-s per GiB for one `bytes`).
