@@ -36,6 +36,7 @@ click==8.4.0
 dnspython==2.9.2
 fastapi==0.165.0
 fastapi-offline==1.7.7
+google-crc32c==1.9.0
 h11==0.16.0
 httpcore==1.0.9
 httptools==0.9.0

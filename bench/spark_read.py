@@ -7,7 +7,9 @@ same objects, in one SparkSession:
 file store (`--store file`, the default):
 (a) `spark.read.format("binaryFile")` over `data/**`, payload files only (a 32-character
     glob: payload names are 32 hex digits, sidecars end in `.meta.json`);
-(b) `spark.read.format("offload")` with `verify=false`, and with the default SHA-256 check;
+(b) `spark.read.format("offload")` with `verify=false`, the default `verify=true` (the
+    manifests' CRC-32C, which the gateway records and so does this bench) and
+    `verify=sha256`;
 each as `select(sum(length(<bytes column>)))`, which makes every payload a value in the JVM.
 
 S3 store (`--store s3`): (b) against a sequential MinIO SDK get loop (binaryFile over S3
@@ -16,8 +18,9 @@ needs hadoop-aws jars, which this environment cannot download).
 Start-up is excluded: every reader runs once untimed first (JVM, JIT, Python workers). Each
 round then runs the readers in a rotated order, so a noisy neighbour hits all of them; the
 summary gives medians. For each run the CPU seconds of every process involved (this one,
-the Spark JVM, its Python workers, SeaweedFS) are printed from /proc: on a shared 2-core
-machine they, not the wall time, show where the bytes cost. The JVM runs with
+the Spark JVM, its Python workers, SeaweedFS) are printed from /proc, and the summary gives
+each reader's median CPU seconds per GiB, per process and in all: on a shared 2-core machine
+they, not the wall time, show where the bytes cost. The JVM runs with
 `-XX:G1HeapRegionSize=32m` (see client.spark's docstring).
 
     python bench/spark_read.py                       # file store, 1 GiB, 3 rounds
@@ -27,6 +30,7 @@ machine they, not the wall time, show where the bytes cost. The JVM runs with
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import io
 import os
@@ -36,11 +40,13 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+import google_crc32c
 from _harness import emit, row  # type: ignore[import-not-found]
 from minio import Minio
 
@@ -79,6 +85,8 @@ def cpu_seconds() -> dict[str, float]:
 
 Put = Callable[[str, bytes], None]
 Reader = Callable[[], tuple[float, int]]
+# The `verify` values benchmarked, as the rows name them.
+VERIFY = {"verify=true (crc32c)": "true", "verify=sha256": "sha256", "verify=false": "false"}
 
 
 def write_objects(put: Put, count: int, size: int) -> list[str]:
@@ -93,7 +101,13 @@ def write_objects(put: Put, count: int, size: int) -> list[str]:
         when = start + i
         key = data_key(topic, when, uuid.uuid4().hex)
         manifest = Manifest(
-            MessageId.new(), topic, when, size, hashlib.sha256(payload).hexdigest(), key
+            MessageId.new(),
+            topic,
+            when,
+            size,
+            hashlib.sha256(payload).hexdigest(),
+            key,
+            crc32c=f"{google_crc32c.value(payload):08x}",  # as the gateway records it
         )
         put(key, payload)
         put(meta_key(key), manifest.to_json())
@@ -131,12 +145,14 @@ def sequential_loop(client: Minio, bucket: str, keys: list[str]) -> tuple[float,
     return time.perf_counter() - started, total
 
 
-def offload(spark: Any, url: str, verify: bool) -> tuple[float, int]:
+def offload(spark: Any, url: str, verify: str, **options: str) -> tuple[float, int]:
     from pyspark.sql import functions as F
 
     started = time.perf_counter()
     reader = spark.read.format("offload").option("storage", url)
-    df = reader.option("verify", str(verify).lower()).load()
+    for name, value in options.items():
+        reader = reader.option(name, value)
+    df = reader.option("verify", verify).load()
     total = df.select(F.sum(F.length("payload"))).collect()[0][0]
     return time.perf_counter() - started, int(total)
 
@@ -155,38 +171,91 @@ def binary_file(spark: Any, root: Path) -> tuple[float, int]:
     return time.perf_counter() - started, int(total)
 
 
-def timed(what: Reader) -> tuple[float, int, str, float]:
-    """Run one reader: seconds, bytes, CPU seconds per process name, and their sum."""
+def timed(what: Reader) -> tuple[float, int, dict[str, float]]:
+    """Run one reader: seconds, bytes, and CPU seconds per process name ("all": their sum)."""
     before = cpu_seconds()
     seconds, total = what()
     after = cpu_seconds()
-    spent = {k: v - before.get(k, 0.0) for k, v in after.items()}
-    cpu = " ".join(f"{k} {v:.2f}" for k, v in sorted(spent.items()) if v >= 0.05)
-    return seconds, total, f"cpu s: {cpu}", sum(v for v in spent.values() if v > 0)
+    spent = {k: max(0.0, v - before.get(k, 0.0)) for k, v in after.items()}
+    spent["all"] = sum(spent.values())
+    return seconds, total, spent
 
 
-def compare(readers: dict[str, Reader], rounds: int, expected: int, label: str) -> dict[str, float]:
-    """Median MiB/s of each reader over alternating rounds, after one untimed warm-up each."""
+@dataclass
+class Medians:
+    """Each reader's median MiB/s and median CPU seconds per GiB (per process name, "all")."""
+
+    rate: dict[str, float]
+    cpu: dict[str, dict[str, float]]
+
+
+def compare(readers: dict[str, Reader], rounds: int, expected: int, label: str) -> Medians:
+    """Median MiB/s and CPU per GiB of each reader over alternating rounds, after one
+    untimed warm-up each."""
     for read in readers.values():
         assert read()[1] == expected
+    gib = expected / (1024 * MIB)
     rates: dict[str, list[float]] = {name: [] for name in readers}
-    cpus: dict[str, list[float]] = {name: [] for name in readers}
+    cpus: dict[str, list[dict[str, float]]] = {name: [] for name in readers}
     names = list(readers)
     for round_ in range(rounds):
         order = names[round_ % len(names) :] + names[: round_ % len(names)]
         for name in order:
-            seconds, total, cpu, cpu_total = timed(readers[name])
-            cpus[name].append(cpu_total / (expected / (1024 * MIB)))
+            seconds, total, spent = timed(readers[name])
             assert total == expected, (name, total, expected)
+            cpus[name].append({k: v / gib for k, v in spent.items()})
             rate = expected / MIB / seconds
             rates[name].append(rate)
-            print(f"{label} round {round_ + 1} {name:28s} {seconds:6.2f}s {rate:7.1f} MiB/s  {cpu}")
-    medians = {name: statistics.median(r) for name, r in rates.items()}
-    for name, rate in medians.items():
+            cpu = " ".join(f"{k} {v:.2f}" for k, v in sorted(spent.items()) if v >= 0.05)
+            print(f"{label} round {round_ + 1} {name:28s} {seconds:6.2f}s {rate:7.1f} MiB/s  "
+                  f"cpu s: {cpu}")  # fmt: skip
+    medians = Medians({n: statistics.median(r) for n, r in rates.items()}, {})
+    for name, rate in medians.rate.items():
         # CPU per GiB is steadier than wall time when other work shares the cores.
-        cpu_gib = statistics.median(cpus[name])
-        print(f"{label} median {name:28s} {rate:7.1f} MiB/s  {cpu_gib:.2f} CPU-s/GiB")
+        procs = sorted({k for c in cpus[name] for k in c})
+        medians.cpu[name] = {k: statistics.median(c.get(k, 0.0) for c in cpus[name]) for k in procs}
+        split = ", ".join(f"{k} {v:.2f}" for k, v in medians.cpu[name].items() if k != "all")
+        print(f"{label} median {name:28s} {rate:7.1f} MiB/s  "
+              f"{medians.cpu[name]['all']:.2f} CPU-s/GiB ({split})")  # fmt: skip
     return medians
+
+
+def ratio_rows(
+    medians: Medians, base: str, what: str, target: str, limit: float
+) -> list[dict[str, object]]:
+    """Throughput against `base` for every `verify` value, and CPU per GiB (information).
+
+    `target` applies to the default (CRC-32C) and to `verify=false`; `verify=sha256` is
+    reported for comparison only.
+    """
+    rows = []
+    for v in VERIFY:
+        name = f"offload {v}"
+        speed = row(
+            "spark",
+            f"offload {v} vs {base}, {what}",
+            medians.rate[base],
+            medians.rate[name],
+            "MiB/s",
+            target,
+            higher_is_better=True,
+            limit=limit,
+        )
+        cpu = row(
+            "spark",
+            f"offload {v} vs {base}, {what}, CPU",
+            medians.cpu[base]["all"],
+            medians.cpu[name]["all"],
+            "CPU-s/GiB",
+            "info",
+            higher_is_better=False,
+            limit=0,
+        )
+        if v == "verify=sha256":
+            speed["target"], speed["met"] = "info", None
+        cpu["met"] = None
+        rows += [speed, cpu]
+    return rows  # fmt: skip
 
 
 def session() -> Any:
@@ -216,23 +285,12 @@ def bench_file(spark: Any, args: argparse.Namespace, size: int) -> list[dict[str
         root = Path(tmp)
         write_objects(file_put(root), args.objects, size)
         url = f"file://{root}"
-        medians = compare(
-            {
-                "binaryFile": lambda: binary_file(spark, root),
-                "offload verify=false": lambda: offload(spark, url, False),
-                "offload verify=true": lambda: offload(spark, url, True),
-            },
-            args.rounds,
-            expected,
-            "file",
-        )
-    base = medians["binaryFile"]
+        readers: dict[str, Reader] = {"binaryFile": lambda: binary_file(spark, root)}
+        for name, value in VERIFY.items():
+            readers[f"offload {name}"] = functools.partial(offload, spark, url, value)
+        medians = compare(readers, args.rounds, expected, "file")
     what = f"{args.objects} x {args.size_mib:g} MiB, file://, local[2]"
-    return [
-        row("spark", f"offload {v} vs binaryFile, {what}", base, medians[f"offload {v}"],
-            "MiB/s", ">= 0.9", higher_is_better=True, limit=0.9)
-        for v in ("verify=true", "verify=false")
-    ]  # fmt: skip
+    return ratio_rows(medians, "binaryFile", what, ">= 0.9", 0.9)
 
 
 def bench_s3(spark: Any, args: argparse.Namespace, size: int) -> list[dict[str, object]]:
@@ -245,36 +303,17 @@ def bench_s3(spark: Any, args: argparse.Namespace, size: int) -> list[dict[str, 
         keys = write_objects(s3_put(client, bucket), args.objects, size)
         url = seaweed.storage_url(bucket)
 
-        def via(verify: bool) -> tuple[float, int]:
-            from pyspark.sql import functions as F
-
-            started = time.perf_counter()
-            reader = spark.read.format("offload").option("storage", url)
-            reader = reader.option("accessKey", seaweed.access_key)
-            reader = reader.option("secretKey", seaweed.secret_key)
-            df = reader.option("verify", str(verify).lower()).load()
-            total = df.select(F.sum(F.length("payload"))).collect()[0][0]
-            return time.perf_counter() - started, int(total)
-
-        medians = compare(
-            {
-                "MinIO SDK sequential loop": lambda: sequential_loop(client, bucket, keys),
-                "offload verify=false": lambda: via(False),
-                "offload verify=true": lambda: via(True),
-            },
-            args.rounds,
-            expected,
-            "s3",
-        )
+        readers: dict[str, Reader] = {
+            "MinIO SDK sequential loop": lambda: sequential_loop(client, bucket, keys)
+        }
+        keys_ = {"accessKey": seaweed.access_key, "secretKey": seaweed.secret_key}
+        for name, value in VERIFY.items():
+            readers[f"offload {name}"] = functools.partial(offload, spark, url, value, **keys_)
+        medians = compare(readers, args.rounds, expected, "s3")
     finally:
         seaweed.close()
-    base = medians["MinIO SDK sequential loop"]
     what = f"{args.objects} x {args.size_mib:g} MiB, SeaweedFS, local[2]"
-    rows = [
-        row("spark", f"offload {v} vs MinIO get loop, {what}", base, medians[f"offload {v}"],
-            "MiB/s", "info", higher_is_better=True, limit=0.0)
-        for v in ("verify=true", "verify=false")
-    ]  # fmt: skip
+    rows = ratio_rows(medians, "MinIO SDK sequential loop", what, "info", 0.0)
     for r in rows:  # reported, not a target: binaryFile over s3a is not available here
         r["met"] = None
     return rows

@@ -67,6 +67,7 @@ class Received:
     headers: tuple[tuple[str, bytes], ...] = ()  # the sender's (hop document); else none
     key: bytes | None = None  # the hop document's `key`
     message_id: MessageId | None = None  # the id the sender chose; None: a new one
+    crc32c: str | None = None  # taken with the SHA-256 in the same pass (`_pipe`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +104,7 @@ def build_manifest(
         timestamp=received.timestamp,
         size=received.size,
         sha256=received.sha256,
+        crc32c=received.crc32c,
         data_key=received.data_key,
         headers=headers + extra_headers,
         key=received.key,
@@ -178,7 +180,7 @@ async def receive_raw(
         if isinstance(exc, ClientDisconnect):
             raise BadRequest("client disconnected before the body was complete") from exc
         raise
-    return Received(topic, key, sha256, size, stamp)
+    return Received(topic, key, sha256, size, stamp, crc32c=upload.crc32c)
 
 
 async def receive_envelope(
@@ -236,6 +238,7 @@ class _EnvelopeSink:
         self.stored_key: str | None = None
         self.fields: UploadFields | None = None
         self.sha256 = ""
+        self.crc32c: str | None = None
         self.size = 0
         self.stamp = 0
 
@@ -254,6 +257,7 @@ class _EnvelopeSink:
         elif isinstance(event, PayloadEnd):
             assert self.upload is not None
             self.sha256, self.size = await self.upload.finish()
+            self.crc32c = self.upload.crc32c
             self.stored_key, self.upload = self.upload.key, None
         elif isinstance(event, EnvelopeComplete):
             self.fields = upload_fields(event.fields)
@@ -272,6 +276,7 @@ class _EnvelopeSink:
             headers=tuple(fields.headers),
             key=fields.key,
             message_id=message_id_from_headers(fields.headers),
+            crc32c=self.crc32c,
         )
 
     async def abort(self, exc: BaseException) -> None:

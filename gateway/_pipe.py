@@ -3,8 +3,11 @@
 The store (MinIO SDK) pulls with `read(n)` in a transfer thread (`gateway._executors`);
 the route pushes body pieces from the event loop. Pieces are batched to about 1 MiB before
 crossing threads so the per-byte cost stays small, the hand-over is bounded so memory is
-too, and the SHA-256 is taken in the transfer thread as the bytes go by: one pass, off the
-event loop.
+too, and the SHA-256 and the CRC-32C are taken in the transfer thread as the bytes go by: one
+pass, off the event loop. The CRC-32C (`google_crc32c`, hardware accelerated, ~10 GiB/s
+against SHA-256's ~1.7) goes into the manifest so readers that trust the store, such as the
+Spark source, can check a payload for corruption at a sixth of the cost; it releases the GIL
+for `bytes` of 1 MiB or more, which is what `read(n)` hands the SDK.
 
 The feeding side never needs a thread: when the hand-over is full the event loop waits on
 an asyncio future that the transfer thread resolves once it has taken a batch. (It used
@@ -30,6 +33,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import BinaryIO, cast
 
+import google_crc32c
+
 from ._errors import StorageUnavailable
 from ._executors import Transfers
 from ._limits import RequestTimeout
@@ -39,6 +44,20 @@ PIECE = 1024 * 1024
 FLUSH_INTERVAL = 1.0  # seconds: a slow body still reaches the store at least this often
 _EOF: list[bytes | memoryview] = []  # an empty batch ends the stream
 _SLACK = 5.0  # seconds the transfer thread waits beyond the body idle timeout
+# Without its C extension google_crc32c falls back to pure Python at a few MB/s: the gateway
+# then records no CRC-32C (the manifest field is optional) rather than crawl.
+_CRC_IN_C = google_crc32c.implementation == "c"
+
+
+def crc32c_update(crc: int, data: bytes) -> int:
+    """`crc` extended by `data` (a no-op without the C extension, see `crc32c_text`)."""
+    return int(google_crc32c.extend(crc, data)) if _CRC_IN_C else crc
+
+
+def crc32c_text(crc: int) -> str | None:
+    """The manifest's form of a CRC-32C: 8 lowercase hex digits; None when none was taken."""
+    return f"{crc:08x}" if _CRC_IN_C else None
+
 
 Buffer = bytes | bytearray | memoryview
 Batch = list[bytes | memoryview]
@@ -99,6 +118,7 @@ class PipeReader:
         self._pieces: Batch = []
         self._eof = False
         self.sha256 = hashlib.sha256()
+        self.crc32c = 0
         self.count = 0
         self.closed_by_reader = False
 
@@ -126,6 +146,7 @@ class PipeReader:
         # The MinIO SDK insists on `bytes`: one join, or the piece itself when it is one.
         data = out[0] if len(out) == 1 and isinstance(out[0], bytes) else b"".join(out)
         self.sha256.update(data)
+        self.crc32c = crc32c_update(self.crc32c, data)
         self.count += len(data)
         return data
 
@@ -302,6 +323,11 @@ class StreamingUpload:
             )
         self._raise_outcome()
         return self._reader.sha256.hexdigest(), self._reader.count
+
+    @property
+    def crc32c(self) -> str | None:
+        """The payload's CRC-32C (8 hex digits) once `finish` returned; None without C."""
+        return crc32c_text(self._reader.crc32c)
 
     async def abort(self, reason: BaseException) -> None:
         """Stop the upload; the store discards what it had (no partial object appears).

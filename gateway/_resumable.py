@@ -18,9 +18,9 @@ continue any upload and the gateway's memory stays bounded:
   end; clients that PATCH >= 5 MiB (the `offload upload` CLI sends 8 MiB) cost nothing.
   Staging each PATCH as its own object, rather than an S3 multipart upload whose parts
   must be >= 5 MiB, keeps PATCH sizes the client's choice and works on the file store.
-* The whole payload's SHA-256 is taken while the segments arrive, in a per-replica cache
-  (hashlib state cannot be stored); when another replica or a restart took part, it is
-  computed by reading the assembled object back once.
+* The whole payload's SHA-256 (and CRC-32C, see `_pipe`) is taken while the segments arrive,
+  in a per-replica cache (hashlib state cannot be stored); when another replica or a
+  restart took part, both are computed by reading the assembled object back once.
 * An upload belongs to the principal that created it (`owner`, the authenticated user name);
   HEAD, PATCH and DELETE by anyone else answer 404, as for an unknown id. Anonymous uploads
   (no user) belong to whoever holds the id: a 128-bit random capability, never listed.
@@ -52,7 +52,7 @@ from client.protocol import MessageId, Topic, data_key
 from ._errors import BadRequest, ChecksumMismatch, Conflict, Gone, NotFound, PayloadTooLarge
 from ._executors import Transfers, WorkerPool
 from ._options import PublishOptions
-from ._pipe import StreamingUpload
+from ._pipe import StreamingUpload, crc32c_text, crc32c_update
 from ._service import MAX_KEY_BYTES, now_ms
 from ._tus import Checksum, check_upload_id
 from ._upload_state import UPLOADS_PREFIX, Segment, UploadState, segments_prefix, state_key
@@ -61,6 +61,23 @@ from .storage import ObjectInfo, ObjectStore, StoreError
 log = logging.getLogger("gateway.uploads")
 
 _HASH_CACHE = 256  # uploads whose running SHA-256 this replica remembers
+
+
+class _Digests:
+    """A payload's SHA-256 and CRC-32C so far, behind hashlib's update/copy interface."""
+
+    __slots__ = ("crc32c", "sha256")
+
+    def __init__(self, sha256: Any = None, crc32c: int = 0) -> None:
+        self.sha256 = hashlib.sha256() if sha256 is None else sha256
+        self.crc32c = crc32c
+
+    def update(self, data: bytes) -> None:
+        self.sha256.update(data)
+        self.crc32c = crc32c_update(self.crc32c, data)
+
+    def copy(self) -> _Digests:
+        return _Digests(self.sha256.copy(), self.crc32c)
 
 
 class ResumableUploads:
@@ -127,7 +144,7 @@ class ResumableUploads:
             partial=partial,
         )
         await self.save(state)
-        self._remember(state.id, 0, hashlib.sha256())
+        self._remember(state.id, 0, _Digests())
         return state
 
     async def create_final(self, template: UploadState, parts: list[UploadState]) -> UploadState:
@@ -261,11 +278,11 @@ class ResumableUploads:
             self._hashes.pop(state.id, None)
         return updated
 
-    async def assemble(self, state: UploadState) -> tuple[str, str, int]:
+    async def assemble(self, state: UploadState) -> tuple[str, str, int, str | None]:
         """Concatenate the segments into a new payload object.
 
         Returns:
-            (data key, SHA-256 hex of the whole payload, timestamp ms).
+            (data key, SHA-256 hex of the whole payload, timestamp ms, its CRC-32C hex).
         """
         stamp = now_ms()
         key = data_key(state.topic, stamp, uuid.uuid4().hex)
@@ -275,14 +292,14 @@ class ResumableUploads:
         await self._call(self.store.concat, key, sources, state.content_type)
         cached = self._hashes.get(state.id)
         if cached is not None and cached[0] == state.length:
-            return key, cached[1].hexdigest(), stamp
-        # Another replica (or a restart) saw some segments: one read-back pass instead.
-        try:
-            sha256 = await self._call(_hash_object, self.store, key)
-        except BaseException:
-            await self._call(self.store.delete, key)
-            raise
-        return key, sha256, stamp
+            digests: _Digests = cached[1]
+        else:  # another replica (or a restart) saw some segments: one read-back pass instead
+            try:
+                digests = await self._call(_hash_object, self.store, key)
+            except BaseException:
+                await self._call(self.store.delete, key)
+                raise
+        return key, digests.sha256.hexdigest(), stamp, crc32c_text(digests.crc32c)
 
     async def remove_segments(self, state: UploadState) -> None:
         """Delete the staged segments (after assembly or on termination).
@@ -303,8 +320,8 @@ class ResumableUploads:
         await self._call(self.store.delete, state_key(state.id))
 
 
-def _hash_object(store: ObjectStore, key: str) -> str:
-    digest = hashlib.sha256()
+def _hash_object(store: ObjectStore, key: str) -> _Digests:
+    digest = _Digests()
     pieces: Iterator[bytes] = store.open_range(key)
     try:
         for piece in pieces:
@@ -313,7 +330,7 @@ def _hash_object(store: ObjectStore, key: str) -> str:
         close = getattr(pieces, "close", None)
         if close is not None:
             close()
-    return digest.hexdigest()
+    return digest
 
 
 def _delete_prefix(store: ObjectStore, prefix: str) -> None:

@@ -342,7 +342,7 @@ async def terminate(upload_id: str, request: Request, uploads: Uploads, access: 
 async def _finish(ctx: Context, request: Request, state: UploadState) -> UploadState:
     """Assemble, verify, commit and announce a fully received upload."""
     uploads = ctx.uploads
-    key, sha256, stamp = await uploads.assemble(state)
+    key, sha256, stamp, crc32c = await uploads.assemble(state)
     if state.sha256 is not None and sha256 != state.sha256:
         await ctx.service.discard(key)
         await uploads.terminate(state)
@@ -351,7 +351,9 @@ async def _finish(ctx: Context, request: Request, state: UploadState) -> UploadS
             "the upload was discarded"
         )
     options = state.options
-    received = Received(state.topic, key, sha256, state.length, stamp, message_id=state.message_id)
+    received = Received(
+        state.topic, key, sha256, state.length, stamp, message_id=state.message_id, crc32c=crc32c
+    )
     manifest = build_manifest(
         ctx,
         received,

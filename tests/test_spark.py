@@ -2,27 +2,33 @@
 
 Objects are written exactly as the gateway lays them out (payload, then sidecar, then the id
 index) by `LayoutWriter`, because the tests need messages stamped at chosen times; the
-gateway stamps with its own clock.
+gateway stamps with its own clock. Verification is also shown on what the running gateway
+itself wrote.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import google_crc32c
+import httpx
 import pytest
 from _spark_session import local_spark
+from hop import bson as hop_bson
 from minio import Minio
 
 from client.protocol import Manifest, MessageId, Topic, data_key, index_key, meta_key
 
+from _gateway import GatewayServer
 from _servers import SeaweedFS
 
 pytestmark = [pytest.mark.spark, pytest.mark.servers]
@@ -68,8 +74,14 @@ class LayoutWriter:
         content_type: str | None = None,
         sidecar: bool = True,
         sha256: str | None = None,
+        crc32c: str | None = None,
+        legacy: bool = False,
     ) -> Manifest:
-        """Store one message; sidecar=False leaves it "in flight" (payload only)."""
+        """Store one message; sidecar=False leaves it "in flight" (payload only).
+
+        The manifest records the payload's SHA-256 and CRC-32C unless told otherwise;
+        legacy=True leaves the CRC-32C out, as manifests written before it existed.
+        """
         t = Topic(topic)
         manifest = Manifest(
             id=MessageId.new(),
@@ -77,6 +89,7 @@ class LayoutWriter:
             timestamp=when,
             size=len(payload),
             sha256=sha256 or hashlib.sha256(payload).hexdigest(),
+            crc32c=None if legacy else crc32c or f"{google_crc32c.value(payload):08x}",
             data_key=data_key(t, when, uuid.uuid4().hex),
             headers=headers,
             key=key,
@@ -134,6 +147,7 @@ def store(seaweed: SeaweedFS) -> Store:
             headers=(("_id", b"raw"), ("trace", topic.encode())),
             key=topic.encode() + b"-key",
             content_type="application/octet-stream" if topic == "a/x" else None,
+            legacy=topic == "b/z",  # written before manifests had a CRC-32C: SHA-256 checks it
         )
         for topic, payload in PAYLOADS.items()
     }
@@ -253,11 +267,57 @@ def test_checksum_mismatch_fails_the_read_unless_verify_is_off(
     spark: SparkSession, seaweed: SeaweedFS
 ) -> None:
     writer, url = s3_writer(seaweed)
-    writer.message("c/d", b"tampered bytes", ms("2026-11-22T00:00:00"), sha256="0" * 64)
-    with pytest.raises(Exception, match="checksum mismatch"):
+    writer.message("c/d", b"tampered bytes", ms("2026-11-22T00:00:00"), crc32c="0" * 8)
+    with pytest.raises(Exception, match="checksum mismatch: expected crc32c 00000000"):
         read(spark, url).collect()
     rows = read(spark, url, verify="false").collect()
     assert [bytes(r["payload"]) for r in rows] == [b"tampered bytes"]
+
+
+def test_verify_sha256_checks_the_sha256_the_default_does_not(
+    spark: SparkSession, seaweed: SeaweedFS
+) -> None:
+    """By default a manifest's CRC-32C stands for the payload; `sha256` asks for the hash."""
+    writer, url = s3_writer(seaweed)
+    writer.message("c/e", b"payload", ms("2026-11-22T00:00:00"), sha256="0" * 64)
+    assert [bytes(r["payload"]) for r in read(spark, url).collect()] == [b"payload"]
+    with pytest.raises(Exception, match=r"checksum mismatch: expected sha256 0{64}"):
+        read(spark, url, verify="sha256").collect()
+
+
+@pytest.mark.parametrize("size", [13, 2 * 1024 * 1024 + 5])  # read whole; mapped, sliced
+def test_corruption_of_what_the_gateway_wrote_is_caught(
+    spark: SparkSession,
+    gateway_factory: Callable[..., GatewayServer],
+    tmp_path: Path,
+    size: int,
+) -> None:
+    """A payload file damaged on disk after the gateway stored it (same length)."""
+    gw = gateway_factory(None, storage_url=f"file://{tmp_path}")
+    payload = os.urandom(size)
+    msg_id = uuid.uuid4()
+    body = hop_bson.dumps({"message": payload, "headers": [("_id", msg_id.bytes)]})
+    r = httpx.post(f"{gw.url}/topic/crc/{size}+oversized", content=body, timeout=30)
+    assert r.status_code == 201, r.text
+    manifest = Manifest.from_json((tmp_path / index_key(MessageId(msg_id))).read_bytes())
+    assert manifest.crc32c is not None
+    url = tmp_path.as_uri()
+    assert [bytes(r["payload"]) for r in read(spark, url).collect()] == [payload]
+
+    damaged = bytearray(payload)
+    damaged[size // 2] ^= 0x01  # one bit
+    (tmp_path / manifest.data_key).write_bytes(damaged)
+    with pytest.raises(Exception, match=f"checksum mismatch: expected crc32c {manifest.crc32c}"):
+        read(spark, url).collect()
+    with pytest.raises(Exception, match=f"checksum mismatch: expected sha256 {manifest.sha256}"):
+        read(spark, url, verify="sha256").collect()
+    assert [bytes(r["payload"]) for r in read(spark, url, verify="false").collect()] == [damaged]
+
+    # The same manifest as written before manifests had a CRC-32C: SHA-256 catches it.
+    legacy = dataclasses.replace(manifest, crc32c=None).to_json()
+    (tmp_path / meta_key(manifest.data_key)).write_bytes(legacy)
+    with pytest.raises(Exception, match=f"checksum mismatch: expected sha256 {manifest.sha256}"):
+        read(spark, url).collect()
 
 
 def test_many_objects_are_spread_over_tasks_by_bytes(

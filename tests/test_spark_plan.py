@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import mmap
 import os
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
+import google_crc32c
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from client._exceptions import ConfigError
+from client._exceptions import ConfigError, PayloadChecksumMismatch
 from client.protocol import Manifest, MessageId, Topic, TopicFilter, data_key, meta_key
 from client.spark import parse_options, parse_storage_url, parse_time
-from client.spark._options import StorageLocation
+from client.spark._options import StorageLocation, Verify
 from client.spark._plan import (
     MAX_PARTITION_BYTES,
     OPEN_COST_BYTES,
@@ -25,7 +28,7 @@ from client.spark._plan import (
     select_objects,
     whole_days,
 )
-from client.spark._read import read_batches
+from client.spark._read import check, crc32c_hex, read_batches
 from client.spark._store import MAP_MIN_BYTES, FileReadStore, Listing, Payload
 
 
@@ -194,8 +197,6 @@ def test_batches_are_bounded_by_bytes_and_a_lone_payload_is_not_copied(tmp_path:
 
 
 def test_a_large_file_is_mapped_and_travels_without_a_copy(tmp_path: Path) -> None:
-    import mmap
-
     import pyarrow as pa
 
     payload = os.urandom(MAP_MIN_BYTES + 1)
@@ -207,6 +208,36 @@ def test_a_large_file_is_mapped_and_travels_without_a_copy(tmp_path: Path) -> No
     data = batch.column("payload").buffers()[2]
     assert data.address == pa.py_buffer(store.returned[key]).address
     assert batch.column("payload")[0].as_py() == payload
+
+
+@pytest.mark.parametrize("extra", [-1, 0, 1, MAP_MIN_BYTES, 2 * MAP_MIN_BYTES - 1])
+def test_crc32c_of_a_mapped_payload_is_that_of_its_bytes(tmp_path: Path, extra: int) -> None:
+    """google_crc32c refuses a mapping: it is fed in slices, whatever the size."""
+    payload = os.urandom(MAP_MIN_BYTES + extra)
+    key = put(tmp_path, "a/x", ms("2026-11-22T10:00:00"), payload)
+    mapped = FileReadStore(StorageLocation("file", str(tmp_path))).get_payload(key)
+    assert mapped is not None and isinstance(mapped, mmap.mmap) == (extra >= 0)
+    assert crc32c_hex(mapped) == crc32c_hex(payload) == f"{google_crc32c.value(payload):08x}"
+
+
+def test_check_picks_the_checksum_the_option_and_the_manifest_allow() -> None:
+    payload = b"payload"
+    sha = hashlib.sha256(payload).hexdigest()
+    base = Manifest(MessageId.new(), Topic("a"), 0, len(payload), sha, "data/a/x")
+    crc = crc32c_hex(payload)
+    wrong_sha = dataclasses.replace(base, sha256="0" * 64, crc32c=crc)
+    wrong_crc = dataclasses.replace(base, crc32c="00000000")
+    wrong_size = dataclasses.replace(base, size=len(payload) + 1)
+    check(wrong_sha, payload, Verify.AUTO, "u")  # the CRC-32C stands for the payload
+    check(base, payload, Verify.AUTO, "u")  # no CRC-32C recorded: SHA-256, which matches
+    for manifest, verify, algorithm in [
+        (wrong_sha, Verify.SHA256, "sha256"),
+        (wrong_crc, Verify.AUTO, "crc32c"),
+        (wrong_size, Verify.AUTO, "sha256"),  # caught whatever the hash says
+    ]:
+        with pytest.raises(PayloadChecksumMismatch, match=f"expected {algorithm} "):
+            check(manifest, payload, verify, "file:///s/k")
+    check(wrong_crc, payload, Verify.SHA256, "u")  # sha256 never looks at the CRC-32C
 
 
 @given(st.lists(st.integers(0, 300 * 1024 * 1024), max_size=60), st.integers(1, 8))
@@ -261,7 +292,7 @@ def test_parse_options() -> None:
     )
     assert opts.topic_filter == TopicFilter("a/+")
     assert (opts.since, opts.until) == (ms("2026-11-22T00:00:00"), 1795392000000)
-    assert (opts.payload, opts.verify, opts.parallelism) == (False, False, 4)
+    assert (opts.payload, opts.verify, opts.parallelism) == (False, Verify.OFF, 4)
     assert "SK" not in repr(opts)
     explicit = parse_options(
         {"storage": "s3://h:1/b", "accessKey": "mine"}, defaults={"accessKey": "env"}
@@ -285,12 +316,30 @@ def test_parse_options() -> None:
         {"storage": "s3://h:1/b", "since": "yesterday"},
         {"storage": "s3://h:1/b", "since": "2026-11-23", "until": "2026-11-22"},
         {"storage": "s3://h:1/b", "payload": "maybe"},
+        {"storage": "s3://h:1/b", "verify": "md5"},
         {"storage": "s3://h:1/b", "parallelism": "0"},
     ],
 )
 def test_bad_options_are_config_errors(options: dict[str, str]) -> None:
     with pytest.raises(ConfigError):
         parse_options(options)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (None, Verify.AUTO),
+        ("true", Verify.AUTO),
+        ("Yes", Verify.AUTO),
+        ("SHA256", Verify.SHA256),
+        ("sha-256", Verify.SHA256),
+        ("false", Verify.OFF),
+        ("0", Verify.OFF),
+    ],
+)
+def test_verify_option_values(value: str | None, expected: Verify) -> None:
+    options = {"storage": "file:///srv"} | ({} if value is None else {"verify": value})
+    assert parse_options(options).verify is expected
 
 
 def test_parse_time() -> None:

@@ -116,6 +116,10 @@ def parse_data_key(key: str) -> DataKey | None:
     return DataKey(topic, parts[-3][5:], parts[-2][5:], parts[-1])
 
 
+def _is_crc32c(text: object) -> bool:
+    return isinstance(text, str) and len(text) == 8 and all(c in "0123456789abcdef" for c in text)
+
+
 def _b64(data: bytes | None) -> str | None:
     return None if data is None else base64.b64encode(data).decode("ascii")
 
@@ -130,7 +134,14 @@ def _unb64(text: Any) -> bytes | None:
 
 @dataclass(frozen=True, slots=True)
 class Manifest:
-    """Everything known about one stored message except its payload bytes."""
+    """Everything known about one stored message except its payload bytes.
+
+    `crc32c` (8 lowercase hex digits, the CRC-32C of the payload as S3's
+    `x-amz-checksum-crc32c` defines it, big-endian) was added after version 1 shipped, so it
+    is optional: manifests written before it have none, and a reader that does not know it
+    ignores it (`from_json` ignores unknown keys). It detects corruption and mismatched or
+    torn objects cheaply; only `sha256` also stands against someone who rewrites payloads.
+    """
 
     id: MessageId
     topic: Topic
@@ -144,6 +155,11 @@ class Manifest:
     filename: str | None = None
     expires: int | None = None  # milliseconds since the epoch; None: keep
     extra: dict[str, Any] = field(default_factory=dict)
+    crc32c: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.crc32c is not None and not _is_crc32c(self.crc32c):
+            raise ProtocolError("manifest: crc32c must be 8 lowercase hex digits")
 
     def to_json(self) -> bytes:
         doc: dict[str, Any] = {
@@ -162,6 +178,8 @@ class Manifest:
         }
         if self.extra:
             doc["extra"] = self.extra
+        if self.crc32c is not None:  # absent rather than null: as a pre-crc32c manifest
+            doc["crc32c"] = self.crc32c
         return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode("utf-8")
 
     @classmethod
@@ -182,6 +200,7 @@ class Manifest:
                 filename=doc.get("filename"),
                 expires=doc.get("expires"),
                 extra=dict(doc.get("extra") or {}),
+                crc32c=doc.get("crc32c"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError(f"malformed manifest: {exc}") from exc

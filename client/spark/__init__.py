@@ -28,10 +28,17 @@ How it reads:
   sidecar is missing is an upload in flight and is skipped; an object deleted between
   listing and reading (expiry) is skipped too. The exact time range is applied to each
   manifest's `timestamp`.
-* `verify` (default true) checks every payload's SHA-256 and size against its manifest and
-  fails the task with `PayloadChecksumMismatch` on a difference: a truncated or corrupted
-  object would otherwise reach analyses silently. Hashing costs about one CPU-second per
-  GiB; `option("verify", "false")` skips it. Metadata-only scans never hash.
+* `verify` checks every payload against its manifest and fails the task with
+  `PayloadChecksumMismatch` on a difference: a truncated or corrupted object would
+  otherwise reach analyses silently. `true` (the default) checks the size and the CRC-32C
+  the gateway records in the manifest (0.1-0.2 CPU-s per GiB), or the SHA-256 when the
+  manifest predates that field; `sha256` always checks size and SHA-256 (0.6-0.7 CPU-s per
+  GiB); `false` checks nothing. Metadata-only scans never hash. Why CRC-32C suffices by
+  default: this reader holds the store's credentials and trusts it, and whoever can rewrite
+  a payload there can rewrite its manifest too, so the check guards against corruption and
+  torn or mismatched objects, not an adversary - what S3's own `x-amz-checksum-crc32c` is
+  for. A CRC is easy to forge on purpose; choose `sha256` where manifests and payloads are
+  kept or copied by different hands.
 * A single payload must fit a Spark binary value (< 2 GiB) and a task's memory.
 * Tuning for payloads of several MiB: start the JVMs with `-XX:G1HeapRegionSize=32m`
   (`spark.driver.extraJavaOptions` / `spark.executor.extraJavaOptions`); with G1's default
@@ -40,12 +47,13 @@ How it reads:
   (socket, off-heap buffer, then a `byte[]` and an UnsafeRow per value). Payloads travel
   in Arrow batches of ~16 MiB, a larger payload alone and without a copy; on a `file://`
   store payload files of 1 MiB or more are mapped rather than read, so Python copies each
-  byte once (into the socket) and hashes it in place. Measured against Spark's own
-  `binaryFile` over the same objects (`python bench/spark_read.py`, bench/RESULTS.md):
-  0.88-1.0 of its speed with verification on a loaded 2-core machine, at ~1.3x its CPU
-  per GiB (hashing ~0.55 CPU-s per GiB); without verification about its CPU. The Python
-  Data Source API has no column pruning: say `option("payload", "false")` when payloads
-  are not needed. For raw bytes without manifests use `binaryFile` (below).
+  byte once (into the socket) and checks it in place (SHA-256) or in 1 MiB slices
+  (CRC-32C, whose library takes only `bytes`). On two cores every reader is CPU-bound, so
+  the check's CPU is the gap to Spark's own `binaryFile` over the same objects: SHA-256
+  costs 0.6-0.7 CPU-s per GiB and left 0.69 of its speed on a quiet machine; CRC-32C costs
+  0.1-0.2, near `verify=false` (`python bench/spark_read.py`, bench/RESULTS.md).
+  The Python Data Source API has no column pruning: say `option("payload", "false")` when
+  payloads are not needed. For raw bytes without manifests use `binaryFile` (below).
 
 Streaming (pyspark >= 4.2; `spark.readStream.format("offload")`, same options but `until`, plus
 `maxFilesPerTrigger` and `lateness`) delivers newly committed messages in micro-batches; its
@@ -118,7 +126,14 @@ The embedded store (`file:///PATH`) is the same layout on disk, so the same code
 `file:///PATH/data/sensors/temp/` as the directory (tested in tests/test_spark.py).
 """
 
-from ._options import ScanOptions, StorageLocation, parse_options, parse_storage_url, parse_time
+from ._options import (
+    ScanOptions,
+    StorageLocation,
+    Verify,
+    parse_options,
+    parse_storage_url,
+    parse_time,
+)
 from ._source import FORMAT, OffloadDataSource, register
 
 __all__ = [
@@ -126,6 +141,7 @@ __all__ = [
     "OffloadDataSource",
     "ScanOptions",
     "StorageLocation",
+    "Verify",
     "parse_options",
     "parse_storage_url",
     "parse_time",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -12,6 +13,23 @@ from ..protocol import TopicFilter
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
+
+
+class Verify(enum.Enum):
+    """What the `verify` option checks of each payload against its manifest.
+
+    The reader holds the store's credentials and trusts it: whoever can rewrite a payload
+    there can rewrite its manifest too, so no checksum kept beside the payload can stand
+    against them. What verification catches is corruption (a bad disk, a truncated copy, a
+    restore gone wrong) and a payload that does not belong to its manifest (a torn or
+    mismatched object). CRC-32C does that, as S3's own `x-amz-checksum-crc32c` does, at
+    a fifth of SHA-256's CPU or less; SHA-256 additionally makes a deliberate collision
+    infeasible, which matters only where manifests are kept apart from payloads.
+    """
+
+    OFF = "false"  # check nothing (not even the size)
+    AUTO = "true"  # size, and the manifest's CRC-32C; SHA-256 when it records none
+    SHA256 = "sha256"  # size and SHA-256, whatever else the manifest records
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +127,17 @@ def _flag(value: str, name: str) -> bool:
     raise ConfigError(f"{name}: expected true or false, got {value!r}")
 
 
+def _verify(value: str) -> Verify:
+    lowered = value.strip().lower()
+    if lowered in ("sha256", "sha-256"):
+        return Verify.SHA256
+    if lowered in _TRUE:
+        return Verify.AUTO
+    if lowered in _FALSE:
+        return Verify.OFF
+    raise ConfigError(f"verify: expected true, sha256 or false, got {value!r}")
+
+
 def _positive(value: str, name: str) -> int:
     try:
         number = int(value)
@@ -128,7 +157,7 @@ class ScanOptions:
     since: int | None = None  # ms, inclusive
     until: int | None = None  # ms, exclusive
     payload: bool = True
-    verify: bool = True
+    verify: Verify = Verify.AUTO
     parallelism: int | None = None  # None: what `register` saw, else the CPU count
 
     def __post_init__(self) -> None:
@@ -176,6 +205,6 @@ def parse_options(
         since=parse_time(since, "since") if since else None,
         until=parse_time(until, "until") if until else None,
         payload=_flag(opts.get("payload", "true"), "payload"),
-        verify=_flag(opts.get("verify", "true"), "verify"),
+        verify=_verify(opts.get("verify", "true")),
         parallelism=_positive(parallelism, "parallelism") if parallelism else None,
     )

@@ -69,7 +69,9 @@ class OffloadDataSource(DataSource):
         topic: MQTT topic filter with `+` and `#` (default `#`).
         since, until: time range [since, until), ISO-8601 (UTC unless zoned) or epoch ms.
         payload: "false" leaves the payload column null and never fetches payloads.
-        verify: "false" skips checking each payload's SHA-256 and size against its manifest.
+        verify: "true" (default) checks each payload's size and the manifest's CRC-32C (its
+            SHA-256 when the manifest records no CRC-32C); "sha256" size and SHA-256;
+            "false" nothing. A mismatch fails the task (`PayloadChecksumMismatch`).
         parallelism: task slots to plan for (default: what `register` saw).
         maxFilesPerTrigger: streams only: at most this many messages per micro-batch.
         lateness: streams only: seconds an upload may take from its stamp to its commit
