@@ -182,9 +182,7 @@ def test_an_old_gateway_gets_bson_below_the_cap_and_a_clear_error_above(
 ) -> None:
     gw = without_raw_route(gateway_factory(None))
     methods: list[str] = []
-    hooked = httpx.Client(
-        timeout=30, event_hooks={"request": [lambda r: methods.append(r.method)]}
-    )
+    hooked = httpx.Client(timeout=30, event_hooks={"request": [lambda r: methods.append(r.method)]})
     # The first is larger than the gateway drains before an early answer (16 MiB): its 405
     # still arrives whole. The cap is lowered so that an over-the-cap payload is cheap.
     first, second, large = os.urandom(20 * MiB), os.urandom(4000), bytes(24 * MiB + 1)
@@ -228,7 +226,9 @@ def test_large_headers_fall_back_to_bson_and_over_the_cap_they_are_an_error(
     headers = [("big", b"v" * 9000)]  # over the 8 KiB of header fields
     with HttpTransport(timeout=30, bson_limit=100_000) as http:
         with PayloadSource(b"s" * 1000) as source:
-            receipt = http.upload(gw.url, "h/t", source, message_id=MessageId.new(), headers=headers)
+            receipt = http.upload(
+                gw.url, "h/t", source, message_id=MessageId.new(), headers=headers
+            )
         doc = hop_bson.loads(httpx.get(receipt.url, timeout=10).content)
         assert ("big", b"v" * 9000) in [tuple(h) for h in doc["metadata"]["headers"]]
         with PayloadSource(b"s" * 200_000) as source, pytest.raises(UploadError, match="exceed"):
