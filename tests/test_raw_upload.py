@@ -23,6 +23,7 @@ from hop import bson as hop_bson
 from client import Client, Message, PublishProperties, Route, UploadError
 from client._http import HttpTransport
 from client._source import PayloadSource
+from client._upload_forms import header_fields
 from client.protocol import MessageId
 from gateway.storage import S3Store
 from gateway.storage._multipart import MAX_PART_SIZE, MAX_PARTS, part_size_for
@@ -262,3 +263,30 @@ def test_a_chunked_body_of_unknown_length_is_stored_in_growing_parts(
         r = http.put(f"/msg/{msg_id}", params={"topic": "chunked/t"}, content=body())
         assert r.status_code == 201, r.text
         assert http.get(f"/msg/{msg_id}/payload").content == data
+
+
+def test_any_header_bytes_are_stored_and_served_back_in_the_bson_document(
+    gateway_factory: Callable[..., GatewayServer],
+) -> None:
+    """Hostile names and values (NUL, CR LF, invalid UTF-8 values) are data, never a 5xx."""
+    gw = gateway_factory(None)
+    msg_id = str(uuid.uuid4())
+    headers = [("a\x00b", b"\x00\xff"), ("é\r\n", b""), ("=", b"%=&")]
+    fields = header_fields(headers)  # the client's encoder, the gateway's decoder
+    with httpx.Client(base_url=gw.url, timeout=30) as http:
+        r = http.put(
+            f"/msg/{msg_id}",
+            params={"topic": "h/t"},
+            content=b"body",
+            headers=[("X-Offload-Header", field) for field in fields],
+        )
+        assert r.status_code == 201, r.text
+        doc = hop_bson.loads(http.get(f"/msg/{msg_id}").content)
+        bad_name = http.put(
+            f"/msg/{uuid.uuid4()}",
+            params={"topic": "h/t"},
+            content=b"body",
+            headers={"X-Offload-Header": "%FF=x"},
+        )
+    assert [tuple(h) for h in doc["metadata"]["headers"]][1:] == headers
+    assert bad_name.status_code == 400 and "UTF-8" in bad_name.json()["detail"]
