@@ -19,6 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 from hop import bson as hop_bson
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from client import Client, Message, PublishProperties, Route, UploadError
 from client._http import HttpTransport
@@ -290,3 +292,44 @@ def test_any_header_bytes_are_stored_and_served_back_in_the_bson_document(
         )
     assert [tuple(h) for h in doc["metadata"]["headers"]][1:] == headers
     assert bad_name.status_code == 400 and "UTF-8" in bad_name.json()["detail"]
+
+
+# Header field values as a client can send them (httpx refuses edge whitespace), `%` and `=`
+# often: malformed escapes, missing names, `_id`, too many bytes.
+_field = st.text(alphabet=st.sampled_from("ab=%0F9_-.~:/"), max_size=40) | st.sampled_from(
+    ["_id=x", "=v", "%FF=1", "a=%", "x" * 300 + "=y"]
+)
+
+
+def test_fuzzed_raw_uploads_get_4xx_or_201_never_5xx(
+    gateway_factory: Callable[..., GatewayServer],
+) -> None:
+    gw = gateway_factory(None, max_header_bytes=256, max_body_bytes=4096)
+    with httpx.Client(base_url=gw.url, timeout=30) as http:
+
+        @settings(
+            max_examples=120, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+        )
+        @given(
+            message_id=st.one_of(
+                st.uuids().map(str), st.text("0123456789abcdef-", min_size=1, max_size=40)
+            ),
+            topic=st.one_of(st.just("f/t"), st.text("ab/#+$ .", min_size=0, max_size=12)),
+            fields=st.lists(_field, max_size=12),
+            sha=st.one_of(st.none(), st.text("0123456789abcdefXYZ", max_size=70)),
+            body=st.binary(max_size=5000),
+        )
+        def upload(
+            message_id: str, topic: str, fields: list[str], sha: str | None, body: bytes
+        ) -> None:
+            headers = [("X-Offload-Header", f) for f in fields]
+            if sha is not None:
+                headers.append(("X-Offload-Sha256", sha))
+            r = http.put(
+                f"/msg/{message_id}", params={"topic": topic}, content=body, headers=headers
+            )
+            assert r.status_code in (201, 400, 409, 413), r.text
+            assert r.status_code == 201 or r.json()["detail"]
+
+        upload()
+        assert http.get("/healthz").status_code == 200
