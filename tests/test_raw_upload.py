@@ -333,3 +333,16 @@ def test_fuzzed_raw_uploads_get_4xx_or_201_never_5xx(
 
         upload()
         assert http.get("/healthz").status_code == 200
+
+
+def test_a_payload_over_the_gateways_limit_is_refused_not_chunked(
+    mosquitto_factory: Callable[..., Mosquitto],
+    gateway_factory: Callable[..., GatewayServer],
+    unique_topic: Callable[[str], str],
+) -> None:
+    broker = mosquitto_factory(max_packet_size=262144)
+    gw = gateway_factory(broker, max_body_bytes=1 * MiB)
+    with Client(broker.url, endpoint=gw.url) as writer, pytest.raises(UploadError) as refused:
+        writer.publish(unique_topic("limit"), bytes(2 * MiB), qos=1)
+    assert refused.value.status == 413
+    assert "exceeds the limit of 1048576 bytes" in str(refused.value)
