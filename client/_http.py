@@ -43,8 +43,10 @@ from ._source import PIECE, PayloadSource
 from ._upload_forms import (
     BSON_PAYLOAD_LIMIT,
     HEADER_BUDGET,
+    PROBE_ABOVE,
     UNSUPPORTED,
     UploadRequest,
+    allows_put,
     bson_request,
     fits_headers,
     header_fields,
@@ -179,8 +181,8 @@ class HttpTransport:
         self._owned = client is None
         self._client = client or httpx.Client(timeout=timeout, verify=verify)
         self._bson_limit = bson_limit
-        # Endpoints that answered the raw upload as an old gateway does: BSON from then on.
-        self._raw_unsupported: set[str] = set()
+        # Whether each endpoint takes raw uploads, once known (False: an old gateway, BSON).
+        self._raw_support: dict[str, bool] = {}
 
     def close(self) -> None:
         if self._owned:
@@ -207,7 +209,8 @@ class HttpTransport:
 
         The raw form first (`PUT {endpoint}/msg/{id}?topic=`: any size); the hop-compatible
         BSON document (`POST {endpoint}/topic/{topic}+oversized`) when the gateway predates
-        the raw route (remembered per endpoint, so it is asked once) or the headers are too
+        the raw route (remembered per endpoint; above 16 MiB it is asked with `OPTIONS`
+        first, so an old gateway is not sent the body for nothing) or the headers are too
         large for HTTP header fields, provided the payload fits BSON's 2 GiB
         (:mod:`client._upload_forms`).
 
@@ -227,7 +230,10 @@ class HttpTransport:
         base = endpoint.rstrip("/")
         fields = header_fields(headers)
         reason = None
-        if base in self._raw_unsupported:
+        raw = self._raw_support.get(base)
+        if raw is None and source.size > PROBE_ABOVE:
+            raw = self._probe_raw(base, message_id)
+        if raw is False:
             reason = f"the gateway at {base} has no raw upload route (PUT /msg/<id>)"
         elif not fits_headers(fields):
             reason = f"the stored headers exceed {HEADER_BUDGET} bytes as HTTP header fields"
@@ -237,10 +243,11 @@ class HttpTransport:
             except UploadError as exc:
                 if exc.status not in UNSUPPORTED:
                     raise
-                self._raw_unsupported.add(base)
+                self._raw_support[base] = False
                 reason = f"the gateway at {base} has no raw upload route ({exc.status})"
                 log.info("%s: uploading as a BSON document instead", reason)
             else:
+                self._raw_support[base] = True
                 return UploadReceipt(
                     message_id, raw_upload_url(base, message_id), source.size, source.sha256
                 )
@@ -255,6 +262,17 @@ class HttpTransport:
         return UploadReceipt(
             message_id, raw_upload_url(base, message_id), source.size, source.sha256
         )
+
+    def _probe_raw(self, endpoint: str, message_id: MessageId) -> bool | None:
+        """Ask `OPTIONS /msg/<id>` whether the gateway takes raw uploads; None: unknown."""
+        try:
+            response = self._client.options(raw_upload_url(endpoint, message_id))
+        except httpx.HTTPError:
+            return None  # the upload itself will say what is wrong
+        answer = allows_put(response.status_code, response.headers.get("allow"))
+        if answer is not None:
+            self._raw_support[endpoint] = answer
+        return answer
 
     def _send(self, request: UploadRequest, auth: httpx.Auth | None) -> None:
         """One upload request; anything but 201 is an UploadError with the status."""

@@ -31,6 +31,10 @@ HEADER_BUDGET = 8 * 1024
 #: The largest payload a BSON upload document can carry: the document's length is a signed
 #: 32-bit integer and holds the headers too, so the exact bound is checked when encoding.
 BSON_PAYLOAD_LIMIT = 2**31 - 1
+#: Above this size, the client asks `OPTIONS /msg/<id>` before the first raw upload to an
+#: endpoint: an old gateway reads and drops up to 16 MiB of a refused body before its 405
+#: (gateway/_drain.py); a larger body would be sent for nothing, then again as BSON.
+PROBE_ABOVE = 16 * 1024 * 1024
 RAW_CONTENT_TYPE = "application/octet-stream"
 BSON_TYPE = "application/bson"
 
@@ -77,6 +81,15 @@ def header_fields(headers: Sequence[tuple[str, bytes]]) -> list[str]:
 def fits_headers(fields: Sequence[str]) -> bool:
     """Whether the encoded header fields stay within :data:`HEADER_BUDGET`."""
     return sum(len(field) + len("X-Offload-Header: \r\n") for field in fields) <= HEADER_BUDGET
+
+
+def allows_put(status: int, allow: str | None) -> bool | None:
+    """What an `OPTIONS /msg/<id>` answer says about the raw route; None: it does not say."""
+    if status in UNSUPPORTED:
+        return False
+    if 200 <= status < 300 and allow is not None:
+        return "PUT" in {method.strip().upper() for method in allow.split(",")}
+    return None
 
 
 def raw_request(

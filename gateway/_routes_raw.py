@@ -20,6 +20,8 @@ Headers stored beside the payload (the hop document's `headers`; the client send
 message's user properties) travel as `X-Offload-Header: NAME=VALUE`, both sides
 percent-encoded, repeatable, in order. `X-Offload-Sha256` (optional, hex) is checked
 against the bytes received: a body damaged on the way is refused and nothing is kept.
+`OPTIONS /msg/{id}` lists `PUT` in `Allow`, so a client can tell this gateway from an older
+one before it sends a large body.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ SHA256_FIELD = "x-offload-sha256"
 #: Stored headers one request may carry; their bytes are bounded by OFFLOAD_MAX_HEADER_BYTES.
 MAX_HEADERS = 1000
 _HEX64 = re.compile(r"[0-9a-fA-F]{64}")
+ALLOW = "GET, HEAD, OPTIONS, PUT"
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     **COMMON_RESPONSES,
@@ -102,6 +105,16 @@ def parse_sha256(raw: str | None) -> str | None:
     if _HEX64.fullmatch(value) is None:
         raise BadRequest(f"{SHA256_FIELD} must be 64 hex digits, not {raw!r:.80}")
     return value.lower()
+
+
+@router.options("/msg/{message_id}", status_code=204, tags=["offload"])
+async def raw_upload_options(message_id: str) -> Response:
+    """The methods `/msg/{id}` takes (`Allow`); no credentials needed, nothing looked up.
+
+    A client asks before it streams a large body: a gateway without `PUT` (405 here too)
+    then costs it one round trip instead of the body sent for nothing.
+    """
+    return Response(status_code=204, headers={"Allow": ALLOW})
 
 
 @router.put("/msg/{message_id}", status_code=201, responses=_ERRORS, tags=["offload"])

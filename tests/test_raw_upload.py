@@ -180,29 +180,56 @@ def test_bad_input_is_refused_with_a_reason_and_nothing_is_kept(
     assert keys(seaweed, bucket_name) == []
 
 
+def _recording() -> tuple[httpx.Client, list[str]]:
+    """An httpx client that remembers the method of every request it sends."""
+    methods: list[str] = []
+    hooked = httpx.Client(timeout=60, event_hooks={"request": [lambda r: methods.append(r.method)]})
+    return hooked, methods
+
+
 def test_an_old_gateway_gets_bson_below_the_cap_and_a_clear_error_above(
     gateway_factory: Callable[..., GatewayServer], seaweed: SeaweedFS, bucket_name: str
 ) -> None:
     gw = without_raw_route(gateway_factory(None))
-    methods: list[str] = []
-    hooked = httpx.Client(timeout=30, event_hooks={"request": [lambda r: methods.append(r.method)]})
-    # The first is larger than the gateway drains before an early answer (16 MiB): its 405
-    # still arrives whole. The cap is lowered so that an over-the-cap payload is cheap.
-    first, second, large = os.urandom(20 * MiB), os.urandom(4000), bytes(24 * MiB + 1)
     bson_before = uploads(gw, "envelope")
-    with hooked, HttpTransport(client=hooked, bson_limit=24 * MiB) as http:
-        for payload in (first, second):
+    # Small payloads go straight to PUT; the 405 (body drained) sends them as BSON, and the
+    # answer is remembered. The cap is lowered so that an over-the-cap payload is cheap.
+    hooked, methods = _recording()
+    with hooked, HttpTransport(client=hooked, bson_limit=1 * MiB) as http:
+        for payload in (os.urandom(4000), os.urandom(5000)):
             with PayloadSource(payload) as source:
                 receipt = http.upload(gw.url, "old/t", source, message_id=MessageId.new())
             assert httpx.get(f"{receipt.url}/payload", timeout=10).content == payload
-        # Asked once (405), remembered: the second upload went straight to BSON.
         assert methods == ["PUT", "POST", "POST"]
-        with PayloadSource(large) as source, pytest.raises(UploadError) as refused:
+        with PayloadSource(bytes(MiB + 1)) as source, pytest.raises(UploadError) as refused:
             http.upload(gw.url, "old/t", source, message_id=MessageId.new())
+        assert methods == ["PUT", "POST", "POST"]  # nothing sent for it
     assert "no raw upload route" in str(refused.value)
     assert "upgrade the gateway" in str(refused.value)
-    assert uploads(gw, "envelope") == bson_before + 2
-    assert len([k for k in keys(seaweed, bucket_name) if k.startswith("ids/")]) == 2
+    # A large payload (over the 16 MiB an old gateway drains) asks OPTIONS first: the body
+    # travels once, as BSON, never to a 405.
+    hooked, methods = _recording()
+    large = os.urandom(20 * MiB)
+    with hooked, HttpTransport(client=hooked) as http, PayloadSource(large) as source:
+        receipt = http.upload(gw.url, "old/t", source, message_id=MessageId.new())
+    assert methods == ["OPTIONS", "POST"]
+    assert httpx.get(f"{receipt.url}/payload", timeout=30).content == large
+    assert uploads(gw, "envelope") == bson_before + 3
+    assert len([k for k in keys(seaweed, bucket_name) if k.startswith("ids/")]) == 3
+
+
+def test_a_large_upload_asks_options_once_per_endpoint(
+    gateway_factory: Callable[..., GatewayServer],
+) -> None:
+    gw = gateway_factory(None)
+    allowed = httpx.options(f"{gw.url}/msg/{uuid.uuid4()}", timeout=10)
+    assert allowed.status_code == 204 and "PUT" in allowed.headers["allow"]
+    hooked, methods = _recording()
+    with hooked, HttpTransport(client=hooked) as http:
+        for _ in range(2):
+            with PayloadSource(bytes(17 * MiB)) as source:
+                http.upload(gw.url, "probe/t", source, message_id=MessageId.new())
+    assert methods == ["OPTIONS", "PUT", "PUT"]
 
 
 def test_a_payload_over_the_bson_cap_is_published_raw_by_the_client(
