@@ -1,5 +1,8 @@
 """HTTP transport to the offload gateway: streaming upload and verified, spooled fetch.
 
+An upload is the raw payload (`PUT /msg/<id>`, any size), or hop-client's BSON document for
+a gateway that predates that route (:mod:`client._upload_forms` decides).
+
 The only module that imports httpx. Every httpx error crossing in becomes an
 :class:`UploadError` or :class:`FetchError` carrying the URL and status. Authentication is a
 seam: callers pass an `httpx.Auth` per request (:mod:`client._scram`: SCRAM or a bearer
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import ssl
 import tempfile
@@ -24,7 +28,6 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
-from urllib.parse import quote
 
 import httpx
 
@@ -32,16 +35,31 @@ from ._exceptions import (
     FetchError,
     PayloadChecksumMismatch,
     PayloadNotFound,
-    ProtocolError,
     UploadError,
 )
 from ._message import Payload
 from ._scram import ScramFailure
 from ._source import PIECE, PayloadSource
+from ._upload_forms import (
+    BSON_PAYLOAD_LIMIT,
+    HEADER_BUDGET,
+    PROBE_ABOVE,
+    UNSUPPORTED,
+    UploadRequest,
+    allows_put,
+    bson_request,
+    fits_headers,
+    header_fields,
+    raw_request,
+    raw_upload_url,
+)
+from ._upload_forms import (
+    upload_url as upload_url,  # re-exported: its home was here
+)
 from .protocol import MessageId
-from .protocol._envelope import encode_upload
 
-BSON_TYPE = "application/bson"
+log = logging.getLogger("client")
+
 #: Most bytes of an error response read to find its `detail`.
 MAX_ERROR_BODY = 65536
 
@@ -106,24 +124,6 @@ def _content_length(url: str, response: httpx.Response) -> int | None:
     return int(value)
 
 
-def _quote_level(level: str) -> str:
-    # `.` and `..` levels are RFC 3986 dot segments: httpx (like any URL library) would
-    # remove them, so `a/../b` would reach the gateway as `b`. Percent-encoded dots are
-    # not dot segments, and the gateway decodes them back into the topic's own levels.
-    if level in (".", ".."):
-        return level.replace(".", "%2E")
-    return quote(level, safe="")
-
-
-def upload_url(endpoint: str, topic: str) -> str:
-    """`{endpoint}/topic/{topic}+oversized`, each topic level percent-encoded.
-
-    Every level travels as it is, `.` and `..` included (they are ordinary MQTT levels).
-    """
-    levels = "/".join(_quote_level(level) for level in topic.split("/"))
-    return f"{endpoint.rstrip('/')}/topic/{levels}+oversized"
-
-
 _AUTH_HINTS = {
     401: "the gateway refused the credentials (or none were sent)",
     403: "authenticated, but the broker's ACL does not allow this topic",
@@ -166,6 +166,8 @@ class HttpTransport:
         timeout: seconds for connect and for each read/write.
         verify: TLS verification, as httpx takes it (True, False or an SSL context).
         client: an httpx client to use instead of a new one (not closed by :meth:`close`).
+        bson_limit: the largest payload sent as a BSON upload document (an old gateway's
+            only form); BSON's own 2 GiB by default. Lower only to test the decision.
     """
 
     def __init__(
@@ -174,9 +176,13 @@ class HttpTransport:
         timeout: float = 60.0,
         verify: bool | ssl.SSLContext = True,
         client: httpx.Client | None = None,
+        bson_limit: int = BSON_PAYLOAD_LIMIT,
     ) -> None:
         self._owned = client is None
         self._client = client or httpx.Client(timeout=timeout, verify=verify)
+        self._bson_limit = bson_limit
+        # Whether each endpoint takes raw uploads, once known (False: an old gateway, BSON).
+        self._raw_support: dict[str, bool] = {}
 
     def close(self) -> None:
         if self._owned:
@@ -199,10 +205,14 @@ class HttpTransport:
         auth: httpx.Auth | None = None,
         ttl: int | None = None,
     ) -> UploadReceipt:
-        """Stream one payload to `POST {endpoint}/topic/{topic}+oversized`.
+        """Stream one payload to the gateway under `message_id`, never whole in memory.
 
-        The body is the hop-compatible BSON upload document, built around the payload
-        so it is never held whole in memory. The `_id` header is the id's 16 raw bytes.
+        The raw form first (`PUT {endpoint}/msg/{id}?topic=`: any size); the hop-compatible
+        BSON document (`POST {endpoint}/topic/{topic}+oversized`) when the gateway predates
+        the raw route (remembered per endpoint; above 16 MiB it is asked with `OPTIONS`
+        first, so an old gateway is not sent the body for nothing) or the headers are too
+        large for HTTP header fields, provided the payload fits BSON's 2 GiB
+        (:mod:`client._upload_forms`).
 
         Args:
             endpoint: the gateway base URL.
@@ -215,38 +225,72 @@ class HttpTransport:
                 Expiry Interval); None: the gateway's default.
 
         Raises:
-            UploadError: no answer, a non-201 answer, or the body could not be built.
+            UploadError: no answer, a non-201 answer, or no wire form can carry the payload.
         """
-        url = upload_url(endpoint, topic)
-        try:
-            head, tail = encode_upload(source.size, headers=[("_id", message_id.bytes), *headers])
-        except ProtocolError as exc:
-            raise UploadError(url, f"cannot build upload document: {exc}") from exc
+        base = endpoint.rstrip("/")
+        fields = header_fields(headers)
+        reason = None
+        raw = self._raw_support.get(base)
+        if raw is None and source.size > PROBE_ABOVE:
+            raw = self._probe_raw(base, message_id)
+        if raw is False:
+            reason = f"the gateway at {base} has no raw upload route (PUT /msg/<id>)"
+        elif not fits_headers(fields):
+            reason = f"the stored headers exceed {HEADER_BUDGET} bytes as HTTP header fields"
+        else:
+            try:
+                self._send(raw_request(base, topic, source, message_id, fields, ttl), auth)
+            except UploadError as exc:
+                if exc.status not in UNSUPPORTED:
+                    raise
+                self._raw_support[base] = False
+                reason = f"the gateway at {base} has no raw upload route ({exc.status})"
+                log.info("%s: uploading as a BSON document instead", reason)
+            else:
+                self._raw_support[base] = True
+                return UploadReceipt(
+                    message_id, raw_upload_url(base, message_id), source.size, source.sha256
+                )
+        if source.size > self._bson_limit:
+            raise UploadError(
+                raw_upload_url(base, message_id),
+                f"{reason}, and a payload of {source.size} bytes is more than a BSON upload "
+                f"document can carry ({self._bson_limit} bytes): upgrade the gateway",
+            )
+        self._send(bson_request(base, topic, source, message_id, headers, ttl), auth)
+        # hop-client ignores the body and builds the URL from the id it sent; so do we.
+        return UploadReceipt(
+            message_id, raw_upload_url(base, message_id), source.size, source.sha256
+        )
 
-        def body() -> Iterator[bytes]:
-            yield head
-            yield from source.pieces(PIECE)
-            yield tail
-
-        length = len(head) + source.size + len(tail)
+    def _probe_raw(self, endpoint: str, message_id: MessageId) -> bool | None:
+        """Ask `OPTIONS /msg/<id>` whether the gateway takes raw uploads; None: unknown."""
         try:
-            response = self._client.post(
-                url,
-                content=body(),
-                headers={"Content-Type": BSON_TYPE, "Content-Length": str(length)},
-                params={"ttl": ttl} if ttl else None,
+            response = self._client.options(raw_upload_url(endpoint, message_id))
+        except httpx.HTTPError:
+            return None  # the upload itself will say what is wrong
+        answer = allows_put(response.status_code, response.headers.get("allow"))
+        if answer is not None:
+            self._raw_support[endpoint] = answer
+        return answer
+
+    def _send(self, request: UploadRequest, auth: httpx.Auth | None) -> None:
+        """One upload request; anything but 201 is an UploadError with the status."""
+        try:
+            response = self._client.request(
+                request.method,
+                request.url,
+                content=request.body,
+                headers=request.headers,
+                params=request.params or None,
                 auth=auth or httpx.USE_CLIENT_DEFAULT,
             )
         except httpx.HTTPError as exc:
-            raise UploadError(url, f"upload failed: {exc!r}") from exc
+            raise UploadError(request.url, f"upload failed: {exc!r}") from exc
         except ScramFailure as exc:
-            raise UploadError(url, str(exc), 401) from exc
+            raise UploadError(request.url, str(exc), 401) from exc
         if response.status_code != 201:
-            raise UploadError(url, _detail(response), response.status_code)
-        # hop-client ignores the body and builds the URL from the id it sent; so do we,
-        # falling back to it only to learn nothing new.
-        location = f"{endpoint.rstrip('/')}/msg/{message_id}"
-        return UploadReceipt(message_id, location, source.size, source.sha256)
+            raise UploadError(request.url, _detail(response), response.status_code)
 
     def fetch(
         self,

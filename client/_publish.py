@@ -33,6 +33,7 @@ from .protocol._size import MAX_PACKET_SIZE, publish_packet_size
 log = logging.getLogger("client")
 
 UPLOAD_ATTEMPTS = 2  # per offloaded publish, same message id each time
+TOO_LARGE = 413  # the gateway's answer to a body over OFFLOAD_MAX_BODY_BYTES: never chunked
 #: Chunk publishes outstanding at once: bounds what paho buffers for a huge chunked message.
 CHUNK_WINDOW = 32
 
@@ -142,7 +143,9 @@ class Publisher:
                 if packet <= send.limit:
                     log.warning("offload failed (%s); publishing directly instead", exc)
                     route = Route.DIRECT
-                elif chunking:
+                elif chunking and exc.status != TOO_LARGE:
+                    # Never past the gateway's own size limit: chunks would carry through the
+                    # broker what its operator refused, often more than a consumer reassembles.
                     log.warning("offload failed (%s); falling back to chunking", exc)
                     route = Route.CHUNKED
                 else:

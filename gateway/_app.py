@@ -33,6 +33,7 @@ from ._presign import router as presign_router
 from ._resumable import ResumableUploads
 from ._routes import router
 from ._routes_publish import router as publish_router
+from ._routes_raw import router as raw_router
 from ._routes_resumable import router as resumable_router
 from ._service import OffloadService
 from ._settings import Settings, get_settings
@@ -202,6 +203,7 @@ def create_app(
     if settings.cors_origins:  # outermost: preflights are answered before authentication
         app.add_middleware(BrowserUploads, origins=parse_origins(settings.cors_origins))
     app.include_router(router)
+    app.include_router(raw_router)
     app.include_router(publish_router)
     app.include_router(resumable_router)
     app.include_router(presign_router)

@@ -215,8 +215,8 @@ def test_a_streamed_file_upload_is_sent_once_with_scram(
         )
     assert payload.read() == path.read_bytes()
     # Probe without body, then the body once; the GET is its own probe.
-    assert [method for method, _ in sent] == ["POST", "POST", "GET", "GET"]
-    assert sent[0][1] == "0" and int(sent[1][1] or 0) > 3 * MiB
+    assert [method for method, _ in sent] == ["PUT", "PUT", "GET", "GET"]
+    assert sent[0][1] == "0" and int(sent[1][1] or 0) == 3 * MiB
 
 
 def test_bearer_token_instead_of_scram(

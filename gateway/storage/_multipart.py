@@ -6,6 +6,11 @@ upload left its worker threads blocked for ever, each still holding the last par
 uploaded (8 MiB by default). A client hanging up mid-body 30 times grew the gateway by 60
 threads and 530 MiB. Here the parts go through a `ThreadPoolExecutor` that is shut down
 on every path, and the upload is aborted on the store when anything fails.
+
+S3 allows at most 10,000 parts of at most 5 GiB each: a payload of known length gets a
+part size large enough for it to fit (`part_size_for`); one of unknown length (a chunked
+body) starts at the configured size and doubles it every 1,000 parts, so memory stays
+`parallel + 1` configured parts up to 1,000 of them and no body ever needs part 10,001.
 """
 
 from __future__ import annotations
@@ -18,6 +23,28 @@ from typing import BinaryIO
 
 from minio import Minio
 from minio.datatypes import Part
+
+MAX_PARTS = 10_000  # S3's limit on the parts of one multipart upload
+MAX_PART_SIZE = 5 * 1024**3  # S3's limit on one part
+_GROWTH_STEP = 1_000  # parts of one size before an unknown-length upload doubles it
+_MiB = 1024 * 1024
+
+
+def part_size_for(number: int, length: int, base: int) -> int:
+    """The size of part `number` (1-based) of a `length`-byte upload (-1: unknown).
+
+    Known length: one size for every part, at least `base`, rounded up to whole MiB, and
+    large enough that the upload needs at most 10,000 parts (a 10 GiB payload at the
+    default 8 MiB: 1,280 parts; 100 GiB: 10.3 MiB parts). Unknown length: `base`, doubled
+    every 1,000 parts (8 MiB parts reach 8 GiB, then 16 MiB parts 24 GiB, ...: 10,000
+    parts hold about 8 TiB, more than S3's 5 TiB object limit).
+    """
+    if length >= 0:
+        needed = -(-length // MAX_PARTS)
+        size = max(base, -(-needed // _MiB) * _MiB)
+    else:
+        size = base << min((number - 1) // _GROWTH_STEP, 20)
+    return min(size, MAX_PART_SIZE)
 
 
 def _read_part(reader: BinaryIO, size: int) -> bytes:
@@ -51,13 +78,17 @@ def put_parallel(
 ) -> None:
     """Store what `reader` yields under `key`, `parallel` parts in flight at most.
 
-    Memory: at most `parallel + 1` parts. A payload that fits one part is one PUT.
+    Memory: at most `parallel + 1` parts. A payload that fits one part is one PUT. Part
+    sizes follow `part_size_for`, so S3's 10,000-part limit is never reached.
 
     Raises:
         ValueError: the stream did not have `length` bytes (when `length` >= 0).
     """
-    first = _read_part(reader, part_size)
-    second = _read_part(reader, part_size) if len(first) == part_size else b""
+    first_size = part_size_for(1, length, part_size)
+    first = _read_part(reader, first_size)
+    second = b""
+    if len(first) == first_size:
+        second = _read_part(reader, part_size_for(2, length, part_size))
     if not second:
         _check(len(first), length)
         client.put_object(bucket, key, io.BytesIO(first), len(first), content_type=content_type)
@@ -80,7 +111,7 @@ def put_parallel(
             if pending_next is not None:
                 data, pending_next = pending_next, None
             else:
-                data = _read_part(reader, part_size)
+                data = _read_part(reader, part_size_for(number, length, part_size))
         _check(total, length)
         parts = [Part(n, etags[n].result()) for n in sorted(etags)]
         client._complete_multipart_upload(bucket, key, upload_id, parts)

@@ -19,7 +19,7 @@ from minio.helpers import MAX_MULTIPART_COUNT, MAX_PART_SIZE, MIN_PART_SIZE
 
 from ._base import ObjectInfo, StoreError
 from ._chain import concat_by_streaming
-from ._multipart import put_parallel
+from ._multipart import part_size_for, put_parallel
 
 log = logging.getLogger("gateway.storage")
 
@@ -142,7 +142,9 @@ class S3Store:
         self, key: str, reader: BinaryIO, length: int, content_type: str | None = None
     ) -> None:
         try:
-            if self._parallel > 1:  # not the SDK's: it leaks its threads when a part fails
+            # Not the SDK's parallel upload: it leaks its threads when a part fails. Nor its
+            # upload of unknown length: its fixed part size would stop at part 10,000.
+            if self._parallel > 1 or length < 0:
                 put_parallel(
                     self._client,
                     self.bucket,
@@ -160,7 +162,7 @@ class S3Store:
                 reader,
                 length,
                 content_type=content_type or "application/octet-stream",
-                part_size=self._part_size,
+                part_size=part_size_for(1, length, self._part_size),
                 num_parallel_uploads=1,
             )
         except _UNAVAILABLE as exc:
