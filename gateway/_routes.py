@@ -12,7 +12,7 @@ from typing import Annotated, Any
 from urllib.parse import quote
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
 
 from client.protocol import Manifest, MessageId, encode_download
 
@@ -165,6 +165,10 @@ async def download_payload(message_id: str, request: Request, ctx: Ctx) -> Respo
     headers = _payload_headers(manifest, media_type)
     if _etag_matches(request, manifest):
         return Response(status_code=304, headers=headers)
+    if request.method == "GET":  # direct transfers: the store sends the bytes (HEAD stays here)
+        url = ctx.direct.redirect_url(manifest, delete_after_fetch=ctx.service.delete_after_fetch)
+        if url is not None:
+            return RedirectResponse(url, status_code=307, headers={"Cache-Control": "no-store"})
     byte_range = parse_range(request.headers.get("range"), manifest.size)
     status = 200
     start, length = 0, manifest.size
