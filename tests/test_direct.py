@@ -219,3 +219,183 @@ def test_direct_publish_bytes_skip_the_gateway_and_carry_no_credentials(
         assert b"authorization:" not in headers
         assert b"cookie:" not in headers
         assert b"gateway-cookie" not in headers
+
+
+def _grant(
+    gw: GatewayServer, topic: str, size: int, sha256: str, parts: list[str], **extra: object
+) -> httpx.Response:
+    body = {"size": size, "sha256": sha256, "part_size": 8 * MiB, "parts": parts, **extra}
+    return httpx.post(f"{gw.url}/direct/grant/{topic}", json=body, auth=WRITER)
+
+
+def _commit(gw: GatewayServer, grant: str, etags: list[str]) -> httpx.Response:
+    return httpx.post(f"{gw.url}/direct/commit", json={"grant": grant, "etags": etags}, auth=WRITER)
+
+
+def test_objects_that_do_not_match_their_grant_are_refused_and_removed(
+    direct_gateway: GatewayServer,
+    broker: Mosquitto,
+    store: Minio,
+    bucket_name: str,
+    unique_topic: Any,
+) -> None:
+    topic = unique_topic("direct")
+    sub = _client(broker)
+    try:
+        sub.subscribe(topic)
+        # Wrong content on a single PUT: the store itself refuses it (the checksum is signed).
+        small = b"the bytes the grant was made for"
+        msg_id = str(uuid.uuid4())
+        r = _grant(direct_gateway, topic, len(small), _hex(small), [_hex(small)], id=msg_id)
+        assert r.status_code == 201, r.text
+        [url] = r.json()["urls"]
+        forged = httpx.put(url, content=b"other bytes of the very same size!"[: len(small)])
+        assert forged.status_code == 400 and b"BadDigest" in forged.content
+        refused = _commit(direct_gateway, r.json()["grant"], [])
+        assert refused.status_code == 400 and "no object" in refused.json()["detail"]
+        assert httpx.get(f"{direct_gateway.url}/msg/{msg_id}", auth=WRITER).status_code == 404
+
+        # Wrong size: parts that match their own hashes but not the size granted.
+        first, short = os.urandom(8 * MiB), os.urandom(MiB)
+        declared = 12 * MiB
+        r = _grant(direct_gateway, topic, declared, _hex(first + short), [_hex(first), _hex(short)])
+        assert r.status_code == 201, r.text
+        urls = r.json()["urls"]
+        etags = [httpx.put(u, content=d).headers["ETag"] for u, d in zip(urls, (first, short))]
+        refused = _commit(direct_gateway, r.json()["grant"], etags)
+        assert refused.status_code == 400, refused.text
+        assert f"the grant {declared}" in refused.json()["detail"]
+
+        # A part replaced by other bytes: refused by the store, then by the commit.
+        a, b = os.urandom(8 * MiB), os.urandom(100)
+        r = _grant(direct_gateway, topic, len(a + b), _hex(a + b), [_hex(a), _hex(b)])
+        urls = r.json()["urls"]
+        good = httpx.put(urls[0], content=a).headers["ETag"]
+        assert httpx.put(urls[1], content=os.urandom(100)).status_code == 400
+        refused = _commit(direct_gateway, r.json()["grant"], [good, good])
+        assert refused.status_code == 400, refused.text
+
+        # A grant altered by the client is no grant.
+        token = r.json()["grant"]
+        body, mac = token.split(".")
+        claims = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+        claims["s"] = 1
+        forged_body = base64.urlsafe_b64encode(json.dumps(claims).encode()).rstrip(b"=").decode()
+        assert _commit(direct_gateway, f"{forged_body}.{mac}", []).status_code == 403
+
+        assert _objects(store, bucket_name) == []  # nothing kept, nothing half-kept
+        assert list(sub.messages(timeout=1.0)) == []  # and nothing was published
+    finally:
+        sub.close()
+
+
+def test_grant_requests_are_checked(direct_gateway: GatewayServer, unique_topic: Any) -> None:
+    topic = unique_topic("direct")
+    h = _hex(b"x")
+    gw = direct_gateway
+    bad = [
+        _grant(gw, topic, 1, h, [h, h]),  # two hashes for one part
+        _grant(gw, topic, 20 * MiB, h, [h, h, h], part_size=MiB),  # parts under 5 MiB
+        _grant(gw, topic, 1, "A" * 64, ["A" * 64]),  # not lowercase hex
+        _grant(gw, topic, 1, h, [_hex(b"y")]),  # one part must be the payload
+        _grant(gw, topic, -1, h, [h]),
+        httpx.post(f"{gw.url}/direct/grant/{topic}", content=b"[" * 100_000, auth=WRITER),
+        httpx.post(f"{gw.url}/direct/commit", content=b"{", auth=WRITER),
+        httpx.post(f"{gw.url}/direct/commit", json={"grant": "x" * 5000}, auth=WRITER),
+    ]
+    assert [r.status_code for r in bad] == [400] * 5 + [400, 400, 403], [r.text for r in bad]
+    assert _grant(gw, topic, 6 * 1024**3, h, [h] * 768).status_code == 413
+    assert _grant(gw, "other/topic", 1, h, [h]).status_code == 403  # the ACL still holds
+    anonymous = httpx.post(f"{gw.url}/direct/grant/{topic}", json={})
+    assert anonymous.status_code == 401
+
+
+def test_expired_grants_and_presigned_urls_are_refused(
+    gateway_factory: Callable[..., GatewayServer],
+    broker: Mosquitto,
+    relay: RecordingRelay,
+    store: Minio,
+    bucket_name: str,
+) -> None:
+    gw = gateway_factory(broker, s3_public_url=relay.url, direct_grant_ttl=1)
+    a, b = os.urandom(5 * MiB), b"tail"
+    body = {"size": len(a + b), "sha256": _hex(a + b), "part_size": 5 * MiB}
+    r = httpx.post(f"{gw.url}/direct/grant/direct/x", json={**body, "parts": [_hex(a), _hex(b)]})
+    assert r.status_code == 201, r.text
+    urls, token = r.json()["urls"], r.json()["grant"]
+    etag = httpx.put(urls[0], content=a).headers["ETag"]  # in time
+    time.sleep(2.2)
+    late = httpx.put(urls[1], content=b)
+    assert late.status_code == 403 and b"expired" in late.content.lower()
+    refused = httpx.post(f"{gw.url}/direct/commit", json={"grant": token, "etags": [etag, etag]})
+    assert refused.status_code == 403 and "expired" in refused.json()["detail"]
+    assert _objects(store, bucket_name) == []
+
+
+def test_downloads_redirect_to_the_store_and_keep_head_range_etag(
+    gateway_factory: Callable[..., GatewayServer],
+    broker: Mosquitto,
+    relay: RecordingRelay,
+    unique_topic: Any,
+) -> None:
+    gw = gateway_factory(broker, s3_public_url=relay.url)
+    payload = os.urandom(300_000)
+    msg_id = str(uuid.uuid4())
+    topic = unique_topic("direct")
+    # curl's raw publish still goes through the gateway, unchanged.
+    r = httpx.post(f"{gw.url}/publish/{topic}", content=payload, params={"qos": 0})
+    assert r.status_code == 201, r.text
+    msg_id = r.json()["id"]
+    url = f"{gw.url}/msg/{msg_id}/payload"
+
+    moved = httpx.get(url)
+    assert moved.status_code == 307
+    location = moved.headers["Location"]
+    assert location.startswith(f"{relay.url}/")
+    ranged = httpx.get(location, headers={"Range": "bytes=100-199"})
+    assert ranged.status_code == 206 and ranged.content == payload[100:200]
+    assert httpx.get(url, follow_redirects=True).content == payload
+
+    head = httpx.head(url)  # answered by the gateway itself
+    assert head.status_code == 200 and head.headers["Content-Length"] == str(len(payload))
+    etag = head.headers["ETag"]
+    assert httpx.get(url, headers={"If-None-Match": etag}).status_code == 304
+
+    # hop-client's BSON download is never redirected.
+    bson_doc = httpx.get(f"{gw.url}/msg/{msg_id}")
+    assert bson_doc.status_code == 200 and payload in bson_doc.content
+
+    # curl -L follows the redirect; Range goes along.
+    curl = subprocess.run(
+        ["curl", "-sS", "-L", "-r", "0-9", url], capture_output=True, check=True, timeout=30
+    )
+    assert curl.stdout == payload[:10]
+
+
+def test_old_gateway_falls_back_to_the_proxied_upload(
+    gateway_factory: Callable[..., GatewayServer],
+    broker: Mosquitto,
+    seaweed: SeaweedFS,
+    unique_topic: Any,
+) -> None:
+    """A record that advertises a store, a gateway without direct transfers: 501, then proxy."""
+    gw = gateway_factory(None)  # no broker: it advertises nothing itself
+    topic = unique_topic("direct")
+    record = {"LargeMessageUploadEndpoint": gw.url, "DirectStore": f"http://{seaweed.endpoint}"}
+    sub = Client(broker.url, endpoint=gw.url)
+    sub.connect()
+    pub = Client(broker.url, discovery_wait=10.0, discovery_topic=f"{topic}/meta")
+    pub.connect()
+    try:
+        pub.connection.publish(f"{topic}/meta", json.dumps(record).encode(), qos=1, retain=True)
+        assert pub.wait_for_endpoint(10) == gw.url
+        assert pub.discovery_record is not None and pub.discovery_record.direct_store
+        sub.subscribe(topic)
+        payload = os.urandom(400_000)
+        pub.publish(topic, payload, qos=1)
+        msg = next(sub.messages(timeout=30))
+        assert isinstance(msg, Message) and msg.payload == payload
+    finally:
+        pub.connection.publish(f"{topic}/meta", b"", qos=1, retain=True).result(10)
+        pub.close()
+        sub.close()
