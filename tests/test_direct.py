@@ -8,6 +8,7 @@ must see what the store receives (credentials must never arrive there).
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import os
@@ -20,17 +21,18 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from minio import Minio
 
-from _gateway import GatewayServer
-from _servers import Mosquitto, SeaweedFS
 from client import Client, Message
 from client._http import HttpTransport
+
+from _gateway import GatewayServer
+from _servers import Mosquitto, SeaweedFS
 
 pytestmark = pytest.mark.servers
 
@@ -116,10 +118,8 @@ def _pump(src: socket.socket, dst: socket.socket, keep: Callable[[bytes], None] 
         pass
     finally:
         for s in (src, dst):
-            try:
+            with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
 
 
 @pytest.fixture
@@ -261,7 +261,8 @@ def test_objects_that_do_not_match_their_grant_are_refused_and_removed(
         r = _grant(direct_gateway, topic, declared, _hex(first + short), [_hex(first), _hex(short)])
         assert r.status_code == 201, r.text
         urls = r.json()["urls"]
-        etags = [httpx.put(u, content=d).headers["ETag"] for u, d in zip(urls, (first, short))]
+        pairs = zip(urls, (first, short), strict=True)
+        etags = [httpx.put(u, content=d).headers["ETag"] for u, d in pairs]
         refused = _commit(direct_gateway, r.json()["grant"], etags)
         assert refused.status_code == 400, refused.text
         assert f"the grant {declared}" in refused.json()["detail"]
