@@ -400,3 +400,37 @@ def test_old_gateway_falls_back_to_the_proxied_upload(
         pub.connection.publish(f"{topic}/meta", b"", qos=1, retain=True).result(10)
         pub.close()
         sub.close()
+
+
+def test_cli_publish_goes_direct(
+    gateway_factory: Callable[..., GatewayServer],
+    broker: Mosquitto,
+    relay: RecordingRelay,
+    unique_topic: Any,
+    tmp_path: Path,
+) -> None:
+    gw = gateway_factory(broker, s3_public_url=relay.url)
+    topic = unique_topic("direct")
+    source = tmp_path / "payload.bin"
+    payload = os.urandom(9 * MiB)
+    source.write_bytes(payload)
+    sub = Client(broker.url, discovery_wait=10.0)
+    sub.connect()
+    try:
+        sub.subscribe(topic)
+        before, _ = _received_bytes(gw)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OFFLOAD_")}
+        env["OFFLOAD_CONFIG"] = os.devnull
+        offload = shutil.which("offload") or "offload"
+        args = ["publish", "--broker", broker.url, "--topic", topic, "--file", str(source)]
+        done = subprocess.run(
+            [offload, *args], capture_output=True, text=True, timeout=120, env=env
+        )
+        assert done.returncode == 0, done.stderr
+        msg = next(sub.messages(timeout=60))
+        assert isinstance(msg, Message) and msg.payload == payload
+        after, _ = _received_bytes(gw)
+        assert after - before < MiB  # the 9 MiB went to the store, not through the gateway
+    finally:
+        sub.close()
+    assert any(head.startswith(b"PUT ") for head in relay.requests())
