@@ -472,31 +472,37 @@ class HttpTransport:
             raise
         return Payload(path=path)
 
-    def fetch_to(self, url: str, out: BinaryIO, *, auth: httpx.Auth | None = None) -> int:
+    def fetch_to(
+        self,
+        url: str,
+        out: BinaryIO,
+        *,
+        auth: httpx.Auth | None = None,
+        redirect_ok: Callable[[Origin], bool] | None = None,
+    ) -> int:
         """Stream a URL's body into a file object without verification (CLI `fetch`).
+
+        Redirects are followed as by :meth:`fetch`: to the URL's own origin or one
+        `redirect_ok` accepts, never with credentials.
 
         Args:
             url: any payload URL.
             out: binary file to write to.
             auth: credentials, only when the URL may receive them.
-            on_bytes: called with (bytes received so far, total or None) as pieces arrive.
+            redirect_ok: which other origins a redirect may lead to.
 
         Raises:
             PayloadNotFound: 404 or 410.
-            FetchError: no answer or another error status.
+            FetchError: no answer, another error status or a refused redirect.
         """
         try:
-            with self._client.stream("GET", url, auth=auth or httpx.USE_CLIENT_DEFAULT) as response:
-                if response.status_code in (404, 410):
-                    raise PayloadNotFound(url, _detail(response), response.status_code)
-                if response.status_code != 200:
-                    raise FetchError(url, _detail(response), response.status_code)
+            with self._open(url, auth, redirect_ok) as response:
                 written = 0
-                for piece in response.iter_bytes(PIECE):
+                for piece in response.iter_raw(PIECE):
                     out.write(piece)
                     written += len(piece)
                 return written
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as exc:
             raise FetchError(url, f"fetch failed: {exc!r}") from exc
         except ScramFailure as exc:
             raise FetchError(url, str(exc), 401) from exc

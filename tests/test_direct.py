@@ -431,6 +431,20 @@ def test_cli_publish_goes_direct(
         assert isinstance(msg, Message) and msg.payload == payload
         after, _ = _received_bytes(gw)
         assert after - before < MiB  # the 9 MiB went to the store, not through the gateway
+        # `offload fetch` follows the payload redirect to the store (with and without --sha256).
+        out = tmp_path / "fetched.bin"
+        url = f"{gw.url}/msg/{msg.message_id}"
+        fetched = subprocess.run(
+            [offload, "fetch", url, "-o", str(out)], capture_output=True, timeout=60, env=env
+        )
+        assert fetched.returncode == 0, fetched.stderr
+        assert out.read_bytes() == payload
+        checked = subprocess.run(
+            [offload, "fetch", url, "--sha256", _hex(payload)], capture_output=True, env=env
+        )
+        assert checked.returncode == 0 and checked.stdout == payload, checked.stderr
     finally:
         sub.close()
-    assert any(head.startswith(b"PUT ") for head in relay.requests())
+    heads = relay.requests()
+    assert any(head.startswith(b"PUT ") for head in heads)
+    assert sum(head.startswith(b"GET ") for head in heads) >= 2
