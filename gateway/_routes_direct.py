@@ -22,7 +22,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 
-from client.protocol import data_key, loads_object
+from client.protocol import MessageId, data_key, loads_object
 
 from ._context import Context, Ctx
 from ._direct import (
@@ -112,7 +112,8 @@ async def grant_upload(topic: str, request: Request, ctx: Ctx) -> Response:
         req.size,
         req.sha256,
         len(req.parts),
-        req.message_id,
+        # Always an id: a commit repeated (its answer lost) must find the same message.
+        req.message_id or MessageId.new(),
         req.ttl,
         content_type,
         stamp,
@@ -170,6 +171,10 @@ async def commit_upload(request: Request, ctx: Ctx) -> Response:
         raise Forbidden(claims)
     grant = Grant.from_claims(claims)
     await ctx.authorize_write(request, grant.topic)
+    if grant.message_id is not None:
+        done = await ctx.service.find(grant.message_id)
+        if done is not None and done.data_key == grant.key:  # this grant, committed before
+            return created_response(ctx, request, done, False)
     if grant.expired():
         await _discard(ctx, store, grant)
         raise Forbidden("upload grant expired; what was uploaded is removed, nothing kept")

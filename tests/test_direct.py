@@ -448,3 +448,32 @@ def test_cli_publish_goes_direct(
     heads = relay.requests()
     assert any(head.startswith(b"PUT ") for head in heads)
     assert sum(head.startswith(b"GET ") for head in heads) >= 2
+
+
+def test_a_grant_commits_on_any_replica_with_the_secret(
+    gateway_factory: Callable[..., GatewayServer],
+    broker: Mosquitto,
+    relay: RecordingRelay,
+) -> None:
+    def replica(secret: str) -> GatewayServer:
+        return gateway_factory(broker, s3_public_url=relay.url, auth_secret=secret)
+
+    granting, committing, stranger = replica("shared"), replica("shared"), replica("other")
+    a, b = os.urandom(5 * MiB), os.urandom(1000)
+    body = {"size": len(a + b), "sha256": _hex(a + b), "part_size": 5 * MiB}
+    r = httpx.post(
+        f"{granting.url}/direct/grant/direct/replicas", json={**body, "parts": [_hex(a), _hex(b)]}
+    )
+    assert r.status_code == 201, r.text
+    pairs = zip(r.json()["urls"], (a, b), strict=True)
+    etags = [httpx.put(u, content=d).headers["ETag"] for u, d in pairs]
+    commit = {"grant": r.json()["grant"], "etags": etags}
+    assert httpx.post(f"{stranger.url}/direct/commit", json=commit).status_code == 403
+    done = httpx.post(f"{committing.url}/direct/commit", json=commit)
+    assert done.status_code == 201, done.text
+    assert done.json()["size"] == len(a + b) and done.json()["sha256"] == _hex(a + b)
+    fetched = httpx.get(f"{granting.url}/msg/{done.json()['id']}/payload", follow_redirects=True)
+    assert fetched.content == a + b
+    # The same commit again (its answer lost, say) is the same message, not a second one.
+    again = httpx.post(f"{granting.url}/direct/commit", json=commit)
+    assert again.status_code == 201 and again.json()["id"] == done.json()["id"]
