@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
+import http.server
 import json
 import os
 import re
@@ -22,14 +23,15 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 import pytest
 from minio import Minio
 
-from client import Client, Message
+from client import Client, FetchError, Message, MessageError
 from client._http import HttpTransport
+from client.protocol import MessageId, Placeholder
 
 from _gateway import GatewayServer
 from _servers import Mosquitto, SeaweedFS
@@ -477,3 +479,69 @@ def test_a_grant_commits_on_any_replica_with_the_secret(
     # The same commit again (its answer lost, say) is the same message, not a second one.
     again = httpx.post(f"{granting.url}/direct/commit", json=commit)
     assert again.status_code == 201 and again.json()["id"] == done.json()["id"]
+
+
+class _Recorder(http.server.BaseHTTPRequestHandler):
+    """Records each request; `redirect_to` set: answers 307 there, else 200 `payload`."""
+
+    seen: ClassVar[list[str]] = []
+    redirect_to: ClassVar[str | None] = None
+    payload: ClassVar[bytes] = b""
+
+    def do_GET(self) -> None:
+        type(self).seen.append(self.path)
+        if self.redirect_to is not None:
+            self.send_response(307)
+            self.send_header("Location", f"{self.redirect_to}{self.path}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.payload)))
+        self.end_headers()
+        self.wfile.write(self.payload)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def _serve(handler: type[_Recorder]) -> http.server.ThreadingHTTPServer:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_a_redirect_to_an_unadvertised_origin_is_refused(
+    broker: Mosquitto, unique_topic: Any
+) -> None:
+    """A gateway (or whoever answers for it) must not steer subscribers into the network."""
+
+    class Inside(_Recorder):
+        seen: ClassVar[list[str]] = []
+        payload = b"an internal service's secrets"
+
+    class Hostile(_Recorder):
+        seen: ClassVar[list[str]] = []
+
+    inside, hostile = _serve(Inside), _serve(Hostile)
+    Hostile.redirect_to = f"http://127.0.0.1:{inside.server_address[1]}"
+    endpoint = f"http://127.0.0.1:{hostile.server_address[1]}"
+    topic = unique_topic("direct")
+    mid = MessageId.new()
+    data = Inside.payload
+    ref = Placeholder(f"{endpoint}/msg/{mid}", len(data), _hex(data), mid)
+    body, props = ref.encode(None)
+    sub = Client(broker.url, endpoint=endpoint, http_auth=httpx.BasicAuth(*WRITER))
+    sub.connect()
+    try:
+        sub.subscribe(topic)
+        sub.connection.publish(topic, body, qos=1, properties=props).result(10)
+        err = sub.next_message(30)
+    finally:
+        sub.close()
+        inside.shutdown()
+        hostile.shutdown()
+    assert isinstance(err, MessageError) and isinstance(err.error, FetchError), err
+    assert "redirect to" in str(err.error) and "refused" in str(err.error)
+    assert Hostile.seen == [f"/msg/{mid}/payload"]
+    assert Inside.seen == []  # never contacted
