@@ -7,7 +7,8 @@ Runs alternate (SDK, direct, SDK, direct, ...) so background load hits both alik
   parallel part PUTs to the store, commit) versus `Minio.put_object`;
 * download: `HttpTransport.fetch` of `/msg/<id>/payload` (307 from the gateway, then the
   store; size and SHA-256 checked as every subscriber does) versus
-  `Minio.get_object(...).read()`.
+  `Minio.get_object(...).read()`, which checks nothing; and the same redirect read by plain
+  httpx without the SHA-256 (what `curl -L` pays), to tell the transfer from the check.
 
 Ratios are direct-transfer throughput over SDK throughput (medians); target >= 0.95 both.
 
@@ -58,6 +59,15 @@ def download(transport: HttpTransport, url: str, message_id: str, payload: bytes
     return elapsed
 
 
+def download_unverified(http: httpx.Client, url: str, message_id: str, size: int) -> float:
+    """The redirect and the store read alone: what curl -L or a browser pays."""
+    t0 = time.perf_counter()
+    r = http.get(f"{url}/msg/{message_id}/payload", follow_redirects=True)
+    elapsed = time.perf_counter() - t0
+    assert r.status_code == 200 and len(r.content) == size, r.status_code
+    return elapsed
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=8)
@@ -83,6 +93,7 @@ def main() -> None:
             download(transport, gw.url, upload(uploader, gw.url, store, payload)[1], payload)
             up: dict[str, list[float]] = {"sdk": [], "direct": []}
             down: dict[str, list[float]] = {"sdk": [], "direct": []}
+            raw: list[float] = []
             for _ in range(args.runs):
                 t, key = direct_upload(s3, bucket, payload)
                 up["sdk"].append(t)
@@ -90,10 +101,16 @@ def main() -> None:
                 up["direct"].append(t)
                 down["sdk"].append(direct_download(s3, bucket, key, args.size))
                 down["direct"].append(download(transport, gw.url, mid, payload))
+                raw.append(download_unverified(http, gw.url, mid, args.size))
     finally:
         seaweed.close()
     rows = []
-    for name, times in (("upload", up), ("download", down)):
+    down_raw = {"sdk": down["sdk"], "direct": raw}
+    for name, times in (
+        ("upload", up),
+        ("download", down),
+        ("download, no SHA-256 check", down_raw),
+    ):
         d = mib / statistics.median(times["sdk"])
         g = mib / statistics.median(times["direct"])
         print(

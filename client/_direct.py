@@ -29,7 +29,7 @@ import httpx
 from ._exceptions import UploadError
 from ._http import UploadReceipt, _detail, _quote_level
 from ._scram import ScramFailure
-from ._source import PayloadSource
+from ._source import PIECE, PayloadSource
 from .protocol import MessageId, http_origin, loads_object
 
 MIN_PART = 5 * 1024 * 1024  # S3's smallest part but the last
@@ -109,11 +109,14 @@ class DirectUploader:
         spans = _spans(source.size, part)
         with ThreadPoolExecutor(self._concurrency, thread_name_prefix="offload-direct") as pool:
             reader = _Reader(source)
+            # The payload's own SHA-256 (the placeholder's) in parallel with the parts'.
+            whole = pool.submit(reader.whole_sha256, source)
             hashes = list(pool.map(lambda span: reader.sha256(*span), spans))
+            sha256 = whole.result()
             levels = "/".join(_quote_level(level) for level in topic.split("/"))
             request: dict[str, Any] = {
                 "size": source.size,
-                "sha256": source.sha256,
+                "sha256": sha256,
                 "part_size": part,
                 "parts": hashes,
                 "id": str(message_id),
@@ -131,7 +134,7 @@ class DirectUploader:
                 raise
         body = {"grant": grant["grant"], "etags": etags, "headers": [list(h) for h in headers]}
         self._post(f"{base}/direct/commit", body, auth, grant=False)
-        return UploadReceipt(message_id, f"{base}/msg/{message_id}", source.size, source.sha256)
+        return UploadReceipt(message_id, f"{base}/msg/{message_id}", source.size, sha256)
 
     def _post(
         self, url: str, body: dict[str, Any], auth: httpx.Auth | None, *, grant: bool
@@ -186,6 +189,20 @@ class _Reader:
 
     def sha256(self, offset: int, length: int) -> str:
         return hashlib.sha256(self.read(offset, length)).hexdigest()
+
+    def whole_sha256(self, source: PayloadSource) -> str:
+        """The payload's SHA-256, read piece by piece under the lock, hashed outside it.
+
+        Left in the source's cache (its own one-pass hash would read the file unlocked,
+        racing the part reads), so the placeholder built after the upload reuses it.
+        """
+        if source._sha256 is not None:  # already hashed by the caller
+            return source._sha256
+        digest = hashlib.sha256()
+        for offset in range(0, source.size, PIECE):
+            digest.update(self.read(offset, PIECE))
+        source._sha256 = digest.hexdigest()
+        return source._sha256
 
 
 def _urls(grant: dict[str, Any], count: int, store: str, endpoint: str) -> list[str]:
