@@ -40,7 +40,7 @@ from typing import Any
 
 from client.protocol import Manifest, MessageId, Topic
 
-from ._errors import BadRequest, Forbidden, GatewayError, PayloadTooLarge
+from ._errors import BadRequest, Forbidden, NotFound, PayloadTooLarge
 from ._media import is_inline, served_type
 from .storage import DirectStore, ObjectStore, SupportsDirect
 
@@ -54,10 +54,12 @@ _HEX64 = re.compile(r"[0-9a-f]{64}")
 _ETAG = re.compile(r'"?[0-9A-Za-z-]{1,100}"?')
 
 
-class DirectUnavailable(GatewayError):
-    """501: this gateway does not offer direct transfers (clients use the proxied upload)."""
+class DirectUnavailable(NotFound):
+    """404: this gateway offers no direct transfers (clients use the proxied upload).
 
-    status = 501
+    Not 501: an off switch is no server failure, and the gateway answers no request with a
+    5xx that a healthy gateway would not. An older gateway answers 404 too (no such route).
+    """
 
 
 class Direct:
@@ -65,7 +67,7 @@ class Direct:
 
     Args:
         store: the presigner; None when direct transfers are off.
-        reason: why they are off (the 501's detail).
+        reason: why they are off (the 404's detail).
         redirect: `GET /msg/{id}/payload` answers 307 to the store.
         grant_ttl: seconds a grant and its URLs stay valid.
         redirect_ttl: seconds a redirect's URL stays valid.

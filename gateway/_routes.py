@@ -155,7 +155,11 @@ async def download_envelope(message_id: str, request: Request, ctx: Ctx) -> Resp
     )
 
 
-@router.get("/msg/{message_id}/payload", responses=_ERRORS, tags=["offload"])
+@router.get(
+    "/msg/{message_id}/payload",
+    responses={**_ERRORS, 307: {"description": "direct transfers: a presigned store URL"}},
+    tags=["offload"],
+)
 @router.head("/msg/{message_id}/payload", responses=_ERRORS, tags=["offload"])
 async def download_payload(message_id: str, request: Request, ctx: Ctx) -> Response:
     """The raw payload bytes, with Range (206), ETag (SHA-256) and If-None-Match (304)."""

@@ -1,4 +1,4 @@
-"""Direct-transfer routes: upload grants, their commit, and download redirects.
+"""Direct-transfer routes: upload grants and their commit (redirects: `Direct.redirect_url`).
 
     POST /direct/grant/{topic}   {"size", "sha256", "part_size", "parts": [hex...],
                                   "id"?, "ttl"?, "content_type"?}
@@ -7,8 +7,9 @@
         -> 201 {"id", "url", "topic", "size", "sha256", "created"}
 
 Both need write access to the topic (checked again at commit: a grant is not a credential).
-501 when the gateway has no `OFFLOAD_S3_PUBLIC_URL` (clients fall back to the proxied
-upload). See gateway/_direct.py for what is verified and what is trusted.
+404 when the gateway has no `OFFLOAD_S3_PUBLIC_URL` (clients fall back to the proxied
+upload, as with an older gateway that has no such route). See gateway/_direct.py for
+what is verified and what is trusted.
 """
 
 from __future__ import annotations
@@ -50,8 +51,59 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"description": "malformed request, or an object that does not match its grant"},
     403: {"description": "not allowed to write this topic, or a grant expired or altered"},
     409: {"description": "id already stored with other content"},
+    404: {"description": "direct transfers are off on this gateway"},
     413: {"description": "size larger than the configured maximum"},
-    501: {"description": "direct transfers are off on this gateway"},
+}
+
+
+_HEX = {"type": "string", "pattern": "^[0-9a-f]{64}$"}
+_GRANT_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "required": ["size", "sha256", "part_size", "parts"],
+                    "properties": {
+                        "size": {"type": "integer", "minimum": 0},
+                        "sha256": _HEX,
+                        "part_size": {"type": "integer", "minimum": 1},
+                        "parts": {"type": "array", "items": _HEX, "maxItems": 10000},
+                        "id": {"type": "string", "format": "uuid"},
+                        "ttl": {"type": "integer", "minimum": 1},
+                        "content_type": {"type": "string"},
+                    },
+                }
+            }
+        },
+    }
+}
+_COMMIT_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "required": ["grant"],
+                    "properties": {
+                        "grant": {"type": "string"},
+                        "etags": {"type": "array", "items": {"type": "string"}},
+                        "headers": {
+                            "type": "array",
+                            "items": {
+                                "type": "array",
+                                "items": {"type": "string"},
+                                "minItems": 2,
+                                "maxItems": 2,
+                            },
+                        },
+                    },
+                }
+            }
+        },
+    }
 }
 
 
@@ -87,7 +139,13 @@ def _urls(store: DirectStore, grant: Grant, req: GrantRequest, seconds: int) -> 
     ]
 
 
-@router.post("/direct/grant/{topic:path}", status_code=201, responses=_ERRORS, tags=["direct"])
+@router.post(
+    "/direct/grant/{topic:path}",
+    status_code=201,
+    responses=_ERRORS,
+    tags=["direct"],
+    openapi_extra=_GRANT_BODY,
+)
 async def grant_upload(topic: str, request: Request, ctx: Ctx) -> Response:
     """Presigned store URLs for one payload's parts, and the grant to commit it with."""
     store = ctx.direct.require()
@@ -159,7 +217,13 @@ async def _assemble(ctx: Context, store: DirectStore, grant: Grant, req: CommitR
         raise BadRequest(f"object has {size} bytes, the grant {grant.size}; nothing kept")
 
 
-@router.post("/direct/commit", status_code=201, responses=_ERRORS, tags=["direct"])
+@router.post(
+    "/direct/commit",
+    status_code=201,
+    responses=_ERRORS,
+    tags=["direct"],
+    openapi_extra=_COMMIT_BODY,
+)
 async def commit_upload(request: Request, ctx: Ctx) -> Response:
     """Check the uploaded object against its grant, then store manifest and index."""
     store = ctx.direct.require()

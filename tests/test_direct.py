@@ -381,7 +381,7 @@ def test_old_gateway_falls_back_to_the_proxied_upload(
     seaweed: SeaweedFS,
     unique_topic: Any,
 ) -> None:
-    """A record that advertises a store, a gateway without direct transfers: 501, then proxy."""
+    """A record that advertises a store, a gateway without direct transfers: 404, then proxy."""
     gw = gateway_factory(None)  # no broker: it advertises nothing itself
     topic = unique_topic("direct")
     record = {"LargeMessageUploadEndpoint": gw.url, "DirectStore": f"http://{seaweed.endpoint}"}
@@ -545,3 +545,40 @@ def test_a_redirect_to_an_unadvertised_origin_is_refused(
     assert "redirect to" in str(err.error) and "refused" in str(err.error)
     assert Hostile.seen == [f"/msg/{mid}/payload"]
     assert Inside.seen == []  # never contacted
+
+
+def test_direct_operations_never_5xx_and_conform(
+    gateway_factory: Callable[..., GatewayServer], broker: Mosquitto, relay: RecordingRelay
+) -> None:
+    """Schemathesis on the direct-transfer operations of a gateway that offers them."""
+    import schemathesis
+    from hypothesis import HealthCheck, given, settings
+    from schemathesis import checks
+
+    gw = gateway_factory(broker, s3_public_url=relay.url, max_body_bytes=64 * MiB)
+    schema = schemathesis.openapi.from_url(f"{gw.url}/openapi.json")
+    operations = [
+        result.ok()  # type: ignore[union-attr]
+        for result in schema.get_all_operations()
+        if result.ok().path.startswith(("/direct/", "/msg/{message_id}/payload"))  # type: ignore[union-attr]
+    ]
+    assert len(operations) == 4, [op.label for op in operations]
+    failures: dict[str, BaseException] = {}
+    for operation in operations:
+
+        @settings(
+            max_examples=30, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+        )
+        @given(case=operation.as_strategy())
+        def run(case: schemathesis.Case) -> None:  # type: ignore[type-arg]
+            case.call_and_validate(
+                base_url=gw.url,
+                checks=[checks.not_a_server_error, checks.status_code_conformance],
+                timeout=30,
+            )
+
+        try:
+            run()
+        except Exception as exc:
+            failures[operation.label] = exc
+    assert not failures, "\n\n".join(f"{label}: {exc}" for label, exc in failures.items())
