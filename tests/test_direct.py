@@ -368,6 +368,18 @@ def test_downloads_redirect_to_the_store_and_keep_head_range_etag(
     bson_doc = httpx.get(f"{gw.url}/msg/{msg_id}")
     assert bson_doc.status_code == 200 and payload in bson_doc.content
 
+    # A page uploaded as HTML is no page at the store either: it comes as an attachment.
+    r = httpx.post(
+        f"{gw.url}/publish/{topic}",
+        content=b"<script>alert(1)</script>",
+        headers={"Content-Type": "text/html"},
+        params={"qos": 0},
+    )
+    assert r.status_code == 201, r.text
+    page = httpx.get(f"{gw.url}/msg/{r.json()['id']}/payload", follow_redirects=True)
+    assert page.status_code == 200 and page.url.port == relay.port
+    assert page.headers["Content-Disposition"] == "attachment", page.headers
+
     # curl -L follows the redirect; Range goes along.
     curl = subprocess.run(
         ["curl", "-sS", "-L", "-r", "0-9", url], capture_output=True, check=True, timeout=30
