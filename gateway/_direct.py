@@ -22,7 +22,9 @@ is the producer's own statement over the parts it hashed: SHA-256 does not compo
 reading the object back through the gateway would put the bytes in its path again. That is
 safe because the producer is authenticated and allowed to write the topic (through the proxy
 it could send any bytes it liked), nobody else can place bytes (the URLs are content-bound),
-and every consumer verifies the whole SHA-256 before it delivers a payload.
+and every consumer verifies the whole SHA-256 before it delivers a payload. Who wants the
+gateway to check it anyway sets `OFFLOAD_DIRECT_VERIFY_SHA256`: the commit then reads the
+object back on a transfer thread and refuses a mismatch.
 
 The grant is stateless: an HMAC-sealed token (`gateway._signing`) naming the topic, object
 key, upload id, size, hashes and expiry, valid on any replica with the same

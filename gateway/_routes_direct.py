@@ -14,9 +14,12 @@ what is verified and what is trusted.
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import logging
 import time
 import uuid
+from collections.abc import Callable, Generator
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -35,12 +38,18 @@ from ._direct import (
     parse_commit_request,
     parse_grant_request,
 )
-from ._errors import COMMON_RESPONSES, BadRequest, Forbidden, PayloadTooLarge
+from ._errors import (
+    COMMON_RESPONSES,
+    BadRequest,
+    Forbidden,
+    PayloadTooLarge,
+    StorageUnavailable,
+)
 from ._ingest import Received, build_manifest, commit_or_discard
 from ._media import parse_content_type
 from ._routes import created_response
 from ._service import MAX_KEY_BYTES, now_ms, parse_topic
-from .storage import DirectStore, StoreError
+from .storage import DirectStore, ObjectStore, StoreError
 
 log = logging.getLogger("gateway")
 
@@ -215,6 +224,41 @@ async def _assemble(ctx: Context, store: DirectStore, grant: Grant, req: CommitR
     if size != grant.size:
         await _discard(ctx, store, grant)
         raise BadRequest(f"object has {size} bytes, the grant {grant.size}; nothing kept")
+    if grant.upload_id and ctx.settings.direct_verify_sha256:
+        actual = await _read_back(ctx, grant.key)
+        if actual != grant.sha256:
+            await _discard(ctx, store, grant)
+            raise BadRequest(
+                f"object hashes to {actual}, the grant says {grant.sha256}; nothing kept"
+            )
+
+
+def _sha256_of(store: ObjectStore, key: str, touch: Callable[[], None]) -> str:
+    digest = hashlib.sha256()
+    pieces = store.open_range(key)
+    try:
+        for piece in pieces:
+            digest.update(piece)
+            touch()
+    finally:
+        if isinstance(pieces, Generator):
+            pieces.close()
+    return digest.hexdigest()
+
+
+async def _read_back(ctx: Context, key: str) -> str:
+    """The stored object's SHA-256, read on a transfer thread (`OFFLOAD_DIRECT_VERIFY_SHA256`)."""
+    slot = ctx.service.workers.transfers.admit()
+    job = slot.submit(_sha256_of, ctx.service.store, key, slot.touch)
+    try:
+        return await asyncio.wrap_future(job)
+    except StoreError as exc:
+        raise StorageUnavailable(f"object store unavailable: {exc}") from exc
+    finally:
+        if job.done():
+            slot.release()
+        else:  # cancelled while hashing: the thread is busy until it ends
+            job.add_done_callback(lambda _: slot.release())
 
 
 @router.post(

@@ -66,6 +66,11 @@ class Settings(BaseSettings):
     redirect_ttl: int = Field(
         300, ge=1, le=7 * 24 * 3600, description="seconds a redirect's store URL stays valid"
     )
+    direct_verify_sha256: bool = Field(
+        False,
+        description="read a multipart direct upload back at commit and check its whole SHA-256 "
+        "(a store read per upload through the gateway; parts are store-verified anyway)",
+    )
 
     @field_validator("s3_public_url")
     @classmethod

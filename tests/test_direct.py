@@ -29,7 +29,7 @@ import httpx
 import pytest
 from minio import Minio
 
-from client import Client, FetchError, Message, MessageError
+from client import Client, FetchError, Message, MessageError, PayloadChecksumMismatch
 from client._http import HttpTransport
 from client.protocol import MessageId, Placeholder
 
@@ -594,3 +594,54 @@ def test_direct_operations_never_5xx_and_conform(
         except Exception as exc:
             failures[operation.label] = exc
     assert not failures, "\n\n".join(f"{label}: {exc}" for label, exc in failures.items())
+
+
+def test_a_false_whole_payload_sha256_is_caught(
+    gateway_factory: Callable[..., GatewayServer],
+    broker: Mosquitto,
+    relay: RecordingRelay,
+    store: Minio,
+    bucket_name: str,
+    unique_topic: Any,
+) -> None:
+    """Parts true to their hashes, the whole-payload SHA-256 false (a lying producer).
+
+    By default the gateway records the producer's statement and every consumer refuses the
+    payload; with OFFLOAD_DIRECT_VERIFY_SHA256 the gateway reads it back and refuses it.
+    """
+    a, b = os.urandom(5 * MiB), os.urandom(1000)
+    lie = _hex(b"not these bytes")
+    body = {"size": len(a + b), "sha256": lie, "part_size": 5 * MiB}
+
+    def upload(gw: GatewayServer) -> httpx.Response:
+        r = httpx.post(
+            f"{gw.url}/direct/grant/direct/lie", json={**body, "parts": [_hex(a), _hex(b)]}
+        )
+        assert r.status_code == 201, r.text
+        pairs = zip(r.json()["urls"], (a, b), strict=True)
+        etags = [httpx.put(u, content=d).headers["ETag"] for u, d in pairs]
+        return httpx.post(
+            f"{gw.url}/direct/commit", json={"grant": r.json()["grant"], "etags": etags}
+        )
+
+    strict = gateway_factory(broker, s3_public_url=relay.url, direct_verify_sha256=True)
+    refused = upload(strict)
+    assert refused.status_code == 400 and "hashes to" in refused.json()["detail"]
+    assert _objects(store, bucket_name) == []
+    strict.stop()  # the record on the broker is the next gateway's alone
+
+    trusting = gateway_factory(broker, s3_public_url=relay.url)
+    stored = upload(trusting)
+    assert stored.status_code == 201, stored.text
+    topic = unique_topic("direct")
+    mid = MessageId.parse(stored.json()["id"])
+    ref = Placeholder(stored.json()["url"], len(a + b), lie, mid)
+    placeholder, props = ref.encode(None)
+    sub = _client(broker)
+    try:
+        sub.subscribe(topic)
+        sub.connection.publish(topic, placeholder, qos=1, properties=props).result(10)
+        err = sub.next_message(30)
+    finally:
+        sub.close()
+    assert isinstance(err, MessageError) and isinstance(err.error, PayloadChecksumMismatch)
