@@ -139,18 +139,29 @@ class DirectUploader:
     def _post(
         self, url: str, body: dict[str, Any], auth: httpx.Auth | None, *, grant: bool
     ) -> dict[str, Any]:
+        """POST JSON to the gateway; its 201 JSON answer, read up to MAX_ANSWER_BYTES."""
+        # Read raw and bounded: no content coding may inflate it.
+        request = self._client.build_request(
+            "POST", url, json=body, headers={"Accept-Encoding": "identity"}
+        )
         try:
-            response = self._client.post(url, json=body, auth=auth or httpx.USE_CLIENT_DEFAULT)
-        except httpx.HTTPError as exc:
+            response = self._client.send(
+                request, stream=True, auth=auth or httpx.USE_CLIENT_DEFAULT
+            )
+            try:
+                if grant and response.status_code in UNSUPPORTED:
+                    raise DirectUnsupported(url, _detail(response), response.status_code)
+                if response.status_code != 201:
+                    raise UploadError(url, _detail(response), response.status_code)
+                raw = _read_bounded(response, url)
+            finally:
+                response.close()
+        except (httpx.HTTPError, httpx.StreamError) as exc:
             raise UploadError(url, f"direct upload failed: {exc!r}") from exc
         except ScramFailure as exc:
             raise UploadError(url, str(exc), 401) from exc
-        if grant and response.status_code in UNSUPPORTED:
-            raise DirectUnsupported(url, _detail(response), response.status_code)
-        if response.status_code != 201:
-            raise UploadError(url, _detail(response), response.status_code)
         try:
-            return loads_object(response.content, max_bytes=MAX_ANSWER_BYTES)
+            return loads_object(raw, max_bytes=MAX_ANSWER_BYTES)
         except ValueError as exc:
             raise UploadError(url, f"unreadable answer: {exc}") from exc
 
@@ -168,12 +179,25 @@ class DirectUploader:
         )
         request.headers.pop("Cookie", None)
         try:
-            response = self._client.send(request)
-        except httpx.HTTPError as exc:
+            response = self._client.send(request, stream=True)  # the body is never wanted
+            try:
+                if response.status_code != 200:
+                    raise UploadError(_redacted(url), _detail(response), response.status_code)
+                return str(response.headers.get("ETag", ""))
+            finally:
+                response.close()
+        except (httpx.HTTPError, httpx.StreamError) as exc:
             raise UploadError(_redacted(url), f"part upload failed: {exc!r}") from exc
-        if response.status_code != 200:
-            raise UploadError(_redacted(url), _detail(response), response.status_code)
-        return str(response.headers.get("ETag", ""))
+
+
+def _read_bounded(response: httpx.Response, url: str) -> bytes:
+    """The body, refused once it passes MAX_ANSWER_BYTES (never read further)."""
+    body = bytearray()
+    for piece in response.iter_raw():
+        body += piece
+        if len(body) > MAX_ANSWER_BYTES:
+            raise UploadError(url, f"answer larger than {MAX_ANSWER_BYTES} bytes: refused")
+    return bytes(body)
 
 
 class _Reader:
