@@ -45,6 +45,11 @@ class DirectUnsupported(UploadError):
     """The gateway does not offer direct transfers (an older one, or switched off)."""
 
 
+class StoreUnreachable(DirectUnsupported):
+    """The advertised store did not answer this client (a network that only lets it reach
+    the gateway, a wrong `OFFLOAD_S3_PUBLIC_URL`): the proxied upload may still work."""
+
+
 def part_size_for(size: int, preferred: int = PART_SIZE) -> int:
     """`preferred`, grown (in MiB steps) until the payload fits S3's 10,000 parts."""
     part = max(preferred, MIN_PART)
@@ -186,6 +191,8 @@ class DirectUploader:
                 return str(response.headers.get("ETag", ""))
             finally:
                 response.close()
+        except httpx.TransportError as exc:
+            raise StoreUnreachable(_redacted(url), f"part upload failed: {exc!r}") from exc
         except (httpx.HTTPError, httpx.StreamError) as exc:
             raise UploadError(_redacted(url), f"part upload failed: {exc!r}") from exc
 

@@ -234,7 +234,7 @@ class Publisher:
                 auth=self._http_auth,
                 ttl=props.message_expiry_interval if props else None,
             )
-        except DirectUnsupported as exc:  # an older gateway: the proxied upload still works
+        except DirectUnsupported as exc:  # an older gateway, or a store out of reach
             log.info("direct upload unavailable (%s); uploading through the gateway", exc)
             return None
 

@@ -34,7 +34,7 @@ from client._http import HttpTransport
 from client.protocol import MessageId, Placeholder
 
 from _gateway import GatewayServer
-from _servers import Mosquitto, SeaweedFS
+from _servers import Mosquitto, SeaweedFS, free_port
 
 pytestmark = pytest.mark.servers
 
@@ -645,3 +645,32 @@ def test_a_false_whole_payload_sha256_is_caught(
     finally:
         sub.close()
     assert isinstance(err, MessageError) and isinstance(err.error, PayloadChecksumMismatch)
+
+
+def test_a_store_out_of_the_clients_reach_falls_back_to_the_proxy(
+    gateway_factory: Callable[..., GatewayServer],
+    broker: Mosquitto,
+    store: Minio,
+    bucket_name: str,
+    unique_topic: Any,
+) -> None:
+    nobody = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    gw = gateway_factory(broker, s3_public_url=nobody, redirect_downloads=False)
+    topic = unique_topic("direct")
+    sub = _client(broker)
+    pub = Client(broker.url, discovery_wait=10.0)
+    pub.connect()
+    try:
+        assert pub.wait_for_endpoint(10) == gw.url
+        sub.subscribe(topic)
+        payload = os.urandom(9 * MiB)  # two parts: the grant opens a multipart upload
+        before, _ = _received_bytes(gw)
+        pub.publish(topic, payload, qos=1)
+        msg = next(sub.messages(timeout=60))
+        assert isinstance(msg, Message) and msg.payload == payload
+        after, _ = _received_bytes(gw)
+        assert after - before >= len(payload)  # it went through the gateway
+    finally:
+        pub.close()
+        sub.close()
+    assert len(_objects(store, bucket_name)) == 3  # payload, sidecar, index: no leftovers
