@@ -46,6 +46,7 @@ def _cmd(name: str, quick: bool) -> list[str]:
             "16" if quick else "32",
         ],
         "8": ["hol.py", "--runs", "1" if quick else "3"],
+        "direct": ["direct.py", "--runs", "4" if quick else "8"],
         "startup": ["startup.py", "--runs", "10" if quick else "20"],
         "spark": ["spark_read.py", "--store", "both", "--objects", "16" if quick else "64"],
         "huge": ["huge.py", "--size-gib", "1" if quick else "10"],
@@ -154,13 +155,14 @@ def main() -> None:
     parser.add_argument(
         "--only",
         nargs="+",
-        choices=["1", "2", "3", "4", "5", "6", "7", "8", "startup", "spark", "huge"],
+        choices=["1", "2", "3", "4", "5", "6", "7", "8", "direct", "startup", "spark", "huge"],
     )
     parser.add_argument("--spark", action="store_true")
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
     names = args.only or [
-        "1", "2", "3", "4", "5", "6", "7", "8", "startup", *(["spark"] if args.spark else [])
+        "1", "2", "3", "4", "5", "6", "7", "8", "direct", "startup",
+        *(["spark"] if args.spark else []),
     ]  # fmt: skip
     print(f"machine: {machine()}")
     rows: list[dict[str, object]] = []

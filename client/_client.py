@@ -139,6 +139,7 @@ class Client:
             http_auth=self._http_auth,
             endpoint=self._discovery.settled_endpoint,
             warn_plain_http=warner,
+            direct_store=self._discovery.direct_store,
         )
         self._receiver = Receiver(
             settings=s,
@@ -146,6 +147,7 @@ class Client:
             http_auth=self._http_auth,
             conn=self._conn,
             endpoint_in_force=self._discovery.settled_endpoint,
+            direct_store=self._discovery.direct_store,
             warn_plain_http=warner,
             use_discovery=self._use_discovery,
             on_fetch_progress=on_fetch_progress,

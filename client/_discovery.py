@@ -91,6 +91,17 @@ class DiscoveryView:
         record = self.settled()
         return record.endpoint if record else None
 
+    def direct_store(self) -> str | None:
+        """The store origin the current record advertises for direct transfers, if any.
+
+        Only a discovered endpoint's: with a configured endpoint the client knows no
+        record of that gateway's and uploads through it.
+        """
+        if self._settings.endpoint is not None:
+            return None
+        record = self.current()
+        return record.direct_store if record else None
+
     def wait_endpoint(self, timeout: float) -> str | None:
         """Wait up to `timeout` seconds for a record; its endpoint, else the configured one."""
         record = self.wait(timeout)

@@ -18,6 +18,7 @@ size is cut off (the connection is closed, not drained), content codings are ref
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -36,6 +37,16 @@ from ._exceptions import (
     PayloadChecksumMismatch,
     PayloadNotFound,
     UploadError,
+)
+from ._fetching import (
+    _NO_AUTH,
+    MAX_REDIRECTS,
+    REDIRECTS,
+    _capped,
+    _checked_length,
+    _counted,
+    _in_memory,
+    _origin,
 )
 from ._message import Payload
 from ._scram import ScramFailure
@@ -56,7 +67,7 @@ from ._upload_forms import (
 from ._upload_forms import (
     upload_url as upload_url,  # re-exported: its home was here
 )
-from .protocol import MessageId
+from .protocol import MessageId, Origin
 
 log = logging.getLogger("client")
 
@@ -84,44 +95,6 @@ class UploadReceipt:
     url: str
     size: int
     sha256: str
-
-
-def _counted(
-    pieces: Iterator[bytes], total: int | None, on_bytes: Callable[[int, int | None], None] | None
-) -> Iterator[bytes]:
-    if on_bytes is None:
-        yield from pieces
-        return
-    done = 0
-    for piece in pieces:
-        done += len(piece)
-        on_bytes(done, total)
-        yield piece
-
-
-def _capped(pieces: Iterator[bytes], limit: int | None, url: str) -> Iterator[bytes]:
-    """The pieces, failing as soon as they would add up to more than `limit` bytes."""
-    if limit is None:
-        yield from pieces
-        return
-    done = 0
-    for piece in pieces:
-        done += len(piece)
-        if done > limit:
-            # Raised inside the response's `with`: httpx closes the connection unread.
-            raise FetchError(url, f"body runs past the declared size of {limit} bytes: cut off")
-        yield piece
-
-
-def _content_length(url: str, response: httpx.Response) -> int | None:
-    """The response's Content-Length as an int, None when absent; junk is refused."""
-    values = response.headers.get_list("Content-Length")
-    if not values:
-        return None
-    value = values[0]
-    if len(set(values)) != 1 or len(value) > 20 or not (value.isascii() and value.isdigit()):
-        raise FetchError(url, f"unusable Content-Length {value[:40]!r}")
-    return int(value)
 
 
 _AUTH_HINTS = {
@@ -157,6 +130,41 @@ def _detail(response: httpx.Response) -> str:
     if status in _AUTH_HINTS:
         text = f"{text} ({_AUTH_HINTS[status]})"
     return text
+
+
+def _check_status(url: str, response: httpx.Response) -> None:
+    """Refuse every answer but 200, with the endpoint's reason (bounded)."""
+    if response.status_code in (404, 410):
+        raise PayloadNotFound(url, _detail(response), response.status_code)
+    if response.status_code in TRANSIENT_STATUSES:
+        raise TransientFetchError(url, _detail(response), response.status_code)
+    if response.status_code != 200:
+        raise FetchError(url, _detail(response), response.status_code)
+    coding = response.headers.get("Content-Encoding", "identity").strip().lower()
+    if coding not in ("", "identity"):
+        raise FetchError(url, f"refused Content-Encoding {coding[:50]!r}")
+
+
+def _verified(
+    url: str,
+    payload: Payload,
+    actual: str,
+    expected_size: int | None,
+    expected_sha256: str | None,
+) -> Payload:
+    """The payload when its size and SHA-256 are the declared ones; else discarded, raised."""
+    if expected_size is not None and payload.size < expected_size:
+        payload.discard()  # the connection ended early (a restart): worth another try
+        raise TransientFetchError(
+            url, f"size mismatch: expected {expected_size}, got {payload.size}"
+        )
+    if expected_size is not None and payload.size != expected_size:
+        payload.discard()
+        raise FetchError(url, f"size mismatch: expected {expected_size}, got {payload.size}")
+    if expected_sha256 is not None and actual != expected_sha256:
+        payload.discard()
+        raise PayloadChecksumMismatch(url, expected_sha256, actual)
+    return payload
 
 
 class HttpTransport:
@@ -292,6 +300,11 @@ class HttpTransport:
         if response.status_code != 201:
             raise UploadError(request.url, _detail(response), response.status_code)
 
+    @property
+    def client(self) -> httpx.Client:
+        """The pooled httpx client (direct transfers reuse its connections)."""
+        return self._client
+
     def fetch(
         self,
         url: str,
@@ -303,6 +316,7 @@ class HttpTransport:
         spool_dir: str | os.PathLike[str] | None = None,
         auth: httpx.Auth | None = None,
         on_bytes: Callable[[int, int | None], None] | None = None,
+        redirect_ok: Callable[[Origin], bool] | None = None,
     ) -> Payload:
         """GET a raw payload, verifying its SHA-256 while it streams in, never reading more.
 
@@ -310,6 +324,10 @@ class HttpTransport:
         differs from `expected_size` (or exceeds `max_bytes`) is refused before the body, a
         body that runs past it is cut off and the connection closed. Payloads larger than
         `spool_threshold` are written to a temporary file, deleted on any failure.
+
+        A redirect (a gateway with direct transfers answers 307 to a presigned store URL)
+        is followed, at most :data:`MAX_REDIRECTS` times, only to the URL's own origin or
+        one `redirect_ok` accepts, and never with credentials: no `auth`, no cookies.
 
         Args:
             url: the raw payload URL (`{endpoint}/msg/{id}/payload`); http or https only.
@@ -320,12 +338,13 @@ class HttpTransport:
             spool_dir: where spool files are made (default: the system temp directory).
             auth: credentials, only when the URL may receive them.
             on_bytes: called with (bytes received so far, total or None) as pieces arrive.
+            redirect_ok: which other origins a redirect may lead to (the advertised store).
 
         Raises:
             PayloadNotFound: 404 or 410.
             PayloadChecksumMismatch: the bytes do not hash to `expected_sha256`.
-            FetchError: a refused URL or size, no answer, another error status, a body
-                shorter or longer than declared.
+            FetchError: a refused URL, size or redirect, no answer, another error status,
+                a body shorter or longer than declared.
         """
         if expected_size is not None and max_bytes is not None and expected_size > max_bytes:
             raise FetchError(
@@ -335,44 +354,11 @@ class HttpTransport:
         limit = expected_size if expected_size is not None else max_bytes
         digest = hashlib.sha256()
         try:
-            target = httpx.URL(url)
-            if target.scheme not in ("http", "https") or not target.host:
-                raise FetchError(url, "only http and https URLs are fetched")
-            with self._client.stream(
-                "GET",
-                target,
-                # The body is counted as it travels: no content coding may inflate it.
-                headers={"Accept-Encoding": "identity"},
-                auth=auth or httpx.USE_CLIENT_DEFAULT,
-            ) as response:
-                if response.status_code in (404, 410):
-                    raise PayloadNotFound(url, _detail(response), response.status_code)
-                if response.status_code in TRANSIENT_STATUSES:
-                    raise TransientFetchError(url, _detail(response), response.status_code)
-                if response.status_code != 200:
-                    raise FetchError(url, _detail(response), response.status_code)
-                coding = response.headers.get("Content-Encoding", "identity").strip().lower()
-                if coding not in ("", "identity"):
-                    raise FetchError(url, f"refused Content-Encoding {coding[:50]!r}")
-                announced = _content_length(url, response)
-                if announced is not None and expected_size is not None:
-                    if announced != expected_size:
-                        raise FetchError(
-                            url,
-                            f"Content-Length {announced} differs from the declared size "
-                            f"{expected_size}: refused before the body",
-                        )
-                elif announced is not None and limit is not None and announced > limit:
-                    raise FetchError(url, f"Content-Length {announced} is more than {limit}")
-                size = expected_size if expected_size is not None else announced
+            with self._open(url, auth, redirect_ok) as response:
+                size = _checked_length(str(response.url), response, expected_size, limit)
                 stream = _counted(_capped(response.iter_raw(), limit, url), size, on_bytes)
                 if size is not None and size <= spool_threshold:
-                    # httpx's own read size, no re-chunking, one join: a single copy.
-                    pieces = []
-                    for piece in stream:
-                        digest.update(piece)
-                        pieces.append(piece)
-                    payload = Payload(b"".join(pieces))
+                    payload = _in_memory(stream, digest)
                 else:
                     payload = self._spool(stream, digest, spool_dir)
         except httpx.TransportError as exc:  # refused, reset, timed out, cut short
@@ -381,19 +367,59 @@ class HttpTransport:
             raise FetchError(url, f"fetch failed: {exc!r}") from exc
         except ScramFailure as exc:
             raise FetchError(url, str(exc), 401) from exc
-        if expected_size is not None and payload.size < expected_size:
-            payload.discard()  # the connection ended early (a restart): worth another try
-            raise TransientFetchError(
-                url, f"size mismatch: expected {expected_size}, got {payload.size}"
+        return _verified(url, payload, digest.hexdigest(), expected_size, expected_sha256)
+
+    @contextlib.contextmanager
+    def _open(
+        self, url: str, auth: httpx.Auth | None, redirect_ok: Callable[[Origin], bool] | None
+    ) -> Iterator[httpx.Response]:
+        """The final 200 response for `url`, redirects followed by the rules of `fetch`."""
+        target = httpx.URL(url)
+        home = _origin(url, target)
+        request = self._client.build_request(
+            # The body is counted as it travels: no content coding may inflate it.
+            "GET",
+            target,
+            headers={"Accept-Encoding": "identity"},
+        )
+        first_auth: httpx.Auth | None = auth
+        for hop in range(MAX_REDIRECTS + 1):
+            response = self._client.send(
+                request, stream=True, auth=first_auth or httpx.USE_CLIENT_DEFAULT
             )
-        if expected_size is not None and payload.size != expected_size:
-            payload.discard()
-            raise FetchError(url, f"size mismatch: expected {expected_size}, got {payload.size}")
-        actual = digest.hexdigest()
-        if expected_sha256 is not None and actual != expected_sha256:
-            payload.discard()
-            raise PayloadChecksumMismatch(url, expected_sha256, actual)
-        return payload
+            try:
+                location = response.headers.get("Location")
+                if response.status_code in REDIRECTS and location is not None:
+                    if hop == MAX_REDIRECTS:
+                        raise FetchError(url, f"more than {MAX_REDIRECTS} redirects")
+                    request = self._redirected(url, response.url.join(location), home, redirect_ok)
+                    first_auth = _NO_AUTH  # credentials never follow a redirect
+                    continue
+                _check_status(url, response)
+                yield response
+                return
+            finally:
+                response.close()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _redirected(
+        self,
+        url: str,
+        target: httpx.URL,
+        home: Origin,
+        redirect_ok: Callable[[Origin], bool] | None,
+    ) -> httpx.Request:
+        """The request for a redirect's target: allowed origins only, no credentials at all."""
+        origin = _origin(url, target)
+        if origin != home and (redirect_ok is None or not redirect_ok(origin)):
+            raise FetchError(
+                url, f"redirect to {origin} refused: not the gateway or its advertised store"
+            )
+        request = self._client.build_request("GET", target, headers={"Accept-Encoding": "identity"})
+        # httpx adds the client's cookie jar to every request it builds: not to the store.
+        request.headers.pop("Cookie", None)
+        request.headers.pop("Authorization", None)
+        return request
 
     @staticmethod
     def _spool(
@@ -411,31 +437,37 @@ class HttpTransport:
             raise
         return Payload(path=path)
 
-    def fetch_to(self, url: str, out: BinaryIO, *, auth: httpx.Auth | None = None) -> int:
+    def fetch_to(
+        self,
+        url: str,
+        out: BinaryIO,
+        *,
+        auth: httpx.Auth | None = None,
+        redirect_ok: Callable[[Origin], bool] | None = None,
+    ) -> int:
         """Stream a URL's body into a file object without verification (CLI `fetch`).
+
+        Redirects are followed as by :meth:`fetch`: to the URL's own origin or one
+        `redirect_ok` accepts, never with credentials.
 
         Args:
             url: any payload URL.
             out: binary file to write to.
             auth: credentials, only when the URL may receive them.
-            on_bytes: called with (bytes received so far, total or None) as pieces arrive.
+            redirect_ok: which other origins a redirect may lead to.
 
         Raises:
             PayloadNotFound: 404 or 410.
-            FetchError: no answer or another error status.
+            FetchError: no answer, another error status or a refused redirect.
         """
         try:
-            with self._client.stream("GET", url, auth=auth or httpx.USE_CLIENT_DEFAULT) as response:
-                if response.status_code in (404, 410):
-                    raise PayloadNotFound(url, _detail(response), response.status_code)
-                if response.status_code != 200:
-                    raise FetchError(url, _detail(response), response.status_code)
+            with self._open(url, auth, redirect_ok) as response:
                 written = 0
-                for piece in response.iter_bytes(PIECE):
+                for piece in response.iter_raw(PIECE):
                     out.write(piece)
                     written += len(piece)
                 return written
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as exc:
             raise FetchError(url, f"fetch failed: {exc!r}") from exc
         except ScramFailure as exc:
             raise FetchError(url, str(exc), 401) from exc

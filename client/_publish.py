@@ -19,8 +19,9 @@ from dataclasses import dataclass
 import httpx
 
 from ._config import ClientSettings
+from ._direct import DirectUnsupported, DirectUploader
 from ._exceptions import ConnectionFailed, MessageTooLarge, ProtocolError, UploadError
-from ._http import HttpTransport
+from ._http import HttpTransport, UploadReceipt
 from ._message import PublishResult, Route
 from ._paho import MqttConnection
 from ._receive import PlainHttpWarner
@@ -68,6 +69,8 @@ class Publisher:
         http_auth: credentials for the endpoint in force.
         endpoint: the configured or discovered endpoint (may wait briefly for discovery).
         warn_plain_http: the client's plain-http warner.
+        direct_store: the store origin the discovery record advertises for direct
+            transfers (:mod:`client._direct`), None when it advertises none.
     """
 
     def __init__(
@@ -79,8 +82,11 @@ class Publisher:
         http_auth: httpx.Auth | None,
         endpoint: Callable[[], str | None],
         warn_plain_http: PlainHttpWarner,
+        direct_store: Callable[[], str | None] = lambda: None,
     ) -> None:
         self._settings = settings
+        self._direct_store = direct_store
+        self._direct = DirectUploader(transport.client)
         self._conn = conn
         self._transport = transport
         self._http_auth = http_auth
@@ -186,6 +192,9 @@ class Publisher:
         attempt = 0
         while True:
             try:
+                receipt = self._direct_upload(endpoint, send, source, message_id)
+                if receipt is not None:
+                    return receipt.url
                 return self._transport.upload(
                     endpoint,
                     send.topic,
@@ -208,6 +217,29 @@ class Publisher:
                     "upload attempt %d failed (%s); retrying with id %s", attempt, exc, message_id
                 )
                 time.sleep(0.2 * attempt)
+
+    def _direct_upload(
+        self, endpoint: str, send: _Send, source: PayloadSource, message_id: MessageId
+    ) -> UploadReceipt | None:
+        """Upload straight to the store when the endpoint advertises it; None: use the proxy."""
+        store = self._direct_store()
+        if store is None:
+            return None
+        props = send.properties
+        try:
+            return self._direct.upload(
+                endpoint,
+                store,
+                send.topic,
+                source,
+                message_id=message_id,
+                headers=props.user_properties if props else (),
+                auth=self._http_auth,
+                ttl=props.message_expiry_interval if props else None,
+            )
+        except DirectUnsupported as exc:  # an older gateway, or a store out of reach
+            log.info("direct upload unavailable (%s); uploading through the gateway", exc)
+            return None
 
     def _offloaded(
         self, endpoint: str, send: _Send, source: PayloadSource, message_id: MessageId | None

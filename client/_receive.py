@@ -109,6 +109,8 @@ class Receiver:
         warn_plain_http: the client's plain-http warner.
         use_discovery: whether the discovery topic is followed.
         on_fetch_progress: called as `(topic, bytes received, total)` while fetching.
+        direct_store: the store origin the discovery record advertises: a fetch may follow
+            the gateway's redirect there (without credentials), or to an allowlisted origin.
     """
 
     def __init__(
@@ -122,8 +124,10 @@ class Receiver:
         warn_plain_http: PlainHttpWarner,
         use_discovery: bool,
         on_fetch_progress: FetchProgress | None = None,
+        direct_store: Callable[[], str | None] = lambda: None,
     ) -> None:
         s = settings
+        self._direct_store = direct_store
         self._settings = s
         self._transport = transport
         self._http_auth = http_auth
@@ -328,6 +332,7 @@ class Receiver:
             max_bytes=self._settings.max_fetch_bytes,
             spool_threshold=self._settings.spool_threshold,
             auth=auth,
+            redirect_ok=self._redirect_ok,
             on_bytes=(lambda done, total: progress(incoming.topic, done, total))
             if progress is not None
             else None,
@@ -342,6 +347,10 @@ class Receiver:
             Route.OFFLOADED,
             str(ref.message_id),
         )
+
+    def _redirect_ok(self, origin: Origin) -> bool:
+        """Where a payload redirect may lead: the advertised store, or an allowlisted origin."""
+        return str(origin) == self._direct_store() or self._settings.allowlisted(origin)
 
     def _auth_for(self, ref: _placeholder.Placeholder) -> httpx.Auth | None:
         """Whether a placeholder may be fetched, and with which credentials.

@@ -59,13 +59,17 @@ def _quote_level(level: str) -> str:
     return quote(level, safe="")
 
 
-def upload_url(endpoint: str, topic: str) -> str:
-    """`{endpoint}/topic/{topic}+oversized`, each topic level percent-encoded.
+def topic_path(topic: str) -> str:
+    """The topic as URL path segments: each level percent-encoded, `.` and `..` kept.
 
-    Every level travels as it is, `.` and `..` included (they are ordinary MQTT levels).
+    Every level travels as it is (they are ordinary MQTT levels).
     """
-    levels = "/".join(_quote_level(level) for level in topic.split("/"))
-    return f"{endpoint.rstrip('/')}/topic/{levels}+oversized"
+    return "/".join(_quote_level(level) for level in topic.split("/"))
+
+
+def upload_url(endpoint: str, topic: str) -> str:
+    """`{endpoint}/topic/{topic}+oversized`, each topic level percent-encoded."""
+    return f"{endpoint.rstrip('/')}/topic/{topic_path(topic)}+oversized"
 
 
 def raw_upload_url(endpoint: str, message_id: MessageId) -> str:

@@ -21,6 +21,7 @@ from discovery import Advertiser, DiscoveryRecord
 from ._authz import AuthenticationInfoMiddleware, BrokerRules, build_authenticator
 from ._context import Broker, Context, NoBroker
 from ._cors import BrowserUploads, parse_origins
+from ._direct import Direct
 from ._drain import DrainBeforeEarlyAnswer
 from ._errors import install_error_handlers
 from ._executors import Workers
@@ -32,6 +33,7 @@ from ._presign import SignedUrls, UrlSigner
 from ._presign import router as presign_router
 from ._resumable import ResumableUploads
 from ._routes import router
+from ._routes_direct import router as direct_router
 from ._routes_publish import router as publish_router
 from ._routes_raw import router as raw_router
 from ._routes_resumable import router as resumable_router
@@ -98,6 +100,13 @@ def build_context(
         ),
         signer=signer,
         public_url=public_url,
+        direct=Direct.build(
+            store,
+            settings.s3_public_url,
+            redirect=settings.redirect_downloads,
+            grant_ttl=settings.direct_grant_ttl,
+            redirect_ttl=settings.redirect_ttl,
+        ),
     )
     return ctx, tuple(authenticator.mechanisms)
 
@@ -108,7 +117,10 @@ def build_advertiser(ctx: Context, mechanisms: tuple[str, ...]) -> Advertiser | 
     if isinstance(broker, NoBroker) or not ctx.public_url:
         return None
     record = DiscoveryRecord(
-        ctx.public_url, max_upload_bytes=settings.max_body_bytes, auth_mechanisms=mechanisms
+        ctx.public_url,
+        max_upload_bytes=settings.max_body_bytes,
+        auth_mechanisms=mechanisms,
+        direct_store=ctx.direct.public_url,
     )
 
     def publish(topic: str, payload: bytes, retain: bool, expiry: int) -> Any:
@@ -207,5 +219,6 @@ def create_app(
     app.include_router(publish_router)
     app.include_router(resumable_router)
     app.include_router(presign_router)
+    app.include_router(direct_router)
     app.include_router(ops_router)
     return app

@@ -10,20 +10,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Protocol
+from dataclasses import dataclass, field
+from typing import Annotated, Protocol
 from urllib.parse import urlsplit
 
 from fastapi import Depends, Request
 
 from client.protocol import PublishProperties, Topic
 
+from ._direct import Direct
 from ._resumable import ResumableUploads
 from ._service import OffloadService
 from ._settings import Settings
-
-if TYPE_CHECKING:
-    from ._presign import UrlSigner
+from ._signing import UrlSigner
 
 
 class Authorizer(Protocol):
@@ -102,6 +101,8 @@ class Context:
     uploads: ResumableUploads  # HTTP publish extras (issue 4): resumable uploads
     signer: UrlSigner  # and presigned-URL signing
     public_url: str = ""  # the endpoint URL clients are told; "": the request's own
+    # Direct transfers (gateway/_direct.py): always there, off unless a public store URL is set.
+    direct: Direct = field(default_factory=lambda: Direct.off("direct transfers are off"))
 
     @property
     def base_path(self) -> str:

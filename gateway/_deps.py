@@ -24,6 +24,7 @@ from client.protocol import Topic
 
 from ._authz import principal_of
 from ._context import Authorizer, Broker, Ctx
+from ._direct import Direct
 from ._resumable import ResumableUploads
 from ._service import OffloadService
 from ._settings import Settings
@@ -71,6 +72,10 @@ def _broker(ctx: Ctx) -> Broker:
     return ctx.broker
 
 
+def _direct(ctx: Ctx) -> Direct:
+    return ctx.direct
+
+
 def _access(request: Request, ctx: Ctx) -> TopicAccess:
     return TopicAccess(request, ctx.authorizer)
 
@@ -83,7 +88,17 @@ Service = Annotated[OffloadService, Depends(_service)]
 Uploads = Annotated[ResumableUploads, Depends(_uploads)]
 #: The broker link (`NoBroker` on a gateway without one).
 BrokerLink = Annotated[Broker, Depends(_broker)]
+#: Direct transfers (grants, commits, download redirects); `Direct.off` unless configured.
+DirectTransfers = Annotated[Direct, Depends(_direct)]
 #: Topic authorization for this request, returning the authenticated principal.
 Access = Annotated[TopicAccess, Depends(_access)]
 
-__all__ = ["Access", "AppSettings", "BrokerLink", "Service", "TopicAccess", "Uploads"]
+__all__ = [
+    "Access",
+    "AppSettings",
+    "BrokerLink",
+    "DirectTransfers",
+    "Service",
+    "TopicAccess",
+    "Uploads",
+]

@@ -14,15 +14,9 @@ so replicas behind one load balancer need the same `OFFLOAD_AUTH_SECRET`.
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
 import logging
-import re
-import secrets
 import time
 from typing import Annotated, Any
-from urllib.parse import urlencode
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
@@ -32,68 +26,13 @@ from client.protocol import MessageId, Topic
 from ._context import Authorizer, Ctx
 from ._errors import COMMON_RESPONSES, Forbidden
 from ._ingest import message_url
+from ._signing import UrlSigner
+
+__all__ = ["SignedUrls", "UrlSigner", "payload_path_suffix", "router"]
 
 log = logging.getLogger("gateway")
 
 router = APIRouter()
-
-
-_PURPOSE = b"mqtt-offload presigned download v1"
-# At most 12 digits: any expiry until the year 33658, and int() never sees a huge string.
-_EXPIRES = re.compile(r"[0-9]{1,12}")
-_SIG = re.compile(r"[A-Za-z0-9_-]{43}")  # unpadded URL-safe base64 of 32 HMAC bytes
-
-
-class UrlSigner:
-    """Signs and checks `(path, expires)` pairs. Pure apart from the clock passed in.
-
-    Args:
-        secret: the gateway's shared secret; a purpose-bound key is derived from it, so the
-            same secret can serve SCRAM without the two uses ever sharing a key.
-    """
-
-    def __init__(self, secret: bytes) -> None:
-        self._key = hmac.new(secret, _PURPOSE, hashlib.sha256).digest()
-
-    def __repr__(self) -> str:  # never show the key
-        return "UrlSigner(<secret>)"
-
-    @classmethod
-    def from_settings(cls, secret: str | None) -> UrlSigner:
-        """From `OFFLOAD_AUTH_SECRET`, else a random per-process key (logged as a warning)."""
-        if secret:
-            return cls(secret.encode("utf-8"))
-        log.warning(
-            "OFFLOAD_AUTH_SECRET is not set: presigned URLs work on this replica only "
-            "and stop working when it restarts"
-        )
-        return cls(secrets.token_bytes(32))
-
-    def signature(self, path: str, expires: int) -> str:
-        mac = hmac.new(self._key, f"GET\n{path}\n{expires}".encode(), hashlib.sha256)
-        return base64.urlsafe_b64encode(mac.digest()).rstrip(b"=").decode("ascii")
-
-    def sign(self, path: str, expires: int) -> str:
-        """The query string (`expires=...&sig=...`) that grants GET on `path` until `expires`."""
-        return urlencode({"expires": expires, "sig": self.signature(path, expires)})
-
-    def problem(self, path: str, expires: str, sig: str, *, now: float) -> str | None:
-        """Why `sig` does not grant `path` at time `now`, or None when it does.
-
-        Both values come from the URL, so both are checked for shape first: ASCII digits
-        only (`int()` and `str.isdigit()` also take digits such as `²`), and a
-        signature of exactly the length and alphabet `signature` produces. The comparison
-        is constant-time.
-        """
-        if _EXPIRES.fullmatch(expires) is None:
-            return "presigned URL: `expires` must be a Unix time in ASCII digits"
-        if _SIG.fullmatch(sig) is None:
-            return "presigned URL: `sig` is malformed (truncated or altered?)"
-        if int(expires) <= now:
-            return "presigned URL expired"
-        if not hmac.compare_digest(self.signature(path, int(expires)), sig):
-            return "presigned URL invalid or altered"
-        return None
 
 
 class SignedUrls:

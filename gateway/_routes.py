@@ -12,12 +12,12 @@ from typing import Annotated, Any
 from urllib.parse import quote
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
 
 from client.protocol import Manifest, MessageId, encode_download
 
 from ._context import Context, Ctx
-from ._deps import Access, Service
+from ._deps import Access, DirectTransfers, Service
 from ._errors import COMMON_RESPONSES, BadRequest, PayloadTooLarge
 from ._ingest import build_manifest, commit_or_discard, message_url, receive_envelope
 from ._media import PAYLOAD_SECURITY_HEADERS, is_inline, served_type
@@ -160,10 +160,18 @@ async def download_envelope(
     )
 
 
-@router.get("/msg/{message_id}/payload", responses=_ERRORS, tags=["offload"])
+@router.get(
+    "/msg/{message_id}/payload",
+    responses={**_ERRORS, 307: {"description": "direct transfers: a presigned store URL"}},
+    tags=["offload"],
+)
 @router.head("/msg/{message_id}/payload", responses=_ERRORS, tags=["offload"])
 async def download_payload(
-    message_id: str, request: Request, service: Service, access: Access
+    message_id: str,
+    request: Request,
+    service: Service,
+    access: Access,
+    direct: DirectTransfers,
 ) -> Response:
     """The raw payload bytes, with Range (206), ETag (SHA-256) and If-None-Match (304)."""
     manifest = await service.load(MessageId.parse(message_id))
@@ -172,6 +180,10 @@ async def download_payload(
     headers = _payload_headers(manifest, media_type)
     if _etag_matches(request, manifest):
         return Response(status_code=304, headers=headers)
+    if request.method == "GET":  # direct transfers: the store sends the bytes (HEAD stays here)
+        url = direct.redirect_url(manifest, delete_after_fetch=service.delete_after_fetch)
+        if url is not None:
+            return RedirectResponse(url, status_code=307, headers={"Cache-Control": "no-store"})
     byte_range = parse_range(request.headers.get("range"), manifest.size)
     status = 200
     start, length = 0, manifest.size

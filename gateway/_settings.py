@@ -49,6 +49,41 @@ class Settings(BaseSettings):
         7 * 24 * 3600, gt=0, description="longest validity of a presigned download URL, seconds"
     )
     tokens_file: Path | None = None
+    # Direct transfers (README "Direct transfers"): bytes go between clients and the store.
+    s3_public_url: str | None = Field(
+        None,
+        description="the store's URL as clients reach it (scheme://host[:port]); when set, "
+        "upload grants and redirects hand clients presigned store URLs",
+    )
+    redirect_downloads: bool | None = Field(
+        None,
+        description="GET /msg/{id}/payload answers 307 to a presigned store URL "
+        "(default: on when s3_public_url is set)",
+    )
+    direct_grant_ttl: int = Field(
+        3600, ge=1, le=7 * 24 * 3600, description="seconds an upload grant stays valid"
+    )
+    redirect_ttl: int = Field(
+        300, ge=1, le=7 * 24 * 3600, description="seconds a redirect's store URL stays valid"
+    )
+    direct_verify_sha256: bool = Field(
+        False,
+        description="read a multipart direct upload back at commit and check its whole SHA-256 "
+        "(a store read per upload through the gateway; parts are store-verified anyway)",
+    )
+
+    @field_validator("s3_public_url")
+    @classmethod
+    def _check_public_store(cls, value: str | None) -> str | None:
+        if not value:
+            return None
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("s3_public_url must be http(s)://host[:port]")
+        if parts.path.strip("/") or parts.query or parts.fragment or parts.username:
+            raise ValueError("s3_public_url must be an origin: no path, query or user")
+        return f"{parts.scheme}://{parts.netloc}"
+
     allow_anonymous: bool = Field(
         False,
         description="serve requests without credentials as anonymous (ACL's anonymous rules); "

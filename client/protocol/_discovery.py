@@ -7,7 +7,13 @@ is accepted too::
     {"LargeMessageUploadEndpoint": "https://offload.example.com",
      "OffloadProtocolVersion": 1,
      "MaxUploadBytes": 5368709120,
-     "AuthMechanisms": ["SCRAM-SHA-512", "SCRAM-SHA-256"]}
+     "AuthMechanisms": ["SCRAM-SHA-512", "SCRAM-SHA-256"],
+     "DirectStore": "https://s3.example.com"}
+
+`DirectStore` (the object store's origin as clients reach it) says the gateway offers direct
+transfers (upload grants, download redirects to that origin). Readers ignore keys they do
+not know, so old clients read new records and new clients read old ones; a `DirectStore`
+that is not an http(s) origin is dropped (the record stays usable, without direct transfers).
 
 Anyone who can write the discovery topic can put anything there, and every client reads it
 on paho's network thread: :meth:`DiscoveryRecord.from_json` bounds size and depth before it
@@ -39,12 +45,19 @@ class DiscoveryRecord:
     protocol_version: int = DISCOVERY_PROTOCOL_VERSION
     max_upload_bytes: int | None = None
     auth_mechanisms: tuple[str, ...] = ()
+    direct_store: str | None = None
 
     def __post_init__(self) -> None:
         try:
             http_origin(self.endpoint)
         except ValueError as exc:
             raise MalformedDiscoveryRecord(f"endpoint: {exc}") from exc
+        if self.direct_store is not None:
+            try:
+                origin = http_origin(self.direct_store)
+            except ValueError as exc:
+                raise MalformedDiscoveryRecord(f"direct store: {exc}") from exc
+            object.__setattr__(self, "direct_store", str(origin))
         if self.endpoint.endswith("/"):
             object.__setattr__(self, "endpoint", self.endpoint.rstrip("/"))
 
@@ -65,6 +78,8 @@ class DiscoveryRecord:
             doc["MaxUploadBytes"] = self.max_upload_bytes
         if self.auth_mechanisms:
             doc["AuthMechanisms"] = list(self.auth_mechanisms)
+        if self.direct_store is not None:
+            doc["DirectStore"] = self.direct_store
         # Sorted keys: replicas advertising the same settings publish identical bytes.
         return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode("utf-8")
 
@@ -94,4 +109,15 @@ class DiscoveryRecord:
             raise MalformedDiscoveryRecord("AuthMechanisms must be a list of strings")
         if isinstance(max_bytes, bool):
             raise MalformedDiscoveryRecord("MaxUploadBytes must be a positive integer")
-        return cls(endpoint, version, max_bytes, tuple(mechs))
+        return cls(endpoint, version, max_bytes, tuple(mechs), _direct_store(doc))
+
+
+def _direct_store(doc: dict[str, Any]) -> str | None:
+    """The record's `DirectStore` origin; None when absent or not an http(s) origin."""
+    value = doc.get("DirectStore")
+    if not isinstance(value, str):
+        return None
+    try:
+        return str(http_origin(value))
+    except ValueError:
+        return None

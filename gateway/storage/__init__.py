@@ -5,11 +5,20 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from ._base import ObjectInfo, ObjectStore, StoreError
+from ._base import DirectStore, ObjectInfo, ObjectStore, StoreError, SupportsDirect
 from ._file import FileStore
 from ._s3 import S3Store
 
-__all__ = ["FileStore", "ObjectInfo", "ObjectStore", "S3Store", "StoreError", "open_store"]
+__all__ = [
+    "DirectStore",
+    "FileStore",
+    "ObjectInfo",
+    "ObjectStore",
+    "S3Store",
+    "StoreError",
+    "SupportsDirect",
+    "open_store",
+]
 
 
 def open_store(

@@ -13,9 +13,9 @@ has to be conditional.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import BinaryIO, Protocol
+from typing import BinaryIO, Protocol, runtime_checkable
 
 
 class StoreError(Exception):
@@ -75,3 +75,48 @@ class ObjectStore(Protocol):
         Server-side where the store can; the sources are left in place. Resumable uploads
         assemble their staged segments with it.
         """
+
+
+class DirectStore(Protocol):
+    """Presigned store URLs and the multipart calls around them (direct transfers).
+
+    Implemented by `S3Direct` (gateway/storage/_s3_direct.py); see gateway/_direct.py.
+    """
+
+    public_url: str
+
+    def presign_put(
+        self,
+        key: str,
+        *,
+        sha256_b64: str,
+        seconds: int,
+        upload_id: str | None = None,
+        part_number: int | None = None,
+    ) -> str:
+        """A PUT URL that only accepts bytes hashing to `sha256_b64` (no network call)."""
+
+    def presign_get(
+        self, key: str, *, seconds: int, response_headers: Mapping[str, str] | None = None
+    ) -> str:
+        """A GET URL for the object (no network call)."""
+
+    def start_multipart(self, key: str, content_type: str) -> str:
+        """Start a multipart upload; its id."""
+
+    def complete_multipart(self, key: str, upload_id: str, etags: Sequence[str]) -> str | None:
+        """Join the parts; None when done, else why the store refused them."""
+
+    def abort_multipart(self, key: str, upload_id: str) -> None:
+        """Drop an unfinished multipart upload."""
+
+    def size(self, key: str) -> int | None:
+        """The object's size, None when absent."""
+
+
+@runtime_checkable
+class SupportsDirect(Protocol):
+    """A store that can hand clients presigned URLs (S3); the file store cannot."""
+
+    def direct(self, public_url: str) -> DirectStore:
+        """The presigner for clients that reach the store at `public_url`."""

@@ -20,6 +20,7 @@ from minio.helpers import MAX_MULTIPART_COUNT, MAX_PART_SIZE, MIN_PART_SIZE
 from ._base import ObjectInfo, StoreError
 from ._chain import concat_by_streaming
 from ._multipart import part_size_for, put_parallel
+from ._s3_direct import S3Direct
 
 log = logging.getLogger("gateway.storage")
 
@@ -276,3 +277,22 @@ class S3Store:
             return
         # Parts below S3's 5 MiB minimum cannot be copied server-side: stream them through.
         concat_by_streaming(self, key, sources, content_type)
+
+    # -- direct transfers (gateway/_direct.py): added, the methods above are untouched -----
+
+    def direct(self, public_url: str) -> S3Direct:
+        """Presigned URLs for clients that reach this store at `public_url`.
+
+        Signed with this store's own credentials and region (read back from the SDK client,
+        so nothing is kept twice).
+        """
+        provider = self._client._provider
+        creds = provider.retrieve() if provider is not None else None
+        return S3Direct(
+            self._client,
+            self.bucket,
+            public_url=public_url,
+            access_key=creds.access_key if creds else None,
+            secret_key=creds.secret_key if creds else None,
+            region=self._client._base_url.region,
+        )
