@@ -26,8 +26,9 @@ from typing import Any
 
 import httpx
 
+from ._answers import _detail
 from ._exceptions import UploadError
-from ._http import UploadReceipt, _detail
+from ._http import UploadReceipt
 from ._scram import ScramFailure
 from ._source import PIECE, PayloadSource
 from ._upload_forms import topic_path

@@ -13,14 +13,13 @@ A fetch trusts nothing the endpoint says beyond the placeholder's declared size:
 Content-Length that differs is refused before the body is read, a body that runs past the
 size is cut off (the connection is closed, not drained), content codings are refused (a
 10-byte gzip body may inflate to gigabytes), and error bodies are read only up to
-:data:`MAX_ERROR_BODY` bytes.
+:data:`client._answers.MAX_ERROR_BODY` bytes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import logging
 import os
 import ssl
@@ -32,10 +31,9 @@ from typing import BinaryIO
 
 import httpx
 
+from ._answers import TransientFetchError, _check_status, _detail, _verified
 from ._exceptions import (
     FetchError,
-    PayloadChecksumMismatch,
-    PayloadNotFound,
     UploadError,
 )
 from ._fetching import (
@@ -71,21 +69,6 @@ from .protocol import MessageId, Origin
 
 log = logging.getLogger("client")
 
-#: Most bytes of an error response read to find its `detail`.
-MAX_ERROR_BODY = 65536
-
-
-class TransientFetchError(FetchError):
-    """A fetch failure that may pass: no connection, a reset, a timeout, a 5xx or a 429.
-
-    The receiver retries these for `fetch_retry_for` seconds (a gateway or store restart)
-    before reporting them; every other FetchError is final at once.
-    """
-
-
-#: Statuses a restarting gateway or store answers for a moment.
-TRANSIENT_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
-
 
 @dataclass(frozen=True, slots=True)
 class UploadReceipt:
@@ -95,76 +78,6 @@ class UploadReceipt:
     url: str
     size: int
     sha256: str
-
-
-_AUTH_HINTS = {
-    401: "the gateway refused the credentials (or none were sent)",
-    403: "authenticated, but the broker's ACL does not allow this topic",
-}
-
-
-def _bounded_body(response: httpx.Response) -> bytes:
-    """At most MAX_ERROR_BODY bytes of a response body, read or streamed."""
-    try:
-        return response.content[:MAX_ERROR_BODY]
-    except httpx.ResponseNotRead:
-        pass
-    body = b""
-    for piece in response.iter_raw():
-        body += piece
-        if len(body) >= MAX_ERROR_BODY:
-            break
-    return body[:MAX_ERROR_BODY]
-
-
-def _detail(response: httpx.Response) -> str:
-    status = response.status_code
-    text = f"HTTP {status}"
-    try:
-        raw = _bounded_body(response)
-        doc = json.loads(raw) if raw[:1] == b"{" else None
-    except (ValueError, RecursionError, httpx.HTTPError, httpx.StreamError):
-        doc = None
-    if isinstance(doc, dict) and "detail" in doc:
-        text = f"{text}: {str(doc['detail'])[:500]}"
-    if status in _AUTH_HINTS:
-        text = f"{text} ({_AUTH_HINTS[status]})"
-    return text
-
-
-def _check_status(url: str, response: httpx.Response) -> None:
-    """Refuse every answer but 200, with the endpoint's reason (bounded)."""
-    if response.status_code in (404, 410):
-        raise PayloadNotFound(url, _detail(response), response.status_code)
-    if response.status_code in TRANSIENT_STATUSES:
-        raise TransientFetchError(url, _detail(response), response.status_code)
-    if response.status_code != 200:
-        raise FetchError(url, _detail(response), response.status_code)
-    coding = response.headers.get("Content-Encoding", "identity").strip().lower()
-    if coding not in ("", "identity"):
-        raise FetchError(url, f"refused Content-Encoding {coding[:50]!r}")
-
-
-def _verified(
-    url: str,
-    payload: Payload,
-    actual: str,
-    expected_size: int | None,
-    expected_sha256: str | None,
-) -> Payload:
-    """The payload when its size and SHA-256 are the declared ones; else discarded, raised."""
-    if expected_size is not None and payload.size < expected_size:
-        payload.discard()  # the connection ended early (a restart): worth another try
-        raise TransientFetchError(
-            url, f"size mismatch: expected {expected_size}, got {payload.size}"
-        )
-    if expected_size is not None and payload.size != expected_size:
-        payload.discard()
-        raise FetchError(url, f"size mismatch: expected {expected_size}, got {payload.size}")
-    if expected_sha256 is not None and actual != expected_sha256:
-        payload.discard()
-        raise PayloadChecksumMismatch(url, expected_sha256, actual)
-    return payload
 
 
 class HttpTransport:

@@ -28,6 +28,7 @@ from collections.abc import Callable
 
 import httpx
 
+from ._answers import TransientFetchError
 from ._chunkstore import SpoolingChunkStore
 from ._config import ClientSettings
 from ._exceptions import (
@@ -37,7 +38,7 @@ from ._exceptions import (
     ReceiveError,
     UntrustedEndpoint,
 )
-from ._http import HttpTransport, TransientFetchError
+from ._http import HttpTransport
 from ._inbound import InboundQueue
 from ._message import Message, MessageError, Payload, Route
 from ._ordering import FetchPool, Sequencer, Slot
@@ -301,7 +302,7 @@ class Receiver:
     def _resolve(self, incoming: Incoming, ref: _placeholder.Placeholder) -> Delivery:
         """Fetch a placeholder's payload, retrying transient failures; errors become MessageError.
 
-        A transient failure (see :class:`client._http.TransientFetchError`) is retried with
+        A transient failure (see :class:`client._answers.TransientFetchError`) is retried with
         exponential backoff (0.25 s doubling to 5 s) until `fetch_retry_for` seconds have
         passed since the first attempt, or the client closes.
         """
