@@ -1,7 +1,9 @@
 """What every request handler gets: settings, the service, the broker link, auth checks.
 
-One frozen value, built once in the lifespan by `gateway._app.build_context` and handed out
-through one dependency per resource (`Ctx`, defined here once; `presign`'s `Signer`). It has
+One frozen value, built once in the lifespan by `gateway._app.build_context`. Routes take
+one dependency per resource they use (`gateway._deps`: `Service`, `Access`, `AppSettings`,
+`Uploads`, `BrokerLink`, `DirectTransfers`); `Ctx`, defined here once, hands out the whole
+value to the few that pass it on (the ingest pipeline). It has
 no Optional services: a gateway without a broker holds `NoBroker`, which says why nothing can
 be published, and the authorizer is always there (it refuses or admits by configuration).
 """
