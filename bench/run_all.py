@@ -10,6 +10,7 @@ baselines taken in the same run, but 2 cores are easily disturbed.
     python bench/run_all.py --quick            # fewer runs, smaller memory test
     python bench/run_all.py --only 1 6         # benchmarks by number (or name: startup)
     python bench/run_all.py --spark            # also bench/spark_read.py (needs pyspark)
+    python bench/run_all.py --only clients     # MinIO SDK vs obstore (obstore in /tmp/obstore_pkg)
     python bench/run_all.py --markdown         # the table as Markdown (for RESULTS.md)
 """
 
@@ -46,6 +47,7 @@ def _cmd(name: str, quick: bool) -> list[str]:
         "8": ["hol.py", "--runs", "1" if quick else "3"],
         "startup": ["startup.py", "--runs", "10" if quick else "20"],
         "spark": ["spark_read.py", "--store", "both", "--objects", "16" if quick else "64"],
+        "clients": ["store_clients.py", "--runs", "3" if quick else "6"],
     }[name]
     return [sys.executable, str(HERE / args[0]), *args[1:]]
 
@@ -151,7 +153,7 @@ def main() -> None:
     parser.add_argument(
         "--only",
         nargs="+",
-        choices=["1", "2", "3", "4", "5", "6", "7", "8", "startup", "spark"],
+        choices=["1", "2", "3", "4", "5", "6", "7", "8", "startup", "spark", "clients"],
     )
     parser.add_argument("--spark", action="store_true")
     parser.add_argument("--markdown", action="store_true")

@@ -328,6 +328,7 @@ class Workers:
     async def _beat(self, interval: float = 0.5, cleanup_every: float = 30.0) -> None:
         loop = asyncio.get_running_loop()
         busy = False
+        idle = 0  # beats in a row without a transfer
         cleaned = loop.time()
         while True:
             before = loop.time()
@@ -335,11 +336,15 @@ class Workers:
             now = loop.time()
             self.loop_lag = max(0.0, now - before - interval)
             active = self.transfers.active
-            if (busy and not active) or (active and now - cleaned > cleanup_every):
+            idle = 0 if active else idle + 1
+            # Idle for two beats, not one: many short uploads pass through zero transfers
+            # between beats, and a full collection each time cost ~1 CPU-ms per 64 KiB
+            # upload (bench/RESULTS.md, "Commit").
+            if (busy and idle == 2) or (active and now - cleaned > cleanup_every):
                 cleaned = now
                 with contextlib.suppress(Saturated, RuntimeError):
                     self.store.submit(_give_back_memory)
-            busy = active > 0
+            busy = (busy and idle < 2) or active > 0
 
     def health(self, *, bound: float, transfer_bound: float) -> Health:
         """Whether every pool makes progress; never waits.
