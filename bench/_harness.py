@@ -190,3 +190,49 @@ def reset_hwm(pid: int) -> bool:
     except OSError:
         return False
     return True
+
+
+class CpuMeter:
+    """CPU seconds (user + system) spent by named processes and their live children.
+
+    On 2 shared cores wall time moves with everyone else's load; CPU seconds per GiB or
+    per request are what a change of ours actually moved. Children are summed while they
+    run (uvicorn workers), threads always are.
+
+    Args:
+        pids: name -> process id, counted with its children; `None` means this process
+            alone (the benchmark's own client: the servers are its children).
+    """
+
+    def __init__(self, **pids: int | None) -> None:
+        import psutil
+
+        self._procs = {name: psutil.Process(pid) for name, pid in pids.items()}
+        self._alone = {name for name, pid in pids.items() if pid is None}
+
+    def read(self) -> dict[str, float]:
+        """CPU seconds so far per name."""
+        import psutil
+
+        out: dict[str, float] = {}
+        for name, proc in self._procs.items():
+            total = 0.0
+            children = [] if name in self._alone else proc.children(recursive=True)
+            for p in [proc, *children]:
+                try:
+                    t = p.cpu_times()
+                except psutil.NoSuchProcess:
+                    continue
+                total += t.user + t.system
+            out[name] = total
+        return out
+
+    @staticmethod
+    def spent(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+        return {name: after[name] - before[name] for name in after}
+
+
+def cpu_text(spent: dict[str, float], per: float, unit: str) -> str:
+    """`gateway 1.23, store 4.56, client 0.12 CPU-s per GiB` (seconds / `per` units)."""
+    parts = ", ".join(f"{name} {seconds / per:.2f}" for name, seconds in spent.items())
+    return f"{parts} CPU-s per {unit}"

@@ -5,11 +5,14 @@ alternate (direct, gateway, direct, gateway, ...) so background load hits both a
 
 * upload: `POST /topic/<t>+oversized` with the hop BSON document built by
   `client.protocol.encode_upload` (one pooled httpx.Client) versus `Minio.put_object`;
-* download: `GET /msg/<id>/payload` read whole versus `Minio.get_object(...).read()`, with
-  httpx (what client.HttpTransport uses) and with urllib3 (what the SDK uses: the
-  gateway's own cost, without httpx's slower reads on the client).
+* download: the raw `GET /msg/<id>/payload` read whole versus
+  `Minio.get_object(...).read()`, with httpx (`response.content`), with urllib3 (what the
+  SDK uses: the gateway's own cost, without httpx's reads on the client) and (info) with
+  `client.HttpTransport.fetch`, the library's own verified read (SHA-256 included).
 
-Ratios are gateway throughput over direct throughput (medians); target >= 0.9 both ways.
+Ratios are gateway throughput over direct throughput (medians); target >= 0.85 both ways
+(issue 15). CPU seconds per GiB of the gateway, SeaweedFS and this client are printed per
+operation: on a shared 2-core machine they move less than wall time.
 
     python bench/gateway_vs_s3.py              # 8 runs of 32 MiB each way
     python bench/gateway_vs_s3.py --runs 4 --workers 2
@@ -23,12 +26,28 @@ import os
 import statistics
 import time
 import uuid
+from collections.abc import Callable
+from typing import TypeVar
 
 import httpx
-from _harness import MiB, SeaweedFS, emit, gateway_process, make_bucket, minio_client, row
+from _harness import (
+    CpuMeter,
+    MiB,
+    SeaweedFS,
+    cpu_text,
+    emit,
+    gateway_process,
+    make_bucket,
+    minio_client,
+    row,
+)
 from urllib3 import PoolManager
 
+from client._http import HttpTransport
 from client.protocol import MessageId, encode_upload
+
+TARGET = 0.85
+T = TypeVar("T")
 
 
 def gateway_upload(http: httpx.Client, url: str, payload: bytes) -> tuple[float, str]:
@@ -61,6 +80,19 @@ def gateway_download_urllib3(pool: PoolManager, url: str, message_id: str, size:
     r = pool.request("GET", f"{url}/msg/{message_id}/payload")
     elapsed = time.perf_counter() - t0
     assert r.status == 200 and len(r.data) == size, r.status
+    return elapsed
+
+
+def transport_download(transport: HttpTransport, url: str, message_id: str, size: int) -> float:
+    """The client library's read: verified SHA-256, size-capped (the hash is in the time)."""
+    t0 = time.perf_counter()
+    payload = transport.fetch(
+        f"{url}/msg/{message_id}/payload", expected_sha256=None, expected_size=size,
+        spool_threshold=size,
+    )  # fmt: skip
+    elapsed = time.perf_counter() - t0
+    assert payload.size == size
+    payload.discard()
     return elapsed
 
 
@@ -107,41 +139,57 @@ def main() -> None:
             direct_download(s3, bucket, direct_upload(s3, bucket, payload)[1], args.size)
             gid = gateway_upload(http, gw.url, payload)[1]
             gateway_download(http, gw.url, gid, args.size)
-            up = {"direct": [], "gateway": []}  # type: dict[str, list[float]]
-            down = {"direct": [], "gateway": []}  # type: dict[str, list[float]]
-            raw: list[float] = []
+            meter = CpuMeter(gateway=gw.pid, store=seaweed.proc.pid, client=None)
+            times: dict[str, list[float]] = {}
+            cpu: dict[str, dict[str, float]] = {}
+
+            def timed(kind: str, fn: Callable[..., T], *call: object) -> T:
+                before = meter.read()
+                result = fn(*call)
+                spent = meter.spent(before, meter.read())
+                elapsed = result[0] if isinstance(result, tuple) else result
+                times.setdefault(kind, []).append(float(elapsed))  # type: ignore[arg-type]
+                total = cpu.setdefault(kind, dict.fromkeys(spent, 0.0))
+                for name, seconds in spent.items():
+                    total[name] += seconds
+                return result
+
             pool = PoolManager()
+            transport = HttpTransport(timeout=120)
             for _ in range(args.runs):
-                t, key = direct_upload(s3, bucket, payload)
-                up["direct"].append(t)
-                t, gid = gateway_upload(http, gw.url, payload)
-                up["gateway"].append(t)
-                down["direct"].append(direct_download(s3, bucket, key, args.size))
-                down["gateway"].append(gateway_download(http, gw.url, gid, args.size))
-                raw.append(gateway_download_urllib3(pool, gw.url, gid, args.size))
+                _, key = timed("direct upload", direct_upload, s3, bucket, payload)
+                _, gid = timed("gateway upload", gateway_upload, http, gw.url, payload)
+                timed("direct download", direct_download, s3, bucket, key, args.size)
+                timed("gateway download", gateway_download, http, gw.url, gid, args.size)
+                timed("urllib3 download", gateway_download_urllib3, pool, gw.url, gid, args.size)
+                timed("fetch download", transport_download, transport, gw.url, gid, args.size)
+            transport.close()
     finally:
         seaweed.close()
+    gib = args.runs * args.size / (1 << 30)
+    for kind, spent in cpu.items():
+        print(f"  {kind}: {cpu_text(spent, gib, 'GiB')}")
     rows = []
-    down_raw = {"direct": down["direct"], "gateway": raw}
-    for name, times in (("upload", up), ("download", down), ("download, urllib3", down_raw)):
-        d = mib / statistics.median(times["direct"])
-        g = mib / statistics.median(times["gateway"])
+    cases = (
+        ("upload, hop BSON", "direct upload", "gateway upload", True),
+        ("download, httpx", "direct download", "gateway download", True),
+        ("download, urllib3", "direct download", "urllib3 download", True),
+        ("download, HttpTransport.fetch", "direct download", "fetch download", False),
+    )
+    for name, base, cand, targeted in cases:
+        d = mib / statistics.median(times[base])
+        g = mib / statistics.median(times[cand])
         print(
             f"{name} {mib:.0f} MiB x {args.runs}: direct S3 {d:.0f} MiB/s, "
-            f"gateway {g:.0f} MiB/s, ratio {g / d:.2f} (target >= 0.9)"
+            f"gateway {g:.0f} MiB/s, ratio {g / d:.2f}"
+            + (f" (target >= {TARGET})" if targeted else " (info)")
         )
-        rows.append(
-            row(
-                "1 gateway vs S3",
-                f"{mib:.0f} MiB {name}",
-                d,
-                g,
-                "MiB/s",
-                ">= 0.9",
-                higher_is_better=True,
-                limit=0.9,
-            )
-        )
+        result = row("1 gateway vs S3", f"{mib:.0f} MiB {name}", d, g, "MiB/s",
+                     f">= {TARGET}" if targeted else "info", higher_is_better=True,
+                     limit=TARGET)  # fmt: skip
+        if not targeted:
+            result["met"] = None
+        rows.append(result)
     emit(rows)
 
 

@@ -12,6 +12,7 @@ baselines taken in the same run, but 2 cores are easily disturbed.
     python bench/run_all.py --spark            # also bench/spark_read.py (needs pyspark)
     python bench/run_all.py --only huge        # opt-in: 10 GiB through the CLI (bench/huge.py,
                                                # ~20 GiB of free disk, several minutes)
+    python bench/run_all.py --only clients     # MinIO SDK vs obstore (obstore in /tmp/obstore_pkg)
     python bench/run_all.py --markdown         # the table as Markdown (for RESULTS.md)
 """
 
@@ -50,6 +51,7 @@ def _cmd(name: str, quick: bool) -> list[str]:
         "startup": ["startup.py", "--runs", "10" if quick else "20"],
         "spark": ["spark_read.py", "--store", "both", "--objects", "16" if quick else "64"],
         "huge": ["huge.py", "--size-gib", "1" if quick else "10"],
+        "clients": ["store_clients.py", "--runs", "3" if quick else "6"],
     }[name]
     return [sys.executable, str(HERE / args[0]), *args[1:]]
 
@@ -155,7 +157,21 @@ def main() -> None:
     parser.add_argument(
         "--only",
         nargs="+",
-        choices=["1", "2", "3", "4", "5", "6", "7", "8", "direct", "startup", "spark", "huge"],
+        choices=[
+            "1",
+            "2",
+            "3",
+            "4",
+            "5",
+            "6",
+            "7",
+            "8",
+            "direct",
+            "startup",
+            "spark",
+            "huge",
+            "clients",
+        ],
     )
     parser.add_argument("--spark", action="store_true")
     parser.add_argument("--markdown", action="store_true")

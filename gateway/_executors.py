@@ -184,6 +184,7 @@ class Transfers:
         self._lock = threading.Lock()
         self._active: set[Slot] = set()
         self.refused = 0
+        self.admitted = 0  # transfers ever admitted (the clean-up's "anything ran?")
 
     def admit(self) -> Slot:
         """A slot for one transfer, or `Saturated` (503, Retry-After) when all are taken."""
@@ -193,6 +194,7 @@ class Transfers:
                 raise Saturated(f"too many transfers in progress (limit {self.limit}), retry later")
             slot = Slot(self)
             self._active.add(slot)
+            self.admitted += 1
             return slot
 
     def _release(self, slot: Slot) -> None:
@@ -235,7 +237,7 @@ def _give_back_memory() -> None:
     in cycles through the task group's error handling (4 MiB each, measured: 20 dropped
     downloads kept 80 MiB until a collection), and glibc keeps freed heap in per-thread
     arenas (50 aborted uploads left 400 MiB resident that a trim gave back). Run when
-    transfers go idle and every 30 s while they are not.
+    transfers have run, at most every 30 s: once they go idle, or while they are not.
     """
     gc.collect()
     if _malloc_trim is not None:
@@ -327,7 +329,8 @@ class Workers:
 
     async def _beat(self, interval: float = 0.5, cleanup_every: float = 30.0) -> None:
         loop = asyncio.get_running_loop()
-        busy = False
+        seen = self.transfers.admitted  # transfers admitted by the last clean-up
+        idle = 0  # beats in a row without a transfer
         cleaned = loop.time()
         while True:
             before = loop.time()
@@ -335,11 +338,16 @@ class Workers:
             now = loop.time()
             self.loop_lag = max(0.0, now - before - interval)
             active = self.transfers.active
-            if (busy and not active) or (active and now - cleaned > cleanup_every):
-                cleaned = now
+            dirty = self.transfers.admitted != seen
+            idle = 0 if active else idle + 1
+            # At most every `cleanup_every`, once idle for a second or while busy: a full
+            # collection of the gateway's heap costs 35-50 CPU-ms, and doing one each time
+            # transfers paused (every transfer of a sequential client) was 16 % of the
+            # gateway's CPU in bench/gateway_vs_s3.py (bench/RESULTS.md, issue 15).
+            if dirty and now - cleaned > cleanup_every and (idle >= 2 or active):
+                cleaned, seen = now, self.transfers.admitted
                 with contextlib.suppress(Saturated, RuntimeError):
                     self.store.submit(_give_back_memory)
-            busy = active > 0
 
     def health(self, *, bound: float, transfer_bound: float) -> Health:
         """Whether every pool makes progress; never waits.
