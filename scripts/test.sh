@@ -10,4 +10,5 @@ mypy
 echo "==> lint-imports (the layers: README, Development)"
 lint-imports --no-cache --no-logo
 echo "==> pytest"
-exec python -m pytest -q "$@"
+# The slowest tests are listed: the whole suite must stay under 15 minutes on 2 cores.
+exec python -m pytest -q --durations=15 "$@"
