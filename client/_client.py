@@ -2,8 +2,9 @@
 
 Threads and who may block:
 
-* paho's network thread (:mod:`client._paho`) only converts and enqueues; discovery records
-  are applied there because that is cheap and must not wait behind a slow fetch;
+* paho's network thread (:mod:`client._paho`) only converts and enqueues, never waits
+  (:mod:`client._inbound`); discovery records are applied there because that is cheap and
+  must not wait behind a slow fetch;
 * one worker thread turns received messages into deliveries: chunks reassembled, chunk
   timeouts swept, the discovery subscription refreshed; placeholders are handed to a pool of
   `fetch_concurrency` fetch threads, and deliveries leave in order per topic
@@ -31,7 +32,6 @@ the discovery watcher (:mod:`client._discovery`). The credential-origin rule is
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import queue
@@ -46,7 +46,6 @@ import httpx
 from ._config import ClientSettings, SettingsOverrides, load_settings, merge_settings
 from ._discovery import DiscoveryView
 from ._http import HttpTransport
-from ._inbound import Closed as InboundClosed
 from ._message import Message, MessageError, PublishResult
 from ._paho import Incoming, MqttConnection
 from ._publish import Publisher, wait_ack
@@ -222,8 +221,6 @@ class Client:
     def close(self) -> None:
         """Disconnect, stop the worker and end :meth:`messages` iterators."""
         self._closed = True
-        # First: paho's thread may be waiting for room in a full inbound queue.
-        self._receiver.inbound.close()
         self._conn.close()
         self._stop_worker()
         self._receiver.chunk_store.close()
@@ -396,6 +393,8 @@ class Client:
             self._discovery.feed(incoming.payload, expiry)  # never raises
             if not any(f.matches(incoming.topic) for f in list(self._filters.values())):
                 return
-        # Waits while the client holds its bound of unread messages; closing drops it.
-        with contextlib.suppress(InboundClosed):
-            self._receiver.inbound.put(incoming, len(incoming.payload))
+        # Never waits (client/_inbound.py): QoS 0 beyond the bound is shed.
+        if not self._receiver.inbound.put(
+            incoming, len(incoming.payload), sheddable=not incoming.qos
+        ):
+            self._receiver.note_shed(incoming.topic)

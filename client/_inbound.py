@@ -1,15 +1,21 @@
-"""The hand-off from paho's network thread to the receive worker, bounded.
+"""The hand-off from paho's network thread to the receive worker, bounded without waiting.
 
 Any publisher on a subscribed topic decides how fast messages arrive; the application decides
 how fast they leave. When the application falls behind, the worker waits for room in the
 delivery queue (:class:`client._ordering.Sequencer`), and without a bound here every PUBLISH
-paho reads would pile up in memory behind it. So this queue holds at most
-`max_pending_deliveries` messages and `max_pending_bytes` payload bytes (one message is
-always admitted), and at the bound paho's thread waits for room: it then reads nothing more
-from the socket, TCP pushes back on the broker, and for QoS 1 and 2 nothing is acknowledged
-that the client does not hold. A broker that stops hearing from a client for 1.5 keep-alive
-periods closes the connection; the persistent session then redelivers what was not
-acknowledged. :meth:`close` wakes a waiting thread, so closing never hangs on a full queue.
+paho reads would pile up in memory behind it. paho's thread must never wait, though: it also
+reads the PUBACKs of the application's own publishes, and an application that publishes from
+its message loop would wait for them for ever. So:
+
+* QoS 0 messages ("at most once") beyond the bound (`max_pending_deliveries` messages or
+  `max_pending_bytes` of payload) are shed, counted in :attr:`InboundQueue.shed` and logged
+  once per spell: a QoS 0 flood cannot grow the client's memory.
+* QoS 1 and 2 messages are never dropped (paho has acknowledged them already): they are
+  admitted beyond the bound, so a QoS 1 flood that the application does not read still grows
+  the client's memory (a known limit, docs/security.md). Holding their acknowledgement until
+  the worker takes them, with an MQTT 5 Receive Maximum, would bound them by protocol; with
+  mosquitto 2 that was measured to release more messages per PUBACK than Receive Maximum
+  allows, so it is left for a later change.
 """
 
 from __future__ import annotations
@@ -22,15 +28,11 @@ from typing import Generic, TypeVar
 T = TypeVar("T")
 
 
-class Closed(Exception):
-    """The queue was closed while a producer waited for room."""
-
-
 class InboundQueue(Generic[T]):
-    """A FIFO bounded by items and by weight (payload bytes); `put` waits for room.
+    """A FIFO bounded by items and by weight (payload bytes) for what may be shed.
 
     Args:
-        max_items: items held at most.
+        max_items: items held at most (an item that may not be shed is admitted anyway).
         max_weight: total weight held at most; an item alone is always admitted.
     """
 
@@ -39,62 +41,55 @@ class InboundQueue(Generic[T]):
         self.max_weight = max_weight
         self._items: collections.deque[tuple[T, int]] = collections.deque()
         self._weight = 0
-        self._closed = False
         self._wakeups = 0
         self._lock = threading.Lock()
-        self._room = threading.Condition(self._lock)
         self._ready = threading.Condition(self._lock)
-        #: how many times a producer had to wait for room (observability and tests).
-        self.waits = 0
+        #: items refused at the bound since the queue was made.
+        self.shed = 0
 
-    def _fits(self, weight: int) -> bool:
+    def full(self, weight: int = 0) -> bool:
+        """Whether an item of `weight` would exceed a bound (an empty queue never is)."""
+        with self._lock:
+            return self._full(weight)
+
+    def _full(self, weight: int) -> bool:
         if not self._items:
-            return True
-        return len(self._items) < self.max_items and self._weight + weight <= self.max_weight
+            return False
+        return len(self._items) >= self.max_items or self._weight + weight > self.max_weight
 
-    def put(self, item: T, weight: int = 0) -> None:
-        """Append `item`, waiting while the queue is full.
+    def put(self, item: T, weight: int = 0, *, sheddable: bool) -> bool:
+        """Append `item` unless the queue is full and it is `sheddable`; never waits.
 
-        Raises:
-            Closed: the queue was closed (before or while waiting); the item is dropped.
+        Returns:
+            False when the item was shed.
         """
         with self._lock:
-            if not self._closed and not self._fits(weight):
-                self.waits += 1
-                while not self._closed and not self._fits(weight):
-                    self._room.wait()
-            if self._closed:
-                raise Closed
+            if sheddable and self._full(weight):
+                self.shed += 1
+                return False
             self._items.append((item, weight))
             self._weight += weight
             self._ready.notify()
+            return True
 
     def get(self, timeout: float) -> T | None:
-        """The oldest item, or None when none arrived within `timeout` seconds."""
+        """The oldest item, or None when none arrived within `timeout` seconds (or on wake)."""
         deadline = time.monotonic() + timeout
         with self._lock:
             wakeups = self._wakeups
             while not self._items:
                 left = deadline - time.monotonic()
-                if left <= 0 or self._closed or self._wakeups != wakeups:
+                if left <= 0 or self._wakeups != wakeups:
                     return None
                 self._ready.wait(left)
             item, weight = self._items.popleft()
             self._weight -= weight
-            self._room.notify_all()
             return item
 
     def wake(self) -> None:
         """Make a waiting :meth:`get` return None now (the consumer is asked to stop)."""
         with self._lock:
             self._wakeups += 1
-            self._ready.notify_all()
-
-    def close(self) -> None:
-        """Refuse further items and wake every waiting producer and consumer."""
-        with self._lock:
-            self._closed = True
-            self._room.notify_all()
             self._ready.notify_all()
 
     def __len__(self) -> int:

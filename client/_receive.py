@@ -52,6 +52,8 @@ from .protocol._size import MAX_PACKET_SIZE
 log = logging.getLogger("client")
 
 Delivery = Message | MessageError
+#: seconds between two warnings about shed QoS 0 messages.
+SHED_WARNING_EVERY = 10.0
 #: on_fetch_progress(topic, bytes received, total or None), from the fetching thread.
 FetchProgress = Callable[[str, int, int | None], None]
 
@@ -140,6 +142,7 @@ class Receiver:
         self.inbound: InboundQueue[Incoming] = InboundQueue(
             s.max_pending_deliveries, s.max_pending_bytes
         )
+        self._last_shed_warning = -SHED_WARNING_EVERY
         self.deliveries: queue.SimpleQueue[Delivery | object] = queue.SimpleQueue()
         self.sequencer = Sequencer(
             self.deliveries,
@@ -213,6 +216,18 @@ class Receiver:
                 last_refresh = now
                 if self._conn.connected:
                     self._conn.resubscribe(self._settings.discovery_topic)
+
+    def note_shed(self, topic: str) -> None:
+        """A QoS 0 message was shed at the bound (paho's thread): say so once per spell."""
+        now = time.monotonic()
+        if now - self._last_shed_warning > SHED_WARNING_EVERY:
+            self._last_shed_warning = now
+            log.warning(
+                "QoS 0 message on %r dropped: the application is not keeping up "
+                "(%d dropped so far; max_pending_deliveries, max_pending_bytes)",
+                topic,
+                self.inbound.shed,
+            )
 
     def _emit(self, topic: str, delivery: Delivery) -> None:
         """Queue a ready delivery behind every earlier message on its topic."""

@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -212,12 +213,10 @@ def test_intake_stops_at_max_pending_deliveries(
             pub.publish(f"{root}/t{i}", b"%d" % i)
         # Four outstanding at most: the head and three others; the rest wait unread.
         assert _payloads(sub, 3) == [b"0", b"1", b"2"]
-        # A's head still held: the worker fills the room again, the hand-off queue fills to
-        # the same bound, and then paho's thread waits: the rest stay unread in the socket.
+        # A's head still held: the worker fills the room again, then takes no more.
         receiver = sub._receiver
         wait_until(lambda: receiver.sequencer.outstanding[0] == 4, "a full intake", 10)
-        wait_until(lambda: receiver.inbound.waits > 0, "paho waiting for room", 10)
-        assert len(receiver.inbound) == 4
+        time.sleep(0.3)
         assert receiver.sequencer.outstanding[0] == 4
         held.gate.set()
         rest = _payloads(sub, 18)
@@ -226,25 +225,56 @@ def test_intake_stops_at_max_pending_deliveries(
     pub.close()
 
 
-def test_a_flood_the_application_never_reads_is_bounded_and_close_does_not_hang(
+def test_a_qos1_flood_beyond_the_bound_loses_nothing(
     mosquitto_factory: Callable[..., Mosquitto], unique_topic: Callable[[str], str]
 ) -> None:
-    """paho's thread waits at the bound; close() must still wake it and return."""
+    """QoS 1 messages are never shed: acknowledged means delivered."""
     broker = mosquitto_factory()
-    topic = unique_topic("flood")
+    topic = unique_topic("flood1")
     pub = RawPublisher(broker.url)
-    sub = Client(broker.url, max_pending_deliveries=2, max_pending_bytes=10_000)
-    sub.connect()
-    sub.subscribe(topic, qos=1)
-    for i in range(200):
-        pub.publish(topic, b"%05d" % i + b"x" * 995, qos=1)
-    receiver = sub._receiver
-    wait_until(lambda: receiver.inbound.waits > 0, "paho waiting for room", 10)
-    assert len(receiver.inbound) <= 2
-    closer = threading.Thread(target=sub.close)
-    closer.start()
-    closer.join(20)
-    assert not closer.is_alive(), "close() hung on a full hand-off queue"
+    with Client(broker.url, max_pending_deliveries=2) as sub:
+        sub.subscribe(topic, qos=1)
+        sent = [b"%05d" % i + b"x" * 995 for i in range(200)]
+        for payload in sent:
+            pub.publish(topic, payload, qos=1)
+        receiver = sub._receiver
+        wait_until(lambda: receiver.sequencer.outstanding[0] == 2, "a full intake", 10)
+        assert _payloads(sub, 200) == sent  # all of them, in order, once read
+        assert receiver.inbound.shed == 0
+    pub.close()
+
+
+def test_a_qos0_flood_beyond_the_bound_is_shed(
+    mosquitto_factory: Callable[..., Mosquitto], unique_topic: Callable[[str], str]
+) -> None:
+    broker = mosquitto_factory()
+    topic = unique_topic("flood0")
+    pub = RawPublisher(broker.url)
+    with Client(broker.url, max_pending_deliveries=2, max_pending_bytes=10_000) as sub:
+        sub.subscribe(topic, qos=0)
+        for i in range(300):
+            pub.publish(topic, b"%05d" % i + b"x" * 995, qos=0)
+        receiver = sub._receiver
+        wait_until(lambda: receiver.inbound.shed > 0, "QoS 0 shed at the bound", 10)
+        assert len(receiver.inbound) <= 2
+    pub.close()
+
+
+def test_publishing_from_the_message_loop_during_a_flood_does_not_hang(
+    mosquitto_factory: Callable[..., Mosquitto], unique_topic: Callable[[str], str]
+) -> None:
+    """paho's thread never waits on the application, so its PUBACKs always get through."""
+    broker = mosquitto_factory()
+    topic = unique_topic("reply")
+    pub = RawPublisher(broker.url)
+    with Client(broker.url, max_pending_deliveries=2) as sub:
+        sub.subscribe(f"{topic}/in", qos=1)
+        for i in range(100):
+            pub.publish(f"{topic}/in", b"%d" % i, qos=1)
+        for _ in range(100):  # request/response: each message answered before the next
+            message = sub.next_message(30)
+            assert isinstance(message, Message)
+            sub.publish(f"{topic}/out", message.payload, qos=1, timeout=30)
     pub.close()
 
 
