@@ -16,6 +16,7 @@ operation: on a shared 2-core machine they move less than wall time.
 
     python bench/gateway_vs_s3.py              # 8 runs of 32 MiB each way
     python bench/gateway_vs_s3.py --runs 4 --workers 2
+    python bench/gateway_vs_s3.py --downloads --runs 12   # the download rows alone
 """
 
 from __future__ import annotations
@@ -122,6 +123,10 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=32 * MiB)
     parser.add_argument("--workers", type=int, default=1, help="gateway uvicorn workers")
     parser.add_argument("--env", action="append", default=[], help="OFFLOAD_X=V for the gateway")
+    parser.add_argument(
+        "--downloads", action="store_true",
+        help="downloads only (one upload each way first): direct, httpx and urllib3 reads",
+    )  # fmt: skip
     args = parser.parse_args()
     extra_env = dict(item.split("=", 1) for item in args.env)
     payload = os.urandom(args.size)
@@ -156,7 +161,16 @@ def main() -> None:
 
             pool = PoolManager()
             transport = HttpTransport(timeout=120)
+            if args.downloads:
+                key = direct_upload(s3, bucket, payload)[1]
+                gid = gateway_upload(http, gw.url, payload)[1]
             for _ in range(args.runs):
+                if args.downloads:
+                    timed("direct download", direct_download, s3, bucket, key, args.size)
+                    timed("gateway download", gateway_download, http, gw.url, gid, args.size)
+                    timed("urllib3 download", gateway_download_urllib3, pool, gw.url, gid,
+                          args.size)  # fmt: skip
+                    continue
                 _, key = timed("direct upload", direct_upload, s3, bucket, payload)
                 _, gid = timed("gateway upload", gateway_upload, http, gw.url, payload)
                 timed("direct download", direct_download, s3, bucket, key, args.size)
@@ -177,6 +191,8 @@ def main() -> None:
         ("download, HttpTransport.fetch", "direct download", "fetch download", False),
     )
     for name, base, cand, targeted in cases:
+        if cand not in times:
+            continue
         d = mib / statistics.median(times[base])
         g = mib / statistics.median(times[cand])
         print(

@@ -143,8 +143,11 @@ class UploadLimits:
         timeout = self.send_idle_timeout
 
         async def one(message: Message) -> None:
+            # `asyncio.timeout` arms a timer on this task; `wait_for` would also wrap each
+            # send in a task of its own (bench/RESULTS.md, "Gateway downloads").
             try:
-                await asyncio.wait_for(send(message), timeout)
+                async with asyncio.timeout(timeout):
+                    await send(message)
             except TimeoutError:
                 raise _ResponseStalled(f"client read nothing for {timeout:g} seconds") from None
 

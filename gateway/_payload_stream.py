@@ -8,9 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+from collections import deque
 from collections.abc import Iterator
 
 from ._executors import Slot, close_at_request_end
+
+# Store bytes read per hop to the transfer thread. The store's pieces are small (256 KiB:
+# under the 1 MiB mmap threshold of gateway/cli.py, so their memory is reused instead of
+# mapped, faulted in and unmapped for each piece), so one hop reads several: a hop costs a
+# thread wake-up and two loop callbacks (bench/RESULTS.md, "Gateway downloads").
+BATCH = 2 * 1024 * 1024
 
 
 def abandon(job: concurrent.futures.Future[Iterator[bytes]], slot: Slot) -> None:
@@ -25,48 +32,62 @@ def abandon(job: concurrent.futures.Future[Iterator[bytes]], slot: Slot) -> None
 
 
 class PayloadStream:
-    """Pull a blocking iterator from its transfer slot's thread, one piece read ahead.
+    """Pull a blocking iterator from its transfer slot's thread, one batch read ahead.
 
-    The next piece is read from the store while the current one is written to the client,
-    so the two transfers overlap (bench/RESULTS.md: a download otherwise waits for each
-    store read in turn). Memory: two pieces per download. The slot has at most one job at
-    a time: closing after a disconnect runs after the read in flight, in the same pool.
-    Closed on the end, on `aclose`, or when dropped unread (a response that never
-    started), so the slot and the store connection are always given back.
+    Each hop to the thread reads pieces until `BATCH` bytes (or the end); the next batch is
+    read from the store while the current one is written to the client, so the two
+    transfers overlap (bench/RESULTS.md: a download otherwise waits for each store read in
+    turn). Memory: two batches per download, each under `BATCH` plus one store piece. The
+    slot has at most one job at a time: closing after a disconnect runs after the read in
+    flight, in the same pool. Closed on the end, on `aclose`, or when dropped unread (a
+    response that never started), so the slot and the store connection are always given
+    back.
     """
 
     def __init__(self, pieces: Iterator[bytes], slot: Slot) -> None:
         self._iterator = iter(pieces)
         self._slot = slot
-        self._pending: concurrent.futures.Future[bytes] | None = None
+        self._pending: concurrent.futures.Future[list[bytes]] | None = None
+        self._ready: deque[bytes] = deque()
         self._closed = False
         close_at_request_end(self._close)
 
     def __aiter__(self) -> PayloadStream:
         return self
 
-    def _step(self) -> bytes:
-        piece = next(self._iterator, b"")
-        if piece:
+    def _step(self) -> list[bytes]:
+        """The next batch of pieces; an empty list at the end."""
+        batch: list[bytes] = []
+        size = 0
+        for piece in self._iterator:
+            if piece:
+                batch.append(piece)
+                size += len(piece)
+                if size >= BATCH:
+                    break
+        if batch:
             self._slot.touch()
-        return piece
+        return batch
 
     async def __anext__(self) -> bytes:
+        if self._ready:
+            return self._ready.popleft()
         if self._closed:
             raise StopAsyncIteration
         if self._pending is None:
             self._pending = self._slot.submit(self._step)
         try:
-            piece = await asyncio.wrap_future(self._pending)
+            batch = await asyncio.wrap_future(self._pending)
         except BaseException:
             self._close()
             raise
-        if not piece:
+        if not batch:
             self._pending = None
             self._close()
             raise StopAsyncIteration
         self._pending = self._slot.submit(self._step)
-        return piece
+        self._ready.extend(batch)
+        return self._ready.popleft()
 
     async def aclose(self) -> None:
         self._close()
@@ -76,6 +97,7 @@ class PayloadStream:
         if self._closed:
             return
         self._closed = True
+        self._ready.clear()
         pending, self._pending = self._pending, None
 
         def close_now(_: object = None) -> None:

@@ -14,6 +14,9 @@ from ._base import ObjectInfo, StoreError
 from ._chain import concat_by_streaming
 
 _PIECE = 1024 * 1024
+# Reads: under the gateway's 1 MiB mmap threshold (reused heap memory, no page faults per
+# piece) and no larger than the send slice of gateway/_limits.py, so never re-sliced.
+_READ_PIECE = 256 * 1024
 
 
 class FileStore:
@@ -116,7 +119,9 @@ class FileStore:
             handle.seek(start)
             remaining = length
             while remaining is None or remaining > 0:
-                piece = handle.read(_PIECE if remaining is None else min(_PIECE, remaining))
+                piece = handle.read(
+                    _READ_PIECE if remaining is None else min(_READ_PIECE, remaining)
+                )
                 if not piece:
                     return
                 if remaining is not None:

@@ -27,8 +27,9 @@ log = logging.getLogger("gateway.storage")
 
 _PROBE_PREFIX = "probes/conditional-create-"
 
-# Large pieces: each one costs a thread hop in the gateway (bench/RESULTS.md).
-_READ_PIECE = 4 * 1024 * 1024
+# Under the gateway's 1 MiB mmap threshold, so a download's pieces reuse heap memory; the
+# gateway reads several per thread hop (gateway/_payload_stream.py, bench/RESULTS.md).
+_READ_PIECE = 256 * 1024
 
 # Failures that mean "the store is not usable right now" rather than a bug of ours.
 _UNAVAILABLE = (MinioException, urllib3.exceptions.HTTPError, OSError, ValueError)
@@ -260,7 +261,9 @@ class S3Store:
     @staticmethod
     def _iterate(response: urllib3.BaseHTTPResponse, key: str) -> Iterator[bytes]:
         try:
-            yield from response.stream(_READ_PIECE)
+            # The stored bytes as they are (the manifest's SHA-256 covers them), and no
+            # decoded-bytes buffer between the socket and us.
+            yield from response.stream(_READ_PIECE, decode_content=False)
         except _UNAVAILABLE as exc:
             raise StoreError(f"read of {key!r} failed: {exc}") from exc
         finally:
