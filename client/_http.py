@@ -241,7 +241,8 @@ class HttpTransport:
         A spooled payload of 4 MiB or more is hashed on a second thread, fed as the body
         arrives; a payload is handed over only after the whole digest is known and matched
         (a mismatch discards it, spool file included). Memory held: an in-memory payload
-        once plus one piece (each piece is copied into the buffer as it arrives); a spooled
+        once (its declared size, up to `spool_threshold`, allocated when the body starts)
+        plus one piece, each piece being copied into the buffer as it arrives; a spooled
         one at most (HASH_QUEUE + 2) batches of about 1 MiB waiting for the hasher or disk.
 
         A redirect (a gateway with direct transfers answers 307 to a presigned store URL)
@@ -282,8 +283,8 @@ class HttpTransport:
                 # in memory it cost more CPU than it saved (bench/RESULTS.md).
                 threaded = not in_memory and (size is None or size >= THREADED_HASH_FROM)
                 with _Hasher(threaded=threaded) as hasher:
-                    if in_memory:
-                        payload = _in_memory(stream, hasher)
+                    if size is not None and in_memory:
+                        payload = _in_memory(stream, hasher, size)
                     else:
                         payload = _spool(stream, hasher, spool_dir)
                     digest = hasher.hexdigest()

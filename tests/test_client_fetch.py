@@ -113,14 +113,20 @@ def hang_up_server() -> Iterator[str]:
                     if not piece:
                         break
                     head += piece
+                # /close: no Content-Length, the body ends when the connection does.
+                framing = (
+                    b"Connection: close"
+                    if b" /close" in head
+                    else b"Content-Length: %d" % (8 * MiB)
+                )
                 try:
-                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % (8 * MiB))
+                    conn.sendall(b"HTTP/1.1 200 OK\r\n%s\r\n\r\n" % framing)
                     conn.sendall(b"\1" * (5 * MiB))
                 except OSError:
                     pass
 
     threading.Thread(target=serve, daemon=True).start()
-    yield f"http://127.0.0.1:{port}/msg/x/payload"
+    yield f"http://127.0.0.1:{port}"
     sock.close()
 
 
@@ -130,7 +136,7 @@ def test_body_cut_short_leaves_no_file_and_no_thread(
 ) -> None:
     with HttpTransport(timeout=30) as http, pytest.raises(FetchError) as caught:
         http.fetch(
-            hang_up_server,
+            f"{hang_up_server}/msg/x/payload",
             expected_sha256="0" * 64,
             expected_size=8 * MiB,
             spool_threshold=0 if spooled else 8 * MiB,
@@ -140,3 +146,21 @@ def test_body_cut_short_leaves_no_file_and_no_thread(
     assert isinstance(caught.value, TransientFetchError), caught.value
     assert list(tmp_path.iterdir()) == []
     assert _hashers() == []
+
+
+def test_close_delimited_body_shorter_than_declared_is_not_padded(
+    hang_up_server: str, tmp_path: Path
+) -> None:
+    """The in-memory buffer is made at the declared size; what did not arrive stays out.
+
+    No checksum is given, so only the size check stands between a short body and the
+    application: a buffer padded to the declared size would pass it.
+    """
+    with HttpTransport(timeout=30) as http, pytest.raises(TransientFetchError) as caught:
+        http.fetch(
+            f"{hang_up_server}/close",
+            expected_sha256=None,
+            expected_size=8 * MiB,
+            spool_threshold=8 * MiB,
+        )
+    assert f"got {5 * MiB}" in str(caught.value), caught.value
