@@ -11,6 +11,8 @@ Runs alternate (SDK, direct, SDK, direct, ...) so background load hits both alik
   httpx without the SHA-256 (what `curl -L` pays), to tell the transfer from the check.
 
 Ratios are direct-transfer throughput over SDK throughput (medians); target >= 0.95 both.
+Each download also prints this process's CPU per GiB (median; the client's side only:
+SeaweedFS and the gateway run in their own processes).
 
     python bench/direct.py              # 8 runs of 32 MiB each way
     python bench/direct.py --runs 4 --size 67108864
@@ -24,6 +26,7 @@ import os
 import statistics
 import time
 import uuid
+from collections.abc import Callable
 
 import httpx
 from _harness import MiB, SeaweedFS, emit, gateway_process, make_bucket, minio_client, row
@@ -94,16 +97,36 @@ def main() -> None:
             up: dict[str, list[float]] = {"sdk": [], "direct": []}
             down: dict[str, list[float]] = {"sdk": [], "direct": []}
             raw: list[float] = []
+            cpu: dict[str, list[float]] = {"sdk": [], "direct": [], "raw": []}
+
+            def timed(name: str, read: Callable[..., float], *args: object) -> float:
+                c0 = time.process_time()
+                elapsed = read(*args)
+                cpu[name].append(time.process_time() - c0)
+                return elapsed
+
             for _ in range(args.runs):
                 t, key = direct_upload(s3, bucket, payload)
                 up["sdk"].append(t)
                 t, mid = upload(uploader, gw.url, store, payload)
                 up["direct"].append(t)
-                down["sdk"].append(direct_download(s3, bucket, key, args.size))
-                down["direct"].append(download(transport, gw.url, mid, payload))
-                raw.append(download_unverified(http, gw.url, mid, args.size))
+                down["sdk"].append(timed("sdk", direct_download, s3, bucket, key, args.size))
+                down["direct"].append(timed("direct", download, transport, gw.url, mid, payload))
+                raw.append(timed("raw", download_unverified, http, gw.url, mid, args.size))
     finally:
         seaweed.close()
+    gib = args.size / (1 << 30)
+    print(
+        "client CPU-s per GiB downloaded (median): "
+        + ", ".join(
+            f"{label} {statistics.median(cpu[name]) / gib:.2f}"
+            for name, label in (
+                ("sdk", "S3 SDK get"),
+                ("direct", "HttpTransport.fetch"),
+                ("raw", "httpx .content, no check"),
+            )
+        )
+    )
     rows = []
     down_raw = {"sdk": down["sdk"], "direct": raw}
     for name, times in (

@@ -14,7 +14,13 @@ the moment the last subscriber has the message:
 * mosquitto (info): `mosquitto_pub -f FILE -q 1` -> N x `mosquitto_sub -C 1` through the
   unlimited broker (the raised-limit alternative);
 * CLI (info, `--cli`): `offload publish -f FILE` -> N x `offload subscribe -c 1`, with the
-  publisher's Python start-up which mosquitto_pub does not pay.
+  publisher's Python start-up which mosquitto_pub does not pay;
+* direct transfers (info, the issue's row 2 read for direct transfers): the same API run
+  through a second gateway started with `OFFLOAD_S3_PUBLIC_URL` set to SeaweedFS's URL (as
+  tests/test_direct.py does), on its own 256 KiB broker so its discovery record reaches only
+  these clients: publisher and subscribers find the gateway by discovery, the bytes go
+  straight to and from the store (presigned part PUTs; 307 to a presigned GET), against the
+  same floor. `--no-direct` skips it.
 
 Subscribers are started before the clock and are known to be subscribed (their SUBSCRIBE in
 the broker log). Runs are interleaved (mosquitto, API, floor, ...) so load hits all alike.
@@ -127,11 +133,18 @@ def cli_run(broker: Mosquitto, endpoint: str, path: Path, subscribers: int) -> f
 
 
 def api_subscriber(broker_url: str, endpoint: str, topic: str, client_id: str) -> None:
-    """Child process: one Client subscriber; prints the wall clock at delivery."""
+    """Child process: one Client subscriber; prints the wall clock at delivery.
+
+    An empty `endpoint` means: find the gateway (and its direct store) by discovery.
+    """
     sys.path.insert(0, str(ROOT))
     from client import Client, Message
 
-    with Client(broker_url, endpoint=endpoint, client_id=client_id, discovery_wait=0.0) as c:
+    found = {"endpoint": endpoint} if endpoint else {}
+    with Client(broker_url, client_id=client_id, discovery_wait=10.0, **found) as c:
+        if not endpoint:
+            assert c.wait_for_endpoint(30) and c.discovery_record is not None
+            assert c.discovery_record.direct_store, "no direct transfers advertised"
         c.subscribe(topic, 1)
         msg = c.next_message(120)
         stamp = time.time()
@@ -192,6 +205,7 @@ def main() -> None:
     parser.add_argument("--subscribers", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--workers", type=int, default=1, help="gateway uvicorn workers")
     parser.add_argument("--cli", action="store_true", help="also time the offload CLI")
+    parser.add_argument("--no-direct", action="store_true", help="skip the direct-transfer runs")
     parser.add_argument("--api-subscriber", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.api_subscriber:
@@ -209,28 +223,46 @@ def main() -> None:
     seaweed = SeaweedFS().start()
     limited = Mosquitto(max_packet_size=262144, extra_config=NODELAY).start()
     raised = Mosquitto(extra_config=NODELAY).start()
+    # Its own broker: the direct gateway's discovery record must not reach the other clients.
+    direct_broker = Mosquitto(max_packet_size=262144, extra_config=NODELAY).start()
     bucket = f"bench-{uuid.uuid4().hex[:8]}"
     rows = []
     mib = args.size // MiB
     try:
         make_bucket(seaweed, bucket)
+        public = {"OFFLOAD_S3_PUBLIC_URL": f"http://{seaweed.endpoint}"}
         with (
             gateway_process(seaweed, bucket, broker=limited, workers=args.workers) as gw,
+            gateway_process(
+                seaweed, bucket, broker=direct_broker, workers=args.workers, extra_env=public
+            ),
             Client(limited.url, endpoint=gw.url, discovery_wait=0.0) as pub,
+            Client(direct_broker.url, discovery_wait=10.0) as direct_pub,
         ):
+            direct = not args.no_direct
+            if direct:
+                assert direct_pub.wait_for_endpoint(30)
+                record = direct_pub.discovery_record
+                assert record is not None and record.direct_store, "no direct transfers"
             # Warm-up: SeaweedFS volume growth, the gateway's first upload, page cache.
             mosquitto_run(raised, path, 1)
             if args.cli:
                 cli_run(limited, gw.url, path, 1)
             api_run(limited, gw.url, path, 1, pub)
+            if direct:
+                api_run(direct_broker, "", path, 1, direct_pub)
             store_floor(seaweed, bucket, path, 1)
             for n in args.subscribers:
-                times: dict[str, list[float]] = {"mosquitto": [], "cli": [], "api": [], "s3": []}
+                times: dict[str, list[float]] = {
+                    "mosquitto": [], "cli": [], "api": [], "direct": [], "s3": []
+                }  # fmt: skip
                 for _ in range(args.runs):
                     times["mosquitto"].append(mosquitto_run(raised, path, n))
                     if args.cli:
                         times["cli"].append(cli_run(limited, gw.url, path, n))
                     times["api"].append(api_run(limited, gw.url, path, n, pub))
+                    if direct:
+                        times["direct"].append(api_run(direct_broker, "", path, n, direct_pub))
                     times["s3"].append(store_floor(seaweed, bucket, path, n))
                 med = {k: statistics.median(v) * 1e3 for k, v in times.items() if v}
                 print(
@@ -250,9 +282,21 @@ def main() -> None:
                                    higher_is_better=False, limit=0)  # fmt: skip
                         info["met"] = None
                         rows.append(info)
+                if "direct" in med:
+                    print(
+                        f"{mib} MiB, {n} subscriber(s), direct transfers: Client.publish "
+                        f"{med['direct']:.0f} ms, ratio {med['direct'] / med['s3']:.2f} "
+                        f"(info; row 2's target <= {TARGET})"
+                    )
+                    info = row("2 end to end", f"{mib} MiB {n} sub, direct Client / store floor",
+                               med["s3"], med["direct"], "ms", f"info (<= {TARGET})",
+                               higher_is_better=False, limit=0)  # fmt: skip
+                    info["met"] = None
+                    rows.append(info)
     finally:
         limited.close()
         raised.close()
+        direct_broker.close()
         seaweed.close()
         shutil.rmtree(workdir, ignore_errors=True)
     emit(rows)

@@ -1,12 +1,25 @@
-"""Fetch helpers over httpx responses: counting, capping, lengths, redirect targets.
+"""Fetch helpers over httpx responses: counting, capping, lengths, redirect targets, hashing.
 
-Split from :mod:`client._http` (which keeps the statuses and errors); no I/O of its own.
+Split from :mod:`client._http` (which keeps the statuses and errors); no network I/O of its
+own (:func:`_spool` writes the temporary file).
+
+Large spooled payloads are hashed on a second thread (:class:`_Hasher`) while the reader
+goes on writing: hashlib releases the GIL for buffers over 2 KiB, so on two cores the
+SHA-256 (0.6 CPU-s per GiB with SHA-NI) leaves the reader's path. In-memory payloads are
+hashed inline: there the thread's hand-offs cost more than they saved. bench/RESULTS.md,
+"Client fetch", has the figures.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
+import os
+import queue
+import tempfile
+import threading
 from collections.abc import Callable, Generator, Iterator
+from pathlib import Path
 
 import httpx
 
@@ -95,10 +108,137 @@ def _checked_length(
     return expected_size if expected_size is not None else announced
 
 
-def _in_memory(stream: Iterator[bytes], digest: hashlib._Hash) -> Payload:
-    # httpx's own read size, no re-chunking, one join: a single copy.
-    pieces = []
+#: Bytes handed to the hashing thread at once (a batch of httpx's 64 KiB pieces).
+HASH_BATCH = 1 << 20
+#: Most pieces in one batch (a server that trickles bytes makes tiny pieces; os.writev takes
+#: at most IOV_MAX = 1024 buffers).
+BATCH_PIECES = 256
+#: Batches the hashing thread may lag behind the reader before the reader waits: what a
+#: spooled fetch holds in memory is at most (HASH_QUEUE + 2) batches.
+HASH_QUEUE = 4
+#: Spooled payloads of at least this many bytes are hashed on a second thread; smaller ones
+#: inline (starting a thread costs ~0.1 ms, hashing 4 MiB ~2.5 ms).
+THREADED_HASH_FROM = 4 << 20
+
+
+class _Hasher:
+    """SHA-256 of pieces fed in order, on a worker thread for large payloads.
+
+    The reader hands over batches of about :data:`HASH_BATCH` bytes through a queue bounded
+    at :data:`HASH_QUEUE` batches, so a slow hasher slows the reader instead of growing
+    memory. :meth:`hexdigest` waits until every piece fed is hashed; :meth:`close` (also on
+    exit of a `with`) stops the thread whatever happened, so a failed fetch leaves none.
+    """
+
+    def __init__(self, *, threaded: bool) -> None:
+        self._digest = hashlib.sha256()
+        self._batch: list[bytes] = []
+        self._batched = 0
+        self._queue: queue.Queue[list[bytes] | None] = queue.Queue(HASH_QUEUE)
+        self._thread: threading.Thread | None = None
+        if threaded:
+            self._thread = threading.Thread(target=self._run, name="offload-sha256", daemon=True)
+            self._thread.start()
+
+    def __enter__(self) -> _Hasher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def feed(self, piece: bytes) -> None:
+        """Hash `piece` after every piece fed before it (now, or on the worker)."""
+        if self._thread is None:
+            self._digest.update(piece)
+            return
+        self._batch.append(piece)
+        self._batched += len(piece)
+        if self._batched >= HASH_BATCH or len(self._batch) >= BATCH_PIECES:
+            self._queue.put(self._batch)
+            self._batch = []
+            self._batched = 0
+
+    def hexdigest(self) -> str:
+        """The digest of everything fed, once the worker has caught up."""
+        if self._thread is not None:
+            if self._batch:
+                self._queue.put(self._batch)
+                self._batch = []
+            self.close()
+        return self._digest.hexdigest()
+
+    def close(self) -> None:
+        """Stop the worker (it drains what is queued first); idempotent."""
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            self._queue.put(None)
+            thread.join()
+
+    def _run(self) -> None:
+        update = self._digest.update
+        while (batch := self._queue.get()) is not None:
+            for piece in batch:
+                update(piece)  # hashlib drops the GIL: the reader runs meanwhile
+
+
+def _in_memory(stream: Iterator[bytes], hasher: _Hasher, size: int) -> Payload:
+    """The pieces copied, as they arrive, into one buffer of the declared size, as bytes.
+
+    `io.BytesIO(bytes(size))` makes a buffer of the final size up front (calloc: fresh
+    memory is not touched until the first write copies it), so the pieces land in place
+    with no growth and `getvalue()` hands the buffer over without a copy. Each piece is
+    dropped once copied, so the next read reuses its cache-warm memory. A body shorter
+    than declared (a close-delimited one may end early without an error) is truncated to
+    what arrived, never padded: the size check then refuses it. Measured against one join
+    of the kept pieces (bench/RESULTS.md, "Client fetch"): 0.2 vs 0.7 CPU-s per GiB at
+    20 MiB, 0.7 vs 1.4 at 32 MiB; a BytesIO grown by writes cost 1.3 at 20 MiB (realloc).
+    """
+    buffer = io.BytesIO(bytes(size))
+    write = buffer.write
     for piece in stream:
-        digest.update(piece)
-        pieces.append(piece)
-    return Payload(b"".join(pieces))
+        hasher.feed(piece)
+        write(piece)
+    if buffer.tell() != size:
+        buffer.truncate()
+    return Payload(buffer.getvalue())
+
+
+def _spool(
+    stream: Iterator[bytes], hasher: _Hasher, spool_dir: str | os.PathLike[str] | None
+) -> Payload:
+    """The pieces written to a new temporary file, which is removed on any failure.
+
+    Written with one `os.writev` per batch of pieces (no join, no Python-level buffer).
+    """
+    fd, name = tempfile.mkstemp(prefix="offload-", suffix=".payload", dir=spool_dir)
+    path = Path(name)
+    try:
+        try:
+            batch: list[bytes] = []
+            batched = 0
+            for piece in stream:
+                hasher.feed(piece)
+                batch.append(piece)
+                batched += len(piece)
+                if batched >= HASH_BATCH or len(batch) >= BATCH_PIECES:
+                    _write_all(fd, batch, batched)
+                    batch = []
+                    batched = 0
+            _write_all(fd, batch, batched)
+        finally:
+            os.close(fd)
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+    return Payload(path=path)
+
+
+def _write_all(fd: int, pieces: list[bytes], total: int) -> None:
+    """Write every piece to `fd` in order; a short write (rare on a file) is finished."""
+    if not pieces:
+        return
+    done = os.writev(fd, pieces)
+    if done < total:
+        rest = memoryview(b"".join(pieces))[done:]
+        while rest:
+            rest = rest[os.write(fd, rest) :]

@@ -19,14 +19,11 @@ size is cut off (the connection is closed, not drained), content codings are ref
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
 import ssl
-import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import BinaryIO
 
 import httpx
@@ -40,15 +37,18 @@ from ._fetching import (
     _NO_AUTH,
     MAX_REDIRECTS,
     REDIRECTS,
+    THREADED_HASH_FROM,
     _capped,
     _checked_length,
     _counted,
+    _Hasher,
     _in_memory,
     _origin,
+    _spool,
 )
 from ._message import Payload
 from ._scram import ScramFailure
-from ._source import PIECE, PayloadSource
+from ._source import PayloadSource
 from ._upload_forms import (
     BSON_PAYLOAD_LIMIT,
     HEADER_BUDGET,
@@ -238,6 +238,13 @@ class HttpTransport:
         body that runs past it is cut off and the connection closed. Payloads larger than
         `spool_threshold` are written to a temporary file, deleted on any failure.
 
+        A spooled payload of 4 MiB or more is hashed on a second thread, fed as the body
+        arrives; a payload is handed over only after the whole digest is known and matched
+        (a mismatch discards it, spool file included). Memory held: an in-memory payload
+        once (its declared size, up to `spool_threshold`, allocated when the body starts)
+        plus one piece, each piece being copied into the buffer as it arrives; a spooled
+        one at most (HASH_QUEUE + 2) batches of about 1 MiB waiting for the hasher or disk.
+
         A redirect (a gateway with direct transfers answers 307 to a presigned store URL)
         is followed, at most :data:`MAX_REDIRECTS` times, only to the URL's own origin or
         one `redirect_ok` accepts, and never with credentials: no `auth`, no cookies.
@@ -265,22 +272,29 @@ class HttpTransport:
                 f"declared size {expected_size} is more than max_fetch_bytes ({max_bytes})",
             )
         limit = expected_size if expected_size is not None else max_bytes
-        digest = hashlib.sha256()
         try:
             with self._open(url, auth, redirect_ok) as response:
                 size = _checked_length(str(response.url), response, expected_size, limit)
+                # iter_raw() without a size: httpcore's 64 KiB reads as they come, no
+                # re-chunking copy (bench/RESULTS.md, "Client fetch").
                 stream = _counted(_capped(response.iter_raw(), limit, url), size, on_bytes)
-                if size is not None and size <= spool_threshold:
-                    payload = _in_memory(stream, digest)
-                else:
-                    payload = self._spool(stream, digest, spool_dir)
+                in_memory = size is not None and size <= spool_threshold
+                # A second thread pays off where the reader waits on the kernel (spooling):
+                # in memory it cost more CPU than it saved (bench/RESULTS.md).
+                threaded = not in_memory and (size is None or size >= THREADED_HASH_FROM)
+                with _Hasher(threaded=threaded) as hasher:
+                    if size is not None and in_memory:
+                        payload = _in_memory(stream, hasher, size)
+                    else:
+                        payload = _spool(stream, hasher, spool_dir)
+                    digest = hasher.hexdigest()
         except httpx.TransportError as exc:  # refused, reset, timed out, cut short
             raise TransientFetchError(url, f"fetch failed: {exc!r}") from exc
         except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as exc:
             raise FetchError(url, f"fetch failed: {exc!r}") from exc
         except ScramFailure as exc:
             raise FetchError(url, str(exc), 401) from exc
-        return _verified(url, payload, digest.hexdigest(), expected_size, expected_sha256)
+        return _verified(url, payload, digest, expected_size, expected_sha256)
 
     @contextlib.contextmanager
     def _open(
@@ -334,22 +348,6 @@ class HttpTransport:
         request.headers.pop("Authorization", None)
         return request
 
-    @staticmethod
-    def _spool(
-        stream: Iterator[bytes], digest: hashlib._Hash, spool_dir: str | os.PathLike[str] | None
-    ) -> Payload:
-        fd, name = tempfile.mkstemp(prefix="offload-", suffix=".payload", dir=spool_dir)
-        path = Path(name)
-        try:
-            with os.fdopen(fd, "wb") as out:
-                for piece in stream:
-                    digest.update(piece)
-                    out.write(piece)
-        except BaseException:
-            path.unlink(missing_ok=True)
-            raise
-        return Payload(path=path)
-
     def fetch_to(
         self,
         url: str,
@@ -376,7 +374,7 @@ class HttpTransport:
         try:
             with self._open(url, auth, redirect_ok) as response:
                 written = 0
-                for piece in response.iter_raw(PIECE):
+                for piece in response.iter_raw():  # no re-chunking copy
                     out.write(piece)
                     written += len(piece)
                 return written
