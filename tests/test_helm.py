@@ -304,7 +304,10 @@ def test_every_rendered_setting_is_one_the_gateway_reads(chart: helm.Chart) -> N
     """A misspelt OFFLOAD_* name would be ignored silently by pydantic-settings."""
     from gateway._settings import Settings
 
-    values = {"gateway": {"corsOrigins": "https://app.example.com"}}
+    values = {
+        "gateway": {"corsOrigins": "https://app.example.com"},
+        "storage": {"publicUrl": "https://s3.example.com"},
+    }
     names = {f"OFFLOAD_{field.upper()}" for field in Settings.model_fields}
     config = config_map(chart, values)
     assert set(config) <= names
@@ -328,7 +331,9 @@ def test_load_settings_follow_the_values(chart: helm.Chart) -> None:
     assert config["OFFLOAD_BODY_IDLE_TIMEOUT"] == "5"
     assert config["OFFLOAD_HEALTH_TIMEOUT"] == "8"
     assert config["OFFLOAD_S3_TIMEOUT"] == "3"
-    assert "OFFLOAD_CORS_ORIGINS" not in config_map(chart, {})  # no CORS unless origins named
+    defaults = config_map(chart, {})
+    assert "OFFLOAD_CORS_ORIGINS" not in defaults  # no CORS unless origins named
+    assert "OFFLOAD_S3_PUBLIC_URL" not in defaults  # direct transfers only when asked for
 
 
 def test_default_transfers_fit_the_memory_limit() -> None:
