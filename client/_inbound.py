@@ -47,11 +47,6 @@ class InboundQueue(Generic[T]):
         #: items refused at the bound since the queue was made.
         self.shed = 0
 
-    def full(self, weight: int = 0) -> bool:
-        """Whether an item of `weight` would exceed a bound (an empty queue never is)."""
-        with self._lock:
-            return self._full(weight)
-
     def _full(self, weight: int) -> bool:
         if not self._items:
             return False

@@ -45,6 +45,27 @@ START_ATTEMPTS = 4  # fresh ports after `address already in use`
 TEMPORARY = Path("<temporary>")
 
 
+class _OwnWorkdir:
+    """A server whose `workdir` defaults to a temporary directory that `close()` removes."""
+
+    workdir: Path
+    _prefix = "server-"
+
+    def __post_init__(self) -> None:
+        self._owned_workdir = self.workdir == TEMPORARY
+        if self._owned_workdir:
+            self.workdir = Path(tempfile.mkdtemp(prefix=self._prefix))
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Stop, and remove the working directory if it was ours (SeaweedFS leaves GBs)."""
+        self.stop()
+        if self._owned_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
 class PortInUse(RuntimeError):
     """The server could not bind its port: another program holds it."""
 
@@ -167,19 +188,16 @@ def _stop(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
 
 
 @dataclass
-class Mosquitto:
+class Mosquitto(_OwnWorkdir):
     """A mosquitto 2 broker on a loopback port (a free one when `port` is 0)."""
+
+    _prefix = "mosq-"
 
     max_packet_size: int | None = None
     extra_config: str = ""
     port: int = 0
     workdir: Path = TEMPORARY  # TEMPORARY: a new directory, removed by close()
     proc: subprocess.Popen[bytes] | None = None
-
-    def __post_init__(self) -> None:
-        self._owned_workdir = self.workdir == TEMPORARY
-        if self._owned_workdir:
-            self.workdir = Path(tempfile.mkdtemp(prefix="mosq-"))
 
     @property
     def url(self) -> str:
@@ -235,23 +253,19 @@ class Mosquitto:
         self.stop()
         self.start()
 
-    def close(self) -> None:
-        """Stop, and remove the working directory if it was ours (SeaweedFS leaves GBs)."""
-        self.stop()
-        if self._owned_workdir:
-            shutil.rmtree(self.workdir, ignore_errors=True)
-
     def log(self) -> str:
         path = self.workdir / "mosquitto.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
 
 @dataclass
-class SeaweedFS:
+class SeaweedFS(_OwnWorkdir):
     """`weed server` with only the S3 gateway exposed to us, on free loopback ports.
 
     `ports` may name fixed ports (`master`, `volume`, `filer`, `s3`); the others are chosen.
     """
+
+    _prefix = "weed-"
 
     access_key: str = S3_ACCESS_KEY
     secret_key: str = S3_SECRET_KEY
@@ -259,11 +273,6 @@ class SeaweedFS:
     s3_port: int = 0
     proc: subprocess.Popen[bytes] | None = None
     ports: dict[str, int] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self._owned_workdir = self.workdir == TEMPORARY
-        if self._owned_workdir:
-            self.workdir = Path(tempfile.mkdtemp(prefix="weed-"))
 
     @property
     def endpoint(self) -> str:
@@ -390,12 +399,6 @@ class SeaweedFS:
     def restart(self) -> None:
         self.stop()
         self.start()
-
-    def close(self) -> None:
-        """Stop, and remove the working directory if it was ours (SeaweedFS leaves GBs)."""
-        self.stop()
-        if self._owned_workdir:
-            shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 @contextlib.contextmanager
