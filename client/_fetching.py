@@ -3,11 +3,12 @@
 Split from :mod:`client._http` (which keeps the statuses and errors); no network I/O of its
 own (:func:`_spool` writes the temporary file).
 
-Large spooled payloads are hashed on a second thread (:class:`_Hasher`) while the reader
-goes on writing: hashlib releases the GIL for buffers over 2 KiB, so on two cores the
-SHA-256 (0.6 CPU-s per GiB with SHA-NI) leaves the reader's path. In-memory payloads are
-hashed inline: there the thread's hand-offs cost more than they saved. bench/RESULTS.md,
-"Client fetch", has the figures.
+Payloads of 4 MiB or more are hashed on a second thread (:class:`_Hasher`) while the
+reader goes on reading and copying or writing: hashlib releases the GIL for buffers over
+2 KiB, so on two cores the SHA-256 (0.6 CPU-s per GiB with SHA-NI) leaves the reader's
+path. With httpx's 64 KiB pieces the thread's hand-offs cost more than they saved in
+memory; with the 1 MiB pieces of :mod:`client._urllib3` they do not. bench/RESULTS.md,
+"Client fetch" and "Client reads over urllib3", has the figures.
 """
 
 from __future__ import annotations
@@ -108,15 +109,15 @@ def _checked_length(
     return expected_size if expected_size is not None else announced
 
 
-#: Bytes handed to the hashing thread at once (a batch of httpx's 64 KiB pieces).
+#: Bytes handed to the hashing thread at once (one 1 MiB piece, or a batch of smaller ones).
 HASH_BATCH = 1 << 20
 #: Most pieces in one batch (a server that trickles bytes makes tiny pieces; os.writev takes
 #: at most IOV_MAX = 1024 buffers).
 BATCH_PIECES = 256
 #: Batches the hashing thread may lag behind the reader before the reader waits: what a
-#: spooled fetch holds in memory is at most (HASH_QUEUE + 2) batches.
+#: fetch holds in memory besides an in-memory payload is at most (HASH_QUEUE + 2) batches.
 HASH_QUEUE = 4
-#: Spooled payloads of at least this many bytes are hashed on a second thread; smaller ones
+#: Payloads of at least this many bytes are hashed on a second thread; smaller ones
 #: inline (starting a thread costs ~0.1 ms, hashing 4 MiB ~2.5 ms).
 THREADED_HASH_FROM = 4 << 20
 

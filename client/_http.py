@@ -65,6 +65,7 @@ from ._upload_forms import (
 from ._upload_forms import (
     upload_url as upload_url,  # re-exported: its home was here
 )
+from ._urllib3 import reader_client
 from .protocol import MessageId, Origin
 
 log = logging.getLogger("client")
@@ -81,12 +82,17 @@ class UploadReceipt:
 
 
 class HttpTransport:
-    """Talks to offload gateways over one pooled `httpx.Client`.
+    """Talks to offload gateways over pooled `httpx.Client`s.
+
+    Uploads go through httpx's own transport; fetches through a second client whose
+    transport is urllib3 (:mod:`client._urllib3`: the same auth flows and timeouts, less
+    than half the CPU per byte read; httpx's own with a proxy in the environment). A
+    `client` given is used for both.
 
     Args:
         timeout: seconds for connect and for each read/write.
         verify: TLS verification, as httpx takes it (True, False or an SSL context).
-        client: an httpx client to use instead of a new one (not closed by :meth:`close`).
+        client: an httpx client to use instead of new ones (not closed by :meth:`close`).
         bson_limit: the largest payload sent as a BSON upload document (an old gateway's
             only form); BSON's own 2 GiB by default. Lower only to test the decision.
     """
@@ -101,6 +107,7 @@ class HttpTransport:
     ) -> None:
         self._owned = client is None
         self._client = client or httpx.Client(timeout=timeout, verify=verify)
+        self._reader = client or reader_client(timeout, verify)
         self._bson_limit = bson_limit
         # Whether each endpoint takes raw uploads, once known (False: an old gateway, BSON).
         self._raw_support: dict[str, bool] = {}
@@ -108,6 +115,7 @@ class HttpTransport:
     def close(self) -> None:
         if self._owned:
             self._client.close()
+            self._reader.close()
 
     def __enter__(self) -> HttpTransport:
         return self
@@ -238,12 +246,12 @@ class HttpTransport:
         body that runs past it is cut off and the connection closed. Payloads larger than
         `spool_threshold` are written to a temporary file, deleted on any failure.
 
-        A spooled payload of 4 MiB or more is hashed on a second thread, fed as the body
-        arrives; a payload is handed over only after the whole digest is known and matched
-        (a mismatch discards it, spool file included). Memory held: an in-memory payload
-        once (its declared size, up to `spool_threshold`, allocated when the body starts)
-        plus one piece, each piece being copied into the buffer as it arrives; a spooled
-        one at most (HASH_QUEUE + 2) batches of about 1 MiB waiting for the hasher or disk.
+        A payload of 4 MiB or more is hashed on a second thread, fed as the body arrives; a
+        payload is handed over only after the whole digest is known and matched (a mismatch
+        discards it, spool file included). Memory held: an in-memory payload once (its
+        declared size, up to `spool_threshold`, allocated when the body starts) plus at most
+        (HASH_QUEUE + 2) pieces of up to 1 MiB waiting for the hasher, each piece being
+        copied into the buffer as it arrives; a spooled one those pieces only.
 
         A redirect (a gateway with direct transfers answers 307 to a presigned store URL)
         is followed, at most :data:`MAX_REDIRECTS` times, only to the URL's own origin or
@@ -275,13 +283,13 @@ class HttpTransport:
         try:
             with self._open(url, auth, redirect_ok) as response:
                 size = _checked_length(str(response.url), response, expected_size, limit)
-                # iter_raw() without a size: httpcore's 64 KiB reads as they come, no
-                # re-chunking copy (bench/RESULTS.md, "Client fetch").
+                # iter_raw() without a size: the transport's reads (1 MiB from urllib3) as
+                # they come, no re-chunking copy (bench/RESULTS.md, "Client fetch").
                 stream = _counted(_capped(response.iter_raw(), limit, url), size, on_bytes)
                 in_memory = size is not None and size <= spool_threshold
-                # A second thread pays off where the reader waits on the kernel (spooling):
-                # in memory it cost more CPU than it saved (bench/RESULTS.md).
-                threaded = not in_memory and (size is None or size >= THREADED_HASH_FROM)
+                # The SHA-256 on a second thread while the reader waits on the socket (or
+                # the disk): hashlib and the socket read both release the GIL.
+                threaded = size is None or size >= THREADED_HASH_FROM
                 with _Hasher(threaded=threaded) as hasher:
                     if size is not None and in_memory:
                         payload = _in_memory(stream, hasher, size)
@@ -303,7 +311,7 @@ class HttpTransport:
         """The final 200 response for `url`, redirects followed by the rules of `fetch`."""
         target = httpx.URL(url)
         home = _origin(url, target)
-        request = self._client.build_request(
+        request = self._reader.build_request(
             # The body is counted as it travels: no content coding may inflate it.
             "GET",
             target,
@@ -311,7 +319,7 @@ class HttpTransport:
         )
         first_auth: httpx.Auth | None = auth
         for hop in range(MAX_REDIRECTS + 1):
-            response = self._client.send(
+            response = self._reader.send(
                 request, stream=True, auth=first_auth or httpx.USE_CLIENT_DEFAULT
             )
             try:
@@ -342,7 +350,7 @@ class HttpTransport:
             raise FetchError(
                 url, f"redirect to {origin} refused: not the gateway or its advertised store"
             )
-        request = self._client.build_request("GET", target, headers={"Accept-Encoding": "identity"})
+        request = self._reader.build_request("GET", target, headers={"Accept-Encoding": "identity"})
         # httpx adds the client's cookie jar to every request it builds: not to the store.
         request.headers.pop("Cookie", None)
         request.headers.pop("Authorization", None)

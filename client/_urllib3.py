@@ -1,0 +1,145 @@
+"""An httpx transport over urllib3, for payload reads: what the fetch client sends through.
+
+Why: httpx's own read path (httpcore's 64 KiB socket reads through h11's receive buffer)
+cost 1.7-2.5 CPU-s per GiB on the benchmark machine, urllib3's 0.7-0.9 (bench/RESULTS.md,
+"Client reads over urllib3"). Behind this transport a fetch keeps what httpx gives it (auth
+flows: SCRAM, bearer; cookies; timeouts), and the body arrives as reads of up to 1 MiB from
+urllib3's socket file, handed on without a copy. With a proxy in the environment the fetch
+client stays on httpx's own transport (:func:`reader_client`).
+
+Only what a fetch needs: requests without a body or with a small one (read whole), HTTP/1.1,
+no redirects or retries here (the caller follows redirects by its own rules), no content
+decoding (the caller refuses codings). urllib3's errors become httpx's, so callers catch one
+family: a refused or failed connection :class:`httpx.ConnectError`, a timeout
+:class:`httpx.ConnectTimeout` / :class:`httpx.ReadTimeout`, a body cut short or a broken
+answer :class:`httpx.RemoteProtocolError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ssl
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import urllib3
+from urllib3.exceptions import (
+    ConnectTimeoutError,
+    HTTPError,
+    NewConnectionError,
+    ProtocolError,
+    ReadTimeoutError,
+    SSLError,
+)
+
+#: Most bytes asked of the socket per body piece: large enough that per-piece costs vanish
+#: (a hashing thread takes each piece as it is), small enough to bound what one read holds.
+PIECE = 1 << 20
+#: Idle connections kept per origin (httpx's default keep-alive pool is 20).
+POOL_SIZE = 20
+
+
+@contextlib.contextmanager
+def _as_httpx(request: httpx.Request) -> Iterator[None]:
+    """urllib3's exceptions raised as the httpx ones callers catch."""
+    try:
+        yield
+    except (NewConnectionError, SSLError) as exc:  # before: it subclasses ConnectTimeoutError
+        raise httpx.ConnectError(str(exc), request=request) from exc
+    except ConnectTimeoutError as exc:
+        raise httpx.ConnectTimeout(str(exc), request=request) from exc
+    except ReadTimeoutError as exc:
+        raise httpx.ReadTimeout(str(exc), request=request) from exc
+    except ProtocolError as exc:  # reset, aborted, IncompleteRead, a malformed answer
+        raise httpx.RemoteProtocolError(str(exc), request=request) from exc
+    except HTTPError as exc:
+        raise httpx.TransportError(str(exc), request=request) from exc
+
+
+class _Body(httpx.SyncByteStream):
+    """A urllib3 response's body in reads of up to :data:`PIECE`; close() frees its connection."""
+
+    def __init__(self, response: urllib3.BaseHTTPResponse, request: httpx.Request) -> None:
+        self._response = response
+        self._request = request
+
+    def __iter__(self) -> Iterator[bytes]:
+        # read1: what one socket read brings, up to PIECE (a fast body fills it), so a
+        # slow body is handed on as it comes rather than held until a whole piece is in.
+        read1 = self._response.read1
+        while True:
+            with _as_httpx(self._request):
+                piece = read1(PIECE, decode_content=False)
+            if not piece:
+                return
+            yield piece
+
+    def close(self) -> None:
+        response = self._response
+        if not response.closed:
+            # Not read to its end (cut off, refused, an error answer): the rest is never
+            # drained, so the connection cannot be reused: closed (urllib3 closes its
+            # socket too), then its slot freed.
+            response.close()
+        response.release_conn()
+
+
+def _pool_manager(verify: bool | ssl.SSLContext) -> urllib3.PoolManager:
+    """The pool, trusting what httpx would trust for the same `verify`."""
+    if verify is False:
+        # The caller chose no verification by name; httpx does not warn per request either.
+        urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
+        return urllib3.PoolManager(maxsize=POOL_SIZE, cert_reqs="CERT_NONE")
+    context = verify if isinstance(verify, ssl.SSLContext) else httpx.create_ssl_context()
+    return urllib3.PoolManager(maxsize=POOL_SIZE, ssl_context=context)
+
+
+class Urllib3Transport(httpx.BaseTransport):
+    """Sends httpx requests with a pooled urllib3 `PoolManager`.
+
+    Args:
+        verify: TLS verification as httpx takes it (True: httpx's own CA bundle, False: none,
+            or an SSL context).
+    """
+
+    def __init__(self, *, verify: bool | ssl.SSLContext = True) -> None:
+        self._pool = _pool_manager(verify)
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        limits: dict[str, Any] = request.extensions.get("timeout", {})
+        timeout = urllib3.Timeout(connect=limits.get("connect"), read=limits.get("read"))
+        body = request.read() or None
+        with _as_httpx(request):
+            response = self._pool.urlopen(
+                request.method,
+                str(request.url),
+                body=body,
+                headers=urllib3.HTTPHeaderDict(request.headers.multi_items()),
+                redirect=False,
+                retries=False,
+                preload_content=False,
+                decode_content=False,
+                timeout=timeout,
+            )
+        return httpx.Response(
+            response.status,
+            headers=list(response.headers.iteritems()),
+            stream=_Body(response, request),
+            extensions={"http_version": b"HTTP/1.1"},
+        )
+
+    def close(self) -> None:
+        self._pool.clear()
+
+
+def reader_client(timeout: float, verify: bool | ssl.SSLContext) -> httpx.Client:
+    """The httpx client fetches go through: over urllib3, unless a proxy is configured.
+
+    httpx honours `HTTP(S)_PROXY`/`ALL_PROXY`/`NO_PROXY` only with its own transports, so
+    with a proxy in the environment fetches keep them (and their CPU cost per byte).
+    """
+    if urllib.request.getproxies():
+        return httpx.Client(timeout=timeout, verify=verify)
+    return httpx.Client(timeout=timeout, transport=Urllib3Transport(verify=verify))
