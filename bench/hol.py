@@ -8,13 +8,18 @@ measured in the same run:
   every 16 MiB PUBLISH travels through the broker, and the telemetry queues behind it;
 * claim check: `client.Client` on both ends through a mosquitto limited to 256 KiB, the big
   payloads offloaded to `offload-gateway` on SeaweedFS and fetched by the subscriber's pool
-  while the telemetry on its own topic is delivered (per-topic order, issue 15).
+  while the telemetry on its own topic is delivered (per-topic order, issue 15);
+* claim check with direct transfers (`--no-direct` skips it): the same through a second
+  gateway started with `OFFLOAD_S3_PUBLIC_URL`, on its own 256 KiB broker, found by
+  discovery: the payloads go from the producer to SeaweedFS and from SeaweedFS to the
+  subscriber, the gateway only grants, commits and redirects.
 
 The subscriber runs as its own process (this script with `--subscriber`) and stamps each
 small message's latency (receive wall clock minus the send time inside the payload); every
 large message's SHA-256 is checked against what was sent. Printed: p50/p99 of the small
-messages' latency for both systems per run, their medians over `--runs` runs (the systems
-alternate, so both see the same machine) and the ratio of the median p99s (target <= 0.10).
+messages' latency for each system per run, their medians over `--runs` runs (the systems
+alternate, so all see the same machine) and, for each claim-check system, the ratio of its
+median p99 to the baseline's (target <= 0.10).
 Telemetry comes from its own process (another device); `--same-process` sends it from a
 thread of the large messages' producer instead, which adds that process's upload work (GIL)
 to the claim check's telemetry latency.
@@ -48,7 +53,11 @@ from typing import Any
 from _harness import ROOT, MiB, Mosquitto, SeaweedFS, emit, gateway_process, make_bucket, row
 
 NODELAY = "set_tcp_nodelay true"
-NAMES = {"paho": "raised-limit mosquitto + paho", "client": "claim check (Client)"}
+NAMES = {
+    "paho": "raised-limit mosquitto + paho",
+    "client": "claim check (Client)",
+    "direct": "claim check, direct transfers",
+}
 SMALL = 100
 PERIOD = 0.010
 
@@ -256,6 +265,7 @@ def main() -> None:
     parser.add_argument("--big", type=int, default=6)
     parser.add_argument("--size-mib", type=int, default=16)
     parser.add_argument("--runs", type=int, default=3, help="runs per system (medians)")
+    parser.add_argument("--no-direct", action="store_true", help="skip the direct-transfer runs")
     args = parser.parse_args()
     if args.subscriber:
         subscriber(args.subscriber, args.broker, args.endpoint, args.big)
@@ -267,36 +277,49 @@ def main() -> None:
     seaweed = SeaweedFS().start()
     raised = Mosquitto(extra_config=NODELAY).start()
     limited = Mosquitto(max_packet_size=262144, extra_config=NODELAY).start()
+    # Its own broker: the direct gateway's discovery record reaches only its clients.
+    direct_broker = Mosquitto(max_packet_size=262144, extra_config=NODELAY).start()
+    public = {"OFFLOAD_S3_PUBLIC_URL": f"http://{seaweed.endpoint}"}
     bucket = f"hol-{uuid.uuid4().hex[:8]}"
-    p99s: dict[str, list[float]] = {"paho": [], "client": []}
-    p50s: dict[str, list[float]] = {"paho": [], "client": []}
+    p99s: dict[str, list[float]] = {name: [] for name in NAMES}
+    p50s: dict[str, list[float]] = {name: [] for name in NAMES}
     try:
         make_bucket(seaweed, bucket)
-        with gateway_process(seaweed, bucket, broker=limited) as gw:
-            for run in range(1, args.runs + 1):  # the two systems alternate: same conditions
-                for kind, broker, endpoint in (("paho", raised, None), ("client", limited, gw.url)):
-                    lat = _run(kind, broker, endpoint, payloads, args.same_process)
-                    p50s[kind].append(_pct(lat, 50))
-                    p99s[kind].append(_pct(lat, 99))
-                    print(f"run {run} {NAMES[kind]}: {len(lat)} small messages, "
-                          f"p50 {p50s[kind][-1]:.1f} ms, p99 {p99s[kind][-1]:.1f} ms")  # fmt: skip
+        with (
+            gateway_process(seaweed, bucket, broker=limited) as gw,
+            gateway_process(seaweed, bucket, broker=direct_broker, extra_env=public),
+        ):
+            systems = [("paho", "paho", raised, gw.url), ("client", "client", limited, gw.url)]
+            if not args.no_direct:  # found by discovery, with the store it advertises
+                systems.append(("direct", "client", direct_broker, ""))
+            for run in range(1, args.runs + 1):  # the systems alternate: same conditions
+                for name, kind, broker, endpoint in systems:
+                    lat = _run(kind, broker, endpoint or None, payloads, args.same_process)
+                    p50s[name].append(_pct(lat, 50))
+                    p99s[name].append(_pct(lat, 99))
+                    print(f"run {run} {NAMES[name]}: {len(lat)} small messages, "
+                          f"p50 {p50s[name][-1]:.1f} ms, p99 {p99s[name][-1]:.1f} ms")  # fmt: skip
     finally:
+        direct_broker.close()
         limited.close()
         raised.close()
         seaweed.close()
     b50, b99 = statistics.median(p50s["paho"]), statistics.median(p99s["paho"])
-    c50, c99 = statistics.median(p50s["client"]), statistics.median(p99s["client"])
-    print(f"median of {args.runs}: {NAMES['paho']} p50 {b50:.1f} ms p99 {b99:.1f} ms; "
-          f"{NAMES['client']} p50 {c50:.1f} ms p99 {c99:.1f} ms")  # fmt: skip
-    print(f"p99 ratio {c99 / b99:.3f} (target <= 0.10); {args.big} x {args.size_mib} MiB intact")
-    emit(
-        [
-            row("8 head-of-line", f"telemetry p99 while {args.big} x {args.size_mib} MiB flow",
+    rows = []
+    for name in [n for n, v in p99s.items() if v and n != "paho"]:
+        c50, c99 = statistics.median(p50s[name]), statistics.median(p99s[name])
+        print(f"median of {args.runs}: {NAMES['paho']} p50 {b50:.1f} ms p99 {b99:.1f} ms; "
+              f"{NAMES[name]} p50 {c50:.1f} ms p99 {c99:.1f} ms; p99 ratio {c99 / b99:.3f} "
+              f"(target <= 0.10); {args.big} x {args.size_mib} MiB intact")  # fmt: skip
+        which = "" if name == "client" else f", {NAMES[name]}"
+        flow = f"{args.big} x {args.size_mib} MiB flow{which}"
+        rows += [
+            row("8 head-of-line", f"telemetry p99 while {flow}",
                 b99, c99, "ms", "<= 0.10", higher_is_better=False, limit=0.10),
-            row("8 head-of-line", "telemetry p50 (info)", b50, c50, "ms", "-",
+            row("8 head-of-line", f"telemetry p50 (info){which}", b50, c50, "ms", "-",
                 higher_is_better=False, limit=float("inf")),
-        ]
-    )  # fmt: skip
+        ]  # fmt: skip
+    emit(rows)
 
 
 if __name__ == "__main__":
