@@ -131,6 +131,12 @@ class Urllib3Transport(httpx.BaseTransport):
         )
 
     def close(self) -> None:
+        # PoolManager.clear() only forgets its pools (urllib3 2 closes them when they are
+        # collected): close their connections now, or a server waits on them until GC.
+        pools = self._pool.pools
+        for pool in [pools.get(key) for key in pools.keys()]:  # noqa: SIM118 (no __iter__)
+            if pool is not None:
+                pool.close()
         self._pool.clear()
 
 

@@ -1,8 +1,9 @@
-"""Hostile peers for the tests: a lying HTTP endpoint and a raw MQTT publisher.
+"""Hostile peers for the tests: a lying HTTP endpoint, raw HTTP requests, a raw MQTT publisher.
 
 The lying endpoint is a tiny HTTP/1.1 server on a loopback socket that answers every GET
 with a body far larger than any placeholder declares, with or without Content-Length, and
-records how much it managed to send before the client hung up. The raw publisher is plain
+records how much it managed to send before the client hung up. A raw request is HTTP/1.1
+over a bare socket, whose body bytes go out only when the test says. The raw publisher is plain
 paho (no project code), so a test can put any bytes and user properties on the wire.
 """
 
@@ -121,6 +122,67 @@ class LyingEndpoint:
                 served.hung_up = True
             with self._done:
                 self._done.notify_all()
+
+
+class RawRequest:
+    """An HTTP/1.1 request over a bare socket: the test decides from which source address,
+    when (and whether) body bytes go out, and whether the answer is read."""
+
+    def __init__(
+        self,
+        port: int,
+        head: str,
+        *,
+        body: bytes = b"",
+        source: str = "127.0.0.1",
+        rcvbuf: int = 0,
+    ) -> None:
+        self.body = body
+        self.sent = 0
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        if rcvbuf:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        self.sock.bind((source, 0))
+        self.sock.settimeout(30)
+        self.sock.connect(("127.0.0.1", port))
+        self.sock.sendall(head.encode())
+
+    @classmethod
+    def post(
+        cls,
+        port: int,
+        path: str,
+        length: int,
+        *,
+        content_type: str = "application/octet-stream",
+        body: bytes = b"",
+        source: str = "127.0.0.1",
+    ) -> RawRequest:
+        """A POST announcing `length` body bytes, of which none has gone out yet."""
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Content-Type: {content_type}\r\nContent-Length: {length}\r\n\r\n"
+        )
+        return cls(port, head, body=body, source=source)
+
+    def send(self, n: int) -> None:
+        """Send the next `n` bytes of `body`."""
+        self.sock.sendall(self.body[self.sent : self.sent + n])
+        self.sent += n
+
+    def response_head(self, timeout: float = 30) -> bytes:
+        """What came back up to the end of the response head (less if the peer closed)."""
+        self.sock.settimeout(timeout)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            piece = self.sock.recv(65536)
+            if not piece:
+                break
+            data += piece
+        return data
+
+    def close(self) -> None:
+        self.sock.close()
 
 
 class RawPublisher:

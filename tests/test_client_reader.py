@@ -142,3 +142,20 @@ def test_a_proxy_in_the_environment_is_honoured(
     with HttpTransport(timeout=10) as http:
         assert http.fetch(url, expected_sha256=SHA, expected_size=len(BODY)).read() == BODY
     assert server.targets == [url.encode()]
+
+
+def test_closing_the_transport_closes_its_connections(server: Server) -> None:
+    """Not left to the garbage collector: a server shutting down waits for open ones."""
+    closed = threading.Event()
+    original = server._serve
+
+    def serve(conn: socket.socket) -> None:
+        original(conn)
+        closed.set()  # the client's end is gone (recv saw EOF)
+
+    server._serve = serve  # type: ignore[method-assign]
+    http = HttpTransport(timeout=10)
+    assert http.fetch(f"{server.url}/ok", expected_sha256=SHA, expected_size=len(BODY))
+    assert not closed.wait(0.3)  # kept alive for the next fetch
+    http.close()
+    assert closed.wait(5)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -10,6 +9,7 @@ from collections.abc import Callable, Iterator
 import bson
 import httpx
 import pytest
+from _hostile import RawRequest
 
 from gateway.storage import S3Store
 
@@ -33,40 +33,15 @@ def stored(seaweed: SeaweedFS, bucket_name: str) -> Callable[[], list[str]]:
     return lambda: [info.key for info in store.list("")]
 
 
-class RawUpload:
-    """An upload over a bare socket, so the test decides when (and whether) bytes go out."""
-
-    def __init__(self, gw: GatewayServer, body: bytes, topic: str = "l/raw") -> None:
-        self.body = body
-        self.sock = socket.create_connection(("127.0.0.1", gw.port), timeout=30)
-        head = (
-            f"POST /topic/{topic}+oversized HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-            f"Content-Type: application/bson\r\nContent-Length: {len(body)}\r\n\r\n"
-        )
-        self.sock.sendall(head.encode())
-        self.sent = 0
-
-    def send(self, n: int) -> None:
-        self.sock.sendall(self.body[self.sent : self.sent + n])
-        self.sent += n
-
-    def response(self, timeout: float = 30) -> bytes:
-        self.sock.settimeout(timeout)
-        data = b""
-        while b"\r\n\r\n" not in data:
-            piece = self.sock.recv(65536)
-            if not piece:
-                break
-            data += piece
-        return data
-
-    def close(self) -> None:
-        self.sock.close()
+def bson_upload(gw: GatewayServer, body: bytes, topic: str = "l/raw") -> RawRequest:
+    """hop's upload of `body` (a BSON document) over a bare socket, no body byte sent yet."""
+    path = f"/topic/{topic}+oversized"
+    return RawRequest.post(gw.port, path, len(body), content_type="application/bson", body=body)
 
 
 @pytest.fixture
-def raw_uploads() -> Iterator[list[RawUpload]]:
-    made: list[RawUpload] = []
+def raw_uploads() -> Iterator[list[RawRequest]]:
+    made: list[RawRequest] = []
     yield made
     for upload in made:
         upload.close()
@@ -74,15 +49,15 @@ def raw_uploads() -> Iterator[list[RawUpload]]:
 
 def test_slow_loris_body_times_out_with_408_and_stores_nothing(
     gateway_factory: Callable[..., GatewayServer],
-    raw_uploads: list[RawUpload],
+    raw_uploads: list[RawRequest],
     stored: Callable[[], list[str]],
 ) -> None:
     gw = gateway_factory(None, body_idle_timeout=1.0)
-    upload = RawUpload(gw, upload_doc(b"s" * 10_000, uuid.uuid4()))
+    upload = bson_upload(gw, upload_doc(b"s" * 10_000, uuid.uuid4()))
     raw_uploads.append(upload)
     upload.send(40)  # past the document header: the payload upload has begun
     started = time.monotonic()
-    answer = upload.response()
+    answer = upload.response_head()
     waited = time.monotonic() - started
     assert answer.startswith(b"HTTP/1.1 408"), answer
     assert 0.8 < waited < 5
@@ -92,27 +67,27 @@ def test_slow_loris_body_times_out_with_408_and_stores_nothing(
 
 
 def test_a_slow_but_moving_body_is_not_cut(
-    gateway_factory: Callable[..., GatewayServer], raw_uploads: list[RawUpload]
+    gateway_factory: Callable[..., GatewayServer], raw_uploads: list[RawRequest]
 ) -> None:
     gw = gateway_factory(None, body_idle_timeout=1.0, min_body_rate=100)
     body = upload_doc(b"m" * 600, uuid.uuid4())
-    upload = RawUpload(gw, body)
+    upload = bson_upload(gw, body)
     raw_uploads.append(upload)
     step = len(body) // 8 + 1
     for _ in range(8):  # about 2.4 s in all at ~300 bytes/s, never 1 s without a byte
         upload.send(step)
         time.sleep(0.3)
-    assert upload.response().startswith(b"HTTP/1.1 201")
+    assert upload.response_head().startswith(b"HTTP/1.1 201")
 
 
 def test_a_trickling_body_is_cut_below_the_minimum_rate(
     gateway_factory: Callable[..., GatewayServer],
-    raw_uploads: list[RawUpload],
+    raw_uploads: list[RawRequest],
     stored: Callable[[], list[str]],
 ) -> None:
     """A byte now and then never trips the idle timeout, but cannot hold a slot for ever."""
     gw = gateway_factory(None, body_idle_timeout=1.0, min_body_rate=1000)
-    upload = RawUpload(gw, upload_doc(b"t" * 10_000, uuid.uuid4()))
+    upload = bson_upload(gw, upload_doc(b"t" * 10_000, uuid.uuid4()))
     raw_uploads.append(upload)
     answer = b""
     for _ in range(40):  # ~30 bytes/s, a piece every 0.3 s: never idle for 1 s
@@ -127,7 +102,7 @@ def test_a_trickling_body_is_cut_below_the_minimum_rate(
             continue
         if answer:
             break
-    answer += upload.response(timeout=5)
+    answer += upload.response_head(timeout=5)
     assert answer.startswith(b"HTTP/1.1 408"), answer
     assert b"too slow" in answer
     assert upload.sent < 200  # cut after about a second of waiting, not at the end
@@ -135,12 +110,12 @@ def test_a_trickling_body_is_cut_below_the_minimum_rate(
 
 
 def test_concurrent_uploads_per_client_are_limited(
-    gateway_factory: Callable[..., GatewayServer], raw_uploads: list[RawUpload]
+    gateway_factory: Callable[..., GatewayServer], raw_uploads: list[RawRequest]
 ) -> None:
     gw = gateway_factory(None, max_uploads_per_client=2, body_idle_timeout=30)
     bodies = [upload_doc(b"c" * 1000, uuid.uuid4()) for _ in range(3)]
     for body in bodies[:2]:  # two uploads in progress, their bodies half sent
-        upload = RawUpload(gw, body)
+        upload = bson_upload(gw, body)
         upload.send(100)
         raw_uploads.append(upload)
     time.sleep(0.3)  # let the gateway start both
@@ -152,7 +127,7 @@ def test_concurrent_uploads_per_client_are_limited(
         assert http.get("/healthz").status_code == 200  # reads are not limited
         first = raw_uploads[0]
         first.send(len(first.body))
-        assert first.response().startswith(b"HTTP/1.1 201")
+        assert first.response_head().startswith(b"HTTP/1.1 201")
         time.sleep(0.2)
         assert http.post("/topic/l/third+oversized", content=bodies[2]).status_code == 201
 

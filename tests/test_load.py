@@ -27,6 +27,7 @@ from typing import Any
 
 import httpx
 import pytest
+from _hostile import RawRequest
 
 from client.protocol import encode_upload
 
@@ -253,40 +254,6 @@ def test_32_concurrent_uploads_and_8_downloads_from_several_addresses_all_comple
     assert httpx.get(f"{gw.url}/readyz", timeout=10).status_code == 200
 
 
-class RawRequest:
-    """A request over a bare socket from a chosen source address: the test decides when
-    (and whether) body bytes go out and whether the response is read."""
-
-    def __init__(self, gw: GatewayProcess, source: str, head: str, rcvbuf: int = 0) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        if rcvbuf:
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-        self.sock.bind((source, 0))
-        self.sock.settimeout(30)
-        self.sock.connect(("127.0.0.1", gw.port))
-        self.sock.sendall(head.encode())
-
-    @classmethod
-    def upload(cls, gw: GatewayProcess, source: str, topic: str, length: int) -> RawRequest:
-        head = (
-            f"POST /publish/{topic} HTTP/1.1\r\nHost: gw\r\n"
-            f"Content-Type: application/octet-stream\r\nContent-Length: {length}\r\n\r\n"
-        )
-        return cls(gw, source, head)
-
-    def response_head(self) -> bytes:
-        data = b""
-        while b"\r\n\r\n" not in data:
-            piece = self.sock.recv(65536)
-            if not piece:
-                break
-            data += piece
-        return data
-
-    def close(self) -> None:
-        self.sock.close()
-
-
 def wait_for(predicate: Callable[[], bool], timeout: float = 30) -> bool:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -307,13 +274,15 @@ def test_saturated_gateway_refuses_at_once_with_retry_after_and_recovers(
     try:
         # Three stalled uploads from one address take its per-client share...
         for _ in range(3):
-            stalled.append(RawRequest.upload(gw, "127.0.0.2", topic, 64 * MiB))
+            stalled.append(
+                RawRequest.post(gw.port, f"/publish/{topic}", 64 * MiB, source="127.0.0.2")
+            )
         assert wait_for(lambda: gw.health().json()["workers"]["transfers"]["active"] == 3)
         # ...a fourth from it is refused (429), one from elsewhere takes the last slot.
         with httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.2")) as http:
             refused = http.post(f"{gw.url}/publish/{topic}", content=b"x", timeout=10)
         assert refused.status_code == 429 and refused.headers["retry-after"]
-        stalled.append(RawRequest.upload(gw, "127.0.0.3", topic, 64 * MiB))
+        stalled.append(RawRequest.post(gw.port, f"/publish/{topic}", 64 * MiB, source="127.0.0.3"))
         assert wait_for(lambda: gw.health().json()["workers"]["transfers"]["active"] == 4)
 
         # Every transfer slot is taken: uploads and downloads answer 503 + Retry-After now.
@@ -359,7 +328,7 @@ def test_disconnects_and_clients_that_stop_reading_release_their_slots(
     threads: list[int] = []
     for cut_after in (3, 20, 20):
         for _ in range(3):
-            request = RawRequest.upload(gw, "127.0.0.5", topic, 32 * MiB)
+            request = RawRequest.post(gw.port, f"/publish/{topic}", 32 * MiB, source="127.0.0.5")
             for _ in range(cut_after):
                 request.sock.sendall(chunk)
             request.close()
@@ -369,11 +338,13 @@ def test_disconnects_and_clients_that_stop_reading_release_their_slots(
     assert threads[2] <= threads[1] + 1, threads
     # Downloads whose clients never read (a tiny receive window), and one that hangs up.
     readers = [
-        RawRequest(gw, "127.0.0.6", f"GET {url} HTTP/1.1\r\nHost: gw\r\n\r\n", rcvbuf=4096)
+        RawRequest(
+            gw.port, f"GET {url} HTTP/1.1\r\nHost: gw\r\n\r\n", source="127.0.0.6", rcvbuf=4096
+        )
         for _ in range(3)
     ]
     try:
-        hung_up = RawRequest(gw, "127.0.0.6", f"GET {url} HTTP/1.1\r\nHost: gw\r\n\r\n")
+        hung_up = RawRequest(gw.port, f"GET {url} HTTP/1.1\r\nHost: gw\r\n\r\n", source="127.0.0.6")
         hung_up.response_head()
         hung_up.close()
         assert wait_for(lambda: gw.health().json()["workers"]["transfers"]["active"] >= 3)
