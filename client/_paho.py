@@ -115,7 +115,9 @@ class MqttConnection:
             self._paho.username_pw_set(self.broker.username, self.broker.password)
         if self.broker.tls:
             self._paho.tls_set(ca_certs=ca_file, cert_reqs=ssl.CERT_REQUIRED)
-        self._paho.reconnect_delay_set(min_delay=0.25, max_delay=10)
+        # A quarter second first (paho's hint says int; it only does time arithmetic with it,
+        # paho-mqtt 2.x): closing a link that just dropped waits out this sleep.
+        self._paho.reconnect_delay_set(min_delay=0.25, max_delay=10)  # type: ignore[arg-type]
         self._paho.on_connect = self._on_connect
         self._paho.on_disconnect = self._on_disconnect
         self._paho.on_message = self._on_message
