@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +34,22 @@ class Served:
     sent: int = 0
     hung_up: bool = False
     finished: bool = False
+
+
+def accept_each(sock: socket.socket, handle: Callable[[socket.socket], None]) -> threading.Thread:
+    """Accept on `sock` until it is closed, each connection handled on its own daemon thread."""
+
+    def run() -> None:
+        while True:
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
 
 
 @dataclass
@@ -58,9 +75,7 @@ class LyingEndpoint:
         sock.bind(("127.0.0.1", self.port))
         sock.listen(8)
         self._sock = sock
-        thread = threading.Thread(target=self._accept, daemon=True)
-        thread.start()
-        self._threads.append(thread)
+        self._threads.append(accept_each(sock, self._serve))
         return self
 
     def stop(self) -> None:
@@ -75,15 +90,6 @@ class LyingEndpoint:
                 lambda: sum(s.hung_up or s.finished for s in self.served) >= count, timeout
             )
             return list(self.served)
-
-    def _accept(self) -> None:
-        assert self._sock is not None
-        while True:
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
         with conn:

@@ -20,6 +20,8 @@ from client import FetchError
 from client._answers import MAX_ERROR_BODY, TransientFetchError
 from client._http import HttpTransport
 
+from _hostile import accept_each
+
 BODY = bytes(range(256)) * 4096  # 1 MiB
 SHA = hashlib.sha256(BODY).hexdigest()
 
@@ -32,18 +34,11 @@ class Server:
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         self.connections = 0
         self.targets: list[bytes] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.connections += 1
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+        # Looked up per connection: a test may wrap `_serve` after the server started.
+        accept_each(self.sock, lambda conn: self._serve(conn))
 
     def _serve(self, conn: socket.socket) -> None:
+        self.connections += 1
         buffered = b""
         with conn:
             try:

@@ -34,6 +34,7 @@ from client._http import HttpTransport
 from client.protocol import MessageId, Placeholder
 
 from _gateway import GatewayServer
+from _hostile import accept_each
 from _servers import Mosquitto, SeaweedFS, free_port
 
 pytestmark = pytest.mark.servers
@@ -72,30 +73,25 @@ class RecordingRelay:
         self.port = self.sock.getsockname()[1]
         self._streams: list[bytearray] = []
         self._lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
+        accept_each(self.sock, self._relay)
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(("127.0.0.1", self.target_port))
-            stream = bytearray()
+    def _relay(self, conn: socket.socket) -> None:
+        upstream = socket.create_connection(("127.0.0.1", self.target_port))
+        stream = bytearray()
+        with self._lock:
+            self._streams.append(stream)
+
+        def keep(data: bytes) -> None:
             with self._lock:
-                self._streams.append(stream)
+                if len(stream) < 64 * MiB:
+                    stream.extend(data)
 
-            def keep(data: bytes, stream: bytearray = stream) -> None:
-                with self._lock:
-                    if len(stream) < 64 * MiB:
-                        stream += data
-
-            threading.Thread(target=_pump, args=(conn, upstream, keep), daemon=True).start()
-            threading.Thread(target=_pump, args=(upstream, conn, None), daemon=True).start()
+        threading.Thread(target=_pump, args=(upstream, conn, None), daemon=True).start()
+        _pump(conn, upstream, keep)
 
     def requests(self) -> list[bytes]:
         """Every request head (request line and headers) clients sent through the relay."""

@@ -15,10 +15,10 @@ import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
-from _hostile import RawPublisher
 
 from client import ChunkBufferOverflow, ChunkTimeoutError, Client, Message, MessageError
 
+from _hostile import RawPublisher
 from _servers import Mosquitto
 
 pytestmark = pytest.mark.servers

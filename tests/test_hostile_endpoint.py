@@ -18,11 +18,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from _hostile import LyingEndpoint, PeakRss, RawPublisher
 
 from client import Client, FetchError, Message, MessageError
 from client.protocol import MessageId, Placeholder
 
+from _hostile import LyingEndpoint, PeakRss, RawPublisher
 from _servers import Mosquitto
 
 pytestmark = pytest.mark.servers

@@ -24,13 +24,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from _hostile import PeakRss, RawPublisher
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from client import Client, Message, MessageError, Route
 
 from _gateway import GatewayServer
+from _hostile import PeakRss, RawPublisher
 from _servers import Mosquitto
 
 pytestmark = pytest.mark.servers

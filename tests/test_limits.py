@@ -9,11 +9,11 @@ from collections.abc import Callable, Iterator
 import bson
 import httpx
 import pytest
-from _hostile import RawRequest
 
 from gateway.storage import S3Store
 
 from _gateway import GatewayServer
+from _hostile import RawRequest
 from _servers import SeaweedFS
 
 pytestmark = pytest.mark.servers

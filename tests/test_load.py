@@ -27,10 +27,10 @@ from typing import Any
 
 import httpx
 import pytest
-from _hostile import RawRequest
 
 from client.protocol import encode_upload
 
+from _hostile import RawRequest
 from _servers import Mosquitto, SeaweedFS, free_port, wait_for_port
 
 pytestmark = pytest.mark.servers

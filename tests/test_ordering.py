@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from _hostile import RawPublisher
 
 from client import Client, FetchError, Message, MessageError
 from client.protocol import MessageId, Placeholder
 
+from _hostile import RawPublisher
 from _servers import Mosquitto, wait_until
 
 pytestmark = pytest.mark.servers

@@ -26,6 +26,7 @@ from minio import Minio
 
 from gateway.storage import S3Store
 
+from _hostile import accept_each
 from _servers import SeaweedFS
 
 pytestmark = pytest.mark.servers
@@ -63,16 +64,7 @@ class TlsRelay:
         self.port = self.listener.getsockname()[1]
         self.requests = bytearray()  # everything clients sent, decrypted
         self.lock = threading.Lock()
-        self.closed = False
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while not self.closed:
-            try:
-                raw, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(raw,), daemon=True).start()
+        accept_each(self.listener, self._serve)
 
     def _serve(self, raw: socket.socket) -> None:
         try:
@@ -113,7 +105,6 @@ class TlsRelay:
         return found
 
     def close(self) -> None:
-        self.closed = True
         self.listener.close()
 
 
