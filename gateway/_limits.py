@@ -38,6 +38,10 @@ from ._executors import request_scope
 log = logging.getLogger("gateway")
 
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+#: Answers after which the rest of a request body is never read (stalled or too slow, too
+#: large): they close the connection (RFC 9110, 15.5.9 and 15.5.14) instead of leaving
+#: the server to drain the body or to hold the socket until the keep-alive timeout.
+_CLOSE_AFTER = frozenset({408, 413})
 SEND_SLICE = 256 * 1024  # bytes per body message handed to the server
 
 
@@ -106,7 +110,7 @@ class UploadLimits:
             return
         self.active[address] = count + 1
         try:
-            await self.app(scope, self._bounded(receive), send)
+            await self.app(scope, self._bounded(receive), _closing(send))
         finally:
             left = self.active[address] - 1
             if left:
@@ -168,6 +172,18 @@ class UploadLimits:
                 )
 
         return bounded_send
+
+
+def _closing(send: Send) -> Send:
+    """`send`, with `Connection: close` on the answers of :data:`_CLOSE_AFTER`."""
+
+    async def closing_send(message: Message) -> None:
+        if message["type"] == "http.response.start" and message["status"] in _CLOSE_AFTER:
+            headers = [(k, v) for k, v in message.get("headers", ()) if k.lower() != b"connection"]
+            message = {**message, "headers": [*headers, (b"connection", b"close")]}
+        await send(message)
+
+    return closing_send
 
 
 class _Pace:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -186,6 +187,21 @@ class RawRequest:
                 break
             data += piece
         return data
+
+    def closed_by_peer(self, within: float) -> bool:
+        """Whether the peer closes the connection within `within` seconds (what it still
+        sends, the rest of an answer, is read and dropped)."""
+        deadline = time.monotonic() + within
+        try:
+            while (left := deadline - time.monotonic()) > 0:
+                self.sock.settimeout(left)
+                if not self.sock.recv(65536):
+                    return True
+        except TimeoutError:
+            return False
+        except ConnectionResetError:
+            return True
+        return False
 
     def close(self) -> None:
         self.sock.close()
