@@ -7,6 +7,7 @@ caller has already withdrawn the message and answered 503.
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable
 
@@ -59,6 +60,30 @@ def test_resend_mode_delivers_after_restart_and_fail_mode_never_does(
     finally:
         for conn in (sub, keep, drop):
             conn.close()
+
+
+def _nagle_off(conn: MqttConnection) -> bool:
+    sock = conn._paho.socket()
+    assert isinstance(sock, socket.socket)
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+
+
+def test_nagle_is_off_on_the_broker_connection_after_every_connect(
+    mosquitto_factory: Callable[..., Mosquitto],
+) -> None:
+    """paho leaves Nagle on: a small PUBLISH then waits for the broker's delayed ACK."""
+    server = mosquitto_factory()
+    conn = MqttConnection(server.url)
+    conn.connect()
+    try:
+        assert _nagle_off(conn)
+        server.stop()
+        assert _wait_for(lambda: not conn.connected)
+        server.start()  # same port: paho reconnects on a new socket
+        assert conn.wait_connected(30)
+        assert _nagle_off(conn)
+    finally:
+        conn.close()
 
 
 def test_a_publish_a_broker_would_refuse_is_never_queued(broker: Mosquitto) -> None:
