@@ -24,15 +24,22 @@ Telemetry comes from its own process (another device); `--same-process` sends it
 thread of the large messages' producer instead, which adds that process's upload work (GIL)
 to the claim check's telemetry latency.
 
-Where the claim check's remaining tail comes from (2 cores, November 2026): a plain paho
-subscriber that fetches nothing, on the same 256 KiB broker during the same claim-check
-flow, sees a p99 of 18-45 ms too, as does a `Client` with `fetch_external=False`: the tail
-is CPU taken by the upload path (producer, gateway, SeaweedFS) from mosquitto and the
-telemetry processes, not the subscriber's receive path. Direct transfers and a leaner
-proxy (issue 15, items 2 and 4) are what shrink it further.
+Where the claim check's tail comes from (2 cores, November 2026; `--worst 5` prints, per
+run, when the large messages arrived and when the slowest small ones were sent): before 25
+November, among the slowest samples were the first telemetry messages, sent before any large
+one: paho leaves Nagle's algorithm on, and the second small PUBLISH after connecting waited
+for mosquitto's delayed ACK (31-33 ms, every time; `bench/telemetry_latency.py`), which alone
+made a p99 of ~30 ms out of ~220 samples. `MqttConnection` now sets TCP_NODELAY. What is left
+sits where an upload starts and where large messages arrive: a thread in the subscriber that
+sleeps 1 ms at a time overslept by 15-60 ms at those moments, also while the subscriber had
+nothing to do (an upload starting): the two cores were busy with SeaweedFS, the gateway and
+both clients' transfers. Renicing SeaweedFS and the gateway to 15 took the median p99 from
+~30 to ~20 ms (ratio ~0.18): CPU on shared cores, which a deployment with the store and the
+gateway on other machines does not pay.
 
     python bench/hol.py
     python bench/hol.py --runs 1 --big 4 --size-mib 8
+    python bench/hol.py --worst 6   # when the slowest samples were sent
 """
 
 from __future__ import annotations
@@ -72,6 +79,7 @@ def _stamp() -> bytes:
 def subscriber(kind: str, broker: str, endpoint: str | None, big: int) -> None:
     """Print READY once subscribed, then one JSON line: latencies (s) and big SHA-256s."""
     lat: list[float] = []
+    marks: list[tuple[float, float]] = []  # (sent, received); sent -1: a large message
     bigs: list[bytes] = []
     done = threading.Event()
 
@@ -83,7 +91,9 @@ def subscriber(kind: str, broker: str, endpoint: str | None, big: int) -> None:
                     done.set()
             else:
                 lat.append(now - float(payload))
+                marks.append((float(payload), now))
         else:
+            marks.append((-1.0, now))
             # Hashed at the end: hashing 16 MiB here would hold up the next small message
             # in the application's own loop, for either system.
             bigs.append(payload)
@@ -129,7 +139,7 @@ def subscriber(kind: str, broker: str, endpoint: str | None, big: int) -> None:
                 elif item is not None:
                     print(f"error: {item}", file=sys.stderr)
     shas = [hashlib.sha256(b).hexdigest() for b in bigs]
-    print(json.dumps({"latency": lat, "big": shas}), flush=True)
+    print(json.dumps({"latency": lat, "big": shas, "marks": marks}), flush=True)
 
 
 # -- producers ------------------------------------------------------------------------------
@@ -217,8 +227,23 @@ def _child(role: str, kind: str, broker: Mosquitto, endpoint: str | None, big: i
     return child
 
 
+def _worst(marks: list[list[float]], count: int) -> str:
+    """When the large messages arrived and the slowest small ones were sent, ms from the
+    first arrival (where a tail comes from: start-up, a fetch, an upload)."""
+    t0 = min(received for _, received in marks)
+    bigs = [round((received - t0) * 1000) for sent, received in marks if sent < 0]
+    small = sorted((m for m in marks if m[0] >= 0), key=lambda m: m[0] - m[1])[:count]
+    slow = [f"{(s - t0) * 1000:.0f}: {(r - s) * 1000:.1f}" for s, r in small]
+    return f"large at {bigs}; slowest small (sent at: latency) {', '.join(slow)}"
+
+
 def _run(
-    kind: str, broker: Mosquitto, endpoint: str | None, payloads: list[bytes], same: bool
+    kind: str,
+    broker: Mosquitto,
+    endpoint: str | None,
+    payloads: list[bytes],
+    same: bool,
+    worst: int = 0,
 ) -> list[float]:
     sub = _child("--subscriber", kind, broker, endpoint, len(payloads))
     small, big, close = _publishers(kind, broker.url, endpoint)
@@ -241,6 +266,8 @@ def _run(
     out, _ = sub.communicate(timeout=600)
     close(b"")
     result = json.loads(out.strip().splitlines()[-1])
+    if worst:
+        print(f"  {kind}: {_worst(result['marks'], worst)}")
     sent = [hashlib.sha256(b).hexdigest() for b in payloads]
     if sorted(result["big"]) != sorted(sent):
         raise SystemExit(f"{kind}: large messages not delivered intact ({len(result['big'])})")
@@ -266,6 +293,9 @@ def main() -> None:
     parser.add_argument("--size-mib", type=int, default=16)
     parser.add_argument("--runs", type=int, default=3, help="runs per system (medians)")
     parser.add_argument("--no-direct", action="store_true", help="skip the direct-transfer runs")
+    parser.add_argument(
+        "--worst", type=int, default=0, metavar="N", help="print each run's N slowest samples"
+    )
     args = parser.parse_args()
     if args.subscriber:
         subscriber(args.subscriber, args.broker, args.endpoint, args.big)
@@ -294,7 +324,9 @@ def main() -> None:
                 systems.append(("direct", "client", direct_broker, ""))
             for run in range(1, args.runs + 1):  # the systems alternate: same conditions
                 for name, kind, broker, endpoint in systems:
-                    lat = _run(kind, broker, endpoint or None, payloads, args.same_process)
+                    lat = _run(
+                        kind, broker, endpoint or None, payloads, args.same_process, args.worst
+                    )
                     p50s[name].append(_pct(lat, 50))
                     p99s[name].append(_pct(lat, 99))
                     print(f"run {run} {NAMES[name]}: {len(lat)} small messages, "
