@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from client import ChunkBufferOverflow, ChunkTimeoutError, MalformedPlaceholder
 from client._exceptions import MalformedDiscoveryRecord
-from client.protocol import ChunkFailure, PublishProperties, Reassembler
+from client.protocol import ChunkFailure, PublishProperties, Reassembler, mqtt_string_problem
 from client.protocol._bounded import http_origin, json_depth_exceeds, loads_object
 from client.protocol._placeholder import MAX_PLACEHOLDER_BYTES, is_tagged, parse
 from client.protocol._reassembly import Pending, chunk_bounds
@@ -118,3 +118,24 @@ def test_reassembly_bounds_chunk_count_entries_and_timeout() -> None:
     r.feed(_Chunk(f"{first}:0:2:{SHA}", b"x", expiry=2**32 - 1), 100.0)
     expired = r.expire(106.0)
     assert any(isinstance(e.error, ChunkTimeoutError) and e.message_id == first for e in expired)
+
+
+def _refused_by_rule(code: int) -> bool:
+    """MQTT 5 1.5.4 as written: controls, surrogates, non-characters."""
+    return (
+        code < 0x20
+        or 0x7F <= code <= 0x9F
+        or 0xD800 <= code <= 0xDFFF
+        or 0xFDD0 <= code <= 0xFDEF
+        or (code & 0xFFFE) == 0xFFFE
+    )
+
+
+def test_mqtt_string_check_refuses_exactly_the_disallowed_code_points() -> None:
+    """Every code point, alone and after an allowed prefix: the check is the rule."""
+    for code in range(0x110000):
+        expected = _refused_by_rule(code)
+        problem = mqtt_string_problem(f"a/{chr(code)}")
+        assert (problem is not None) == expected, hex(code)
+        if expected:
+            assert f"U+{code:04X}" in problem
