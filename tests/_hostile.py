@@ -188,20 +188,23 @@ class RawRequest:
             data += piece
         return data
 
-    def closed_by_peer(self, within: float) -> bool:
-        """Whether the peer closes the connection within `within` seconds (what it still
-        sends, the rest of an answer, is read and dropped)."""
+    def rest_until_closed(self, within: float) -> bytes | None:
+        """What the peer still sends (the rest of an answer) if it then closes the connection
+        within `within` seconds; None if it keeps it open."""
         deadline = time.monotonic() + within
+        rest = b""
         try:
             while (left := deadline - time.monotonic()) > 0:
                 self.sock.settimeout(left)
-                if not self.sock.recv(65536):
-                    return True
+                piece = self.sock.recv(65536)
+                if not piece:
+                    return rest
+                rest += piece
         except TimeoutError:
-            return False
+            return None
         except ConnectionResetError:
-            return True
-        return False
+            return rest
+        return None
 
     def close(self) -> None:
         self.sock.close()
