@@ -48,13 +48,16 @@ class Acks:
         self._lock = threading.Lock()
         self._waiting: dict[int, Future[Any]] = {}
         self._early: dict[int, Any] = {}
+        self._unwritten: set[int] = set()  # QoS 0 mids: their future completes when written
 
-    def register(self, mid: int, future: Future[Any]) -> None:
+    def register(self, mid: int, future: Future[Any], *, qos0: bool = False) -> None:
         with self._lock:
             if mid in self._early:
                 outcome = self._early.pop(mid)
             else:
                 self._waiting[mid] = future
+                if qos0:
+                    self._unwritten.add(mid)
                 return
         _settle(future, outcome)
 
@@ -64,11 +67,23 @@ class Acks:
             if future is None:
                 self._early[mid] = outcome
                 return
+            self._unwritten.discard(mid)
         _settle(future, outcome)
+
+    def fail_unwritten(self, exc: BaseException) -> int:
+        """Fail every QoS 0 publish not yet written (the connection dropped: paho discards
+        them at the reconnect and never reports them); how many."""
+        with self._lock:
+            lost = [self._waiting.pop(mid) for mid in self._unwritten if mid in self._waiting]
+            self._unwritten.clear()
+        for future in lost:
+            _settle(future, exc)
+        return len(lost)
 
     def fail_all(self, exc: BaseException) -> None:
         with self._lock:
             waiting, self._waiting = self._waiting, {}
+            self._unwritten.clear()
         for future in waiting.values():
             _settle(future, exc)
 

@@ -200,6 +200,9 @@ class MqttConnection:
     ) -> Future[None]:
         """Queue one PUBLISH; the future completes when it is written (QoS 0) or acked.
 
+        A QoS 0 PUBLISH still unwritten when the connection drops fails with
+        :class:`ConnectionFailed` (paho discards it: at most once).
+
         Args:
             topic: topic name.
             payload: the bytes, already known to fit the broker's limit.
@@ -232,7 +235,7 @@ class MqttConnection:
             forget_outgoing(self._paho, info.mid)
             future.set_exception(PublishRejected(topic, mqtt.error_string(info.rc)))
             return future
-        self._pubacks.register(info.mid, future)
+        self._pubacks.register(info.mid, future, qos0=qos == 0)
         return future
 
     def subscribe(self, topic_filter: str, qos: int = 1) -> Future[None]:
@@ -324,6 +327,13 @@ class MqttConnection:
         if self._connected.is_set():
             log.info("lost broker %s: %s", self.broker, reason)
         self._connected.clear()
+        # QoS 0 messages still queued are lost (at most once): say so instead of leaving
+        # their futures pending for ever.
+        lost = self._pubacks.fail_unwritten(
+            ConnectionFailed("connection lost before the QoS 0 message was written")
+        )
+        if lost:
+            log.info("%d QoS 0 message(s) not written before the disconnect: lost", lost)
         if not self._resend:
             dropped = self._fail_unacknowledged()
             if dropped:
