@@ -302,14 +302,17 @@ class Client:
             retain: retain flag (kept on a placeholder; chunks are never retained, since a
                 broker would keep only the last chunk).
             properties: MQTT 5 properties (must be None or empty for MQTT 3.1.1).
-            timeout: seconds to wait for the broker's acknowledgements; None waits forever.
+            timeout: seconds to wait for the broker's acknowledgements (QoS 0: for room
+                among the messages queued and not yet written); None waits forever.
             message_id: the id an offloaded payload is stored under (default: a new
                 UUID). An application that retries a publish after a crash passes the same
                 id: the gateway keeps one object and the placeholder is published once the
                 upload is confirmed.
 
         Returns:
-            How the message went: route, size, SHA-256, message id and URL.
+            How the message went: route, size, SHA-256, message id and URL. A QoS 1/2
+            message was acknowledged; a QoS 0 one is queued (up to 256 of them, 4 MiB,
+            wait to be written; lost if the connection drops first: at most once).
 
         Raises:
             MessageTooLarge: it does not fit and neither offload nor chunking may be used.
