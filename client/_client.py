@@ -219,8 +219,12 @@ class Client:
             raise
 
     def close(self) -> None:
-        """Disconnect, stop the worker and end :meth:`messages` iterators."""
+        """Disconnect, stop the worker and end :meth:`messages` iterators.
+
+        QoS 0 messages still queued are written first (waiting at most 5 s).
+        """
         self._closed = True
+        self._publisher.flush()  # paho's disconnect may stop its loop before writing them
         self._conn.close()
         self._stop_worker()
         self._receiver.chunk_store.close()

@@ -45,9 +45,12 @@ CHUNK_WINDOW = 32
 #: are written. MQTT promises no more for QoS 0 (at most once), and waiting for each write
 #: cost a round trip to paho's thread: 7,000 delivered messages per second against plain
 #: paho's 50,000 (bench/RESULTS.md, "QoS 0 publishes"). The window keeps what paho buffers
-#: bounded; on `Client.close` paho writes what is queued before its DISCONNECT.
+#: bounded; `Client.close` waits for the rest to be written (`flush`): paho's own
+#: disconnect may stop its loop before it writes them.
 QOS0_WINDOW = 256
 QOS0_WINDOW_BYTES = 4 * 1024 * 1024
+#: Most seconds `flush` waits for the QoS 0 PUBLISHes still queued to be written.
+FLUSH_TIMEOUT = 5.0
 
 
 def wait_ack(future: Future[None], timeout: float | None, topic: str) -> None:
@@ -207,6 +210,15 @@ class Publisher:
                 f"queued QoS 0 messages not written within {send.timeout}s; "
                 f"{send.topic!r} is queued behind them"
             )
+
+    def flush(self, timeout: float = FLUSH_TIMEOUT) -> None:
+        """Wait, at most `timeout` seconds, until every queued QoS 0 PUBLISH is written
+        (or lost with the connection)."""
+        with self._unwritten_lock:
+            pending = [future for future, _ in self._unwritten]
+            self._unwritten.clear()
+            self._unwritten_bytes = 0
+        wait_futures(pending, timeout)
 
     def _packet_size(self, send: _Send, payload_size: int) -> int:
         """The exact size of the message as one PUBLISH, even beyond MQTT's own cap."""

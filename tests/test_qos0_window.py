@@ -52,6 +52,38 @@ def test_a_qos0_burst_then_close_delivers_every_message_in_order(
         sub.disconnect()
 
 
+def test_a_qos0_publish_then_close_is_delivered_every_time(
+    mosquitto_factory: Callable[..., Mosquitto], unique_topic: Callable[[str], str]
+) -> None:
+    """What `offload publish --qos 0` does: one message, then close at once (paho's own
+    disconnect could stop its loop before the queued PUBLISH was written)."""
+    broker = mosquitto_factory()
+    topic = unique_topic("qos0")
+    got: list[bytes] = []
+    subscribed = threading.Event()
+    sub = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+    sub.on_subscribe = lambda *a: subscribed.set()
+    sub.on_message = lambda c, u, m: got.append(m.payload)
+    sub.connect("127.0.0.1", broker.port)
+    sub.loop_start()
+    try:
+        sub.subscribe(topic, 0)
+        assert subscribed.wait(10)
+        # A retained discovery record (the gateway's, here a stale one) reaches every new
+        # client: bytes it has not read when it closes, so its close resets the connection
+        # and the broker may drop what it had not yet read from it.
+        sub.publish("sys/metadata", b"{}", qos=1, retain=True).wait_for_publish(10)
+        sent = [b"%02d" % i for i in range(40)]
+        for body in sent:
+            with Client(broker.url) as pub:
+                pub.publish(topic, body, qos=0)
+        wait_until(lambda: len(got) >= len(sent), "every message at the subscriber", 10)
+        assert got == sent
+    finally:
+        sub.loop_stop()
+        sub.disconnect()
+
+
 class _StalledBroker:
     """Answers CONNECT with CONNACK, then reads nothing more: writes to it soon block."""
 
