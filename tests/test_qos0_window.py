@@ -11,6 +11,7 @@ import contextlib
 import socket
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 import paho.mqtt.client as mqtt
 import pytest
@@ -24,64 +25,62 @@ from _servers import Mosquitto, wait_until
 pytestmark = pytest.mark.servers
 
 
-def test_a_qos0_burst_then_close_delivers_every_message_in_order(
+@dataclass
+class _Watch:
+    """A broker, a topic on it and what a plain paho subscriber to it has received."""
+
+    broker: Mosquitto
+    topic: str
+    sub: mqtt.Client
+    got: list[bytes] = field(default_factory=list)
+
+
+@pytest.fixture
+def watch(
     mosquitto_factory: Callable[..., Mosquitto], unique_topic: Callable[[str], str]
-) -> None:
+) -> Iterator[_Watch]:
     broker = mosquitto_factory()
-    topic = unique_topic("qos0")
-    got: list[bytes] = []
+    w = _Watch(
+        broker, unique_topic("qos0"), mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+    )
     subscribed = threading.Event()
-    sub = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
-    sub.on_subscribe = lambda *a: subscribed.set()
-    sub.on_message = lambda c, u, m: got.append(m.payload)
-    sub.connect("127.0.0.1", broker.port)
-    sub.loop_start()
+    w.sub.on_subscribe = lambda *a: subscribed.set()
+    w.sub.on_message = lambda c, u, m: w.got.append(m.payload)
+    w.sub.connect("127.0.0.1", broker.port)
+    w.sub.loop_start()
     try:
-        sub.subscribe(topic, 0)
+        w.sub.subscribe(w.topic, 0)
         assert subscribed.wait(10)
-        pub = Client(broker.url)
-        pub.connect()
-        sent = [b"%06d" % i for i in range(3000)]
-        for body in sent:
-            pub.publish(topic, body, qos=0)
-        pub.close()  # writes what is still queued before it disconnects
-        wait_until(lambda: len(got) >= len(sent), "every message at the subscriber", 30)
-        assert got == sent
+        yield w
     finally:
-        sub.loop_stop()
-        sub.disconnect()
+        w.sub.loop_stop()
+        w.sub.disconnect()
 
 
-def test_a_qos0_publish_then_close_is_delivered_every_time(
-    mosquitto_factory: Callable[..., Mosquitto], unique_topic: Callable[[str], str]
-) -> None:
+def test_a_qos0_burst_then_close_delivers_every_message_in_order(watch: _Watch) -> None:
+    pub = Client(watch.broker.url)
+    pub.connect()
+    sent = [b"%06d" % i for i in range(3000)]
+    for body in sent:
+        pub.publish(watch.topic, body, qos=0)
+    pub.close()  # writes what is still queued before it disconnects
+    wait_until(lambda: len(watch.got) >= len(sent), "every message at the subscriber", 30)
+    assert watch.got == sent
+
+
+def test_a_qos0_publish_then_close_is_delivered_every_time(watch: _Watch) -> None:
     """What `offload publish --qos 0` does: one message, then close at once (paho's own
     disconnect could stop its loop before the queued PUBLISH was written)."""
-    broker = mosquitto_factory()
-    topic = unique_topic("qos0")
-    got: list[bytes] = []
-    subscribed = threading.Event()
-    sub = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
-    sub.on_subscribe = lambda *a: subscribed.set()
-    sub.on_message = lambda c, u, m: got.append(m.payload)
-    sub.connect("127.0.0.1", broker.port)
-    sub.loop_start()
-    try:
-        sub.subscribe(topic, 0)
-        assert subscribed.wait(10)
-        # A retained discovery record (the gateway's, here a stale one) reaches every new
-        # client: bytes it has not read when it closes, so its close resets the connection
-        # and the broker may drop what it had not yet read from it.
-        sub.publish("sys/metadata", b"{}", qos=1, retain=True).wait_for_publish(10)
-        sent = [b"%02d" % i for i in range(40)]
-        for body in sent:
-            with Client(broker.url) as pub:
-                pub.publish(topic, body, qos=0)
-        wait_until(lambda: len(got) >= len(sent), "every message at the subscriber", 10)
-        assert got == sent
-    finally:
-        sub.loop_stop()
-        sub.disconnect()
+    # A retained discovery record (the gateway's, here a stale one) reaches every new
+    # client: bytes it has not read when it closes, so its close resets the connection
+    # and the broker may drop what it had not yet read from it.
+    watch.sub.publish("sys/metadata", b"{}", qos=1, retain=True).wait_for_publish(10)
+    sent = [b"%02d" % i for i in range(40)]
+    for body in sent:
+        with Client(watch.broker.url) as pub:
+            pub.publish(watch.topic, body, qos=0)
+    wait_until(lambda: len(watch.got) >= len(sent), "every message at the subscriber", 10)
+    assert watch.got == sent
 
 
 class _StalledBroker:
