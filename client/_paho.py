@@ -25,6 +25,7 @@ import logging
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -43,6 +44,9 @@ from ._paho_session import forget_outgoing, take_unacknowledged
 from .protocol import PublishProperties
 
 log = logging.getLogger("client.mqtt")
+
+#: Seconds `close()` waits at most for the broker to read what was sent and close its side.
+CLOSE_LINGER = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +130,8 @@ class MqttConnection:
         self._paho.on_publish = self._on_publish
         self._paho.on_subscribe = self._on_subscribe
         self._paho.on_socket_open = _no_delay  # every (re)connect
+        self._closing = False
+        self._paho.on_socket_close = self._on_socket_close
 
     def set_message_handler(self, handler: Callable[[Incoming], None]) -> None:
         """Where received PUBLISHes go (paho's thread: the handler must not block)."""
@@ -170,7 +176,12 @@ class MqttConnection:
         self._paho.loop_start()
 
     def close(self) -> None:
-        """Disconnect and stop the loop thread; pending acks fail with ConnectionFailed."""
+        """Disconnect and stop the loop thread; pending acks fail with ConnectionFailed.
+
+        The connection ends with a lingering close (`_linger`): at most `CLOSE_LINGER`
+        seconds for the broker to read what was sent, so nothing written is lost.
+        """
+        self._closing = True
         self._paho.disconnect()
         self._paho.loop_stop()
         self._connected.clear()
@@ -341,6 +352,10 @@ class MqttConnection:
                     "%d publish(es) unacknowledged at the disconnect: failed, not resent", dropped
                 )
 
+    def _on_socket_close(self, client: mqtt.Client, userdata: Any, sock: object) -> None:
+        if self._closing:  # our DISCONNECT was written; a dropped link has nothing to save
+            _linger(sock, CLOSE_LINGER)
+
     def _on_message(self, client: mqtt.Client, userdata: Any, msg: mqtt.MQTTMessage) -> None:
         # paho re-raises a callback's exception and its loop thread dies with it: one odd
         # message would stop the client for good. Nothing may leave this method.
@@ -389,6 +404,28 @@ class MqttConnection:
             self._subacks.settle(mid, ConnectionFailed(f"subscription refused: {failed[0]}"))
         else:
             self._subacks.settle(mid, None)
+
+
+def _linger(sock: object, timeout: float) -> None:
+    """End a connection without a reset: send FIN, then read until the broker closes.
+
+    Closing a socket with received bytes unread (a retained message, any message in flight
+    to a subscriber) makes the kernel send RST instead of FIN and discard what it had not
+    sent yet: the last QoS 0 PUBLISHes and the DISCONNECT itself (a broker then also sends
+    the Will). So, as HTTP servers do, half-close and drain until the broker has read
+    everything and closed its side (mosquitto does so at once on DISCONNECT), for at most
+    `timeout` seconds; what is read is discarded.
+    """
+    if not isinstance(sock, socket.socket):  # e.g. paho's WebSocket wrapper: left as is
+        return
+    deadline = time.monotonic() + timeout
+    with contextlib.suppress(OSError, ValueError):  # reset, timed out, TLS closed: done
+        if not isinstance(sock, ssl.SSLSocket):  # TLS: the broker closes on DISCONNECT
+            sock.shutdown(socket.SHUT_WR)
+        while (remaining := deadline - time.monotonic()) > 0:
+            sock.settimeout(remaining)
+            if not sock.recv(65536):
+                return
 
 
 def _no_delay(client: mqtt.Client, userdata: object, sock: object) -> None:

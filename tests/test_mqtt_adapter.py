@@ -7,7 +7,9 @@ caller has already withdrawn the message and answered 503.
 
 from __future__ import annotations
 
+import contextlib
 import socket
+import threading
 import time
 from collections.abc import Callable
 
@@ -101,3 +103,85 @@ def test_a_publish_a_broker_would_refuse_is_never_queued(broker: Mosquitto) -> N
         assert conn.connected and conn.connections == 1  # never disconnected
     finally:
         conn.close()
+
+
+def _mqtt_publish(topic: bytes, payload: bytes) -> bytes:
+    """An MQTT 5 QoS 0 PUBLISH packet (no properties)."""
+    body = len(topic).to_bytes(2, "big") + topic + b"\x00" + payload
+    length, remaining = b"", len(body)
+    while True:
+        byte, remaining = remaining % 128, remaining // 128
+        length += bytes([byte | (0x80 if remaining else 0)])
+        if not remaining:
+            return b"\x30" + length + body
+
+
+class _BusyBroker:
+    """CONNACK, then messages to the client without pause while this end reads nothing for
+    a while: a busy broker, as a client sees it when it closes with bytes still unread."""
+
+    def __init__(self, busy_for: float) -> None:
+        self.server = socket.socket()
+        # A small window: what the client writes waits in its own kernel buffer meanwhile.
+        self.server.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 * 1024)
+        self.server.bind(("127.0.0.1", 0))
+        self.server.listen()
+        self.port = self.server.getsockname()[1]
+        self.connected = threading.Event()
+        self.go = threading.Event()
+        self.done = threading.Event()
+        self.received = b""
+        self.outcome = ""
+        self._busy_for = busy_for
+        self._quiet = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _send(self, conn: socket.socket) -> None:
+        burst = _mqtt_publish(b"busy/t", b"x" * 1000) * 64
+        with contextlib.suppress(OSError):
+            while not self._quiet.is_set():
+                conn.sendall(burst)
+
+    def _serve(self) -> None:
+        conn, _ = self.server.accept()
+        with conn:
+            conn.recv(65536)  # CONNECT (small: one read)
+            conn.sendall(bytes([0x20, 3, 0, 0, 0]))  # MQTT 5 CONNACK: success
+            self.connected.set()
+            self.go.wait(10)
+            sender = threading.Thread(target=self._send, args=(conn,), daemon=True)
+            sender.start()
+            try:
+                time.sleep(self._busy_for)  # what the client sends waits here, unread
+                while data := conn.recv(65536):
+                    self.received += data
+                    if data.endswith(b"\xe0\x00"):  # DISCONNECT: close, as mosquitto does
+                        break
+                self.outcome = "closed"
+            except ConnectionResetError:
+                self.outcome = "reset"  # the kernel dropped what had not been read
+            finally:
+                self._quiet.set()
+                sender.join(5)
+                self.done.set()
+                self.server.close()
+
+
+def test_close_reads_to_the_end_so_the_broker_gets_every_byte() -> None:
+    """Closing with unread bytes from the broker (a retained message, a flow of messages)
+    must not reset the connection: a reset discards what the client's kernel has not sent
+    yet, such as the last QoS 0 PUBLISHes and the DISCONNECT (without which a broker also
+    sends the Will)."""
+    broker = _BusyBroker(busy_for=0.3)
+    conn = MqttConnection(f"mqtt://127.0.0.1:{broker.port}")
+    conn.connect()
+    assert broker.connected.wait(5)
+    broker.go.set()
+    sent = [conn.publish("t/q0", b"%04d" % i + b"x" * 9996, qos=0) for i in range(50)]
+    for future in sent:
+        future.result(10)  # in the client's kernel, not yet read by the broker
+    conn.close()
+    assert broker.done.wait(10)
+    assert broker.outcome == "closed"
+    assert broker.received.count(b"t/q0") == len(sent)
+    assert broker.received.endswith(b"\xe0\x00")  # and the DISCONNECT
