@@ -71,6 +71,9 @@ def _default_connection(s: ClientSettings) -> MqttConnection:
         protocol=s.protocol,
         keepalive=s.keepalive,
         ca_file=s.ca_file,
+        # Flow control: QoS 1/2 messages are acknowledged as the receive worker takes them
+        # (`client/_inbound.py`), so the hand-off holds at most this many.
+        receive_maximum=min(s.max_pending_deliveries, 65535),
     )
 
 
@@ -399,6 +402,7 @@ class Client:
             expiry = incoming.properties.message_expiry_interval
             self._discovery.feed(incoming.payload, expiry)  # never raises
             if not any(f.matches(incoming.topic) for f in list(self._filters.values())):
+                self._conn.ack(incoming)
                 return
         # Never waits (client/_inbound.py): QoS 0 beyond the bound is shed.
         if not self._receiver.inbound.put(

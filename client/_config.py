@@ -162,7 +162,8 @@ class ClientSettings:
     max_pending_deliveries: int = setting(
         1000,
         "messages received but not yet taken by the application (being fetched, waiting for "
-        "their turn or queued); at the bound the client stops taking new ones",
+        "their turn or queued); at the bound the client stops taking new ones; also the MQTT 5 "
+        "Receive Maximum: QoS 1/2 messages beyond it wait at the broker",
         int,
     )
     max_pending_bytes: int = setting(

@@ -10,12 +10,14 @@ its message loop would wait for them for ever. So:
 * QoS 0 messages ("at most once") beyond the bound (`max_pending_deliveries` messages or
   `max_pending_bytes` of payload) are shed, counted in :attr:`InboundQueue.shed` and logged
   once per spell: a QoS 0 flood cannot grow the client's memory.
-* QoS 1 and 2 messages are never dropped (paho has acknowledged them already): they are
-  admitted beyond the bound, so a QoS 1 flood that the application does not read still grows
-  the client's memory (a known limit, docs/security.md). Holding their acknowledgement until
-  the worker takes them, with an MQTT 5 Receive Maximum, would bound them by protocol; with
-  mosquitto 2 that was measured to release more messages per PUBACK than Receive Maximum
-  allows, so it is left for a later change.
+* QoS 1 and 2 messages are never dropped: they are admitted beyond the bound, and kept to it
+  by flow control instead. The client acknowledges each only when the worker takes it
+  (`MqttConnection.ack`) and asks the broker for at most `max_pending_deliveries`
+  unacknowledged (MQTT 5 Receive Maximum; under 3.1.1 the broker's inflight limit), so a
+  QoS 1 flood that the application does not read waits at the broker. mosquitto 2.0.11
+  was measured releasing up to a window per acknowledgement (2.0.13 lists inflight quota
+  fixes, its issue 2306): there the queue stops growing once the worker stops taking, but
+  grows while the application reads, up to what the broker has queued for the client.
 """
 
 from __future__ import annotations

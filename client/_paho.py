@@ -33,6 +33,7 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
+from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
@@ -58,6 +59,9 @@ class Incoming:
     qos: int
     retain: bool
     properties: PublishProperties
+    #: Packet id and connection number, for :meth:`MqttConnection.ack` (QoS 1/2 only).
+    mid: int = 0
+    session: int = 0
 
 
 class MqttConnection:
@@ -77,6 +81,11 @@ class MqttConnection:
             unacknowledged when the connection drops is sent again after the reconnect, and
             one made while disconnected waits for it. False: both fail with
             :class:`ConnectionFailed` at once and are never sent later.
+        receive_maximum: None (paho's way): every QoS 1/2 message received is acknowledged
+            at once, so a publisher decides how many arrive. A number: each is acknowledged
+            only when the owner calls :meth:`ack`, and (MQTT 5) the broker is asked to hold
+            back beyond that many unacknowledged ones (Receive Maximum, 1-65535): flow
+            control, so a flood waits at the broker instead of in this process's memory.
     """
 
     def __init__(
@@ -90,6 +99,7 @@ class MqttConnection:
         keepalive: int = 30,
         ca_file: str | None = None,
         resend_unacknowledged: bool = True,
+        receive_maximum: int | None = None,
     ) -> None:
         self.broker = BrokerUrl.parse(broker) if isinstance(broker, str) else broker
         self._on_message_cb = on_message
@@ -130,6 +140,15 @@ class MqttConnection:
         self._paho.on_publish = self._on_publish
         self._paho.on_subscribe = self._on_subscribe
         self._paho.on_socket_open = _no_delay  # every (re)connect
+        self._connect_properties: Properties | None = None
+        self._manual_ack = receive_maximum is not None
+        if receive_maximum is not None:
+            if not 1 <= receive_maximum <= 65535:
+                raise ValueError(f"receive_maximum must be 1-65535, not {receive_maximum}")
+            self._paho.manual_ack_set(True)
+            if protocol == 5:  # MQTT 3.1.1 has none: the broker's own inflight limit applies
+                self._connect_properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+                self._connect_properties.ReceiveMaximum = receive_maximum
         self._closing = False
         self._paho.on_socket_close = self._on_socket_close
 
@@ -156,7 +175,11 @@ class MqttConnection:
         try:
             if self.protocol == 5:
                 self._paho.connect(
-                    self.broker.host, self.broker.port, self._keepalive, clean_start=True
+                    self.broker.host,
+                    self.broker.port,
+                    self._keepalive,
+                    clean_start=True,
+                    properties=self._connect_properties,
                 )
             else:
                 self._paho.connect(self.broker.host, self.broker.port, self._keepalive)
@@ -172,7 +195,12 @@ class MqttConnection:
 
     def start(self) -> None:
         """Connect in the background and keep reconnecting (a server's link: never raises)."""
-        self._paho.connect_async(self.broker.host, self.broker.port, self._keepalive)
+        self._paho.connect_async(
+            self.broker.host,
+            self.broker.port,
+            self._keepalive,
+            properties=self._connect_properties,
+        )
         self._paho.loop_start()
 
     def close(self) -> None:
@@ -188,6 +216,16 @@ class MqttConnection:
         closed = ConnectionFailed("connection closed")
         self._pubacks.fail_all(closed)
         self._subacks.fail_all(closed)
+
+    def ack(self, incoming: Incoming) -> None:
+        """Acknowledge a QoS 1/2 message (with `receive_maximum` set; else a no-op).
+
+        Lets the broker send one more. A message from an earlier connection is not
+        acknowledged: its session ended with it (clean start), and its packet id may
+        belong to a message of this connection. Thread-safe, never blocks.
+        """
+        if self._manual_ack and incoming.qos and incoming.session == self.connections:
+            self._paho.ack(incoming.mid, incoming.qos)
 
     @property
     def connected(self) -> bool:
@@ -359,8 +397,11 @@ class MqttConnection:
     def _on_message(self, client: mqtt.Client, userdata: Any, msg: mqtt.MQTTMessage) -> None:
         # paho re-raises a callback's exception and its loop thread dies with it: one odd
         # message would stop the client for good. Nothing may leave this method.
+        # With manual acknowledgement, a message not handed over is acknowledged here: an
+        # unacknowledged one would hold a place of the broker's window for good.
         handler = self._on_message_cb
         if handler is None:
+            self._ack_now(msg)
             return
         try:
             incoming = Incoming(
@@ -369,14 +410,22 @@ class MqttConnection:
                 msg.qos,
                 bool(msg.retain),
                 from_paho_properties(getattr(msg, "properties", None)),
+                msg.mid,
+                self.connections,
             )
         except (UnicodeDecodeError, ValueError, TypeError):
             log.warning("dropped a PUBLISH with an undecodable topic or properties")
+            self._ack_now(msg)
             return
         try:
             handler(incoming)
         except Exception:
             log.exception("dropped a PUBLISH on %r that could not be handed over", incoming.topic)
+            self.ack(incoming)
+
+    def _ack_now(self, msg: mqtt.MQTTMessage) -> None:
+        if self._manual_ack and msg.qos:
+            self._paho.ack(msg.mid, msg.qos)
 
     def _on_publish(
         self,

@@ -200,6 +200,7 @@ class Receiver:
             wait = 0.5 if deadline is None else min(0.5, max(deadline - now, 0.0) + 0.01)
             item = self.inbound.get(timeout=wait)
             if item is not None:
+                self._conn.ack(item)  # taken: the broker may send one more (flow control)
                 try:
                     self._process(item, pool)
                 except OffloadError as exc:  # an error about one message, never fatal

@@ -64,6 +64,41 @@ def test_resend_mode_delivers_after_restart_and_fail_mode_never_does(
             conn.close()
 
 
+@pytest.mark.parametrize("protocol", [5, 4])
+def test_with_receive_maximum_the_broker_waits_for_each_ack(
+    mosquitto_factory: Callable[..., Mosquitto],
+    unique_topic: Callable[[str], str],
+    protocol: int,
+) -> None:
+    """Flow control: unacknowledged QoS 1 messages stop the broker at the window (MQTT 5:
+    our Receive Maximum, under the broker's default of 20; 3.1.1 has none: the broker's
+    own inflight limit, set to 5 for it here)."""
+    server = mosquitto_factory(extra_config="" if protocol == 5 else "max_inflight_messages 5")
+    topic = unique_topic("window")
+    received: list[Incoming] = []
+    sub = MqttConnection(
+        server.url, on_message=received.append, protocol=protocol, receive_maximum=5
+    )
+    pub = MqttConnection(server.url)
+    try:
+        sub.connect()
+        pub.connect()
+        sub.subscribe(topic, 1).result(10)
+        for i in range(50):
+            pub.publish(topic, b"%d" % i, qos=1).result(10)  # all at the broker
+        assert _wait_for(lambda: len(received) >= 5)
+        time.sleep(0.5)
+        assert len(received) == 5  # the window, and no more until acknowledged
+        acked = 0
+        while acked < 50 and _wait_for(lambda n=acked: len(received) > n, 10):
+            sub.ack(received[acked])
+            acked += 1
+        assert [m.payload for m in received] == [b"%d" % i for i in range(50)]
+    finally:
+        sub.close()
+        pub.close()
+
+
 def _nagle_off(conn: MqttConnection) -> bool:
     sock = conn._paho.socket()
     assert isinstance(sock, socket.socket)
