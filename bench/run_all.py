@@ -49,6 +49,7 @@ def _cmd(name: str, quick: bool) -> list[str]:
         "8": ["hol.py", "--runs", "1" if quick else "3"],
         "telemetry": ["telemetry_latency.py", "--blocks", "2" if quick else "3"],
         "qos0": ["qos0_rate.py", "--blocks", "2" if quick else "3"],
+        "receive": ["receive_rate.py", "--blocks", "2" if quick else "5"],
         "direct": ["direct.py", "--runs", "4" if quick else "8"],
         "startup": ["startup.py", "--runs", "10" if quick else "20"],
         "spark": ["spark_read.py", "--store", "both", "--objects", "16" if quick else "64"],
@@ -170,6 +171,7 @@ def main() -> None:
             "8",
             "telemetry",
             "qos0",
+            "receive",
             "direct",
             "startup",
             "spark",
@@ -181,8 +183,8 @@ def main() -> None:
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
     names = args.only or [
-        "1", "2", "3", "4", "5", "6", "7", "8", "telemetry", "qos0", "direct",
-        "startup",
+        "1", "2", "3", "4", "5", "6", "7", "8", "telemetry", "qos0", "receive",
+        "direct", "startup",
         *(["spark"] if args.spark else []),
     ]  # fmt: skip
     print(f"machine: {machine()}")
