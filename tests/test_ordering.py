@@ -225,25 +225,26 @@ def test_intake_stops_at_max_pending_deliveries(
     pub.close()
 
 
+@pytest.mark.parametrize("qos", [1, 2])
 def test_a_qos1_flood_beyond_the_bound_loses_nothing(
-    mosquitto_factory: Callable[..., Mosquitto], unique_topic: Callable[[str], str]
+    mosquitto_factory: Callable[..., Mosquitto], unique_topic: Callable[[str], str], qos: int
 ) -> None:
-    """QoS 1 messages are never shed, and a flood the application does not read waits at
+    """QoS 1/2 messages are never shed, and a flood the application does not read waits at
     the broker: the client acknowledges a message only when its worker takes it, and asks
     for at most `max_pending_deliveries` unacknowledged (MQTT 5 Receive Maximum)."""
     broker = mosquitto_factory()
     topic = unique_topic("flood1")
     pub = RawPublisher(broker.url)
     with Client(broker.url, max_pending_deliveries=2) as sub:
-        sub.subscribe(topic, qos=1)
+        sub.subscribe(topic, qos=qos)
         sent = [b"%05d" % i + b"x" * 995 for i in range(200)]
         for payload in sent:
-            pub.publish(topic, payload, qos=1)  # each acknowledged by the broker
+            pub.publish(topic, payload, qos=qos)  # each acknowledged by the broker
         receiver = sub._receiver
         wait_until(lambda: receiver.sequencer.outstanding[0] == 2, "a full intake", 10)
         time.sleep(0.5)  # what the broker would still send arrives meanwhile
-        # 2 with a broker that keeps to Receive Maximum; mosquitto before 2.0.13 (Debian
-        # 12's 2.0.11) sends up to that many more per acknowledgement: a few more here.
+        # 2 with a broker that keeps to Receive Maximum; mosquitto 2.0.11 (Debian 12's)
+        # sends up to that many more per acknowledgement: a few more here.
         assert len(receiver.inbound) <= 10, len(receiver.inbound)
         assert _payloads(sub, 200) == sent  # all of them, in order, once read
         assert receiver.inbound.shed == 0
