@@ -25,6 +25,7 @@ from ._direct import Direct
 from ._drain import DrainBeforeEarlyAnswer
 from ._errors import install_error_handlers
 from ._executors import Workers
+from ._http_protocol import STATE_KEY as HEADER_TIMEOUT_KEY
 from ._limits import UploadLimits
 from ._mqtt import broker_link
 from ._observability import ObservabilityMiddleware
@@ -165,7 +166,8 @@ def make_lifespan(
         sweeper = Sweeper(the_store, interval=settings.sweep_interval, grace=settings.sweep_grace)
         sweeper.start(workers.store)
         try:
-            yield {"ctx": ctx}
+            # The HTTP protocol reads its head deadline here (gateway/_http_protocol.py).
+            yield {"ctx": ctx, HEADER_TIMEOUT_KEY: settings.header_timeout}
         finally:
             await sweeper.stop()
             if advertiser is not None:

@@ -115,6 +115,13 @@ class Settings(BaseSettings):
     max_uploads_per_client: int = Field(
         16, ge=0, description="concurrent uploads per client address (429 beyond); 0: no limit"
     )
+    header_timeout: float = Field(
+        10.0,
+        ge=0,
+        description="seconds a client has to send a request's head (request line and "
+        "headers), from the connection or the head's first byte; else 408 and close "
+        "(slow loris); 0: no limit",
+    )
     body_idle_timeout: float = Field(
         30.0, gt=0, description="seconds an upload body may stall before 408"
     )

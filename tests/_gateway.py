@@ -38,6 +38,7 @@ class GatewayServer:
 
     def start(self) -> GatewayServer:
         from gateway import create_app
+        from gateway._http_protocol import HeadDeadlineProtocol
 
         # Bind here and hand uvicorn the socket: port 0 lets the kernel choose, and nothing
         # can take the port between choosing it and serving on it.
@@ -54,6 +55,7 @@ class GatewayServer:
             lifespan="on",
             ssl_certfile=self.certfile,
             ssl_keyfile=self.keyfile,
+            http=HeadDeadlineProtocol,  # as `offload-gateway` serves
         )
         self._server = uvicorn.Server(config)
         server = self._server

@@ -321,13 +321,14 @@ def test_load_settings_follow_the_values(chart: helm.Chart) -> None:
         "gateway": {
             "maxTransfers": 8,
             "hashThreads": 4,
-            "timeouts": {"bodyIdle": 5, "sendIdle": 6, "storeStall": 7, "health": 8},
+            "timeouts": {"header": 4, "bodyIdle": 5, "sendIdle": 6, "storeStall": 7, "health": 8},
         },
         "storage": {"timeout": 3},
     }
     config = config_map(chart, values)
     assert config["OFFLOAD_MAX_TRANSFERS"] == "8"
     assert config["OFFLOAD_HASH_THREADS"] == "4"
+    assert config["OFFLOAD_HEADER_TIMEOUT"] == "4"
     assert config["OFFLOAD_BODY_IDLE_TIMEOUT"] == "5"
     assert config["OFFLOAD_HEALTH_TIMEOUT"] == "8"
     assert config["OFFLOAD_S3_TIMEOUT"] == "3"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -156,6 +157,59 @@ def test_a_body_declared_too_large_is_refused_and_the_connection_closed(
     assert b"connection: close" in answer.lower()
     assert upload.rest_until_closed(within=2) is not None
     assert stored() == []
+
+
+def test_a_connection_that_sends_no_request_is_closed_at_the_header_timeout(
+    gateway_factory: Callable[..., GatewayServer], raw_uploads: list[RawRequest]
+) -> None:
+    """uvicorn alone kept such a connection open for ever (1,100 of them, 32 s later)."""
+    gw = gateway_factory(None, header_timeout=1)
+    silent = RawRequest(gw.port, "")
+    raw_uploads.append(silent)
+    started = time.monotonic()
+    assert silent.rest_until_closed(within=5) == b""  # closed, nothing said
+    assert 0.8 < time.monotonic() - started < 4
+
+
+def test_a_request_head_sent_a_line_at_a_time_is_answered_408_and_closed(
+    gateway_factory: Callable[..., GatewayServer], raw_uploads: list[RawRequest]
+) -> None:
+    """Slow loris on the head: every header line arrives, but the head never completes."""
+    gw = gateway_factory(None, header_timeout=1)
+    slow = RawRequest(gw.port, "GET /healthz HTTP/1.1\r\nHost: gw\r\n")
+    raw_uploads.append(slow)
+    started = time.monotonic()
+    with contextlib.suppress(OSError):  # the gateway may close while a line is on its way
+        for n in range(40):
+            slow.sock.sendall(b"X-Slow-%d: a\r\n" % n)
+            time.sleep(0.1)
+    answer = slow.rest_until_closed(within=5)
+    assert answer is not None and answer.startswith(b"HTTP/1.1 408"), answer
+    assert b"request head" in answer and b"connection: close" in answer.lower()
+    assert time.monotonic() - started < 6
+    assert httpx.get(f"{gw.url}/healthz", timeout=10).status_code == 200
+
+
+def test_the_header_timeout_is_per_request_head_not_per_connection(
+    gateway_factory: Callable[..., GatewayServer], raw_uploads: list[RawRequest]
+) -> None:
+    """A kept-alive connection serves request after request past the timeout, each head
+    sent in two pieces with a pause inside the limit."""
+    gw = gateway_factory(None, header_timeout=1)
+    conn = RawRequest(gw.port, "")
+    raw_uploads.append(conn)
+    started = time.monotonic()
+    for _ in range(4):
+        conn.sock.sendall(b"GET /healthz HTTP/1.1\r\n")
+        time.sleep(0.5)
+        conn.sock.sendall(b"Host: gw\r\n\r\n")
+        head, _, body = conn.response_head(timeout=5).partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200"), head
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        while len(body) < length:  # the rest of the answer, so the next one starts clean
+            body += conn.sock.recv(65536)
+        time.sleep(0.3)
+    assert time.monotonic() - started > 2.5  # well past one timeout, on one connection
 
 
 def test_maximum_topic_length(gateway_factory: Callable[..., GatewayServer]) -> None:

@@ -473,3 +473,21 @@ def test_a_login_flood_is_refused_not_queued(
     assert refused and all(int(r.headers["retry-after"]) > 0 for r in refused)
     assert "hash workers are saturated" in refused[0].json()["detail"]
     assert gw.health().status_code == 200
+
+
+def test_the_gateway_process_closes_connections_that_send_no_request(
+    start_gateway: Callable[..., GatewayProcess],
+) -> None:
+    """What `offload-gateway` serves with (gateway/cli.py), not only the in-process test
+    server: 200 connections that send nothing are all closed at OFFLOAD_HEADER_TIMEOUT,
+    while a request on a fresh connection is served meanwhile."""
+    gw = start_gateway(header_timeout=2)
+    idle = [RawRequest(gw.port, "") for _ in range(200)]
+    try:
+        assert gw.health().status_code == 200
+        started = time.monotonic()
+        assert all(conn.rest_until_closed(within=10) == b"" for conn in idle)
+        assert time.monotonic() - started < 10
+    finally:
+        for conn in idle:
+            conn.close()

@@ -1,0 +1,96 @@
+"""uvicorn's HTTP protocol with a deadline for every request head (slow loris on headers).
+
+uvicorn has no timeout for receiving a request's head. Its keep-alive timer runs only
+between requests and any byte cancels it, so a client that connects and sends nothing, or
+sends a request line and then a header every few seconds, holds its connection (a file
+descriptor and a protocol object) for as long as it likes: 1,100 such connections to a
+gateway were all still open 32 s later, and enough of them exhaust its descriptors, after
+which it accepts nobody. ASGI middleware cannot help: it runs once the head is complete.
+
+Here a connection must deliver each request head (request line and headers) within
+`OFFLOAD_HEADER_TIMEOUT` seconds, counted from the connection for the first request and
+from the head's first byte for the next ones; otherwise it is answered 408 (when a head
+was begun) and closed. Idle time between requests stays uvicorn's keep-alive timeout. A
+request body has its own limits (`gateway/_limits.py`): this covers what comes before.
+
+The timeout reaches the protocol through the lifespan state (`STATE_KEY`, which
+`gateway._app` fills from the settings): uvicorn hands each connection's protocol that
+state, in every worker process, so no global is set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+log = logging.getLogger("gateway")
+
+#: Lifespan state key holding the head timeout in seconds (0: none).
+STATE_KEY = "offload.header_timeout"
+DEFAULT_HEADER_TIMEOUT = 10.0
+
+
+def _answer(timeout: float) -> bytes:
+    body = json.dumps(
+        {"detail": f"request head (request line and headers) not received within {timeout:g} s"}
+    ).encode()
+    head = (
+        "HTTP/1.1 408 Request Timeout\r\n"
+        "content-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n"
+        "connection: close\r\n\r\n"
+    )
+    return head.encode("ascii") + body
+
+
+class HeadDeadlineProtocol(HttpToolsProtocol):
+    """`HttpToolsProtocol` (uvicorn's default where httptools is installed, as with
+    `uvicorn[standard]`) that closes a connection whose request head does not arrive in time."""
+
+    _head_timer: asyncio.TimerHandle | None = None
+    _head_begun = False
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._head_begun = True
+        if self._head_timer is None:  # a later request on a kept-alive connection
+            self._arm()
+
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        self._head_begun = False
+        super().on_headers_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _timeout(self) -> float:
+        value = self.app_state.get(STATE_KEY, DEFAULT_HEADER_TIMEOUT)
+        return float(value) if isinstance(value, int | float) else DEFAULT_HEADER_TIMEOUT
+
+    def _arm(self) -> None:
+        timeout = self._timeout()
+        if timeout > 0:
+            self._head_timer = self.loop.call_later(timeout, self._expired, timeout)
+
+    def _disarm(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _expired(self, timeout: float) -> None:
+        self._head_timer = None
+        if self.transport.is_closing():
+            return
+        if self._head_begun:
+            log.info("%s: request head not complete within %g s: 408", self.client, timeout)
+            self.transport.write(_answer(timeout))
+        self.transport.close()
