@@ -7,11 +7,17 @@ descriptor and a protocol object) for as long as it likes: 1,100 such connection
 gateway were all still open 32 s later, and enough of them exhaust its descriptors, after
 which it accepts nobody. ASGI middleware cannot help: it runs once the head is complete.
 
+Nor does it bound a head's size with httptools (its h11 protocol has
+`h11_max_incomplete_event_size`): one connection sending header lines at full speed for
+6 s took a gateway to 3.4 GB of memory (VmHWM), all of it kept by the parser's callbacks.
+
 Here a connection must deliver each request head (request line and headers) within
 `OFFLOAD_HEADER_TIMEOUT` seconds, counted from the connection for the first request and
 from the head's first byte for the next ones; otherwise it is answered 408 (when a head
-was begun) and closed. Idle time between requests stays uvicorn's keep-alive timeout. A
-request body has its own limits (`gateway/_limits.py`): this covers what comes before.
+was begun) and closed. A head of more than `MAX_HEAD_BYTES` is answered 431 and closed
+(checked after each read, so at most one read beyond it is held). Idle time between
+requests stays uvicorn's keep-alive timeout. A request body has its own limits
+(`gateway/_limits.py`): this covers what comes before.
 
 The timeout reaches the protocol through the lifespan state (`STATE_KEY`, which
 `gateway._app` fills from the settings): uvicorn hands each connection's protocol that
@@ -31,14 +37,16 @@ log = logging.getLogger("gateway")
 #: Lifespan state key holding the head timeout in seconds (0: none).
 STATE_KEY = "offload.header_timeout"
 DEFAULT_HEADER_TIMEOUT = 10.0
+#: Largest request head (request line and headers) taken, as `h11_max_incomplete_event_size`
+#: in gateway/cli.py. The client library sends at most 8 KiB of `X-Offload-Header` fields
+#: (client/_upload_forms.py), nginx's default total is 32 KiB.
+MAX_HEAD_BYTES = 64 * 1024
 
 
-def _answer(timeout: float) -> bytes:
-    body = json.dumps(
-        {"detail": f"request head (request line and headers) not received within {timeout:g} s"}
-    ).encode()
+def _answer(status: str, detail: str) -> bytes:
+    body = json.dumps({"detail": detail}).encode()
     head = (
-        "HTTP/1.1 408 Request Timeout\r\n"
+        f"HTTP/1.1 {status}\r\n"
         "content-type: application/json\r\n"
         f"content-length: {len(body)}\r\n"
         "connection: close\r\n\r\n"
@@ -48,24 +56,41 @@ def _answer(timeout: float) -> bytes:
 
 class HeadDeadlineProtocol(HttpToolsProtocol):
     """`HttpToolsProtocol` (uvicorn's default where httptools is installed, as with
-    `uvicorn[standard]`) that closes a connection whose request head does not arrive in time."""
+    `uvicorn[standard]`) that closes a connection whose request head does not arrive in time
+    or grows too large."""
 
     _head_timer: asyncio.TimerHandle | None = None
     _head_begun = False
+    _reading_head = True  # from the connection, and from each head's first byte to its end
+    _head_bytes = 0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._arm()
 
+    def data_received(self, data: bytes) -> None:
+        was_reading = self._reading_head
+        super().data_received(data)
+        if not (was_reading and self._reading_head) or self.transport.is_closing():
+            return  # a read that ends a head or starts one is not counted: one read of slack
+        self._head_bytes += len(data)
+        if self._head_bytes > MAX_HEAD_BYTES:
+            self._disarm()
+            detail = f"request head (request line and headers) over {MAX_HEAD_BYTES} bytes"
+            log.info("%s: %s: 431", self.client, detail)
+            self.transport.write(_answer("431 Request Header Fields Too Large", detail))
+            self.transport.close()
+
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._head_begun = True
+        self._head_begun = self._reading_head = True
         if self._head_timer is None:  # a later request on a kept-alive connection
             self._arm()
 
     def on_headers_complete(self) -> None:
         self._disarm()
-        self._head_begun = False
+        self._head_begun = self._reading_head = False
+        self._head_bytes = 0
         super().on_headers_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -91,6 +116,7 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
         if self.transport.is_closing():
             return
         if self._head_begun:
-            log.info("%s: request head not complete within %g s: 408", self.client, timeout)
-            self.transport.write(_answer(timeout))
+            detail = f"request head (request line and headers) not received within {timeout:g} s"
+            log.info("%s: %s: 408", self.client, detail)
+            self.transport.write(_answer("408 Request Timeout", detail))
         self.transport.close()
