@@ -9,15 +9,17 @@ which it accepts nobody. ASGI middleware cannot help: it runs once the head is c
 
 Nor does it bound a head's size with httptools (its h11 protocol has
 `h11_max_incomplete_event_size`): one connection sending header lines at full speed for
-6 s took a gateway to 3.4 GB of memory (VmHWM), all of it kept by the parser's callbacks.
+6 s took a gateway to 3.4 GB of memory (VmHWM), all of it kept by the parser's callbacks;
+trailer lines after a chunked body are kept the same way (315 MB sent, 315 MB more held).
 
 Here a connection must deliver each request head (request line and headers) within
 `OFFLOAD_HEADER_TIMEOUT` seconds, counted from the connection for the first request and
 from the head's first byte for the next ones; otherwise it is answered 408 (when a head
-was begun) and closed. A head of more than `MAX_HEAD_BYTES` is answered 431 and closed
-(checked after each read, so at most one read beyond it is held). Idle time between
-requests stays uvicorn's keep-alive timeout. A request body has its own limits
-(`gateway/_limits.py`): this covers what comes before.
+was begun) and closed. A request whose request line, headers and trailers exceed
+`MAX_HEAD_BYTES` is answered 431 (unless its answer has begun) and closed; they are counted
+as the parser hands them over and checked after each read, so at most one read beyond the
+limit is held. Idle time between requests stays uvicorn's keep-alive timeout. A request
+body has its own limits (`gateway/_limits.py`): this covers what comes before and after.
 
 The timeout reaches the protocol through the lifespan state (`STATE_KEY`, which
 `gateway._app` fills from the settings): uvicorn hands each connection's protocol that
@@ -61,36 +63,40 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
 
     _head_timer: asyncio.TimerHandle | None = None
     _head_begun = False
-    _reading_head = True  # from the connection, and from each head's first byte to its end
-    _head_bytes = 0
+    _head_bytes = 0  # request line, header and trailer bytes of the current request
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._arm()
 
     def data_received(self, data: bytes) -> None:
-        was_reading = self._reading_head
         super().data_received(data)
-        if not (was_reading and self._reading_head) or self.transport.is_closing():
-            return  # a read that ends a head or starts one is not counted: one read of slack
-        self._head_bytes += len(data)
-        if self._head_bytes > MAX_HEAD_BYTES:
+        if self._head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
             self._disarm()
-            detail = f"request head (request line and headers) over {MAX_HEAD_BYTES} bytes"
+            detail = f"request line, headers and trailers over {MAX_HEAD_BYTES} bytes"
             log.info("%s: %s: 431", self.client, detail)
-            self.transport.write(_answer("431 Request Header Fields Too Large", detail))
+            if self.cycle is None or not self.cycle.response_started:
+                self.transport.write(_answer("431 Request Header Fields Too Large", detail))
             self.transport.close()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._head_begun = self._reading_head = True
+        self._head_begun = True
+        self._head_bytes = 0
         if self._head_timer is None:  # a later request on a kept-alive connection
             self._arm()
 
+    def on_url(self, url: bytes) -> None:
+        self._head_bytes += len(url)
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._head_bytes += len(name) + len(value) + 4  # ": " and CRLF
+        super().on_header(name, value)
+
     def on_headers_complete(self) -> None:
         self._disarm()
-        self._head_begun = self._reading_head = False
-        self._head_bytes = 0
+        self._head_begun = False
         super().on_headers_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
