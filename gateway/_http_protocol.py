@@ -75,7 +75,7 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
             self._disarm()
             detail = f"request line, headers and trailers over {MAX_HEAD_BYTES} bytes"
             log.info("%s: %s: 431", self.client, detail)
-            if self.cycle is None or not self.cycle.response_started:
+            if self._may_answer():
                 self.transport.write(_answer("431 Request Header Fields Too Large", detail))
             self.transport.close()
 
@@ -103,6 +103,14 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
         self._disarm()
         super().connection_lost(exc)
 
+    def _may_answer(self) -> bool:
+        """Whether an error answer would answer the request at hand, not land inside the
+        answer to an earlier one still under way (a pipelined head behind it)."""
+        cycle = self.cycle
+        if cycle is None or cycle.response_complete:
+            return True
+        return not self._head_begun and not cycle.response_started  # its own trailers
+
     def _timeout(self) -> float:
         value = self.app_state.get(STATE_KEY, DEFAULT_HEADER_TIMEOUT)
         return float(value) if isinstance(value, int | float) else DEFAULT_HEADER_TIMEOUT
@@ -121,7 +129,7 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
         self._head_timer = None
         if self.transport.is_closing():
             return
-        if self._head_begun:
+        if self._head_begun and self._may_answer():
             detail = f"request head (request line and headers) not received within {timeout:g} s"
             log.info("%s: %s: 408", self.client, detail)
             self.transport.write(_answer("408 Request Timeout", detail))
