@@ -50,6 +50,7 @@ def _cmd(name: str, quick: bool) -> list[str]:
         "telemetry": ["telemetry_latency.py", "--blocks", "2" if quick else "3"],
         "qos0": ["qos0_rate.py", "--blocks", "2" if quick else "3"],
         "receive": ["receive_rate.py", "--blocks", "2" if quick else "5"],
+        "protocol": ["http_protocol.py", "--rounds", "6" if quick else "12"],
         "direct": ["direct.py", "--runs", "4" if quick else "8"],
         "startup": ["startup.py", "--runs", "10" if quick else "20"],
         "spark": ["spark_read.py", "--store", "both", "--objects", "16" if quick else "64"],
@@ -172,6 +173,7 @@ def main() -> None:
             "telemetry",
             "qos0",
             "receive",
+            "protocol",
             "direct",
             "startup",
             "spark",
@@ -184,7 +186,7 @@ def main() -> None:
     args = parser.parse_args()
     names = args.only or [
         "1", "2", "3", "4", "5", "6", "7", "8", "telemetry", "qos0", "receive",
-        "direct", "startup",
+        "protocol", "direct", "startup",
         *(["spark"] if args.spark else []),
     ]  # fmt: skip
     print(f"machine: {machine()}")
