@@ -171,7 +171,7 @@ def test_browser_parallel_upload_survives_a_reload(
             after = page.evaluate("window.report")
         finally:
             browser.close()
-    assert after["phase"] == "done", after
+    assert after["phase"] == "done", f"tus-js-client: {after.get('error')!r} (report: {after})"
     assert after["first"] is False and after["resumed"] == 1, after
     assert after["patches"] < chunks, (before, after)  # resumed, not started again
     _check_published(gw, sub, after["url"], after["sha256"], payload, "application/x-browser")
