@@ -157,7 +157,10 @@ class MqttConnection:
         self._on_message_cb = handler
 
     def on_connected(self, callback: Callable[[], None]) -> None:
-        """Also call `callback()` (from paho's thread, so quickly) after every (re)connect."""
+        """Also call `callback()` (from paho's thread, so quickly) after every (re)connect.
+
+        :meth:`connect` returns only after the callbacks of the first connection ran.
+        """
         self._connect_callbacks.append(callback)
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -358,12 +361,14 @@ class MqttConnection:
                 # Nobody waits on these SUBACKs; registering keeps the mid from lingering.
                 self._subacks.register(mid, Future())
         self._connected.set()
-        self._first.set()
         for callback in list(self._connect_callbacks):
             try:
                 callback()
             except Exception:  # paho would stop its loop thread on an escaping exception
                 log.exception("on_connected callback failed")
+        # After the callbacks: connect() returns only once they ran (the client's discovery
+        # wait starts in one; a publish right after connect() must not find it unstarted).
+        self._first.set()
 
     def _on_disconnect(
         self,

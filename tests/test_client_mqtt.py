@@ -13,17 +13,20 @@ from pathlib import Path
 import pytest
 
 from client import (
+    BrokerUrl,
     ChunkTimeoutError,
     Client,
     Message,
     MessageError,
     MessageTooLarge,
+    MqttConnection,
     PublishProperties,
     Route,
 )
 from client.protocol._chunk import split
 from client.protocol._size import publish_packet_size
 
+from _gateway import GatewayServer
 from _servers import Mosquitto
 
 pytestmark = pytest.mark.servers
@@ -205,6 +208,20 @@ def test_discovery_record_is_resolved_with_expiry(
     finally:
         client.close()
         _retain_record(broker, topic, "", None)
+
+
+def test_a_publish_right_after_connect_waits_for_the_discovery_record(
+    gateway: GatewayServer, unique_topic: Callable[[str], str]
+) -> None:
+    """connect() returns once the connection's callbacks have run, the discovery wait's
+    start among them: before, a publish on the heels of connect() could find the wait not
+    yet started, see no endpoint and chunk (a CI run, and `offload publish` at any time)."""
+    broker: Mosquitto = gateway.broker  # type: ignore[attr-defined]
+    conn = MqttConnection(BrokerUrl.parse(broker.url))
+    conn.on_connected(lambda: time.sleep(0.5))  # paho's thread is slow to reach the client's
+    with Client(connection=conn, discovery_wait=10) as client:
+        result = client.publish(unique_topic("early"), os.urandom(300 * KiB), qos=1)
+    assert result.route is Route.OFFLOADED, result
 
 
 def test_malformed_record_means_no_offload(
