@@ -316,14 +316,15 @@ def test_expired_grants_and_presigned_urls_are_refused(
     store: Minio,
     bucket_name: str,
 ) -> None:
-    gw = gateway_factory(broker, s3_public_url=relay.url, direct_grant_ttl=1)
+    # SigV4 dates have whole seconds: a URL signed at x.9 s with a 1 s expiry lasts 0.1 s.
+    gw = gateway_factory(broker, s3_public_url=relay.url, direct_grant_ttl=3)
     a, b = os.urandom(5 * MiB), b"tail"
     body = {"size": len(a + b), "sha256": _hex(a + b), "part_size": 5 * MiB}
     r = httpx.post(f"{gw.url}/direct/grant/direct/x", json={**body, "parts": [_hex(a), _hex(b)]})
     assert r.status_code == 201, r.text
     urls, token = r.json()["urls"], r.json()["grant"]
     etag = httpx.put(urls[0], content=a).headers["ETag"]  # in time
-    time.sleep(2.2)
+    time.sleep(4.2)
     late = httpx.put(urls[1], content=b)
     assert late.status_code == 403 and b"expired" in late.content.lower()
     refused = httpx.post(f"{gw.url}/direct/commit", json={"grant": token, "etags": [etag, etag]})
