@@ -19,7 +19,7 @@ import os
 import queue
 import tempfile
 import threading
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Sequence
 from pathlib import Path
 
 import httpx
@@ -109,6 +109,9 @@ def _checked_length(
     return expected_size if expected_size is not None else announced
 
 
+#: A piece of a body: read as bytes, or a view of the payload's own buffer.
+Piece = bytes | memoryview
+
 #: Bytes handed to the hashing thread at once (one 1 MiB piece, or a batch of smaller ones).
 HASH_BATCH = 1 << 20
 #: Most pieces in one batch (a server that trickles bytes makes tiny pieces; os.writev takes
@@ -151,11 +154,11 @@ class _Hasher:
     exit of a `with`) stops the thread whatever happened, so a failed fetch leaves none.
     """
 
-    def __init__(self, *, threaded: bool) -> None:
-        self._digest = hashlib.sha256()
-        self._queue: queue.Queue[list[bytes] | None] = queue.Queue(HASH_QUEUE)
+    def __init__(self, *, threaded: bool, enabled: bool = True) -> None:
+        self._digest = hashlib.sha256() if enabled else None
+        self._queue: queue.Queue[Sequence[Piece] | None] = queue.Queue(HASH_QUEUE)
         self._thread: threading.Thread | None = None
-        if threaded:
+        if threaded and enabled:
             self._thread = threading.Thread(target=self._run, name="offload-sha256", daemon=True)
             self._thread.start()
 
@@ -165,18 +168,18 @@ class _Hasher:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def feed(self, batch: list[bytes]) -> None:
+    def feed(self, batch: Sequence[Piece]) -> None:
         """Hash `batch` after every batch fed before it (now, or on the worker)."""
         if self._thread is not None:
             self._queue.put(batch)
-            return
-        for piece in batch:
-            self._digest.update(piece)
+        elif self._digest is not None:
+            for piece in batch:
+                self._digest.update(piece)
 
     def hexdigest(self) -> str:
-        """The digest of everything fed, once the worker has caught up."""
+        """The digest of everything fed, once the worker has caught up ("" when disabled)."""
         self.close()
-        return self._digest.hexdigest()
+        return "" if self._digest is None else self._digest.hexdigest()
 
     def close(self) -> None:
         """Stop the worker (it drains what is queued first); idempotent."""
@@ -186,6 +189,7 @@ class _Hasher:
             thread.join()
 
     def _run(self) -> None:
+        assert self._digest is not None
         update = self._digest.update
         while (batch := self._queue.get()) is not None:
             for piece in batch:
@@ -213,6 +217,41 @@ def _in_memory(stream: Iterator[bytes], hasher: _Hasher, size: int) -> Payload:
             write(piece)
     if buffer.tell() != size:
         buffer.truncate()
+    return Payload(buffer.getvalue())
+
+
+def _read_into(
+    readinto: Callable[[memoryview], int],
+    hasher: _Hasher,
+    size: int,
+    url: str,
+    on_bytes: Callable[[int, int | None], None] | None,
+) -> Payload:
+    """The body read straight into one buffer of the declared size, as bytes: one copy.
+
+    :func:`_in_memory` receives each piece as a fresh object and copies it into the
+    buffer; here the transport's `readinto` (:data:`client._urllib3.READINTO`) fills the
+    buffer itself, in steps of :data:`HASH_BATCH` handed to the hasher as views. Every
+    view is gone once the hasher has finished, so `getvalue()` hands the buffer over
+    without a copy. A body that goes on past `size` is refused (one more byte is asked
+    for); a shorter one is truncated to what arrived, for the size check to refuse.
+    """
+    buffer = io.BytesIO(bytes(size))
+    got = 0
+    with buffer.getbuffer() as view:
+        while got < size:
+            n = readinto(view[got : got + HASH_BATCH])
+            if not n:
+                break
+            hasher.feed([view[got : got + n]])
+            got += n
+            if on_bytes is not None:
+                on_bytes(got, size)
+        if got == size and readinto(memoryview(bytearray(1))):
+            raise FetchError(url, f"body runs past the declared size of {size} bytes: cut off")
+    hasher.close()  # its views of the buffer released: getvalue() need not copy
+    if got != size:
+        buffer.truncate(got)
     return Payload(buffer.getvalue())
 
 

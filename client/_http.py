@@ -44,6 +44,7 @@ from ._fetching import (
     _Hasher,
     _in_memory,
     _origin,
+    _read_into,
     _spool,
 )
 from ._message import Payload
@@ -65,7 +66,7 @@ from ._upload_forms import (
 from ._upload_forms import (
     upload_url as upload_url,  # re-exported: its home was here
 )
-from ._urllib3 import reader_client
+from ._urllib3 import READINTO, reader_client
 from .protocol import MessageId, Origin
 
 log = logging.getLogger("client")
@@ -248,10 +249,11 @@ class HttpTransport:
 
         A payload of 4 MiB or more is hashed on a second thread, fed as the body arrives; a
         payload is handed over only after the whole digest is known and matched (a mismatch
-        discards it, spool file included). Memory held: an in-memory payload once (its
-        declared size, up to `spool_threshold`, allocated when the body starts) plus at most
-        (HASH_QUEUE + 2) pieces of up to 1 MiB waiting for the hasher, each piece being
-        copied into the buffer as it arrives; a spooled one those pieces only.
+        discards it, spool file included); without `expected_sha256` nothing is hashed.
+        Memory held: an in-memory payload once (its declared size, up to `spool_threshold`,
+        allocated when the body starts; over urllib3 the socket reads land in it directly),
+        plus, where the body comes as pieces (spooled, or through a proxy), at most
+        (HASH_QUEUE + 2) pieces of up to 1 MiB waiting for the hasher.
 
         A redirect (a gateway with direct transfers answers 307 to a presigned store URL)
         is followed, at most :data:`MAX_REDIRECTS` times, only to the URL's own origin or
@@ -283,18 +285,21 @@ class HttpTransport:
         try:
             with self._open(url, auth, redirect_ok) as response:
                 size = _checked_length(str(response.url), response, expected_size, limit)
-                # iter_raw() without a size: the transport's reads (1 MiB from urllib3) as
-                # they come, no re-chunking copy (bench/RESULTS.md, "Client fetch").
-                stream = _counted(_capped(response.iter_raw(), limit, url), size, on_bytes)
-                in_memory = size is not None and size <= spool_threshold
                 # The SHA-256 on a second thread while the reader waits on the socket (or
                 # the disk): hashlib and the socket read both release the GIL.
                 threaded = size is None or size >= THREADED_HASH_FROM
-                with _Hasher(threaded=threaded) as hasher:
-                    if size is not None and in_memory:
-                        payload = _in_memory(stream, hasher, size)
+                readinto = response.extensions.get(READINTO)
+                with _Hasher(threaded=threaded, enabled=expected_sha256 is not None) as hasher:
+                    if size is not None and size <= spool_threshold and readinto is not None:
+                        payload = _read_into(readinto, hasher, size, url, on_bytes)
                     else:
-                        payload = _spool(stream, hasher, spool_dir)
+                        # iter_raw() without a size: the transport's reads as they come, no
+                        # re-chunking copy (bench/RESULTS.md, "Client fetch").
+                        stream = _counted(_capped(response.iter_raw(), limit, url), size, on_bytes)
+                        if size is not None and size <= spool_threshold:
+                            payload = _in_memory(stream, hasher, size)
+                        else:
+                            payload = _spool(stream, hasher, spool_dir)
                     digest = hasher.hexdigest()
         except httpx.TransportError as exc:  # refused, reset, timed out, cut short
             raise TransientFetchError(url, f"fetch failed: {exc!r}") from exc

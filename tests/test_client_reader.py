@@ -55,6 +55,12 @@ class Server:
                     if path == b"/ok":
                         conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(BODY))
                         conn.sendall(BODY)
+                    elif path == b"/chunked":  # the same body in uneven chunks
+                        conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+                        for start in range(0, len(BODY), 100_003):
+                            piece = BODY[start : start + 100_003]
+                            conn.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
+                        conn.sendall(b"0\r\n\r\n")
                     elif path in (b"/longer", b"/error"):
                         # The head (and, for the error, the 64 KiB the client reads of an
                         # error body); the rest follows only once the client sends another
@@ -92,6 +98,17 @@ def test_fetches_reuse_one_connection(server: Server) -> None:
     with HttpTransport(timeout=10) as http:
         for _ in range(3):
             payload = http.fetch(f"{server.url}/ok", expected_sha256=SHA, expected_size=len(BODY))
+            assert payload.read() == BODY
+    assert server.connections == 1
+
+
+def test_a_chunked_body_is_read_whole_and_its_connection_reused(server: Server) -> None:
+    """Read straight into the payload's buffer, the chunked framing still holds."""
+    with HttpTransport(timeout=10) as http:
+        for path in ("/chunked", "/ok", "/chunked"):
+            payload = http.fetch(
+                f"{server.url}{path}", expected_sha256=SHA, expected_size=len(BODY)
+            )
             assert payload.read() == BODY
     assert server.connections == 1
 
