@@ -175,6 +175,11 @@ def emit(rows: list[dict[str, object]]) -> None:
     print("RESULT " + json.dumps(rows), flush=True)
 
 
+def emit_rate(bench: str, metric: str, baseline: float, candidate: float, unit: str) -> None:
+    """One informative rate row (higher is better, no target)."""
+    emit([row(bench, metric, baseline, candidate, unit, "info", higher_is_better=True, limit=0.0)])
+
+
 def vm_hwm_kib(pid: int) -> int:
     """Peak resident set (VmHWM) of a process, KiB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():

@@ -23,7 +23,7 @@ import time
 from typing import Any
 
 import uvicorn
-from _harness import emit, row
+from _harness import emit_rate
 
 HEADERS = {f"X-H{i}": "v" * 20 for i in range(8)}
 
@@ -82,8 +82,7 @@ def main() -> None:
         f"sequential GETs, {args.rounds} x {args.requests}: uvicorn httptools {base:.0f} req/s, "
         f"HeadDeadlineProtocol {ours:.0f} req/s, ratio {ours / base:.2f}"
     )
-    emit([row("protocol", "GET rate, HeadDeadlineProtocol / httptools", base, ours, "req/s",
-              "info", higher_is_better=True, limit=0.0)])  # fmt: skip
+    emit_rate("protocol", "GET rate, HeadDeadlineProtocol / httptools", base, ours, "req/s")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Callable
 
 import paho.mqtt.client as mqtt
-from _harness import Mosquitto, emit, row
+from _harness import Mosquitto, emit_rate
 from paho.mqtt.enums import CallbackAPIVersion
 
 Send = Callable[[bytes], None]
@@ -97,8 +97,7 @@ def main() -> None:
     paho, client = statistics.median(rates["paho"]), statistics.median(rates["client"])
     print(f"100-byte QoS 0, {args.messages} per block: paho {paho:.0f} msg/s, "
           f"Client.publish {client:.0f} msg/s, ratio {client / paho:.2f}")  # fmt: skip
-    emit([row("qos0", "100-byte QoS 0 delivered, Client / paho", paho, client, "msg/s",
-              "info", higher_is_better=True, limit=0.0)])  # fmt: skip
+    emit_rate("qos0", "100-byte QoS 0 delivered, Client / paho", paho, client, "msg/s")
 
 
 if __name__ == "__main__":
