@@ -41,6 +41,7 @@ from ._routes_resumable import router as resumable_router
 from ._service import OffloadService
 from ._settings import Settings, get_settings
 from ._sweeper import Sweeper
+from ._target import Utf8Target
 from .storage import ObjectStore, StoreError, open_store
 
 log = logging.getLogger("gateway")
@@ -203,6 +204,7 @@ def create_app(
     )
     install_error_handlers(app)
     app.add_middleware(AuthenticationInfoMiddleware)
+    app.add_middleware(Utf8Target)  # inside: its 400 is logged and counted, and drained
     app.add_middleware(ObservabilityMiddleware)
     app.add_middleware(
         UploadLimits,

@@ -8,6 +8,7 @@ import os
 import subprocess
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -302,3 +303,27 @@ def test_topics_and_properties_a_broker_would_refuse_are_400_and_the_link_surviv
         good = http.post("/publish/ok/topic", content=b"still works")
         assert good.status_code == 201
         assert http.get("/readyz").json()["checks"]["broker"] == "ok"
+
+
+@pytest.mark.parametrize(
+    ("method", "target"),
+    [
+        ("POST", "/publish/a%FFb"),
+        ("POST", "/publish/a%C3%28b"),  # a lead byte without its continuation
+        ("PUT", "/msg/{id}?topic=x%FE"),
+        ("POST", "/topic/%ED%A0%80+oversized"),  # an encoded surrogate
+        ("POST", "/publish/ok?prop=k:%FF"),
+    ],
+)
+def test_a_target_that_is_not_utf8_once_decoded_is_400_and_nothing_is_stored(
+    gateway: GatewayServer, seaweed: SeaweedFS, bucket_name: str, method: str, target: str
+) -> None:
+    """Decoded with U+FFFD for what is not UTF-8, `a%FFb` was published as `a\ufffdb`."""
+    before = set(_objects(seaweed, bucket_name))
+    path = target.replace("{id}", str(uuid.uuid4()))
+    with httpx.Client(base_url=gateway.url, timeout=30) as http:
+        r = http.request(method, httpx.URL(gateway.url + path), content=b"x")
+        assert r.status_code == 400, r.text
+        assert "not UTF-8 once percent-decoded" in r.json()["detail"]
+        assert http.post("/publish/ok%E2%82%AC", content=b"x").status_code == 201  # UTF-8 is
+    assert len(set(_objects(seaweed, bucket_name)) - before) == 3  # the good one's objects
