@@ -107,6 +107,13 @@ class ClientSettings:
     spool_threshold: int = setting(
         64 * 1024 * 1024, "payloads above this are spooled to a temporary file", int
     )
+    spool_dir: str | None = setting(
+        None,
+        "directory for spool files (default: the system's temporary directory, `TMPDIR`; "
+        "where /tmp is tmpfs, as on Debian 13, spooled payloads there are memory); "
+        "`offload subscribe --out DIR` spools into DIR",
+        _OPT_STR,
+    )
     http_timeout: float = setting(60.0, "seconds per HTTP connect/read", float)
     keepalive: int = setting(30, "MQTT keep-alive seconds", int)
     http_token: str | None = setting(
@@ -216,6 +223,8 @@ class ClientSettings:
         ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must not be negative")
+        if self.spool_dir is not None and not os.path.isdir(self.spool_dir):
+            raise ConfigError(f"spool_dir is not a directory: {self.spool_dir!r}")
         if self.endpoint is not None:
             parts = urlsplit(self.endpoint)
             if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -356,6 +365,7 @@ class SettingsOverrides(TypedDict, total=False):
     chunk_timeout: float
     untrusted_endpoint: UntrustedPolicy
     spool_threshold: int
+    spool_dir: str | None
     http_timeout: float
     keepalive: int
     http_token: str | None

@@ -153,7 +153,7 @@ class Receiver:
         self._stop = threading.Event()
         # Reassembly keeps at most spool_threshold bytes of chunks in RAM; bigger messages
         # are spooled to temporary files and delivered as spooled payloads (issue 3).
-        self.chunk_store = SpoolingChunkStore(memory_limit=s.spool_threshold)
+        self.chunk_store = SpoolingChunkStore(memory_limit=s.spool_threshold, directory=s.spool_dir)
         per_message, tracked = chunk_bounds(
             max_buffered_bytes=s.max_buffered_bytes,
             packet_limit=s.max_packet_size or MAX_PACKET_SIZE,
@@ -348,6 +348,7 @@ class Receiver:
             expected_size=ref.size,
             max_bytes=self._settings.max_fetch_bytes,
             spool_threshold=self._settings.spool_threshold,
+            spool_dir=self._settings.spool_dir,
             auth=auth,
             redirect_ok=self._redirect_ok,
             on_bytes=(lambda done, total: progress(incoming.topic, done, total))

@@ -86,6 +86,8 @@ def _safe_name(topic: str) -> str:
 
 
 def _subscribe(args: argparse.Namespace) -> int:
+    import dataclasses
+
     from ._client import Client
     from ._message import MessageError
     from ._progress import Progress
@@ -93,6 +95,10 @@ def _subscribe(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
+        if settings.spool_dir is None:
+            # Spooled in DIR, a large payload is renamed into place, never copied, and never
+            # held in a /tmp that is memory (tmpfs).
+            settings = dataclasses.replace(settings, spool_dir=str(args.out))
     errors = 0
     seen = 0
     bars: dict[str, Progress] = {}

@@ -49,16 +49,18 @@ def subscriptions(broker: Mosquitto, topic: str) -> int:
     return broker.log().count(f"\t{topic} (QoS")
 
 
-def start_subscriber(broker: Mosquitto, topic: str, *args: str) -> subprocess.Popen[str]:
+def start_subscriber(
+    broker: Mosquitto, topic: str, *args: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
     """`offload subscribe`, returned once the broker has its subscription (else a publish
-    right after could be missed)."""
+    right after could be missed). `env`: OFFLOAD_* settings to add."""
     before = subscriptions(broker, topic)
     proc = subprocess.Popen(
         [OFFLOAD, "subscribe", "--broker", broker.url, "--topic", topic, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=_env(),
+        env={**_env(), **(env or {})},
     )
     deadline = time.monotonic() + 30
     while subscriptions(broker, topic) == before:
@@ -113,6 +115,41 @@ def test_chunked_publish_is_readable_by_an_independent_adr23_reassembler(
         assert size <= 65536
     chunks = [(m.payload, list(m.properties.user_properties)) for m in received]
     assert reassemble(chunks) == payload
+
+
+def test_subscribe_out_spools_into_its_directory(
+    mosquitto_factory: Callable[..., Mosquitto], unique_topic: Callable[[str], str], tmp_path: Path
+) -> None:
+    """With `--out DIR`, what the subscriber spools is made in DIR: renamed into place at the
+    end, never held in a /tmp that may be memory (tmpfs). Here a partial chunked message over
+    the 64 KiB memory budget is seen spooled in DIR while its last chunk is held back."""
+    broker = mosquitto_factory(max_packet_size=65536)
+    topic = unique_topic("cli-spool")
+    out = tmp_path / "out"
+    env = {"OFFLOAD_SPOOL_THRESHOLD": "65536"}
+    subscriber = start_subscriber(
+        broker, topic, "--count", "1", "--timeout", "60", "--out", str(out), env=env
+    )
+    raw = MqttConnection(BrokerUrl.parse(broker.url), on_message=lambda m: None)
+    raw.connect()
+    try:
+        payload = os.urandom(500_000)
+        chunks = split(payload, topic=topic, qos=1, properties=None, limit=65536)
+        for props, data in chunks[:-1]:
+            raw.publish(topic, data, qos=1, properties=props).result(10)
+        deadline = time.monotonic() + 20
+        while not list(out.glob("offload-chunks-*")):
+            assert time.monotonic() < deadline, f"nothing spooled in {out}: {list(out.iterdir())}"
+            time.sleep(0.05)
+        props, data = chunks[-1]
+        raw.publish(topic, data, qos=1, properties=props).result(10)
+        stdout, err = subscriber.communicate(timeout=60)
+    finally:
+        raw.close()
+        subscriber.kill()
+    (doc,) = lines(stdout)
+    assert doc["sha256"] == hashlib.sha256(payload).hexdigest(), (stdout, err)
+    assert [p.name for p in out.iterdir()] == [Path(str(doc["file"])).name]  # nothing left over
 
 
 def test_out_of_order_duplicate_and_bad_checksum_through_subscribe(

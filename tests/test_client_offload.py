@@ -69,7 +69,9 @@ def test_20_mib_crosses_a_256_kib_broker_as_a_placeholder(
          "-W", "60", "-F", "%P\t%p"],
         stdout=subprocess.PIPE,
     )  # fmt: skip
-    sub = clients(spool_threshold=1 * MiB)
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    sub = clients(spool_threshold=1 * MiB, spool_dir=str(spool))
     sub.subscribe(topic)
     pub = clients()
     assert pub.wait_for_endpoint(10) == gateway.url
@@ -90,6 +92,7 @@ def test_20_mib_crosses_a_256_kib_broker_as_a_placeholder(
     assert msg.route is Route.OFFLOADED
     assert msg.size == 20 * MiB
     assert msg.body.path is not None  # spooled to disk above the threshold
+    assert msg.body.path.parent == spool  # in `spool_dir`
     assert msg.payload == payload
     assert msg.sha256 == result.sha256
     assert msg.message_id == result.message_id

@@ -186,6 +186,7 @@ def test_client_table_in_config_file_and_protocol_spelling(tmp_path: Path) -> No
         ({}, "not toml ["),
         ({"OFFLOAD_ENDPOINT": "gw:80"}, ""),
         ({"OFFLOAD_UNTRUSTED_ENDPOINT": "send-anyway"}, ""),
+        ({"OFFLOAD_SPOOL_DIR": "/nonexistent/spool"}, ""),
     ],
 )
 def test_bad_settings_are_config_errors(tmp_path: Path, env: dict[str, str], config: str) -> None:
