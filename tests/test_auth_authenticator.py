@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import os
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -24,8 +23,14 @@ from gateway.auth import (
 from gateway.auth._limits import FailureLimiter, ReplayGuard
 
 SECRET = b"0123456789abcdef0123456789abcdef"
-# Files for the property test (hypothesis does not mix with function-scoped fixtures).
-AUTH_FILES = Path(tempfile.mkdtemp(prefix="offload-authfuzz-"))
+
+
+@pytest.fixture(scope="module")
+def auth_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Files for the property test: module-scoped (hypothesis refuses function-scoped
+    fixtures) and under pytest's own temporary directories (a module-level `mkdtemp` left
+    one directory in /tmp per run)."""
+    return tmp_path_factory.mktemp("authfuzz")
 
 
 class Clock:
@@ -365,12 +370,14 @@ def test_a_replay_is_refused_whatever_the_sid_spelling(password_file: Path) -> N
         ),
     )
 )
-def test_any_authorization_text_is_a_challenge_never_an_error(header: str) -> None:
-    tokens = AUTH_FILES / "tokens"
+def test_any_authorization_text_is_a_challenge_never_an_error(
+    auth_files: Path, header: str
+) -> None:
+    tokens = auth_files / "tokens"
     if not tokens.exists():
-        passwd(AUTH_FILES / "passwd", "alice", "alice-pw", "-I", "4096")
+        passwd(auth_files / "passwd", "alice", "alice-pw", "-I", "4096")
         tokens.write_text(f"bob:{token_digest('t0ken')}\n")
-    auth = make(AUTH_FILES / "passwd", tls=True, tokens_file=tokens)
+    auth = make(auth_files / "passwd", tls=True, tokens_file=tokens)
     result = auth.authenticate(header, client="fuzz")
     # The boundary's catch-all logs "unexpected error": parsing must never get that far.
     assert isinstance(result, Challenge) and result.status in (401, 429)
