@@ -332,6 +332,8 @@ class SeaweedFS(_OwnWorkdir):
         log = self.workdir / "weed.log"
         args = [
             str(shutil.which("weed")),
+            # glog's files (weed.*.log.INFO...) beside the data, not one set per start in /tmp
+            f"-logdir={self.workdir}",
             "server",
             f"-dir={data}",
             "-ip=127.0.0.1",
