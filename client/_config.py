@@ -109,8 +109,9 @@ class ClientSettings:
     )
     spool_dir: str | None = setting(
         None,
-        "directory for spool files (default: the system's temporary directory, `TMPDIR`; "
-        "where /tmp is tmpfs, as on Debian 13, spooled payloads there are memory); "
+        "directory for spool files: payloads fetched above `spool_threshold`, chunk "
+        "reassembly, a piped publish (default: the system's temporary directory, `TMPDIR`; "
+        "where /tmp is tmpfs, as on Debian 13, that is memory); "
         "`offload subscribe --out DIR` spools into DIR",
         _OPT_STR,
     )

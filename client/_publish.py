@@ -135,7 +135,7 @@ class Publisher:
             if properties is not None and properties != PublishProperties():
                 raise ProtocolError("MQTT 3.1.1 cannot carry publish properties")
             properties = None
-        with PayloadSource(payload) as source:
+        with PayloadSource(payload, spool_dir=s.spool_dir) as source:
             send = _Send(topic, qos, retain, properties, self.max_packet_size, timeout)
             return self._route(send, source, message_id)
 

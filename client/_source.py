@@ -20,11 +20,17 @@ PayloadLike = bytes | bytearray | memoryview | str | BinaryIO | os.PathLike[str]
 
 
 class PayloadSource:
-    """Random-access view of a payload with its size and SHA-256."""
+    """Random-access view of a payload with its size and SHA-256.
+
+    Args:
+        payload: bytes, text, a binary file object or a path.
+        spool_dir: where a non-seekable stream (a pipe) is spooled first (default: the
+            system's temporary directory).
+    """
 
     __slots__ = ("_data", "_file", "_owned", "_sha256", "_start", "size")
 
-    def __init__(self, payload: PayloadLike) -> None:
+    def __init__(self, payload: PayloadLike, *, spool_dir: str | None = None) -> None:
         self._data: bytes | None = None
         self._file: BinaryIO | None = None
         self._owned = False
@@ -43,7 +49,7 @@ class PayloadSource:
                 self._start = payload.tell()
             else:
                 # A pipe cannot be re-read for the hash pass and the upload: spool it once.
-                spool = tempfile.TemporaryFile()  # noqa: SIM115 - closed by close()
+                spool = tempfile.TemporaryFile(dir=spool_dir)  # noqa: SIM115 - closed by close()
                 shutil.copyfileobj(payload, spool, PIECE)
                 self._file = spool
                 self._owned = True

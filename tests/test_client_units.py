@@ -287,3 +287,15 @@ def test_sources_agree_on_size_hash_and_ranges(tmp_path: Path) -> None:
             assert src.read_at(len(data) - 5, 100) == data[-5:]
             assert b"".join(src.pieces()) == data
     assert PayloadSource("héllo").read_all() == "héllo".encode()
+
+
+def test_a_pipe_is_spooled_in_spool_dir(tmp_path: Path) -> None:
+    """A non-seekable stream is copied to an (unnamed) file first: in `spool_dir` if set."""
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"piped payload")
+    os.close(write_end)
+    with open(read_end, "rb") as pipe, PayloadSource(pipe, spool_dir=str(tmp_path)) as src:
+        assert src.read_all() == b"piped payload"
+        spool = src._file
+        assert spool is not None
+        assert os.readlink(f"/proc/self/fd/{spool.fileno()}").startswith(f"{tmp_path}/")
