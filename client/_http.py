@@ -289,17 +289,17 @@ class HttpTransport:
                 # the disk): hashlib and the socket read both release the GIL.
                 threaded = size is None or size >= THREADED_HASH_FROM
                 readinto = response.extensions.get(READINTO)
+                # iter_raw() without a size: the transport's reads as they come, no
+                # re-chunking copy (bench/RESULTS.md, "Client fetch"). A generator: nothing
+                # is read unless a branch below iterates it.
+                stream = _counted(_capped(response.iter_raw(), limit, url), size, on_bytes)
                 with _Hasher(threaded=threaded, enabled=expected_sha256 is not None) as hasher:
-                    if size is not None and size <= spool_threshold and readinto is not None:
+                    if size is None or size > spool_threshold:
+                        payload = _spool(stream, hasher, spool_dir)
+                    elif readinto is not None:  # straight into the payload's buffer
                         payload = _read_into(readinto, hasher, size, url, on_bytes)
                     else:
-                        # iter_raw() without a size: the transport's reads as they come, no
-                        # re-chunking copy (bench/RESULTS.md, "Client fetch").
-                        stream = _counted(_capped(response.iter_raw(), limit, url), size, on_bytes)
-                        if size is not None and size <= spool_threshold:
-                            payload = _in_memory(stream, hasher, size)
-                        else:
-                            payload = _spool(stream, hasher, spool_dir)
+                        payload = _in_memory(stream, hasher, size)
                     digest = hasher.hexdigest()
         except httpx.TransportError as exc:  # refused, reset, timed out, cut short
             raise TransientFetchError(url, f"fetch failed: {exc!r}") from exc
