@@ -39,9 +39,9 @@ log = logging.getLogger("gateway")
 #: Lifespan state key holding the head timeout in seconds (0: none).
 STATE_KEY = "offload.header_timeout"
 DEFAULT_HEADER_TIMEOUT = 10.0
-#: Largest request head (request line and headers) taken, as `h11_max_incomplete_event_size`
-#: in gateway/cli.py. The client library sends at most 8 KiB of `X-Offload-Header` fields
-#: (client/_upload_forms.py), nginx's default total is 32 KiB.
+#: Largest request head (request line and headers) taken; gateway/cli.py gives h11 the same
+#: (`h11_max_incomplete_event_size`). The client library sends at most 8 KiB of
+#: `X-Offload-Header` fields (client/_upload_forms.py), nginx's default total is 32 KiB.
 MAX_HEAD_BYTES = 64 * 1024
 
 

@@ -12,7 +12,7 @@ import sys
 
 import uvicorn
 
-from ._http_protocol import HeadDeadlineProtocol
+from ._http_protocol import MAX_HEAD_BYTES, HeadDeadlineProtocol
 from ._observability import configure_logging
 from ._settings import Settings
 
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         log_level=settings.log_level.lower(),
         timeout_graceful_shutdown=int(settings.shutdown_timeout),
         log_config=None,  # keep our handlers (JSON when asked)
-        h11_max_incomplete_event_size=64 * 1024,
+        h11_max_incomplete_event_size=MAX_HEAD_BYTES,  # h11's head limit, as ours
         http=HeadDeadlineProtocol,  # a deadline for each request head (OFFLOAD_HEADER_TIMEOUT)
     )
     return 0
