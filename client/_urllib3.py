@@ -150,7 +150,11 @@ class Urllib3Transport(httpx.BaseTransport):
             extensions[READINTO] = stream.readinto
         return httpx.Response(
             response.status,
-            headers=list(response.headers.iteritems()),
+            # As bytes: http.client decoded them as Latin-1, so this gives back what was sent
+            # (a gateway's `X-Offload-Topic` is raw UTF-8; as str, httpx would refuse it).
+            headers=[
+                (k.encode("latin-1"), v.encode("latin-1")) for k, v in response.headers.iteritems()
+            ],
             stream=stream,
             extensions=extensions,
         )

@@ -124,6 +124,22 @@ def _publish_placeholder(client: Client, topic: str, ref: Placeholder) -> None:
     client.connection.publish(topic, body, qos=1, properties=props).result(10)
 
 
+def test_a_topic_beyond_ascii_is_offloaded_and_fetched(
+    clients: Callable[..., Client], unique_topic: Callable[[str], str]
+) -> None:
+    """The gateway answers the fetch with `X-Offload-Topic` in UTF-8 bytes; the client's
+    reader refused that header (UnicodeEncodeError), so no such message was ever delivered."""
+    topic = unique_topic("uni") + "/€-ü"
+    sub = clients()
+    sub.subscribe(topic)
+    pub = clients()
+    payload = os.urandom(300 * 1024)
+    assert pub.publish(topic, payload, qos=1).route is Route.OFFLOADED
+    msg = _next(sub)
+    assert isinstance(msg, Message), msg
+    assert msg.topic == topic and msg.payload == payload
+
+
 def test_missing_object_is_payload_not_found(
     gateway: GatewayServer, clients: Callable[..., Client], unique_topic: Callable[[str], str]
 ) -> None:

@@ -55,6 +55,12 @@ class Server:
                     if path == b"/ok":
                         conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(BODY))
                         conn.sendall(BODY)
+                    elif path == b"/utf8":  # a header value in raw UTF-8, as a gateway sends
+                        conn.sendall(
+                            b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n"
+                            b"X-Offload-Topic: t/\xe2\x82\xac\r\n\r\n" % len(BODY)
+                        )
+                        conn.sendall(BODY)
                     elif path == b"/chunked":  # the same body in uneven chunks
                         conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
                         for start in range(0, len(BODY), 100_003):
@@ -111,6 +117,14 @@ def test_a_chunked_body_is_read_whole_and_its_connection_reused(server: Server) 
             )
             assert payload.read() == BODY
     assert server.connections == 1
+
+
+def test_a_header_in_raw_utf8_is_read(server: Server) -> None:
+    """A message on topic `t/€` comes with `X-Offload-Topic: t/€` in UTF-8 bytes: the fetch
+    failed with UnicodeEncodeError before (the headers were handed to httpx as str)."""
+    with HttpTransport(timeout=10) as http:
+        payload = http.fetch(f"{server.url}/utf8", expected_sha256=SHA, expected_size=len(BODY))
+        assert payload.read() == BODY
 
 
 @pytest.mark.parametrize("path", ["/longer", "/error"])
