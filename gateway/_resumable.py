@@ -30,8 +30,13 @@ continue any upload and the gateway's memory stays bounded:
 * Abandoned uploads expire (`Upload-Expires`, extended by each PATCH); the gateway's
   sweeper calls :func:`cleanup_expired_uploads`, which removes them and orphaned segments.
 
-Known limits: two PATCHes racing on one upload are detected only loosely (the offset is
-re-read before the state is saved; the loser gets 409). tus clients send one at a time. Two
+* One request at a time per upload on a replica (`_upload_locks`, as tusd does): a HEAD or
+  PATCH that arrives while an earlier PATCH is still receiving its segment takes over (the
+  earlier one is discarded), so a client that resumes after a lost connection is told the
+  offset that holds.
+
+Known limits: two PATCHes racing on one upload at two replicas are detected only loosely
+(the offset is re-read before the state is saved; the loser gets 409). Two
 final uploads naming the same parts at once may both publish, or the slower one fail when
 the faster one removed the parts; tus clients send one final upload.
 """
@@ -44,6 +49,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterator
+from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import replace
 from typing import Any
 
@@ -55,6 +61,7 @@ from ._options import PublishOptions
 from ._pipe import StreamingUpload, crc32c_text, crc32c_update
 from ._service import MAX_KEY_BYTES, now_ms
 from ._tus import Checksum, check_upload_id
+from ._upload_locks import UploadLocks
 from ._upload_state import UPLOADS_PREFIX, Segment, UploadState, segments_prefix, state_key
 from .storage import ObjectInfo, ObjectStore, StoreError
 
@@ -89,12 +96,20 @@ class ResumableUploads:
         transfers: the transfer pool segment uploads are admitted to.
         calls: the pool short store calls (state, deletes, assembly) run in, so that
             /healthz sees them wait (the gateway's `Workers.store`).
+        locks: which request holds each upload on this replica (`_upload_locks`).
     """
 
     def __init__(
-        self, store: ObjectStore, *, expiry: int, transfers: Transfers, calls: WorkerPool
+        self,
+        store: ObjectStore,
+        *,
+        expiry: int,
+        transfers: Transfers,
+        calls: WorkerPool,
+        locks: UploadLocks | None = None,
     ) -> None:
         self.store = store
+        self.locks = UploadLocks() if locks is None else locks
         self.transfers = transfers
         self.calls = calls
         self.expiry = expiry
@@ -207,6 +222,7 @@ class ResumableUploads:
         *,
         declared: int | None,
         checksum: Checksum | None,
+        interruptible: AbstractAsyncContextManager[None] | None = None,
     ) -> UploadState:
         """Stage one PATCH segment at `offset`; the saved state with the new offset.
 
@@ -216,6 +232,8 @@ class ResumableUploads:
             chunks: the request body.
             declared: its Content-Length, None when chunked.
             checksum: the segment's expected digest (`Upload-Checksum`), if any.
+            interruptible: entered while the segment is received and stored (the request's
+                `Hold.interruptible()`): a newer request for the upload may stop it there.
 
         Raises:
             Conflict: the offset is not the upload's current offset.
@@ -237,16 +255,17 @@ class ResumableUploads:
         )
         total = 0
         try:
-            async for chunk in chunks:
-                total += len(chunk)
-                if total > room:
-                    raise PayloadTooLarge("segment passes Upload-Length")
-                if running is not None:
-                    running.update(chunk)
-                if check is not None:
-                    check.update(chunk)
-                await upload.write(chunk)
-            sha256, size = await upload.finish()
+            async with interruptible or nullcontext():
+                async for chunk in chunks:
+                    total += len(chunk)
+                    if total > room:
+                        raise PayloadTooLarge("segment passes Upload-Length")
+                    if running is not None:
+                        running.update(chunk)
+                    if check is not None:
+                        check.update(chunk)
+                    await upload.write(chunk)
+                sha256, size = await upload.finish()
         except BaseException as exc:
             await upload.abort(exc)
             raise

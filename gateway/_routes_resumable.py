@@ -28,6 +28,10 @@ HEAD) answers `X-Offload-Id`, `X-Offload-Url` and `X-Offload-Sha256`. If the bro
 at that moment the answer is 503 and the upload stays complete-but-unannounced: an empty PATCH
 at the final offset tries again.
 
+HEAD, PATCH and DELETE hold the upload one at a time (`_upload_locks`): a newer request
+stops an earlier PATCH still receiving its segment (that PATCH answers 400, its segment
+discarded) or waits for one saving or publishing (423 Locked past the wait).
+
 An upload belongs to the principal that created it: HEAD, PATCH and DELETE by another
 user answer 404, as for an unknown id. Anonymous uploads (no user) are capabilities: whoever
 holds the 128-bit random id may continue them.
@@ -89,6 +93,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     412: {"description": "unsupported Tus-Resumable version"},
     413: {"description": "Upload-Length above the limit, or a segment past it"},
     415: {"description": "PATCH without Content-Type: application/offset+octet-stream"},
+    423: {"description": "another request for the upload is still in progress (retry)"},
     460: {"description": "checksum mismatch: the segment was discarded"},
     503: {"description": "object store or broker unavailable"},
 }
@@ -284,7 +289,10 @@ async def offset(upload_id: str, request: Request, ctx: Ctx, access: Access) -> 
 
     async def run() -> Response:
         _check_version(request)
-        state = await _load_own(ctx.uploads, access, upload_id)
+        # Held: an earlier PATCH still under way is stopped or waited for, so the offset
+        # answered is the one the next PATCH will find.
+        async with ctx.uploads.locks.hold(upload_id):
+            state = await _load_own(ctx.uploads, access, upload_id)
         return Response(status_code=200, headers=_state_headers(ctx, state))
 
     return await _tus(run)
@@ -310,17 +318,23 @@ async def append(upload_id: str, request: Request, ctx: Ctx, access: Access) -> 
         checksum = parse_checksum(request.headers.get("upload-checksum"))
         length = _content_length(request)
         uploads = ctx.uploads
-        state = await _load_own(ctx.uploads, access, upload_id)
-        if state.parts and length:
-            raise Forbidden("a final upload takes no PATCH data (tus concatenation)")
-        if not state.completed:
-            state = await uploads.append(
-                state, at, _body(request), declared=length, checksum=checksum
-            )
-            if state.offset == state.length and not state.partial:
-                state = await _finish(ctx, request, state)
-        elif at != state.length:
-            raise BadRequest(f"upload already complete at {state.length} bytes")
+        async with uploads.locks.hold(upload_id) as hold:
+            state = await _load_own(ctx.uploads, access, upload_id)
+            if state.parts and length:
+                raise Forbidden("a final upload takes no PATCH data (tus concatenation)")
+            if not state.completed:
+                state = await uploads.append(
+                    state,
+                    at,
+                    _body(request),
+                    declared=length,
+                    checksum=checksum,
+                    interruptible=hold.interruptible(),
+                )
+                if state.offset == state.length and not state.partial:
+                    state = await _finish(ctx, request, state)
+            elif at != state.length:
+                raise BadRequest(f"upload already complete at {state.length} bytes")
         return Response(status_code=204, headers=_state_headers(ctx, state))
 
     return await _tus(run)
@@ -332,8 +346,9 @@ async def terminate(upload_id: str, request: Request, uploads: Uploads, access: 
 
     async def run() -> Response:
         _check_version(request)
-        state = await _load_own(uploads, access, upload_id)
-        await uploads.terminate(state)
+        async with uploads.locks.hold(upload_id):
+            state = await _load_own(uploads, access, upload_id)
+            await uploads.terminate(state)
         return Response(status_code=204)
 
     return await _tus(run)

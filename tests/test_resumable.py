@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import os
@@ -15,6 +16,7 @@ import httpx
 import pytest
 
 from _gateway import GatewayServer
+from _hostile import RawRequest
 from _servers import Mosquitto
 
 pytestmark = pytest.mark.servers
@@ -239,3 +241,73 @@ def test_file_store_and_expiry_cleanup(
         assert cleanup_expired_uploads(store, time.time()) == 2  # the abandoned and the done
     assert [i.key for i in store.list("uploads/")] == []
     assert [i.key for i in store.list("data/")]  # the finished message stays
+
+
+# A client resumes (HEAD, then PATCH) while its lost PATCH is still arriving: tus-js-client
+# after a page reload, whose resumed PATCH got 409 when the old one landed after its HEAD.
+SEGMENT = 256 * 1024
+
+
+def test_a_resume_takes_over_from_the_lost_patch_still_arriving(
+    gw: GatewayServer,
+    unique_topic: Callable[[str], str],
+) -> None:
+    payload = os.urandom(2 * SEGMENT)
+    with httpx.Client(base_url=gw.url, timeout=30) as http:
+        location = create(http, len(payload), topic=unique_topic("lock"))
+        path = location.removeprefix(gw.url)
+        # The "lost" PATCH: half its segment is at the gateway, the rest still on the way.
+        lost = RawRequest(
+            gw.port,
+            f"PATCH {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nTus-Resumable: 1.0.0\r\n"
+            "Upload-Offset: 0\r\nContent-Type: application/offset+octet-stream\r\n"
+            f"Content-Length: {SEGMENT}\r\n\r\n",
+            body=payload[:SEGMENT],
+        )
+        try:
+            lost.send(SEGMENT // 2)
+            time.sleep(0.5)  # the gateway is receiving it
+            began = time.monotonic()
+            assert head_offset(http, location) == 0  # the client resumes
+            assert time.monotonic() - began < 5
+            with contextlib.suppress(OSError):  # (the gateway may have closed it)
+                lost.send(SEGMENT - SEGMENT // 2)  # the rest arrives after the HEAD
+            answer = lost.response_head(10)
+            assert answer.startswith(b"HTTP/1.1 400"), answer
+            assert b"connection: close" in answer.lower(), answer
+            assert lost.rest_until_closed(5) is not None  # and it closes
+        finally:
+            lost.close()
+        # Without the lock the lost PATCH landed after the HEAD: this one got 409.
+        first = patch(http, location, 0, payload[:SEGMENT])
+        assert first.status_code == 204, first.text
+        last = patch(http, location, SEGMENT, payload[SEGMENT:])
+        assert last.status_code == 204, last.text
+        assert last.headers["x-offload-sha256"] == hashlib.sha256(payload).hexdigest()
+        assert http.get(last.headers["x-offload-url"] + "/payload").content == payload
+
+
+def test_delete_takes_over_from_a_patch_under_way(
+    gw: GatewayServer,
+    unique_topic: Callable[[str], str],
+) -> None:
+    with httpx.Client(base_url=gw.url, timeout=30) as http:
+        location = create(http, 2 * SEGMENT, topic=unique_topic("lock"))
+        path = location.removeprefix(gw.url)
+        writing = RawRequest(
+            gw.port,
+            f"PATCH {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nTus-Resumable: 1.0.0\r\n"
+            "Upload-Offset: 0\r\nContent-Type: application/offset+octet-stream\r\n"
+            f"Content-Length: {SEGMENT}\r\n\r\n",
+            body=os.urandom(SEGMENT),
+        )
+        try:
+            writing.send(1000)
+            time.sleep(0.5)
+            assert http.delete(location, headers=TUS).status_code == 204
+            with contextlib.suppress(OSError):
+                writing.send(SEGMENT - 1000)  # the rest comes: it was already discarded
+            assert writing.response_head(10).startswith(b"HTTP/1.1 400")
+        finally:
+            writing.close()
+        assert http.head(location, headers=TUS).status_code == 404
