@@ -40,6 +40,7 @@ holds the 128-bit random id may continue them.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -76,6 +77,7 @@ from ._tus import (
     parse_concat,
     parse_metadata,
 )
+from ._upload_locks import Hold
 from ._upload_state import UploadState
 
 router = APIRouter(prefix="/uploads", tags=["resumable uploads (tus 1.0)"])
@@ -133,6 +135,22 @@ async def _load_own(uploads: ResumableUploads, access: Access, upload_id: str) -
     if state.owner != await access.write(state.topic):
         raise NotFound(f"no upload {upload_id}")
     return state
+
+
+@asynccontextmanager
+async def _held(
+    uploads: ResumableUploads, access: Access, upload_id: str
+) -> AsyncIterator[tuple[Hold, UploadState]]:
+    """The caller's own upload, held for this request (`_upload_locks`).
+
+    Ownership is checked before the hold, so only the owner can stop the owner's PATCH;
+    the state is read again when an earlier request held the upload first.
+    """
+    state = await _load_own(uploads, access, upload_id)
+    async with uploads.locks.hold(upload_id) as hold:
+        if hold.took_over:
+            state = await uploads.load(upload_id)
+        yield hold, state
 
 
 def _content_type(meta: dict[str, str]) -> str | None:
@@ -291,8 +309,8 @@ async def offset(upload_id: str, request: Request, ctx: Ctx, access: Access) -> 
         _check_version(request)
         # Held: an earlier PATCH still under way is stopped or waited for, so the offset
         # answered is the one the next PATCH will find.
-        async with ctx.uploads.locks.hold(upload_id):
-            state = await _load_own(ctx.uploads, access, upload_id)
+        async with _held(ctx.uploads, access, upload_id) as (_, state):
+            pass
         return Response(status_code=200, headers=_state_headers(ctx, state))
 
     return await _tus(run)
@@ -318,8 +336,7 @@ async def append(upload_id: str, request: Request, ctx: Ctx, access: Access) -> 
         checksum = parse_checksum(request.headers.get("upload-checksum"))
         length = _content_length(request)
         uploads = ctx.uploads
-        async with uploads.locks.hold(upload_id) as hold:
-            state = await _load_own(ctx.uploads, access, upload_id)
+        async with _held(uploads, access, upload_id) as (hold, state):
             if state.parts and length:
                 raise Forbidden("a final upload takes no PATCH data (tus concatenation)")
             if not state.completed:
@@ -346,8 +363,7 @@ async def terminate(upload_id: str, request: Request, uploads: Uploads, access: 
 
     async def run() -> Response:
         _check_version(request)
-        async with uploads.locks.hold(upload_id):
-            state = await _load_own(uploads, access, upload_id)
+        async with _held(uploads, access, upload_id) as (_, state):
             await uploads.terminate(state)
         return Response(status_code=204)
 

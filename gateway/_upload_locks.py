@@ -45,8 +45,10 @@ class UploadInterrupted(BadRequest):
 class Hold:
     """One request's hold on an upload."""
 
-    def __init__(self, upload_id: str) -> None:
+    def __init__(self, upload_id: str, *, took_over: bool) -> None:
         self.upload_id = upload_id
+        #: Whether an earlier request held the upload first (what it loaded may be stale).
+        self.took_over = took_over
         self.done = asyncio.Event()
         self._wanted = False
         self._timer: asyncio.Timeout | None = None
@@ -102,12 +104,16 @@ class UploadLocks:
     async def hold(self, upload_id: str) -> AsyncIterator[Hold]:
         """Hold the upload for one request, taking it over from an earlier one.
 
+        Authorize first: whoever may hold an upload may stop a request of its owner.
+
         Raises:
             UploadLocked: the earlier request did not let go within `wait` seconds.
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.wait
+        took_over = False
         while (current := self._held.get(upload_id)) is not None:
+            took_over = True
             current.request_release()
             try:
                 async with asyncio.timeout_at(deadline):
@@ -117,7 +123,7 @@ class UploadLocks:
                     f"another request for upload {upload_id} is still in progress; retry",
                     {"Retry-After": "1"},
                 ) from None
-        hold = Hold(upload_id)
+        hold = Hold(upload_id, took_over=took_over)
         self._held[upload_id] = hold
         try:
             yield hold

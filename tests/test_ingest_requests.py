@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import shutil
 import subprocess
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,9 +19,11 @@ import pytest
 import requests
 from hop.auth import Auth
 from hop.http_scram import SCRAMAuth
+from scramp import ScramClient
 
 from _auth import broker_readable_dir, secured_pair, write_acl_file, write_password_file
 from _gateway import GatewayServer
+from _hostile import RawRequest
 from _servers import Mosquitto
 
 pytestmark = pytest.mark.servers
@@ -204,6 +207,52 @@ def _as(user: str) -> requests.Session:
     session = requests.Session()
     session.auth = SCRAMAuth(Auth(user, USERS[user], method="SCRAM-SHA-512"), shortcut=True)
     return session
+
+
+def _scram_authorization(url: str, user: str) -> str:
+    """An Authorization header for one request of `user`'s, the SCRAM exchange done by hand
+    (so the request itself can go over a bare socket)."""
+    client = ScramClient(["SCRAM-SHA-512"], user, USERS[user])
+    first = base64.b64encode(client.get_client_first().encode()).decode()
+    r = requests.head(url, headers={**TUS, "Authorization": f"SCRAM-SHA-512 data={first}"})
+    assert r.status_code == 401, r.status_code
+    params = requests.utils.parse_dict_header(
+        r.headers["www-authenticate"].removeprefix("SCRAM-SHA-512 ")
+    )
+    client.set_server_first(base64.b64decode(params["data"]).decode())
+    final = base64.b64encode(client.get_client_final().encode()).decode()
+    return f"SCRAM-SHA-512 sid={params['sid']},data={final}"
+
+
+def test_only_its_owner_can_take_an_upload_over_from_a_patch(two_users: GatewayServer) -> None:
+    """A HEAD stops an earlier PATCH on the same upload (tus locks), but only the owner's."""
+    gw = two_users
+    alice, bob = _as("alice"), _as("bob")
+    segment = 256 * 1024
+    created = alice.post(f"{gw.url}/uploads/", headers={**TUS, "Upload-Length": str(2 * segment),
+                         "Upload-Metadata": _meta(topic="shared/held")})  # fmt: skip
+    assert created.status_code == 201, created.text
+    path = created.headers["location"]
+    location = gw.url + path
+    patching = RawRequest(
+        gw.port,
+        f"PATCH {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nTus-Resumable: 1.0.0\r\n"
+        f"Authorization: {_scram_authorization(location, 'alice')}\r\n"
+        "Upload-Offset: 0\r\nContent-Type: application/offset+octet-stream\r\n"
+        f"Content-Length: {segment}\r\n\r\n",
+        body=bytes(segment),
+    )
+    try:
+        patching.send(segment // 2)
+        time.sleep(0.5)  # Alice's PATCH is being received
+        assert bob.head(location, headers=TUS).status_code == 404
+        patching.send(segment - segment // 2)
+        answer = patching.response_head(10)
+        assert answer.startswith(b"HTTP/1.1 204"), answer  # not stopped by Bob
+    finally:
+        patching.close()
+    head = alice.head(location, headers=TUS)
+    assert head.status_code == 200 and head.headers["upload-offset"] == str(segment)
 
 
 def test_a_resumable_upload_is_continued_only_by_its_creator(two_users: GatewayServer) -> None:
