@@ -10,6 +10,11 @@ alternate (direct, gateway, direct, gateway, ...) so background load hits both a
   SDK uses: the gateway's own cost, without httpx's reads on the client) and (info) with
   `client.HttpTransport.fetch`, the library's own verified read (SHA-256 included).
 
+The floor of any proxy (info rows, when nginx is installed): the same SDK calls through
+nginx as a plain streaming reverse proxy in front of the same SeaweedFS (`_harness.
+nginx_proxy`). On two cores that the store and the SDK already keep busy, a proxy's copies
+and its process come out of the transfer's time, however cheap it is.
+
 Ratios are gateway throughput over direct throughput (medians); target >= 0.85 both ways
 (issue 15). CPU seconds per GiB of the gateway, SeaweedFS and this client are printed per
 operation: on a shared 2-core machine they move less than wall time.
@@ -40,6 +45,7 @@ from _harness import (
     gateway_process,
     make_bucket,
     minio_client,
+    nginx_proxy,
     row,
 )
 from urllib3 import PoolManager
@@ -139,12 +145,22 @@ def main() -> None:
         with (
             gateway_process(seaweed, bucket, workers=args.workers, extra_env=extra_env) as gw,
             httpx.Client(timeout=120) as http,
+            nginx_proxy(seaweed.s3_port) as nginx,
         ):
+            proxied = None
+            if nginx is not None:
+                from minio import Minio
+
+                proxied = Minio(f"127.0.0.1:{nginx.port}", seaweed.access_key,
+                                seaweed.secret_key, secure=False)  # fmt: skip
+                direct_download(proxied, bucket, direct_upload(proxied, bucket, payload)[1],
+                                args.size)  # fmt: skip
             # Warm-up: connections, SeaweedFS volume growth for the bucket, imports.
             direct_download(s3, bucket, direct_upload(s3, bucket, payload)[1], args.size)
             gid = gateway_upload(http, gw.url, payload)[1]
             gateway_download(http, gw.url, gid, args.size)
-            meter = CpuMeter(gateway=gw.pid, store=seaweed.proc.pid, client=None)
+            proxies = {} if nginx is None else {"nginx": nginx.pid}
+            meter = CpuMeter(gateway=gw.pid, store=seaweed.proc.pid, client=None, **proxies)
             times: dict[str, list[float]] = {}
             cpu: dict[str, dict[str, float]] = {}
 
@@ -177,6 +193,9 @@ def main() -> None:
                 timed("gateway download", gateway_download, http, gw.url, gid, args.size)
                 timed("urllib3 download", gateway_download_urllib3, pool, gw.url, gid, args.size)
                 timed("fetch download", transport_download, transport, gw.url, gid, args.size)
+                if proxied is not None:
+                    _, nkey = timed("nginx upload", direct_upload, proxied, bucket, payload)
+                    timed("nginx download", direct_download, proxied, bucket, nkey, args.size)
             transport.close()
     finally:
         seaweed.close()
@@ -189,15 +208,18 @@ def main() -> None:
         ("download, httpx", "direct download", "gateway download", True),
         ("download, urllib3", "direct download", "urllib3 download", True),
         ("download, HttpTransport.fetch", "direct download", "fetch download", False),
+        ("upload, floor: the SDK through nginx", "direct upload", "nginx upload", False),
+        ("download, floor: the SDK through nginx", "direct download", "nginx download", False),
     )
     for name, base, cand, targeted in cases:
         if cand not in times:
             continue
         d = mib / statistics.median(times[base])
         g = mib / statistics.median(times[cand])
+        via = "through nginx" if cand.startswith("nginx") else "gateway"
         print(
             f"{name} {mib:.0f} MiB x {args.runs}: direct S3 {d:.0f} MiB/s, "
-            f"gateway {g:.0f} MiB/s, ratio {g / d:.2f}"
+            f"{via} {g:.0f} MiB/s, ratio {g / d:.2f}"
             + (f" (target >= {TARGET})" if targeted else " (info)")
         )
         result = row("1 gateway vs S3", f"{mib:.0f} MiB {name}", d, g, "MiB/s",
