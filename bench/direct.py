@@ -180,6 +180,7 @@ def main() -> None:
             limit=0.0,
         )
     )
+    rows[-1]["met"] = None
     emit(rows)
 
 

@@ -11,6 +11,9 @@ the moment the last subscriber has the message:
 * S3 floor (the baseline, issue 15): the MinIO SDK alone puts the file (parts of the
   gateway's default size, 2 at once) and N threads get it in parallel: what any claim
   check through this store must pay. Target: API / floor <= 1.15 for N = 1 and N = 4;
+* S3 floor with the check (info): the same, each get hashing what it reads (SHA-256, as
+  every subscriber must before it hands a payload over): what verifying costs on top of
+  the floor on these cores, where the store, the gets and the hashes share two of them;
 * mosquitto (info): `mosquitto_pub -f FILE -q 1` -> N x `mosquitto_sub -C 1` through the
   unlimited broker (the raised-limit alternative);
 * CLI (info, `--cli`): `offload publish -f FILE` -> N x `offload subscribe -c 1`, with the
@@ -32,6 +35,7 @@ the broker log). Runs are interleaved (mosquitto, API, floor, ...) so load hits 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import shutil
 import statistics
@@ -176,8 +180,11 @@ def api_run(broker: Mosquitto, endpoint: str, path: Path, subscribers: int, pub:
     return max(stamps) - t0
 
 
-def store_floor(seaweed: SeaweedFS, bucket: str, path: Path, subscribers: int) -> float:
-    """The object store alone: put the file (as the gateway does) then N parallel gets."""
+def store_floor(
+    seaweed: SeaweedFS, bucket: str, path: Path, subscribers: int, *, verify: bool = False
+) -> float:
+    """The object store alone: put the file (as the gateway does) then N parallel gets,
+    each hashing what it reads when `verify` (hashlib drops the GIL: the threads overlap)."""
     from concurrent.futures import ThreadPoolExecutor
 
     s3 = minio_client(seaweed)
@@ -186,9 +193,15 @@ def store_floor(seaweed: SeaweedFS, bucket: str, path: Path, subscribers: int) -
     s3.fput_object(bucket, key, str(path), part_size=PART, num_parallel_uploads=2)  # type: ignore[attr-defined]
 
     def get(_: int) -> int:
+        digest = hashlib.sha256()
         r = s3.get_object(bucket, key)  # type: ignore[attr-defined]
         try:
-            return sum(len(p) for p in r.stream(4 * MiB))
+            got = 0
+            for piece in r.stream(4 * MiB):
+                got += len(piece)
+                if verify:
+                    digest.update(piece)
+            return got
         finally:
             r.close()
             r.release_conn()
@@ -254,7 +267,7 @@ def main() -> None:
             store_floor(seaweed, bucket, path, 1)
             for n in args.subscribers:
                 times: dict[str, list[float]] = {
-                    "mosquitto": [], "cli": [], "api": [], "direct": [], "s3": []
+                    "mosquitto": [], "cli": [], "api": [], "direct": [], "s3": [], "checked": []
                 }  # fmt: skip
                 for _ in range(args.runs):
                     times["mosquitto"].append(mosquitto_run(raised, path, n))
@@ -264,6 +277,7 @@ def main() -> None:
                     if direct:
                         times["direct"].append(api_run(direct_broker, "", path, n, direct_pub))
                     times["s3"].append(store_floor(seaweed, bucket, path, n))
+                    times["checked"].append(store_floor(seaweed, bucket, path, n, verify=True))
                 med = {k: statistics.median(v) * 1e3 for k, v in times.items() if v}
                 print(
                     f"{mib} MiB, {n} subscriber(s): store floor {med['s3']:.0f} ms, "
@@ -271,10 +285,20 @@ def main() -> None:
                     f"(target <= {TARGET}); raised-limit mosquitto {med['mosquitto']:.0f} ms"
                     + (f", CLI {med['cli']:.0f} ms" if "cli" in med else "")
                 )
+                print(
+                    f"{mib} MiB, {n} subscriber(s): store floor with the SHA-256 check "
+                    f"{med['checked']:.0f} ms, ratio {med['checked'] / med['s3']:.2f} (info)"
+                )
                 rows.append(
                     row("2 end to end", f"{mib} MiB {n} sub, Client / store floor", med["s3"],
                         med["api"], "ms", f"<= {TARGET}", higher_is_better=False, limit=TARGET)
                 )  # fmt: skip
+                checked = row("2 end to end",
+                              f"{mib} MiB {n} sub, floor with each get's SHA-256 / store floor",
+                              med["s3"], med["checked"], "ms", "info",
+                              higher_is_better=False, limit=0)  # fmt: skip
+                checked["met"] = None
+                rows.append(checked)
                 for kind in ("api", "cli"):
                     if kind in med:
                         info = row("2 end to end", f"{mib} MiB {n} sub, {kind} / mosquitto",
