@@ -31,9 +31,9 @@ continue any upload and the gateway's memory stays bounded:
   sweeper calls :func:`cleanup_expired_uploads`, which removes them and orphaned segments.
 
 * One request at a time per upload on a replica (`_upload_locks`, as tusd does): a HEAD or
-  PATCH that arrives while an earlier PATCH is still receiving its segment takes over (the
-  earlier one is discarded), so a client that resumes after a lost connection is told the
-  offset that holds.
+  PATCH that arrives while an earlier PATCH is under way waits for it, or stops it when its
+  body has stalled, so a client that resumes after a lost connection is told the offset
+  that holds.
 
 Known limits: two PATCHes racing on one upload at two replicas are detected only loosely
 (the offset is re-read before the state is saved; the loser gets 409). Two

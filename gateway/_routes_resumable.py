@@ -29,8 +29,8 @@ at that moment the answer is 503 and the upload stays complete-but-unannounced: 
 at the final offset tries again.
 
 HEAD, PATCH and DELETE hold the upload one at a time (`_upload_locks`): a newer request
-stops an earlier PATCH still receiving its segment (that PATCH answers 400, its segment
-discarded) or waits for one saving or publishing (423 Locked past the wait).
+waits for the one before it (423 Locked past the wait), and stops an earlier PATCH whose
+body has stalled (that PATCH answers 400, its segment discarded); a DELETE stops it at once.
 
 An upload belongs to the principal that created it: HEAD, PATCH and DELETE by another
 user answer 404, as for an unknown id. Anonymous uploads (no user) are capabilities: whoever
@@ -139,7 +139,7 @@ async def _load_own(uploads: ResumableUploads, access: Access, upload_id: str) -
 
 @asynccontextmanager
 async def _held(
-    uploads: ResumableUploads, access: Access, upload_id: str
+    uploads: ResumableUploads, access: Access, upload_id: str, *, take_over: bool = False
 ) -> AsyncIterator[tuple[Hold, UploadState]]:
     """The caller's own upload, held for this request (`_upload_locks`).
 
@@ -147,7 +147,7 @@ async def _held(
     the state is read again when an earlier request held the upload first.
     """
     state = await _load_own(uploads, access, upload_id)
-    async with uploads.locks.hold(upload_id) as hold:
+    async with uploads.locks.hold(upload_id, take_over=take_over) as hold:
         if hold.took_over:
             state = await uploads.load(upload_id)
         yield hold, state
@@ -307,8 +307,8 @@ async def offset(upload_id: str, request: Request, ctx: Ctx, access: Access) -> 
 
     async def run() -> Response:
         _check_version(request)
-        # Held: an earlier PATCH still under way is stopped or waited for, so the offset
-        # answered is the one the next PATCH will find.
+        # Held: an earlier PATCH still under way is waited for (or stopped when its body
+        # stalled), so the offset answered is the one the next PATCH will find.
         async with _held(ctx.uploads, access, upload_id) as (_, state):
             pass
         return Response(status_code=200, headers=_state_headers(ctx, state))
@@ -343,7 +343,7 @@ async def append(upload_id: str, request: Request, ctx: Ctx, access: Access) -> 
                 state = await uploads.append(
                     state,
                     at,
-                    _body(request),
+                    hold.feed(_body(request)),
                     declared=length,
                     checksum=checksum,
                     interruptible=hold.interruptible(),
@@ -363,7 +363,7 @@ async def terminate(upload_id: str, request: Request, uploads: Uploads, access: 
 
     async def run() -> Response:
         _check_version(request)
-        async with _held(uploads, access, upload_id) as (_, state):
+        async with _held(uploads, access, upload_id, take_over=True) as (_, state):
             await uploads.terminate(state)
         return Response(status_code=204)
 

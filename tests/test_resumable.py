@@ -8,12 +8,15 @@ import hashlib
 import json
 import os
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
+
+from gateway._upload_locks import STALL
 
 from _gateway import GatewayServer
 from _hostile import RawRequest
@@ -243,9 +246,46 @@ def test_file_store_and_expiry_cleanup(
     assert [i.key for i in store.list("data/")]  # the finished message stays
 
 
-# A client resumes (HEAD, then PATCH) while its lost PATCH is still arriving: tus-js-client
-# after a page reload, whose resumed PATCH got 409 when the old one landed after its HEAD.
+# A client resumes (HEAD, then PATCH) while its lost PATCH is still at the gateway:
+# tus-js-client after a page reload, whose resumed PATCH got 409 when the old one landed
+# after its HEAD. One request at a time per upload (gateway/_upload_locks.py).
 SEGMENT = 256 * 1024
+
+
+def _raw_patch(gw: GatewayServer, path: str, body: bytes) -> RawRequest:
+    return RawRequest(
+        gw.port,
+        f"PATCH {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nTus-Resumable: 1.0.0\r\n"
+        "Upload-Offset: 0\r\nContent-Type: application/offset+octet-stream\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n",
+        body=body,
+    )
+
+
+def test_a_head_polling_a_live_patch_waits_for_it_and_breaks_nothing(
+    gw: GatewayServer,
+    unique_topic: Callable[[str], str],
+) -> None:
+    payload = os.urandom(SEGMENT)
+    with httpx.Client(base_url=gw.url, timeout=30) as http:
+        location = create(http, 2 * SEGMENT, topic=unique_topic("lock"))
+        live = _raw_patch(gw, location.removeprefix(gw.url), payload)
+        piece = SEGMENT // 8
+        try:
+            live.send(piece)
+            time.sleep(0.25)  # the gateway is receiving it
+            polled: list[int] = []
+            poll = threading.Thread(target=lambda: polled.append(head_offset(http, location)))
+            poll.start()
+            for _ in range(7):  # the rest, a piece every 0.25 s: slow, never stalled
+                time.sleep(0.25)
+                live.send(piece)
+            poll.join(10)
+            answer = live.response_head(10)
+            assert answer.startswith(b"HTTP/1.1 204"), answer  # not stopped by the HEAD
+        finally:
+            live.close()
+        assert polled == [SEGMENT]  # answered once the PATCH was done: what the next finds
 
 
 def test_a_resume_takes_over_from_the_lost_patch_still_arriving(
@@ -255,21 +295,16 @@ def test_a_resume_takes_over_from_the_lost_patch_still_arriving(
     payload = os.urandom(2 * SEGMENT)
     with httpx.Client(base_url=gw.url, timeout=30) as http:
         location = create(http, len(payload), topic=unique_topic("lock"))
-        path = location.removeprefix(gw.url)
-        # The "lost" PATCH: half its segment is at the gateway, the rest still on the way.
-        lost = RawRequest(
-            gw.port,
-            f"PATCH {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nTus-Resumable: 1.0.0\r\n"
-            "Upload-Offset: 0\r\nContent-Type: application/offset+octet-stream\r\n"
-            f"Content-Length: {SEGMENT}\r\n\r\n",
-            body=payload[:SEGMENT],
-        )
+        # The "lost" PATCH: half its segment is at the gateway, its client gone silent
+        # (a connection that died without a word), the rest may still come later.
+        lost = _raw_patch(gw, location.removeprefix(gw.url), payload[:SEGMENT])
         try:
             lost.send(SEGMENT // 2)
             time.sleep(0.5)  # the gateway is receiving it
             began = time.monotonic()
             assert head_offset(http, location) == 0  # the client resumes
-            assert time.monotonic() - began < 5
+            # Once the lost PATCH's body had stalled for STALL seconds, it was stopped.
+            assert STALL - 0.6 < time.monotonic() - began < STALL + 3
             with contextlib.suppress(OSError):  # (the gateway may have closed it)
                 lost.send(SEGMENT - SEGMENT // 2)  # the rest arrives after the HEAD
             answer = lost.response_head(10)
@@ -293,18 +328,13 @@ def test_delete_takes_over_from_a_patch_under_way(
 ) -> None:
     with httpx.Client(base_url=gw.url, timeout=30) as http:
         location = create(http, 2 * SEGMENT, topic=unique_topic("lock"))
-        path = location.removeprefix(gw.url)
-        writing = RawRequest(
-            gw.port,
-            f"PATCH {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nTus-Resumable: 1.0.0\r\n"
-            "Upload-Offset: 0\r\nContent-Type: application/offset+octet-stream\r\n"
-            f"Content-Length: {SEGMENT}\r\n\r\n",
-            body=os.urandom(SEGMENT),
-        )
+        writing = _raw_patch(gw, location.removeprefix(gw.url), os.urandom(SEGMENT))
         try:
             writing.send(1000)
             time.sleep(0.5)
+            began = time.monotonic()
             assert http.delete(location, headers=TUS).status_code == 204
+            assert time.monotonic() - began < 1  # at once: the owner ends the upload
             with contextlib.suppress(OSError):
                 writing.send(SEGMENT - 1000)  # the rest comes: it was already discarded
             assert writing.response_head(10).startswith(b"HTTP/1.1 400")

@@ -1,64 +1,156 @@
 """One request at a time per tus upload (gateway/_upload_locks.py), the locks alone; through
-the running gateway in tests/test_resumable.py (`..._takes_over_...`)."""
+the running gateway in tests/test_resumable.py and tests/test_cli_upload.py."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 import pytest
 
-from gateway._upload_locks import UploadInterrupted, UploadLocked, UploadLocks
+from gateway._upload_locks import Hold, UploadInterrupted, UploadLocked, UploadLocks
 
 
-def test_a_newer_request_interrupts_a_holder_receiving() -> None:
-    async def main() -> list[str]:
-        locks = UploadLocks(wait=5)
+async def _body(pieces: int, every: float) -> AsyncIterator[bytes]:
+    for _ in range(pieces):
+        await asyncio.sleep(every)
+        yield b"x" * 1024
+
+
+async def _patch(hold: Hold, body: AsyncIterator[bytes], seen: list[str]) -> None:
+    """A PATCH's interruptible part: receive the body (and store it)."""
+    try:
+        async with hold.interruptible():
+            received = 0
+            async for piece in hold.feed(body):
+                received += len(piece)
+            seen.append(f"received {received}")
+    except UploadInterrupted:
+        seen.append("interrupted")
+
+
+def test_a_patch_whose_body_stalled_is_stopped_by_a_newer_request() -> None:
+    async def main() -> tuple[list[str], float]:
+        locks = UploadLocks(wait=5, stall=0.3)
         seen: list[str] = []
         receiving = asyncio.Event()
 
         async def holder() -> None:
             async with locks.hold("u") as hold:
-                try:
-                    async with hold.interruptible():
-                        receiving.set()
-                        await asyncio.sleep(60)  # a body that is slow to come
-                except UploadInterrupted:
-                    seen.append("interrupted")
+                receiving.set()
+                await _patch(hold, _body(1, 60), seen)  # its client went silent
 
         task = asyncio.create_task(holder())
         await receiving.wait()
         began = asyncio.get_running_loop().time()
-        async with locks.hold("u"):
-            seen.append(f"newer after {asyncio.get_running_loop().time() - began:.1f}")
+        async with locks.hold("u") as newer:
+            waited = asyncio.get_running_loop().time() - began
+            assert newer.took_over
         await task
         assert len(locks) == 0
+        return seen, waited
+
+    seen, waited = asyncio.run(main())
+    assert seen == ["interrupted"]
+    assert 0.25 < waited < 2  # once the body had stalled for `stall` seconds
+
+
+def test_a_patch_still_receiving_is_waited_for_not_stopped() -> None:
+    async def main() -> list[str]:
+        locks = UploadLocks(wait=5, stall=0.3)
+        seen: list[str] = []
+        receiving = asyncio.Event()
+
+        async def holder() -> None:
+            async with locks.hold("u") as hold:
+                receiving.set()
+                await _patch(hold, _body(10, 0.1), seen)  # 1 s of body, a piece every 0.1 s
+
+        task = asyncio.create_task(holder())
+        await receiving.wait()
+        async with locks.hold("u"):  # a HEAD polling the progress
+            seen.append("newer")
+        await task
         return seen
 
-    assert asyncio.run(main()) == ["interrupted", "newer after 0.0"]
+    assert asyncio.run(main()) == ["received 10240", "newer"]
 
 
-def test_a_holder_past_its_interruptible_part_is_waited_for() -> None:
+def test_a_patch_storing_what_it_received_is_waited_for() -> None:
     async def main() -> list[str]:
-        locks = UploadLocks(wait=5)
+        locks = UploadLocks(wait=5, stall=0.1)
         seen: list[str] = []
-        saving = asyncio.Event()
+        storing = asyncio.Event()
 
         async def holder() -> None:
             async with locks.hold("u") as hold:
                 async with hold.interruptible():
-                    pass  # received and stored
-                saving.set()
-                await asyncio.sleep(0.3)  # saving the state: not interrupted
-                seen.append("saved")
+                    async for _ in hold.feed(_body(1, 0)):
+                        pass
+                    storing.set()
+                    await asyncio.sleep(0.5)  # the store takes its time: not the client's
+                seen.append("stored")
 
         task = asyncio.create_task(holder())
-        await saving.wait()
+        await storing.wait()
         async with locks.hold("u"):
             seen.append("newer")
         await task
         return seen
 
-    assert asyncio.run(main()) == ["saved", "newer"]
+    assert asyncio.run(main()) == ["stored", "newer"]
+
+
+def test_take_over_stops_a_patch_at_once() -> None:
+    async def main() -> tuple[list[str], float]:
+        locks = UploadLocks(wait=5, stall=10)
+        seen: list[str] = []
+        receiving = asyncio.Event()
+
+        async def holder() -> None:
+            async with locks.hold("u") as hold:
+                receiving.set()
+                await _patch(hold, _body(100, 0.05), seen)  # a live body
+
+        task = asyncio.create_task(holder())
+        await receiving.wait()
+        began = asyncio.get_running_loop().time()
+        async with locks.hold("u", take_over=True):  # DELETE
+            waited = asyncio.get_running_loop().time() - began
+        await task
+        return seen, waited
+
+    seen, waited = asyncio.run(main())
+    assert seen == ["interrupted"] and waited < 0.2
+
+
+def test_a_release_asked_before_the_interruptible_part_stops_it_at_entry() -> None:
+    async def main() -> list[str]:
+        locks = UploadLocks(wait=5)
+        seen: list[str] = []
+        loaded = asyncio.Event()
+        go_on = asyncio.Event()
+
+        async def holder() -> None:
+            async with locks.hold("u") as hold:
+                loaded.set()
+                await go_on.wait()  # loading the state when the DELETE comes
+                await _patch(hold, _body(1, 0), seen)
+
+        task = asyncio.create_task(holder())
+        await loaded.wait()
+
+        async def delete() -> None:
+            async with locks.hold("u", take_over=True):
+                seen.append("deleted")
+
+        newer = asyncio.create_task(delete())
+        await asyncio.sleep(0.05)
+        go_on.set()
+        await asyncio.gather(task, newer)
+        return seen
+
+    assert asyncio.run(main()) == ["interrupted", "deleted"]
 
 
 def test_a_holder_that_does_not_let_go_in_time_is_423_and_others_proceed() -> None:
@@ -80,40 +172,7 @@ def test_a_holder_that_does_not_let_go_in_time_is_423_and_others_proceed() -> No
             pass
         release.set()
         await task
-        async with locks.hold("u"):  # and the upload is free again
-            pass
+        async with locks.hold("u") as hold:  # and the upload is free again
+            assert not hold.took_over
 
     asyncio.run(main())
-
-
-def test_a_release_asked_before_the_interruptible_part_stops_it_at_once() -> None:
-    async def main() -> None:
-        locks = UploadLocks(wait=5)
-        loaded = asyncio.Event()
-        go_on = asyncio.Event()
-        outcome: list[str] = []
-
-        async def holder() -> None:
-            async with locks.hold("u") as hold:
-                loaded.set()
-                await go_on.wait()  # loading the state when the newer request comes
-                try:
-                    async with hold.interruptible():
-                        outcome.append("received")
-                except UploadInterrupted:
-                    outcome.append("interrupted")
-
-        task = asyncio.create_task(holder())
-        await loaded.wait()
-        newer = asyncio.create_task(_hold_briefly(locks))
-        await asyncio.sleep(0.05)
-        go_on.set()
-        await asyncio.gather(task, newer)
-        assert outcome == ["interrupted"]
-
-    asyncio.run(main())
-
-
-async def _hold_briefly(locks: UploadLocks) -> None:
-    async with locks.hold("u"):
-        pass
