@@ -29,19 +29,27 @@ async def _patch(hold: Hold, body: AsyncIterator[bytes], seen: list[str]) -> Non
         seen.append("interrupted")
 
 
+async def _patching(
+    locks: UploadLocks, body: AsyncIterator[bytes], seen: list[str]
+) -> asyncio.Task[None]:
+    """A PATCH holding upload "u", receiving `body` once this returns (its task)."""
+    receiving = asyncio.Event()
+
+    async def holder() -> None:
+        async with locks.hold("u") as hold:
+            receiving.set()
+            await _patch(hold, body, seen)
+
+    task = asyncio.create_task(holder())
+    await receiving.wait()
+    return task
+
+
 def test_a_patch_whose_body_stalled_is_stopped_by_a_newer_request() -> None:
     async def main() -> tuple[list[str], float]:
         locks = UploadLocks(wait=5, stall=0.3)
         seen: list[str] = []
-        receiving = asyncio.Event()
-
-        async def holder() -> None:
-            async with locks.hold("u") as hold:
-                receiving.set()
-                await _patch(hold, _body(1, 60), seen)  # its client went silent
-
-        task = asyncio.create_task(holder())
-        await receiving.wait()
+        task = await _patching(locks, _body(1, 60), seen)  # its client went silent
         began = asyncio.get_running_loop().time()
         async with locks.hold("u") as newer:
             waited = asyncio.get_running_loop().time() - began
@@ -59,15 +67,7 @@ def test_a_patch_still_receiving_is_waited_for_not_stopped() -> None:
     async def main() -> list[str]:
         locks = UploadLocks(wait=5, stall=0.3)
         seen: list[str] = []
-        receiving = asyncio.Event()
-
-        async def holder() -> None:
-            async with locks.hold("u") as hold:
-                receiving.set()
-                await _patch(hold, _body(10, 0.1), seen)  # 1 s of body, a piece every 0.1 s
-
-        task = asyncio.create_task(holder())
-        await receiving.wait()
+        task = await _patching(locks, _body(10, 0.1), seen)  # 1 s of body, a piece every 0.1 s
         async with locks.hold("u"):  # a HEAD polling the progress
             seen.append("newer")
         await task
@@ -105,15 +105,7 @@ def test_take_over_stops_a_patch_at_once() -> None:
     async def main() -> tuple[list[str], float]:
         locks = UploadLocks(wait=5, stall=10)
         seen: list[str] = []
-        receiving = asyncio.Event()
-
-        async def holder() -> None:
-            async with locks.hold("u") as hold:
-                receiving.set()
-                await _patch(hold, _body(100, 0.05), seen)  # a live body
-
-        task = asyncio.create_task(holder())
-        await receiving.wait()
+        task = await _patching(locks, _body(100, 0.05), seen)  # a live body
         began = asyncio.get_running_loop().time()
         async with locks.hold("u", take_over=True):  # DELETE
             waited = asyncio.get_running_loop().time() - began
