@@ -153,10 +153,8 @@ class UploadLocks:
             if take_over or (idle is not None and idle >= self.stall):
                 current.request_release()
                 until = deadline
-            elif idle is not None:  # receiving: look again when it could have stalled
-                until = min(deadline, loop.time() + self.stall - idle)
-            else:
-                until = deadline
+            else:  # look again when it could have stalled (it may not be receiving yet)
+                until = min(deadline, loop.time() + self.stall - (idle or 0.0))
             try:
                 async with asyncio.timeout_at(until):
                     await current.done.wait()

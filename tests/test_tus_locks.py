@@ -63,6 +63,28 @@ def test_a_patch_whose_body_stalled_is_stopped_by_a_newer_request() -> None:
     assert 0.25 < waited < 2  # once the body had stalled for `stall` seconds
 
 
+def test_a_patch_that_stalls_after_the_newer_request_came_is_stopped_too() -> None:
+    async def main() -> list[str]:
+        locks = UploadLocks(wait=5, stall=0.2)
+        seen: list[str] = []
+        loaded = asyncio.Event()
+
+        async def holder() -> None:
+            async with locks.hold("u") as hold:
+                loaded.set()
+                await asyncio.sleep(0.1)  # loading the state when the newer request comes
+                await _patch(hold, _body(1, 60), seen)  # then its client goes silent
+
+        task = asyncio.create_task(holder())
+        await loaded.wait()
+        async with locks.hold("u"):
+            seen.append("newer")
+        await task
+        return seen
+
+    assert asyncio.run(main()) == ["interrupted", "newer"]  # not a 423 after `wait`
+
+
 def test_a_patch_still_receiving_is_waited_for_not_stopped() -> None:
     async def main() -> list[str]:
         locks = UploadLocks(wait=5, stall=0.3)
