@@ -181,10 +181,11 @@ def api_run(broker: Mosquitto, endpoint: str, path: Path, subscribers: int, pub:
 
 
 def store_floor(
-    seaweed: SeaweedFS, bucket: str, path: Path, subscribers: int, *, verify: bool = False
+    seaweed: SeaweedFS, bucket: str, path: Path, subscribers: int, *, sha256: str | None = None
 ) -> float:
-    """The object store alone: put the file (as the gateway does) then N parallel gets,
-    each hashing what it reads when `verify` (hashlib drops the GIL: the threads overlap)."""
+    """The object store alone: put the file (as the gateway does) then N parallel gets;
+    with `sha256`, each get hashes what it reads and checks it, as a subscriber must
+    (hashlib drops the GIL: the threads overlap)."""
     from concurrent.futures import ThreadPoolExecutor
 
     s3 = minio_client(seaweed)
@@ -192,22 +193,22 @@ def store_floor(
     t0 = time.perf_counter()
     s3.fput_object(bucket, key, str(path), part_size=PART, num_parallel_uploads=2)  # type: ignore[attr-defined]
 
-    def get(_: int) -> int:
+    def get(_: int) -> bool:
         digest = hashlib.sha256()
+        got = 0
         r = s3.get_object(bucket, key)  # type: ignore[attr-defined]
         try:
-            got = 0
             for piece in r.stream(4 * MiB):
                 got += len(piece)
-                if verify:
+                if sha256 is not None:
                     digest.update(piece)
-            return got
         finally:
             r.close()
             r.release_conn()
+        return got == path.stat().st_size and sha256 in (None, digest.hexdigest())
 
     with ThreadPoolExecutor(subscribers) as pool:
-        assert all(n == path.stat().st_size for n in pool.map(get, range(subscribers)))
+        assert all(pool.map(get, range(subscribers)))
     return time.perf_counter() - t0
 
 
@@ -233,6 +234,7 @@ def main() -> None:
         block = os.urandom(MiB)
         for i in range(args.size // MiB):
             f.write(i.to_bytes(8, "big") + block[8:])
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
     seaweed = SeaweedFS().start()
     limited = Mosquitto(max_packet_size=262144, extra_config=NODELAY).start()
     raised = Mosquitto(extra_config=NODELAY).start()
@@ -277,7 +279,7 @@ def main() -> None:
                     if direct:
                         times["direct"].append(api_run(direct_broker, "", path, n, direct_pub))
                     times["s3"].append(store_floor(seaweed, bucket, path, n))
-                    times["checked"].append(store_floor(seaweed, bucket, path, n, verify=True))
+                    times["checked"].append(store_floor(seaweed, bucket, path, n, sha256=digest))
                 med = {k: statistics.median(v) * 1e3 for k, v in times.items() if v}
                 print(
                     f"{mib} MiB, {n} subscriber(s): store floor {med['s3']:.0f} ms, "
