@@ -30,18 +30,20 @@ async def _patch(hold: Hold, body: AsyncIterator[bytes], seen: list[str]) -> Non
 
 
 async def _patching(
-    locks: UploadLocks, body: AsyncIterator[bytes], seen: list[str]
+    locks: UploadLocks, body: AsyncIterator[bytes], seen: list[str], *, loading: float = 0.0
 ) -> asyncio.Task[None]:
-    """A PATCH holding upload "u", receiving `body` once this returns (its task)."""
-    receiving = asyncio.Event()
+    """A PATCH holding upload "u" (its task): it spends `loading` seconds loading the state
+    after this returns, then receives `body`."""
+    holding = asyncio.Event()
 
     async def holder() -> None:
         async with locks.hold("u") as hold:
-            receiving.set()
+            holding.set()
+            await asyncio.sleep(loading)
             await _patch(hold, body, seen)
 
     task = asyncio.create_task(holder())
-    await receiving.wait()
+    await holding.wait()
     return task
 
 
@@ -67,16 +69,8 @@ def test_a_patch_that_stalls_after_the_newer_request_came_is_stopped_too() -> No
     async def main() -> list[str]:
         locks = UploadLocks(wait=5, stall=0.2)
         seen: list[str] = []
-        loaded = asyncio.Event()
-
-        async def holder() -> None:
-            async with locks.hold("u") as hold:
-                loaded.set()
-                await asyncio.sleep(0.1)  # loading the state when the newer request comes
-                await _patch(hold, _body(1, 60), seen)  # then its client goes silent
-
-        task = asyncio.create_task(holder())
-        await loaded.wait()
+        # Loading the state when the newer request comes; then its client goes silent.
+        task = await _patching(locks, _body(1, 60), seen, loading=0.1)
         async with locks.hold("u"):
             seen.append("newer")
         await task
