@@ -7,7 +7,7 @@ ruff check .
 ruff format --check .
 echo "==> mypy"
 mypy
-echo "==> lint-imports (the layers: README, Development)"
+echo "==> lint-imports (the layers: docs/development.md)"
 lint-imports --no-cache --no-logo
 echo "==> pytest"
 # The slowest tests are listed: the whole suite must stay under 15 minutes on 2 cores.

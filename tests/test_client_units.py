@@ -225,10 +225,10 @@ def test_from_config_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_readme_settings_table_is_the_declared_one() -> None:
-    """One declaration: the README's table is generated from the settings' fields."""
+    """One declaration: docs/settings.md's table is generated from the settings' fields."""
     from client._config import settings_table
 
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    readme = (Path(__file__).parents[1] / "docs" / "settings.md").read_text()
     start = readme.index("<!-- client-settings:")
     block = readme[readme.index("\n", start) + 1 : readme.index("<!-- /client-settings -->")]
     assert block == settings_table(), "run `python -m client._config` and paste the table"
