@@ -21,6 +21,7 @@ from typing import BinaryIO
 import httpx
 
 from ._exceptions import UploadError
+from ._scram import ScramFailure
 
 TUS_VERSION = "1.0.0"
 SEGMENT = 8 * 1024 * 1024
@@ -109,6 +110,8 @@ class TusUploader:
             )  # fmt: skip
         except httpx.HTTPError as exc:
             raise UploadError(url, f"cannot create the upload: {exc!r}") from exc
+        except ScramFailure as exc:  # a refused login: the status the CLI reports it by
+            raise UploadError(url, str(exc), 401) from exc
         if r.status_code != 201 or "location" not in r.headers:
             raise UploadError(url, _detail(r), r.status_code)
         return str(httpx.URL(url).join(r.headers["location"]))
@@ -119,6 +122,8 @@ class TusUploader:
             r = self.client.head(location, headers=_TUS)
         except httpx.HTTPError as exc:
             raise UploadError(location, f"cannot ask for the offset: {exc!r}") from exc
+        except ScramFailure as exc:
+            raise UploadError(location, str(exc), 401) from exc
         if r.status_code in (404, 410):
             return None
         if r.status_code != 200:
@@ -137,6 +142,8 @@ class TusUploader:
             )  # fmt: skip
         except httpx.HTTPError as exc:
             raise UploadError(location, f"segment at {offset} failed: {exc!r}") from exc
+        except ScramFailure as exc:
+            raise UploadError(location, str(exc), 401) from exc
         if r.status_code != 204:
             raise UploadError(location, _detail(r), r.status_code)
         return r

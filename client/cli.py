@@ -23,10 +23,26 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 from ._cli_args import build_parser, settings_from_args, validate
-from ._cli_errors import EXIT_ERRORS, EXIT_OK, UsageError, cause, describe, detail
+from ._cli_errors import (
+    EXIT_ERRORS,
+    EXIT_OK,
+    EXIT_PIPE,
+    StdoutClosed,
+    UsageError,
+    cause,
+    describe,
+    detail,
+    refused,
+)
+from ._cli_output import BinaryStdout, emit, message_line, write_bytes
 from ._exceptions import ConfigError, OffloadError, UploadError
 
 if TYPE_CHECKING:
+    import ssl
+
+    import httpx
+
+    from ._config import ClientSettings
     from ._message import Message, PublishResult
 
 # Start-up is paid by every `offload publish` in a shell loop, so this module imports only
@@ -39,45 +55,39 @@ PROGRESS_MIN_BYTES = 8 << 20  # smaller files finish before a bar is worth drawi
 __all__ = ["build_parser", "cause", "main"]
 
 
-def _emit(doc: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(doc, separators=(",", ":")) + "\n")
-    sys.stdout.flush()
-
-
-def _result_doc(result: PublishResult) -> dict[str, Any]:
-    return {
-        "topic": result.topic,
-        "route": str(result.route),
-        "size": result.size,
-        "sha256": result.sha256,
-        "id": result.message_id,
-        "url": result.url,
-        "packets": result.packets,
-    }
+def _result_doc(result: PublishResult, args: argparse.Namespace) -> dict[str, Any]:
+    return message_line(
+        topic=result.topic,
+        message_id=result.message_id,
+        size=result.size,
+        sha256=result.sha256,
+        route=str(result.route),
+        url=result.url,
+        qos=args.qos,
+        retain=args.retain and str(result.route) != "chunked",  # chunks are never retained
+        packets=result.packets,
+    )
 
 
 def _publish(args: argparse.Namespace) -> int:
     from ._client import Client
-    from ._progress import CountingReader, Progress
+    from ._progress import PassReader, Progress
 
     settings = settings_from_args(args)
     with Client(settings=settings) as client:
-        if args.file is not None:
-            if str(args.file) == "-":
-                result = client.publish(
-                    args.topic, sys.stdin.buffer, qos=args.qos, retain=args.retain
-                )
-            elif args.file.stat().st_size >= PROGRESS_MIN_BYTES:
-                # Two passes over the file: the SHA-256, then the upload or the chunks.
-                size = args.file.stat().st_size
-                with args.file.open("rb") as raw, Progress(2 * size, label="publish") as bar:
-                    reader = cast(BinaryIO, CountingReader(raw, bar))
-                    result = client.publish(args.topic, reader, qos=args.qos, retain=args.retain)
-            else:
-                result = client.publish(args.topic, args.file, qos=args.qos, retain=args.retain)
-        else:
+        if args.file is None:
             result = client.publish(args.topic, args.message, qos=args.qos, retain=args.retain)
-    _emit(_result_doc(result))
+        elif str(args.file) == "-":
+            result = client.publish(args.topic, sys.stdin.buffer, qos=args.qos, retain=args.retain)
+        elif (size := args.file.stat().st_size) >= PROGRESS_MIN_BYTES:
+            # The file is read twice (its SHA-256, then the upload or the chunks): the bar
+            # shows each pass against the file's size, never the sum of both.
+            with args.file.open("rb") as raw, Progress(size, label="publish") as bar:
+                reader = cast(BinaryIO, PassReader(raw, bar, size))
+                result = client.publish(args.topic, reader, qos=args.qos, retain=args.retain)
+        else:
+            result = client.publish(args.topic, args.file, qos=args.qos, retain=args.retain)
+    emit(_result_doc(result, args))
     return EXIT_OK
 
 
@@ -121,29 +131,35 @@ def _subscribe(args: argparse.Namespace) -> int:
             seen += 1
             if isinstance(item, MessageError):
                 errors += 1
-                _emit({
+                emit({
                     "topic": item.topic,
                     "error": cause(item.error),
                     "id": item.message_id,
                     "detail": detail(item.error),
                 })  # fmt: skip
             else:
-                _emit(_message_doc(item, args.out, seen))
+                emit(_message_doc(item, args.out, seen))
             if args.count is not None and seen >= args.count:
                 break
+    if args.count is not None and seen < args.count:
+        # Asked for N messages and the wait ran out: a failure a script must see.
+        ended = "the subscription ended" if args.timeout is None else "--timeout ran out"
+        print(f"offload: {seen} of {args.count} messages before {ended}", file=sys.stderr)
+        return EXIT_ERRORS
     return EXIT_ERRORS if errors else EXIT_OK
 
 
 def _message_doc(msg: Message, out: Path | None, seq: int) -> dict[str, Any]:
-    doc: dict[str, Any] = {
-        "topic": msg.topic,
-        "size": msg.size,
-        "sha256": msg.sha256,
-        "route": str(msg.route),
-        "qos": msg.qos,
-        "retain": msg.retain,
-        "id": msg.message_id,
-    }
+    doc = message_line(
+        topic=msg.topic,
+        message_id=msg.message_id,
+        size=msg.size,
+        sha256=msg.sha256,
+        route=str(msg.route),
+        url=None,
+        qos=msg.qos,
+        retain=msg.retain,
+    )
     p = msg.properties
     if p.content_type is not None:
         doc["content_type"] = p.content_type
@@ -157,47 +173,77 @@ def _message_doc(msg: Message, out: Path | None, seq: int) -> dict[str, Any]:
 
 
 def _fetch(args: argparse.Namespace) -> int:
+    import hashlib
+
     from ._http import HttpTransport
     from ._progress import CountingWriter, Progress
+    from ._scram import gateway_auth
     from .protocol import MessageId
 
     if args.output is not None and args.output.is_dir():
         # Before any download: a directory cannot become the file.
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(args.output))
-    url: str = args.url.rstrip("/")
-    last = url.rsplit("/", 1)[-1]
+    settings = settings_from_args(args)
+    # Credentials go to the URL named, as `curl -u` sends them, and never follow a redirect.
+    auth = gateway_auth(
+        username=settings.username, password=settings.password, token=settings.http_token
+    )
+    shown: str = args.url.rstrip("/")  # validated: a URL, or a message id made into one
+    url = shown
+    message_id = None
     try:
-        MessageId.parse(last)
+        message_id = str(MessageId.parse(url.rsplit("/", 1)[-1]))
         if url.rsplit("/", 2)[-2] == "msg":
             url += "/payload"  # the raw bytes, not the BSON document
     except ValueError:
         pass
-    with HttpTransport() as transport:
+    with HttpTransport(timeout=settings.http_timeout, verify=_verify(settings)) as transport:
         if args.sha256:  # verified and spooled inside the transport: no bar to feed
-            payload = transport.fetch(
-                url, expected_sha256=args.sha256.lower(), redirect_ok=_anywhere
-            )
+            sha256 = args.sha256.lower()
+            payload = transport.fetch(url, expected_sha256=sha256, auth=auth, redirect_ok=_anywhere)
             if args.output is not None:
                 payload.save(args.output)
             else:
                 with payload.open() as f:
                     while piece := f.read(1 << 20):
-                        sys.stdout.buffer.write(piece)
+                        write_bytes(piece)
             size = payload.size
         else:
+            digest = hashlib.sha256()
             # The bar goes to stderr, so `offload fetch URL > file` on a terminal shows it too.
-            with Progress(_content_length(url), label="fetch") as bar:
+            with Progress(_content_length(url, auth), label="fetch") as bar:
                 if args.output is not None:
                     with _replacing(args.output) as out:
-                        size = transport.fetch_to(
-                            url, cast(BinaryIO, CountingWriter(out, bar)), redirect_ok=_anywhere
-                        )
+                        sink = cast(BinaryIO, CountingWriter(out, bar, digest))
+                        size = transport.fetch_to(url, sink, auth=auth, redirect_ok=_anywhere)
                 else:
-                    sink = cast(BinaryIO, CountingWriter(sys.stdout.buffer, bar))
-                    size = transport.fetch_to(url, sink, redirect_ok=_anywhere)
+                    sink = cast(
+                        BinaryIO, CountingWriter(cast(BinaryIO, BinaryStdout()), bar, digest)
+                    )
+                    size = transport.fetch_to(url, sink, auth=auth, redirect_ok=_anywhere)
+            sha256 = digest.hexdigest()
     if args.output is not None:
-        _emit({"url": url, "size": size, "file": str(args.output)})
+        emit(
+            message_line(
+                topic=None,
+                message_id=message_id,
+                size=size,
+                sha256=sha256,
+                route="offloaded",
+                url=shown,
+                file=str(args.output),
+            )
+        )
     return EXIT_OK
+
+
+def _verify(settings: ClientSettings) -> ssl.SSLContext | bool:
+    """TLS verification for an https:// gateway: `ca_file`, else the system's CAs."""
+    if settings.ca_file is None:
+        return True
+    import ssl
+
+    return ssl.create_default_context(cafile=settings.ca_file)
 
 
 def _anywhere(origin: object) -> bool:
@@ -230,15 +276,17 @@ def _replacing(path: Path) -> Iterator[BinaryIO]:
         raise
 
 
-def _content_length(url: str) -> int | None:
+def _content_length(url: str, auth: httpx.Auth | None) -> int | None:
     """The payload's size for the progress bar's ETA; None when the server does not say."""
     if not sys.stderr.isatty():
         return None
     import httpx
 
+    from ._scram import ScramFailure
+
     try:
-        length = httpx.head(url, timeout=10).headers.get("content-length")
-    except httpx.HTTPError:
+        length = httpx.head(url, timeout=10, auth=auth).headers.get("content-length")
+    except (httpx.HTTPError, ScramFailure):  # the fetch itself will say what is wrong
         return None
     return int(length) if length and length.isdigit() else None
 
@@ -257,7 +305,16 @@ def _upload(args: argparse.Namespace) -> int:
     size = args.file.stat().st_size
     bar = Progress(size, label="upload")
 
-    with httpx.Client(auth=auth, timeout=120) as http, bar:
+    def started(offset: int) -> None:
+        bar.restart_from(offset)
+        if offset and args.resume is None:  # resumed by default: say so, and how not to
+            print(
+                f"offload: continuing the unfinished upload of {args.file} from byte {offset} "
+                "(--no-resume starts over)",
+                file=sys.stderr,
+            )
+
+    with httpx.Client(auth=auth, timeout=120, verify=_verify(settings)) as http, bar:
         uploader = TusUploader(
             http, args.endpoint, state_dir=args.state_dir, segment=args.segment_size
         )
@@ -265,27 +322,32 @@ def _upload(args: argparse.Namespace) -> int:
             result = uploader.upload(
                 args.file,
                 args.topic,
-                resume=args.resume,
+                resume=args.resume is not False,
                 content_type=args.content_type,
                 on_bytes=bar.update,
-                on_start=bar.restart_from,
+                on_start=started,
             )
         except (UploadError, KeyboardInterrupt) as exc:
             remembered = state_path(uploader.state_dir, args.file, uploader.endpoint, args.topic)
-            if not remembered.exists():  # nothing acknowledged yet: nothing to resume
+            if not remembered.exists() or refused(exc):  # nothing to resume, or a login to fix
                 raise
             bar.close()
             code, line = describe(exc)
             print(f"{line}; the same command with --resume continues", file=sys.stderr)
             return code
-    _emit({
-        "topic": args.topic,
-        "id": result.message_id,
-        "url": result.url,
-        "size": result.size,
-        "sha256": result.sha256,
-        "resumed_from": result.resumed_from,
-    })  # fmt: skip
+    extra = {"content_type": args.content_type} if args.content_type else {}
+    emit(
+        message_line(
+            topic=args.topic,
+            message_id=result.message_id,
+            size=result.size,
+            sha256=result.sha256,
+            route="offloaded",
+            url=result.url,
+            resumed_from=result.resumed_from,
+            **extra,
+        )
+    )
     return EXIT_OK
 
 
@@ -303,11 +365,11 @@ def _discover(args: argparse.Namespace) -> int:
             time.sleep(0.05)
             record = client.discovery_record
     if record is None:
-        _emit({"topic": settings.discovery_topic, "error": "no discovery record"})
+        emit({"topic": settings.discovery_topic, "error": "no discovery record"})
         return EXIT_ERRORS
     doc = json.loads(record.to_json())
     doc["topic"] = settings.discovery_topic
-    _emit(doc)
+    emit(doc)
     return EXIT_OK
 
 
@@ -334,6 +396,17 @@ _COMMANDS = {
 }
 
 
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null: what is still buffered for the closed pipe is dropped
+    quietly at exit (Python would report the failed flush), as the Python docs advise."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout is not a file here (main() called by a test)
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the `offload` command line; returns the exit code.
 
@@ -353,6 +426,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             level=level, format="offload: %(levelname)s %(message)s", stream=sys.stderr
         )
         return _COMMANDS[args.command](args)
+    except StdoutClosed:
+        _discard_stdout()
+        return EXIT_PIPE
     except (OffloadError, UsageError, OSError, KeyboardInterrupt) as exc:
         code, line = describe(exc)
         print(line, file=sys.stderr)
