@@ -32,6 +32,7 @@ from ._cli_errors import (
     cause,
     describe,
     detail,
+    refused,
 )
 from ._cli_http import fetch_command, upload_command
 from ._cli_output import emit, message_line
@@ -132,6 +133,10 @@ def _subscribe(args: argparse.Namespace) -> int:
                     "id": item.message_id,
                     "detail": detail(item.error),
                 })  # fmt: skip
+                if refused(item.error):
+                    # The login is wrong (or the ACL says no): every later placeholder would
+                    # fail alike. Stop, and say so as every command does (exit 6).
+                    raise item.error
             else:
                 emit(_message_doc(item, args.out, seen))
             if args.count is not None and seen >= args.count:

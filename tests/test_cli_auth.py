@@ -211,21 +211,22 @@ def test_publish_falls_back_on_a_refused_login_only_when_asked(
     assert json.loads(env.stdout)["route"] == "chunked"
 
 
-def test_subscribe_with_a_refused_login_prints_an_access_refused_line(
-    secured: Secured,
-) -> None:
-    """The retained placeholder arrives at once; its fetch is refused: an error line naming
-    the cause, exit 1 (subscribe's failures are lines on stdout, one per message)."""
-    base = ("subscribe", "--broker", secured.broker.url, "-t", RETAINED_TOPIC, "--count", "1",
-            "--timeout", "30", "--discovery-wait", "10")  # fmt: skip
-    for login in (WRONG, MISSING):
-        result = run(*base, *login)
-        assert result.returncode == 1, result.stderr
+def test_subscribe_with_a_refused_login_stops_with_one_line(secured: Secured) -> None:
+    """The retained placeholder arrives at once; its fetch is refused: its error line on
+    stdout (as for any failed message), then one line on stderr and exit 6, as every command
+    ends on a refused login."""
+    base = ("subscribe", "--broker", secured.broker.url, "-t", RETAINED_TOPIC, "--timeout",
+            "30", "--discovery-wait", "10")  # fmt: skip
+    for login, says in ((WRONG, REFUSED_LOGIN), (MISSING, NO_LOGIN)):
+        result = run(*base, *login)  # no --count: only the refusal ends it
+        assert result.returncode == 6, result.stderr
         (line,) = result.stdout.splitlines()
         doc = json.loads(line)
-        assert doc["error"] == "access refused", doc
-        assert "writer" not in result.stderr or "not-the-password" not in result.stderr
-    right = run(*base, *RIGHT)
+        assert doc["error"] == "access refused" and says in doc["detail"], doc
+        assert result.stderr.count("\n") == 1, result.stderr
+        assert result.stderr.startswith("offload: access refused: "), result.stderr
+        assert says in result.stderr and "not-the-password" not in result.stderr
+    right = run(*base, "--count", "1", *RIGHT)
     assert right.returncode == 0, right.stderr
     doc = json.loads(right.stdout)
     assert doc["sha256"] == hashlib.sha256(secured.payload).hexdigest()
