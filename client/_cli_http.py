@@ -52,12 +52,16 @@ def fetch_command(args: argparse.Namespace) -> int:
     shown: str = args.url.rstrip("/")  # validated: a URL, or a message id made into one
     url = shown
     message_id = None
+    levels = url.rsplit("/", 3)[1:]  # [.., msg, id] or [msg, id, payload]
+    if levels[-1] == "payload":
+        levels = levels[:-1]
     try:
-        message_id = str(MessageId.parse(url.rsplit("/", 1)[-1]))
-        if url.rsplit("/", 2)[-2] == "msg":
-            url += "/payload"  # the raw bytes, not the BSON document
+        message_id = str(MessageId.parse(levels[-1]))
     except ValueError:
         pass
+    else:
+        if url.rsplit("/", 2)[-2] == "msg":
+            url += "/payload"  # the raw bytes, not the BSON document
     with HttpTransport(timeout=settings.http_timeout, verify=_verify(settings)) as transport:
         if args.sha256:  # verified and spooled inside the transport: no bar to feed
             sha256 = args.sha256.lower()

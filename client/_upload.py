@@ -61,6 +61,23 @@ def file_sha256(file: Path, on_bytes: Callable[[int], None] | None = None) -> st
     return digest.hexdigest()
 
 
+def _remembered(path: Path) -> dict[str, str] | None:
+    """The upload URL and SHA-256 remembered at `path`; None when there is none to use.
+
+    A state file cut short (the process killed while writing it) or edited by hand is
+    ignored: the upload starts over, as if nothing were remembered.
+    """
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(saved, dict) or not all(
+        isinstance(saved.get(key), str) for key in ("url", "sha256")
+    ):
+        return None
+    return {"url": saved["url"], "sha256": saved["sha256"]}
+
+
 def _meta(items: dict[str, str]) -> str:
     return ",".join(f"{k} {base64.b64encode(v.encode()).decode()}" for k, v in items.items())
 
@@ -176,8 +193,8 @@ class TusUploader:
         location: str | None = None
         offset = 0
         sha256: str | None = None
-        if resume and remembered.exists():
-            saved = json.loads(remembered.read_text())
+        saved = _remembered(remembered) if resume else None
+        if saved is not None:
             known = self._offset(saved["url"])
             if known is not None:
                 location, offset, sha256 = saved["url"], known[0], saved["sha256"]

@@ -198,6 +198,20 @@ def test_an_unfinished_upload_is_resumed_by_default_and_says_so(
     assert line["sha256"] == hashlib.sha256(file.read_bytes()).hexdigest()
 
 
+def test_a_state_file_cut_short_starts_the_upload_over(stack: Stack, tmp_path: Path) -> None:
+    file = tmp_path / "f.bin"
+    file.write_bytes(os.urandom(2 * MiB))
+    state_dir = tmp_path / "state"
+    _half_upload(stack, file, "edges/cut", state_dir)
+    (state,) = state_dir.glob("*.json")
+    for garbage in ('{"url": "http://127.0', "[]", '{"url": 1, "sha256": null}'):
+        state.write_text(garbage)  # killed while writing it, or edited by hand
+        done = run("upload", "--endpoint", stack.gateway.url, "-t", "edges/cut", "-f", str(file),
+                   "--state-dir", str(state_dir))  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["resumed_from"] == 0 and done.stderr == ""
+
+
 def test_a_reader_that_stops_early_ends_fetch_quietly(stack: Stack) -> None:
     payload = os.urandom(4 * MiB)  # far more than a pipe holds
     stored = httpx.post(f"{stack.gateway.url}/publish/edges/pipe", content=payload, timeout=60)
@@ -240,6 +254,8 @@ def test_every_command_prints_the_same_message_line(stack: Stack, tmp_path: Path
     fetched = run("fetch", str(pub["url"]), "-o", str(tmp_path / "back.bin"))
     assert fetched.returncode == 0, fetched.stderr
     got = json.loads(fetched.stdout)
+    raw = run("fetch", f"{pub['url']}/payload", "-o", str(tmp_path / "raw.bin"))
+    assert json.loads(raw.stdout)["id"] == pub["id"], raw.stderr
     for doc in (pub, sub, up, got):
         assert list(doc)[:6] == MESSAGE_KEYS, doc
         assert doc["size"] == 200_000 and doc["sha256"] == sha and doc["route"] == "offloaded"
