@@ -264,7 +264,7 @@ def validate(args: argparse.Namespace) -> None:
         _base_url(prog, args.endpoint)
     elif args.command == "fetch":
         args.url = _fetch_url(prog, settings, args.url)
-    elif settings.endpoint is not None:
+    elif args.command != "discover" and settings.endpoint is not None:
         _base_url(prog, settings.endpoint)
 
 

@@ -51,17 +51,14 @@ def fetch_command(args: argparse.Namespace) -> int:
     )
     shown: str = args.url.rstrip("/")  # validated: a URL, or a message id made into one
     url = shown
-    message_id = None
-    levels = url.rsplit("/", 3)[1:]  # [.., msg, id] or [msg, id, payload]
-    if levels[-1] == "payload":
-        levels = levels[:-1]
+    levels = url.split("/")
+    raw = levels[-1] == "payload"  # {endpoint}/msg/<id>/payload
     try:
-        message_id = str(MessageId.parse(levels[-1]))
+        message_id: str | None = str(MessageId.parse(levels[-2 if raw else -1]))
     except ValueError:
-        pass
-    else:
-        if url.rsplit("/", 2)[-2] == "msg":
-            url += "/payload"  # the raw bytes, not the BSON document
+        message_id = None
+    if message_id is not None and not raw and levels[-2] == "msg":
+        url += "/payload"  # the raw bytes, not the BSON document
     with HttpTransport(timeout=settings.http_timeout, verify=_verify(settings)) as transport:
         if args.sha256:  # verified and spooled inside the transport: no bar to feed
             sha256 = args.sha256.lower()
@@ -112,8 +109,8 @@ def _verify(settings: ClientSettings) -> ssl.SSLContext | bool:
 
 
 def _anywhere(origin: object) -> bool:
-    """`offload fetch URL` follows redirects like `curl -L`: it sends no credentials at all,
-    and the user named the URL (a gateway with direct transfers redirects to its store)."""
+    """`offload fetch URL` follows redirects like `curl -L` (a gateway with direct transfers
+    redirects to its store): the user named the URL, and credentials never follow a redirect."""
     return True
 
 

@@ -36,7 +36,7 @@ from ._cli_errors import (
 )
 from ._cli_http import fetch_command, upload_command
 from ._cli_output import emit, message_line
-from ._exceptions import ConfigError, OffloadError
+from ._exceptions import OffloadError
 
 if TYPE_CHECKING:
     from ._message import Message, PublishResult
@@ -173,11 +173,15 @@ def _message_doc(msg: Message, out: Path | None, seq: int) -> dict[str, Any]:
 
 
 def _discover(args: argparse.Namespace) -> int:
+    import dataclasses
+
     from ._client import Client
 
-    settings = settings_from_args(args)
-    if settings.endpoint is not None:
-        raise ConfigError("discover asks the broker: do not pass --endpoint")
+    # It asks the broker whatever endpoint OFFLOAD_ENDPOINT or the config file names (one
+    # there would skip discovery), and it never moves a payload: nothing to switch off.
+    settings = dataclasses.replace(
+        settings_from_args(args), endpoint=None, automatic_offload=True, fetch_external=True
+    )
     with Client(settings=settings) as client:
         deadline = time.monotonic() + args.timeout
         client.wait_for_endpoint(args.timeout)

@@ -136,6 +136,15 @@ def test_each_subcommand_lists_only_its_own_flags() -> None:
     assert "--chunk-timeout" in shown["subscribe"] and "--chunk-timeout" not in shown["publish"]
 
 
+def test_discover_asks_the_broker_whatever_endpoint_is_configured(stack: Stack) -> None:
+    """`discover` has no --endpoint; one in the environment (the user's usual settings) no
+    longer makes it a usage error: it asks the broker all the same."""
+    found = run("discover", "--broker", stack.broker.url, "--timeout", "20",
+                env=_env(OFFLOAD_ENDPOINT="http://127.0.0.1:9/msg"))  # fmt: skip
+    assert found.returncode == 0, found.stderr
+    assert json.loads(found.stdout)["LargeMessageUploadEndpoint"] == stack.gateway.url
+
+
 def test_upload_takes_the_gateway_from_the_environment(stack: Stack, tmp_path: Path) -> None:
     file = tmp_path / "f.bin"
     file.write_bytes(os.urandom(1000))
