@@ -1,9 +1,9 @@
 """`offload fetch` and `offload upload`: the commands that talk HTTP to the gateway only.
 
-Both log in the same way (:func:`client._scram.gateway_auth`: a bearer token, else SCRAM with
-`username` and `password` from the settings layers) and both find the gateway the same way
-(:func:`client._cli_args.gateway_endpoint`). Imports are made when a command runs: `offload
---help` loads no HTTP library (tests/test_cli_startup.py).
+Both log in the same way as :class:`client.Client` (a bearer token, else SCRAM with the broker
+login: `username`/`password` from the settings layers over the broker URL's) and both find
+the gateway the same way (:func:`client._cli_args.gateway_endpoint`). Imports are made when a
+command runs: `offload --help` loads no HTTP library (tests/test_cli_startup.py).
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ def fetch_command(args: argparse.Namespace) -> int:
 
     from ._http import HttpTransport
     from ._progress import CountingWriter, Progress
-    from ._scram import gateway_auth
     from .protocol import MessageId
 
     if args.output is not None and args.output.is_dir():
@@ -46,9 +45,7 @@ def fetch_command(args: argparse.Namespace) -> int:
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(args.output))
     settings = settings_from_args(args)
     # Credentials go to the URL named, as `curl -u` sends them, and never follow a redirect.
-    auth = gateway_auth(
-        username=settings.username, password=settings.password, token=settings.http_token
-    )
+    auth = _gateway_login(settings)
     shown: str = args.url.rstrip("/")  # validated: a URL, or a message id made into one
     url = shown
     levels = url.split("/")
@@ -97,6 +94,15 @@ def fetch_command(args: argparse.Namespace) -> int:
             )
         )
     return EXIT_OK
+
+
+def _gateway_login(settings: ClientSettings) -> httpx.Auth | None:
+    """The login every command presents to the gateway, as :class:`client.Client` does: a
+    bearer token, else the broker login (`--username`/`--password` over the broker URL's)."""
+    from ._scram import gateway_auth
+
+    login = settings.broker_url
+    return gateway_auth(username=login.username, password=login.password, token=settings.http_token)
 
 
 def _verify(settings: ClientSettings) -> ssl.SSLContext | bool:
@@ -158,13 +164,10 @@ def upload_command(args: argparse.Namespace) -> int:
     import httpx
 
     from ._progress import Progress
-    from ._scram import gateway_auth
     from ._upload import TusUploader, state_path
 
     settings = settings_from_args(args)
-    auth = gateway_auth(
-        username=settings.username, password=settings.password, token=settings.http_token
-    )
+    auth = _gateway_login(settings)
     size = args.file.stat().st_size
     bar = Progress(size, label="upload")
 

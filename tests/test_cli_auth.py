@@ -193,6 +193,9 @@ def test_fetch_logs_in_from_the_environment_and_the_config_file(
     assert run(*args, "--config", str(config)).returncode == 0
     wrong_env = _env(OFFLOAD_USERNAME="reader", OFFLOAD_PASSWORD="wrong")
     assert run(*args, "--password", USERS["reader"], env=wrong_env).returncode == 0
+    # The login in the broker URL, as publish and subscribe take it.
+    in_url = _env(OFFLOAD_BROKER=f"mqtt://reader:{USERS['reader']}@127.0.0.1:1")
+    assert run(*args, env=in_url).returncode == 0
     # The environment over the config file: refused.
     refused = run(*args, "--config", str(config), env=wrong_env)
     assert refused.returncode == 6, refused.stderr
