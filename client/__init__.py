@@ -15,6 +15,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from ._exceptions import (
+    AccessRefused,
     ChecksumMismatchError,
     ChunkBufferOverflow,
     ChunkError,
@@ -83,6 +84,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "AccessRefused",
     "AsyncClient",
     "BearerAuth",
     "BrokerUrl",

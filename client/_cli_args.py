@@ -20,23 +20,66 @@ if TYPE_CHECKING:
     from ._config import ClientSettings
 
 
-def _add_connection(parser: argparse.ArgumentParser) -> None:
+class _Version(argparse.Action):
+    """`--version`: the installed package's version, looked up only when asked."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="print the version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            number = version("mqtt-offload")
+        except PackageNotFoundError:
+            number = "unknown (not installed)"
+        print(f"offload {number}")  # on stdout, as argparse's own version action does
+        parser.exit()
+
+
+def _add_global(parser: argparse.ArgumentParser, *, sub: bool) -> None:
+    """`--config` and `-v`, accepted before and after the subcommand.
+
+    After it, they are left out of the namespace unless given (SUPPRESS), so they never reset
+    what was given before it.
+    """
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="TOML config file",
+        default=argparse.SUPPRESS if sub else None,
+    )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        help="more log lines",
+        default=argparse.SUPPRESS if sub else 0,
+    )
+
+
+def _add_login(group: argparse._ArgumentGroup, *, gateway_only: bool = False) -> None:
+    who = "gateway login (SCRAM)" if gateway_only else "broker login, also the gateway's"
+    group.add_argument("--username", help=f"{who}; default OFFLOAD_USERNAME")
+    group.add_argument("--password", help="its password; default OFFLOAD_PASSWORD")
+
+
+def _add_broker(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """The flags every command that connects to the broker takes."""
     group = parser.add_argument_group("connection (flags beat OFFLOAD_* and the config file)")
     group.add_argument("--broker", help="mqtt[s]://[user:pass@]host[:port]")
-    group.add_argument("--username")
-    group.add_argument("--password")
+    _add_login(group)
     group.add_argument("--protocol", choices=["5", "3.1.1"], help="MQTT version (default 5)")
     group.add_argument("--client-id")
-    group.add_argument("--endpoint", help="offload gateway URL (skips discovery)")
     group.add_argument("--discovery-topic")
+    return group
+
+
+def _add_gateway(group: argparse._ArgumentGroup) -> None:
+    """The flags of the commands that move payloads (publish, subscribe)."""
+    group.add_argument("--endpoint", help="offload gateway URL (skips discovery)")
     group.add_argument("--discovery-wait", type=float, metavar="SECONDS")
     group.add_argument("--max-packet-size", type=int, metavar="BYTES")
-    group.add_argument("--offload-threshold", type=int, metavar="BYTES")
-    group.add_argument("--chunk-timeout", type=float, metavar="SECONDS")
-    onoff = argparse.BooleanOptionalAction
-    group.add_argument("--automatic-offload", action=onoff, default=None)
-    group.add_argument("--fetch-external", action=onoff, default=None)
-    group.add_argument("--chunking", action=onoff, default=None)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,12 +88,24 @@ def build_parser() -> argparse.ArgumentParser:
         description="MQTT messages of any size: offload to an HTTP gateway, else ADR-23 chunks.",
         epilog=EXIT_CODES_EPILOG,
     )
-    parser.add_argument("--config", metavar="FILE", help="TOML config file")
-    parser.add_argument("-v", "--verbose", action="count", default=0)
+    parser.add_argument("--version", action=_Version)
+    _add_global(parser, sub=False)
     sub = parser.add_subparsers(dest="command", required=True)
+    onoff = argparse.BooleanOptionalAction
 
     pub = sub.add_parser("publish", help="publish a file or a text message")
-    _add_connection(pub)
+    _add_global(pub, sub=True)
+    group = _add_broker(pub)
+    _add_gateway(group)
+    group.add_argument("--offload-threshold", type=int, metavar="BYTES")
+    group.add_argument("--automatic-offload", action=onoff, default=None)
+    group.add_argument("--chunking", action=onoff, default=None)
+    group.add_argument(
+        "--fallback-on-auth-failure",
+        action=onoff,
+        default=None,
+        help="chunk or publish directly when the gateway refuses the login (default: exit 6)",
+    )
     pub.add_argument("--topic", "-t", required=True)
     what = pub.add_mutually_exclusive_group(required=True)
     what.add_argument("--file", "-f", type=Path, help="payload file ('-' for stdin)")
@@ -59,11 +114,20 @@ def build_parser() -> argparse.ArgumentParser:
     pub.add_argument("--retain", "-r", action="store_true")
 
     subs = sub.add_parser("subscribe", help="print one JSON line per message")
-    _add_connection(subs)
+    _add_global(subs, sub=True)
+    group = _add_broker(subs)
+    _add_gateway(group)
+    group.add_argument("--chunk-timeout", type=float, metavar="SECONDS")
+    group.add_argument("--fetch-external", action=onoff, default=None)
     subs.add_argument("--topic", "-t", required=True, action="append", help="filter (repeatable)")
     subs.add_argument("--qos", "-q", type=int, choices=[0, 1, 2], default=1)
     subs.add_argument("--count", "-c", type=int, help="stop after N messages (errors count)")
-    subs.add_argument("--timeout", type=float, metavar="SECONDS", help="stop when idle this long")
+    subs.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        help="stop when idle this long (exit 1 if --count messages did not all come)",
+    )
     subs.add_argument("--out", "-o", type=Path, metavar="DIR", help="write payloads here")
     subs.add_argument(
         "--ordering", choices=["topic", "arrival"], help="per-topic (default) or arrival order"
@@ -71,23 +135,40 @@ def build_parser() -> argparse.ArgumentParser:
     subs.add_argument("--fetch-concurrency", type=int, metavar="N", help="fetches at once (4)")
 
     fetch = sub.add_parser("fetch", help="download an offloaded payload")
-    fetch.add_argument("url", help="{endpoint}/msg/{id} (its raw /payload is fetched) or any URL")
+    _add_global(fetch, sub=True)
+    fetch.add_argument(
+        "url",
+        help="{endpoint}/msg/{id} (its raw /payload is fetched), any URL, or a message id "
+        "(on --endpoint, OFFLOAD_ENDPOINT or OFFLOAD_PUBLIC_URL)",
+    )
     fetch.add_argument("-o", "--output", type=Path, help="file to write (default: stdout)")
     fetch.add_argument("--sha256", help="expected SHA-256 (hex) to verify")
+    login = fetch.add_argument_group("gateway (flags beat OFFLOAD_* and the config file)")
+    login.add_argument("--endpoint", help="gateway URL a message id is fetched from")
+    _add_login(login, gateway_only=True)
 
     up = sub.add_parser("upload", help="resumable upload of a file (tus); the gateway publishes it")
-    up.add_argument("--endpoint", required=True, help="offload gateway URL")
+    _add_global(up, sub=True)
     up.add_argument("--topic", "-t", required=True)
     up.add_argument("--file", "-f", type=Path, required=True)
-    up.add_argument("--resume", action="store_true", help="continue this file's last upload")
+    up.add_argument(
+        "--resume",
+        action=onoff,
+        default=None,
+        help="continue this file's unfinished upload (default); --no-resume starts over",
+    )
     up.add_argument("--content-type", help="the message's content type")
     up.add_argument("--segment-size", type=int, default=8 << 20, metavar="BYTES")
-    up.add_argument("--username", help="gateway login (SCRAM), default: OFFLOAD_USERNAME")
-    up.add_argument("--password")
     up.add_argument("--state-dir", type=Path, help="where upload URLs are remembered")
+    login = up.add_argument_group("gateway (flags beat OFFLOAD_* and the config file)")
+    login.add_argument(
+        "--endpoint", help="gateway base URL; default OFFLOAD_ENDPOINT, else OFFLOAD_PUBLIC_URL"
+    )
+    _add_login(login, gateway_only=True)
 
     disc = sub.add_parser("discover", help="print the advertised discovery record")
-    _add_connection(disc)
+    _add_global(disc, sub=True)
+    _add_broker(disc)
     disc.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS")
     return parser
 
@@ -96,17 +177,29 @@ _SETTING_FLAGS = (
     "broker", "username", "password", "client_id", "endpoint", "discovery_topic",
     "discovery_wait", "max_packet_size", "offload_threshold", "chunk_timeout",
     "automatic_offload", "fetch_external", "chunking", "ordering", "fetch_concurrency",
+    "fallback_on_auth_failure",
 )  # fmt: skip
 
 
 def settings_from_args(args: argparse.Namespace) -> ClientSettings:
     """Flags > environment > config file > defaults."""
-    from ._config import load_settings  # not for `--help` or `fetch`: tomllib and friends
+    from ._config import load_settings  # not for `--help`: tomllib and friends
 
     flags: dict[str, object] = {name: getattr(args, name, None) for name in _SETTING_FLAGS}
     if getattr(args, "protocol", None):
         flags["protocol"] = 4 if args.protocol == "3.1.1" else 5
     return load_settings(flags, environ=os.environ, config_file=args.config)
+
+
+def gateway_endpoint(settings: ClientSettings) -> str | None:
+    """The gateway `upload` and `fetch ID` talk to: `endpoint` (flag, OFFLOAD_ENDPOINT, config
+    file), else `OFFLOAD_PUBLIC_URL`: the gateway's own URL, which `source .stack/env` sets.
+
+    Only these two commands read it: `publish` and `subscribe` find the gateway on the
+    discovery topic unless `endpoint` names one.
+    """
+    public = os.environ.get("OFFLOAD_PUBLIC_URL", "").strip()
+    return settings.endpoint or public.rstrip("/") or None
 
 
 def _http_url(prog: str, flag: str, url: str) -> None:
@@ -154,21 +247,46 @@ def validate(args: argparse.Namespace) -> None:
         raise UsageError(prog, str(exc)) from None
     if getattr(args, "file", None) is not None:
         _readable(prog, args.file)
-    if args.command == "fetch":
-        _http_url(prog, "the URL", args.url)
-        if args.output is not None and not args.output.parent.is_dir():
-            raise UsageError(prog, f"cannot write {args.output}: no such directory")
-    if args.command == "upload":
-        _base_url(prog, args.endpoint)
-        if args.segment_size <= 0:
-            raise UsageError(prog, "--segment-size must be positive")
-    if args.command in ("publish", "subscribe", "discover"):
-        from ._broker import BrokerUrl
+    if args.command == "fetch" and args.output is not None and not args.output.parent.is_dir():
+        raise UsageError(prog, f"cannot write {args.output}: no such directory")
+    if args.command == "upload" and args.segment_size <= 0:
+        raise UsageError(prog, "--segment-size must be positive")
+    try:
+        settings = settings_from_args(args)
+        if args.command in ("publish", "subscribe", "discover"):
+            from ._broker import BrokerUrl
 
-        try:
-            settings = settings_from_args(args)
             BrokerUrl.parse(settings.broker)
-        except ConfigError as exc:
-            raise UsageError(prog, str(exc)) from None
-        if settings.endpoint is not None:
-            _base_url(prog, settings.endpoint)
+    except ConfigError as exc:
+        raise UsageError(prog, str(exc)) from None
+    if args.command == "upload":
+        args.endpoint = _needed_endpoint(prog, settings, "upload")
+        _base_url(prog, args.endpoint)
+    elif args.command == "fetch":
+        args.url = _fetch_url(prog, settings, args.url)
+    elif args.command != "discover" and settings.endpoint is not None:
+        _base_url(prog, settings.endpoint)
+
+
+def _needed_endpoint(prog: str, settings: ClientSettings, what: str) -> str:
+    endpoint = gateway_endpoint(settings)
+    if endpoint is None:
+        raise UsageError(
+            prog,
+            f"{what} needs the gateway: --endpoint URL, OFFLOAD_ENDPOINT or OFFLOAD_PUBLIC_URL",
+        )
+    return endpoint
+
+
+def _fetch_url(prog: str, settings: ClientSettings, url: str) -> str:
+    """The URL to fetch: as given, or a bare message id on the gateway."""
+    from .protocol import MessageId
+
+    try:
+        MessageId.parse(url)
+    except ValueError:
+        _http_url(prog, "the URL", url)
+        return url
+    endpoint = _needed_endpoint(prog, settings, "a message id")
+    _base_url(prog, endpoint)
+    return f"{endpoint}/msg/{url}"

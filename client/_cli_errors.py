@@ -8,13 +8,18 @@ never repeats its cause (`cannot connect: cannot connect to ...`), never shows a
 code  class
 ====  ======================================================================================
 0     success
-1     `subscribe` printed at least one error line; `discover` found no record
+1     `subscribe` printed at least one error line, or `--count N` messages did not come
+      within `--timeout`; `discover` found no record
 2     usage: a bad flag, topic or URL, unusable configuration, a local file that cannot be
       read or written (checked before anything connects)
 3     the broker cannot be reached or refused the connection
 4     the message is too large and neither offload nor chunking could carry it
 5     an HTTP transfer failed (upload, fetch, not found, checksum mismatch)
+6     the gateway refused the login or the access (HTTP 401/403: a wrong or missing
+      password, a topic the user may not use)
 130   interrupted (Ctrl-C)
+141   stdout was closed by its reader (`offload fetch URL | head -c 10`): quiet, as a
+      process killed by SIGPIPE
 ====  ======================================================================================
 """
 
@@ -47,12 +52,18 @@ if TYPE_CHECKING:
     import httpx
 
 EXIT_OK, EXIT_ERRORS, EXIT_USAGE, EXIT_CONNECT, EXIT_TOO_LARGE, EXIT_TRANSFER = range(6)
+EXIT_REFUSED = 6
 EXIT_INTERRUPTED = 130
+EXIT_PIPE = 141  # 128 + SIGPIPE: what a shell reports for `cat` in the same place
+
+#: HTTP statuses of a refused login or access: never worth retrying, the user must act.
+REFUSED_STATUSES = frozenset({401, 403})
 
 EXIT_CODES_EPILOG = (
-    "Exit codes: 0 ok, 1 error lines / nothing found, 2 usage (flag, topic, URL, configuration, "
-    "local file), 3 broker connection, 4 message too large, 5 HTTP transfer failed, "
-    "130 interrupted."
+    "Exit codes: 0 ok, 1 error lines / nothing found / too few messages, 2 usage (flag, topic, "
+    "URL, configuration, local file), 3 broker connection, 4 message too large, 5 HTTP "
+    "transfer failed, 6 gateway refused the login or access, 130 interrupted, 141 stdout "
+    "closed."
 )
 
 
@@ -62,6 +73,10 @@ class UsageError(Exception):
     def __init__(self, prog: str, message: str) -> None:
         super().__init__(message)
         self.prog = prog
+
+
+class StdoutClosed(Exception):
+    """The reader of stdout went away (EPIPE): the command stops quietly, exit 141."""
 
 
 class Parser(argparse.ArgumentParser):
@@ -90,8 +105,15 @@ _CAUSES: tuple[tuple[type[OffloadError], str], ...] = (
 )
 
 
+def refused(error: BaseException) -> bool:
+    """Whether the gateway refused the login or the access (401/403)."""
+    return isinstance(error, TransferError) and error.status in REFUSED_STATUSES
+
+
 def cause(error: OffloadError) -> str:
     """A short, stable name for why a message failed (the `error` field of JSON lines)."""
+    if refused(error):
+        return "access refused"
     for kind, name in _CAUSES:
         if isinstance(error, kind):
             return name
@@ -130,6 +152,8 @@ def _transfer_line(exc: TransferError) -> str:
         detail = detail.removeprefix(f"{words}: ")
     if exc.status is not None and 300 <= exc.status < 400:
         detail += " (a redirect: --endpoint must be the gateway's base URL, http://HOST:PORT)"
+    elif exc.status == 401 and "SCRAM" not in detail:  # SCRAM's own words say what to check
+        detail += "; log in with --username and --password, or OFFLOAD_USERNAME/OFFLOAD_PASSWORD"
     return f"{name}: {exc.url}: {detail}"
 
 
@@ -149,7 +173,7 @@ def _describe(exc: BaseException) -> tuple[int, str]:
     if isinstance(exc, MessageTooLarge):
         return EXIT_TOO_LARGE, str(exc)
     if isinstance(exc, TransferError):
-        return EXIT_TRANSFER, _transfer_line(exc)
+        return EXIT_REFUSED if refused(exc) else EXIT_TRANSFER, _transfer_line(exc)
     if isinstance(exc, OffloadError):
         return EXIT_ERRORS, str(exc)
     if isinstance(exc, OSError):  # a local file: missing input, unwritable output

@@ -323,6 +323,8 @@ class Client:
 
         Raises:
             MessageTooLarge: it does not fit and neither offload nor chunking may be used.
+            AccessRefused: the gateway refused the login or the access (401/403) and
+                `fallback_on_auth_failure` is off (the default).
             UploadError: the upload failed and chunking cannot take over.
             ConnectionFailed: not connected, or no acknowledgement within `timeout`.
             PublishRejected: the broker refused the PUBLISH.

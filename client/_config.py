@@ -117,6 +117,13 @@ class ClientSettings:
     )
     http_timeout: float = setting(60.0, "seconds per HTTP connect/read", float)
     keepalive: int = setting(30, "MQTT keep-alive seconds", int)
+    fallback_on_auth_failure: bool = setting(
+        False,
+        "when the gateway refuses the login or the access (HTTP 401/403, a wrong or missing "
+        "password), publish directly or in chunks anyway; default false: the publish fails "
+        "with `AccessRefused` (the CLI: exit 6)",
+        _parse_bool,
+    )
     http_token: str | None = setting(
         None,
         "bearer token for the gateway instead of SCRAM (the gateway accepts tokens only over TLS)",
@@ -369,6 +376,7 @@ class SettingsOverrides(TypedDict, total=False):
     spool_dir: str | None
     http_timeout: float
     keepalive: int
+    fallback_on_auth_failure: bool
     http_token: str | None
     ignore_payload_not_found: bool
     discovery_allowlist: tuple[str, ...]

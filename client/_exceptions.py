@@ -18,6 +18,7 @@ Hierarchy::
     |   +-- ChunkBufferOverflow               dropped to respect the reassembly bounds
     +-- TransferError                         .url, .status (None when no HTTP answer)
     |   +-- UploadError                       offload upload failed
+    |   |   +-- AccessRefused                 401/403: the gateway refused the login or access
     |   +-- FetchError                        placeholder could not be resolved
     |       +-- PayloadNotFound               the object is gone (expired, deleted)
     |       +-- PayloadChecksumMismatch       .expected, .actual
@@ -64,6 +65,14 @@ class TransferError(OffloadError):
 
 class UploadError(TransferError):
     """The offload upload did not complete; nothing was published."""
+
+
+class AccessRefused(UploadError):
+    """The gateway refused the credentials, their absence, or the access (HTTP 401 / 403).
+
+    A configuration error, not an unusable gateway: a publish raises it instead of falling
+    back to chunking unless `fallback_on_auth_failure` is set. Nothing was published.
+    """
 
 
 class FetchError(TransferError):
@@ -114,6 +123,7 @@ class ConfigError(OffloadError, ValueError):
 
 
 __all__ = [
+    "AccessRefused",
     "ChecksumMismatchError",
     "ChunkBufferOverflow",
     "ChunkError",

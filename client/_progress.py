@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import BinaryIO, TextIO
+from typing import BinaryIO, Protocol, TextIO
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 
@@ -103,16 +103,50 @@ class Progress:
         self.close()
 
 
-class CountingReader:
-    """A binary file that reports the bytes read through it to a Progress."""
+class PassReader:
+    """A binary file read in passes from its start; the bar shows the current pass.
 
-    def __init__(self, raw: BinaryIO, progress: Progress) -> None:
+    A publish reads its file twice (the SHA-256, then the upload or the chunks; the other
+    way round for a message that fits one packet), and a retried upload reads part of it
+    again. Counting every byte read would end the bar at twice the file. Here the bar shows
+    the furthest offset read in the current pass, against the file's size: a read from the
+    start after a pass has reached the end begins the next pass (`label 2/2`); a read from
+    the start before that (a retry) counts nothing until it passes the furthest offset.
+
+    Args:
+        raw: the file, positioned where the payload starts.
+        progress: the bar; its total is `size`.
+        size: the payload's size.
+        passes: how many full passes are expected (for the label).
+    """
+
+    def __init__(self, raw: BinaryIO, progress: Progress, size: int, *, passes: int = 2) -> None:
         self._raw = raw
         self._progress = progress
+        self._size = size
+        self._origin = raw.tell()
+        self._furthest = 0  # offset reached in this pass
+        self._pass = 1
+        self._passes = passes
+        self._label = progress.label
+        self._relabel()
+
+    def _relabel(self) -> None:
+        of = max(self._pass, self._passes)
+        self._progress.label = f"{self._label} {self._pass}/{of}" if of > 1 else self._label
 
     def read(self, n: int = -1) -> bytes:
+        start = self._raw.tell() - self._origin
         data = self._raw.read(n)
-        self._progress.update(len(data))
+        if start == 0 and data and self._furthest >= self._size > 0:
+            self._pass += 1
+            self._furthest = 0
+            self._relabel()
+            self._progress.restart_from(0)
+        end = start + len(data)
+        if end > self._furthest:
+            self._progress.update(end - self._furthest)
+            self._furthest = end
         return data
 
     def seek(self, offset: int, whence: int = 0) -> int:
@@ -125,15 +159,28 @@ class CountingReader:
         return self._raw.seekable()
 
 
-class CountingWriter:
-    """A binary file that reports the bytes written through it to a Progress."""
+class _Digest(Protocol):
+    def update(self, data: bytes, /) -> None: ...
 
-    def __init__(self, raw: BinaryIO, progress: Progress) -> None:
+
+class CountingWriter:
+    """A binary file that reports the bytes written through it to a Progress.
+
+    Args:
+        raw: the file written to.
+        progress: the bar.
+        digest: a hash (`hashlib.sha256()`) fed every byte written, when given.
+    """
+
+    def __init__(self, raw: BinaryIO, progress: Progress, digest: _Digest | None = None) -> None:
         self._raw = raw
         self._progress = progress
+        self._digest = digest
 
     def write(self, data: bytes) -> int:
         written = self._raw.write(data)
+        if self._digest is not None:
+            self._digest.update(data)
         self._progress.update(len(data))
         return written
 

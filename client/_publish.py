@@ -4,7 +4,9 @@ Runs on the application's thread and only waits on futures that paho's thread co
 (:mod:`client._paho`), which never waits on anything: publishing from inside the message loop
 cannot deadlock. Offloaded uploads are retried once with the same message id (the gateway
 keeps one object for an identical re-upload); an upload that still fails falls back to a
-direct publish when the message fits, else to chunking when that is allowed.
+direct publish when the message fits, else to chunking when that is allowed; never when
+the gateway refused the login or the access (401/403): that raises AccessRefused, unless
+`fallback_on_auth_failure` is set.
 """
 
 from __future__ import annotations
@@ -23,7 +25,13 @@ import httpx
 
 from ._config import ClientSettings
 from ._direct import DirectUnsupported, DirectUploader
-from ._exceptions import ConnectionFailed, MessageTooLarge, ProtocolError, UploadError
+from ._exceptions import (
+    AccessRefused,
+    ConnectionFailed,
+    MessageTooLarge,
+    ProtocolError,
+    UploadError,
+)
 from ._http import HttpTransport, UploadReceipt
 from ._message import PublishResult, Route
 from ._paho import MqttConnection
@@ -38,6 +46,9 @@ log = logging.getLogger("client")
 
 UPLOAD_ATTEMPTS = 2  # per offloaded publish, same message id each time
 TOO_LARGE = 413  # the gateway's answer to a body over OFFLOAD_MAX_BODY_BYTES: never chunked
+#: The gateway refused the login, its absence or the access: a configuration error, never
+#: hidden by a fallback unless `fallback_on_auth_failure` asks for one.
+REFUSED = frozenset({401, 403})
 #: Chunk publishes outstanding at once: bounds what paho buffers for a huge chunked message.
 CHUNK_WINDOW = 32
 #: QoS 0 PUBLISHes that `publish` calls may leave queued and not yet written (at most this
@@ -51,6 +62,11 @@ QOS0_WINDOW = 256
 QOS0_WINDOW_BYTES = 4 * 1024 * 1024
 #: Most seconds `flush` waits for the QoS 0 PUBLISHes still queued to be written.
 FLUSH_TIMEOUT = 5.0
+
+
+def _refusal(exc: UploadError) -> str:
+    """The refusal's words, without the URL (AccessRefused adds it again)."""
+    return str(exc).removeprefix(f"{exc.url}: ")
 
 
 def wait_ack(future: Future[None], timeout: float | None, topic: str) -> None:
@@ -163,6 +179,10 @@ class Publisher:
             try:
                 return self._offloaded(endpoint, send, source, message_id)
             except UploadError as exc:
+                if exc.status in REFUSED and not s.fallback_on_auth_failure:
+                    # A wrong or missing password is the user's to fix: chunking would hide
+                    # it until the broker's limits or a consumer's bounds bite.
+                    raise AccessRefused(exc.url, _refusal(exc), exc.status) from exc
                 if packet <= send.limit:
                     log.warning("offload failed (%s); publishing directly instead", exc)
                     route = Route.DIRECT

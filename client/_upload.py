@@ -21,6 +21,7 @@ from typing import BinaryIO
 import httpx
 
 from ._exceptions import UploadError
+from ._scram import ScramFailure
 
 TUS_VERSION = "1.0.0"
 SEGMENT = 8 * 1024 * 1024
@@ -58,6 +59,23 @@ def file_sha256(file: Path, on_bytes: Callable[[int], None] | None = None) -> st
             if on_bytes is not None:
                 on_bytes(len(piece))
     return digest.hexdigest()
+
+
+def _remembered(path: Path) -> dict[str, str] | None:
+    """The upload URL and SHA-256 remembered at `path`; None when there is none to use.
+
+    A state file cut short (the process killed while writing it) or edited by hand is
+    ignored: the upload starts over, as if nothing were remembered.
+    """
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(saved, dict) or not all(
+        isinstance(saved.get(key), str) for key in ("url", "sha256")
+    ):
+        return None
+    return {"url": saved["url"], "sha256": saved["sha256"]}
 
 
 def _meta(items: dict[str, str]) -> str:
@@ -109,6 +127,8 @@ class TusUploader:
             )  # fmt: skip
         except httpx.HTTPError as exc:
             raise UploadError(url, f"cannot create the upload: {exc!r}") from exc
+        except ScramFailure as exc:  # a refused login: the status the CLI reports it by
+            raise UploadError(url, str(exc), 401) from exc
         if r.status_code != 201 or "location" not in r.headers:
             raise UploadError(url, _detail(r), r.status_code)
         return str(httpx.URL(url).join(r.headers["location"]))
@@ -119,6 +139,8 @@ class TusUploader:
             r = self.client.head(location, headers=_TUS)
         except httpx.HTTPError as exc:
             raise UploadError(location, f"cannot ask for the offset: {exc!r}") from exc
+        except ScramFailure as exc:
+            raise UploadError(location, str(exc), 401) from exc
         if r.status_code in (404, 410):
             return None
         if r.status_code != 200:
@@ -137,6 +159,8 @@ class TusUploader:
             )  # fmt: skip
         except httpx.HTTPError as exc:
             raise UploadError(location, f"segment at {offset} failed: {exc!r}") from exc
+        except ScramFailure as exc:
+            raise UploadError(location, str(exc), 401) from exc
         if r.status_code != 204:
             raise UploadError(location, _detail(r), r.status_code)
         return r
@@ -169,8 +193,8 @@ class TusUploader:
         location: str | None = None
         offset = 0
         sha256: str | None = None
-        if resume and remembered.exists():
-            saved = json.loads(remembered.read_text())
+        saved = _remembered(remembered) if resume else None
+        if saved is not None:
             known = self._offset(saved["url"])
             if known is not None:
                 location, offset, sha256 = saved["url"], known[0], saved["sha256"]

@@ -1,30 +1,42 @@
 """`offload`: publish, subscribe, fetch and discover from the command line.
 
 Settings are layered defaults < config file < environment (`OFFLOAD_*`) < flags, see
-:mod:`client._config`. Output is machine-readable: `publish` prints one JSON line describing
-what it did, `subscribe` one JSON line per message (`topic`, `size`, `sha256`, `route`, ...)
-or per error (`error` names the cause: `checksum mismatch`, `chunk timeout`, `not found`, ...).
+:mod:`client._config`. Output is machine-readable: one JSON line per message with the same
+leading keys for every command (`topic`, `id`, `size`, `sha256`, `route`, `url`, see
+:mod:`client._cli_output`), or per error (`error` names the cause: `checksum mismatch`,
+`chunk timeout`, `not found`, `access refused`, ...). `fetch` and `upload` are in
+:mod:`client._cli_http`.
 
 Errors are one line on stderr and a stable exit code per class; the table is in
-:mod:`client._cli_errors` and the README.
+:mod:`client._cli_errors` and docs/cli.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import errno
 import json
 import os
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 from ._cli_args import build_parser, settings_from_args, validate
-from ._cli_errors import EXIT_ERRORS, EXIT_OK, UsageError, cause, describe, detail
-from ._exceptions import ConfigError, OffloadError, UploadError
+from ._cli_errors import (
+    EXIT_ERRORS,
+    EXIT_OK,
+    EXIT_PIPE,
+    StdoutClosed,
+    UsageError,
+    cause,
+    describe,
+    detail,
+    refused,
+)
+from ._cli_http import fetch_command, upload_command
+from ._cli_output import emit, message_line
+from ._exceptions import OffloadError
 
 if TYPE_CHECKING:
     from ._message import Message, PublishResult
@@ -39,45 +51,39 @@ PROGRESS_MIN_BYTES = 8 << 20  # smaller files finish before a bar is worth drawi
 __all__ = ["build_parser", "cause", "main"]
 
 
-def _emit(doc: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(doc, separators=(",", ":")) + "\n")
-    sys.stdout.flush()
-
-
-def _result_doc(result: PublishResult) -> dict[str, Any]:
-    return {
-        "topic": result.topic,
-        "route": str(result.route),
-        "size": result.size,
-        "sha256": result.sha256,
-        "id": result.message_id,
-        "url": result.url,
-        "packets": result.packets,
-    }
+def _result_doc(result: PublishResult, args: argparse.Namespace) -> dict[str, Any]:
+    return message_line(
+        topic=result.topic,
+        message_id=result.message_id,
+        size=result.size,
+        sha256=result.sha256,
+        route=str(result.route),
+        url=result.url,
+        qos=args.qos,
+        retain=args.retain and str(result.route) != "chunked",  # chunks are never retained
+        packets=result.packets,
+    )
 
 
 def _publish(args: argparse.Namespace) -> int:
     from ._client import Client
-    from ._progress import CountingReader, Progress
+    from ._progress import PassReader, Progress
 
     settings = settings_from_args(args)
     with Client(settings=settings) as client:
-        if args.file is not None:
-            if str(args.file) == "-":
-                result = client.publish(
-                    args.topic, sys.stdin.buffer, qos=args.qos, retain=args.retain
-                )
-            elif args.file.stat().st_size >= PROGRESS_MIN_BYTES:
-                # Two passes over the file: the SHA-256, then the upload or the chunks.
-                size = args.file.stat().st_size
-                with args.file.open("rb") as raw, Progress(2 * size, label="publish") as bar:
-                    reader = cast(BinaryIO, CountingReader(raw, bar))
-                    result = client.publish(args.topic, reader, qos=args.qos, retain=args.retain)
-            else:
-                result = client.publish(args.topic, args.file, qos=args.qos, retain=args.retain)
-        else:
+        if args.file is None:
             result = client.publish(args.topic, args.message, qos=args.qos, retain=args.retain)
-    _emit(_result_doc(result))
+        elif str(args.file) == "-":
+            result = client.publish(args.topic, sys.stdin.buffer, qos=args.qos, retain=args.retain)
+        elif (size := args.file.stat().st_size) >= PROGRESS_MIN_BYTES:
+            # The file is read twice (its SHA-256, then the upload or the chunks): the bar
+            # shows each pass against the file's size, never the sum of both.
+            with args.file.open("rb") as raw, Progress(size, label="publish") as bar:
+                reader = cast(BinaryIO, PassReader(raw, bar, size))
+                result = client.publish(args.topic, reader, qos=args.qos, retain=args.retain)
+        else:
+            result = client.publish(args.topic, args.file, qos=args.qos, retain=args.retain)
+    emit(_result_doc(result, args))
     return EXIT_OK
 
 
@@ -121,29 +127,39 @@ def _subscribe(args: argparse.Namespace) -> int:
             seen += 1
             if isinstance(item, MessageError):
                 errors += 1
-                _emit({
+                emit({
                     "topic": item.topic,
                     "error": cause(item.error),
                     "id": item.message_id,
                     "detail": detail(item.error),
                 })  # fmt: skip
+                if refused(item.error):
+                    # The login is wrong (or the ACL says no): every later placeholder would
+                    # fail alike. Stop, and say so as every command does (exit 6).
+                    raise item.error
             else:
-                _emit(_message_doc(item, args.out, seen))
+                emit(_message_doc(item, args.out, seen))
             if args.count is not None and seen >= args.count:
                 break
+    if args.count is not None and seen < args.count:
+        # Asked for N messages and the wait ran out: a failure a script must see.
+        ended = "the subscription ended" if args.timeout is None else "--timeout ran out"
+        print(f"offload: {seen} of {args.count} messages before {ended}", file=sys.stderr)
+        return EXIT_ERRORS
     return EXIT_ERRORS if errors else EXIT_OK
 
 
 def _message_doc(msg: Message, out: Path | None, seq: int) -> dict[str, Any]:
-    doc: dict[str, Any] = {
-        "topic": msg.topic,
-        "size": msg.size,
-        "sha256": msg.sha256,
-        "route": str(msg.route),
-        "qos": msg.qos,
-        "retain": msg.retain,
-        "id": msg.message_id,
-    }
+    doc = message_line(
+        topic=msg.topic,
+        message_id=msg.message_id,
+        size=msg.size,
+        sha256=msg.sha256,
+        route=str(msg.route),
+        url=None,
+        qos=msg.qos,
+        retain=msg.retain,
+    )
     p = msg.properties
     if p.content_type is not None:
         doc["content_type"] = p.content_type
@@ -156,145 +172,16 @@ def _message_doc(msg: Message, out: Path | None, seq: int) -> dict[str, Any]:
     return doc
 
 
-def _fetch(args: argparse.Namespace) -> int:
-    from ._http import HttpTransport
-    from ._progress import CountingWriter, Progress
-    from .protocol import MessageId
-
-    if args.output is not None and args.output.is_dir():
-        # Before any download: a directory cannot become the file.
-        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(args.output))
-    url: str = args.url.rstrip("/")
-    last = url.rsplit("/", 1)[-1]
-    try:
-        MessageId.parse(last)
-        if url.rsplit("/", 2)[-2] == "msg":
-            url += "/payload"  # the raw bytes, not the BSON document
-    except ValueError:
-        pass
-    with HttpTransport() as transport:
-        if args.sha256:  # verified and spooled inside the transport: no bar to feed
-            payload = transport.fetch(
-                url, expected_sha256=args.sha256.lower(), redirect_ok=_anywhere
-            )
-            if args.output is not None:
-                payload.save(args.output)
-            else:
-                with payload.open() as f:
-                    while piece := f.read(1 << 20):
-                        sys.stdout.buffer.write(piece)
-            size = payload.size
-        else:
-            # The bar goes to stderr, so `offload fetch URL > file` on a terminal shows it too.
-            with Progress(_content_length(url), label="fetch") as bar:
-                if args.output is not None:
-                    with _replacing(args.output) as out:
-                        size = transport.fetch_to(
-                            url, cast(BinaryIO, CountingWriter(out, bar)), redirect_ok=_anywhere
-                        )
-                else:
-                    sink = cast(BinaryIO, CountingWriter(sys.stdout.buffer, bar))
-                    size = transport.fetch_to(url, sink, redirect_ok=_anywhere)
-    if args.output is not None:
-        _emit({"url": url, "size": size, "file": str(args.output)})
-    return EXIT_OK
-
-
-def _anywhere(origin: object) -> bool:
-    """`offload fetch URL` follows redirects like `curl -L`: it sends no credentials at all,
-    and the user named the URL (a gateway with direct transfers redirects to its store)."""
-    return True
-
-
-@contextlib.contextmanager
-def _replacing(path: Path) -> Iterator[BinaryIO]:
-    """Write to a temporary file beside `path`, renamed over it only on success.
-
-    A failed download leaves no empty or truncated file and never clobbers an earlier one.
-    """
-    import tempfile
-
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
-    except OSError as exc:  # name the user's file, not the hidden temporary one
-        raise OSError(exc.errno, exc.strerror, str(path)) from None
-    try:
-        with os.fdopen(fd, "wb") as out:
-            yield out
-        os.replace(tmp, path)
-    except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
-        raise OSError(exc.errno, exc.strerror, str(path)) from None
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _content_length(url: str) -> int | None:
-    """The payload's size for the progress bar's ETA; None when the server does not say."""
-    if not sys.stderr.isatty():
-        return None
-    import httpx
-
-    try:
-        length = httpx.head(url, timeout=10).headers.get("content-length")
-    except httpx.HTTPError:
-        return None
-    return int(length) if length and length.isdigit() else None
-
-
-def _upload(args: argparse.Namespace) -> int:
-    import httpx
-
-    from ._progress import Progress
-    from ._scram import gateway_auth
-    from ._upload import TusUploader, state_path
-
-    settings = settings_from_args(args)
-    auth = gateway_auth(
-        username=settings.username, password=settings.password, token=settings.http_token
-    )
-    size = args.file.stat().st_size
-    bar = Progress(size, label="upload")
-
-    with httpx.Client(auth=auth, timeout=120) as http, bar:
-        uploader = TusUploader(
-            http, args.endpoint, state_dir=args.state_dir, segment=args.segment_size
-        )
-        try:
-            result = uploader.upload(
-                args.file,
-                args.topic,
-                resume=args.resume,
-                content_type=args.content_type,
-                on_bytes=bar.update,
-                on_start=bar.restart_from,
-            )
-        except (UploadError, KeyboardInterrupt) as exc:
-            remembered = state_path(uploader.state_dir, args.file, uploader.endpoint, args.topic)
-            if not remembered.exists():  # nothing acknowledged yet: nothing to resume
-                raise
-            bar.close()
-            code, line = describe(exc)
-            print(f"{line}; the same command with --resume continues", file=sys.stderr)
-            return code
-    _emit({
-        "topic": args.topic,
-        "id": result.message_id,
-        "url": result.url,
-        "size": result.size,
-        "sha256": result.sha256,
-        "resumed_from": result.resumed_from,
-    })  # fmt: skip
-    return EXIT_OK
-
-
 def _discover(args: argparse.Namespace) -> int:
+    import dataclasses
+
     from ._client import Client
 
-    settings = settings_from_args(args)
-    if settings.endpoint is not None:
-        raise ConfigError("discover asks the broker: do not pass --endpoint")
+    # It asks the broker whatever endpoint OFFLOAD_ENDPOINT or the config file names (one
+    # there would skip discovery), and it never moves a payload: nothing to switch off.
+    settings = dataclasses.replace(
+        settings_from_args(args), endpoint=None, automatic_offload=True, fetch_external=True
+    )
     with Client(settings=settings) as client:
         deadline = time.monotonic() + args.timeout
         client.wait_for_endpoint(args.timeout)
@@ -303,11 +190,11 @@ def _discover(args: argparse.Namespace) -> int:
             time.sleep(0.05)
             record = client.discovery_record
     if record is None:
-        _emit({"topic": settings.discovery_topic, "error": "no discovery record"})
+        emit({"topic": settings.discovery_topic, "error": "no discovery record"})
         return EXIT_ERRORS
     doc = json.loads(record.to_json())
     doc["topic"] = settings.discovery_topic
-    _emit(doc)
+    emit(doc)
     return EXIT_OK
 
 
@@ -328,10 +215,21 @@ def _skip_unused_optional_imports() -> None:
 _COMMANDS = {
     "publish": _publish,
     "subscribe": _subscribe,
-    "fetch": _fetch,
-    "upload": _upload,
+    "fetch": fetch_command,
+    "upload": upload_command,
     "discover": _discover,
 }
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null: what is still buffered for the closed pipe is dropped
+    quietly at exit (Python would report the failed flush), as the Python docs advise."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout is not a file here (main() called by a test)
+        pass
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -353,6 +251,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             level=level, format="offload: %(levelname)s %(message)s", stream=sys.stderr
         )
         return _COMMANDS[args.command](args)
+    except StdoutClosed:
+        _discard_stdout()
+        return EXIT_PIPE
     except (OffloadError, UsageError, OSError, KeyboardInterrupt) as exc:
         code, line = describe(exc)
         print(line, file=sys.stderr)

@@ -316,7 +316,7 @@ def test_a_tokens_only_gateway_serves_our_client(
     shared_files: Path, gateway_factory: Callable[..., GatewayServer], broker: Mosquitto
 ) -> None:
     """A peer through the running system: the Client offloads and fetches with its token."""
-    from client import Client, Message, Route
+    from client import AccessRefused, Client, Message, Route
 
     gw = gateway_factory(
         broker, tokens_file=shared_files / "tokens", acl_file=shared_files / "acl", tls=True
@@ -324,14 +324,24 @@ def test_a_tokens_only_gateway_serves_our_client(
     with (
         Client(broker.url, http_token=TOKEN, discovery_wait=10.0) as reader,
         Client(broker.url, http_token=TOKEN, discovery_wait=10.0) as writer,
-        Client(broker.url, http_token="not-a-token", discovery_wait=10.0) as stranger,
+        Client(broker.url, http_token="not-a-token", discovery_wait=10.0) as refused,
+        Client(
+            broker.url,
+            http_token="not-a-token",
+            discovery_wait=10.0,
+            fallback_on_auth_failure=True,
+        ) as stranger,
     ):
         reader.subscribe("data/tokens")
         assert writer.wait_for_endpoint(10) == gw.url
         assert stranger.wait_for_endpoint(10) == gw.url
         payload = os.urandom(1024 * 1024)
         assert writer.publish("data/tokens", payload, qos=1).route is Route.OFFLOADED
-        # A wrong token cannot upload: the client falls back to chunking over the broker.
+        # A wrong token cannot upload: an error (issue 27), or chunks over the broker when
+        # the client opts in to falling back on a refused login.
+        assert refused.wait_for_endpoint(10) == gw.url
+        with pytest.raises(AccessRefused):
+            refused.publish("data/tokens", payload, qos=1)
         assert stranger.publish("data/tokens", payload, qos=1).route is Route.CHUNKED
         routes = []
         for _ in range(2):

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from client import Client, FetchError, Message, MessageError, Route, UploadError
+from client import AccessRefused, Client, FetchError, Message, MessageError, Route, UploadError
 from client._http import HttpTransport
 from client._scram import ScramAuth
 from client._source import PayloadSource
@@ -114,7 +114,7 @@ def test_writer_offloads_and_a_read_only_user_fetches_byte_exact(
     assert msg.sha256 == hashlib.sha256(payload).hexdigest()
 
 
-def test_failed_gateway_auth_is_clear_and_the_producer_falls_back_to_chunking(
+def test_failed_gateway_auth_is_an_error_and_chunking_only_when_asked(
     secured: tuple[Mosquitto, GatewayServer],
     login: Callable[..., Client],
     caplog: pytest.LogCaptureFixture,
@@ -124,9 +124,15 @@ def test_failed_gateway_auth_is_clear_and_the_producer_falls_back_to_chunking(
     reader = login("reader")
     reader.subscribe(topic)
     # The broker accepts the weak entry; the gateway cannot do SCRAM with it.
-    weak = login(WEAK[0], WEAK[1])
-    assert weak.wait_for_endpoint(10) == gw.url
+    refused = login(WEAK[0], WEAK[1])
+    assert refused.wait_for_endpoint(10) == gw.url
     payload = os.urandom(1 * MiB)
+    # A refused login is a configuration error, not a reason to chunk (issue 27).
+    with pytest.raises(AccessRefused, match="invalid-proof") as raised:
+        refused.publish(topic, payload, qos=1)
+    assert raised.value.status == 401
+    weak = login(WEAK[0], WEAK[1], fallback_on_auth_failure=True)
+    assert weak.wait_for_endpoint(10) == gw.url
     with caplog.at_level(logging.WARNING, logger="client"):
         result = weak.publish(topic, payload, qos=1)
     assert result.route is Route.CHUNKED
@@ -244,12 +250,21 @@ def test_bearer_token_instead_of_scram(
     login = {"username": "writer", "password": USERS["writer"], "discovery_wait": 10.0}
     with (
         Client(broker.url, http_token=TOKEN, **login) as good,  # type: ignore[arg-type]
-        Client(broker.url, http_token="wrong-token", **login) as bad,  # type: ignore[arg-type]
+        Client(broker.url, http_token="wrong-token", **login) as refused,  # type: ignore[arg-type]
+        Client(
+            broker.url,
+            http_token="wrong-token",
+            fallback_on_auth_failure=True,
+            **login,  # type: ignore[arg-type]
+        ) as bad,
     ):
         good.subscribe("data/bearer")
         assert good.wait_for_endpoint(10) == gw.url
         assert bad.wait_for_endpoint(10) == gw.url
         payload = os.urandom(512 * 1024)
+        assert refused.wait_for_endpoint(10) == gw.url
+        with pytest.raises(AccessRefused):
+            refused.publish("data/bearer", payload, qos=1)
         assert good.publish("data/bearer", payload, qos=1).route is Route.OFFLOADED
         assert bad.publish("data/bearer", payload, qos=1).route is Route.CHUNKED
         routes = []
