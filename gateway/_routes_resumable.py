@@ -129,11 +129,12 @@ def _nonnegative(request: Request, name: str) -> int:
 async def _load_own(uploads: ResumableUploads, access: Access, upload_id: str) -> UploadState:
     """The caller's own upload: 404 for another principal's, as for an unknown id.
 
-    Write access to the topic is checked first (that authenticates the caller).
+    The caller is authenticated first (401 alike for every id), then the owner checked, and
+    only then write access to the topic: a 403 naming the topic, or a 410, for someone
+    else's upload would tell whoever holds its id that it exists, and what it is about.
     """
-    state = await uploads.load(upload_id)
-    if state.owner != await access.write(state.topic):
-        raise NotFound(f"no upload {upload_id}")
+    state = await uploads.load_own(upload_id, await access.authenticate())
+    await access.write(state.topic)  # the owner may have lost the topic since
     return state
 
 
@@ -196,12 +197,10 @@ async def _load_part(
     ctx: Context, request: Request, part_id: str, topic: Topic, owner: str | None
 ) -> UploadState:
     """A partial upload a final one may consume: the caller's, same topic, complete."""
-    try:
-        part = await ctx.uploads.load(part_id)
+    try:  # another principal's part, expired or not, is unknown to this caller
+        part = await ctx.uploads.load_own(part_id, owner)
     except NotFound as exc:
         raise BadRequest(f"Upload-Concat: no partial upload {part_id}") from exc
-    if part.owner != owner:
-        raise BadRequest(f"Upload-Concat: no partial upload {part_id}")  # as for unknown
     if not part.partial:
         raise BadRequest(f"Upload-Concat: upload {part_id} is not a partial upload")
     if part.topic != topic:
