@@ -16,7 +16,8 @@ Schemes:
   log names them and the fix.
 * ``Basic``, only when the gateway is reached over TLS (``tls=True``): the password then
   crosses the wire, which plain HTTP must not carry. Works for every user in the file and is
-  the only way in for the users SCRAM cannot serve.
+  the only way in for the users SCRAM cannot serve. Sent over plain HTTP it is refused with a
+  ``detail`` saying why and what to do instead (``PLAIN_HTTP_DETAIL``), not checked.
 * ``Bearer``, only over TLS and with a tokens file (see ``_tokens.py``); with a tokens file
   and no password file it is the only scheme ("tokens only").
 
@@ -30,6 +31,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from ._acl import READ, WRITE
@@ -44,6 +46,18 @@ from ._throttle import Throttle
 log = logging.getLogger("gateway.auth")
 
 MIN_SECRET_BYTES = 16
+
+# What a client sending a secret in clear over plain HTTP is told (the 401's `detail`):
+# a person trying `curl -u` learns why, and what works instead.
+PLAIN_HTTP_DETAIL = {
+    "BASIC": "HTTP Basic authentication is refused over plain HTTP (the password would "
+    "cross the network in clear): use HTTPS, or SCRAM-SHA-512 (the offload CLI's "
+    "--username/--password and hop-client speak it); if a TLS-terminating proxy serves this "
+    "gateway over HTTPS, set OFFLOAD_TLS=true on the gateway",
+    "BEARER": "Bearer tokens are refused over plain HTTP (the token would cross the network "
+    "in clear): use HTTPS; if a TLS-terminating proxy serves this gateway over HTTPS, set "
+    "OFFLOAD_TLS=true on the gateway",
+}
 
 
 def _check_options(
@@ -163,6 +177,8 @@ class Authenticator:
         )
         files = {"passwords": password_file is not None, "tokens": tokens_file is not None}
         self.mechanisms: tuple[str, ...] = _offered_schemes(**files, tls=tls)
+        # Offered over TLS but not here: refused with a reason that says so.
+        self._tls_only = set(_offered_schemes(**files, tls=True)) - set(self.mechanisms)
         self._www_authenticate = ", ".join(f'{s} realm="{realm}"' for s in self.mechanisms)
         self.mode = _mode(**files, allow_anonymous=allow_anonymous)
 
@@ -257,8 +273,10 @@ class Authenticator:
             return refuse(f"malformed Authorization header: {exc}", client=client)
         scheme = credentials.scheme
         if scheme not in {s.upper() for s in self.mechanisms}:
-            why = "refused without TLS" if scheme in ("BASIC", "BEARER") else "not offered"
-            return refuse(f"scheme {scheme[:32]!r} {why}", client=client)
+            if scheme in {s.upper() for s in self._tls_only}:
+                refused = refuse(f"scheme {scheme!r} refused without TLS", client=client)
+                return replace(refused, detail=PLAIN_HTTP_DETAIL[scheme])
+            return refuse(f"scheme {scheme[:32]!r} not offered", client=client)
         if scheme == MECHANISM:
             if credentials.token68 or not credentials.params.keys() <= SCRAM_PARAMS:
                 return refuse("SCRAM with unknown auth-params", client=client)
