@@ -26,6 +26,7 @@ from client.protocol import MessageId, Topic
 from ._context import Authorizer, Ctx
 from ._errors import COMMON_RESPONSES, Forbidden
 from ._ingest import message_url
+from ._responses import Presigned
 from ._signing import UrlSigner
 
 __all__ = ["SignedUrls", "UrlSigner", "payload_path_suffix", "router"]
@@ -86,6 +87,7 @@ def payload_path_suffix(message_id: str) -> str:
 @router.post(
     "/msg/{message_id}/presign",
     tags=["offload"],
+    response_model=Presigned,
     responses={**COMMON_RESPONSES, 400: {"description": "malformed id or ttl"}},
 )
 async def presign(

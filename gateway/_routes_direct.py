@@ -47,6 +47,7 @@ from ._errors import (
 )
 from ._ingest import Received, build_manifest, commit_or_discard
 from ._media import parse_content_type
+from ._responses import Stored, UploadGrant
 from ._routes import created_response
 from ._service import MAX_KEY_BYTES, now_ms, parse_topic
 from .storage import DirectStore, ObjectStore, StoreError
@@ -151,6 +152,7 @@ def _urls(store: DirectStore, grant: Grant, req: GrantRequest, seconds: int) -> 
 @router.post(
     "/direct/grant/{topic:path}",
     status_code=201,
+    response_model=UploadGrant,
     responses=_ERRORS,
     tags=["direct"],
     openapi_extra=_GRANT_BODY,
@@ -264,6 +266,7 @@ async def _read_back(ctx: Context, key: str) -> str:
 @router.post(
     "/direct/commit",
     status_code=201,
+    response_model=Stored,
     responses=_ERRORS,
     tags=["direct"],
     openapi_extra=_COMMIT_BODY,

@@ -66,6 +66,7 @@ from ._errors import (
 from ._ingest import Received, build_manifest, publish
 from ._media import parse_content_type
 from ._options import PublishOptions, check_filename, parse_ascii_int
+from ._responses import headers_only
 from ._resumable import ResumableUploads
 from ._service import parse_topic
 from ._tus import (
@@ -99,6 +100,14 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     460: {"description": "checksum mismatch: the segment was discarded"},
     503: {"description": "object store or broker unavailable"},
 }
+
+
+# The headers that carry each answer (tus has no bodies on success).
+_CAPABILITIES = ("Tus-Resumable", "Tus-Version", "Tus-Extension", "Tus-Max-Size",
+                 "Tus-Checksum-Algorithm")  # fmt: skip
+_STATE = ("Tus-Resumable", "Upload-Offset", "Upload-Length", "Upload-Expires", "Upload-Concat",
+          "X-Offload-Id", "X-Offload-Url", "X-Offload-Sha256")  # fmt: skip
+_CREATED = ("Location", *_STATE)
 
 
 async def _tus(call: Callable[[], Awaitable[Response]]) -> Response:
@@ -214,7 +223,11 @@ async def _load_part(
 
 
 @router.options("", include_in_schema=False)
-@router.options("/", status_code=204, responses=_ERRORS)
+@router.options(
+    "/",
+    status_code=204,
+    responses={**_ERRORS, **headers_only(204, "what this tus server supports", *_CAPABILITIES)},
+)
 async def capabilities(settings: AppSettings) -> Response:
     """What this tus server supports."""
     headers = {
@@ -228,7 +241,12 @@ async def capabilities(settings: AppSettings) -> Response:
 
 
 @router.post("", include_in_schema=False)
-@router.post("/", status_code=201, responses=_ERRORS)
+@router.post(
+    "/",
+    status_code=201,
+    response_class=Response,
+    responses={**_ERRORS, **headers_only(201, "created: continue at `Location`", *_CREATED)},
+)
 async def create(request: Request, ctx: Ctx, access: Access) -> Response:
     """tus creation: a new upload for the topic named in `Upload-Metadata`."""
 
@@ -300,7 +318,11 @@ async def create(request: Request, ctx: Ctx, access: Access) -> Response:
     return await _tus(run)
 
 
-@router.head("/{upload_id}", responses=_ERRORS)
+@router.head(
+    "/{upload_id}",
+    response_class=Response,
+    responses={**_ERRORS, **headers_only(200, "where to resume", *_STATE)},
+)
 async def offset(upload_id: str, request: Request, ctx: Ctx, access: Access) -> Response:
     """The upload's current offset: where a client resumes."""
 
@@ -323,7 +345,11 @@ async def _body(request: Request) -> AsyncIterator[bytes]:
         raise BadRequest("client disconnected mid-segment; resume from Upload-Offset") from exc
 
 
-@router.patch("/{upload_id}", status_code=204, responses=_ERRORS)
+@router.patch(
+    "/{upload_id}",
+    status_code=204,
+    responses={**_ERRORS, **headers_only(204, "the segment is stored", *_STATE)},
+)
 async def append(upload_id: str, request: Request, ctx: Ctx, access: Access) -> Response:
     """Append one segment at `Upload-Offset`; the last one completes and publishes."""
 
@@ -356,7 +382,11 @@ async def append(upload_id: str, request: Request, ctx: Ctx, access: Access) -> 
     return await _tus(run)
 
 
-@router.delete("/{upload_id}", status_code=204, responses=_ERRORS)
+@router.delete(
+    "/{upload_id}",
+    status_code=204,
+    responses={**_ERRORS, **headers_only(204, "the upload is forgotten", "Tus-Resumable")},
+)
 async def terminate(upload_id: str, request: Request, uploads: Uploads, access: Access) -> Response:
     """tus termination: forget the upload and its segments (a published message stays)."""
 
