@@ -31,7 +31,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
 from ._acl import READ, WRITE
@@ -95,6 +94,9 @@ def _mode(*, passwords: bool, tokens: bool, allow_anonymous: bool) -> AuthMode:
     if tokens:
         return AuthMode.TOKENS
     return AuthMode.ANONYMOUS if allow_anonymous else AuthMode.CLOSED
+
+
+_BASIC_SHAPE = "malformed Authorization header: Basic takes base64 of UTF-8 `user:password`"
 
 
 class Authenticator:
@@ -270,19 +272,28 @@ class Authenticator:
         try:
             credentials = parse_authorization(authorization)
         except ValueError as exc:
-            return refuse(f"malformed Authorization header: {exc}", client=client)
+            why = f"malformed Authorization header: {exc}"
+            return refuse(why, client=client, detail=why)
         scheme = credentials.scheme
         if scheme not in {s.upper() for s in self.mechanisms}:
             if scheme in {s.upper() for s in self._tls_only}:
-                refused = refuse(f"scheme {scheme!r} refused without TLS", client=client)
-                return replace(refused, detail=PLAIN_HTTP_DETAIL[scheme])
-            return refuse(f"scheme {scheme[:32]!r} not offered", client=client)
+                why = PLAIN_HTTP_DETAIL[scheme]
+                return refuse(f"scheme {scheme!r} refused without TLS", client=client, detail=why)
+            offered = ", ".join(self.mechanisms)
+            return refuse(
+                f"scheme {scheme[:32]!r} not offered",
+                client=client,
+                detail=f"the Authorization scheme {scheme[:32]!r} is not offered here; this "
+                f"gateway takes {offered}",
+            )
         if scheme == MECHANISM:
             if credentials.token68 or not credentials.params.keys() <= SCRAM_PARAMS:
-                return refuse("SCRAM with unknown auth-params", client=client)
+                why = f"malformed Authorization header: {MECHANISM} takes data, sid and realm"
+                return refuse("SCRAM with unknown auth-params", client=client, detail=why)
             return self._scram.step(credentials.params, client)
         if credentials.params or not credentials.token68:
-            return refuse(f"{scheme} without a token68 credential", client=client)
+            why = f"malformed Authorization header: {scheme.title()} takes one token68 credential"
+            return refuse(f"{scheme} without a token68 credential", client=client, detail=why)
         if scheme == "BASIC":
             return self._basic(credentials.token68, client)
         return self._bearer(credentials.token68, client)
@@ -291,10 +302,10 @@ class Authenticator:
         refuse = self._throttle.refuse
         try:
             user, sep, password = b64decode_text(token).partition(":")
-        except ValueError as exc:
-            return refuse(f"Basic: {exc}", client=client)
+        except ValueError as exc:  # not echoed: the bytes may be a password
+            return refuse(f"Basic: {exc}", client=client, detail=_BASIC_SHAPE)
         if not sep or not user:
-            return refuse("Basic without user:password", client=client)
+            return refuse("Basic without user:password", client=client, detail=_BASIC_SHAPE)
         blocked = self._throttle.blocked(client, user)
         if blocked is not None:
             return blocked
