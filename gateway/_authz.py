@@ -121,7 +121,10 @@ class BrokerRules:
         access = "write" if write else "read"
         if result.user is None and self.authenticator.enabled:
             raise _refuse(self.authenticator.challenge(f"anonymous may not {access} {topic}"))
-        raise Forbidden(f"not allowed to {access} topic {topic.value!r}", extra)
+        # A read is of a stored message, whose topic the caller need not know (it may hold
+        # just the id): the refusal does not name it. A write names the caller's own topic.
+        what = f"topic {topic.value!r}" if write else "this message's topic"
+        raise Forbidden(f"not allowed to {access} {what}", extra)
 
 
 class AuthenticationInfoMiddleware:

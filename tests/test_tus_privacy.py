@@ -6,6 +6,9 @@ what the same request answers for an id nobody created: the same status, headers
 (with the id swapped), never a 403 naming her topic nor a 410 saying it expired. Real
 gateway on SeaweedFS, real mosquitto with the same password and ACL files, the SCRAM
 client is hop-client's.
+
+A stored message Bob may not read is refused with the documented 403, which does not name
+its topic either.
 """
 
 from __future__ import annotations
@@ -176,3 +179,27 @@ def test_another_users_expired_upload_answers_as_an_unknown_id(
         time.sleep(0.2)
     for upload_id in (upload, partial):
         _check_indistinguishable(gw.url, upload_id, lambda: _as("bob"))
+
+
+def test_a_message_another_user_may_not_read_does_not_name_its_topic(
+    start: Callable[..., GatewayServer],
+) -> None:
+    """Bob holds the id of Alice's message: refused (403, as documented), her topic unsaid."""
+    gw = start()
+    alice, bob = _as("alice"), _as("bob")
+    stored = alice.post(f"{gw.url}/publish/{SECRET_TOPIC}", data=b"secret plans")
+    assert stored.status_code == 201, stored.text
+    message = stored.json()["id"]
+    for method, path in (
+        ("GET", f"/msg/{message}"),
+        ("HEAD", f"/msg/{message}"),
+        ("GET", f"/msg/{message}/payload"),
+        ("HEAD", f"/msg/{message}/payload"),
+        ("POST", f"/msg/{message}/presign"),
+    ):
+        r = bob.request(method, f"{gw.url}{path}")
+        assert r.status_code == 403, (method, path, r.status_code)
+        assert b"alice" not in r.content and "alice" not in repr(dict(r.headers)), (path, r.text)
+        if method != "HEAD":
+            assert r.json()["detail"] == "not allowed to read this message's topic"
+    assert alice.get(f"{gw.url}/msg/{message}/payload").content == b"secret plans"
