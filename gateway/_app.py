@@ -33,7 +33,7 @@ from ._ops import router as ops_router
 from ._presign import SignedUrls, UrlSigner
 from ._presign import router as presign_router
 from ._resumable import ResumableUploads
-from ._routes import router
+from ._routes import HOP_PATH, router
 from ._routes_direct import router as direct_router
 from ._routes_publish import router as publish_router
 from ._routes_raw import router as raw_router
@@ -179,6 +179,28 @@ def make_lifespan(
     return lifespan
 
 
+def _document_hop_path(app: FastAPI) -> None:
+    """Show the hop route in /openapi.json as clients call it: `/topic/{topic}+oversized`.
+
+    It routes `/topic/{topic:path}` (so a call without the suffix gets a 400 that names it),
+    which FastAPI documents as `/topic/{topic}`; only the document changes, not the routing.
+    """
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = generate()
+            paths = schema["paths"]
+            schema["paths"] = {
+                (HOP_PATH if path == "/topic/{topic}" else path): item
+                for path, item in paths.items()
+            }
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
 def create_app(
     settings: Settings | None = None,
     *,
@@ -203,6 +225,7 @@ def create_app(
         lifespan=make_lifespan(settings, store, public),
     )
     install_error_handlers(app)
+    _document_hop_path(app)  # lazily: the document is generated once every route is in
     app.add_middleware(AuthenticationInfoMiddleware)
     app.add_middleware(Utf8Target)  # inside: its 400 is logged and counted, and drained
     app.add_middleware(ObservabilityMiddleware)

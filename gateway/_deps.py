@@ -37,6 +37,14 @@ class TopicAccess:
     request: Request
     authorizer: Authorizer
 
+    async def authenticate(self) -> str | None:
+        """Authenticate the caller (401/429 otherwise) before any topic is known.
+
+        For resources that belong to a principal: whose they are is checked before the
+        topic, so that another principal's resource looks like none at all.
+        """
+        return await self.authorizer.authenticate(self.request)
+
     async def read(self, topic: Topic) -> str | None:
         """Admit the caller to read `topic` (401/403/429 otherwise); its user, None if anonymous.
 

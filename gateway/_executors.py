@@ -184,7 +184,10 @@ class Transfers:
         self._lock = threading.Lock()
         self._active: set[Slot] = set()
         self.refused = 0
-        self.admitted = 0  # transfers ever admitted (the clean-up's "anything ran?")
+        self.admitted = 0  # transfers ever admitted
+        # Transfers ever ended: the clean-up's "anything to clean?". Not `admitted`: a
+        # transfer still running at a clean-up leaves its garbage when it ends, after it.
+        self.finished = 0
 
     def admit(self) -> Slot:
         """A slot for one transfer, or `Saturated` (503, Retry-After) when all are taken."""
@@ -202,6 +205,7 @@ class Transfers:
             if not slot.released:
                 slot.released = True
                 self._active.discard(slot)
+                self.finished += 1
 
     @property
     def active(self) -> int:
@@ -329,7 +333,7 @@ class Workers:
 
     async def _beat(self, interval: float = 0.5, cleanup_every: float = 30.0) -> None:
         loop = asyncio.get_running_loop()
-        seen = self.transfers.admitted  # transfers admitted by the last clean-up
+        seen = self.transfers.finished  # transfers ended by the last clean-up
         idle = 0  # beats in a row without a transfer
         cleaned = loop.time()
         while True:
@@ -338,14 +342,14 @@ class Workers:
             now = loop.time()
             self.loop_lag = max(0.0, now - before - interval)
             active = self.transfers.active
-            dirty = self.transfers.admitted != seen
+            dirty = self.transfers.finished != seen  # one ended since: it left garbage
             idle = 0 if active else idle + 1
             # At most every `cleanup_every`, once idle for a second or while busy: a full
             # collection of the gateway's heap costs 35-50 CPU-ms, and doing one each time
             # transfers paused (every transfer of a sequential client) was 16 % of the
             # gateway's CPU in bench/gateway_vs_s3.py (bench/RESULTS.md, issue 15).
             if dirty and now - cleaned > cleanup_every and (idle >= 2 or active):
-                cleaned, seen = now, self.transfers.admitted
+                cleaned, seen = now, self.transfers.finished
                 with contextlib.suppress(Saturated, RuntimeError):
                     self.store.submit(_give_back_memory)
 

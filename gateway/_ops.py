@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from ._context import NoBroker
 from ._deps import AppSettings, BrokerLink, Service
 from ._observability import metrics_endpoint
+from ._responses import Health, Ready
 from ._service import OffloadService
 from ._settings import Settings
 from .storage import StoreError
@@ -39,6 +40,7 @@ def worker_health(settings: Settings, service: OffloadService) -> tuple[bool, di
 
 @router.get(
     "/healthz",
+    response_model=Health,
     responses={503: {"description": "wedged: the event loop or a worker pool is stuck"}},
 )
 async def healthz(settings: AppSettings, service: Service) -> JSONResponse:
@@ -59,6 +61,7 @@ async def healthz(settings: AppSettings, service: Service) -> JSONResponse:
 
 @router.get(
     "/readyz",
+    response_model=Ready,
     responses={
         503: {"description": "storage, broker or workers unavailable (`checks` says which)"}
     },

@@ -26,6 +26,7 @@ from client.protocol import MessageId, Topic
 from ._context import Authorizer, Ctx
 from ._errors import COMMON_RESPONSES, Forbidden
 from ._ingest import message_url
+from ._responses import Presigned
 from ._signing import UrlSigner
 
 __all__ = ["SignedUrls", "UrlSigner", "payload_path_suffix", "router"]
@@ -70,6 +71,13 @@ class SignedUrls:
         if self.inner is not None:
             await self.inner.authorize(request, topic, write=write)
 
+    async def authenticate(self, request: Request) -> str | None:
+        """The inner authorizer's answer; a signed request is judged by `authorize` alone."""
+        query = request.query_params
+        if self.inner is None or "sig" in query or "expires" in query:
+            return None
+        return await self.inner.authenticate(request)
+
 
 def payload_path_suffix(message_id: str) -> str:
     # Signed over the app-relative path, so a proxy prefix (public_url's path) does not matter.
@@ -79,6 +87,7 @@ def payload_path_suffix(message_id: str) -> str:
 @router.post(
     "/msg/{message_id}/presign",
     tags=["offload"],
+    response_model=Presigned,
     responses={**COMMON_RESPONSES, 400: {"description": "malformed id or ttl"}},
 )
 async def presign(

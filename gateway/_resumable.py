@@ -198,14 +198,34 @@ class ResumableUploads:
     async def load(self, upload_id: str, *, now: float | None = None) -> UploadState:
         """The upload's state; 404 when unknown, 410 when it expired.
 
-        Whose it is (`owner`) is the caller's check: internal re-reads skip it.
+        Whose it is (`owner`) is the caller's check (`load_own`): internal re-reads skip it.
         """
+        return self._unexpired(await self._read(upload_id), now)
+
+    async def load_own(self, upload_id: str, owner: str | None) -> UploadState:
+        """`owner`'s upload; another principal's is 404 as for an unknown id, even expired.
+
+        Ownership is checked before expiry: a 410 would confirm that the id exists.
+
+        Args:
+            upload_id: from the URL.
+            owner: the authenticated caller, None for anonymous.
+        """
+        state = await self._read(upload_id)
+        if state.owner != owner:
+            raise NotFound(f"no upload {upload_id}")
+        return self._unexpired(state, None)
+
+    async def _read(self, upload_id: str) -> UploadState:
         raw = await self._call(self.store.get_bytes, state_key(check_upload_id(upload_id)))
         if raw is None:
             raise NotFound(f"no upload {upload_id}")
-        state = UploadState.from_json(raw)
+        return UploadState.from_json(raw)
+
+    @staticmethod
+    def _unexpired(state: UploadState, now: float | None) -> UploadState:
         if state.expires <= (time.time() if now is None else now):
-            raise Gone(f"upload {upload_id} expired")
+            raise Gone(f"upload {state.id} expired")
         return state
 
     def _remember(self, upload_id: str, offset: int, digest: Any) -> None:

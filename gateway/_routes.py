@@ -23,9 +23,13 @@ from ._ingest import build_manifest, commit_or_discard, message_url, receive_env
 from ._media import PAYLOAD_SECURITY_HEADERS, is_inline, served_type
 from ._options import parse_ascii_int
 from ._ranges import parse_range
+from ._responses import BSON_DOCUMENT, PAYLOAD, Stored, headers_only
 from ._service import OVERSIZED_SUFFIX, parse_topic
 
 router = APIRouter()
+
+#: The hop route as clients call it (and as /openapi.json documents it).
+HOP_PATH = f"/topic/{{topic}}{OVERSIZED_SUFFIX}"
 
 Ttl = Annotated[
     int | None,
@@ -42,6 +46,20 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     413: {"description": "body larger than the configured maximum"},
     503: {"description": "object store or broker unavailable"},
 }
+
+
+_HEAD_DOCUMENT = headers_only(
+    200, "what GET would answer, without the body", "Content-Length", "ETag", "X-Offload-Sha256"
+)
+_HEAD_PAYLOAD = headers_only(
+    200,
+    "what GET would answer, without the body",
+    "Content-Length",
+    "ETag",
+    "X-Offload-Sha256",
+    "X-Offload-Topic",
+    "Accept-Ranges",
+)
 
 
 def check_declared_length(request: Request, limit: int) -> int | None:
@@ -70,7 +88,13 @@ def created_response(ctx: Context, request: Request, manifest: Manifest, created
     )
 
 
-@router.post("/topic/{topic:path}", status_code=201, responses=_ERRORS, tags=["offload"])
+@router.post(
+    "/topic/{topic:path}",  # documented as called: /topic/{topic}+oversized (gateway._app)
+    status_code=201,
+    response_model=Stored,
+    responses=_ERRORS,
+    tags=["offload"],
+)
 async def upload_envelope(
     topic: str, request: Request, ctx: Ctx, access: Access, ttl: Ttl = None
 ) -> Response:
@@ -129,8 +153,18 @@ def _etag_matches(request: Request, manifest: Manifest) -> bool:
 
 # One decorator per method: a multi-method route gets one operationId for both, which
 # FastAPI reports as a duplicate (and OpenAPI tools reject).
-@router.get("/msg/{message_id}", responses=_ERRORS, tags=["offload"])
-@router.head("/msg/{message_id}", responses=_ERRORS, tags=["offload"])
+@router.get(
+    "/msg/{message_id}",
+    response_class=Response,
+    responses={**_ERRORS, **BSON_DOCUMENT},
+    tags=["offload"],
+)
+@router.head(
+    "/msg/{message_id}",
+    response_class=Response,
+    responses={**_ERRORS, **_HEAD_DOCUMENT},
+    tags=["offload"],
+)
 async def download_envelope(
     message_id: str, request: Request, service: Service, access: Access
 ) -> Response:
@@ -162,10 +196,23 @@ async def download_envelope(
 
 @router.get(
     "/msg/{message_id}/payload",
-    responses={**_ERRORS, 307: {"description": "direct transfers: a presigned store URL"}},
+    response_class=Response,
+    responses={
+        **_ERRORS,
+        **PAYLOAD,
+        307: {
+            "description": "direct transfers: the payload at a presigned store URL",
+            "headers": {"Location": {"schema": {"type": "string"}}},
+        },
+    },
     tags=["offload"],
 )
-@router.head("/msg/{message_id}/payload", responses=_ERRORS, tags=["offload"])
+@router.head(
+    "/msg/{message_id}/payload",
+    response_class=Response,
+    responses={**_ERRORS, **_HEAD_PAYLOAD, 304: PAYLOAD[304]},
+    tags=["offload"],
+)
 async def download_payload(
     message_id: str,
     request: Request,

@@ -28,6 +28,7 @@ from starlette.requests import ClientDisconnect
 
 from client.protocol import MessageId, data_key, loads_object
 
+from . import _responses
 from ._context import Context, Ctx
 from ._direct import (
     MAX_REQUEST_BYTES,
@@ -151,6 +152,7 @@ def _urls(store: DirectStore, grant: Grant, req: GrantRequest, seconds: int) -> 
 @router.post(
     "/direct/grant/{topic:path}",
     status_code=201,
+    response_model=_responses.UploadGrant,
     responses=_ERRORS,
     tags=["direct"],
     openapi_extra=_GRANT_BODY,
@@ -264,6 +266,7 @@ async def _read_back(ctx: Context, key: str) -> str:
 @router.post(
     "/direct/commit",
     status_code=201,
+    response_model=_responses.Stored,
     responses=_ERRORS,
     tags=["direct"],
     openapi_extra=_COMMIT_BODY,

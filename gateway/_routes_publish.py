@@ -38,6 +38,7 @@ from ._ingest import (
 from ._ingest import publish as publish_message
 from ._media import essence, parse_content_type
 from ._options import PublishOptions, check_filename, filename_from_disposition
+from ._responses import Published
 from ._routes import check_declared_length
 from ._service import parse_topic
 
@@ -67,8 +68,20 @@ def _media_type(request: Request) -> str | None:
 
 
 # One decorator per method: a multi-method route repeats its operationId in the OpenAPI.
-@router.post("/publish/{topic:path}", status_code=201, responses=_ERRORS, tags=["publish"])
-@router.put("/publish/{topic:path}", status_code=201, responses=_ERRORS, tags=["publish"])
+@router.post(
+    "/publish/{topic:path}",
+    status_code=201,
+    response_model=Published,
+    responses=_ERRORS,
+    tags=["publish"],
+)
+@router.put(
+    "/publish/{topic:path}",
+    status_code=201,
+    response_model=Published,
+    responses=_ERRORS,
+    tags=["publish"],
+)
 async def publish(topic: str, request: Request, ctx: Ctx, access: Access) -> Response:
     """Store the body and publish its placeholder on `topic` (see the module docstring)."""
     parsed_topic = parse_topic(topic, max_bytes=ctx.settings.max_topic_bytes)

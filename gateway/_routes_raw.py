@@ -40,6 +40,7 @@ from ._context import Ctx
 from ._errors import COMMON_RESPONSES, BadRequest
 from ._ingest import ID_HEADER, build_manifest, commit_or_discard, receive_raw
 from ._media import parse_content_type
+from ._responses import Stored, headers_only
 from ._routes import Ttl, check_declared_length, created_response
 from ._service import parse_topic
 
@@ -107,7 +108,12 @@ def parse_sha256(raw: str | None) -> str | None:
     return value.lower()
 
 
-@router.options("/msg/{message_id}", status_code=204, tags=["offload"])
+@router.options(
+    "/msg/{message_id}",
+    status_code=204,
+    responses=headers_only(204, "the methods this path takes (`PUT` included)", "Allow"),
+    tags=["offload"],
+)
 async def raw_upload_options(message_id: str) -> Response:
     """The methods `/msg/{id}` takes (`Allow`); no credentials needed, nothing looked up.
 
@@ -117,7 +123,13 @@ async def raw_upload_options(message_id: str) -> Response:
     return Response(status_code=204, headers={"Allow": ALLOW})
 
 
-@router.put("/msg/{message_id}", status_code=201, responses=_ERRORS, tags=["offload"])
+@router.put(
+    "/msg/{message_id}",
+    status_code=201,
+    response_model=Stored,
+    responses=_ERRORS,
+    tags=["offload"],
+)
 async def upload_raw(
     message_id: str, request: Request, ctx: Ctx, topic: TopicParam, ttl: Ttl = None
 ) -> Response:

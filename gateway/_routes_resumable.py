@@ -66,6 +66,7 @@ from ._errors import (
 from ._ingest import Received, build_manifest, publish
 from ._media import parse_content_type
 from ._options import PublishOptions, check_filename, parse_ascii_int
+from ._responses import headers_only
 from ._resumable import ResumableUploads
 from ._service import parse_topic
 from ._tus import (
@@ -101,6 +102,14 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
+# The headers that carry each answer (tus has no bodies on success).
+_CAPABILITIES = ("Tus-Resumable", "Tus-Version", "Tus-Extension", "Tus-Max-Size",
+                 "Tus-Checksum-Algorithm")  # fmt: skip
+_STATE = ("Tus-Resumable", "Upload-Offset", "Upload-Length", "Upload-Expires", "Upload-Concat",
+          "X-Offload-Id", "X-Offload-Url", "X-Offload-Sha256")  # fmt: skip
+_CREATED = ("Location", *_STATE)
+
+
 async def _tus(call: Callable[[], Awaitable[Response]]) -> Response:
     """Run a handler; every answer, errors included, carries `Tus-Resumable` (tus core)."""
     try:
@@ -129,11 +138,12 @@ def _nonnegative(request: Request, name: str) -> int:
 async def _load_own(uploads: ResumableUploads, access: Access, upload_id: str) -> UploadState:
     """The caller's own upload: 404 for another principal's, as for an unknown id.
 
-    Write access to the topic is checked first (that authenticates the caller).
+    The caller is authenticated first (401 alike for every id), then the owner checked, and
+    only then write access to the topic: a 403 naming the topic, or a 410, for someone
+    else's upload would tell whoever holds its id that it exists, and what it is about.
     """
-    state = await uploads.load(upload_id)
-    if state.owner != await access.write(state.topic):
-        raise NotFound(f"no upload {upload_id}")
+    state = await uploads.load_own(upload_id, await access.authenticate())
+    await access.write(state.topic)  # the owner may have lost the topic since
     return state
 
 
@@ -196,12 +206,10 @@ async def _load_part(
     ctx: Context, request: Request, part_id: str, topic: Topic, owner: str | None
 ) -> UploadState:
     """A partial upload a final one may consume: the caller's, same topic, complete."""
-    try:
-        part = await ctx.uploads.load(part_id)
+    try:  # another principal's part, expired or not, is unknown to this caller
+        part = await ctx.uploads.load_own(part_id, owner)
     except NotFound as exc:
         raise BadRequest(f"Upload-Concat: no partial upload {part_id}") from exc
-    if part.owner != owner:
-        raise BadRequest(f"Upload-Concat: no partial upload {part_id}")  # as for unknown
     if not part.partial:
         raise BadRequest(f"Upload-Concat: upload {part_id} is not a partial upload")
     if part.topic != topic:
@@ -215,7 +223,11 @@ async def _load_part(
 
 
 @router.options("", include_in_schema=False)
-@router.options("/", status_code=204, responses=_ERRORS)
+@router.options(
+    "/",
+    status_code=204,
+    responses={**_ERRORS, **headers_only(204, "what this tus server supports", *_CAPABILITIES)},
+)
 async def capabilities(settings: AppSettings) -> Response:
     """What this tus server supports."""
     headers = {
@@ -229,7 +241,12 @@ async def capabilities(settings: AppSettings) -> Response:
 
 
 @router.post("", include_in_schema=False)
-@router.post("/", status_code=201, responses=_ERRORS)
+@router.post(
+    "/",
+    status_code=201,
+    response_class=Response,
+    responses={**_ERRORS, **headers_only(201, "created: continue at `Location`", *_CREATED)},
+)
 async def create(request: Request, ctx: Ctx, access: Access) -> Response:
     """tus creation: a new upload for the topic named in `Upload-Metadata`."""
 
@@ -301,7 +318,11 @@ async def create(request: Request, ctx: Ctx, access: Access) -> Response:
     return await _tus(run)
 
 
-@router.head("/{upload_id}", responses=_ERRORS)
+@router.head(
+    "/{upload_id}",
+    response_class=Response,
+    responses={**_ERRORS, **headers_only(200, "where to resume", *_STATE)},
+)
 async def offset(upload_id: str, request: Request, ctx: Ctx, access: Access) -> Response:
     """The upload's current offset: where a client resumes."""
 
@@ -324,7 +345,11 @@ async def _body(request: Request) -> AsyncIterator[bytes]:
         raise BadRequest("client disconnected mid-segment; resume from Upload-Offset") from exc
 
 
-@router.patch("/{upload_id}", status_code=204, responses=_ERRORS)
+@router.patch(
+    "/{upload_id}",
+    status_code=204,
+    responses={**_ERRORS, **headers_only(204, "the segment is stored", *_STATE)},
+)
 async def append(upload_id: str, request: Request, ctx: Ctx, access: Access) -> Response:
     """Append one segment at `Upload-Offset`; the last one completes and publishes."""
 
@@ -357,7 +382,11 @@ async def append(upload_id: str, request: Request, ctx: Ctx, access: Access) -> 
     return await _tus(run)
 
 
-@router.delete("/{upload_id}", status_code=204, responses=_ERRORS)
+@router.delete(
+    "/{upload_id}",
+    status_code=204,
+    responses={**_ERRORS, **headers_only(204, "the upload is forgotten", "Tus-Resumable")},
+)
 async def terminate(upload_id: str, request: Request, uploads: Uploads, access: Access) -> Response:
     """tus termination: forget the upload and its segments (a published message stays)."""
 

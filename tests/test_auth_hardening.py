@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -26,7 +27,13 @@ import requests
 from hop.auth import Auth
 from hop.http_scram import SCRAMAuth
 
-from _auth import broker_readable_dir, secured_pair, write_acl_file, write_password_file
+from _auth import (
+    AUTH_SECRET,
+    broker_readable_dir,
+    secured_pair,
+    write_acl_file,
+    write_password_file,
+)
 from _gateway import GatewayServer
 from _servers import Mosquitto, free_port, wait_for_port
 
@@ -386,3 +393,42 @@ def test_a_guesser_cannot_lock_the_user_out_from_elsewhere(secured: GatewayServe
     auth = SCRAMAuth(Auth("writer", USERS["writer"], method="SCRAM-SHA-512"), shortcut=True)
     ok = requests.post(f"{secured.url}/publish/data/t", data=b"x", auth=auth, timeout=30)
     assert ok.status_code == 201, ok.text
+
+
+def test_basic_over_plain_http_says_why_and_what_to_do_instead(
+    shared_files: Path, gateway_factory: Callable[..., GatewayServer], broker: Mosquitto
+) -> None:
+    """`curl -u` against a plain-HTTP gateway: a 401 that explains itself, password unechoed."""
+    secured = gateway_factory(
+        broker,
+        password_file=shared_files / "passwd",
+        acl_file=shared_files / "acl",
+        tokens_file=shared_files / "tokens",
+        auth_secret=AUTH_SECRET,
+    )
+    url = f"{secured.url}/publish/data/basic"
+    password = USERS["writer"]
+    curl = subprocess.run(
+        ["curl", "-sS", "-i", "-u", f"writer:{password}", "--data-binary", "x", url],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    head, _, body = curl.stdout.replace("\r\n", "\n").partition("\n\n")
+    assert head.startswith("HTTP/1.1 401"), curl.stdout
+    assert 'SCRAM-SHA-512 realm="mqtt-offload"' in head  # the challenge that works here
+    with httpx.Client(base_url=secured.url, timeout=30) as http:
+        answers = {
+            "curl -u": body,
+            "httpx Basic": http.post(url, content=b"x", auth=("writer", password)).text,
+            "httpx Basic, wrong password": http.post(url, content=b"x", auth=("writer", "no")).text,
+        }
+        bearer = http.post(url, content=b"x", headers={"Authorization": f"Bearer {TOKEN}"})
+    for who, text in answers.items():
+        detail = json.loads(text)["detail"]
+        assert "Basic" in detail and "plain HTTP" in detail, (who, detail)
+        for advice in ("HTTPS", "SCRAM-SHA-512", "OFFLOAD_TLS=true"):
+            assert advice in detail, (who, advice, detail)
+        assert password not in text and "no" not in detail.split(), (who, text)
+    assert bearer.status_code == 401
+    detail = bearer.json()["detail"]
+    assert "Bearer" in detail and "plain HTTP" in detail and "OFFLOAD_TLS=true" in detail, detail
+    assert TOKEN not in bearer.text

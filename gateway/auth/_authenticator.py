@@ -16,7 +16,8 @@ Schemes:
   log names them and the fix.
 * ``Basic``, only when the gateway is reached over TLS (``tls=True``): the password then
   crosses the wire, which plain HTTP must not carry. Works for every user in the file and is
-  the only way in for the users SCRAM cannot serve.
+  the only way in for the users SCRAM cannot serve. Sent over plain HTTP it is refused with a
+  ``detail`` saying why and what to do instead (``PLAIN_HTTP_DETAIL``), not checked.
 * ``Bearer``, only over TLS and with a tokens file (see ``_tokens.py``); with a tokens file
   and no password file it is the only scheme ("tokens only").
 
@@ -44,6 +45,18 @@ from ._throttle import Throttle
 log = logging.getLogger("gateway.auth")
 
 MIN_SECRET_BYTES = 16
+
+# What a client sending a secret in clear over plain HTTP is told (the 401's `detail`):
+# a person trying `curl -u` learns why, and what works instead.
+PLAIN_HTTP_DETAIL = {
+    "BASIC": "HTTP Basic authentication is refused over plain HTTP (the password would "
+    "cross the network in clear): use HTTPS, or SCRAM-SHA-512 (the offload CLI's "
+    "--username/--password and hop-client speak it); if a TLS-terminating proxy serves this "
+    "gateway over HTTPS, set OFFLOAD_TLS=true on the gateway",
+    "BEARER": "Bearer tokens are refused over plain HTTP (the token would cross the network "
+    "in clear): use HTTPS; if a TLS-terminating proxy serves this gateway over HTTPS, set "
+    "OFFLOAD_TLS=true on the gateway",
+}
 
 
 def _check_options(
@@ -81,6 +94,9 @@ def _mode(*, passwords: bool, tokens: bool, allow_anonymous: bool) -> AuthMode:
     if tokens:
         return AuthMode.TOKENS
     return AuthMode.ANONYMOUS if allow_anonymous else AuthMode.CLOSED
+
+
+_BASIC_SHAPE = "malformed Authorization header: Basic takes base64 of UTF-8 `user:password`"
 
 
 class Authenticator:
@@ -163,6 +179,8 @@ class Authenticator:
         )
         files = {"passwords": password_file is not None, "tokens": tokens_file is not None}
         self.mechanisms: tuple[str, ...] = _offered_schemes(**files, tls=tls)
+        # Offered over TLS but not here: refused with a reason that says so.
+        self._tls_only = set(_offered_schemes(**files, tls=True)) - set(self.mechanisms)
         self._www_authenticate = ", ".join(f'{s} realm="{realm}"' for s in self.mechanisms)
         self.mode = _mode(**files, allow_anonymous=allow_anonymous)
 
@@ -254,17 +272,28 @@ class Authenticator:
         try:
             credentials = parse_authorization(authorization)
         except ValueError as exc:
-            return refuse(f"malformed Authorization header: {exc}", client=client)
+            why = f"malformed Authorization header: {exc}"
+            return refuse(why, client=client, detail=why)
         scheme = credentials.scheme
         if scheme not in {s.upper() for s in self.mechanisms}:
-            why = "refused without TLS" if scheme in ("BASIC", "BEARER") else "not offered"
-            return refuse(f"scheme {scheme[:32]!r} {why}", client=client)
+            if scheme in {s.upper() for s in self._tls_only}:
+                why = PLAIN_HTTP_DETAIL[scheme]
+                return refuse(f"scheme {scheme!r} refused without TLS", client=client, detail=why)
+            offered = ", ".join(self.mechanisms)
+            return refuse(
+                f"scheme {scheme[:32]!r} not offered",
+                client=client,
+                detail=f"the Authorization scheme {scheme[:32]!r} is not offered here; this "
+                f"gateway takes {offered}",
+            )
         if scheme == MECHANISM:
             if credentials.token68 or not credentials.params.keys() <= SCRAM_PARAMS:
-                return refuse("SCRAM with unknown auth-params", client=client)
+                why = f"malformed Authorization header: {MECHANISM} takes data, sid and realm"
+                return refuse("SCRAM with unknown auth-params", client=client, detail=why)
             return self._scram.step(credentials.params, client)
         if credentials.params or not credentials.token68:
-            return refuse(f"{scheme} without a token68 credential", client=client)
+            why = f"malformed Authorization header: {scheme.title()} takes one token68 credential"
+            return refuse(f"{scheme} without a token68 credential", client=client, detail=why)
         if scheme == "BASIC":
             return self._basic(credentials.token68, client)
         return self._bearer(credentials.token68, client)
@@ -273,10 +302,10 @@ class Authenticator:
         refuse = self._throttle.refuse
         try:
             user, sep, password = b64decode_text(token).partition(":")
-        except ValueError as exc:
-            return refuse(f"Basic: {exc}", client=client)
+        except ValueError as exc:  # not echoed: the bytes may be a password
+            return refuse(f"Basic: {exc}", client=client, detail=_BASIC_SHAPE)
         if not sep or not user:
-            return refuse("Basic without user:password", client=client)
+            return refuse("Basic without user:password", client=client, detail=_BASIC_SHAPE)
         blocked = self._throttle.blocked(client, user)
         if blocked is not None:
             return blocked

@@ -79,11 +79,13 @@ class ScramExchange:
         """
         data = params.get("data")
         if data is None:
-            return self._throttle.refuse("SCRAM without data", client=client)
+            why = f"malformed Authorization header: {MECHANISM} needs data=<base64>"
+            return self._throttle.refuse("SCRAM without data", client=client, detail=why)
         try:
             message = b64decode_text(data)
         except ValueError as exc:
-            return self._throttle.refuse(f"SCRAM data: {exc}", client=client)
+            why = f"malformed Authorization header: {MECHANISM} data: {exc}"
+            return self._throttle.refuse(why, client=client, detail=why)
         sid = params.get("sid")
         if sid is None:
             return self._first(message, client)
@@ -92,8 +94,9 @@ class ScramExchange:
     def _first(self, client_first: str, client: str) -> Challenge:
         try:
             user, nonce, message = server_first(client_first, self._keys_for)
-        except ScramFailure as exc:
-            return self._throttle.refuse(f"SCRAM client-first: {exc}", client=client)
+        except ScramFailure as exc:  # a malformed message: it holds no secret
+            why = f"SCRAM client-first: {exc}"
+            return self._throttle.refuse(why, client=client, detail=why)
         blocked = self._throttle.blocked(client, user)
         if blocked is not None:
             return blocked
@@ -107,7 +110,8 @@ class ScramExchange:
         try:
             state = open_sid(sid, self._secret, self._clock())
         except ValueError as exc:
-            return self._throttle.refuse(f"SCRAM sid: {exc}", client=client)
+            why = f"SCRAM sid refused ({exc}): start the exchange again"
+            return self._throttle.refuse(f"SCRAM sid: {exc}", client=client, detail=why)
         # The nonce was signed by this gateway's secret: it names the exchange, however the
         # client spelled the sid around it.
         replay_key = hashlib.sha256(state.server_nonce.encode("utf-8")).hexdigest()

@@ -17,6 +17,7 @@ calls: `Throttle.blocked` before the costly step, `Throttle.refuse` on a failure
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from ._decisions import Challenge
 from ._limits import FailureLimiter
@@ -67,18 +68,23 @@ class Throttle:
             clock=clock,
         )
 
-    def refuse(self, reason: str, *, client: str, user: str | None = None) -> Challenge:
+    def refuse(
+        self, reason: str, *, client: str, user: str | None = None, detail: str | None = None
+    ) -> Challenge:
         """Count a failure from ``client`` (and against ``user`` there), answer a 401.
 
         Args:
             reason: for the log.
             client: the source address.
             user: the user the attempt was for, when known.
+            detail: what the client is told, for a header it got wrong (never for wrong
+                credentials: that answer must not tell a user or a password from another).
         """
         self._addresses.failed(_address_key(client))
         if user is not None:
             self._users.failed(_user_key(user, client))
-        return self._challenge(reason)
+        challenge = self._challenge(reason)
+        return challenge if detail is None else replace(challenge, detail=detail)
 
     def blocked(self, client: str, user: str | None) -> Challenge | None:
         """A 429 with ``Retry-After`` while ``client`` (or ``user`` from it) must wait, else None.

@@ -1,0 +1,96 @@
+"""What the routes answer on success, as the OpenAPI document (and ReDoc) shows it.
+
+Documentation only: every route builds its own `Response` (FastAPI sends a returned
+`Response` as it is, never through `response_model`), so nothing here changes a byte on
+the wire. The models mirror the JSON bodies the routes write; `tests/test_openapi.py`
+checks that no success response is left without a schema, and schemathesis
+(`tests/test_schemathesis.py`) checks the real answers against them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class Stored(BaseModel):
+    """A message stored: `POST /topic/{topic}+oversized`, `PUT /msg/{id}`, `/direct/commit`."""
+
+    id: str = Field(description="the message id (UUID)")
+    url: str = Field(description="where the message is fetched: GET it for hop's BSON document")
+    topic: str = Field(description="the MQTT topic it was stored for")
+    size: int = Field(description="payload bytes")
+    sha256: str = Field(description="SHA-256 of the payload, hex")
+    created: bool = Field(description="false when the same id and content were already stored")
+
+
+class Published(Stored):
+    """`POST|PUT /publish/{topic}`: stored, and its placeholder published on the topic."""
+
+
+class Presigned(BaseModel):
+    """`POST /msg/{id}/presign`: a URL that fetches the payload without credentials."""
+
+    url: str = Field(description=".../msg/{id}/payload?expires=<unix>&sig=<hmac>")
+    expires: int = Field(description="unix seconds after which the URL is refused (403)")
+
+
+class UploadGrant(BaseModel):
+    """`POST /direct/grant/{topic}`: presigned store URLs for the parts, and the grant."""
+
+    grant: str = Field(description="sealed grant to send to POST /direct/commit")
+    expires: int = Field(description="unix seconds the grant and its URLs stay valid until")
+    part_size: int = Field(description="bytes per part (the last one shorter)")
+    urls: list[str] = Field(description="one presigned PUT URL per part, in order")
+
+
+class Health(BaseModel):
+    """`GET /healthz`: alive, and each worker pool's figures."""
+
+    status: str = Field(description="`ok` (200) or `wedged` (503)")
+    workers: dict[str, Any] = Field(description="per pool: threads, queued and running jobs")
+
+
+class Ready(BaseModel):
+    """`GET /readyz`: what the gateway depends on, one verdict each."""
+
+    status: str = Field(description="`ready` (200) or `not ready` (503)")
+    checks: dict[str, str] = Field(description="workers, storage, broker: `ok` or why not")
+
+
+_BINARY = {"schema": {"type": "string", "format": "binary"}}
+
+#: hop-client's download document (`{message, metadata}`), BSON as hop-client reads it.
+BSON_DOCUMENT: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "hop-client's BSON download document `{message, metadata}`",
+        "content": {"application/bson": _BINARY},
+    }
+}
+
+#: A stored payload's bytes, served with the Content-Type it was stored with.
+PAYLOAD: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "the payload bytes (`Content-Type` as stored, else "
+        "application/octet-stream); `ETag` and `X-Offload-Sha256` are its SHA-256",
+        "content": {"*/*": _BINARY},
+    },
+    206: {
+        "description": "the byte range asked for with `Range` (`Content-Range`)",
+        "content": {"*/*": _BINARY},
+    },
+    304: {"description": "`If-None-Match` named this payload's ETag: no body"},
+}
+
+
+def headers_only(status: int, description: str, *names: str) -> dict[int | str, dict[str, Any]]:
+    """A success answer with no body: what it says is in the named headers.
+
+    Args:
+        status: the success status.
+        description: what the answer means.
+        names: the response headers that carry it.
+    """
+    headers = {name: {"schema": {"type": "string"}} for name in names}
+    return {status: {"description": description, "headers": headers}}
