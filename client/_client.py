@@ -52,6 +52,7 @@ from ._publish import Publisher, wait_ack
 from ._receive import Delivery, FetchProgress, PlainHttpWarner, Receiver
 from ._scram import gateway_auth
 from ._source import PayloadLike
+from ._store_origin import ConfiguredStore
 from .protocol import DiscoveryRecord, MessageId, PublishProperties, TopicFilter
 
 log = logging.getLogger("client")
@@ -150,6 +151,9 @@ class Client:
             conn=self._conn,
             endpoint_in_force=self._discovery.settled_endpoint,
             direct_store=self._discovery.direct_store,
+            configured_store=None
+            if s.endpoint is None
+            else ConfiguredStore(s.endpoint, self._transport.client),
             warn_plain_http=warner,
             use_discovery=self._use_discovery,
             on_fetch_progress=on_fetch_progress,

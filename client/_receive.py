@@ -43,6 +43,7 @@ from ._inbound import InboundQueue
 from ._message import Message, MessageError, Payload, Route
 from ._ordering import FetchPool, Sequencer, Slot
 from ._paho import Incoming, MqttConnection
+from ._store_origin import ConfiguredStore
 from .protocol import PublishProperties, _placeholder
 from .protocol._bounded import Origin, http_origin
 from .protocol._chunk import CHUNK_PROPERTY
@@ -114,6 +115,8 @@ class Receiver:
         on_fetch_progress: called as `(topic, bytes received, total)` while fetching.
         direct_store: the store origin the discovery record advertises: a fetch may follow
             the gateway's redirect there (without credentials), or to an allowlisted origin.
+        configured_store: with a configured endpoint, the store that gateway declares at
+            `GET /` (:mod:`client._store_origin`): a redirect may lead there too.
     """
 
     def __init__(
@@ -128,9 +131,11 @@ class Receiver:
         use_discovery: bool,
         on_fetch_progress: FetchProgress | None = None,
         direct_store: Callable[[], str | None] = lambda: None,
+        configured_store: ConfiguredStore | None = None,
     ) -> None:
         s = settings
         self._direct_store = direct_store
+        self._configured_store = configured_store
         self._settings = s
         self._transport = transport
         self._http_auth = http_auth
@@ -367,8 +372,15 @@ class Receiver:
         )
 
     def _redirect_ok(self, origin: Origin) -> bool:
-        """Where a payload redirect may lead: the advertised store, or an allowlisted origin."""
-        return str(origin) == self._direct_store() or self._settings.allowlisted(origin)
+        """Where a payload redirect may lead: the advertised store, or an allowlisted origin.
+
+        The advertised store is the discovery record's, or with a configured endpoint the
+        one that gateway declares at `GET /` (read when first needed; a failure to read it
+        is a FetchError saying so).
+        """
+        if str(origin) == self._direct_store() or self._settings.allowlisted(origin):
+            return True
+        return self._configured_store is not None and self._configured_store.declares(origin)
 
     def _auth_for(self, ref: _placeholder.Placeholder) -> httpx.Auth | None:
         """Whether a placeholder may be fetched, and with which credentials.
