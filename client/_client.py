@@ -45,6 +45,7 @@ import httpx
 
 from ._config import ClientSettings, SettingsOverrides, load_settings, merge_settings
 from ._discovery import DiscoveryView
+from ._exceptions import FetchError
 from ._http import HttpTransport
 from ._message import Message, MessageError, PublishResult
 from ._paho import Incoming, MqttConnection
@@ -387,17 +388,34 @@ class Client:
         self._receiver.sequencer.consumed(item)
         return item
 
-    def messages(self, timeout: float | None = None) -> Iterator[Delivery]:
+    def messages(
+        self, timeout: float | None = None, *, report_unfinished: bool = False
+    ) -> Iterator[Delivery]:
         """Received messages, and errors about messages that could not be delivered.
 
         Args:
             timeout: stop after this many seconds without a delivery; None: until close.
+            report_unfinished: when `timeout` ends the iteration, first yield a
+                :class:`MessageError` (a :class:`FetchError`) naming each placeholder whose
+                payload is still being fetched (it is still delivered later, if read).
 
         Yields:
             :class:`Message` (whole, verified payload) or :class:`MessageError`.
         """
         while (item := self.next_message(timeout)) is not None:
             yield item
+        if report_unfinished:
+            yield from unfinished_errors(self, timeout)
+
+    def _unfinished(self, waited: float | None) -> list[MessageError]:
+        if self._closed:
+            return []
+        errors = []
+        for slot in self._receiver.sequencer.unfinished():
+            assert slot.url is not None  # unfinished() lists placeholders only
+            stuck = FetchError(slot.url, f"still being fetched after {waited} s without a delivery")
+            errors.append(MessageError(slot.topic, stuck, slot.message_id))
+        return errors
 
     # -- paho thread (never block) ---------------------------------------------------------
 
@@ -413,3 +431,13 @@ class Client:
             incoming, len(incoming.payload), sheddable=not incoming.qos
         ):
             self._receiver.note_shed(incoming.topic)
+
+
+def unfinished_errors(client: Client, waited: float | None) -> list[MessageError]:
+    """One error per placeholder of `client` still being fetched (`report_unfinished`).
+
+    Args:
+        client: the client.
+        waited: the seconds waited without a delivery (for the error's text).
+    """
+    return client._unfinished(waited)

@@ -29,6 +29,7 @@ from typing import BinaryIO
 import httpx
 
 from ._answers import TransientFetchError, _check_status, _detail, _verified
+from ._deadline import Pace, Watchdog
 from ._exceptions import (
     FetchError,
     UploadError,
@@ -239,6 +240,7 @@ class HttpTransport:
         auth: httpx.Auth | None = None,
         on_bytes: Callable[[int, int | None], None] | None = None,
         redirect_ok: Callable[[Origin], bool] | None = None,
+        pace: Pace | None = None,
     ) -> Payload:
         """GET a raw payload, verifying its SHA-256 while it streams in, never reading more.
 
@@ -269,12 +271,15 @@ class HttpTransport:
             auth: credentials, only when the URL may receive them.
             on_bytes: called with (bytes received so far, total or None) as pieces arrive.
             redirect_ok: which other origins a redirect may lead to (the advertised store).
+            pace: how slow the whole fetch may be, redirects included (a grace period, then
+                a minimum average rate); behind it the connection is shut down and the
+                fetch fails (:mod:`client._deadline`). None: only `timeout` per read.
 
         Raises:
             PayloadNotFound: 404 or 410.
             PayloadChecksumMismatch: the bytes do not hash to `expected_sha256`.
             FetchError: a refused URL, size or redirect, no answer, another error status,
-                a body shorter or longer than declared.
+                a body shorter or longer than declared, slower than `pace`.
         """
         if expected_size is not None and max_bytes is not None and expected_size > max_bytes:
             raise FetchError(
@@ -282,8 +287,29 @@ class HttpTransport:
                 f"declared size {expected_size} is more than max_fetch_bytes ({max_bytes})",
             )
         limit = expected_size if expected_size is not None else max_bytes
+        with Watchdog(url, pace) as watchdog:
+            counted = on_bytes if pace is None else watchdog.counting(on_bytes)
+            return self._fetch(
+                url, watchdog, expected_sha256, expected_size, limit, spool_threshold,
+                spool_dir, auth, counted, redirect_ok,
+            )  # fmt: skip
+
+    def _fetch(
+        self,
+        url: str,
+        watchdog: Watchdog,
+        expected_sha256: str | None,
+        expected_size: int | None,
+        limit: int | None,
+        spool_threshold: int,
+        spool_dir: str | os.PathLike[str] | None,
+        auth: httpx.Auth | None,
+        on_bytes: Callable[[int, int | None], None] | None,
+        redirect_ok: Callable[[Origin], bool] | None,
+    ) -> Payload:
+        """:meth:`fetch` under its watchdog."""
         try:
-            with self._open(url, auth, redirect_ok) as response:
+            with self._open(url, auth, redirect_ok, watchdog) as response:
                 size = _checked_length(str(response.url), response, expected_size, limit)
                 # The SHA-256 on a second thread while the reader waits on the socket (or
                 # the disk): hashlib and the socket read both release the GIL.
@@ -311,7 +337,11 @@ class HttpTransport:
 
     @contextlib.contextmanager
     def _open(
-        self, url: str, auth: httpx.Auth | None, redirect_ok: Callable[[Origin], bool] | None
+        self,
+        url: str,
+        auth: httpx.Auth | None,
+        redirect_ok: Callable[[Origin], bool] | None,
+        watchdog: Watchdog | None = None,
     ) -> Iterator[httpx.Response]:
         """The final 200 response for `url`, redirects followed by the rules of `fetch`."""
         target = httpx.URL(url)
@@ -328,6 +358,8 @@ class HttpTransport:
                 request, stream=True, auth=first_auth or httpx.USE_CLIENT_DEFAULT
             )
             try:
+                if watchdog is not None:
+                    watchdog.watch(response)
                 location = response.headers.get("Location")
                 if response.status_code in REDIRECTS and location is not None:
                     if hop == MAX_REDIRECTS:
