@@ -288,52 +288,34 @@ class HttpTransport:
             )
         limit = expected_size if expected_size is not None else max_bytes
         with Watchdog(url, pace) as watchdog:
-            counted = on_bytes if pace is None else watchdog.counting(on_bytes)
-            return self._fetch(
-                url, watchdog, expected_sha256, expected_size, limit, spool_threshold,
-                spool_dir, auth, counted, redirect_ok,
-            )  # fmt: skip
-
-    def _fetch(
-        self,
-        url: str,
-        watchdog: Watchdog,
-        expected_sha256: str | None,
-        expected_size: int | None,
-        limit: int | None,
-        spool_threshold: int,
-        spool_dir: str | os.PathLike[str] | None,
-        auth: httpx.Auth | None,
-        on_bytes: Callable[[int, int | None], None] | None,
-        redirect_ok: Callable[[Origin], bool] | None,
-    ) -> Payload:
-        """:meth:`fetch` under its watchdog."""
-        try:
-            with self._open(url, auth, redirect_ok, watchdog) as response:
-                size = _checked_length(str(response.url), response, expected_size, limit)
-                # The SHA-256 on a second thread while the reader waits on the socket (or
-                # the disk): hashlib and the socket read both release the GIL.
-                threaded = size is None or size >= THREADED_HASH_FROM
-                readinto = response.extensions.get(READINTO)
-                # iter_raw() without a size: the transport's reads as they come, no
-                # re-chunking copy (bench/RESULTS.md, "Client fetch"). A generator: nothing
-                # is read unless a branch below iterates it.
-                stream = _counted(_capped(response.iter_raw(), limit, url), size, on_bytes)
-                with _Hasher(threaded=threaded, enabled=expected_sha256 is not None) as hasher:
-                    if size is None or size > spool_threshold:
-                        payload = _spool(stream, hasher, spool_dir)
-                    elif readinto is not None:  # straight into the payload's buffer
-                        payload = _read_into(readinto, hasher, size, url, on_bytes)
-                    else:
-                        payload = _in_memory(stream, hasher, size)
-                    digest = hasher.hexdigest()
-        except httpx.TransportError as exc:  # refused, reset, timed out, cut short
-            raise TransientFetchError(url, f"fetch failed: {exc!r}") from exc
-        except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as exc:
-            raise FetchError(url, f"fetch failed: {exc!r}") from exc
-        except ScramFailure as exc:
-            raise FetchError(url, str(exc), 401) from exc
-        return _verified(url, payload, digest, expected_size, expected_sha256)
+            if pace is not None:
+                on_bytes = watchdog.counting(on_bytes)
+            try:
+                with self._open(url, auth, redirect_ok, watchdog) as response:
+                    size = _checked_length(str(response.url), response, expected_size, limit)
+                    # The SHA-256 on a second thread while the reader waits on the socket (or
+                    # the disk): hashlib and the socket read both release the GIL.
+                    threaded = size is None or size >= THREADED_HASH_FROM
+                    readinto = response.extensions.get(READINTO)
+                    # iter_raw() without a size: the transport's reads as they come, no
+                    # re-chunking copy (bench/RESULTS.md, "Client fetch"). A generator: nothing
+                    # is read unless a branch below iterates it.
+                    stream = _counted(_capped(response.iter_raw(), limit, url), size, on_bytes)
+                    with _Hasher(threaded=threaded, enabled=expected_sha256 is not None) as hasher:
+                        if size is None or size > spool_threshold:
+                            payload = _spool(stream, hasher, spool_dir)
+                        elif readinto is not None:  # straight into the payload's buffer
+                            payload = _read_into(readinto, hasher, size, url, on_bytes)
+                        else:
+                            payload = _in_memory(stream, hasher, size)
+                        digest = hasher.hexdigest()
+            except httpx.TransportError as exc:  # refused, reset, timed out, cut short
+                raise TransientFetchError(url, f"fetch failed: {exc!r}") from exc
+            except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as exc:
+                raise FetchError(url, f"fetch failed: {exc!r}") from exc
+            except ScramFailure as exc:
+                raise FetchError(url, str(exc), 401) from exc
+            return _verified(url, payload, digest, expected_size, expected_sha256)
 
     @contextlib.contextmanager
     def _open(
