@@ -17,7 +17,7 @@ from typing import Unpack
 
 import httpx
 
-from ._client import Client
+from ._client import Client, unfinished_errors
 from ._config import ClientSettings, SettingsOverrides, load_settings
 from ._http import HttpTransport
 from ._message import PublishResult
@@ -212,11 +212,17 @@ class AsyncClient:
             if deadline is not None and loop.time() >= deadline:
                 return None
 
-    async def messages(self, timeout: float | None = None) -> AsyncIterator[Delivery]:
+    async def messages(
+        self, timeout: float | None = None, *, report_unfinished: bool = False
+    ) -> AsyncIterator[Delivery]:
         """Deliveries as they arrive (see :meth:`Client.messages`).
 
         Args:
             timeout: stop after this many seconds without a delivery; None: until close.
+            report_unfinished: as for :meth:`Client.messages`.
         """
         while (item := await self.next_message(timeout)) is not None:
             yield item
+        if report_unfinished:
+            for error in unfinished_errors(self.sync, timeout):
+                yield error

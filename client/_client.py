@@ -45,6 +45,7 @@ import httpx
 
 from ._config import ClientSettings, SettingsOverrides, load_settings, merge_settings
 from ._discovery import DiscoveryView
+from ._exceptions import FetchError
 from ._http import HttpTransport
 from ._message import Message, MessageError, PublishResult
 from ._paho import Incoming, MqttConnection
@@ -52,6 +53,7 @@ from ._publish import Publisher, wait_ack
 from ._receive import Delivery, FetchProgress, PlainHttpWarner, Receiver
 from ._scram import gateway_auth
 from ._source import PayloadLike
+from ._store_origin import ConfiguredStore
 from .protocol import DiscoveryRecord, MessageId, PublishProperties, TopicFilter
 
 log = logging.getLogger("client")
@@ -150,6 +152,9 @@ class Client:
             conn=self._conn,
             endpoint_in_force=self._discovery.settled_endpoint,
             direct_store=self._discovery.direct_store,
+            configured_store=None
+            if s.endpoint is None
+            else ConfiguredStore(s.endpoint, self._transport.client),
             warn_plain_http=warner,
             use_discovery=self._use_discovery,
             on_fetch_progress=on_fetch_progress,
@@ -385,17 +390,34 @@ class Client:
         self._receiver.sequencer.consumed(item)
         return item
 
-    def messages(self, timeout: float | None = None) -> Iterator[Delivery]:
+    def messages(
+        self, timeout: float | None = None, *, report_unfinished: bool = False
+    ) -> Iterator[Delivery]:
         """Received messages, and errors about messages that could not be delivered.
 
         Args:
             timeout: stop after this many seconds without a delivery; None: until close.
+            report_unfinished: when `timeout` ends the iteration, first yield a
+                :class:`MessageError` (a :class:`FetchError`) naming each placeholder whose
+                payload is still being fetched (it is still delivered later, if read).
 
         Yields:
             :class:`Message` (whole, verified payload) or :class:`MessageError`.
         """
         while (item := self.next_message(timeout)) is not None:
             yield item
+        if report_unfinished:
+            yield from unfinished_errors(self, timeout)
+
+    def _unfinished(self, waited: float | None) -> list[MessageError]:
+        if self._closed:
+            return []
+        errors = []
+        for slot in self._receiver.sequencer.unfinished():
+            assert slot.url is not None  # unfinished() lists placeholders only
+            stuck = FetchError(slot.url, f"still being fetched after {waited} s without a delivery")
+            errors.append(MessageError(slot.topic, stuck, slot.message_id))
+        return errors
 
     # -- paho thread (never block) ---------------------------------------------------------
 
@@ -411,3 +433,13 @@ class Client:
             incoming, len(incoming.payload), sheddable=not incoming.qos
         ):
             self._receiver.note_shed(incoming.topic)
+
+
+def unfinished_errors(client: Client, waited: float | None) -> list[MessageError]:
+    """One error per placeholder of `client` still being fetched (`report_unfinished`).
+
+    Args:
+        client: the client.
+        waited: the seconds waited without a delivery (for the error's text).
+    """
+    return client._unfinished(waited)

@@ -174,6 +174,26 @@ class ClientSettings:
         "connection, timeout, 5xx) before it is reported; later messages on its topic wait",
         float,
     )
+    fetch_deadline: float = setting(
+        60.0,
+        "seconds any fetch may take before its rate is checked (60); after them it must have "
+        "averaged `fetch_min_rate` since it began, else it is cut off and reported as a "
+        "`FetchError`: a payload of `size` bytes is due within `fetch_deadline + size / "
+        "fetch_min_rate` seconds, and a trickling origin holds a fetch thread that long at most",
+        float,
+    )
+    fetch_min_rate: int = setting(
+        65536,
+        "slowest average rate in bytes per second a fetch may have after `fetch_deadline` "
+        "(64 KiB/s)",
+        int,
+    )
+    fetch_per_origin: int | None = setting(
+        None,
+        "placeholders fetched at once from one origin (default `fetch_concurrency - 1`, at "
+        "least 1): slow fetches from one origin leave a thread for every other origin",
+        _OPT_INT,
+    )
     max_pending_deliveries: int = setting(
         1000,
         "messages received but not yet taken by the application (being fetched, waiting for "
@@ -185,6 +205,13 @@ class ClientSettings:
         256 * 1024 * 1024,
         "payload bytes those hold in memory (256 MiB; spooled payloads count none); one "
         "message is always admitted",
+        int,
+    )
+    max_spool_bytes: int = setting(
+        1024**3,
+        "bytes of spool files that received messages not yet taken by the application hold "
+        "(1 GiB; payloads above `spool_threshold`); at the bound the client stops taking new "
+        "ones until the application reads; one message is always admitted",
         int,
     )
     ca_file: str | None = setting(
@@ -209,6 +236,8 @@ class ClientSettings:
             "fetch_concurrency",
             "max_pending_deliveries",
             "max_pending_bytes",
+            "fetch_min_rate",
+            "max_spool_bytes",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
@@ -217,7 +246,7 @@ class ClientSettings:
         object.__setattr__(self, "discovery_allowlist", tuple(self.discovery_allowlist))
         for entry in self.discovery_allowlist:
             parse_origin(entry)
-        for name in ("max_packet_size", "offload_threshold"):
+        for name in ("max_packet_size", "offload_threshold", "fetch_per_origin"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ConfigError(f"{name} must be positive, got {value}")
@@ -228,6 +257,7 @@ class ClientSettings:
             "http_timeout",
             "max_chunk_timeout",
             "fetch_retry_for",
+            "fetch_deadline",
         ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must not be negative")
@@ -257,6 +287,13 @@ class ClientSettings:
             origin: scheme, host and port of a URL.
         """
         return origin_listed(self.discovery_allowlist, origin)
+
+    @property
+    def fetches_per_origin(self) -> int:
+        """`fetch_per_origin`, else one fewer than `fetch_concurrency` (at least 1)."""
+        if self.fetch_per_origin is not None:
+            return self.fetch_per_origin
+        return max(1, self.fetch_concurrency - 1)
 
     @property
     def broker_url(self) -> BrokerUrl:
@@ -387,8 +424,12 @@ class SettingsOverrides(TypedDict, total=False):
     fetch_concurrency: int
     ordering: Ordering
     fetch_retry_for: float
+    fetch_deadline: float
+    fetch_min_rate: int
+    fetch_per_origin: int | None
     max_pending_deliveries: int
     max_pending_bytes: int
+    max_spool_bytes: int
     ca_file: str | None
 
 

@@ -29,6 +29,7 @@ from typing import BinaryIO
 import httpx
 
 from ._answers import TransientFetchError, _check_status, _detail, _verified
+from ._deadline import Pace, Watchdog
 from ._exceptions import (
     FetchError,
     UploadError,
@@ -239,6 +240,7 @@ class HttpTransport:
         auth: httpx.Auth | None = None,
         on_bytes: Callable[[int, int | None], None] | None = None,
         redirect_ok: Callable[[Origin], bool] | None = None,
+        pace: Pace | None = None,
     ) -> Payload:
         """GET a raw payload, verifying its SHA-256 while it streams in, never reading more.
 
@@ -269,12 +271,15 @@ class HttpTransport:
             auth: credentials, only when the URL may receive them.
             on_bytes: called with (bytes received so far, total or None) as pieces arrive.
             redirect_ok: which other origins a redirect may lead to (the advertised store).
+            pace: how slow the whole fetch may be, redirects included (a grace period, then
+                a minimum average rate); behind it the connection is shut down and the
+                fetch fails (:mod:`client._deadline`). None: only `timeout` per read.
 
         Raises:
             PayloadNotFound: 404 or 410.
             PayloadChecksumMismatch: the bytes do not hash to `expected_sha256`.
             FetchError: a refused URL, size or redirect, no answer, another error status,
-                a body shorter or longer than declared.
+                a body shorter or longer than declared, slower than `pace`.
         """
         if expected_size is not None and max_bytes is not None and expected_size > max_bytes:
             raise FetchError(
@@ -282,36 +287,43 @@ class HttpTransport:
                 f"declared size {expected_size} is more than max_fetch_bytes ({max_bytes})",
             )
         limit = expected_size if expected_size is not None else max_bytes
-        try:
-            with self._open(url, auth, redirect_ok) as response:
-                size = _checked_length(str(response.url), response, expected_size, limit)
-                # The SHA-256 on a second thread while the reader waits on the socket (or
-                # the disk): hashlib and the socket read both release the GIL.
-                threaded = size is None or size >= THREADED_HASH_FROM
-                readinto = response.extensions.get(READINTO)
-                # iter_raw() without a size: the transport's reads as they come, no
-                # re-chunking copy (bench/RESULTS.md, "Client fetch"). A generator: nothing
-                # is read unless a branch below iterates it.
-                stream = _counted(_capped(response.iter_raw(), limit, url), size, on_bytes)
-                with _Hasher(threaded=threaded, enabled=expected_sha256 is not None) as hasher:
-                    if size is None or size > spool_threshold:
-                        payload = _spool(stream, hasher, spool_dir)
-                    elif readinto is not None:  # straight into the payload's buffer
-                        payload = _read_into(readinto, hasher, size, url, on_bytes)
-                    else:
-                        payload = _in_memory(stream, hasher, size)
-                    digest = hasher.hexdigest()
-        except httpx.TransportError as exc:  # refused, reset, timed out, cut short
-            raise TransientFetchError(url, f"fetch failed: {exc!r}") from exc
-        except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as exc:
-            raise FetchError(url, f"fetch failed: {exc!r}") from exc
-        except ScramFailure as exc:
-            raise FetchError(url, str(exc), 401) from exc
-        return _verified(url, payload, digest, expected_size, expected_sha256)
+        with Watchdog(url, pace) as watchdog:
+            if pace is not None:
+                on_bytes = watchdog.counting(on_bytes)
+            try:
+                with self._open(url, auth, redirect_ok, watchdog) as response:
+                    size = _checked_length(str(response.url), response, expected_size, limit)
+                    # The SHA-256 on a second thread while the reader waits on the socket (or
+                    # the disk): hashlib and the socket read both release the GIL.
+                    threaded = size is None or size >= THREADED_HASH_FROM
+                    readinto = response.extensions.get(READINTO)
+                    # iter_raw() without a size: the transport's reads as they come, no
+                    # re-chunking copy (bench/RESULTS.md, "Client fetch"). A generator: nothing
+                    # is read unless a branch below iterates it.
+                    stream = _counted(_capped(response.iter_raw(), limit, url), size, on_bytes)
+                    with _Hasher(threaded=threaded, enabled=expected_sha256 is not None) as hasher:
+                        if size is None or size > spool_threshold:
+                            payload = _spool(stream, hasher, spool_dir)
+                        elif readinto is not None:  # straight into the payload's buffer
+                            payload = _read_into(readinto, hasher, size, url, on_bytes)
+                        else:
+                            payload = _in_memory(stream, hasher, size)
+                        digest = hasher.hexdigest()
+            except httpx.TransportError as exc:  # refused, reset, timed out, cut short
+                raise TransientFetchError(url, f"fetch failed: {exc!r}") from exc
+            except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as exc:
+                raise FetchError(url, f"fetch failed: {exc!r}") from exc
+            except ScramFailure as exc:
+                raise FetchError(url, str(exc), 401) from exc
+            return _verified(url, payload, digest, expected_size, expected_sha256)
 
     @contextlib.contextmanager
     def _open(
-        self, url: str, auth: httpx.Auth | None, redirect_ok: Callable[[Origin], bool] | None
+        self,
+        url: str,
+        auth: httpx.Auth | None,
+        redirect_ok: Callable[[Origin], bool] | None,
+        watchdog: Watchdog | None = None,
     ) -> Iterator[httpx.Response]:
         """The final 200 response for `url`, redirects followed by the rules of `fetch`."""
         target = httpx.URL(url)
@@ -328,6 +340,8 @@ class HttpTransport:
                 request, stream=True, auth=first_auth or httpx.USE_CLIENT_DEFAULT
             )
             try:
+                if watchdog is not None:
+                    watchdog.watch(response)
                 location = response.headers.get("Location")
                 if response.status_code in REDIRECTS and location is not None:
                     if hop == MAX_REDIRECTS:

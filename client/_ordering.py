@@ -14,7 +14,9 @@ and released from the head of its lane, in order, into the delivery queue.
 Bounds, because a hostile publisher on a subscribed topic chooses how many messages arrive
 and on how many topics: at most `max_pending` deliveries exist at once (reserved, being
 fetched, waiting behind their lane's head or queued for the application), and at most
-`max_pending_bytes` of their payloads are held in memory. The worker waits for room
+`max_pending_bytes` of their payloads are held in memory and at most `max_spool_bytes` in
+spool files (placeholders naming one large payload again and again filled the disk while the
+application read nothing: issue 26 item 6). The worker waits for room
 before it takes the next message, so a slow reader or a stalled lane slows intake instead
 of growing memory; a lane exists only while it holds a slot, so the number of lanes is
 bounded by `max_pending` too.
@@ -22,6 +24,7 @@ bounded by `max_pending` too.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from collections import deque
@@ -32,6 +35,8 @@ from ._message import Message, MessageError
 
 Delivery = Message | MessageError
 
+log = logging.getLogger("client")
+
 
 @dataclass(eq=False, slots=True)
 class Slot:
@@ -39,6 +44,10 @@ class Slot:
 
     lane: str
     weight: int
+    disk: int = 0  # bytes of spool file the delivery holds
+    topic: str = ""
+    message_id: str | None = None
+    url: str | None = None  # a placeholder's, while its payload is fetched
     delivery: Delivery | None = None
     skipped: bool = False
     released: bool = field(default=False)
@@ -61,17 +70,21 @@ class Sequencer:
         *,
         max_pending: int,
         max_pending_bytes: int,
+        max_spool_bytes: int | None = None,
         arrival_order: bool = False,
     ) -> None:
         self._deliveries = deliveries
         self._max_pending = max_pending
         self._max_bytes = max_pending_bytes
+        self._max_disk = max_spool_bytes
+        self._disk = 0
+        self._disk_full_logged = False
         self._arrival = arrival_order
         self._lanes: dict[str, deque[Slot]] = {}
         self._count = 0
         self._bytes = 0
-        # Weight of each delivery handed to the application, returned by `consumed`.
-        self._queued: dict[int, int] = {}
+        # Weights (memory, disk) of each delivery handed to the application, for `consumed`.
+        self._queued: dict[int, tuple[int, int]] = {}
         self._cond = threading.Condition()
 
     @property
@@ -80,26 +93,61 @@ class Sequencer:
         with self._cond:
             return self._count, self._bytes
 
-    def reserve(self, topic: str, weight: int, stop: threading.Event | None = None) -> Slot | None:
+    @property
+    def spooled(self) -> int:
+        """Bytes of spool files that outstanding deliveries hold (or have reserved)."""
+        with self._cond:
+            return self._disk
+
+    def _room(self, weight: int, disk: int) -> bool:
+        if not self._count:
+            return True  # one message is always admitted
+        if self._count >= self._max_pending or self._bytes + weight > self._max_bytes:
+            return False
+        if self._max_disk is not None and self._disk + disk > self._max_disk:
+            if not self._disk_full_logged:
+                self._disk_full_logged = True
+                log.warning(
+                    "spool full (%d bytes held, max_spool_bytes %d): waiting for the "
+                    "application to take messages",
+                    self._disk,
+                    self._max_disk,
+                )
+            return False
+        self._disk_full_logged = False
+        return True
+
+    def reserve(
+        self,
+        topic: str,
+        weight: int,
+        stop: threading.Event | None = None,
+        *,
+        disk: int = 0,
+        message_id: str | None = None,
+        url: str | None = None,
+    ) -> Slot | None:
         """Take the next place in `topic`'s lane, waiting for room within the bounds.
 
         Args:
             topic: the message's topic.
             weight: payload bytes the delivery will hold in memory (0 when spooled).
             stop: give up (None) once this is set.
+            disk: bytes of spool file the delivery will hold (`max_spool_bytes` counts them).
+            message_id: the message's id, when known (named by :meth:`unfinished`).
+            url: the payload URL, for a placeholder (named by :meth:`unfinished`).
         """
         lane = "" if self._arrival else topic
         with self._cond:
-            while self._count and (
-                self._count >= self._max_pending or self._bytes + weight > self._max_bytes
-            ):
+            while not self._room(weight, disk):
                 if stop is not None and stop.is_set():
                     return None
                 self._cond.wait(0.25)
-            slot = Slot(lane, weight)
+            slot = Slot(lane, weight, disk, topic, message_id, url)
             self._lanes.setdefault(lane, deque()).append(slot)
             self._count += 1
             self._bytes += weight
+            self._disk += disk
             return slot
 
     def fill(self, slot: Slot, delivery: Delivery | None) -> None:
@@ -114,31 +162,43 @@ class Sequencer:
                 slot.skipped = True
             else:
                 slot.delivery = delivery
-                weight = _weight(delivery)
-                self._bytes += weight - slot.weight  # the real size, now it is known
-                slot.weight = weight
+                weight, disk = _weight(delivery), _on_disk(delivery)
+                self._bytes += weight - slot.weight  # the real sizes, now they are known
+                self._disk += disk - slot.disk
+                slot.weight, slot.disk = weight, disk
             lane = self._lanes.get(slot.lane)
             while lane and (lane[0].delivery is not None or lane[0].skipped):
                 head = lane.popleft()
                 if head.skipped:
-                    self._release(head.weight)
+                    self._release(head.weight, head.disk)
                 else:
                     assert head.delivery is not None
-                    self._queued[id(head.delivery)] = head.weight
+                    self._queued[id(head.delivery)] = (head.weight, head.disk)
                     self._deliveries.put(head.delivery)
             if lane is not None and not lane:
                 del self._lanes[slot.lane]
 
+    def unfinished(self) -> list[Slot]:
+        """Placeholders whose payload is still being fetched (or waits for a fetch thread)."""
+        with self._cond:
+            return [
+                slot
+                for lane in self._lanes.values()
+                for slot in lane
+                if slot.url is not None and slot.delivery is None and not slot.skipped
+            ]
+
     def consumed(self, delivery: Delivery) -> None:
         """The application took `delivery` from the queue: its room is free again."""
         with self._cond:
-            weight = self._queued.pop(id(delivery), None)
-            if weight is not None:
-                self._release(weight)
+            weights = self._queued.pop(id(delivery), None)
+            if weights is not None:
+                self._release(*weights)
 
-    def _release(self, weight: int) -> None:
+    def _release(self, weight: int, disk: int) -> None:
         self._count -= 1
         self._bytes -= weight
+        self._disk -= disk
         self._cond.notify_all()
 
 
@@ -149,19 +209,37 @@ def _weight(delivery: Delivery) -> int:
     return 0
 
 
-class FetchPool:
-    """A fixed set of daemon threads running fetch jobs (the `fetch_concurrency` bound).
+def _on_disk(delivery: Delivery) -> int:
+    """Bytes of spool file a delivery holds (an in-memory payload holds none)."""
+    if isinstance(delivery, Message) and delivery.body.path is not None:
+        return delivery.body.size
+    return 0
 
-    Jobs wait in a queue whose length the :class:`Sequencer`'s bound already limits (every
-    job holds a reserved slot).
+
+class FetchPool:
+    """A fixed set of daemon threads running fetch jobs, at most `per_key` of them per key.
+
+    The key is the origin a placeholder points at: four placeholders at one slow origin
+    (a publisher may point them at any allow-listed origin that trickles) may hold at most
+    `per_key` threads, and the rest keep fetching from every other origin (issue 26 item 4).
+    A job whose key is at its limit waits in the queue while later jobs for other keys run;
+    jobs of one key start in the order they came. The queue's length is bounded by the
+    :class:`Sequencer` (every job holds a reserved slot).
 
     Args:
-        workers: number of threads.
+        workers: number of threads (the `fetch_concurrency` bound).
+        per_key: jobs of one key running at once (default: all workers).
         name: thread name prefix.
     """
 
-    def __init__(self, workers: int, name: str = "offload-fetch") -> None:
-        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+    def __init__(
+        self, workers: int, per_key: int | None = None, name: str = "offload-fetch"
+    ) -> None:
+        self._per_key = per_key or workers
+        self._jobs: deque[tuple[str, Callable[[], None]]] = deque()
+        self._running: dict[str, int] = {}
+        self._closing = False
+        self._cond = threading.Condition()
         self._threads = [
             threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True)
             for i in range(workers)
@@ -169,18 +247,55 @@ class FetchPool:
         for t in self._threads:
             t.start()
 
-    def submit(self, job: Callable[[], None]) -> None:
-        """Run `job` on a pool thread (it must not raise: it fills its slot either way)."""
-        self._jobs.put(job)
+    def submit(self, job: Callable[[], None], key: str = "") -> None:
+        """Run `job` on a pool thread (it must not raise: it fills its slot either way).
+
+        Args:
+            job: the fetch.
+            key: what the per-key limit counts (the origin fetched from).
+        """
+        with self._cond:
+            self._jobs.append((key, job))
+            self._cond.notify()
+
+    @property
+    def running(self) -> dict[str, int]:
+        """Jobs running now, per key."""
+        with self._cond:
+            return dict(self._running)
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop the threads after the jobs already queued."""
-        for _ in self._threads:
-            self._jobs.put(None)
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
         for t in self._threads:
             if t is not threading.current_thread():
                 t.join(timeout)
 
+    def _take(self) -> tuple[str, Callable[[], None]] | None:
+        """The first queued job whose key is under its limit (waits for one); None: closed."""
+        with self._cond:
+            while True:
+                for index, (key, job) in enumerate(self._jobs):
+                    if self._running.get(key, 0) < self._per_key:
+                        del self._jobs[index]
+                        self._running[key] = self._running.get(key, 0) + 1
+                        return key, job
+                if self._closing and not self._jobs:
+                    return None
+                self._cond.wait()
+
     def _run(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            job()
+        while (taken := self._take()) is not None:
+            key, job = taken
+            try:
+                job()
+            finally:
+                with self._cond:
+                    left = self._running[key] - 1
+                    if left:
+                        self._running[key] = left
+                    else:
+                        del self._running[key]
+                    self._cond.notify_all()

@@ -31,6 +31,7 @@ import httpx
 from ._answers import TransientFetchError
 from ._chunkstore import SpoolingChunkStore
 from ._config import ClientSettings
+from ._deadline import Pace
 from ._exceptions import (
     MalformedPlaceholder,
     OffloadError,
@@ -43,6 +44,7 @@ from ._inbound import InboundQueue
 from ._message import Message, MessageError, Payload, Route
 from ._ordering import FetchPool, Sequencer, Slot
 from ._paho import Incoming, MqttConnection
+from ._store_origin import ConfiguredStore
 from .protocol import PublishProperties, _placeholder
 from .protocol._bounded import Origin, http_origin
 from .protocol._chunk import CHUNK_PROPERTY
@@ -114,6 +116,8 @@ class Receiver:
         on_fetch_progress: called as `(topic, bytes received, total)` while fetching.
         direct_store: the store origin the discovery record advertises: a fetch may follow
             the gateway's redirect there (without credentials), or to an allowlisted origin.
+        configured_store: with a configured endpoint, the store that gateway declares at
+            `GET /` (:mod:`client._store_origin`): a redirect may lead there too.
     """
 
     def __init__(
@@ -128,9 +132,11 @@ class Receiver:
         use_discovery: bool,
         on_fetch_progress: FetchProgress | None = None,
         direct_store: Callable[[], str | None] = lambda: None,
+        configured_store: ConfiguredStore | None = None,
     ) -> None:
         s = settings
         self._direct_store = direct_store
+        self._configured_store = configured_store
         self._settings = s
         self._transport = transport
         self._http_auth = http_auth
@@ -148,9 +154,11 @@ class Receiver:
             self.deliveries,
             max_pending=s.max_pending_deliveries,
             max_pending_bytes=s.max_pending_bytes,
+            max_spool_bytes=s.max_spool_bytes,
             arrival_order=s.ordering == "arrival",
         )
         self._stop = threading.Event()
+        self._pace = Pace(s.fetch_deadline, s.fetch_min_rate)
         # Reassembly keeps at most spool_threshold bytes of chunks in RAM; bigger messages
         # are spooled to temporary files and delivered as spooled payloads (issue 3).
         self.chunk_store = SpoolingChunkStore(memory_limit=s.spool_threshold, directory=s.spool_dir)
@@ -186,7 +194,8 @@ class Receiver:
     def run(self, stop: threading.Event) -> None:
         """The worker thread's loop, until `stop` is set."""
         self._stop = stop
-        pool = FetchPool(self._settings.fetch_concurrency)
+        s = self._settings
+        pool = FetchPool(s.fetch_concurrency, per_key=s.fetches_per_origin)
         try:
             self._loop(stop, pool)
         finally:
@@ -232,8 +241,11 @@ class Receiver:
 
     def _emit(self, topic: str, delivery: Delivery) -> None:
         """Queue a ready delivery behind every earlier message on its topic."""
-        weight = delivery.body.size if isinstance(delivery, Message) else 0
-        slot = self.sequencer.reserve(topic, weight, self._stop)
+        spooled = isinstance(delivery, Message) and delivery.body.path is not None
+        size = delivery.body.size if isinstance(delivery, Message) else 0
+        slot = self.sequencer.reserve(
+            topic, 0 if spooled else size, self._stop, disk=size if spooled else 0
+        )
         if slot is not None:
             self.sequencer.fill(slot, delivery)
 
@@ -248,10 +260,17 @@ class Receiver:
             except MalformedPlaceholder as exc:
                 self._emit(incoming.topic, MessageError(incoming.topic, exc))
                 return
-            held = min(ref.size, self._settings.spool_threshold)
-            slot = self.sequencer.reserve(incoming.topic, held, self._stop)
+            threshold = self._settings.spool_threshold
+            slot = self.sequencer.reserve(
+                incoming.topic,
+                min(ref.size, threshold),
+                self._stop,
+                disk=ref.size if ref.size > threshold else 0,  # what the fetch spools
+                message_id=str(ref.message_id),
+                url=ref.url,
+            )
             if slot is not None:
-                pool.submit(lambda: self._fetch_into(slot, incoming, ref))
+                pool.submit(lambda: self._fetch_into(slot, incoming, ref), str(ref.origin))
             return
         self._emit(
             incoming.topic,
@@ -351,6 +370,7 @@ class Receiver:
             spool_dir=self._settings.spool_dir,
             auth=auth,
             redirect_ok=self._redirect_ok,
+            pace=self._pace,
             on_bytes=(lambda done, total: progress(incoming.topic, done, total))
             if progress is not None
             else None,
@@ -367,8 +387,15 @@ class Receiver:
         )
 
     def _redirect_ok(self, origin: Origin) -> bool:
-        """Where a payload redirect may lead: the advertised store, or an allowlisted origin."""
-        return str(origin) == self._direct_store() or self._settings.allowlisted(origin)
+        """Where a payload redirect may lead: the advertised store, or an allowlisted origin.
+
+        The advertised store is the discovery record's, or with a configured endpoint the
+        one that gateway declares at `GET /` (read when first needed; a failure to read it
+        is a FetchError saying so).
+        """
+        if str(origin) == self._direct_store() or self._settings.allowlisted(origin):
+            return True
+        return self._configured_store is not None and self._configured_store.declares(origin)
 
     def _auth_for(self, ref: _placeholder.Placeholder) -> httpx.Auth | None:
         """Whether a placeholder may be fetched, and with which credentials.

@@ -35,6 +35,8 @@ from urllib3.exceptions import (
     SSLError,
 )
 
+from ._deadline import SOCKET
+
 #: Most bytes asked of the socket per body piece: large enough that per-piece costs vanish
 #: (a hashing thread takes each piece as it is), small enough to bound what one read holds.
 PIECE = 1 << 20
@@ -146,6 +148,8 @@ class Urllib3Transport(httpx.BaseTransport):
             )
         stream = _Body(response, request)
         extensions: dict[str, Any] = {"http_version": b"HTTP/1.1"}
+        # For a fetch's deadline (client/_deadline.py), which shuts it down to end the fetch.
+        extensions[SOCKET] = getattr(response.connection, "sock", None)
         if isinstance(getattr(response, "_fp", None), http.client.HTTPResponse):
             extensions[READINTO] = stream.readinto
         return httpx.Response(

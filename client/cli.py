@@ -123,7 +123,7 @@ def _subscribe(args: argparse.Namespace) -> int:
     with Client(settings=settings, on_fetch_progress=progress) as client:
         for topic_filter in args.topic:
             client.subscribe(topic_filter, args.qos)
-        for item in client.messages(timeout=args.timeout):
+        for item in client.messages(timeout=args.timeout, report_unfinished=True):
             seen += 1
             if isinstance(item, MessageError):
                 errors += 1

@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
 from client.protocol import PublishProperties
-from discovery import Advertiser, DiscoveryRecord
+from discovery import Advertiser
 
 from ._authz import AuthenticationInfoMiddleware, BrokerRules, build_authenticator
 from ._context import Broker, Context, NoBroker
@@ -35,6 +35,8 @@ from ._presign import router as presign_router
 from ._resumable import ResumableUploads
 from ._routes import HOP_PATH, router
 from ._routes_direct import router as direct_router
+from ._routes_info import MECHANISMS_KEY, advertised_record
+from ._routes_info import router as info_router
 from ._routes_publish import router as publish_router
 from ._routes_raw import router as raw_router
 from ._routes_resumable import router as resumable_router
@@ -118,12 +120,7 @@ def build_advertiser(ctx: Context, mechanisms: tuple[str, ...]) -> Advertiser | 
     settings, broker = ctx.settings, ctx.broker
     if isinstance(broker, NoBroker) or not ctx.public_url:
         return None
-    record = DiscoveryRecord(
-        ctx.public_url,
-        max_upload_bytes=settings.max_body_bytes,
-        auth_mechanisms=mechanisms,
-        direct_store=ctx.direct.public_url,
-    )
+    record = advertised_record(ctx, mechanisms, ctx.public_url)  # what `GET /` answers too
 
     def publish(topic: str, payload: bytes, retain: bool, expiry: int) -> Any:
         props = PublishProperties(message_expiry_interval=expiry, content_type="application/json")
@@ -168,7 +165,11 @@ def make_lifespan(
         sweeper.start(workers.store)
         try:
             # The HTTP protocol reads its head deadline here (gateway/_http_protocol.py).
-            yield {"ctx": ctx, HEADER_TIMEOUT_KEY: settings.header_timeout}
+            yield {
+                "ctx": ctx,
+                HEADER_TIMEOUT_KEY: settings.header_timeout,
+                MECHANISMS_KEY: mechanisms,  # what `GET /` advertises (gateway/_routes_info.py)
+            }
         finally:
             await sweeper.stop()
             if advertiser is not None:
@@ -248,4 +249,5 @@ def create_app(
     app.include_router(presign_router)
     app.include_router(direct_router)
     app.include_router(ops_router)
+    app.include_router(info_router)
     return app

@@ -232,7 +232,9 @@ def test_credentials_only_go_to_the_advertised_endpoint(
     for receiver in (anonymous, allowlisted):
         msg = _next(receiver)
         assert isinstance(msg, Message) and msg.payload == b"payload-1"
-    assert _next(sub) is not None  # the strict one reported it again
+    again = _next(sub)  # the strict one refused it again, naming it
+    assert isinstance(again, MessageError) and isinstance(again.error, UntrustedEndpoint), again
+    assert again.message_id == result.message_id
     assert len(auth.urls) == 1  # neither sent credentials to the other origin
 
 

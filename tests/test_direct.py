@@ -552,7 +552,8 @@ def test_a_redirect_to_an_unadvertised_origin_is_refused(
         hostile.shutdown()
     assert isinstance(err, MessageError) and isinstance(err.error, FetchError), err
     assert "redirect to" in str(err.error) and "refused" in str(err.error)
-    assert Hostile.seen == [f"/msg/{mid}/payload"]
+    # The configured gateway's own record (`GET /`) was asked for the store it declares.
+    assert Hostile.seen == [f"/msg/{mid}/payload", "/"]
     assert Inside.seen == []  # never contacted
 
 

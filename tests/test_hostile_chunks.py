@@ -16,7 +16,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from client import ChunkBufferOverflow, ChunkTimeoutError, Client, Message, MessageError
+from client import ChunkBufferOverflow, ChunkTimeoutError, Client, Message, MessageError, Route
+from client.protocol._reassembly import chunk_bounds
 
 from _hostile import RawPublisher
 from _servers import Mosquitto
@@ -113,3 +114,34 @@ def test_chunk0_expiry_is_capped_by_max_chunk_timeout(
     assert isinstance(err, MessageError) and isinstance(err.error, ChunkTimeoutError), err
     assert err.message_id == mid
     assert isinstance(after[-1], Message)
+
+
+def test_the_chunk_count_bound_holds_at_its_edge(
+    broker: Mosquitto, pub: RawPublisher, unique_topic: Callable[[str], str]
+) -> None:
+    """A message of exactly the most chunks allowed is delivered; one more is refused at once."""
+    per_message, _ = chunk_bounds(max_buffered_bytes=8 * MiB, packet_limit=262144, ram_budget=MiB)
+    assert per_message == 132  # 8 MiB / (64 KiB - 1 KiB of headroom), rounded up, + 1
+    topic = unique_topic("edge")
+    at, over = str(uuid.uuid4()), str(uuid.uuid4())
+    whole = b"a" * per_message
+    digest = hashlib.sha256(whole).hexdigest()
+    over_digest = hashlib.sha256(whole + b"a").hexdigest()
+    with Client(broker.url, discovery_wait=0, **BOUNDS) as sub:  # type: ignore[arg-type]
+        sub.subscribe(topic)
+        pub.publish(
+            topic, b"a", user_properties=[("__chunk", f"{over}:0:{per_message + 1}:{over_digest}")]
+        )
+        pub.publish(topic, b"a", user_properties=[("__chunk", f"{at}:0:{per_message}:{digest}")])
+        for index in range(1, per_message):
+            pub.publish(topic, b"a", user_properties=[("__chunk", f"{at}:{index}")])
+        pub.publish(topic, b"after")
+        seen = _drain(sub, b"after")
+    assert len(seen) == 3, seen
+    refused, delivered, _ = seen
+    assert isinstance(refused, MessageError) and refused.message_id == over, refused
+    assert isinstance(refused.error, ChunkBufferOverflow) and "beyond the bound" in str(
+        refused.error
+    )
+    assert isinstance(delivered, Message) and delivered.route is Route.CHUNKED, delivered
+    assert delivered.payload == whole and delivered.message_id == at

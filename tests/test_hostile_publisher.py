@@ -27,7 +27,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from client import Client, Message, MessageError, Route
+from client import (
+    ChunkError,
+    Client,
+    FetchError,
+    MalformedChunk,
+    MalformedPlaceholder,
+    Message,
+    MessageError,
+    Route,
+)
+from client._receive import Delivery
 
 from _gateway import GatewayServer
 from _hostile import PeakRss, RawPublisher
@@ -276,17 +286,64 @@ def scene(
         cli.close()
 
 
-def _await(sub: Client, payload: bytes, timeout: float = 60) -> tuple[Message, int]:
-    """Wait for `payload`; returns it and how many errors were delivered before it."""
-    errors = 0
+def _await(
+    sub: Client, payload: bytes, seen: dict[str, list[Delivery]], timeout: float = 60
+) -> Message:
+    """Wait for `payload`; every other delivery on the way is kept in `seen`, by topic."""
     deadline = time.monotonic() + timeout
     while True:
         item = sub.next_message(max(deadline - time.monotonic(), 0.01))
         assert item is not None, f"valid message {payload[:20]!r} never delivered"
-        if isinstance(item, MessageError):
-            errors += 1
-        elif item.payload == payload:
-            return item, errors
+        if isinstance(item, Message) and item.payload == payload:
+            return item
+        seen.setdefault(item.topic, []).append(item)
+
+
+def _tagged_json(payload: bytes) -> bool:
+    """The placeholder rule's JSON half, as documented (client/protocol/_placeholder.py)."""
+    if len(payload) > 65536 or payload.lstrip()[:1] != b"{":
+        return False
+    try:
+        doc = json.loads(payload.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(doc, dict) and _depth(doc) <= 16 and doc.get("_format") == "external"
+
+
+def _depth(value: object) -> int:
+    if isinstance(value, dict):
+        return 1 + max((_depth(v) for v in value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max((_depth(v) for v in value), default=0)
+    return 0
+
+
+def expected_outcome(item: Hostile) -> str:
+    """What a data message must become: "chunk" or "placeholder" (reported) or "plain"."""
+    keys = [key for key, _ in item.props]
+    if "__chunk" in keys:
+        return "chunk"
+    tag = next((value for key, value in item.props if key == "_format"), None)
+    if tag is not None:
+        return "placeholder" if tag == "external" else "plain"
+    return "placeholder" if _tagged_json(item.payload) else "plain"
+
+
+def check_outcome(item: Hostile, got: list[Delivery]) -> None:
+    """One delivery per hostile message: the error of its kind, or (not hostile) itself."""
+    kind = expected_outcome(item)
+    assert len(got) == 1, (kind, item, got)
+    (delivery,) = got
+    if kind == "plain":
+        assert isinstance(delivery, Message) and delivery.route is Route.DIRECT, (item, delivery)
+        assert delivery.payload == item.payload
+    elif kind == "placeholder":
+        assert isinstance(delivery, MessageError), (item, delivery)
+        assert isinstance(delivery.error, MalformedPlaceholder | FetchError), delivery
+    elif isinstance(delivery, Message):  # a well-formed single chunk: a message after all
+        assert delivery.route is Route.CHUNKED and delivery.payload == item.payload, item
+    else:
+        assert isinstance(delivery.error, ChunkError | MalformedChunk), (item, delivery)
 
 
 # -- the tests ----------------------------------------------------------------------------
@@ -296,6 +353,8 @@ def test_hostile_publisher_cannot_stop_the_subscribers(
     scene: Scene, caplog: pytest.LogCaptureFixture
 ) -> None:
     valid: list[bytes] = []
+    sent: dict[str, Hostile] = {}  # each hostile data message on a topic of its own
+    seen: dict[str, list[Delivery]] = {}
     gateway_url = scene.gateway.url
 
     @settings(
@@ -307,7 +366,9 @@ def test_hostile_publisher_cannot_stop_the_subscribers(
     @given(batch=st.lists(hostile_messages(gateway_url), min_size=1, max_size=6))
     def round_trip(batch: list[Hostile]) -> None:
         for item in batch:
-            topic = scene.topic if item.where == "data" else scene.discovery
+            topic = f"{scene.topic}/{len(sent)}" if item.where == "data" else scene.discovery
+            if item.where == "data":
+                sent[topic] = item
             scene.hostile.publish(
                 topic, item.payload, user_properties=list(item.props) or None,
                 expiry=item.expiry, retain=item.retain,
@@ -315,26 +376,51 @@ def test_hostile_publisher_cannot_stop_the_subscribers(
         # A direct, an offloaded and a chunked message after the hostile ones: all arrive.
         direct = f"valid {uuid.uuid4()}".encode()
         scene.hostile.publish(scene.topic, direct)
-        _await(scene.sub, direct)
+        _await(scene.sub, direct, seen)
         scene.restore_discovery()
         big = os.urandom(300 * 1024)  # over the 256 KiB broker limit
         assert scene.offloader.publish(scene.topic, big, qos=1).route is Route.OFFLOADED
-        got, _ = _await(scene.sub, big)
+        got = _await(scene.sub, big, seen)
         assert got.route is Route.OFFLOADED
         chunked = os.urandom(300 * 1024)
         assert scene.chunker.publish(scene.topic, chunked, qos=1).route is Route.CHUNKED
-        got, _ = _await(scene.sub, chunked)
+        got = _await(scene.sub, chunked, seen)
         assert got.route is Route.CHUNKED
         valid.extend([direct, big, chunked])
 
     caplog.set_level(logging.WARNING)
     round_trip()
-    # The CLI ran beside the library client the whole time and printed every valid message.
-    for payload in valid:
+    # Partial chunked messages are reported when their timeout (2 s) runs out: wait for
+    # every hostile message's outcome, then for a last valid message behind them all.
+    deadline = time.monotonic() + 60
+    while not all(topic in seen for topic in sent):
+        item = scene.sub.next_message(max(deadline - time.monotonic(), 0.01))
+        assert item is not None, [sent[t] for t in sent if t not in seen]
+        seen.setdefault(item.topic, []).append(item)
+    last = f"last {uuid.uuid4()}".encode()
+    scene.hostile.publish(scene.topic, last)
+    _await(scene.sub, last, seen)
+    ready = scene.topic.rsplit("/", 1)[0] + "/ready"  # the retained start marker
+    assert set(seen) - {ready} == set(sent), "a delivery on no hostile message's topic"
+    kinds = [expected_outcome(item) for item in sent.values()]
+    assert {"chunk", "placeholder", "plain"} <= set(kinds), kinds  # every kind was tried
+    for topic, item in sent.items():
+        check_outcome(item, seen[topic])
+    # The CLI ran beside the library client the whole time and printed every valid message,
+    # and one line per hostile one: an error for what the library reported as one.
+    for payload in [*valid, last]:
         scene.cli.wait_for(hashlib.sha256(payload).hexdigest())
-    errors = [doc for doc in scene.cli.lines if "error" in doc]
-    assert errors, "no hostile message was reported by the CLI"
-    assert all(doc["topic"] == scene.topic for doc in errors)
+    lines: dict[str, list[dict[str, Any]]] = {}
+    for doc in scene.cli.lines:
+        lines.setdefault(doc["topic"], []).append(doc)
+    for topic in sent:
+        (delivery,) = seen[topic]
+        (doc,) = lines[topic]
+        if isinstance(delivery, MessageError):
+            assert "error" in doc and doc["id"] == delivery.message_id, (doc, delivery)
+        else:
+            assert doc["sha256"] == delivery.sha256, (doc, delivery)
+    assert not [doc for doc in scene.cli.lines if "error" in doc and doc["topic"] not in sent]
     stderr, peak_kib = scene.cli.stop()
     assert "Traceback" not in stderr
     # The CLI's whole process, hostile round trips and 300 KiB payloads included.
