@@ -45,6 +45,19 @@ class UploadGrant(BaseModel):
     urls: list[str] = Field(description="one presigned PUT URL per part, in order")
 
 
+class GatewayInfo(BaseModel):
+    """`GET /`: the discovery record this gateway advertises, plus links."""
+
+    LargeMessageUploadEndpoint: str = Field(description="the gateway's public URL")
+    OffloadProtocolVersion: int = Field(description="the offload protocol version (1)")
+    MaxUploadBytes: int | None = Field(None, description="largest payload accepted, bytes")
+    AuthMechanisms: list[str] = Field([], description="SASL mechanisms offered (SCRAM-SHA-*)")
+    DirectStore: str | None = Field(
+        None, description="the store origin direct transfers and payload redirects lead to"
+    )
+    links: dict[str, str] = Field(description="`docs`, `openapi` and `health` URLs")
+
+
 class Health(BaseModel):
     """`GET /healthz`: alive, and each worker pool's figures."""
 

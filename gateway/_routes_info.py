@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse
 from discovery import DiscoveryRecord
 
 from ._context import Context, Ctx
+from ._responses import GatewayInfo
 
 router = APIRouter(tags=["operations"])
 
@@ -44,6 +45,7 @@ def advertised_record(ctx: Context, mechanisms: tuple[str, ...], endpoint: str) 
 
 @router.get(
     "/",
+    response_model=GatewayInfo,
     responses={
         200: {
             "description": "the discovery record (LargeMessageUploadEndpoint, "
