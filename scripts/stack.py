@@ -42,6 +42,8 @@ from _servers import (  # noqa: E402
 )
 
 MAX_PACKET = 262144
+# Ctrl-C is for stopping the demo: in-flight requests get this long (OFFLOAD_SHUTDOWN_TIMEOUT).
+GATEWAY_SHUTDOWN = 5
 
 
 class StackError(Exception):
@@ -102,6 +104,7 @@ def start_gateway(
     for attempt in range(START_ATTEMPTS if not wanted else 1):
         port = wanted or free_port()
         env = {
+            "OFFLOAD_SHUTDOWN_TIMEOUT": str(GATEWAY_SHUTDOWN),
             **os.environ,
             "OFFLOAD_STORAGE_URL": s3.storage_url("offload"),
             "OFFLOAD_S3_ACCESS_KEY": s3.access_key,
@@ -273,6 +276,40 @@ def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def stop_all(gateway: subprocess.Popen[bytes] | None, broker: Mosquitto, s3: SeaweedFS) -> str:
+    """Stop every server within a bound, whatever state each is in; say how long each took.
+
+    The gateway goes first (it lets in-flight requests finish for GATEWAY_SHUTDOWN seconds,
+    then is killed) while it can still reach the broker and the store; then the broker and the
+    store are signalled together and waited for side by side (SeaweedFS.stop kills its group
+    after a second; mosquitto gets 5 s).
+    """
+    took: list[str] = []
+    t0 = time.monotonic()
+    if gateway is not None and gateway.poll() is None:
+        gateway.terminate()
+        try:
+            gateway.wait(GATEWAY_SHUTDOWN + 5)
+        except subprocess.TimeoutExpired:
+            gateway.kill()
+            gateway.wait()
+    took.append(f"gateway {time.monotonic() - t0:.1f} s")
+    t1 = time.monotonic()
+    if broker.proc is not None and broker.proc.poll() is None:
+        broker.proc.terminate()  # now, so it stops while SeaweedFS does
+    s3.stop()
+    took.append(f"SeaweedFS {time.monotonic() - t1:.1f} s")
+    if broker.proc is not None:
+        try:
+            broker.proc.wait(max(0.0, 5 - (time.monotonic() - t1)))
+        except subprocess.TimeoutExpired:
+            broker.proc.kill()
+            broker.proc.wait()
+        broker.proc = None
+    took.append(f"mosquitto {time.monotonic() - t1:.1f} s")
+    return ", ".join(took)
+
+
 def run(args: argparse.Namespace) -> int:
     state = Path(os.environ.get("STACK_DIR") or ROOT / ".stack").resolve()
     with exclusive(state):
@@ -305,19 +342,19 @@ def run(args: argparse.Namespace) -> int:
             return 0
         finally:
             t0 = time.monotonic()
-            if gateway is not None:
-                gateway.terminate()
-                gateway.wait(30)
-            broker.stop()
-            s3.stop()
-            print(f"==> stopped in {time.monotonic() - t0:.1f} s")
+            took = stop_all(gateway, broker, s3)
+            print(f"==> stopped in {time.monotonic() - t0:.1f} s ({took})", flush=True)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--check", action="store_true", help="exit after the self-check")
     args = parser.parse_args()
-    signal.signal(signal.SIGTERM, _raise_interrupt)  # `kill` stops as cleanly as Ctrl-C
+    # Ctrl-C, `kill` and a closed terminal all stop as cleanly. SIGINT is set explicitly: a
+    # process started in the background by a non-interactive shell (`up.sh &` in a script, a
+    # CI job) inherits SIGINT ignored, and Python then leaves it so: Ctrl-C did nothing.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _raise_interrupt)
     try:
         return run(args)
     except (StackError, PortInUse) as exc:

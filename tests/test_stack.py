@@ -79,25 +79,60 @@ def test_a_chosen_port_lost_to_another_program_is_replaced(
         broker.stop()
 
 
-def _stack(state: Path, *args: str, **ports: str) -> subprocess.Popen[str]:
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _stack(
+    state: Path, *args: str, sigint_ignored: bool = False, **ports: str
+) -> subprocess.Popen[str]:
+    """`scripts/stack.py`; `sigint_ignored`: started as `up.sh &` from a script or CI job is."""
     env = os.environ | {"STACK_DIR": str(state), "STACK_MQTT_PORT": "0", "STACK_S3_PORT": "0",
                         "STACK_GATEWAY_PORT": "0"} | ports  # fmt: skip
     return subprocess.Popen(
         [sys.executable, str(ROOT / "scripts" / "stack.py"), *args],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=_ignore_sigint if sigint_ignored else None,
     )  # fmt: skip
+
+
+def _serving(proc: subprocess.Popen[str]) -> list[str]:
+    """The stack's output up to its banner (it is then serving)."""
+    assert proc.stdout is not None
+    seen: list[str] = []
+    deadline = time.monotonic() + 240
+    while not any(line.startswith("Serving.") for line in seen):
+        assert proc.poll() is None and time.monotonic() < deadline, "".join(seen)
+        seen.append(proc.stdout.readline())
+    while not seen[-1].startswith("API docs:"):  # the rest of the banner
+        seen.append(proc.stdout.readline())
+    return seen
+
+
+def _stopped(proc: subprocess.Popen[str]) -> None:
+    """However a test ended: `kill` (SIGTERM) stops the stack and its servers; SIGKILL last."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _ctrl_c(proc: subprocess.Popen[str]) -> str:
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0
+    assert "==> stopped in" in out
+    return out
 
 
 def test_a_second_stack_is_refused_and_leaves_the_first_alone(tmp_path: Path) -> None:
     state = tmp_path / "stack"
-    first = _stack(state)
+    first = _stack(state, sigint_ignored=True)
     try:
-        assert first.stdout is not None
-        seen = []
-        deadline = time.monotonic() + 240
-        while not any(line.startswith("Serving.") for line in seen):
-            assert first.poll() is None and time.monotonic() < deadline, "".join(seen)
-            seen.append(first.stdout.readline())
+        _serving(first)
         env_before = (state / "env").read_text()
 
         second = _stack(state, "--check")
@@ -111,13 +146,11 @@ def test_a_second_stack_is_refused_and_leaves_the_first_alone(tmp_path: Path) ->
         assert (state / "env").read_text() == env_before
         assert (state / "gateway.log").exists() and (state / "seaweedfs" / "data").is_dir()
 
-        first.send_signal(signal.SIGINT)  # Ctrl-C
-        out, _ = first.communicate(timeout=30)
-        assert first.returncode == 0
-        assert "==> stopped in" in out
+        # Ctrl-C stops it although it was started with SIGINT ignored (Python keeps it so: it
+        # used to take no notice, and its tests' teardown waited 60 s for nothing).
+        _ctrl_c(first)
     finally:
-        first.kill()
-        first.wait()
+        _stopped(first)
 
 
 def test_a_fixed_port_in_use_is_one_clear_line(squatter: int, tmp_path: Path) -> None:
