@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import shlex
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 import _servers
@@ -162,3 +167,73 @@ def test_a_fixed_port_in_use_is_one_clear_line(squatter: int, tmp_path: Path) ->
         f"STACK_MQTT_PORT=0 for a free port or STACK_MQTT_PORT=<port> for another\n"
     )
     assert out == ""  # nothing was started
+
+
+def _env_file(path: Path) -> dict[str, str]:
+    """What `source <state>/env` sets."""
+    lines = [line for line in path.read_text().splitlines() if line.startswith("export ")]
+    pairs = (shlex.split(line[len("export ") :])[0].split("=", 1) for line in lines)
+    return {name: value for name, value in pairs}
+
+
+def test_a_restarted_stack_keeps_its_messages_logs_and_login(tmp_path: Path) -> None:
+    """A message published before a restart is fetched after it, as from a deployment."""
+    state = tmp_path / "moved-stack"  # STACK_DIR: not the checkout's .stack
+    ports = {"STACK_MQTT_PORT": str(free_port()), "STACK_GATEWAY_PORT": str(free_port()),
+             "STACK_S3_PORT": str(free_port(with_grpc=True))}  # fmt: skip
+    payload = tmp_path / "big.bin"
+    payload.write_bytes(os.urandom(3 * 1024 * 1024))  # over the 256 KiB broker limit
+    first = _stack(state, **ports)
+    try:
+        banner = _serving(first)
+        # The banner names the env file where STACK_DIR put it; it holds the password: 0600.
+        env_file = state / "env"
+        assert (
+            f"  source {env_file}   # this stack: broker, user demo and its password, CA, S3\n"
+            in banner
+        )
+        assert env_file.stat().st_mode & 0o777 == 0o600
+        login = _env_file(env_file)
+        assert login["OFFLOAD_USERNAME"] == "demo" and len(login["OFFLOAD_PASSWORD"]) >= 24
+        assert login["STACK_DIR"] == str(state)
+        shell = {k: v for k, v in os.environ.items() if not k.startswith("OFFLOAD_")}
+        shell |= login | {"OFFLOAD_CONFIG": os.devnull}
+        done = subprocess.run(
+            ["offload", "publish", "--topic", "kept/1", "--file", str(payload), "--qos", "1"],
+            env=shell, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        published = json.loads(done.stdout)
+        assert published["route"] == "offloaded"
+        _ctrl_c(first)
+
+        second = _stack(state, **ports)
+        try:
+            out = "".join(_serving(second))
+            assert f"==> keeping the data and logs in {state} (--clean starts afresh)" in out
+            assert _env_file(env_file) == login  # the same login and addresses
+            from client import ScramAuth
+
+            fetched = httpx.get(
+                published["url"] + "/payload",
+                auth=ScramAuth(login["OFFLOAD_USERNAME"], login["OFFLOAD_PASSWORD"]),
+                verify=ssl.create_default_context(cafile=login["OFFLOAD_CA_FILE"]),
+                follow_redirects=True, timeout=60,
+            )  # fmt: skip
+            assert fetched.status_code == 200
+            assert hashlib.sha256(fetched.content).hexdigest() == published["sha256"]
+            # The first run's log is kept beside the second's.
+            assert published["id"] in (state / "gateway.log.1").read_text()
+            assert published["id"] in (state / "gateway.log").read_text()
+            _ctrl_c(second)
+        finally:
+            _stopped(second)
+
+        clean = _stack(state, "--clean", "--check", **ports)
+        out, err = clean.communicate(timeout=300)
+        assert clean.returncode == 0, out + err
+        assert f"==> --clean: erasing {state}" in out
+        assert _env_file(env_file)["OFFLOAD_PASSWORD"] != login["OFFLOAD_PASSWORD"]
+        assert not (state / "gateway.log.1").exists()
+    finally:
+        _stopped(first)
