@@ -6,6 +6,8 @@ cd "$ROOT"
 need_apt=()
 command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need_apt+=(mosquitto)
 command -v mosquitto_pub >/dev/null 2>&1 || need_apt+=(mosquitto-clients)
+command -v mosquitto_passwd >/dev/null 2>&1 || need_apt+=(mosquitto)  # the stack's logins
+command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)  # the stack's certificate
 command -v curl >/dev/null 2>&1 || need_apt+=(curl)
 command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
 command -v python3 >/dev/null 2>&1 || need_apt+=(python3)

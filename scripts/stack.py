@@ -5,8 +5,14 @@ message across the 256 KiB broker, byte-exact, while a plain mosquitto_sub sees 
 placeholder) it serves until Ctrl-C; `--check` stops after the self-check.
 
 Ports: STACK_MQTT_PORT (1883), STACK_S3_PORT (8333), STACK_GATEWAY_PORT (8080); 0 picks free
-ones. State (data, logs, `env`): STACK_DIR (default `.stack` in the checkout). A second stack
-on the same STACK_DIR is refused while the first runs (a lock held for the stack's lifetime).
+ones. State (data, logs, logins, `env`): STACK_DIR (default `.stack` in the checkout), kept
+across restarts as a deployment keeps its store, index and logs (each log's earlier runs as
+`<log>.1` ... `.4`); `--clean` erases it first. A second stack on the same STACK_DIR is
+refused while the first runs (a lock held for the stack's lifetime).
+
+Protected as a deployment is (scripts/_stack_state.py): a password file and ACL shared by
+mosquitto and the gateway, the user `demo` with a password generated for this stack (in the
+env file, mode 0600), the gateway on HTTPS with a certificate from the stack's own CA.
 """
 
 from __future__ import annotations
@@ -18,9 +24,9 @@ import functools
 import hashlib
 import json
 import os
-import shlex
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -30,6 +36,8 @@ from typing import IO
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+
+from _stack_state import GATEWAY_USER, USER, Files, rotate_logs, write_env  # noqa: E402
 
 from _servers import (  # noqa: E402
     START_ATTEMPTS,
@@ -42,6 +50,12 @@ from _servers import (  # noqa: E402
 )
 
 MAX_PACKET = 262144
+# Direct transfers (OFFLOAD_S3_PUBLIC_URL): clients put and get payload bytes at the store with
+# presigned URLs. Off until /direct/commit answers SCRAM's body-less first round trip with its
+# challenge (issue 26 item 1): until then a SCRAM publish falls back to chunking.
+DIRECT_TRANSFERS = False
+# Ctrl-C is for stopping the demo: in-flight requests get this long (OFFLOAD_SHUTDOWN_TIMEOUT).
+GATEWAY_SHUTDOWN = 5
 
 
 class StackError(Exception):
@@ -96,21 +110,30 @@ def exclusive(state: Path) -> Iterator[None]:
 
 
 def start_gateway(
-    state: Path, s3: SeaweedFS, broker: Mosquitto, wanted: int
+    files: Files, s3: SeaweedFS, broker: Mosquitto, wanted: int
 ) -> tuple[subprocess.Popen[bytes], int]:
     """`offload-gateway` on `wanted` (0: a free port, replaced if another program takes it)."""
+    state = files.state
     for attempt in range(START_ATTEMPTS if not wanted else 1):
         port = wanted or free_port()
         env = {
+            "OFFLOAD_SHUTDOWN_TIMEOUT": str(GATEWAY_SHUTDOWN),
             **os.environ,
             "OFFLOAD_STORAGE_URL": s3.storage_url("offload"),
             "OFFLOAD_S3_ACCESS_KEY": s3.access_key,
             "OFFLOAD_S3_SECRET_KEY": s3.secret_key,
             "OFFLOAD_MQTT_URL": broker.url,
-            "OFFLOAD_PUBLIC_URL": f"http://127.0.0.1:{port}",
-            # A local demo: no password file, so requests without credentials are let in.
-            "OFFLOAD_ALLOW_ANONYMOUS": "true",
+            "OFFLOAD_MQTT_USERNAME": GATEWAY_USER,
+            "OFFLOAD_MQTT_PASSWORD": files.made.gateway_password,
+            "OFFLOAD_PUBLIC_URL": f"https://127.0.0.1:{port}",
+            "OFFLOAD_PASSWORD_FILE": str(files.passwd),
+            "OFFLOAD_ACL_FILE": str(files.acl),
+            "OFFLOAD_AUTH_SECRET": files.made.auth_secret,
+            "OFFLOAD_TLS_CERT_FILE": str(files.cert),
+            "OFFLOAD_TLS_KEY_FILE": str(files.key),
         }
+        if DIRECT_TRANSFERS:
+            env["OFFLOAD_S3_PUBLIC_URL"] = f"http://{s3.endpoint}"
         log_path = state / "gateway.log"
         proc = subprocess.Popen(
             ["offload-gateway", "--host", "127.0.0.1", "--port", str(port)],
@@ -119,7 +142,7 @@ def start_gateway(
             stderr=subprocess.STDOUT,
         )
         quiet = env.get("OFFLOAD_LOG_LEVEL", "INFO").upper() not in ("INFO", "DEBUG")
-        ready = functools.partial(_gateway_ready, port, log_path, quiet)
+        ready = functools.partial(_gateway_ready, port, log_path, quiet, files.ca)
         try:
             wait_until(ready, f"gateway on port {port}", 30, proc, log_path)
         except PortInUse:
@@ -127,46 +150,42 @@ def start_gateway(
             if wanted or attempt == START_ATTEMPTS - 1:
                 raise
             continue
-        settings = {k: v for k, v in env.items() if k.startswith("OFFLOAD_")}
-        settings["OFFLOAD_BROKER"] = broker.url  # for `offload` commands in the same shell
-        (state / "env").write_text(
-            "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(settings.items()))
-        )
         return proc, port
     raise AssertionError("unreachable")
 
 
-def _gateway_ready(port: int, log: Path, quiet: bool) -> bool:
+def _gateway_ready(port: int, log: Path, quiet: bool, ca: Path) -> bool:
     """Our gateway holds the port and answers.
 
     uvicorn logs "running on" only once it holds the port (at INFO, the default level): with
     it, a healthy answer cannot come from another gateway that happens to own the port.
     """
-    bound = f"Uvicorn running on http://127.0.0.1:{port}"
+    bound = f"Uvicorn running on https://127.0.0.1:{port}"
     if not quiet and bound not in log.read_text(errors="replace"):
         return False
-    return _healthy(port)
+    return _healthy(port, ca)
 
 
-def _healthy(port: int) -> bool:
+def _healthy(port: int, ca: Path) -> bool:
     """The gateway itself answers: /healthz with its own JSON, not just an open port."""
     import httpx
 
     try:
-        r = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
+        tls = ssl.create_default_context(cafile=ca)
+        r = httpx.get(f"https://127.0.0.1:{port}/healthz", timeout=2, verify=tls)
         body = r.json()
         return r.status_code == 200 and isinstance(body, dict) and body.get("status") == "ok"
     except (httpx.HTTPError, ValueError):
         return False
 
 
-def wait_ready(url: str, timeout: float = 30) -> dict[str, object]:
+def wait_ready(url: str, ca: Path, timeout: float = 30) -> dict[str, object]:
     import httpx
 
     deadline = time.monotonic() + timeout
     while True:
         try:
-            r = httpx.get(f"{url}/readyz", timeout=5)
+            r = httpx.get(f"{url}/readyz", timeout=5, verify=ssl.create_default_context(cafile=ca))
             if r.status_code == 200 or time.monotonic() > deadline:
                 return dict(r.json())
         except httpx.HTTPError:
@@ -181,16 +200,18 @@ def _show(name: str, done: subprocess.CompletedProcess[str]) -> None:
         print(f"      stderr: {line}")
 
 
-def self_check(state: Path, broker: Mosquitto, gw_url: str) -> bool:
+def self_check(files: Files, broker: Mosquitto, gw_url: str, client: dict[str, str]) -> bool:
     print("==> self-check: 20 MiB through a broker that takes 256 KiB packets")
-    ready = wait_ready(gw_url)
+    ready = wait_ready(gw_url, files.ca)
     print(f"    gateway /readyz: {ready}")
     mqtt = broker.url
+    env = os.environ | client  # as a user's shell after `source <state>/env`
     discover = subprocess.run(
-        ["offload", "discover", "--broker", mqtt], capture_output=True, text=True, timeout=30
-    )
+        ["offload", "discover", "--broker", mqtt], capture_output=True, text=True, timeout=30,
+        env=env,
+    )  # fmt: skip
     _show("offload discover", discover)
-    big = state / "selfcheck-20MiB.bin"
+    big = files.state / "selfcheck-20MiB.bin"
     big.write_bytes(os.urandom(20 * 1024 * 1024))
     digest = hashlib.sha256(big.read_bytes()).hexdigest()
     topic = f"selfcheck/{os.getpid()}"
@@ -199,12 +220,14 @@ def self_check(state: Path, broker: Mosquitto, gw_url: str) -> bool:
          "--timeout", "60"],
         stdout=subprocess.PIPE,
         text=True,
+        env=env,
     )  # fmt: skip
     raw = subprocess.Popen(
         ["mosquitto_sub", "-V", "5", "-p", str(broker.port), "-h", "127.0.0.1", "-t", topic,
-         "-C", "1", "-W", "60", "-F", "%j"],
+         "-u", USER, "-P", files.made.password, "-C", "1", "-W", "60", "-F", "%j"],
         stdout=subprocess.PIPE,
         text=True,
+        errors="replace",  # a chunk (not a placeholder) is binary: FAILED, not a traceback
     )  # fmt: skip
     time.sleep(1.0)  # both subscriptions in place before the publish
     t0 = time.monotonic()
@@ -214,6 +237,7 @@ def self_check(state: Path, broker: Mosquitto, gw_url: str) -> bool:
         capture_output=True,
         text=True,
         timeout=120,
+        env=env,
     )  # fmt: skip
     sub_out, _ = sub.communicate(timeout=90)
     raw_out, _ = raw.communicate(timeout=90)
@@ -248,29 +272,64 @@ def self_check(state: Path, broker: Mosquitto, gw_url: str) -> bool:
     return ok
 
 
-def banner(state: Path, broker: Mosquitto, gw_port: int, s3: SeaweedFS) -> str:
+def banner(files: Files, broker: Mosquitto, gw_port: int, s3: SeaweedFS) -> str:
     """Commands a user can paste into a new shell as they are."""
     bindir = Path(shutil.which("offload") or sys.executable).parent
     activate = bindir / "activate"
     path_line = (
         f"source {activate}" if activate.exists() else f'export PATH="{bindir}:$PATH"'
     ) + "   # puts offload, offload-gateway, offload-spark on PATH"
-    gw = f"http://127.0.0.1:{gw_port}"
+    gw = f"https://127.0.0.1:{gw_port}"
+    login = '--cacert "$OFFLOAD_CA_FILE" -u "$OFFLOAD_USERNAME:$OFFLOAD_PASSWORD"'
     return f"""
 Serving. In another shell:
   {path_line}
-  source {state / "env"}   # OFFLOAD_BROKER and the gateway's settings, S3 credentials
-  offload subscribe --broker {broker.url} --topic 'demo/#' &
-  offload publish --broker {broker.url} --topic demo/big --file /path/to/large.bin
-  curl -s --data-binary @/path/to/file {gw}/publish/demo/curl
-  curl -s {gw}/readyz
+  source {files.state / "env"}   # this stack: broker, user {USER} and its password, CA, S3
+  offload subscribe --topic 'demo/#' &
+  offload publish --topic demo/big --file /path/to/large.bin
+  curl -s {login} --data-binary @/path/to/file {gw}/publish/demo/curl
+  curl -s --cacert "$OFFLOAD_CA_FILE" {gw}/readyz
 S3 for Spark or any S3 tool: endpoint http://{s3.endpoint}  bucket offload  access key \
 {s3.access_key}  secret key {s3.secret_key}
-API docs: {gw}/docs   Logs: {state}/   Ctrl-C stops everything."""
+API docs: {gw}/docs   Logs: {files.state}/   Ctrl-C stops everything (data and logs are kept)."""
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
+
+
+def stop_all(gateway: subprocess.Popen[bytes] | None, broker: Mosquitto, s3: SeaweedFS) -> str:
+    """Stop every server within a bound, whatever state each is in; say how long each took.
+
+    The gateway goes first (it lets in-flight requests finish for GATEWAY_SHUTDOWN seconds,
+    then is killed) while it can still reach the broker and the store; then the broker and the
+    store are signalled together and waited for side by side (SeaweedFS.stop kills its group
+    after a second; mosquitto gets 5 s).
+    """
+    took: list[str] = []
+    t0 = time.monotonic()
+    if gateway is not None and gateway.poll() is None:
+        gateway.terminate()
+        try:
+            gateway.wait(GATEWAY_SHUTDOWN + 5)
+        except subprocess.TimeoutExpired:
+            gateway.kill()
+            gateway.wait()
+    took.append(f"gateway {time.monotonic() - t0:.1f} s")
+    t1 = time.monotonic()
+    if broker.proc is not None and broker.proc.poll() is None:
+        broker.proc.terminate()  # now, so it stops while SeaweedFS does
+    s3.stop()
+    took.append(f"SeaweedFS {time.monotonic() - t1:.1f} s")
+    if broker.proc is not None:
+        try:
+            broker.proc.wait(max(0.0, 5 - (time.monotonic() - t1)))
+        except subprocess.TimeoutExpired:
+            broker.proc.kill()
+            broker.proc.wait()
+        broker.proc = None
+    took.append(f"mosquitto {time.monotonic() - t1:.1f} s")
+    return ", ".join(took)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -279,12 +338,23 @@ def run(args: argparse.Namespace) -> int:
         s3_port = requested_port("STACK_S3_PORT", 8333)
         mqtt_port = requested_port("STACK_MQTT_PORT", 1883)
         gw_wanted = requested_port("STACK_GATEWAY_PORT", 8080)
-        shutil.rmtree(state, ignore_errors=True)  # ours alone: the lock is held
-        state.mkdir(parents=True)
+        if args.clean:
+            print(f"==> --clean: erasing {state}")
+            shutil.rmtree(state, ignore_errors=True)  # ours alone: the lock is held
+        elif state.exists():
+            print(f"==> keeping the data and logs in {state} (--clean starts afresh)")
+        state.mkdir(parents=True, exist_ok=True)
+        rotate_logs(state)
+        files = Files.make(state)
         s3 = SeaweedFS(workdir=state / "seaweedfs", s3_port=s3_port)
-        s3.workdir.mkdir()
-        broker = Mosquitto(max_packet_size=MAX_PACKET, port=mqtt_port, workdir=state / "mosquitto")
-        broker.workdir.mkdir()
+        s3.workdir.mkdir(exist_ok=True)
+        broker = Mosquitto(
+            max_packet_size=MAX_PACKET,
+            port=mqtt_port,
+            workdir=state / "mosquitto",
+            extra_config=files.broker_config(),
+        )
+        broker.workdir.mkdir(exist_ok=True)
         gateway: subprocess.Popen[bytes] | None = None
         try:
             print(f"==> SeaweedFS S3 on 127.0.0.1:{s3_port or '<free port>'}")
@@ -292,32 +362,39 @@ def run(args: argparse.Namespace) -> int:
             print(f"==> mosquitto on 127.0.0.1:{broker.port or '<free port>'} "
                   f"(max_packet_size {MAX_PACKET})")  # fmt: skip
             broker.start()
-            gateway, gw_port = start_gateway(state, s3, broker, gw_wanted)
-            print(f"==> gateway on http://127.0.0.1:{gw_port}  (S3 {s3.endpoint}, "
-                  f"MQTT {broker.url})")  # fmt: skip
-            ok = self_check(state, broker, f"http://127.0.0.1:{gw_port}")
+            gateway, gw_port = start_gateway(files, s3, broker, gw_wanted)
+            gw_url = f"https://127.0.0.1:{gw_port}"
+            direct = "on" if DIRECT_TRANSFERS else "off"
+            print(f"==> gateway on {gw_url}  (S3 {s3.endpoint}, MQTT {broker.url}, "
+                  f"direct transfers {direct})")  # fmt: skip
+            client = files.client_env(broker, gw_url, s3)
+            write_env(state / "env", client)
+            ok = self_check(files, broker, gw_url, client)
             if args.check or not ok:
                 return 0 if ok else 1
-            print(banner(state, broker, gw_port, s3), flush=True)
+            print(banner(files, broker, gw_port, s3), flush=True)
             while True:
                 signal.pause()
         except KeyboardInterrupt:
             return 0
         finally:
             t0 = time.monotonic()
-            if gateway is not None:
-                gateway.terminate()
-                gateway.wait(30)
-            broker.stop()
-            s3.stop()
-            print(f"==> stopped in {time.monotonic() - t0:.1f} s")
+            took = stop_all(gateway, broker, s3)
+            print(f"==> stopped in {time.monotonic() - t0:.1f} s ({took})", flush=True)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--check", action="store_true", help="exit after the self-check")
+    parser.add_argument(
+        "--clean", action="store_true", help="erase the state directory (data, logs, logins) first"
+    )
     args = parser.parse_args()
-    signal.signal(signal.SIGTERM, _raise_interrupt)  # `kill` stops as cleanly as Ctrl-C
+    # Ctrl-C, `kill` and a closed terminal all stop as cleanly. SIGINT is set explicitly: a
+    # process started in the background by a non-interactive shell (`up.sh &` in a script, a
+    # CI job) inherits SIGINT ignored, and Python then leaves it so: Ctrl-C did nothing.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _raise_interrupt)
     try:
         return run(args)
     except (StackError, PortInUse) as exc:

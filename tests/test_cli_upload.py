@@ -8,6 +8,7 @@ import os
 import pty
 import shutil
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -189,28 +190,81 @@ def test_subscribe_draws_a_bar_for_large_payloads_on_a_terminal(
     assert f"fetch {topic}" in bar and "12.0 MiB / 12.0 MiB (100%)" in bar
 
 
+class _Gate:
+    """A TCP relay to a port that passes each connection's first bytes up to a shared budget,
+    then holds the rest until opened: an upload through it is provably unfinished while held.
+    """
+
+    def __init__(self, target: int, limit: int) -> None:
+        self.target, self.budget = target, limit
+        self.lock = threading.Lock()
+        self.held, self.opened = threading.Event(), threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                down, _ = self.listener.accept()
+            except OSError:  # closed
+                return
+            up = socket.create_connection(("127.0.0.1", self.target))
+            threading.Thread(target=self._pump, args=(down, up, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(up, down, False), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, counted: bool) -> None:
+        try:
+            while data := src.recv(65536):
+                if counted and not self.opened.is_set():
+                    with self.lock:
+                        now, self.budget = data[: self.budget], max(0, self.budget - len(data))
+                    dst.sendall(now)
+                    if len(now) < len(data):
+                        self.held.set()
+                        self.opened.wait()
+                        dst.sendall(data[len(now) :])
+                    continue
+                dst.sendall(data)
+            dst.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        finally:
+            src.close()
+
+    def close(self) -> None:
+        self.opened.set()
+        self.listener.close()
+
+
 def test_an_interrupted_upload_says_how_to_resume(
     gw: GatewayServer, tmp_path: Path, unique_topic: Callable[[str], str]
 ) -> None:
     file = tmp_path / "big.bin"
     file.write_bytes(os.urandom(64 * MiB))
     state_dir = tmp_path / "state"
-    args = _upload_args(gw, unique_topic("ctrl-c"), file, "--segment-size", str(MiB),
-                        "--state-dir", str(state_dir))  # fmt: skip
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=_env(tmp_path))  # fmt: skip
-    deadline = time.monotonic() + 60
-    while not (state_dir.exists() and list(state_dir.glob("*.json"))):
-        assert time.monotonic() < deadline and proc.poll() is None
-        time.sleep(0.02)
-    time.sleep(0.3)  # some segments on their way
-    proc.send_signal(signal.SIGINT)  # Ctrl-C
-    out, err = proc.communicate(timeout=30)
-    assert proc.returncode == 130, err
-    assert out == ""
-    assert err == "offload: interrupted; the same command with --resume continues\n"
+    # The gateway gets the first 8 MiB (several 1 MiB segments acknowledged), then nothing
+    # until the gate opens: the upload is still running when Ctrl-C comes, however fast the
+    # machine (a timed pause let a quick upload finish first: exit 0, not 130).
+    gate = _Gate(gw.port, 8 * MiB)
+    try:
+        args = [OFFLOAD, "upload", "--endpoint", f"http://127.0.0.1:{gate.port}", "--topic",
+                unique_topic("ctrl-c"), "--file", str(file), "--segment-size", str(MiB),
+                "--state-dir", str(state_dir)]  # fmt: skip
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=_env(tmp_path))  # fmt: skip
+        assert gate.held.wait(120), "the upload never sent 8 MiB"
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 130, err
+        assert out == ""
+        assert err == "offload: interrupted; the same command with --resume continues\n"
 
-    done = subprocess.run([*args, "--resume"], capture_output=True, text=True, timeout=120,
-                          env=_env(tmp_path))  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["resumed_from"] > 0
+        gate.opened.set()
+        done = subprocess.run([*args, "--resume"], capture_output=True, text=True,
+                              timeout=120, env=_env(tmp_path))  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["resumed_from"] > 0
+    finally:
+        gate.close()

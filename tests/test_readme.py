@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -39,9 +40,15 @@ def walkthrough() -> dict[str, str]:
     return blocks
 
 
+@dataclass(frozen=True)
+class Stack:
+    state: Path  # what `.stack` is in a checkout
+    direct: bool  # direct transfers on (the stack says so when its gateway is up)
+
+
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A serving stack; yields its state directory (what `.stack` is in a checkout)."""
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """A serving stack."""
     state = tmp_path_factory.mktemp("stack") / ".stack"
     env = os.environ | {"STACK_DIR": str(state), "STACK_MQTT_PORT": "0", "STACK_S3_PORT": "0",
                         "STACK_GATEWAY_PORT": "0"}  # fmt: skip
@@ -55,22 +62,24 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     while not any(line.startswith("Serving.") for line in seen):
         assert proc.poll() is None and time.monotonic() < deadline, "".join(seen)
         seen.append(proc.stdout.readline())
+    (gateway,) = [line for line in seen if line.startswith("==> gateway on ")]
     try:
-        yield state
+        yield Stack(state, "direct transfers on" in gateway)
     finally:
         proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=60)
+        proc.communicate(timeout=60)  # it stops in seconds: a bound, not a pause
 
 
-def _checkout(tmp_path: Path, stack: Path) -> Path:
+def _checkout(tmp_path: Path, stack: Stack) -> Path:
     """A directory laid out like a checkout after `up.sh`: `.venv` and `.stack`."""
     (tmp_path / ".venv").symlink_to(sys.prefix)
-    (tmp_path / ".stack").symlink_to(stack)
+    (tmp_path / ".stack").symlink_to(stack.state)
     return tmp_path
 
 
 def _bash(script: str, cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OFFLOAD_", "VIRTUAL_ENV"))}
+    own = ("OFFLOAD_", "VIRTUAL_ENV", "STACK_")  # the example's shell sets these itself
+    env = {k: v for k, v in os.environ.items() if not k.startswith(own)}
     env["OFFLOAD_CONFIG"] = os.devnull  # a user's own config file is not part of the example
     return subprocess.run(
         ["bash", "-e", "-o", "pipefail", "-c", script],
@@ -78,7 +87,7 @@ def _bash(script: str, cwd: Path, timeout: float) -> subprocess.CompletedProcess
     )  # fmt: skip
 
 
-def test_walkthrough_publish_subscribe_and_curl(stack: Path, tmp_path: Path) -> None:
+def test_walkthrough_publish_subscribe_and_curl(stack: Stack, tmp_path: Path) -> None:
     cwd = _checkout(tmp_path, stack)
     done = _bash(walkthrough()[""], cwd, timeout=180)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -91,10 +100,26 @@ def test_walkthrough_publish_subscribe_and_curl(stack: Path, tmp_path: Path) -> 
         assert line["route"] == "offloaded"
         assert "content_type" not in line  # curl's default form type is not kept
     assert f"{digest}  big.bin" in done.stdout
+    # How each got in, from the gateway's access log: `offload publish` with SCRAM (a 401
+    # challenge, then the request), over direct transfers when the stack has them on; curl
+    # with Basic over TLS (no challenge).
+    ids = {line["topic"]: line["id"] for line in lines}
+    log = (stack.state / "gateway.log").read_text()
+    if stack.direct:
+        grant = re.escape('"POST /direct/grant/demo/big HTTP/1.1"')
+        assert re.search(rf"{grant} 401\n.*?{grant} 201\n", log, re.S), log
+        # the self-check's commit and this one, each after its SCRAM challenge
+        assert log.count('"POST /direct/commit HTTP/1.1" 201') >= 2, log
+        assert f"PUT /msg/{ids['demo/big']}" not in log
+    else:
+        put = re.escape(f'"PUT /msg/{ids["demo/big"]}?topic=demo%2Fbig HTTP/1.1"')
+        assert re.search(rf"{put} 401\n.*?{put} 201\n", log, re.S), log
+    assert '"POST /publish/demo/curl?qos=1 HTTP/1.1" 201' in log
+    assert '"POST /publish/demo/curl?qos=1 HTTP/1.1" 401' not in log
 
 
 @pytest.mark.spark
-def test_walkthrough_top_to_bottom_with_spark(stack: Path, tmp_path: Path) -> None:
+def test_walkthrough_top_to_bottom_with_spark(stack: Stack, tmp_path: Path) -> None:
     """Both blocks in one shell, as a reader goes through them in one terminal."""
     cwd = _checkout(tmp_path, stack)
     blocks = walkthrough()

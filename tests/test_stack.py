@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import shlex
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 import _servers
@@ -79,25 +84,60 @@ def test_a_chosen_port_lost_to_another_program_is_replaced(
         broker.stop()
 
 
-def _stack(state: Path, *args: str, **ports: str) -> subprocess.Popen[str]:
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _stack(
+    state: Path, *args: str, sigint_ignored: bool = False, **ports: str
+) -> subprocess.Popen[str]:
+    """`scripts/stack.py`; `sigint_ignored`: started as `up.sh &` from a script or CI job is."""
     env = os.environ | {"STACK_DIR": str(state), "STACK_MQTT_PORT": "0", "STACK_S3_PORT": "0",
                         "STACK_GATEWAY_PORT": "0"} | ports  # fmt: skip
     return subprocess.Popen(
         [sys.executable, str(ROOT / "scripts" / "stack.py"), *args],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=_ignore_sigint if sigint_ignored else None,
     )  # fmt: skip
+
+
+def _serving(proc: subprocess.Popen[str]) -> list[str]:
+    """The stack's output up to its banner (it is then serving)."""
+    assert proc.stdout is not None
+    seen: list[str] = []
+    deadline = time.monotonic() + 240
+    while not any(line.startswith("Serving.") for line in seen):
+        assert proc.poll() is None and time.monotonic() < deadline, "".join(seen)
+        seen.append(proc.stdout.readline())
+    while not seen[-1].startswith("API docs:"):  # the rest of the banner
+        seen.append(proc.stdout.readline())
+    return seen
+
+
+def _stopped(proc: subprocess.Popen[str]) -> None:
+    """However a test ended: `kill` (SIGTERM) stops the stack and its servers; SIGKILL last."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _ctrl_c(proc: subprocess.Popen[str]) -> str:
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0
+    assert "==> stopped in" in out
+    return out
 
 
 def test_a_second_stack_is_refused_and_leaves_the_first_alone(tmp_path: Path) -> None:
     state = tmp_path / "stack"
-    first = _stack(state)
+    first = _stack(state, sigint_ignored=True)
     try:
-        assert first.stdout is not None
-        seen = []
-        deadline = time.monotonic() + 240
-        while not any(line.startswith("Serving.") for line in seen):
-            assert first.poll() is None and time.monotonic() < deadline, "".join(seen)
-            seen.append(first.stdout.readline())
+        _serving(first)
         env_before = (state / "env").read_text()
 
         second = _stack(state, "--check")
@@ -111,13 +151,11 @@ def test_a_second_stack_is_refused_and_leaves_the_first_alone(tmp_path: Path) ->
         assert (state / "env").read_text() == env_before
         assert (state / "gateway.log").exists() and (state / "seaweedfs" / "data").is_dir()
 
-        first.send_signal(signal.SIGINT)  # Ctrl-C
-        out, _ = first.communicate(timeout=30)
-        assert first.returncode == 0
-        assert "==> stopped in" in out
+        # Ctrl-C stops it although it was started with SIGINT ignored (Python keeps it so: it
+        # used to take no notice, and its tests' teardown waited 60 s for nothing).
+        _ctrl_c(first)
     finally:
-        first.kill()
-        first.wait()
+        _stopped(first)
 
 
 def test_a_fixed_port_in_use_is_one_clear_line(squatter: int, tmp_path: Path) -> None:
@@ -129,3 +167,76 @@ def test_a_fixed_port_in_use_is_one_clear_line(squatter: int, tmp_path: Path) ->
         f"STACK_MQTT_PORT=0 for a free port or STACK_MQTT_PORT=<port> for another\n"
     )
     assert out == ""  # nothing was started
+
+
+def _env_file(path: Path) -> dict[str, str]:
+    """What `source <state>/env` sets."""
+    lines = [line for line in path.read_text().splitlines() if line.startswith("export ")]
+    pairs = (shlex.split(line[len("export ") :])[0].split("=", 1) for line in lines)
+    return {name: value for name, value in pairs}
+
+
+def test_a_restarted_stack_keeps_its_messages_logs_and_login(tmp_path: Path) -> None:
+    """A message published before a restart is fetched after it, as from a deployment."""
+    state = tmp_path / "moved-stack"  # STACK_DIR: not the checkout's .stack
+    ports = {"STACK_MQTT_PORT": str(free_port()), "STACK_GATEWAY_PORT": str(free_port()),
+             "STACK_S3_PORT": str(free_port(with_grpc=True))}  # fmt: skip
+    payload = tmp_path / "big.bin"
+    payload.write_bytes(os.urandom(3 * 1024 * 1024))  # over the 256 KiB broker limit
+    first = _stack(state, **ports)
+    try:
+        banner = _serving(first)
+        # The banner names the env file where STACK_DIR put it; it holds the password: 0600.
+        env_file = state / "env"
+        assert (
+            f"  source {env_file}   # this stack: broker, user demo and its password, CA, S3\n"
+            in banner
+        )
+        assert env_file.stat().st_mode & 0o777 == 0o600
+        login = _env_file(env_file)
+        assert login["OFFLOAD_USERNAME"] == "demo" and len(login["OFFLOAD_PASSWORD"]) >= 24
+        assert login["STACK_DIR"] == str(state)
+        shell = {k: v for k, v in os.environ.items() if not k.startswith("OFFLOAD_")}
+        shell |= login | {"OFFLOAD_CONFIG": os.devnull}
+        done = subprocess.run(
+            ["offload", "publish", "--topic", "kept/1", "--file", str(payload), "--qos", "1"],
+            env=shell, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        published = json.loads(done.stdout)
+        assert published["route"] == "offloaded"
+        _ctrl_c(first)
+        first_log = (state / "gateway.log").read_text()
+        assert "Finished server process" in first_log
+
+        second = _stack(state, **ports)
+        try:
+            out = "".join(_serving(second))
+            assert f"==> keeping the data and logs in {state} (--clean starts afresh)" in out
+            assert _env_file(env_file) == login  # the same login and addresses
+            from client import ScramAuth
+
+            fetched = httpx.get(
+                published["url"] + "/payload",
+                auth=ScramAuth(login["OFFLOAD_USERNAME"], login["OFFLOAD_PASSWORD"]),
+                verify=ssl.create_default_context(cafile=login["OFFLOAD_CA_FILE"]), timeout=60,
+            )  # fmt: skip
+            if fetched.is_redirect:  # direct transfers: to the store, without credentials
+                fetched = httpx.get(fetched.headers["location"], timeout=60)
+            assert fetched.status_code == 200
+            assert hashlib.sha256(fetched.content).hexdigest() == published["sha256"]
+            # The first run's log is kept beside the second's.
+            assert (state / "gateway.log.1").read_text() == first_log
+            assert published["id"] in (state / "gateway.log").read_text()
+            _ctrl_c(second)
+        finally:
+            _stopped(second)
+
+        clean = _stack(state, "--clean", "--check", **ports)
+        out, err = clean.communicate(timeout=300)
+        assert clean.returncode == 0, out + err
+        assert f"==> --clean: erasing {state}" in out
+        assert _env_file(env_file)["OFFLOAD_PASSWORD"] != login["OFFLOAD_PASSWORD"]
+        assert not (state / "gateway.log.1").exists()
+    finally:
+        _stopped(first)
