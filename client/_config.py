@@ -9,7 +9,7 @@ defaults.
 
 Every setting is declared once, as a field of :class:`ClientSettings` whose metadata holds
 its meaning and its parser: the keyword arguments, the `OFFLOAD_*` environment variables, the
-config-file keys and the README's settings table (:func:`settings_table`, checked by
+config-file keys and the settings table of docs/settings.md (:func:`settings_table`, checked by
 `tests/test_client_units.py`) all come from those fields. Print the table with
 `python -m client._config`. The field parsers, the allow-list matching and the config-file
 reading are in `_setting_parsers`, `_allowlist` and `_config_file`.
@@ -65,7 +65,7 @@ Ordering = Literal["topic", "arrival"]
 
 @dataclass(frozen=True, slots=True)
 class ClientSettings:
-    """Everything a :class:`client.Client` can be told. See the README's settings table."""
+    """Everything a :class:`client.Client` can be told. See docs/settings.md."""
 
     broker: str = setting("mqtt://localhost:1883", "`mqtt[s]://[user:pass@]host[:port]`")
     username: str | None = setting(
@@ -320,7 +320,7 @@ def _coerce(name: str, value: object) -> object:
 
 
 def settings_table() -> str:
-    """The README's client settings table (Markdown), made from the declared fields."""
+    """The client settings table of docs/settings.md (Markdown), made from the declared fields."""
     rows = ["| setting | environment | meaning |", "| --- | --- | --- |"]
     for f in dataclasses.fields(ClientSettings):
         env = ENV_PREFIX + f.name.upper()
@@ -433,5 +433,5 @@ class SettingsOverrides(TypedDict, total=False):
     ca_file: str | None
 
 
-if __name__ == "__main__":  # python -m client._config: the README table
+if __name__ == "__main__":  # python -m client._config: the docs/settings.md table
     print(settings_table(), end="")

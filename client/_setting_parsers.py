@@ -19,11 +19,11 @@ _FALSE = {"0", "false", "no", "off"}
 def setting(
     default: Any, meaning: str, parse: Callable[[str], object] = str, *, secret: bool = False
 ) -> Any:
-    """One declared setting: its default, its README meaning and its environment parser.
+    """One declared setting: its default, its documented meaning and its environment parser.
 
     Args:
         default: the value when no layer sets it.
-        meaning: the README table's text (Markdown).
+        meaning: the settings table's text (Markdown, docs/settings.md).
         parse: turns an environment / config-file string into the value.
         secret: kept out of the settings' repr.
     """

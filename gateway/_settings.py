@@ -49,7 +49,7 @@ class Settings(BaseSettings):
         7 * 24 * 3600, gt=0, description="longest validity of a presigned download URL, seconds"
     )
     tokens_file: Path | None = None
-    # Direct transfers (README "Direct transfers"): bytes go between clients and the store.
+    # Direct transfers (docs/http-api.md, "Direct transfers"): bytes go between clients and the store.
     s3_public_url: str | None = Field(
         None,
         description="the store's URL as clients reach it (scheme://host[:port]); when set, "
@@ -147,7 +147,7 @@ class Settings(BaseSettings):
         parse_origins(value)  # refuses a malformed origin at start-up
         return value
 
-    # Concurrency and load: pools, admission, timeouts (README "Load and concurrency").
+    # Concurrency and load: pools, admission, timeouts (docs/deployment.md, "Load and concurrency").
     max_transfers: int = Field(
         64,
         ge=1,
