@@ -49,7 +49,7 @@ class Settings(BaseSettings):
         7 * 24 * 3600, gt=0, description="longest validity of a presigned download URL, seconds"
     )
     tokens_file: Path | None = None
-    # Direct transfers (docs/http-api.md, "Direct transfers"): bytes go between clients and the store.
+    # Direct transfers (docs/http-api.md): bytes go between clients and the store.
     s3_public_url: str | None = Field(
         None,
         description="the store's URL as clients reach it (scheme://host[:port]); when set, "
