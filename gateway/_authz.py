@@ -24,13 +24,16 @@ from client.protocol import Topic
 from ._errors import Forbidden, TooManyRequests, Unauthorized
 from ._executors import WorkerPool
 from ._settings import Settings
-from .auth import Authenticator, AuthMode, Challenge
+from .auth import Authenticated, Authenticator, AuthMode, Challenge
 
 log = logging.getLogger("gateway.auth")
 
 STATE_KEY = "auth_response_headers"
 # Where `BrokerRules` leaves the authenticated user for the rest of the request.
 _PRINCIPAL = "offload_principal"
+# Where it keeps the whole decision: a SCRAM final is good for one check, so a route that
+# authenticates before it reads its body (to learn the topic) is not asked twice.
+_AUTHENTICATED = "offload_authenticated"
 
 
 def principal_of(request: Request) -> str | None:
@@ -84,7 +87,18 @@ class BrokerRules:
         self.authenticator = authenticator
         self.hashing = hashing  # its own pool: a login flood never starves store calls
 
-    async def authorize(self, request: Request, topic: Topic, *, write: bool) -> None:
+    async def authenticate(self, request: Request) -> str | None:
+        """Who sent `request` (401 with the challenge, or 429, otherwise); decided once.
+
+        Routes whose topic is inside their body (`/direct/commit`) call this before reading
+        it, so SCRAM's body-less first round trip gets its challenge, not a 400.
+        """
+        return (await self._authenticated(request)).user
+
+    async def _authenticated(self, request: Request) -> Authenticated:
+        done = getattr(request.state, _AUTHENTICATED, None)
+        if isinstance(done, Authenticated):
+            return done
         client = request.client.host if request.client is not None else ""
         header = request.headers.get("authorization")
         # Off the event loop: HTTP Basic costs a 4096-round PBKDF2.
@@ -93,9 +107,14 @@ class BrokerRules:
             raise _refuse(result)
         # Who this is, for resources that belong to a principal (resumable uploads).
         setattr(request.state, _PRINCIPAL, result.user)
+        setattr(request.state, _AUTHENTICATED, result)
+        if result.response_headers:  # SCRAM's server-final reaches the client on every answer
+            setattr(request.state, STATE_KEY, dict(result.response_headers))
+        return result
+
+    async def authorize(self, request: Request, topic: Topic, *, write: bool) -> None:
+        result = await self._authenticated(request)
         extra = dict(result.response_headers)
-        if extra:  # SCRAM's server-final reaches the client on every answer (middleware)
-            setattr(request.state, STATE_KEY, extra)
         check = self.authenticator.can_write if write else self.authenticator.can_read
         if check(result.user, topic.value):
             return

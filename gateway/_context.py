@@ -32,6 +32,13 @@ class Authorizer(Protocol):
 
     async def authorize(self, request: Request, topic: Topic, *, write: bool) -> None: ...
 
+    async def authenticate(self, request: Request) -> str | None:
+        """Who sent the request (401/429 otherwise), before its topic is known; None: anonymous.
+
+        Decided once per request: `authorize` afterwards reuses it.
+        """
+        ...
+
 
 class Broker(Protocol):
     """The broker link the gateway publishes placeholders and its discovery record through."""
@@ -115,6 +122,9 @@ class Context:
 
     async def authorize_read(self, request: Request, topic: Topic) -> None:
         await self.authorizer.authorize(request, topic, write=False)
+
+    async def authenticate(self, request: Request) -> str | None:
+        return await self.authorizer.authenticate(request)
 
 
 def get_context(request: Request) -> Context:

@@ -271,6 +271,8 @@ async def _read_back(ctx: Context, key: str) -> str:
 async def commit_upload(request: Request, ctx: Ctx) -> Response:
     """Check the uploaded object against its grant, then store manifest and index."""
     store = ctx.direct.require()
+    # Before the body: SCRAM's first round trip has none, and must get its challenge.
+    await ctx.authenticate(request)
     req = parse_commit_request(
         await _json_body(request), max_header_bytes=ctx.settings.max_header_bytes
     )
