@@ -44,6 +44,7 @@ from client.protocol import Manifest, MessageId, Topic
 
 from ._errors import BadRequest, Forbidden, NotFound, PayloadTooLarge
 from ._media import is_inline, served_type
+from ._text import text_problem
 from .storage import DirectStore, ObjectStore, SupportsDirect
 
 #: S3's multipart rules.
@@ -214,6 +215,9 @@ def parse_grant_request(doc: object, *, max_size: int) -> GrantRequest:
     content_type = doc.get("content_type")
     if content_type is not None and not isinstance(content_type, str):
         raise BadRequest("`content_type` must be a string")
+    problem = None if content_type is None else text_problem(content_type, "`content_type`")
+    if problem is not None:
+        raise BadRequest(problem)
     return GrantRequest(
         size,
         sha256,
@@ -327,7 +331,10 @@ def parse_commit_request(doc: object, *, max_header_bytes: int) -> CommitRequest
         total += len(name) + len(value)
         if total > max_header_bytes:
             raise BadRequest(f"headers exceed {max_header_bytes} bytes")
+        problem = text_problem(name, "header name") or text_problem(value, "header value")
+        if problem is not None:
+            raise BadRequest(problem)
         if name == "_id":  # the id is the grant's; the manifest adds its own `_id`
             continue
-        headers.append((name, value.encode("utf-8", "surrogatepass")))
+        headers.append((name, value.encode("utf-8")))
     return CommitRequest(token, tuple(etags), tuple(headers))

@@ -1,0 +1,135 @@
+"""Direct-upload commits as an attacker sends them: over the public HTTP API, against the real
+gateway, SeaweedFS and mosquitto. Every hostile request's answer is asserted, and what the
+store holds afterwards."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+from minio import Minio
+
+from client.protocol import encode_upload
+
+from _gateway import GatewayServer
+from _servers import Mosquitto, SeaweedFS
+
+pytestmark = pytest.mark.servers
+
+MiB = 1024 * 1024
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@pytest.fixture
+def store(seaweed: SeaweedFS) -> Minio:
+    return Minio(
+        seaweed.endpoint,
+        access_key=seaweed.access_key,
+        secret_key=seaweed.secret_key,
+        secure=False,
+    )
+
+
+@pytest.fixture
+def direct_gw(
+    gateway_factory: Callable[..., GatewayServer], broker: Mosquitto, seaweed: SeaweedFS
+) -> GatewayServer:
+    return gateway_factory(broker, s3_public_url=f"http://{seaweed.endpoint}")
+
+
+def objects(store: Minio, bucket: str) -> list[str]:
+    return sorted(
+        o.object_name
+        for o in store.list_objects(bucket, recursive=True)
+        if o.object_name and o.object_name.startswith(("data/", "ids/"))
+    )
+
+
+def grant(gw: GatewayServer, topic: str, parts: list[bytes], **extra: Any) -> httpx.Response:
+    whole = b"".join(parts)
+    body = {
+        "size": len(whole),
+        "sha256": sha(whole),
+        "part_size": len(parts[0]) if len(parts) > 1 else max(1, len(whole)),
+        "parts": [sha(p) for p in parts],
+        **extra,
+    }
+    raw = json.dumps(body).encode("ascii")  # lone surrogates as `\udXXX` escapes
+    headers = {"Content-Type": "application/json"}
+    return httpx.post(f"{gw.url}/direct/grant/{topic}", content=raw, headers=headers, timeout=30)
+
+
+def put_parts(answer: httpx.Response, parts: list[bytes]) -> list[str]:
+    assert answer.status_code == 201, answer.text
+    pairs = zip(answer.json()["urls"], parts, strict=True)
+    return [httpx.put(url, content=data, timeout=30).headers["ETag"] for url, data in pairs]
+
+
+def commit(gw: GatewayServer, body: dict[str, Any]) -> httpx.Response:
+    raw = json.dumps(body).encode("ascii")
+    headers = {"Content-Type": "application/json"}
+    return httpx.post(f"{gw.url}/direct/commit", content=raw, headers=headers, timeout=60)
+
+
+def test_text_that_is_not_unicode_is_refused_on_every_ingest_path(
+    direct_gw: GatewayServer, store: Minio, bucket_name: str, unique_topic: Any
+) -> None:
+    """Lone surrogates in stored text: 400 with a reason, nothing kept, the rest readable."""
+    gw = direct_gw
+    topic = unique_topic("text")
+    data = b"a payload whose commit carries bad text"
+    answer = grant(gw, topic, [data])
+    token = answer.json()["grant"]
+    put_parts(answer, [data])
+    hostile = [
+        commit(gw, {"grant": token, "headers": [["\ud800x", "v"]]}),
+        commit(gw, {"grant": token, "headers": [["name", "\udfff"]]}),
+        commit(gw, {"grant": token, "headers": [["\udc80", "\ud800"]]}),
+    ]
+    for refused in hostile:
+        assert refused.status_code == 400, refused.text
+        assert "not valid Unicode" in refused.json()["detail"], refused.text
+    # The refusals lost nothing: the same grant still commits, and every reader reads it.
+    done = commit(gw, {"grant": token, "headers": [["name", "välue"]]})
+    assert done.status_code == 201, done.text
+    mid = done.json()["id"]
+    assert httpx.get(f"{gw.url}/msg/{mid}").status_code == 200
+    assert httpx.get(f"{gw.url}/msg/{mid}/payload", follow_redirects=True).content == data
+
+    # A grant's content type (JSON too): refused, not a 5xx.
+    bad_type = grant(gw, topic, [data], content_type="text/\ud800")
+    assert bad_type.status_code == 400 and "not valid Unicode" in bad_type.text, bad_type.text
+
+    # The byte-decoded paths: strict UTF-8 refuses the surrogate's encoding (ED A0 80).
+    head, tail = encode_upload(4, headers=[("XYZ", b"v")])
+    assert head.count(b"XYZ\x00") == 1
+    bson = head.replace(b"XYZ\x00", b"\xed\xa0\x80\x00") + b"body" + tail
+    hop = httpx.post(f"{gw.url}/topic/{topic}", content=bson)
+    raw = httpx.put(
+        f"{gw.url}/msg/{uuid.uuid4()}",
+        params={"topic": topic},
+        headers={"X-Offload-Header": "%ED%A0%80x=v"},
+        content=b"body",
+    )
+    name = base64.b64encode(b"\xed\xa0\x80").decode()
+    tus = httpx.post(
+        f"{gw.url}/uploads/",
+        headers={
+            "Tus-Resumable": "1.0.0",
+            "Upload-Length": "4",
+            "Upload-Metadata": f"topic {base64.b64encode(topic.encode()).decode()},filename {name}",
+        },
+    )
+    assert [r.status_code for r in (hop, raw, tus)] == [400, 400, 400], [
+        r.text for r in (hop, raw, tus)
+    ]
+    assert len(objects(store, bucket_name)) == 3  # the one good message: payload, sidecar, index
