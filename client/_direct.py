@@ -140,7 +140,14 @@ class DirectUploader:
                 self._abandon(base, grant["grant"], auth)
                 raise
         body = {"grant": grant["grant"], "etags": etags, "headers": [list(h) for h in headers]}
-        self._post(f"{base}/direct/commit", body, auth, grant=False)
+        try:
+            self._post(f"{base}/direct/commit", body, auth, grant=False)
+        except UploadError:
+            # The parts stay in the store until aborted. Safe even when the commit went
+            # through and only its answer was lost: a grant has one commit or abandon, and
+            # an abandon after the commit answers the committed message (gateway side).
+            self._abandon(base, grant["grant"], auth)
+            raise
         return UploadReceipt(message_id, f"{base}/msg/{message_id}", source.size, sha256)
 
     def _post(

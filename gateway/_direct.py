@@ -34,6 +34,7 @@ key, upload id, size, hashes and expiry, valid on any replica with the same
 from __future__ import annotations
 
 import base64
+import hashlib
 import math
 import re
 import time
@@ -51,6 +52,8 @@ from .storage import DirectStore, ObjectStore, SupportsDirect
 MIN_PART = 5 * 1024 * 1024
 MAX_PART = 5 * 1024**3
 MAX_PARTS = 10_000
+#: Where the commits' claims on grants are kept (`Grant.claim_key`), until the grant expires.
+GRANTS_PREFIX = "grants/"
 #: Largest grant or commit request body read (10,000 hex hashes fit).
 MAX_REQUEST_BYTES = 1024 * 1024
 _HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -288,6 +291,24 @@ class Grant:
 
     def expired(self, now: float | None = None) -> bool:
         return self.expires <= (time.time() if now is None else now)
+
+    @property
+    def claim_key(self) -> str:
+        """The store key whose conditional create makes one commit (or abandon) the grant's.
+
+        The expiry leads the key, so the sweeper drops expired claims without reading them.
+        """
+        digest = hashlib.sha256(self.key.encode("utf-8")).hexdigest()[:32]
+        return f"{GRANTS_PREFIX}{self.expires}/{digest}"
+
+
+def claim_expiry(key: str) -> int | None:
+    """The grant expiry (Unix seconds) a claim key names; None for any other key."""
+    rest = key.removeprefix(GRANTS_PREFIX)
+    stamp, _, digest = rest.partition("/")
+    if rest == key or not stamp.isascii() or not stamp.isdigit() or len(digest) != 32:
+        return None
+    return int(stamp)
 
 
 @dataclass(frozen=True, slots=True)

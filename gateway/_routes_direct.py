@@ -16,17 +16,19 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Generator
+from collections.abc import AsyncIterator, Callable, Generator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 
-from client.protocol import MessageId, data_key, loads_object
+from client.protocol import Manifest, MessageId, data_key, loads_object
 
 from ._context import Context, Ctx
 from ._direct import (
@@ -41,6 +43,7 @@ from ._direct import (
 from ._errors import (
     COMMON_RESPONSES,
     BadRequest,
+    Conflict,
     Forbidden,
     PayloadTooLarge,
     StorageUnavailable,
@@ -59,7 +62,10 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     **COMMON_RESPONSES,
     400: {"description": "malformed request, or an object that does not match its grant"},
     403: {"description": "not allowed to write this topic, or a grant expired or altered"},
-    409: {"description": "id already stored with other content"},
+    409: {
+        "description": "id already stored with other content, or another commit or abandon "
+        "of this grant came first"
+    },
     404: {"description": "direct transfers are off on this gateway"},
     413: {"description": "size larger than the configured maximum"},
 }
@@ -261,6 +267,41 @@ async def _read_back(ctx: Context, key: str) -> str:
             job.add_done_callback(lambda _: slot.release())
 
 
+async def _committed(ctx: Context, grant: Grant) -> Manifest | None:
+    """The message this grant committed, None when it has not (yet)."""
+    if grant.message_id is None:
+        return None
+    done = await ctx.service.find(grant.message_id)
+    return done if done is not None and done.data_key == grant.key else None
+
+
+@asynccontextmanager
+async def _claimed(ctx: Context, grant: Grant) -> AsyncIterator[bool]:
+    """Hold the grant as its one running commit or abandon; False when another holds it.
+
+    A conditional create in the store, so it holds across replicas: without it a commit
+    and a concurrent abandon (`{"etags": []}`) of one grant could both run, the abandon
+    deleting the object the commit then indexed. Released when the holder is done; a
+    holder that won after an earlier one finished looks for its message again, since the
+    index is written before the claim is released. A claim a crash left behind is removed
+    by the sweeper once the grant has expired.
+    """
+    store = ctx.service.store
+    body = json.dumps({"expires": grant.expires}).encode("ascii")
+    try:
+        held = await ctx.service.workers.store.run(store.create_bytes, grant.claim_key, body)
+    except StoreError as exc:
+        raise StorageUnavailable(f"object store unavailable: {exc}") from exc
+    try:
+        yield held
+    finally:
+        if held:
+            try:
+                await ctx.service.workers.store.run(store.delete, grant.claim_key)
+            except StoreError as exc:  # the sweeper removes it after the grant expires
+                log.warning("could not release the claim on %s: %s", grant.key, exc)
+
+
 @router.post(
     "/direct/commit",
     status_code=201,
@@ -281,10 +322,23 @@ async def commit_upload(request: Request, ctx: Ctx) -> Response:
         raise Forbidden(claims)
     grant = Grant.from_claims(claims)
     await ctx.authorize_write(request, grant.topic)
-    if grant.message_id is not None:
-        done = await ctx.service.find(grant.message_id)
-        if done is not None and done.data_key == grant.key:  # this grant, committed before
+    async with _claimed(ctx, grant) as held:
+        # Committed before (its answer lost, say), or by the holder before us.
+        done = await _committed(ctx, grant)
+        if done is not None:
             return created_response(ctx, request, done, False)
+        if not held:
+            raise Conflict(
+                "another commit or abandon of this grant is under way; nothing changed "
+                "(ask again for its outcome)"
+            )
+        return await _commit(ctx, request, store, grant, req)
+
+
+async def _commit(
+    ctx: Context, request: Request, store: DirectStore, grant: Grant, req: CommitRequest
+) -> Response:
+    """The grant's one commit (or abandon): refuse and remove, or store manifest and index."""
     if grant.expired():
         await _discard(ctx, store, grant)
         raise Forbidden("upload grant expired; what was uploaded is removed, nothing kept")

@@ -14,6 +14,7 @@ One sweep walks the id index (`ids/`), then the payloads and sidecars (`data/`):
 Then it removes abandoned resumable uploads (`uploads/`): an upload whose `Upload-Expires` has
 passed, with its staged segments, and segments whose upload state is gone. An expired upload
 can no longer be continued on any replica (it answers 410), so removing it races nothing.
+Last, the claims direct-upload commits leave (`grants/`) once their grant is long expired.
 
 Every delete is idempotent, so several gateway replicas may sweep the same bucket; the
 interval is jittered so they do not all list at once. Keys outside the layout are left alone.
@@ -41,6 +42,7 @@ from client.protocol import (
     parse_data_key,
 )
 
+from ._direct import GRANTS_PREFIX, claim_expiry
 from ._executors import WorkerPool
 from ._manifests import ManifestRepository
 from ._resumable import cleanup_expired_uploads
@@ -161,10 +163,29 @@ class Sweeper:
             except StoreError as exc:
                 errors += 1
                 log.warning("sweep: abandoned uploads skipped: %s", exc)
+        if not self._stopping.is_set():
+            try:
+                self._sweep_claims(now)
+            except StoreError as exc:
+                errors += 1
+                log.warning("sweep: grant claims skipped: %s", exc)
         report = SweepReport(expired, orphans, kept, len(suspects), errors, uploads)
         if expired or orphans or errors or uploads:
             log.info("sweep: %s", report)
         return report
+
+    def _sweep_claims(self, now: int) -> None:
+        """Delete direct-upload grant claims once their grant is long expired (`gateway._direct`).
+
+        A grant past its expiry commits no more (its commit answers the message it made, or
+        403), so its claim is only kept for the grace period, against clocks that disagree.
+        """
+        for info in self.store.list(GRANTS_PREFIX):
+            if self._stopping.is_set():
+                return
+            expires = claim_expiry(info.key)
+            if expires is not None and expires * 1000 + self.grace_ms < now:
+                self.store.delete(info.key)
 
     def _judge(self, key: str, *, has_sidecar: bool, now: int) -> str:
         """'expired' (and deleted), 'orphan', or 'keep' for a payload key no index named."""

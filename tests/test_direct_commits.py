@@ -7,6 +7,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
+import threading
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -133,3 +135,71 @@ def test_text_that_is_not_unicode_is_refused_on_every_ingest_path(
         r.text for r in (hop, raw, tus)
     ]
     assert len(objects(store, bucket_name)) == 3  # the one good message: payload, sidecar, index
+
+
+def test_a_commit_and_a_concurrent_abandon_of_one_grant_have_one_winner(
+    gateway_factory: Callable[..., GatewayServer],
+    broker: Mosquitto,
+    seaweed: SeaweedFS,
+    store: Minio,
+    bucket_name: str,
+    unique_topic: Any,
+) -> None:
+    """Real commit at one replica, `{"etags": []}` (the client's abandon) at another, at once.
+
+    Either the commit wins (201, the payload served byte-exact; the abandon 409 or the same
+    201) or the abandon does (400, nothing kept; the commit 409, or 400 once the parts are
+    gone). Never both: a 201 whose payload the abandon deleted.
+    """
+    public = f"http://{seaweed.endpoint}"
+    replicas = [gateway_factory(broker, s3_public_url=public, auth_secret="shared") for _ in "ab"]
+    topic = unique_topic("race")
+    pairs = 10
+    a, b = os.urandom(5 * MiB), os.urandom(1000)
+    committed: list[tuple[str, bytes]] = []
+    outcomes: list[tuple[int, int]] = []
+    for i in range(pairs):
+        head = a[:-8] + i.to_bytes(8, "big")  # another payload each time
+        answer = grant(replicas[0], topic, [head, b])
+        etags = put_parts(answer, [head, b])
+        token = answer.json()["grant"]
+        barrier = threading.Barrier(2)
+        results: dict[str, httpx.Response] = {}
+
+        def send(
+            name: str,
+            gw: GatewayServer,
+            body: dict[str, Any],
+            barrier: threading.Barrier = barrier,
+            results: dict[str, httpx.Response] = results,
+        ) -> None:
+            barrier.wait()
+            results[name] = commit(gw, body)
+
+        threads = [
+            threading.Thread(
+                target=send, args=("commit", replicas[i % 2], {"grant": token, "etags": etags})
+            ),
+            threading.Thread(
+                target=send, args=("abandon", replicas[1 - i % 2], {"grant": token, "etags": []})
+            ),
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        done, abandon = results["commit"], results["abandon"]
+        outcomes.append((done.status_code, abandon.status_code))
+        if done.status_code == 201:
+            assert abandon.status_code in (201, 409), abandon.text
+            if abandon.status_code == 201:
+                assert abandon.json()["id"] == done.json()["id"]
+            committed.append((done.json()["id"], head + b))
+        else:  # refused while the abandon held the grant, or after it removed the parts
+            assert done.status_code in (400, 409), done.text
+            assert abandon.status_code == 400, abandon.text
+    for mid, payload in committed:
+        fetched = httpx.get(f"{replicas[0].url}/msg/{mid}/payload", follow_redirects=True)
+        assert fetched.status_code == 200 and fetched.content == payload, (mid, outcomes)
+    assert len(objects(store, bucket_name)) == 3 * len(committed), outcomes
+    assert store._list_multipart_uploads(bucket_name, prefix="data/").uploads == []

@@ -182,6 +182,19 @@ def test_abandoned_payloads_go_after_the_grace_period_and_a_second_look(store: S
     assert keys(store) == {young, foreign}  # payloads and the sidecar gone
 
 
+def test_claims_on_direct_grants_go_once_their_grant_is_long_expired(store: S3Store) -> None:
+    """A claim a crashed commit left (`grants/<expires>/<digest>`) goes after expiry + grace."""
+    now = int(time.time())
+    stale = f"grants/{now - 3601 - 60}/{'a' * 32}"
+    recent = f"grants/{now - 60}/{'b' * 32}"  # expired, but within the grace period
+    live = f"grants/{now + 3600}/{'c' * 32}"
+    foreign = "grants/not-a-claim"
+    for key in (stale, recent, live, foreign):
+        store.put_bytes(key, b"{}")
+    Sweeper(store, grace=3600).sweep_once()
+    assert keys(store) == {recent, live, foreign}
+
+
 def test_replicas_sweeping_at_once_do_not_trip_over_each_other(store: S3Store) -> None:
     for _ in range(8):
         stamp = now_ms() - 10_000
