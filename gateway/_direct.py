@@ -121,6 +121,11 @@ class Direct:
         )
 
     @property
+    def store(self) -> DirectStore | None:
+        """The presigner (multipart calls too); None when direct transfers are off."""
+        return self._store
+
+    @property
     def public_url(self) -> str | None:
         """The store origin advertised to clients; None when off."""
         return self._store.public_url if self._store is not None else None
@@ -252,6 +257,7 @@ class Grant:
     content_type: str | None
     timestamp: int  # ms, when the grant was made (the message's time)
     expires: int  # Unix seconds
+    owner: str | None = None  # who asked for it (its open-upload record is theirs)
 
     def claims(self) -> dict[str, Any]:
         return {
@@ -267,6 +273,7 @@ class Grant:
             "c": self.content_type,
             "ts": self.timestamp,
             "e": self.expires,
+            "o": self.owner,
         }
 
     @classmethod
@@ -287,6 +294,7 @@ class Grant:
             claims["c"],
             claims["ts"],
             claims["e"],
+            claims.get("o"),  # absent from grants sealed before it existed
         )
 
     def expired(self, now: float | None = None) -> bool:
@@ -298,8 +306,16 @@ class Grant:
 
         The expiry leads the key, so the sweeper drops expired claims without reading them.
         """
-        digest = hashlib.sha256(self.key.encode("utf-8")).hexdigest()[:32]
-        return f"{GRANTS_PREFIX}{self.expires}/{digest}"
+        return f"{GRANTS_PREFIX}{self.expires}/{self.digest}"
+
+    @property
+    def digest(self) -> str:
+        """32 hex digits naming the grant's object key (its claim and quota record)."""
+        return hashlib.sha256(self.key.encode("utf-8")).hexdigest()[:32]
+
+    @property
+    def quota_ident(self) -> str:
+        return f"g-{self.digest}"
 
 
 def claim_expiry(key: str) -> int | None:

@@ -50,6 +50,7 @@ from ._errors import (
 )
 from ._ingest import Received, build_manifest, commit_or_discard
 from ._media import parse_content_type
+from ._quotas import grant_record_body
 from ._routes import created_response
 from ._service import MAX_KEY_BYTES, now_ms, parse_topic
 from .storage import DirectStore, ObjectStore, StoreError
@@ -166,8 +167,10 @@ async def grant_upload(topic: str, request: Request, ctx: Ctx) -> Response:
     store = ctx.direct.require()
     parsed_topic = parse_topic(topic, max_bytes=ctx.settings.max_topic_bytes)
     await ctx.authorize_write(request, parsed_topic)
+    owner = await ctx.authenticate(request)  # decided by authorize_write: not asked again
     req = parse_grant_request(await _json_body(request), max_size=ctx.settings.max_body_bytes)
     content_type = parse_content_type(req.content_type, source="content_type")
+    await ctx.quotas.check(owner, req.size)  # per-user caps: 429 with Retry-After
     stamp = now_ms()
     key = data_key(parsed_topic, stamp, uuid.uuid4().hex)
     if len(key.encode("utf-8")) + 16 > MAX_KEY_BYTES:
@@ -191,12 +194,20 @@ async def grant_upload(topic: str, request: Request, ctx: Ctx) -> Response:
         content_type,
         stamp,
         int(time.time()) + seconds,
+        owner,
     )
+    # Counted until its commit or abandon; the sweeper aborts the upload of one never ended.
+    record = grant_record_body(key, upload_id)
+    await ctx.quotas.record(
+        owner, grant.quota_ident, expires=grant.expires, size=req.size, body=record
+    )
+    # Off the event loop: 10,000 SigV4 signatures take seconds of CPU.
+    urls = await ctx.service.workers.hashing.run(_urls, store, grant, req, seconds)
     body = {
         "grant": ctx.signer.seal(grant.claims()),
         "expires": grant.expires,
         "part_size": req.part_size,
-        "urls": _urls(store, grant, req, seconds),
+        "urls": urls,
     }
     return JSONResponse(body, status_code=201, headers={"Cache-Control": "no-store"})
 
@@ -209,6 +220,7 @@ async def _discard(ctx: Context, store: DirectStore, grant: Grant) -> None:
         except StoreError as exc:  # the parts stay until the bucket's lifecycle rule
             log.warning("could not abort upload %s of %s: %s", grant.upload_id, grant.key, exc)
     await ctx.service.discard(grant.key)
+    await ctx.quotas.release(grant.owner, grant.quota_ident)
 
 
 async def _assemble(ctx: Context, store: DirectStore, grant: Grant, req: CommitRequest) -> None:
@@ -354,4 +366,5 @@ async def _commit(
     )
     manifest = build_manifest(ctx, received, ttl=grant.ttl, content_type=grant.content_type)
     stored = await commit_or_discard(ctx, manifest, kind="direct")
+    await ctx.quotas.release(grant.owner, grant.quota_ident)
     return created_response(ctx, request, stored.manifest, stored.created)
