@@ -203,3 +203,36 @@ def test_a_commit_and_a_concurrent_abandon_of_one_grant_have_one_winner(
         assert fetched.status_code == 200 and fetched.content == payload, (mid, outcomes)
     assert len(objects(store, bucket_name)) == 3 * len(committed), outcomes
     assert store._list_multipart_uploads(bucket_name, prefix="data/").uploads == []
+
+
+def test_an_object_larger_than_its_grant_is_refused_at_the_bound(
+    direct_gw: GatewayServer, store: Minio, bucket_name: str, unique_topic: Any
+) -> None:
+    """Part URLs bind each part's bytes, not its length: a producer can state the hash of a
+    longer last part. The commit checks the object's size against the grant's, both ways."""
+    gw = direct_gw
+    topic = unique_topic("size")
+    head = os.urandom(5 * MiB)
+
+    def upload(size: int, tail: bytes) -> httpx.Response:
+        body = {
+            "size": size,
+            "sha256": sha(head + tail),
+            "part_size": 5 * MiB,
+            "parts": [sha(head), sha(tail)],
+        }
+        answer = httpx.post(f"{gw.url}/direct/grant/{topic}", json=body, timeout=30)
+        etags = put_parts(answer, [head, tail])
+        return commit(gw, {"grant": answer.json()["grant"], "etags": etags})
+
+    granted = len(head) + 1
+    over = upload(granted, b"xy")  # granted + 1 bytes stored
+    assert over.status_code == 400, over.text
+    assert f"object has {granted + 1} bytes, the grant {granted}" in over.json()["detail"]
+    assert objects(store, bucket_name) == []  # removed, nothing recorded
+    exact = upload(granted, b"x")
+    assert exact.status_code == 201, exact.text
+    mid = exact.json()["id"]
+    fetched = httpx.get(f"{gw.url}/msg/{mid}/payload", follow_redirects=True)
+    assert fetched.content == head + b"x"
+    assert len(objects(store, bucket_name)) == 3
