@@ -28,7 +28,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 
-from client.protocol import Manifest, MessageId, data_key, loads_object
+from client.protocol import Manifest, MessageId, data_key, loads_object, parse_data_key
 
 from ._context import Context, Ctx
 from ._direct import (
@@ -53,7 +53,7 @@ from ._media import parse_content_type
 from ._quotas import grant_record_body
 from ._routes import created_response
 from ._service import MAX_KEY_BYTES, now_ms, parse_topic
-from .storage import DirectStore, ObjectStore, StoreError
+from .storage import DirectStore, ObjectInfo, ObjectStore, StoreError
 
 log = logging.getLogger("gateway")
 
@@ -284,7 +284,36 @@ async def _committed(ctx: Context, grant: Grant) -> Manifest | None:
     if grant.message_id is None:
         return None
     done = await ctx.service.find(grant.message_id)
-    return done if done is not None and done.data_key == grant.key else None
+    if done is None:
+        return None
+    # The same object, perhaps moved to its commit's hour (`_restamp`): the same token.
+    mine, theirs = parse_data_key(grant.key), parse_data_key(done.data_key)
+    same = mine is not None and theirs is not None and mine.token == theirs.token
+    return done if same and done.topic == grant.topic else None
+
+
+async def _restamp(ctx: Context, grant: Grant) -> tuple[int, str]:
+    """The message's time and key: its commit's, not its grant's.
+
+    A Spark stream orders messages by this time and gives up on those more than its
+    lateness (600 s by default) behind the newest; a grant lives up to
+    `OFFLOAD_DIRECT_GRANT_TTL` (an hour), so a grant-time stamp lost slow uploads. Batch
+    reads prune by the key's hour, so the time must lie in it: a commit in another hour
+    than its grant moves the object there first (a server-side copy in the store).
+    """
+    stamp = now_ms()
+    token = grant.key.rsplit("/", 1)[-1]
+    key = data_key(grant.topic, stamp, token)
+    if key != grant.key:
+        source = [ObjectInfo(grant.key, grant.size)]
+        try:
+            await ctx.service.workers.store.run(
+                ctx.service.store.concat, key, source, grant.content_type
+            )
+        except StoreError as exc:  # the object stays where it is: the commit may be repeated
+            raise StorageUnavailable(f"object store unavailable: {exc}") from exc
+        await ctx.service.discard(grant.key)
+    return stamp, key
 
 
 @asynccontextmanager
@@ -355,12 +384,13 @@ async def _commit(
         await _discard(ctx, store, grant)
         raise Forbidden("upload grant expired; what was uploaded is removed, nothing kept")
     await _assemble(ctx, store, grant, req)
+    stamp, key = await _restamp(ctx, grant)
     received = Received(
         grant.topic,
-        grant.key,
+        key,
         grant.sha256,
         grant.size,
-        grant.timestamp,
+        stamp,
         headers=req.headers,
         message_id=grant.message_id,
     )

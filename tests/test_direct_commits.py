@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import io
 import json
 import os
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -17,7 +19,8 @@ import httpx
 import pytest
 from minio import Minio
 
-from client.protocol import encode_upload
+from client.protocol import Manifest, Topic, data_key, encode_upload
+from gateway._signing import UrlSigner
 
 from _gateway import GatewayServer
 from _servers import Mosquitto, SeaweedFS
@@ -236,3 +239,65 @@ def test_an_object_larger_than_its_grant_is_refused_at_the_bound(
     fetched = httpx.get(f"{gw.url}/msg/{mid}/payload", follow_redirects=True)
     assert fetched.content == head + b"x"
     assert len(objects(store, bucket_name)) == 3
+
+
+def token_claims(token: str) -> dict[str, Any]:
+    body = token.split(".")[0]
+    claims: dict[str, Any] = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+    return claims
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def index_of(store: Minio, bucket: str, mid: str) -> Manifest:
+    response = store.get_object(bucket, f"ids/{mid}.json")
+    try:
+        return Manifest.from_json(response.read())
+    finally:
+        response.close()
+        response.release_conn()
+
+
+def test_a_direct_upload_is_stamped_when_it_commits_not_when_it_was_granted(
+    gateway_factory: Callable[..., GatewayServer],
+    broker: Mosquitto,
+    seaweed: SeaweedFS,
+    store: Minio,
+    bucket_name: str,
+    unique_topic: Any,
+) -> None:
+    """What a Spark stream orders by: a slow upload must not be stamped an hour early."""
+    secret = "stamp-secret"
+    gw = gateway_factory(broker, s3_public_url=f"http://{seaweed.endpoint}", auth_secret=secret)
+    topic = unique_topic("stamp")
+    data = b"stamped at its commit"
+    answer = grant(gw, topic, [data])
+    put_parts(answer, [data])
+    granted = token_claims(answer.json()["grant"])["ts"]
+    while now_ms() <= granted:  # the clock must have moved on from the grant's stamp
+        time.sleep(0.001)
+    before = now_ms()
+    done = commit(gw, {"grant": answer.json()["grant"]})
+    assert done.status_code == 201, done.text
+    assert index_of(store, bucket_name, done.json()["id"]).timestamp >= before > granted
+
+    # Granted in an earlier hour (sealed with the replicas' secret, as a grant made then
+    # would be): the object moves to its commit's hour, where batch reads look for it.
+    claims = token_claims(grant(gw, topic, [data]).json()["grant"])
+    hour_ago = claims["ts"] - 2 * 3600 * 1000
+    old_key = data_key(Topic(topic), hour_ago, uuid.uuid4().hex)
+    claims |= {"ts": hour_ago, "k": old_key}
+    store.put_object(bucket_name, old_key, io.BytesIO(data), len(data))
+    before = now_ms()
+    moved = commit(gw, {"grant": UrlSigner(secret.encode()).seal(claims)})
+    assert moved.status_code == 201, moved.text
+    manifest = index_of(store, bucket_name, moved.json()["id"])
+    assert manifest.timestamp >= before
+    assert manifest.data_key == data_key(Topic(topic), manifest.timestamp, old_key[-32:])
+    assert old_key not in objects(store, bucket_name)
+    fetched = httpx.get(f"{gw.url}/msg/{moved.json()['id']}/payload", follow_redirects=True)
+    assert fetched.content == data
+    again = commit(gw, {"grant": UrlSigner(secret.encode()).seal(claims)})  # answer lost
+    assert again.status_code == 201 and again.json()["id"] == moved.json()["id"], again.text
