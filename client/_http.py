@@ -25,6 +25,7 @@ import ssl
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
+from urllib.parse import quote
 
 import httpx
 
@@ -239,6 +240,7 @@ class HttpTransport:
         auth: httpx.Auth | None = None,
         on_bytes: Callable[[int, int | None], None] | None = None,
         redirect_ok: Callable[[Origin], bool] | None = None,
+        topic: str | None = None,
     ) -> Payload:
         """GET a raw payload, verifying its SHA-256 while it streams in, never reading more.
 
@@ -269,6 +271,9 @@ class HttpTransport:
             auth: credentials, only when the URL may receive them.
             on_bytes: called with (bytes received so far, total or None) as pieces arrive.
             redirect_ok: which other origins a redirect may lead to (the advertised store).
+            topic: the topic the placeholder came on, told to the gateway (never to a
+                redirect's target): with delete-after-fetch it deletes only its own topic's
+                messages, not those a hostile placeholder pointed at.
 
         Raises:
             PayloadNotFound: 404 or 410.
@@ -283,7 +288,7 @@ class HttpTransport:
             )
         limit = expected_size if expected_size is not None else max_bytes
         try:
-            with self._open(url, auth, redirect_ok) as response:
+            with self._open(url, auth, redirect_ok, topic) as response:
                 size = _checked_length(str(response.url), response, expected_size, limit)
                 # The SHA-256 on a second thread while the reader waits on the socket (or
                 # the disk): hashlib and the socket read both release the GIL.
@@ -311,17 +316,20 @@ class HttpTransport:
 
     @contextlib.contextmanager
     def _open(
-        self, url: str, auth: httpx.Auth | None, redirect_ok: Callable[[Origin], bool] | None
+        self,
+        url: str,
+        auth: httpx.Auth | None,
+        redirect_ok: Callable[[Origin], bool] | None,
+        topic: str | None = None,
     ) -> Iterator[httpx.Response]:
         """The final 200 response for `url`, redirects followed by the rules of `fetch`."""
         target = httpx.URL(url)
         home = _origin(url, target)
-        request = self._reader.build_request(
-            # The body is counted as it travels: no content coding may inflate it.
-            "GET",
-            target,
-            headers={"Accept-Encoding": "identity"},
-        )
+        # The body is counted as it travels: no content coding may inflate it.
+        headers = {"Accept-Encoding": "identity"}
+        if topic is not None:
+            headers["X-Offload-Placeholder-Topic"] = quote(topic, safe="")
+        request = self._reader.build_request("GET", target, headers=headers)
         first_auth: httpx.Auth | None = auth
         for hop in range(MAX_REDIRECTS + 1):
             response = self._reader.send(

@@ -351,6 +351,7 @@ class Receiver:
             spool_dir=self._settings.spool_dir,
             auth=auth,
             redirect_ok=self._redirect_ok,
+            topic=incoming.topic,
             on_bytes=(lambda done, total: progress(incoming.topic, done, total))
             if progress is not None
             else None,
