@@ -76,7 +76,7 @@ class Quotas:
     Args:
         store: the gateway's object store.
         calls: the pool short store calls run in (`Workers.store`).
-        max_open: open uploads per user; 0: no cap.
+        max_open: open uploads per user; 0: no cap (records are kept all the same).
         max_bytes: bytes those may reserve together; 0: no cap.
     """
 
@@ -96,19 +96,20 @@ class Quotas:
     async def record(
         self, user: str | None, ident: str, *, expires: int, size: int, body: bytes = b"{}"
     ) -> None:
-        """Count an upload that `check` admitted, until `release` or its expiry."""
-        if self.max_open or self.max_bytes:
-            key = f"{user_prefix(user)}{ident}.{expires}.{size}"
-            await self._run(self.store.put_bytes, key, body)
+        """Count an upload that `check` admitted, until `release` or its expiry.
+
+        Kept with the caps off too: the sweeper finds abandoned grants by their records.
+        """
+        key = f"{user_prefix(user)}{ident}.{expires}.{size}"
+        await self._run(self.store.put_bytes, key, body)
 
     async def release(self, user: str | None, ident: str) -> None:
         """The upload ended: it counts no more. Never raises: the upload's outcome stands,
         and a record left behind stops counting at its expiry (the sweeper deletes it)."""
-        if self.max_open or self.max_bytes:
-            try:
-                await self.calls.run(self._release, user, ident)
-            except StoreError as exc:
-                log.warning("could not release the open-upload record %s: %s", ident, exc)
+        try:
+            await self.calls.run(self._release, user, ident)
+        except StoreError as exc:
+            log.warning("could not release the open-upload record %s: %s", ident, exc)
 
     async def _run(self, fn: Callable[..., None], *args: object) -> None:
         try:
