@@ -14,19 +14,23 @@ upload is a small record in the store, so every replica counts the same ones:
   termination); one that never ends stops counting at its expiry and the sweeper deletes
   it, aborting a grant's multipart upload on the way.
 
-Approximate under concurrency, by design: requests of one user that check at the same
-instant may each pass (no lock across replicas). The caps bound what one user can take;
+Approximate under concurrency across replicas, by design: requests of one user that check
+at the same instant at two replicas may each pass (no lock across replicas; on one replica a
+grant's check and record are serialised per user). The caps bound what one user can take;
 they are not an exact ledger. Anonymous callers (when allowed) share one record set.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator
+import weakref
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from ._errors import StorageUnavailable, TooManyRequests
@@ -87,6 +91,24 @@ class Quotas:
         self.calls = calls
         self.max_open = max_open
         self.max_bytes = max_bytes
+        # One admission per user at a time on this replica (kept while anyone holds one).
+        self._locks: weakref.WeakValueDictionary[str | None, asyncio.Lock] = (
+            weakref.WeakValueDictionary()
+        )
+
+    @asynccontextmanager
+    async def admitting(self, user: str | None, size: int) -> AsyncIterator[None]:
+        """`check`, then the block (which `record`s the upload) before the user's next check.
+
+        So concurrent requests of one user at one replica cannot all pass the check before
+        any of them is recorded; across replicas the caps stay approximate.
+        """
+        lock = self._locks.get(user)
+        if lock is None:
+            lock = self._locks[user] = asyncio.Lock()
+        async with lock:
+            await self.check(user, size)
+            yield
 
     async def check(self, user: str | None, size: int) -> None:
         """Refuse (429) when one more upload of `size` bytes would pass a cap of `user`'s."""

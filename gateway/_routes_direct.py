@@ -23,9 +23,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 
-from client.protocol import MessageId, data_key, loads_object
+from client.protocol import MessageId, Topic, data_key, loads_object
 
-from ._context import Ctx
+from ._context import Context, Ctx
 from ._direct import (
     MAX_REQUEST_BYTES,
     Grant,
@@ -153,6 +153,47 @@ def _urls(store: DirectStore, grant: Grant, req: GrantRequest, seconds: int) -> 
     ]
 
 
+async def _open(
+    ctx: Context,
+    store: DirectStore,
+    topic: Topic,
+    req: GrantRequest,
+    content_type: str | None,
+    owner: str | None,
+) -> Grant:
+    """A new grant: its key, its multipart upload (several parts) and its quota record."""
+    stamp = now_ms()
+    key = data_key(topic, stamp, uuid.uuid4().hex)
+    if len(key.encode("utf-8")) + 16 > MAX_KEY_BYTES:
+        raise BadRequest("topic too long: its object key would exceed 1024 bytes")
+    upload_id = ""
+    if not req.single:
+        upload_id = await ctx.service.workers.store.run(
+            store.start_multipart, key, content_type or "application/octet-stream"
+        )
+    grant = Grant(
+        topic,
+        key,
+        upload_id,
+        req.size,
+        req.sha256,
+        len(req.parts),
+        # Always an id: a commit repeated (its answer lost) must find the same message.
+        req.message_id or MessageId.new(),
+        req.ttl,
+        content_type,
+        stamp,
+        int(time.time()) + ctx.direct.grant_ttl,
+        owner,
+    )
+    # Counted until its commit or abandon; the sweeper aborts the upload of one never ended.
+    record = grant_record_body(key, upload_id)
+    await ctx.quotas.record(
+        owner, grant.quota_ident, expires=grant.expires, size=req.size, body=record
+    )
+    return grant
+
+
 @router.post(
     "/direct/grant/{topic:path}",
     status_code=201,
@@ -168,37 +209,10 @@ async def grant_upload(topic: str, request: Request, ctx: Ctx) -> Response:
     owner = await ctx.authenticate(request)  # decided by authorize_write: not asked again
     req = parse_grant_request(await _json_body(request), max_size=ctx.settings.max_body_bytes)
     content_type = parse_content_type(req.content_type, source="content_type")
-    await ctx.quotas.check(owner, req.size)  # per-user caps: 429 with Retry-After
-    stamp = now_ms()
-    key = data_key(parsed_topic, stamp, uuid.uuid4().hex)
-    if len(key.encode("utf-8")) + 16 > MAX_KEY_BYTES:
-        raise BadRequest("topic too long: its object key would exceed 1024 bytes")
-    upload_id = ""
-    if not req.single:
-        upload_id = await ctx.service.workers.store.run(
-            store.start_multipart, key, content_type or "application/octet-stream"
-        )
+    # Per-user caps (429 with Retry-After), checked and recorded as one step per user.
+    async with ctx.quotas.admitting(owner, req.size):
+        grant = await _open(ctx, store, parsed_topic, req, content_type, owner)
     seconds = ctx.direct.grant_ttl
-    grant = Grant(
-        parsed_topic,
-        key,
-        upload_id,
-        req.size,
-        req.sha256,
-        len(req.parts),
-        # Always an id: a commit repeated (its answer lost) must find the same message.
-        req.message_id or MessageId.new(),
-        req.ttl,
-        content_type,
-        stamp,
-        int(time.time()) + seconds,
-        owner,
-    )
-    # Counted until its commit or abandon; the sweeper aborts the upload of one never ended.
-    record = grant_record_body(key, upload_id)
-    await ctx.quotas.record(
-        owner, grant.quota_ident, expires=grant.expires, size=req.size, body=record
-    )
     # Off the event loop: 10,000 SigV4 signatures take seconds of CPU.
     urls = await ctx.service.workers.hashing.run(_urls, store, grant, req, seconds)
     body = {

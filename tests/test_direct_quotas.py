@@ -10,7 +10,9 @@ import hashlib
 import shutil
 import subprocess
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -170,3 +172,23 @@ def test_the_sweeper_aborts_the_multipart_upload_of_an_abandoned_grant(
     assert open_uploads() == [] and report.uploads == 1, report
     records = list(store.list_objects(bucket_name, prefix="quota/", recursive=True))
     assert records == []  # its open-upload record went with it
+
+
+def test_concurrent_grants_of_one_user_pass_the_cap_no_further(
+    gateway_factory: Callable[..., GatewayServer],
+    broker: Mosquitto,
+    seaweed: SeaweedFS,
+    auth_files: Path,
+) -> None:
+    """Twelve grants at once from one user at one replica: exactly the cap of them pass."""
+    gw = capped(gateway_factory, broker, seaweed, auth_files, max_open_uploads=3)
+    barrier = threading.Barrier(12)
+
+    def one(_: int) -> httpx.Response:
+        barrier.wait()
+        return grant(gw, "alice", 1)
+
+    with ThreadPoolExecutor(12) as pool:
+        answers = list(pool.map(one, range(12)))
+    codes = sorted(a.status_code for a in answers)
+    assert codes == [201] * 3 + [429] * 9, [a.text for a in answers]
