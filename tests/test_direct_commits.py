@@ -118,7 +118,7 @@ def test_text_that_is_not_unicode_is_refused_on_every_ingest_path(
     head, tail = encode_upload(4, headers=[("XYZ", b"v")])
     assert head.count(b"XYZ\x00") == 1
     bson = head.replace(b"XYZ\x00", b"\xed\xa0\x80\x00") + b"body" + tail
-    hop = httpx.post(f"{gw.url}/topic/{topic}", content=bson)
+    hop = httpx.post(f"{gw.url}/topic/{topic}+oversized", content=bson)
     raw = httpx.put(
         f"{gw.url}/msg/{uuid.uuid4()}",
         params={"topic": topic},
@@ -134,9 +134,17 @@ def test_text_that_is_not_unicode_is_refused_on_every_ingest_path(
             "Upload-Metadata": f"topic {base64.b64encode(topic.encode()).decode()},filename {name}",
         },
     )
-    assert [r.status_code for r in (hop, raw, tus)] == [400, 400, 400], [
-        r.text for r in (hop, raw, tus)
-    ]
+    # UTF-7 is a charset RFC 5987 names nothing against: `+2AA-` decodes to a lone surrogate.
+    publish = httpx.post(
+        f"{gw.url}/publish/{topic}",
+        headers={"Content-Disposition": "attachment; filename*=utf-7''%2B2AA-x"},
+        content=b"body",
+    )
+    answers = (hop, raw, tus, publish)
+    assert [r.status_code for r in answers] == [400] * 4, [r.text for r in answers]
+    assert "not valid Unicode" in publish.json()["detail"], publish.text
+    for answer in (hop, raw, tus):  # refused for the encoding, not for anything else
+        assert "UTF-8" in answer.json()["detail"], answer.text
     assert len(objects(store, bucket_name)) == 3  # the one good message: payload, sidecar, index
 
 
