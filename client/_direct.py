@@ -146,8 +146,8 @@ class DirectUploader:
             # The parts stay in the store until aborted. Safe even when the commit went
             # through and only its answer was lost: a grant has one commit or abandon, and
             # an abandon after the commit answers the committed message (gateway side).
-            self._abandon(base, grant["grant"], auth)
-            raise
+            if self._abandon(base, grant["grant"], auth) is None:
+                raise
         return UploadReceipt(message_id, f"{base}/msg/{message_id}", source.size, sha256)
 
     def _post(
@@ -179,11 +179,18 @@ class DirectUploader:
         except ValueError as exc:
             raise UploadError(url, f"unreadable answer: {exc}") from exc
 
-    def _abandon(self, base: str, token: str, auth: httpx.Auth | None) -> None:
-        """Best effort: a commit without ETags makes the gateway drop the uploaded parts."""
-        # Refused, as intended, or unreachable: then the store's lifecycle rule remains.
+    def _abandon(self, base: str, token: str, auth: httpx.Auth | None) -> dict[str, Any] | None:
+        """Best effort: the gateway removes what was uploaded (an older gateway drops the
+        parts of a multipart upload committed without ETags).
+
+        Returns the commit's answer when the grant had been committed after all (a commit
+        whose answer was lost), else None.
+        """
+        # Abandoned (200), refused or unreachable: then the sweeper or lifecycle rule remains.
         with contextlib.suppress(UploadError):
-            self._post(f"{base}/direct/commit", {"grant": token, "etags": []}, auth, grant=False)
+            body = {"grant": token, "etags": [], "abandon": True}
+            return self._post(f"{base}/direct/commit", body, auth, grant=False)
+        return None
 
     def _put(self, reader: _Reader, url: str, span: tuple[int, int]) -> str:
         """PUT one part to the store, no credentials, no cookies; its ETag."""

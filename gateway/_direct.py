@@ -329,11 +329,17 @@ def claim_expiry(key: str) -> int | None:
 
 @dataclass(frozen=True, slots=True)
 class CommitRequest:
-    """A producer's commit: the grant token, the parts' ETags and the message headers."""
+    """A producer's commit: the grant token, the parts' ETags and the message headers.
+
+    `abandon`: the producer gives the upload up (a part failed); the gateway removes what
+    was uploaded. Older clients abandon with `{"etags": []}`, refused and removed the same
+    way for a multipart grant; for a single PUT it would commit the object.
+    """
 
     token: str
     etags: tuple[str, ...]
     headers: tuple[tuple[str, bytes], ...]
+    abandon: bool = False
 
 
 def parse_commit_request(doc: object, *, max_header_bytes: int) -> CommitRequest:
@@ -352,6 +358,9 @@ def parse_commit_request(doc: object, *, max_header_bytes: int) -> CommitRequest
         raise BadRequest(f"`etags` must be a list of at most {MAX_PARTS} strings")
     if not all(isinstance(e, str) and _ETAG.fullmatch(e) for e in etags):
         raise BadRequest("each of `etags` must be the ETag the store answered for its part")
+    abandon = doc.get("abandon", False)
+    if not isinstance(abandon, bool):
+        raise BadRequest("`abandon` must be true or false")
     raw_headers = doc.get("headers", [])
     if not isinstance(raw_headers, list):
         raise BadRequest("`headers` must be a list of [name, value] pairs")
@@ -374,4 +383,4 @@ def parse_commit_request(doc: object, *, max_header_bytes: int) -> CommitRequest
         if name == "_id":  # the id is the grant's; the manifest adds its own `_id`
             continue
         headers.append((name, value.encode("utf-8")))
-    return CommitRequest(token, tuple(etags), tuple(headers))
+    return CommitRequest(token, tuple(etags), tuple(headers), abandon)

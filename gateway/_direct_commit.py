@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Callable, Generator
 from contextlib import asynccontextmanager
 
 from fastapi import Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 
 from client.protocol import Manifest, data_key, parse_data_key
 
@@ -167,6 +167,9 @@ async def commit(
     ctx: Context, request: Request, store: DirectStore, grant: Grant, req: CommitRequest
 ) -> Response:
     """The grant's one commit (or abandon): refuse and remove, or store manifest and index."""
+    if req.abandon:
+        await _discard(ctx, store, grant)
+        return JSONResponse({"detail": "upload abandoned; what was uploaded is removed"})
     if grant.expired():
         await _discard(ctx, store, grant)
         raise Forbidden("upload grant expired; what was uploaded is removed, nothing kept")

@@ -5,6 +5,8 @@
         -> 201 {"grant", "expires", "part_size", "urls": [...]}
     POST /direct/commit          {"grant", "etags": [...], "headers"?: [[name, value]...]}
         -> 201 {"id", "url", "topic", "size", "sha256", "created"}
+    POST /direct/commit          {"grant", "abandon": true}
+        -> 200 {"detail"}: what was uploaded is removed (201 when already committed)
 
 Both need write access to the topic (checked again at commit: a grant is not a credential).
 404 when the gateway has no `OFFLOAD_S3_PUBLIC_URL` (clients fall back to the proxied
@@ -54,6 +56,7 @@ router = APIRouter()
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     **COMMON_RESPONSES,
+    200: {"description": "abandoned: what was uploaded for the grant is removed"},
     400: {"description": "malformed request, or an object that does not match its grant"},
     403: {"description": "not allowed to write this topic, or a grant expired or altered"},
     409: {
@@ -104,6 +107,7 @@ _COMMIT_BODY: dict[str, Any] = {
                     "properties": {
                         "grant": {"type": "string"},
                         "etags": {"type": "array", "items": {"type": "string"}},
+                        "abandon": {"type": "boolean"},
                         "headers": {
                             "type": "array",
                             "items": {

@@ -309,3 +309,35 @@ def test_a_direct_upload_is_stamped_when_it_commits_not_when_it_was_granted(
     assert fetched.content == data
     again = commit(gw, {"grant": UrlSigner(secret.encode()).seal(claims)})  # answer lost
     assert again.status_code == 201 and again.json()["id"] == moved.json()["id"], again.text
+
+
+def test_an_abandon_removes_a_single_put_and_never_a_committed_message(
+    direct_gw: GatewayServer, store: Minio, bucket_name: str, unique_topic: Any
+) -> None:
+    """`{"abandon": true}`: what the client sends when a part fails or its commit does.
+
+    `{"etags": []}` would commit a single PUT that did reach the store (stored, never
+    announced); an abandon removes it. An abandon after the commit answers the message.
+    """
+    gw = direct_gw
+    topic = unique_topic("abandon")
+    data = b"one part, uploaded, then given up"
+    answer = grant(gw, topic, [data])
+    put_parts(answer, [data])
+    token = answer.json()["grant"]
+    given_up = commit(gw, {"grant": token, "abandon": True})
+    assert given_up.status_code == 200 and "abandoned" in given_up.json()["detail"], given_up.text
+    assert objects(store, bucket_name) == []
+    late = commit(gw, {"grant": token})
+    assert late.status_code == 400 and "no object" in late.json()["detail"], late.text
+    assert commit(gw, {"grant": token, "abandon": "yes"}).status_code == 400
+
+    answer = grant(gw, topic, [data])
+    put_parts(answer, [data])
+    token = answer.json()["grant"]
+    done = commit(gw, {"grant": token})
+    assert done.status_code == 201, done.text
+    again = commit(gw, {"grant": token, "abandon": True})  # the commit's answer was lost
+    assert again.status_code == 201 and again.json()["id"] == done.json()["id"], again.text
+    fetched = httpx.get(f"{gw.url}/msg/{done.json()['id']}/payload", follow_redirects=True)
+    assert fetched.content == data
