@@ -140,7 +140,14 @@ class DirectUploader:
                 self._abandon(base, grant["grant"], auth)
                 raise
         body = {"grant": grant["grant"], "etags": etags, "headers": [list(h) for h in headers]}
-        self._post(f"{base}/direct/commit", body, auth, grant=False)
+        try:
+            self._post(f"{base}/direct/commit", body, auth, grant=False)
+        except UploadError:
+            # The parts stay in the store until aborted. Safe even when the commit went
+            # through and only its answer was lost: a grant has one commit or abandon, and
+            # an abandon after the commit answers the committed message (gateway side).
+            if self._abandon(base, grant["grant"], auth) is None:
+                raise
         return UploadReceipt(message_id, f"{base}/msg/{message_id}", source.size, sha256)
 
     def _post(
@@ -172,11 +179,18 @@ class DirectUploader:
         except ValueError as exc:
             raise UploadError(url, f"unreadable answer: {exc}") from exc
 
-    def _abandon(self, base: str, token: str, auth: httpx.Auth | None) -> None:
-        """Best effort: a commit without ETags makes the gateway drop the uploaded parts."""
-        # Refused, as intended, or unreachable: then the store's lifecycle rule remains.
+    def _abandon(self, base: str, token: str, auth: httpx.Auth | None) -> dict[str, Any] | None:
+        """Best effort: the gateway removes what was uploaded (an older gateway drops the
+        parts of a multipart upload committed without ETags).
+
+        Returns the commit's answer when the grant had been committed after all (a commit
+        whose answer was lost), else None.
+        """
+        # Abandoned (200), refused or unreachable: then the sweeper or lifecycle rule remains.
         with contextlib.suppress(UploadError):
-            self._post(f"{base}/direct/commit", {"grant": token, "etags": []}, auth, grant=False)
+            body = {"grant": token, "etags": [], "abandon": True}
+            return self._post(f"{base}/direct/commit", body, auth, grant=False)
+        return None
 
     def _put(self, reader: _Reader, url: str, span: tuple[int, int]) -> str:
         """PUT one part to the store, no credentials, no cookies; its ETag."""

@@ -25,6 +25,7 @@ import ssl
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
+from urllib.parse import quote
 
 import httpx
 
@@ -241,6 +242,7 @@ class HttpTransport:
         on_bytes: Callable[[int, int | None], None] | None = None,
         redirect_ok: Callable[[Origin], bool] | None = None,
         pace: Pace | None = None,
+        topic: str | None = None,
     ) -> Payload:
         """GET a raw payload, verifying its SHA-256 while it streams in, never reading more.
 
@@ -274,6 +276,9 @@ class HttpTransport:
             pace: how slow the whole fetch may be, redirects included (a grace period, then
                 a minimum average rate); behind it the connection is shut down and the
                 fetch fails (:mod:`client._deadline`). None: only `timeout` per read.
+            topic: the topic the placeholder came on, told to the gateway (never to a
+                redirect's target): with delete-after-fetch it deletes only its own topic's
+                messages, not those a hostile placeholder pointed at.
 
         Raises:
             PayloadNotFound: 404 or 410.
@@ -291,7 +296,7 @@ class HttpTransport:
             if pace is not None:
                 on_bytes = watchdog.counting(on_bytes)
             try:
-                with self._open(url, auth, redirect_ok, watchdog) as response:
+                with self._open(url, auth, redirect_ok, watchdog, topic) as response:
                     size = _checked_length(str(response.url), response, expected_size, limit)
                     # The SHA-256 on a second thread while the reader waits on the socket (or
                     # the disk): hashlib and the socket read both release the GIL.
@@ -324,16 +329,16 @@ class HttpTransport:
         auth: httpx.Auth | None,
         redirect_ok: Callable[[Origin], bool] | None,
         watchdog: Watchdog | None = None,
+        topic: str | None = None,
     ) -> Iterator[httpx.Response]:
         """The final 200 response for `url`, redirects followed by the rules of `fetch`."""
         target = httpx.URL(url)
         home = _origin(url, target)
-        request = self._reader.build_request(
-            # The body is counted as it travels: no content coding may inflate it.
-            "GET",
-            target,
-            headers={"Accept-Encoding": "identity"},
-        )
+        # The body is counted as it travels: no content coding may inflate it.
+        headers = {"Accept-Encoding": "identity"}
+        if topic is not None:
+            headers["X-Offload-Placeholder-Topic"] = quote(topic, safe="")
+        request = self._reader.build_request("GET", target, headers=headers)
         first_auth: httpx.Auth | None = auth
         for hop in range(MAX_REDIRECTS + 1):
             response = self._reader.send(

@@ -371,6 +371,7 @@ class Receiver:
             auth=auth,
             redirect_ok=self._redirect_ok,
             pace=self._pace,
+            topic=incoming.topic,
             on_bytes=(lambda done, total: progress(incoming.topic, done, total))
             if progress is not None
             else None,

@@ -32,6 +32,7 @@ from ._observability import ObservabilityMiddleware
 from ._ops import router as ops_router
 from ._presign import SignedUrls, UrlSigner
 from ._presign import router as presign_router
+from ._quotas import Quotas
 from ._resumable import ResumableUploads
 from ._routes import HOP_PATH, router
 from ._routes_direct import router as direct_router
@@ -93,6 +94,12 @@ def build_context(
         delete_after_fetch=settings.delete_after_fetch,
         workers=workers,
     )
+    quotas = Quotas(
+        store,
+        workers.store,
+        max_open=settings.max_open_uploads,
+        max_bytes=settings.max_reserved_bytes,
+    )
     ctx = Context(
         settings=settings,
         service=service,
@@ -100,7 +107,11 @@ def build_context(
         # A presigned URL's signature stands in for credentials; the rest go to the rules.
         authorizer=SignedUrls(signer, BrokerRules(authenticator, hashing=workers.hashing)),
         uploads=ResumableUploads(
-            store, expiry=settings.upload_expiry, transfers=workers.transfers, calls=workers.store
+            store,
+            expiry=settings.upload_expiry,
+            transfers=workers.transfers,
+            calls=workers.store,
+            quotas=quotas,
         ),
         signer=signer,
         public_url=public_url,
@@ -111,6 +122,7 @@ def build_context(
             grant_ttl=settings.direct_grant_ttl,
             redirect_ttl=settings.redirect_ttl,
         ),
+        quotas=quotas,
     )
     return ctx, tuple(authenticator.mechanisms)
 
@@ -161,7 +173,12 @@ def make_lifespan(
         ctx.broker.start()
         if advertiser is not None:
             advertiser.start()
-        sweeper = Sweeper(the_store, interval=settings.sweep_interval, grace=settings.sweep_grace)
+        sweeper = Sweeper(
+            the_store,
+            interval=settings.sweep_interval,
+            grace=settings.sweep_grace,
+            direct=ctx.direct.store,
+        )
         sweeper.start(workers.store)
         try:
             # The HTTP protocol reads its head deadline here (gateway/_http_protocol.py).

@@ -21,6 +21,7 @@ from fastapi import Depends, Request
 from client.protocol import PublishProperties, Topic
 
 from ._direct import Direct
+from ._quotas import Quotas
 from ._resumable import ResumableUploads
 from ._service import OffloadService
 from ._settings import Settings
@@ -109,6 +110,7 @@ class Context:
     authorizer: Authorizer
     uploads: ResumableUploads  # HTTP publish extras (issue 4): resumable uploads
     signer: UrlSigner  # and presigned-URL signing
+    quotas: Quotas  # per-user caps on open uploads (gateway/_quotas.py)
     public_url: str = ""  # the endpoint URL clients are told; "": the request's own
     # Direct transfers (gateway/_direct.py): always there, off unless a public store URL is set.
     direct: Direct = field(default_factory=lambda: Direct.off("direct transfers are off"))

@@ -34,6 +34,7 @@ key, upload id, size, hashes and expiry, valid on any replica with the same
 from __future__ import annotations
 
 import base64
+import hashlib
 import math
 import re
 import time
@@ -44,12 +45,15 @@ from client.protocol import Manifest, MessageId, Topic
 
 from ._errors import BadRequest, Forbidden, NotFound, PayloadTooLarge
 from ._media import is_inline, served_type
+from ._text import text_problem
 from .storage import DirectStore, ObjectStore, SupportsDirect
 
 #: S3's multipart rules.
 MIN_PART = 5 * 1024 * 1024
 MAX_PART = 5 * 1024**3
 MAX_PARTS = 10_000
+#: Where the commits' claims on grants are kept (`Grant.claim_key`), until the grant expires.
+GRANTS_PREFIX = "grants/"
 #: Largest grant or commit request body read (10,000 hex hashes fit).
 MAX_REQUEST_BYTES = 1024 * 1024
 _HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -115,6 +119,11 @@ class Direct:
             grant_ttl=grant_ttl,
             redirect_ttl=redirect_ttl,
         )
+
+    @property
+    def store(self) -> DirectStore | None:
+        """The presigner (multipart calls too); None when direct transfers are off."""
+        return self._store
 
     @property
     def public_url(self) -> str | None:
@@ -214,6 +223,9 @@ def parse_grant_request(doc: object, *, max_size: int) -> GrantRequest:
     content_type = doc.get("content_type")
     if content_type is not None and not isinstance(content_type, str):
         raise BadRequest("`content_type` must be a string")
+    problem = None if content_type is None else text_problem(content_type, "`content_type`")
+    if problem is not None:
+        raise BadRequest(problem)
     return GrantRequest(
         size,
         sha256,
@@ -245,6 +257,7 @@ class Grant:
     content_type: str | None
     timestamp: int  # ms, when the grant was made (the message's time)
     expires: int  # Unix seconds
+    owner: str | None = None  # who asked for it (its open-upload record is theirs)
 
     def claims(self) -> dict[str, Any]:
         return {
@@ -260,6 +273,7 @@ class Grant:
             "c": self.content_type,
             "ts": self.timestamp,
             "e": self.expires,
+            "o": self.owner,
         }
 
     @classmethod
@@ -280,19 +294,52 @@ class Grant:
             claims["c"],
             claims["ts"],
             claims["e"],
+            claims.get("o"),  # absent from grants sealed before it existed
         )
 
     def expired(self, now: float | None = None) -> bool:
         return self.expires <= (time.time() if now is None else now)
 
+    @property
+    def claim_key(self) -> str:
+        """The store key whose conditional create makes one commit (or abandon) the grant's.
+
+        The expiry leads the key, so the sweeper drops expired claims without reading them.
+        """
+        return f"{GRANTS_PREFIX}{self.expires}/{self.digest}"
+
+    @property
+    def digest(self) -> str:
+        """32 hex digits naming the grant's object key (its claim and quota record)."""
+        return hashlib.sha256(self.key.encode("utf-8")).hexdigest()[:32]
+
+    @property
+    def quota_ident(self) -> str:
+        return f"g-{self.digest}"
+
+
+def claim_expiry(key: str) -> int | None:
+    """The grant expiry (Unix seconds) a claim key names; None for any other key."""
+    rest = key.removeprefix(GRANTS_PREFIX)
+    stamp, _, digest = rest.partition("/")
+    if rest == key or not stamp.isascii() or not stamp.isdigit() or len(digest) != 32:
+        return None
+    return int(stamp)
+
 
 @dataclass(frozen=True, slots=True)
 class CommitRequest:
-    """A producer's commit: the grant token, the parts' ETags and the message headers."""
+    """A producer's commit: the grant token, the parts' ETags and the message headers.
+
+    `abandon`: the producer gives the upload up (a part failed); the gateway removes what
+    was uploaded. Older clients abandon with `{"etags": []}`, refused and removed the same
+    way for a multipart grant; for a single PUT it would commit the object.
+    """
 
     token: str
     etags: tuple[str, ...]
     headers: tuple[tuple[str, bytes], ...]
+    abandon: bool = False
 
 
 def parse_commit_request(doc: object, *, max_header_bytes: int) -> CommitRequest:
@@ -311,6 +358,9 @@ def parse_commit_request(doc: object, *, max_header_bytes: int) -> CommitRequest
         raise BadRequest(f"`etags` must be a list of at most {MAX_PARTS} strings")
     if not all(isinstance(e, str) and _ETAG.fullmatch(e) for e in etags):
         raise BadRequest("each of `etags` must be the ETag the store answered for its part")
+    abandon = doc.get("abandon", False)
+    if not isinstance(abandon, bool):
+        raise BadRequest("`abandon` must be true or false")
     raw_headers = doc.get("headers", [])
     if not isinstance(raw_headers, list):
         raise BadRequest("`headers` must be a list of [name, value] pairs")
@@ -327,7 +377,10 @@ def parse_commit_request(doc: object, *, max_header_bytes: int) -> CommitRequest
         total += len(name) + len(value)
         if total > max_header_bytes:
             raise BadRequest(f"headers exceed {max_header_bytes} bytes")
+        problem = text_problem(name, "header name") or text_problem(value, "header value")
+        if problem is not None:
+            raise BadRequest(problem)
         if name == "_id":  # the id is the grant's; the manifest adds its own `_id`
             continue
-        headers.append((name, value.encode("utf-8", "surrogatepass")))
-    return CommitRequest(token, tuple(etags), tuple(headers))
+        headers.append((name, value.encode("utf-8")))
+    return CommitRequest(token, tuple(etags), tuple(headers), abandon)

@@ -43,6 +43,7 @@ from ._mqtt import InvalidPublish
 from ._options import RESERVED, PublishOptions
 from ._pipe import StreamingUpload
 from ._service import Stored, message_id_from_headers
+from ._text import manifest_text_problem
 
 log = logging.getLogger("gateway")
 
@@ -296,6 +297,9 @@ async def commit_or_discard(ctx: Context, manifest: Manifest, *, kind: str) -> S
         kind: the upload path, for the metrics (`envelope`, `publish`, `resumable`).
     """
     try:
+        problem = manifest_text_problem(manifest)  # every path: readable by every reader
+        if problem is not None:
+            raise BadRequest(f"{problem}; nothing was kept")
         return await ctx.service.commit(manifest, kind=kind)
     except BaseException:
         await ctx.service.discard(manifest.data_key)

@@ -24,6 +24,7 @@ from client.protocol import (
 )
 
 from ._errors import BadRequest
+from ._text import text_problem
 
 MAX_EXPIRY = 2**32 - 1  # MQTT's Message Expiry Interval is a four-byte integer
 MAX_FILENAME_BYTES = 255
@@ -201,6 +202,9 @@ def check_filename(name: str | None) -> str | None:
         return None
     if any(ord(c) < 32 or ord(c) == 127 for c in name):
         raise BadRequest("filename must not contain control characters")
+    problem = text_problem(name, "filename")  # `filename*=utf-7''...` can decode to one
+    if problem is not None:
+        raise BadRequest(problem)
     if len(name.encode("utf-8")) > MAX_FILENAME_BYTES:
         raise BadRequest(f"filename longer than {MAX_FILENAME_BYTES} bytes")
     return name

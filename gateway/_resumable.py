@@ -59,6 +59,7 @@ from ._errors import BadRequest, ChecksumMismatch, Conflict, Gone, NotFound, Pay
 from ._executors import Transfers, WorkerPool
 from ._options import PublishOptions
 from ._pipe import StreamingUpload, crc32c_text, crc32c_update
+from ._quotas import Quotas
 from ._service import MAX_KEY_BYTES, now_ms
 from ._tus import Checksum, check_upload_id
 from ._upload_locks import UploadLocks
@@ -97,6 +98,8 @@ class ResumableUploads:
         calls: the pool short store calls (state, deletes, assembly) run in, so that
             /healthz sees them wait (the gateway's `Workers.store`).
         locks: which request holds each upload on this replica (`_upload_locks`).
+        quotas: where each unfinished upload is counted against its owner's caps (the
+            creation route checks them first); None: not counted.
     """
 
     def __init__(
@@ -107,8 +110,10 @@ class ResumableUploads:
         transfers: Transfers,
         calls: WorkerPool,
         locks: UploadLocks | None = None,
+        quotas: Quotas | None = None,
     ) -> None:
         self.store = store
+        self.quotas = quotas
         self.locks = UploadLocks() if locks is None else locks
         self.transfers = transfers
         self.calls = calls
@@ -159,6 +164,9 @@ class ResumableUploads:
             partial=partial,
         )
         await self.save(state)
+        if self.quotas is not None:
+            ident = f"t-{state.id}"
+            await self.quotas.record(owner, ident, expires=int(state.expires), size=length)
         self._remember(state.id, 0, _Digests())
         return state
 
@@ -352,6 +360,9 @@ class ResumableUploads:
             await self._call(_delete_prefix, self.store, segments_prefix(part))
             await self._call(self.store.delete, state_key(part))
             self._hashes.pop(part, None)
+        if self.quotas is not None:  # finished or terminated: it counts no more
+            for upload_id in (state.id, *state.parts):
+                await self.quotas.release(state.owner, f"t-{upload_id}")
 
     async def terminate(self, state: UploadState) -> None:
         """tus termination: segments first, then the state (so no segment is orphaned)."""

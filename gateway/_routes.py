@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
@@ -143,6 +143,25 @@ def _payload_headers(manifest: Manifest, media_type: str) -> dict[str, str]:
     return headers
 
 
+#: The topic a fetching subscriber got the placeholder on, percent-encoded UTF-8 (the
+#: client library sends it). Not `X-Offload-Topic`: that answer header is raw UTF-8.
+HANDED_TOPIC_FIELD = "X-Offload-Placeholder-Topic"
+
+
+def handed_topic(request: Request) -> str | None:
+    """`X-Offload-Placeholder-Topic`, decoded; None when absent, repeated or not UTF-8.
+
+    See `OffloadService.then_forget`: only a fetch for the message's own topic deletes it.
+    """
+    values = request.headers.getlist(HANDED_TOPIC_FIELD)
+    if len(values) != 1:
+        return None
+    try:
+        return unquote(values[0], errors="strict")
+    except UnicodeDecodeError:
+        return None
+
+
 def _etag_matches(request: Request, manifest: Manifest) -> bool:
     header = request.headers.get("if-none-match")
     if not header:
@@ -188,7 +207,9 @@ async def download_envelope(
         return Response(status_code=200, headers=headers, media_type="application/bson")
     body = await service.open_payload(manifest)
     return StreamingResponse(
-        service.then_forget(manifest, _stream(head, body, tail)),
+        service.then_forget(
+            manifest, _stream(head, body, tail), handed_topic=handed_topic(request)
+        ),
         headers=headers,
         media_type="application/bson",
     )
@@ -244,5 +265,5 @@ async def download_payload(
     body = await service.open_payload(manifest, start, length if byte_range else None)
     stream = _stream(b"", body, b"")
     if byte_range is None:  # only a whole payload counts as fetched (delete-after-fetch)
-        stream = service.then_forget(manifest, stream)
+        stream = service.then_forget(manifest, stream, handed_topic=handed_topic(request))
     return StreamingResponse(stream, status_code=status, headers=headers, media_type=media_type)

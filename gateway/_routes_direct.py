@@ -5,6 +5,8 @@
         -> 201 {"grant", "expires", "part_size", "urls": [...]}
     POST /direct/commit          {"grant", "etags": [...], "headers"?: [[name, value]...]}
         -> 201 {"id", "url", "topic", "size", "sha256", "created"}
+    POST /direct/commit          {"grant", "abandon": true}
+        -> 200 {"detail"}: what was uploaded is removed (201 when already committed)
 
 Both need write access to the topic (checked again at commit: a grant is not a credential).
 404 when the gateway has no `OFFLOAD_S3_PUBLIC_URL` (clients fall back to the proxied
@@ -14,43 +16,40 @@ what is verified and what is trusted.
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
 import logging
 import time
 import uuid
-from collections.abc import Callable, Generator
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 
-from client.protocol import MessageId, data_key, loads_object
+from client.protocol import MessageId, Topic, data_key, loads_object
 
 from . import _responses
 from ._context import Context, Ctx
 from ._direct import (
     MAX_REQUEST_BYTES,
-    CommitRequest,
     Grant,
     GrantRequest,
     b64_of_hex,
     parse_commit_request,
     parse_grant_request,
 )
+from ._direct_commit import claimed, commit, committed
 from ._errors import (
     COMMON_RESPONSES,
     BadRequest,
+    Conflict,
     Forbidden,
     PayloadTooLarge,
-    StorageUnavailable,
 )
-from ._ingest import Received, build_manifest, commit_or_discard
 from ._media import parse_content_type
+from ._quotas import grant_record_body
 from ._routes import created_response
 from ._service import MAX_KEY_BYTES, now_ms, parse_topic
-from .storage import DirectStore, ObjectStore, StoreError
+from .storage import DirectStore
 
 log = logging.getLogger("gateway")
 
@@ -58,11 +57,20 @@ router = APIRouter()
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     **COMMON_RESPONSES,
+    200: {"description": "abandoned: what was uploaded for the grant is removed"},
     400: {"description": "malformed request, or an object that does not match its grant"},
     403: {"description": "not allowed to write this topic, or a grant expired or altered"},
-    409: {"description": "id already stored with other content"},
+    409: {
+        "description": "id already stored with other content, or another commit or abandon "
+        "of this grant came first"
+    },
     404: {"description": "direct transfers are off on this gateway"},
     413: {"description": "size larger than the configured maximum"},
+    429: {
+        "description": "too many open uploads or reserved bytes for this user "
+        "(OFFLOAD_MAX_OPEN_UPLOADS, OFFLOAD_MAX_RESERVED_BYTES), or failed logins; "
+        "`Retry-After` says when to ask again"
+    },
 }
 
 
@@ -100,6 +108,7 @@ _COMMIT_BODY: dict[str, Any] = {
                     "properties": {
                         "grant": {"type": "string"},
                         "etags": {"type": "array", "items": {"type": "string"}},
+                        "abandon": {"type": "boolean"},
                         "headers": {
                             "type": "array",
                             "items": {
@@ -149,6 +158,47 @@ def _urls(store: DirectStore, grant: Grant, req: GrantRequest, seconds: int) -> 
     ]
 
 
+async def _open(
+    ctx: Context,
+    store: DirectStore,
+    topic: Topic,
+    req: GrantRequest,
+    content_type: str | None,
+    owner: str | None,
+) -> Grant:
+    """A new grant: its key, its multipart upload (several parts) and its quota record."""
+    stamp = now_ms()
+    key = data_key(topic, stamp, uuid.uuid4().hex)
+    if len(key.encode("utf-8")) + 16 > MAX_KEY_BYTES:
+        raise BadRequest("topic too long: its object key would exceed 1024 bytes")
+    upload_id = ""
+    if not req.single:
+        upload_id = await ctx.service.workers.store.run(
+            store.start_multipart, key, content_type or "application/octet-stream"
+        )
+    grant = Grant(
+        topic,
+        key,
+        upload_id,
+        req.size,
+        req.sha256,
+        len(req.parts),
+        # Always an id: a commit repeated (its answer lost) must find the same message.
+        req.message_id or MessageId.new(),
+        req.ttl,
+        content_type,
+        stamp,
+        int(time.time()) + ctx.direct.grant_ttl,
+        owner,
+    )
+    # Counted until its commit or abandon; the sweeper aborts the upload of one never ended.
+    record = grant_record_body(key, upload_id)
+    await ctx.quotas.record(
+        owner, grant.quota_ident, expires=grant.expires, size=req.size, body=record
+    )
+    return grant
+
+
 @router.post(
     "/direct/grant/{topic:path}",
     status_code=201,
@@ -162,105 +212,22 @@ async def grant_upload(topic: str, request: Request, ctx: Ctx) -> Response:
     store = ctx.direct.require()
     parsed_topic = parse_topic(topic, max_bytes=ctx.settings.max_topic_bytes)
     await ctx.authorize_write(request, parsed_topic)
+    owner = await ctx.authenticate(request)  # decided by authorize_write: not asked again
     req = parse_grant_request(await _json_body(request), max_size=ctx.settings.max_body_bytes)
     content_type = parse_content_type(req.content_type, source="content_type")
-    stamp = now_ms()
-    key = data_key(parsed_topic, stamp, uuid.uuid4().hex)
-    if len(key.encode("utf-8")) + 16 > MAX_KEY_BYTES:
-        raise BadRequest("topic too long: its object key would exceed 1024 bytes")
-    upload_id = ""
-    if not req.single:
-        upload_id = await ctx.service.workers.store.run(
-            store.start_multipart, key, content_type or "application/octet-stream"
-        )
+    # Per-user caps (429 with Retry-After), checked and recorded as one step per user.
+    async with ctx.quotas.admitting(owner, req.size):
+        grant = await _open(ctx, store, parsed_topic, req, content_type, owner)
     seconds = ctx.direct.grant_ttl
-    grant = Grant(
-        parsed_topic,
-        key,
-        upload_id,
-        req.size,
-        req.sha256,
-        len(req.parts),
-        # Always an id: a commit repeated (its answer lost) must find the same message.
-        req.message_id or MessageId.new(),
-        req.ttl,
-        content_type,
-        stamp,
-        int(time.time()) + seconds,
-    )
+    # Off the event loop: 10,000 SigV4 signatures take seconds of CPU.
+    urls = await ctx.service.workers.hashing.run(_urls, store, grant, req, seconds)
     body = {
         "grant": ctx.signer.seal(grant.claims()),
         "expires": grant.expires,
         "part_size": req.part_size,
-        "urls": _urls(store, grant, req, seconds),
+        "urls": urls,
     }
     return JSONResponse(body, status_code=201, headers={"Cache-Control": "no-store"})
-
-
-async def _discard(ctx: Context, store: DirectStore, grant: Grant) -> None:
-    """Remove whatever the grant's uploader placed (best effort: the sweeper is the backstop)."""
-    if grant.upload_id:
-        try:
-            await ctx.service.workers.store.run(store.abort_multipart, grant.key, grant.upload_id)
-        except StoreError as exc:  # the parts stay until the bucket's lifecycle rule
-            log.warning("could not abort upload %s of %s: %s", grant.upload_id, grant.key, exc)
-    await ctx.service.discard(grant.key)
-
-
-async def _assemble(ctx: Context, store: DirectStore, grant: Grant, req: CommitRequest) -> None:
-    """Join the parts and check the object against the grant; refuse and remove on mismatch."""
-    run = ctx.service.workers.store.run
-    if grant.upload_id:
-        if len(req.etags) != grant.parts:
-            await _discard(ctx, store, grant)
-            raise BadRequest(f"{len(req.etags)} ETags for {grant.parts} parts; nothing kept")
-        problem = await run(store.complete_multipart, grant.key, grant.upload_id, req.etags)
-        # NoSuchUpload: completed by an earlier commit whose answer was lost; the object decides.
-        if problem is not None and not problem.startswith("NoSuchUpload"):
-            await _discard(ctx, store, grant)
-            raise BadRequest(f"the store refused the parts ({problem}); nothing kept")
-    size = await run(store.size, grant.key)
-    if size is None:
-        await _discard(ctx, store, grant)
-        raise BadRequest("no object was uploaded for this grant; nothing kept")
-    if size != grant.size:
-        await _discard(ctx, store, grant)
-        raise BadRequest(f"object has {size} bytes, the grant {grant.size}; nothing kept")
-    if grant.upload_id and ctx.settings.direct_verify_sha256:
-        actual = await _read_back(ctx, grant.key)
-        if actual != grant.sha256:
-            await _discard(ctx, store, grant)
-            raise BadRequest(
-                f"object hashes to {actual}, the grant says {grant.sha256}; nothing kept"
-            )
-
-
-def _sha256_of(store: ObjectStore, key: str, touch: Callable[[], None]) -> str:
-    digest = hashlib.sha256()
-    pieces = store.open_range(key)
-    try:
-        for piece in pieces:
-            digest.update(piece)
-            touch()
-    finally:
-        if isinstance(pieces, Generator):
-            pieces.close()
-    return digest.hexdigest()
-
-
-async def _read_back(ctx: Context, key: str) -> str:
-    """The stored object's SHA-256, read on a transfer thread (`OFFLOAD_DIRECT_VERIFY_SHA256`)."""
-    slot = ctx.service.workers.transfers.admit()
-    job = slot.submit(_sha256_of, ctx.service.store, key, slot.touch)
-    try:
-        return await asyncio.wrap_future(job)
-    except StoreError as exc:
-        raise StorageUnavailable(f"object store unavailable: {exc}") from exc
-    finally:
-        if job.done():
-            slot.release()
-        else:  # cancelled while hashing: the thread is busy until it ends
-            job.add_done_callback(lambda _: slot.release())
 
 
 @router.post(
@@ -274,6 +241,8 @@ async def _read_back(ctx: Context, key: str) -> str:
 async def commit_upload(request: Request, ctx: Ctx) -> Response:
     """Check the uploaded object against its grant, then store manifest and index."""
     store = ctx.direct.require()
+    # Before the body: SCRAM's first round trip has none, and must get its challenge.
+    await ctx.authenticate(request)
     req = parse_commit_request(
         await _json_body(request), max_header_bytes=ctx.settings.max_header_bytes
     )
@@ -282,23 +251,14 @@ async def commit_upload(request: Request, ctx: Ctx) -> Response:
         raise Forbidden(claims)
     grant = Grant.from_claims(claims)
     await ctx.authorize_write(request, grant.topic)
-    if grant.message_id is not None:
-        done = await ctx.service.find(grant.message_id)
-        if done is not None and done.data_key == grant.key:  # this grant, committed before
+    async with claimed(ctx, grant) as held:
+        # Committed before (its answer lost, say), or by the holder before us.
+        done = await committed(ctx, grant)
+        if done is not None:
             return created_response(ctx, request, done, False)
-    if grant.expired():
-        await _discard(ctx, store, grant)
-        raise Forbidden("upload grant expired; what was uploaded is removed, nothing kept")
-    await _assemble(ctx, store, grant, req)
-    received = Received(
-        grant.topic,
-        grant.key,
-        grant.sha256,
-        grant.size,
-        grant.timestamp,
-        headers=req.headers,
-        message_id=grant.message_id,
-    )
-    manifest = build_manifest(ctx, received, ttl=grant.ttl, content_type=grant.content_type)
-    stored = await commit_or_discard(ctx, manifest, kind="direct")
-    return created_response(ctx, request, stored.manifest, stored.created)
+        if not held:
+            raise Conflict(
+                "another commit or abandon of this grant is under way; nothing changed "
+                "(ask again for its outcome)"
+            )
+        return await commit(ctx, request, store, grant, req)

@@ -274,6 +274,7 @@ async def create(request: Request, ctx: Ctx, access: Access) -> Response:
             raise BadRequest("Upload-Metadata must name the topic (key `topic`)")
         topic = parse_topic(meta["topic"], max_bytes=ctx.settings.max_topic_bytes)
         owner = await access.write(topic)
+        await ctx.quotas.check(owner, length)  # per-user caps (gateway/_quotas.py): 429
         sha256 = meta.get("sha256", "").lower() or None
         if sha256 is not None and (
             len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256)

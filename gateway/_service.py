@@ -316,17 +316,23 @@ class OffloadService:
         await self._call(self.repository.forget, manifest)
 
     async def then_forget(
-        self, manifest: Manifest, body: AsyncIterator[bytes]
+        self, manifest: Manifest, body: AsyncIterator[bytes], *, handed_topic: str | None
     ) -> AsyncIterator[bytes]:
         """`body`, then (with delete_after_fetch) delete the message once it was sent whole.
 
         The response streamer asks for the next piece only after the previous one was
         written, so reaching the end means every byte went out; a disconnect cancels the
         stream before that point and the message stays.
+
+        Only a fetch for the message's own topic deletes it: `handed_topic` is the topic
+        the subscriber received the placeholder on (`X-Offload-Placeholder-Topic`). A
+        placeholder is
+        any publisher's claim, and may name another topic's message the subscriber can
+        read: that fetch is served, and deletes nothing.
         """
         async for piece in body:
             yield piece
-        if self.delete_after_fetch:
+        if self.delete_after_fetch and handed_topic == manifest.topic.value:
             try:
                 await self.forget(manifest)
             except StorageUnavailable as exc:  # the sweeper removes it at expiry instead

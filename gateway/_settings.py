@@ -66,6 +66,18 @@ class Settings(BaseSettings):
     redirect_ttl: int = Field(
         300, ge=1, le=7 * 24 * 3600, description="seconds a redirect's store URL stays valid"
     )
+    max_open_uploads: int = Field(
+        64,
+        ge=0,
+        description="open uploads per user (direct-upload grants and unfinished resumable "
+        "uploads, across replicas); one more is refused with 429; 0: no cap",
+    )
+    max_reserved_bytes: int = Field(
+        64 * 1024**3,
+        ge=0,
+        description="bytes one user's open uploads may reserve together (their declared "
+        "sizes); one that would pass it is refused with 429; 0: no cap",
+    )
     direct_verify_sha256: bool = Field(
         False,
         description="read a multipart direct upload back at commit and check its whole SHA-256 "

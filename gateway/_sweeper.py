@@ -14,6 +14,9 @@ One sweep walks the id index (`ids/`), then the payloads and sidecars (`data/`):
 Then it removes abandoned resumable uploads (`uploads/`): an upload whose `Upload-Expires` has
 passed, with its staged segments, and segments whose upload state is gone. An expired upload
 can no longer be continued on any replica (it answers 410), so removing it races nothing.
+Last, the claims direct-upload commits leave (`grants/`) once their grant is long expired,
+and the records of open uploads (`quota/`, `gateway._quotas`) once theirs expired, aborting
+the multipart upload of a direct-upload grant that was never committed or abandoned.
 
 Every delete is idempotent, so several gateway replicas may sweep the same bucket; the
 interval is jittered so they do not all list at once. Keys outside the layout are left alone.
@@ -41,10 +44,12 @@ from client.protocol import (
     parse_data_key,
 )
 
+from ._direct import GRANTS_PREFIX, claim_expiry
 from ._executors import WorkerPool
 from ._manifests import ManifestRepository
+from ._quotas import QUOTA_PREFIX, abandoned_grant, parse_record
 from ._resumable import cleanup_expired_uploads
-from .storage import ObjectStore, StoreError
+from .storage import DirectStore, ObjectStore, StoreError
 
 log = logging.getLogger("gateway.sweeper")
 
@@ -82,10 +87,19 @@ class Sweeper:
         store: the bucket to sweep.
         interval: mean seconds between sweeps (jittered by +-20 %).
         grace: seconds an unreferenced payload may exist before it counts as abandoned.
+        direct: aborts the multipart uploads of direct-upload grants never committed.
     """
 
-    def __init__(self, store: ObjectStore, *, interval: float = 600.0, grace: float = 3600.0):
+    def __init__(
+        self,
+        store: ObjectStore,
+        *,
+        interval: float = 600.0,
+        grace: float = 3600.0,
+        direct: DirectStore | None = None,
+    ):
         self.store = store
+        self.direct = direct
         self.repository = ManifestRepository(store)
         self.interval = interval
         self.grace_ms = int(grace * 1000)
@@ -161,10 +175,52 @@ class Sweeper:
             except StoreError as exc:
                 errors += 1
                 log.warning("sweep: abandoned uploads skipped: %s", exc)
+        if not self._stopping.is_set():
+            try:
+                self._sweep_claims(now)
+                uploads += self._sweep_open_uploads(now)
+            except StoreError as exc:
+                errors += 1
+                log.warning("sweep: grant claims or open-upload records skipped: %s", exc)
         report = SweepReport(expired, orphans, kept, len(suspects), errors, uploads)
         if expired or orphans or errors or uploads:
             log.info("sweep: %s", report)
         return report
+
+    def _sweep_claims(self, now: int) -> None:
+        """Delete direct-upload grant claims once their grant is long expired (`gateway._direct`).
+
+        A grant past its expiry commits no more (its commit answers the message it made, or
+        403), so its claim is only kept for the grace period, against clocks that disagree.
+        """
+        for info in self.store.list(GRANTS_PREFIX):
+            if self._stopping.is_set():
+                return
+            expires = claim_expiry(info.key)
+            if expires is not None and expires * 1000 + self.grace_ms < now:
+                self.store.delete(info.key)
+
+    def _sweep_open_uploads(self, now: int) -> int:
+        """Delete expired open-upload records (`gateway._quotas`); abort abandoned grants'.
+
+        A grant's record outlives its grant by the grace period before its multipart upload
+        is aborted, so a commit that began just before the expiry is never cut off.
+        Returns how many multipart uploads were aborted.
+        """
+        aborted = 0
+        for info in self.store.list(QUOTA_PREFIX):
+            if self._stopping.is_set():
+                break
+            record = parse_record(info.key)
+            if record is None or record.expires * 1000 + self.grace_ms >= now:
+                continue
+            grant = abandoned_grant(self.store.get_bytes(info.key))
+            if grant is not None and self.direct is not None:
+                self.direct.abort_multipart(*grant)  # no error when it was completed
+                aborted += 1
+                log.info("sweep: aborted the multipart upload of abandoned grant %s", grant[0])
+            self.store.delete(info.key)
+        return aborted
 
     def _judge(self, key: str, *, has_sidecar: bool, now: int) -> str:
         """'expired' (and deleted), 'orphan', or 'keep' for a payload key no index named."""

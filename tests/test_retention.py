@@ -2,24 +2,35 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
+from urllib.parse import quote
 
 import bson
 import httpx
 import pytest
 
-from client.protocol import Manifest, MessageId, Topic, data_key, index_key, meta_key
+from client import Client, Message
+from client.protocol import (
+    Manifest,
+    MessageId,
+    Placeholder,
+    Topic,
+    data_key,
+    index_key,
+    meta_key,
+)
 from gateway._service import OffloadService
 from gateway._sweeper import Sweeper, partition_end_ms
 from gateway.storage import S3Store
 
 from _gateway import GatewayServer
-from _servers import SeaweedFS
+from _servers import Mosquitto, SeaweedFS
 
 pytestmark = pytest.mark.servers
 
@@ -182,6 +193,19 @@ def test_abandoned_payloads_go_after_the_grace_period_and_a_second_look(store: S
     assert keys(store) == {young, foreign}  # payloads and the sidecar gone
 
 
+def test_claims_on_direct_grants_go_once_their_grant_is_long_expired(store: S3Store) -> None:
+    """A claim a crashed commit left (`grants/<expires>/<digest>`) goes after expiry + grace."""
+    now = int(time.time())
+    stale = f"grants/{now - 3601 - 60}/{'a' * 32}"
+    recent = f"grants/{now - 60}/{'b' * 32}"  # expired, but within the grace period
+    live = f"grants/{now + 3600}/{'c' * 32}"
+    foreign = "grants/not-a-claim"
+    for key in (stale, recent, live, foreign):
+        store.put_bytes(key, b"{}")
+    Sweeper(store, grace=3600).sweep_once()
+    assert keys(store) == {recent, live, foreign}
+
+
 def test_replicas_sweeping_at_once_do_not_trip_over_each_other(store: S3Store) -> None:
     for _ in range(8):
         stamp = now_ms() - 10_000
@@ -233,12 +257,18 @@ def once(gateway_factory: Callable[..., GatewayServer]) -> GatewayServer:
     return gateway_factory(None, sweep_interval=0, delete_after_fetch=True)
 
 
+def handed(topic: str) -> dict[str, str]:
+    """The header a subscriber sends: the topic it got the placeholder on."""
+    return {"X-Offload-Placeholder-Topic": quote(topic, safe="")}
+
+
 def test_delete_after_fetch_deletes_after_one_whole_read(
     once: GatewayServer, store: S3Store
 ) -> None:
     msg_id = uuid.uuid4()
     payload = os.urandom(100_000)
-    with httpx.Client(base_url=once.url, timeout=30) as http:
+    mine = handed("r/once")
+    with httpx.Client(base_url=once.url, timeout=30, headers=mine) as http:
         assert http.post("/topic/r/once+oversized", content=upload_doc(payload, msg_id)).is_success
         # Neither a HEAD nor a range is a fetch of the message.
         assert http.head(f"/msg/{msg_id}/payload").status_code == 200
@@ -254,27 +284,67 @@ def test_delete_after_fetch_works_for_the_hop_download_too(
     once: GatewayServer, store: S3Store
 ) -> None:
     msg_id = uuid.uuid4()
-    with httpx.Client(base_url=once.url, timeout=30) as http:
+    with httpx.Client(base_url=once.url, timeout=30, headers=handed("r/hop")) as http:
         assert http.post("/topic/r/hop+oversized", content=upload_doc(b"hop", msg_id)).is_success
         assert bson.decode(http.get(f"/msg/{msg_id}").content)["message"] == b"hop"
         assert http.get(f"/msg/{msg_id}").status_code == 404
     assert keys(store) == set()
 
 
+def test_only_a_fetch_for_the_messages_own_topic_deletes_it(
+    gateway_factory: Callable[..., GatewayServer],
+    broker: Mosquitto,
+    store: S3Store,
+    unique_topic: Callable[[str], str],
+) -> None:
+    """A publisher on topic A hands out a placeholder naming topic B's message (which the
+    subscriber may read): the subscriber's fetch must not delete B's message."""
+    gw = gateway_factory(broker, sweep_interval=0, delete_after_fetch=True)
+    other, hostile = unique_topic("victim"), unique_topic("hostile")
+    payload, msg_id = os.urandom(50_000), uuid.uuid4()
+    with httpx.Client(base_url=gw.url, timeout=30) as http:
+        stored = http.post(f"/topic/{other}+oversized", content=upload_doc(payload, msg_id))
+        assert stored.status_code == 201, stored.text
+        url = stored.json()["url"]
+        # Fetches that name no topic, another topic, or bytes that are not UTF-8: served,
+        # and nothing deleted.
+        for headers in ({}, handed(hostile), {"X-Offload-Placeholder-Topic": "%FF"}):
+            got = http.get(f"/msg/{msg_id}/payload", headers=headers)
+            assert got.status_code == 200 and got.content == payload
+    ref = Placeholder(url, len(payload), hashlib.sha256(payload).hexdigest(), MessageId(msg_id))
+    body, props = ref.encode(None)
+    sub = Client(broker.url, endpoint=gw.url)
+    sub.connect()
+    try:
+        sub.subscribe(hostile)
+        sub.connection.publish(hostile, body, qos=1, properties=props).result(10)
+        got = sub.next_message(30)
+        assert isinstance(got, Message) and got.payload == payload  # served, on its word
+        # B's own subscriber still finds the message, and its fetch is the one that deletes.
+        sub.subscribe(other)
+        sub.connection.publish(other, body, qos=1, properties=props).result(10)
+        got = sub.next_message(30)
+        assert isinstance(got, Message) and got.payload == payload
+    finally:
+        sub.close()
+    assert httpx.get(f"{gw.url}/msg/{msg_id}/payload").status_code == 404
+
+
 def test_an_interrupted_fetch_keeps_the_message(once: GatewayServer, store: S3Store) -> None:
     msg_id = uuid.uuid4()
     payload = os.urandom(32 * 1024 * 1024)  # far more than the socket buffers hold
+    mine = handed("r/cut")
     with httpx.Client(base_url=once.url, timeout=60) as http:
         assert http.post("/topic/r/cut+oversized", content=upload_doc(payload, msg_id)).is_success
     with (
-        httpx.Client(base_url=once.url, timeout=60) as http,
+        httpx.Client(base_url=once.url, timeout=60, headers=mine) as http,
         http.stream("GET", f"/msg/{msg_id}/payload") as response,
     ):
         assert response.status_code == 200
         next(response.iter_raw(65536))
     # The connection is closed; give the gateway a moment to notice and cancel.
     time.sleep(1.0)
-    with httpx.Client(base_url=once.url, timeout=60) as http:
+    with httpx.Client(base_url=once.url, timeout=60, headers=mine) as http:
         again = http.get(f"/msg/{msg_id}/payload")
         assert again.status_code == 200 and again.content == payload
         assert http.get(f"/msg/{msg_id}/payload").status_code == 404
