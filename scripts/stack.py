@@ -51,9 +51,8 @@ from _servers import (  # noqa: E402
 
 MAX_PACKET = 262144
 # Direct transfers (OFFLOAD_S3_PUBLIC_URL): clients put and get payload bytes at the store with
-# presigned URLs. Off until /direct/commit answers SCRAM's body-less first round trip with its
-# challenge (issue 26 item 1): until then a SCRAM publish falls back to chunking.
-DIRECT_TRANSFERS = False
+# presigned URLs.
+DIRECT_TRANSFERS = True
 # Ctrl-C is for stopping the demo: in-flight requests get this long (OFFLOAD_SHUTDOWN_TIMEOUT).
 GATEWAY_SHUTDOWN = 5
 
