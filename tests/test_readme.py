@@ -101,19 +101,16 @@ def test_walkthrough_publish_subscribe_and_curl(stack: Stack, tmp_path: Path) ->
         assert "content_type" not in line  # curl's default form type is not kept
     assert f"{digest}  big.bin" in done.stdout
     # How each got in, from the gateway's access log: `offload publish` with SCRAM (a 401
-    # challenge, then the request), over direct transfers when the stack has them on; curl
+    # challenge, then the request), over direct transfers (the stack has them on); curl
     # with Basic over TLS (no challenge).
     ids = {line["topic"]: line["id"] for line in lines}
     log = (stack.state / "gateway.log").read_text()
-    if stack.direct:
-        grant = re.escape('"POST /direct/grant/demo/big HTTP/1.1"')
-        assert re.search(rf"{grant} 401\n.*?{grant} 201\n", log, re.S), log
-        # the self-check's commit and this one, each after its SCRAM challenge
-        assert log.count('"POST /direct/commit HTTP/1.1" 201') >= 2, log
-        assert f"PUT /msg/{ids['demo/big']}" not in log
-    else:
-        put = re.escape(f'"PUT /msg/{ids["demo/big"]}?topic=demo%2Fbig HTTP/1.1"')
-        assert re.search(rf"{put} 401\n.*?{put} 201\n", log, re.S), log
+    assert stack.direct, "the stack serves direct transfers (scripts/stack.py)"
+    grant = re.escape('"POST /direct/grant/demo/big HTTP/1.1"')
+    assert re.search(rf"{grant} 401\n.*?{grant} 201\n", log, re.S), log
+    # the self-check's commit and this one, each after its SCRAM challenge
+    assert log.count('"POST /direct/commit HTTP/1.1" 201') >= 2, log
+    assert f"PUT /msg/{ids['demo/big']}" not in log
     assert '"POST /publish/demo/curl?qos=1 HTTP/1.1" 201' in log
     assert '"POST /publish/demo/curl?qos=1 HTTP/1.1" 401' not in log
 
