@@ -32,6 +32,13 @@ class Verify(enum.Enum):
     SHA256 = "sha256"  # size and SHA-256, whatever else the manifest records
 
 
+class OnBadObject(enum.Enum):
+    """What a scan does with one object it cannot turn into a row (see `_bad`)."""
+
+    SKIP = "skip"  # skip it, log it by key, count it (the default)
+    FAIL = "fail"  # fail the task, naming the object
+
+
 @dataclass(frozen=True, slots=True)
 class StorageLocation:
     """Where the objects are: one S3 bucket, or the embedded store's directory.
@@ -138,6 +145,14 @@ def _verify(value: str) -> Verify:
     raise ConfigError(f"verify: expected true, sha256 or false, got {value!r}")
 
 
+def _on_bad_object(value: str) -> OnBadObject:
+    lowered = value.strip().lower()
+    for choice in OnBadObject:
+        if lowered == choice.value:
+            return choice
+    raise ConfigError(f"onBadObject: expected skip or fail, got {value!r}")
+
+
 def _positive(value: str, name: str) -> int:
     try:
         number = int(value)
@@ -159,6 +174,7 @@ class ScanOptions:
     payload: bool = True
     verify: Verify = Verify.AUTO
     parallelism: int | None = None  # None: what `register` saw, else the CPU count
+    on_bad_object: OnBadObject = OnBadObject.SKIP
 
     def __post_init__(self) -> None:
         if self.since is not None and self.until is not None and self.since >= self.until:
@@ -207,4 +223,5 @@ def parse_options(
         payload=_flag(opts.get("payload", "true"), "payload"),
         verify=_verify(opts.get("verify", "true")),
         parallelism=_positive(parallelism, "parallelism") if parallelism else None,
+        on_bad_object=_on_bad_object(opts.get("onbadobject", "skip")),
     )

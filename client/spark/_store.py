@@ -57,11 +57,15 @@ class ReadStore(Protocol):
     def list_all(self, prefix: str) -> Iterator[tuple[str, int]]:
         """(key, size) of every object whose key starts with `prefix`, recursively."""
 
-    def get(self, key: str) -> bytes | None:
-        """An object's bytes, or None when it does not exist (any more)."""
+    def get(self, key: str, max_bytes: int) -> bytes | None:
+        """An object's first `max_bytes` + 1 bytes at most, or None when it does not exist.
 
-    def get_payload(self, key: str) -> Payload | None:
-        """A payload's bytes (possibly mapped, never copied twice), or None when gone."""
+        More than `max_bytes` back means the object is larger: the caller refuses it
+        without having held the rest in memory.
+        """
+
+    def get_payload(self, key: str, max_bytes: int) -> Payload | None:
+        """Like `get`, but possibly mapped rather than copied (never copied twice)."""
 
 
 class S3ReadStore:
@@ -118,7 +122,7 @@ class S3ReadStore:
         except Exception as exc:
             raise self._fail(f"listing {prefix!r}", exc) from exc
 
-    def get(self, key: str) -> bytes | None:
+    def get(self, key: str, max_bytes: int) -> bytes | None:
         from minio.error import S3Error
 
         try:
@@ -130,15 +134,17 @@ class S3ReadStore:
         except Exception as exc:
             raise self._fail(f"reading {key!r}", exc) from exc
         try:
-            return bytes(response.read())
+            # urllib3 2 reads until `amt` bytes or the end; the rest is never fetched. The
+            # bytes as stored (no Content-Encoding undone): those are what the checksums cover.
+            return bytes(response.read(max_bytes + 1, decode_content=False))
         except Exception as exc:
             raise self._fail(f"reading {key!r}", exc) from exc
         finally:
             response.close()
             response.release_conn()
 
-    def get_payload(self, key: str) -> Payload | None:
-        return self.get(key)
+    def get_payload(self, key: str, max_bytes: int) -> Payload | None:
+        return self.get(key, max_bytes)
 
 
 class FileReadStore:
@@ -186,16 +192,17 @@ class FileReadStore:
         for sub in level.prefixes:
             yield from self.list_all(sub)
 
-    def get(self, key: str) -> bytes | None:
+    def get(self, key: str, max_bytes: int) -> bytes | None:
         directory, name = self._dir_and_stem(key)
         try:
-            return (directory / name).read_bytes()
+            with open(directory / name, "rb") as f:
+                return f.read(max_bytes + 1)
         except FileNotFoundError:
             return None
         except OSError as exc:
             raise FetchError(f"file://{self._root}", f"reading {key!r}: {exc}") from exc
 
-    def get_payload(self, key: str) -> Payload | None:
+    def get_payload(self, key: str, max_bytes: int) -> Payload | None:
         """The payload mapped read-only rather than read, when it is large.
 
         Arrow wraps the mapping as the batch's data buffer and hashlib hashes it in place,
@@ -208,8 +215,8 @@ class FileReadStore:
         try:
             with open(directory / name, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
-                if size < MAP_MIN_BYTES:
-                    return f.read()
+                if size < MAP_MIN_BYTES or size > max_bytes:
+                    return f.read(max_bytes + 1)
                 flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
                 return mmap.mmap(f.fileno(), size, flags=flags, prot=mmap.PROT_READ)
         except FileNotFoundError:
