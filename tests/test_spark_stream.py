@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.servers]
 pytest.importorskip("pyspark")
 
 from client._exceptions import ConfigError  # noqa: E402
-from client.protocol import Manifest, MessageId, Topic, data_key, meta_key  # noqa: E402
+from client.protocol import Manifest, MessageId, Topic, data_key, index_key, meta_key  # noqa: E402
 from client.spark import register  # noqa: E402
 from client.spark.job import follow  # noqa: E402
 from client.spark.job import main as job_main  # noqa: E402
@@ -288,3 +288,57 @@ def test_register_names_pyspark_python_when_workers_cannot_import_pyarrow(
 def test_follow_needs_a_checkpoint(capsys: pytest.CaptureFixture[str]) -> None:
     assert job_main(["--storage", "file:///tmp/x", "--out", "/tmp/y", "--follow"]) == 2
     assert "--checkpoint" in capsys.readouterr().err
+
+
+def test_a_direct_upload_keyed_at_its_grant_and_stamped_at_its_commit_is_delivered(
+    seaweed: SeaweedFS,
+) -> None:
+    """The gateway keys a direct upload (its hour partition) at the grant, stamps it at commit.
+
+    Committed 40 minutes after its grant, in the next hour, with newer messages delivered
+    and a lateness of 60 s: the driver lists `grantTtl` below its floor and finds it.
+    """
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from client.spark._stream import OffloadStreamReader, parse_stream_options
+
+    client = Minio(seaweed.endpoint, seaweed.access_key, seaweed.secret_key, secure=False)
+    bucket = f"grant-{uuid.uuid4().hex[:16]}"
+    client.make_bucket(bucket)
+    topic = Topic("g/x")
+
+    def put(keyed: str, stamped: str, payload: bytes) -> str:
+        key = data_key(topic, _ms(keyed), uuid.uuid4().hex)
+        digest = hashlib.sha256(payload).hexdigest()
+        manifest = Manifest(MessageId.new(), topic, _ms(stamped), len(payload), digest, key)
+        for name, body in ((key, payload), (meta_key(key), manifest.to_json())):
+            client.put_object(bucket, name, io.BytesIO(body), len(body))
+        body = manifest.to_json()
+        client.put_object(bucket, index_key(manifest.id), io.BytesIO(body), len(body))
+        return key
+
+    options = {
+        "storage": seaweed.storage_url(bucket),
+        "accessKey": seaweed.access_key,
+        "secretKey": seaweed.secret_key,
+        "topic": "g/#",
+        "since": "2026-11-22T10:00:00Z",
+        "lateness": "60",
+    }
+    reader = OffloadStreamReader(parse_stream_options(options))
+    first_key = put("2026-11-22T11:30:00", "2026-11-22T11:30:00", b"proxied")
+    first = reader.latestOffset(reader.initialOffset(), ReadAllAvailable())
+    assert first["batch"] == [first_key] and first["floor"] == _ms("2026-11-22T11:29:00")
+    direct = put("2026-11-22T10:50:00", "2026-11-22T11:30:30", b"direct")
+    second = reader.latestOffset(first, ReadAllAvailable())
+    assert second["batch"] == [direct]
+    assert reader.latestOffset(second, ReadAllAvailable()) == second  # once
+    # Listing from the floor's hour only (grantTtl 0) misses it for good.
+    blind = OffloadStreamReader(parse_stream_options({**options, "grantTtl": "0"}))
+    assert blind.latestOffset(first, ReadAllAvailable()) == first
+
+
+def _ms(text: str) -> int:
+    from datetime import UTC, datetime
+
+    return int(datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp() * 1000)
