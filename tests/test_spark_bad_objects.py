@@ -292,3 +292,30 @@ def test_a_stream_skips_and_reports_bad_objects_and_goes_on_across_a_restart(
     finally:
         query.stop()
     assert [(k, kind) for k, kind, _ in skipped.examples] == [(late_bad, "checksum")]
+
+
+def test_the_export_job_writes_the_good_rows_and_names_what_it_skipped(
+    spark: Any, env: Fixture, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from client.spark.job import main as job_main
+
+    topic = f"badjob-{uuid.uuid4().hex[:8]}/x"
+    good = {env.publish(topic, f"job {i}".encode()): f"job {i}".encode() for i in range(3)}
+    lie = env.lying_direct_upload(topic)
+    surrogate = env.hostile(topic, None)
+    out = tmp_path / "export"
+    args = ["--storage", env.gateway.settings.storage_url, "--topic", topic, "--out", str(out)]
+    args += ["--access-key", env.credentials["accessKey"]]
+    args += ["--secret-key", env.credentials["secretKey"]]
+    assert job_main(args) == 0
+    printed = capsys.readouterr()
+    rows = spark.read.parquet(str(out)).collect()
+    assert {r["id"]: bytes(r["payload"]) for r in rows} == good
+    assert "skipped 2 message(s) that could not be delivered (1 checksum, 1 malformed)" in (
+        printed.err
+    )
+    assert f"{lie} (checksum): expected sha256 " in printed.err
+    assert f"{surrogate} (malformed): sidecar: header name" in printed.err
+    assert f"{topic}  " in printed.out and "TOTAL" in printed.out  # the inventory: 3 rows
+    with pytest.raises(Exception, match=r"checksum mismatch|\(malformed\)"):
+        job_main([*args, "--on-bad-object", "fail"])
