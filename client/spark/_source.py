@@ -84,6 +84,9 @@ class OffloadDataSource(DataSource):
         maxFilesPerTrigger: streams only: at most this many messages per micro-batch.
         lateness: streams only: seconds an upload may take from its stamp to its commit
             and still be delivered (default 600).
+        grantTtl: streams only: seconds a direct upload's key may be chosen before its
+            commit (the gateway's OFFLOAD_DIRECT_GRANT_TTL, default 3600); the driver lists
+            that far below its floor. See docs/spark.md.
     """
 
     # Set by `register` on a subclass; read on the driver's planning worker.
