@@ -302,20 +302,10 @@ def test_a_direct_upload_keyed_at_its_grant_and_stamped_at_its_commit_is_deliver
 
     from client.spark._stream import OffloadStreamReader, parse_stream_options
 
-    client = Minio(seaweed.endpoint, seaweed.access_key, seaweed.secret_key, secure=False)
-    bucket = f"grant-{uuid.uuid4().hex[:16]}"
-    client.make_bucket(bucket)
-    topic = Topic("g/x")
+    client, bucket = _bucket(seaweed)
 
     def put(keyed: str, stamped: str, payload: bytes) -> str:
-        key = data_key(topic, _ms(keyed), uuid.uuid4().hex)
-        digest = hashlib.sha256(payload).hexdigest()
-        manifest = Manifest(MessageId.new(), topic, _ms(stamped), len(payload), digest, key)
-        for name, body in ((key, payload), (meta_key(key), manifest.to_json())):
-            client.put_object(bucket, name, io.BytesIO(body), len(body))
-        body = manifest.to_json()
-        client.put_object(bucket, index_key(manifest.id), io.BytesIO(body), len(body))
-        return key
+        return _put(client, bucket, keyed, stamped, payload)
 
     options = {
         "storage": seaweed.storage_url(bucket),
@@ -342,3 +332,48 @@ def _ms(text: str) -> int:
     from datetime import UTC, datetime
 
     return int(datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp() * 1000)
+
+
+def _bucket(seaweed: SeaweedFS) -> tuple[Minio, str]:
+    client = Minio(seaweed.endpoint, seaweed.access_key, seaweed.secret_key, secure=False)
+    bucket = f"stamps-{uuid.uuid4().hex[:16]}"
+    client.make_bucket(bucket)
+    return client, bucket
+
+
+def _put(client: Minio, bucket: str, keyed: str, stamped: str, payload: bytes) -> str:
+    """A committed message of topic g/x keyed at `keyed`, stamped `stamped`; its key."""
+    topic = Topic("g/x")
+    key = data_key(topic, _ms(keyed), uuid.uuid4().hex)
+    digest = hashlib.sha256(payload).hexdigest()
+    manifest = Manifest(MessageId.new(), topic, _ms(stamped), len(payload), digest, key)
+    body = manifest.to_json()
+    for name, data in ((key, payload), (meta_key(key), body), (index_key(manifest.id), body)):
+        client.put_object(bucket, name, io.BytesIO(data), len(data))
+    return key
+
+
+def test_a_message_stamped_in_the_future_waits_and_does_not_lift_the_floor(
+    seaweed: SeaweedFS,
+) -> None:
+    """Written straight into the store (or by a gateway whose clock is off) for the year 2100."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from client.spark._stream import OffloadStreamReader, parse_stream_options
+
+    client, bucket = _bucket(seaweed)
+    options = {
+        "storage": seaweed.storage_url(bucket),
+        "accessKey": seaweed.access_key,
+        "secretKey": seaweed.secret_key,
+        "since": "2026-11-22T10:00:00Z",
+        "lateness": "60",
+    }
+    reader = OffloadStreamReader(parse_stream_options(options))
+    _put(client, bucket, "2100-01-01T00:00:00", "2100-01-01T00:00:00", b"future")
+    first_key = _put(client, bucket, "2026-11-22T11:30:00", "2026-11-22T11:30:00", b"now")
+    first = reader.latestOffset(reader.initialOffset(), ReadAllAvailable())
+    assert first["batch"] == [first_key] and first["max"] == _ms("2026-11-22T11:30:00")
+    later = _put(client, bucket, "2026-11-22T11:31:00", "2026-11-22T11:31:00", b"later")
+    second = reader.latestOffset(first, ReadAllAvailable())
+    assert second["batch"] == [later]

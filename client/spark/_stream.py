@@ -15,6 +15,8 @@ replayed batch reads; with a checkpointed file sink that is exactly once.
 from __future__ import annotations
 
 import dataclasses
+import logging
+import time
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -36,6 +38,8 @@ from ._options import ScanOptions, parse_options
 from ._plan import select_objects
 from ._read import MAX_SIDECAR_BYTES, parse_manifest, read_batches
 from ._store import ReadStore, open_read_store
+
+log = logging.getLogger("client.spark")
 
 DEFAULT_LATENESS_MS = 600_000
 # The gateway's OFFLOAD_DIRECT_GRANT_TTL default: a direct upload's key (and so its hour
@@ -103,6 +107,7 @@ class OffloadStreamReader(DataSourceStreamReader):
         self.accumulator = accumulator  # of `_bad.Tally`, from `register`
         # payload key -> its stamp once committed, or why it cannot be delivered
         self._stamps: dict[str, int | BadObject] = {}
+        self._held: set[str] = set()  # stamped in the future, already logged
 
     def initialOffset(self) -> dict[str, Any]:
         return initial_offset(self.options.scan.since).to_json()
@@ -143,6 +148,11 @@ class OffloadStreamReader(DataSourceStreamReader):
                     self._stamps[key] = stamp
         # Forget stamps that can no longer matter, so a long query's cache stays bounded.
         self._stamps = {k: v for k, v in self._stamps.items() if k in keys}
+        self._held &= keys.keys()
+        # A stamp ahead of this clock by more than `lateness` waits for its time: taken now,
+        # it would lift the floor past every message committed until then (a gateway's
+        # clock gone wrong, or an entry written straight into the store).
+        horizon = int(time.time() * 1000) + self.options.lateness
         candidates = []
         for key, parsed in keys.items():
             stamp = self._stamps.get(key)
@@ -150,6 +160,11 @@ class OffloadStreamReader(DataSourceStreamReader):
                 problem = (stamp.problem.value, stamp.reason)
                 hour = _hour_ms(parsed, offset.floor)
                 candidates.append(Candidate(key, parsed.token, hour, problem))
+            elif stamp is not None and stamp > horizon:
+                if key not in self._held:
+                    self._held.add(key)
+                    ahead = stamp - horizon + self.options.lateness
+                    log.warning("offload stream holds back %s: stamped %d ms ahead", key, ahead)
             elif stamp is not None:
                 candidates.append(Candidate(key, parsed.token, stamp))
         return candidates
