@@ -152,7 +152,12 @@ def _bad_objects(env: Fixture, topic: str) -> dict[str, str]:
 def _wrong_types(env: Fixture, topic: str) -> dict[str, str]:
     """Sidecars that parse as manifests but whose values no row column can hold."""
     keys = {}
-    for field, value in (("size", '"big"'), ("content_type", "5"), ("timestamp", "1e300")):
+    for field, value in (
+        ("size", '"big"'),
+        ("content_type", "5"),
+        ("timestamp", "1e300"),
+        ("timestamp", "253402300800000"),  # 10000-01-01: no Python datetime holds it
+    ):
         key = env.hostile(topic, b"{}")
         manifest = Manifest(MessageId.new(), Topic(topic), 1, 1, _hex(b"x"), key)
         doc = manifest.to_json().decode()

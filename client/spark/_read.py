@@ -58,6 +58,9 @@ MAX_SIDECAR_BYTES = 16 * 1024 * 1024
 MAX_PAYLOAD_BYTES = 2**31 - 1
 _VALUE_LIMIT = f"{MAX_PAYLOAD_BYTES} bytes, the most a Spark binary value holds"
 _INT64 = 2**63
+# What Spark's timestamps and Python's datetime (a collect()) both hold: years 1 to 9999.
+_FIRST_MS = -62_135_596_800_000
+_LAST_MS = 253_402_300_799_999
 
 Message: TypeAlias = tuple[Manifest, Payload | None]
 
@@ -95,7 +98,8 @@ def unfit(manifest: Manifest, key: str | None) -> str | None:
     """Why `manifest` cannot become a row (None: it can).
 
     `Manifest.from_json` checks what the protocol needs; a row also needs text that UTF-8
-    can encode (JSON escapes allow lone surrogates) and numbers Arrow's 64-bit columns hold.
+    can encode (JSON escapes allow lone surrogates), a timestamp Spark and Python both hold,
+    and a size Arrow's 64-bit column holds.
 
     Args:
         manifest: a parsed sidecar or index entry.
@@ -103,8 +107,8 @@ def unfit(manifest: Manifest, key: str | None) -> str | None:
     """
     if key is not None and manifest.data_key != key:
         return f"describes another payload, {_safe(repr(manifest.data_key))}"
-    if not -_INT64 <= manifest.timestamp * 1000 < _INT64:
-        return "timestamp out of range"
+    if not _FIRST_MS <= manifest.timestamp <= _LAST_MS:
+        return "timestamp outside the years 1-9999"
     if not 0 <= manifest.size < _INT64:
         return "size out of range"
     texts: list[tuple[str, object]] = [("sha256", manifest.sha256)]
