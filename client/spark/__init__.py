@@ -76,7 +76,8 @@ committed. An upload that commits more than `lateness` seconds (default 600) aft
 stamp, and after newer messages were delivered, is not delivered. A direct upload's key
 (its hour partition) is chosen at its grant, up to `grantTtl` seconds (default 3600, the
 gateway's OFFLOAD_DIRECT_GRANT_TTL) before its commit, so the driver lists that far below
-the offset. The offset carries the tokens of about `lateness` seconds of delivered messages.
+the offset (a batch read: below `since`). The offset carries the tokens of about
+`lateness` seconds of delivered messages.
 
 Export job (also runnable by `spark-submit client/spark/job.py ...`)::
 

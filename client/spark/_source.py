@@ -50,7 +50,8 @@ class OffloadReader(DataSourceReader):
 
     def partitions(self) -> list[OffloadPartition]:
         store = open_read_store(self.scan.location)
-        objects = select_objects(store, self.scan.topic_filter, self.scan.since, self.scan.until)
+        since = self.scan.listing_since(self.scan.since)
+        objects = select_objects(store, self.scan.topic_filter, since, self.scan.until)
         parallelism = self.scan.parallelism or os.cpu_count() or 1
         # Spark substitutes a bare InputPartition(None) for an empty plan: say "nothing".
         return [OffloadPartition(keys) for keys in pack(objects, parallelism)] or [
@@ -84,9 +85,9 @@ class OffloadDataSource(DataSource):
         maxFilesPerTrigger: streams only: at most this many messages per micro-batch.
         lateness: streams only: seconds an upload may take from its stamp to its commit
             and still be delivered (default 600).
-        grantTtl: streams only: seconds a direct upload's key may be chosen before its
-            commit (the gateway's OFFLOAD_DIRECT_GRANT_TTL, default 3600); the driver lists
-            that far below its floor. See docs/spark.md.
+        grantTtl: seconds a direct upload's key may be chosen before its commit stamps it
+            (the gateway's OFFLOAD_DIRECT_GRANT_TTL, default 3600); the driver lists that far
+            below `since` (a stream: below its floor). See docs/spark.md.
     """
 
     # Set by `register` on a subclass; read on the driver's planning worker.

@@ -42,9 +42,6 @@ from ._store import ReadStore, open_read_store
 log = logging.getLogger("client.spark")
 
 DEFAULT_LATENESS_MS = 600_000
-# The gateway's OFFLOAD_DIRECT_GRANT_TTL default: a direct upload's key (and so its hour
-# partition) is chosen at its grant, up to this long before the commit that stamps it.
-DEFAULT_GRANT_TTL_MS = 3_600_000
 # Sidecars read at once on the driver when many new messages arrive together.
 STAMP_READERS = 8
 
@@ -56,13 +53,12 @@ class StreamOptions:
     scan: ScanOptions
     max_files: int | None = None
     lateness: int = DEFAULT_LATENESS_MS
-    grant_ttl: int = DEFAULT_GRANT_TTL_MS
 
 
 def parse_stream_options(
     options: Mapping[str, str], *, defaults: Mapping[str, str] | None = None
 ) -> StreamOptions:
-    """The batch options plus `maxFilesPerTrigger`, `lateness` and `grantTtl` (seconds).
+    """The batch options plus `maxFilesPerTrigger` and `lateness` (seconds).
 
     Args:
         options: Spark's option map.
@@ -81,10 +77,7 @@ def parse_stream_options(
     lateness = DEFAULT_LATENESS_MS
     if "lateness" in lowered:
         lateness = positive_ms(lowered["lateness"], "lateness")
-    grant_ttl = DEFAULT_GRANT_TTL_MS
-    if "grantttl" in lowered:
-        grant_ttl = positive_ms(lowered["grantttl"], "grantTtl")
-    return StreamOptions(scan, max_files, lateness, grant_ttl)
+    return StreamOptions(scan, max_files, lateness)
 
 
 class StreamPartition(InputPartition):
@@ -126,15 +119,13 @@ class OffloadStreamReader(DataSourceStreamReader):
             candidates,
             max_files=max_files,
             lateness=self.options.lateness,
-            key_lead=self.options.grant_ttl,
+            key_lead=self.options.scan.grant_ttl,
         ).to_json()
 
     def _candidates(self, offset: StreamOffset) -> list[Candidate]:
         scan = self.options.scan
         store = open_read_store(scan.location)
-        # A direct upload is stamped at its commit but keyed (hour partition) at its grant.
-        since = offset.floor - self.options.grant_ttl
-        listed = select_objects(store, scan.topic_filter, since=since)
+        listed = select_objects(store, scan.topic_filter, since=scan.listing_since(offset.floor))
         keys: dict[str, DataKey] = {}
         for key, _size in listed:
             parsed = parse_data_key(key)
@@ -148,7 +139,7 @@ class OffloadStreamReader(DataSourceStreamReader):
                     self._stamps[key] = stamp
         # Forget stamps that can no longer matter, so a long query's cache stays bounded.
         self._stamps = {k: v for k, v in self._stamps.items() if k in keys}
-        self._held &= keys.keys()
+        self._held = {k for k in self._held if k in keys}
         # A stamp ahead of this clock by more than `lateness` waits for its time: taken now,
         # it would lift the floor past every message committed until then (a gateway's
         # clock gone wrong, or an entry written straight into the store).
