@@ -111,13 +111,13 @@ class Fixture:
         self.put(index_key(message_id), sidecar if sidecar.startswith(b"{") else manifest.to_json())
         return key
 
-    def truncated(self, topic: str) -> str:
-        """A committed message whose payload lost its tail in the store."""
+    def resized(self, topic: str, stored: int) -> str:
+        """A committed message of 1000 bytes whose stored payload has `stored` bytes."""
         key = self.hostile(topic, b"{}")  # replaced below
-        payload = os.urandom(1000)
+        payload = os.urandom(max(1000, stored))
         manifest = Manifest(MessageId.new(), Topic(topic), int(time.time() * 1000), 1000,
-                            _hex(payload), key)  # fmt: skip
-        self.put(key, payload[:600])
+                            _hex(payload[:1000]), key)  # fmt: skip
+        self.put(key, payload[:stored])
         self.put(meta_key(key), manifest.to_json())
         self.put(index_key(manifest.id), manifest.to_json())
         return key
@@ -145,7 +145,8 @@ def _bad_objects(env: Fixture, topic: str) -> dict[str, str]:
         env.hostile(topic, b"[]"): "malformed",  # JSON, not an object
         env.hostile(topic, b"[" * 100_000): "malformed",  # nested beyond the parser's depth
         env.hostile(topic, b'{"v":1,"id":"x"}'): "malformed",  # fields missing
-        env.truncated(topic): "checksum",
+        env.resized(topic, 600): "checksum",  # truncated
+        env.resized(topic, 1500): "checksum",  # longer than its manifest: refused unread
     }
 
 
@@ -193,12 +194,12 @@ def test_a_batch_read_skips_and_reports_each_bad_object_and_returns_the_rest(
     assert [r for r in reasons if "header name '\\ud800x' is not UTF-8 text" in r]
 
     # Metadata only, nothing verified: still no row for an undecodable entry; the payload
-    # checks are off, so the lying upload and the truncated payload are rows now.
+    # checks are off, so the lying upload and the resized payloads are rows now.
     skipped = register(spark)
     skipped.reset()
     rows = read(spark, env, topic, payload="false", verify="false").collect()
     delivered = {r["id"] for r in rows}
-    assert set(good) <= delivered and len(delivered) == len(good) + 2
+    assert set(good) <= delivered and len(delivered) == len(good) + 3
     assert {k for k, _, _ in skipped.examples} == {k for k, v in bad.items() if v != "checksum"}
 
     # Asked for by name: the first bad object fails the read, naming it.

@@ -29,7 +29,7 @@ from client.spark._plan import (
     whole_days,
 )
 from client.spark._read import check, crc32c_hex, read_batches
-from client.spark._store import MAP_MIN_BYTES, FileReadStore, Listing, Payload
+from client.spark._store import MAP_MIN_BYTES, FileReadStore, Listing, Oversize, Payload
 
 
 def ms(text: str) -> int:
@@ -43,9 +43,9 @@ class KeepingStore(FileReadStore):
         super().__init__(StorageLocation("file", str(root)))
         self.returned: dict[str, Payload] = {}
 
-    def get_payload(self, key: str, max_bytes: int) -> Payload | None:
+    def get_payload(self, key: str, max_bytes: int) -> Payload | Oversize | None:
         data = super().get_payload(key, max_bytes)
-        if data is not None:
+        if isinstance(data, (bytes, mmap.mmap)):
             self.returned[key] = data
         return data
 

@@ -17,7 +17,8 @@ shaped to copy as little as possible (measured with bench/spark_read.py):
 A message that cannot become a row (its sidecar is not a manifest a row can hold, its
 payload differs from it, it was deleted after planning, it is over 2 GiB) is handed to
 `report` (`_bad.Reporter`) and the task goes on. Reads are bounded: a sidecar by
-MAX_SIDECAR_BYTES, a payload by what its manifest says (one byte more tells a longer one).
+MAX_SIDECAR_BYTES, a payload by the size its manifest states: a larger object is refused
+unread (`_store.Oversize`).
 
 Verification (`Verify`, in `_options`) is the one cost here that is not a copy. On two cores
 every reader is CPU-bound, so SHA-256 (0.6-0.7 CPU-s per GiB with SHA-NI) was the whole gap to
@@ -41,7 +42,7 @@ from .._exceptions import PayloadChecksumMismatch
 from ..protocol import Manifest, meta_key
 from ._bad import BadObject, Problem, Reporter
 from ._options import ScanOptions, Verify
-from ._store import Payload, ReadStore
+from ._store import Oversize, Payload, ReadStore
 
 BATCH_BYTES = 16 * 1024 * 1024
 BATCH_ROWS = 4096
@@ -125,16 +126,18 @@ def unfit(manifest: Manifest, key: str | None) -> str | None:
     return None
 
 
-def parse_manifest(raw: bytes, key: str | None, what: str, bad_key: str) -> Manifest | BadObject:
+def parse_manifest(
+    raw: bytes | Oversize, key: str | None, what: str, bad_key: str
+) -> Manifest | BadObject:
     """A sidecar or index entry as a manifest a row can hold, or why it is not one.
 
     Args:
-        raw: the entry's bytes as read (at most MAX_SIDECAR_BYTES + 1 of them).
+        raw: the entry's bytes as read (Oversize beyond MAX_SIDECAR_BYTES).
         key: the payload key a sidecar was read for (None for an index entry).
         what: names the entry in the reason ("sidecar", "index entry").
         bad_key: the payload key to report a bad entry under.
     """
-    if len(raw) > MAX_SIDECAR_BYTES:
+    if isinstance(raw, Oversize):
         return BadObject(bad_key, Problem.TOO_LARGE, f"{what} over {MAX_SIDECAR_BYTES} bytes")
     try:
         manifest = Manifest.from_json(raw)
@@ -162,19 +165,18 @@ def _fetch(store: ReadStore, key: str, options: ScanOptions) -> Message | BadObj
     if manifest.size > MAX_PAYLOAD_BYTES:
         return BadObject(key, Problem.TOO_LARGE, f"{manifest.size} bytes: over {_VALUE_LIMIT}")
     verifying = options.verify is not Verify.OFF
-    # Never more than the manifest promises (plus one byte, to tell a longer object).
+    # Never more than the manifest promises: a larger object is refused unread.
     limit = manifest.size if verifying else MAX_PAYLOAD_BYTES
     payload = store.get_payload(key, limit)
     if payload is None:
         return BadObject(key, Problem.GONE, "payload deleted after the scan was planned")
     url = f"{options.location.url}/{key}"
     try:
-        if len(payload) > limit:
+        if isinstance(payload, Oversize):
+            found = "more bytes" if payload.size is None else f"{payload.size} bytes"
             if not verifying:
-                return BadObject(key, Problem.TOO_LARGE, f"over {_VALUE_LIMIT}")
-            raise PayloadChecksumMismatch(
-                url, f"{manifest.size} bytes", f"more than {manifest.size} bytes"
-            )
+                return BadObject(key, Problem.TOO_LARGE, f"{found}: over {_VALUE_LIMIT}")
+            raise PayloadChecksumMismatch(url, f"{manifest.size} bytes", f"{found}, left unread")
         if verifying:
             check(manifest, payload, options.verify, url)
     except PayloadChecksumMismatch as exc:

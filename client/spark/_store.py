@@ -41,6 +41,16 @@ MAP_MIN_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
+class Oversize:
+    """An object larger than the reader would take, left unread.
+
+    `size` is its size when the store said it (a file's, S3's Content-Length), else None.
+    """
+
+    size: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class Listing:
     """One level of a delimiter listing: objects right under a prefix, and sub-prefixes."""
 
@@ -57,14 +67,10 @@ class ReadStore(Protocol):
     def list_all(self, prefix: str) -> Iterator[tuple[str, int]]:
         """(key, size) of every object whose key starts with `prefix`, recursively."""
 
-    def get(self, key: str, max_bytes: int) -> bytes | None:
-        """An object's first `max_bytes` + 1 bytes at most, or None when it does not exist.
+    def get(self, key: str, max_bytes: int) -> bytes | Oversize | None:
+        """An object's bytes; Oversize, unread, beyond `max_bytes`; None when it does not exist."""
 
-        More than `max_bytes` back means the object is larger: the caller refuses it
-        without having held the rest in memory.
-        """
-
-    def get_payload(self, key: str, max_bytes: int) -> Payload | None:
+    def get_payload(self, key: str, max_bytes: int) -> Payload | Oversize | None:
         """Like `get`, but possibly mapped rather than copied (never copied twice)."""
 
 
@@ -122,7 +128,7 @@ class S3ReadStore:
         except Exception as exc:
             raise self._fail(f"listing {prefix!r}", exc) from exc
 
-    def get(self, key: str, max_bytes: int) -> bytes | None:
+    def get(self, key: str, max_bytes: int) -> bytes | Oversize | None:
         from minio.error import S3Error
 
         try:
@@ -134,16 +140,20 @@ class S3ReadStore:
         except Exception as exc:
             raise self._fail(f"reading {key!r}", exc) from exc
         try:
+            length = response.headers.get("Content-Length", "")
+            if length.isdigit() and int(length) > max_bytes:
+                return Oversize(int(length))
             # urllib3 2 reads until `amt` bytes or the end; the rest is never fetched. The
             # bytes as stored (no Content-Encoding undone): those are what the checksums cover.
-            return bytes(response.read(max_bytes + 1, decode_content=False))
+            data = bytes(response.read(max_bytes + 1, decode_content=False))
+            return Oversize(None) if len(data) > max_bytes else data
         except Exception as exc:
             raise self._fail(f"reading {key!r}", exc) from exc
         finally:
             response.close()
             response.release_conn()
 
-    def get_payload(self, key: str, max_bytes: int) -> Payload | None:
+    def get_payload(self, key: str, max_bytes: int) -> Payload | Oversize | None:
         return self.get(key, max_bytes)
 
 
@@ -192,17 +202,18 @@ class FileReadStore:
         for sub in level.prefixes:
             yield from self.list_all(sub)
 
-    def get(self, key: str, max_bytes: int) -> bytes | None:
+    def get(self, key: str, max_bytes: int) -> bytes | Oversize | None:
         directory, name = self._dir_and_stem(key)
         try:
             with open(directory / name, "rb") as f:
-                return f.read(max_bytes + 1)
+                size = os.fstat(f.fileno()).st_size
+                return Oversize(size) if size > max_bytes else f.read()
         except FileNotFoundError:
             return None
         except OSError as exc:
             raise FetchError(f"file://{self._root}", f"reading {key!r}: {exc}") from exc
 
-    def get_payload(self, key: str, max_bytes: int) -> Payload | None:
+    def get_payload(self, key: str, max_bytes: int) -> Payload | Oversize | None:
         """The payload mapped read-only rather than read, when it is large.
 
         Arrow wraps the mapping as the batch's data buffer and hashlib hashes it in place,
@@ -215,8 +226,10 @@ class FileReadStore:
         try:
             with open(directory / name, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
-                if size < MAP_MIN_BYTES or size > max_bytes:
-                    return f.read(max_bytes + 1)
+                if size > max_bytes:
+                    return Oversize(size)
+                if size < MAP_MIN_BYTES:
+                    return f.read()
                 flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
                 return mmap.mmap(f.fileno(), size, flags=flags, prot=mmap.PROT_READ)
         except FileNotFoundError:
