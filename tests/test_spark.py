@@ -263,13 +263,19 @@ def test_credentials_from_environment_at_register(
         spark.read.format("offload").option("storage", store.url).load().count()
 
 
-def test_checksum_mismatch_fails_the_read_unless_verify_is_off(
+def test_checksum_mismatch_skips_the_message_or_fails_the_read_unless_verify_is_off(
     spark: SparkSession, seaweed: SeaweedFS
 ) -> None:
     writer, url = s3_writer(seaweed)
     writer.message("c/d", b"tampered bytes", ms("2026-11-22T00:00:00"), crc32c="0" * 8)
+    skipped = register(spark)
+    skipped.reset()
+    assert read(spark, url).collect() == []  # skipped, and reported:
+    assert [(kind, reason) for _, kind, reason in skipped.examples] == [
+        ("checksum", "expected crc32c 00000000 (14 bytes), got crc32c fe0ae681 (14 bytes)")
+    ]
     with pytest.raises(Exception, match="checksum mismatch: expected crc32c 00000000"):
-        read(spark, url).collect()
+        read(spark, url, onBadObject="fail").collect()
     rows = read(spark, url, verify="false").collect()
     assert [bytes(r["payload"]) for r in rows] == [b"tampered bytes"]
 
@@ -281,8 +287,9 @@ def test_verify_sha256_checks_the_sha256_the_default_does_not(
     writer, url = s3_writer(seaweed)
     writer.message("c/e", b"payload", ms("2026-11-22T00:00:00"), sha256="0" * 64)
     assert [bytes(r["payload"]) for r in read(spark, url).collect()] == [b"payload"]
+    assert read(spark, url, verify="sha256").collect() == []
     with pytest.raises(Exception, match=r"checksum mismatch: expected sha256 0{64}"):
-        read(spark, url, verify="sha256").collect()
+        read(spark, url, verify="sha256", onBadObject="fail").collect()
 
 
 @pytest.mark.parametrize("size", [13, 2 * 1024 * 1024 + 5])  # read whole; mapped, sliced
@@ -307,17 +314,18 @@ def test_corruption_of_what_the_gateway_wrote_is_caught(
     damaged = bytearray(payload)
     damaged[size // 2] ^= 0x01  # one bit
     (tmp_path / manifest.data_key).write_bytes(damaged)
+    assert read(spark, url).collect() == []  # skipped (and reported)
     with pytest.raises(Exception, match=f"checksum mismatch: expected crc32c {manifest.crc32c}"):
-        read(spark, url).collect()
+        read(spark, url, onBadObject="fail").collect()
     with pytest.raises(Exception, match=f"checksum mismatch: expected sha256 {manifest.sha256}"):
-        read(spark, url, verify="sha256").collect()
+        read(spark, url, verify="sha256", onBadObject="fail").collect()
     assert [bytes(r["payload"]) for r in read(spark, url, verify="false").collect()] == [damaged]
 
     # The same manifest as written before manifests had a CRC-32C: SHA-256 catches it.
     legacy = dataclasses.replace(manifest, crc32c=None).to_json()
     (tmp_path / meta_key(manifest.data_key)).write_bytes(legacy)
     with pytest.raises(Exception, match=f"checksum mismatch: expected sha256 {manifest.sha256}"):
-        read(spark, url).collect()
+        read(spark, url, onBadObject="fail").collect()
 
 
 def test_many_objects_are_spread_over_tasks_by_bytes(

@@ -57,3 +57,24 @@ def test_since_starts_a_new_stream_there() -> None:
 def test_lateness_must_be_seconds(text: str) -> None:
     with pytest.raises(ConfigError, match="lateness"):
         positive_ms(text, "lateness")
+
+
+def test_an_undecodable_message_is_batched_once_and_never_moves_the_floor() -> None:
+    hour = 1_800_000_000_000 - 1_800_000_000_000 % 3_600_000
+    bad = Candidate("data/t/date=x/hour=10/bad", "bad", hour, ("malformed", "sidecar: not JSON"))
+    listed = [c("a", hour + 5_000), bad]
+    first = advance(initial_offset(hour + 4_000), listed, max_files=1, lateness=1000)
+    # Reported first, whatever its hour and the floor; the good message waits its turn.
+    assert (first.batch, dict(first.bad)) == ((bad.key,), {bad.key: bad.problem})
+    assert (first.floor, first.max, first.skipped) == (hour + 4_000, hour + 4_000, {"bad": hour})
+    second = advance(first, listed, max_files=1, lateness=1000)
+    assert [k.rpartition("/")[2] for k in second.batch] == ["a"] and not second.bad
+    assert advance(second, listed, max_files=1, lateness=1000) is second  # reported once
+    assert StreamOffset.from_json(second.to_json()) == second
+    # Forgotten once its hour can no longer be listed (the listing starts key_lead below floor).
+    later = advance(second, [c("b", hour + 3 * 3_600_000)], max_files=None, lateness=0)
+    assert later.skipped == {}
+    kept = advance(
+        second, [c("b", hour + 3 * 3_600_000)], max_files=None, lateness=0, key_lead=3 * 3_600_000
+    )
+    assert kept.skipped == {"bad": hour}

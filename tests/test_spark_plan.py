@@ -29,7 +29,7 @@ from client.spark._plan import (
     whole_days,
 )
 from client.spark._read import check, crc32c_hex, read_batches
-from client.spark._store import MAP_MIN_BYTES, FileReadStore, Listing, Payload
+from client.spark._store import MAP_MIN_BYTES, FileReadStore, Listing, Oversize, Payload
 
 
 def ms(text: str) -> int:
@@ -43,9 +43,9 @@ class KeepingStore(FileReadStore):
         super().__init__(StorageLocation("file", str(root)))
         self.returned: dict[str, Payload] = {}
 
-    def get_payload(self, key: str) -> Payload | None:
-        data = super().get_payload(key)
-        if data is not None:
+    def get_payload(self, key: str, max_bytes: int) -> Payload | Oversize | None:
+        data = super().get_payload(key, max_bytes)
+        if isinstance(data, (bytes, mmap.mmap)):
             self.returned[key] = data
         return data
 
@@ -215,7 +215,7 @@ def test_crc32c_of_a_mapped_payload_is_that_of_its_bytes(tmp_path: Path, extra: 
     """google_crc32c refuses a mapping: it is fed in slices, whatever the size."""
     payload = os.urandom(MAP_MIN_BYTES + extra)
     key = put(tmp_path, "a/x", ms("2026-11-22T10:00:00"), payload)
-    mapped = FileReadStore(StorageLocation("file", str(tmp_path))).get_payload(key)
+    mapped = FileReadStore(StorageLocation("file", str(tmp_path))).get_payload(key, len(payload))
     assert mapped is not None and isinstance(mapped, mmap.mmap) == (extra >= 0)
     assert crc32c_hex(mapped) == crc32c_hex(payload) == f"{google_crc32c.value(payload):08x}"
 
@@ -279,7 +279,7 @@ def test_parse_options() -> None:
             "verify": "no",
             "parallelism": "4",
         },
-        defaults={"accessKey": "AK", "secretKey": "SK", "parallelism": "2"},
+        defaults={"accessKey": "AK", "secretKey": "S3CRET", "parallelism": "2"},
     )
     assert opts.location == StorageLocation(
         "s3",
@@ -288,12 +288,12 @@ def test_parse_options() -> None:
         secure=False,
         region="eu",
         access_key="AK",
-        secret_key="SK",
+        secret_key="S3CRET",
     )
     assert opts.topic_filter == TopicFilter("a/+")
     assert (opts.since, opts.until) == (ms("2026-11-22T00:00:00"), 1795392000000)
     assert (opts.payload, opts.verify, opts.parallelism) == (False, Verify.OFF, 4)
-    assert "SK" not in repr(opts)
+    assert "S3CRET" not in repr(opts)
     explicit = parse_options(
         {"storage": "s3://h:1/b", "accessKey": "mine"}, defaults={"accessKey": "env"}
     )

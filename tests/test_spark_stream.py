@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.servers]
 pytest.importorskip("pyspark")
 
 from client._exceptions import ConfigError  # noqa: E402
-from client.protocol import Manifest, MessageId, Topic, data_key, meta_key  # noqa: E402
+from client.protocol import Manifest, MessageId, Topic, data_key, index_key, meta_key  # noqa: E402
 from client.spark import register  # noqa: E402
 from client.spark.job import follow  # noqa: E402
 from client.spark.job import main as job_main  # noqa: E402
@@ -288,3 +288,125 @@ def test_register_names_pyspark_python_when_workers_cannot_import_pyarrow(
 def test_follow_needs_a_checkpoint(capsys: pytest.CaptureFixture[str]) -> None:
     assert job_main(["--storage", "file:///tmp/x", "--out", "/tmp/y", "--follow"]) == 2
     assert "--checkpoint" in capsys.readouterr().err
+
+
+def test_a_direct_upload_keyed_at_its_grant_and_stamped_at_its_commit_is_delivered(
+    seaweed: SeaweedFS,
+) -> None:
+    """The gateway keys a direct upload (its hour partition) at the grant, stamps it at commit.
+
+    Committed 40 minutes after its grant, in the next hour, with newer messages delivered
+    and a lateness of 60 s: the driver lists `grantTtl` below its floor and finds it.
+    """
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from client.spark._stream import OffloadStreamReader, parse_stream_options
+
+    client, bucket = _bucket(seaweed)
+
+    def put(keyed: str, stamped: str, payload: bytes) -> str:
+        return _put(client, bucket, keyed, stamped, payload)
+
+    options = {
+        "storage": seaweed.storage_url(bucket),
+        "accessKey": seaweed.access_key,
+        "secretKey": seaweed.secret_key,
+        "topic": "g/#",
+        "since": "2026-11-22T10:00:00Z",
+        "lateness": "60",
+    }
+    reader = OffloadStreamReader(parse_stream_options(options))
+    first_key = put("2026-11-22T11:30:00", "2026-11-22T11:30:00", b"proxied")
+    first = reader.latestOffset(reader.initialOffset(), ReadAllAvailable())
+    assert first["batch"] == [first_key] and first["floor"] == _ms("2026-11-22T11:29:00")
+    direct = put("2026-11-22T10:50:00", "2026-11-22T11:30:30", b"direct")
+    second = reader.latestOffset(first, ReadAllAvailable())
+    assert second["batch"] == [direct]
+    assert reader.latestOffset(second, ReadAllAvailable()) == second  # once
+    # Listing from the floor's hour only (grantTtl 0) misses it for good.
+    blind = OffloadStreamReader(parse_stream_options({**options, "grantTtl": "0"}))
+    assert blind.latestOffset(first, ReadAllAvailable()) == first
+
+
+def _ms(text: str) -> int:
+    from datetime import UTC, datetime
+
+    return int(datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp() * 1000)
+
+
+def _bucket(seaweed: SeaweedFS) -> tuple[Minio, str]:
+    client = Minio(seaweed.endpoint, seaweed.access_key, seaweed.secret_key, secure=False)
+    bucket = f"stamps-{uuid.uuid4().hex[:16]}"
+    client.make_bucket(bucket)
+    return client, bucket
+
+
+def _put(client: Minio, bucket: str, keyed: str, stamped: str, payload: bytes) -> str:
+    """A committed message of topic g/x keyed at `keyed`, stamped `stamped`; its key."""
+    topic = Topic("g/x")
+    key = data_key(topic, _ms(keyed), uuid.uuid4().hex)
+    digest = hashlib.sha256(payload).hexdigest()
+    manifest = Manifest(MessageId.new(), topic, _ms(stamped), len(payload), digest, key)
+    body = manifest.to_json()
+    for name, data in ((key, payload), (meta_key(key), body), (index_key(manifest.id), body)):
+        client.put_object(bucket, name, io.BytesIO(data), len(data))
+    return key
+
+
+def test_a_message_stamped_in_the_future_waits_and_does_not_lift_the_floor(
+    seaweed: SeaweedFS,
+) -> None:
+    """Written straight into the store (or by a gateway whose clock is off) for the year 2100."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from client.spark._stream import OffloadStreamReader, parse_stream_options
+
+    client, bucket = _bucket(seaweed)
+    options = {
+        "storage": seaweed.storage_url(bucket),
+        "accessKey": seaweed.access_key,
+        "secretKey": seaweed.secret_key,
+        "since": "2026-11-22T10:00:00Z",
+        "lateness": "60",
+    }
+    reader = OffloadStreamReader(parse_stream_options(options))
+    _put(client, bucket, "2100-01-01T00:00:00", "2100-01-01T00:00:00", b"future")
+    first_key = _put(client, bucket, "2026-11-22T11:30:00", "2026-11-22T11:30:00", b"now")
+    first = reader.latestOffset(reader.initialOffset(), ReadAllAvailable())
+    assert first["batch"] == [first_key] and first["max"] == _ms("2026-11-22T11:30:00")
+    later = _put(client, bucket, "2026-11-22T11:31:00", "2026-11-22T11:31:00", b"later")
+    second = reader.latestOffset(first, ReadAllAvailable())
+    assert second["batch"] == [later]
+
+
+def test_a_batch_read_from_since_finds_a_direct_upload_keyed_in_the_hour_before(
+    seaweed: SeaweedFS,
+) -> None:
+    """`since` 11:00 selects by stamp: keyed 10:50 and stamped 11:30 is in, stamped 10:55 out."""
+    from client.spark import parse_options
+    from client.spark._source import OffloadReader
+
+    client, bucket = _bucket(seaweed)
+    _put(client, bucket, "2026-11-22T10:50:00", "2026-11-22T11:30:00", b"in")
+    _put(client, bucket, "2026-11-22T10:50:00", "2026-11-22T10:55:00", b"before since")
+    _put(client, bucket, "2026-11-22T11:10:00", "2026-11-22T11:10:00", b"in too")
+    _put(client, bucket, "2026-11-22T11:59:00", "2026-11-22T12:00:00", b"at until: out")
+    options = {
+        "storage": seaweed.storage_url(bucket),
+        "accessKey": seaweed.access_key,
+        "secretKey": seaweed.secret_key,
+        "since": "2026-11-22T11:00:00Z",
+        "until": "2026-11-22T12:00:00Z",
+    }
+
+    def read(**extra: str) -> set[bytes]:
+        reader = OffloadReader(parse_options({**options, **extra}))
+        return {
+            p
+            for part in reader.partitions()
+            for batch in reader.read(part)
+            for p in batch.column("payload").to_pylist()
+        }
+
+    assert read() == {b"in", b"in too"}
+    assert read(grantTtl="0") == {b"in too"}  # listing from since's hour only misses it

@@ -25,11 +25,16 @@ How it reads:
   packs the payload objects into tasks of nearly equal bytes (a few tasks per core, at most
   ~128 MiB each) and ships only their keys.
 * Each task opens its own client and reads `<key>.meta.json`, then `<key>`. A payload whose
-  sidecar is missing is an upload in flight and is skipped; an object deleted between
-  listing and reading (expiry) is skipped too. The exact time range is applied to each
-  manifest's `timestamp`.
-* `verify` checks every payload against its manifest and fails the task with
-  `PayloadChecksumMismatch` on a difference: a truncated or corrupted object would
+  sidecar is missing is an upload in flight and is not planned. The exact time range is
+  applied to each manifest's `timestamp`.
+* One message that cannot be delivered never stops a scan (`_bad`; docs/spark.md): a
+  payload that differs from its manifest, a sidecar or index entry that is not a manifest
+  (bad JSON, wrong types, a header name UTF-8 cannot encode), an object deleted after it
+  was planned, a payload over 2 GiB. With `onBadObject` = `skip` (the default) the task
+  skips it, logs a WARNING naming its URL and the reason, and counts it in the accumulator
+  `register` returns (`BadObjects`: `count`, `counts`, `examples`); `fail` fails the task.
+* `verify` checks every payload against its manifest; a difference is a bad object
+  (`PayloadChecksumMismatch` under `fail`): a truncated or corrupted object would
   otherwise reach analyses silently. `true` (the default) checks the size and the CRC-32C
   the gateway records in the manifest (0.1-0.2 CPU-s per GiB), or the SHA-256 when the
   manifest predates that field; `sha256` always checks size and SHA-256 (0.6-0.7 CPU-s per
@@ -65,10 +70,14 @@ it stopped and a checkpointed file sink gets every message exactly once::
         .writeStream.format("parquet").option("path", OUT)
         .option("checkpointLocation", CHECKPOINT).start())
 
-A message is visible once its sidecar exists. Messages are ordered by the gateway's stamp,
-taken when the upload began; an upload that commits more than `lateness` seconds (default
-600) after its stamp, and after newer messages were delivered, is not delivered. The offset
-carries the tokens of about `lateness` seconds of delivered messages.
+A message is visible once its id index names it. Messages are ordered by the stamp in the
+index entry: the gateway's clock when a proxied upload began, or when a direct upload was
+committed. An upload that commits more than `lateness` seconds (default 600) after its
+stamp, and after newer messages were delivered, is not delivered. A direct upload's key
+(its hour partition) is chosen at its grant, up to `grantTtl` seconds (default 3600, the
+gateway's OFFLOAD_DIRECT_GRANT_TTL) before its commit, so the driver lists that far below
+the offset (a batch read: below `since`). The offset carries the tokens of about
+`lateness` seconds of delivered messages.
 
 Export job (also runnable by `spark-submit client/spark/job.py ...`)::
 
@@ -126,7 +135,9 @@ The embedded store (`file:///PATH`) is the same layout on disk, so the same code
 `file:///PATH/data/sensors/temp/` as the directory (tested in tests/test_spark.py).
 """
 
+from ._bad import BadObjects, Problem
 from ._options import (
+    OnBadObject,
     ScanOptions,
     StorageLocation,
     Verify,
@@ -138,7 +149,10 @@ from ._source import FORMAT, OffloadDataSource, register
 
 __all__ = [
     "FORMAT",
+    "BadObjects",
     "OffloadDataSource",
+    "OnBadObject",
+    "Problem",
     "ScanOptions",
     "StorageLocation",
     "Verify",

@@ -10,6 +10,11 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from .._exceptions import ConfigError
 from ..protocol import TopicFilter
+from ._offsets import positive_ms
+
+# The gateway's OFFLOAD_DIRECT_GRANT_TTL default: a direct upload's key (and so its hour
+# partition) is chosen at its grant, up to this long before the commit that stamps it.
+DEFAULT_GRANT_TTL_MS = 3_600_000
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -30,6 +35,13 @@ class Verify(enum.Enum):
     OFF = "false"  # check nothing (not even the size)
     AUTO = "true"  # size, and the manifest's CRC-32C; SHA-256 when it records none
     SHA256 = "sha256"  # size and SHA-256, whatever else the manifest records
+
+
+class OnBadObject(enum.Enum):
+    """What a scan does with one object it cannot turn into a row (see `_bad`)."""
+
+    SKIP = "skip"  # skip it, log it by key, count it (the default)
+    FAIL = "fail"  # fail the task, naming the object
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +150,14 @@ def _verify(value: str) -> Verify:
     raise ConfigError(f"verify: expected true, sha256 or false, got {value!r}")
 
 
+def _on_bad_object(value: str) -> OnBadObject:
+    lowered = value.strip().lower()
+    for choice in OnBadObject:
+        if lowered == choice.value:
+            return choice
+    raise ConfigError(f"onBadObject: expected skip or fail, got {value!r}")
+
+
 def _positive(value: str, name: str) -> int:
     try:
         number = int(value)
@@ -159,10 +179,21 @@ class ScanOptions:
     payload: bool = True
     verify: Verify = Verify.AUTO
     parallelism: int | None = None  # None: what `register` saw, else the CPU count
+    on_bad_object: OnBadObject = OnBadObject.SKIP
+    grant_ttl: int = DEFAULT_GRANT_TTL_MS  # ms a key may precede its stamp (direct uploads)
 
     def __post_init__(self) -> None:
         if self.since is not None and self.until is not None and self.since >= self.until:
             raise ConfigError(f"since ({self.since}) must be before until ({self.until})")
+
+    def listing_since(self, since: int | None) -> int | None:
+        """Where to start listing for messages stamped from `since` on.
+
+        A direct upload is keyed (its `date=`/`hour=` partition) at its grant and stamped at
+        its commit, up to `grant_ttl` later, so the listing reaches that far back; the
+        manifests' exact stamps then decide.
+        """
+        return None if since is None else since - self.grant_ttl
 
     def selects_time(self, timestamp_ms: int) -> bool:
         """Whether a message stamped `timestamp_ms` lies in [since, until)."""
@@ -207,4 +238,8 @@ def parse_options(
         payload=_flag(opts.get("payload", "true"), "payload"),
         verify=_verify(opts.get("verify", "true")),
         parallelism=_positive(parallelism, "parallelism") if parallelism else None,
+        on_bad_object=_on_bad_object(opts.get("onbadobject", "skip")),
+        grant_ttl=positive_ms(opts["grantttl"], "grantTtl")
+        if "grantttl" in opts
+        else DEFAULT_GRANT_TTL_MS,
     )

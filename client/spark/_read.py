@@ -14,6 +14,12 @@ shaped to copy as little as possible (measured with bench/spark_read.py):
   malloc; glibc serves blocks above 32 MiB from fresh mmap()s, whose page faults and
   zeroing cost more than the copy itself (64 MiB batches were ~30% slower than 16 MiB).
 
+A message that cannot become a row (its sidecar is not a manifest a row can hold, its
+payload differs from it, it was deleted after planning, it is over 2 GiB) is handed to
+`report` (`_bad.Reporter`) and the task goes on. Reads are bounded: a sidecar by
+MAX_SIDECAR_BYTES, a payload by the size its manifest states: a larger object is refused
+unread (`_store.Oversize`).
+
 Verification (`Verify`, in `_options`) is the one cost here that is not a copy. On two cores
 every reader is CPU-bound, so SHA-256 (0.6-0.7 CPU-s per GiB with SHA-NI) was the whole gap to
 Spark's `binaryFile`; the manifest's CRC-32C costs 0.1-0.2 CPU-s per GiB. google_crc32c takes
@@ -26,16 +32,17 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TypeAlias
 
 import google_crc32c
 
-from .._exceptions import PayloadChecksumMismatch, ProtocolError
+from .._exceptions import PayloadChecksumMismatch
 from ..protocol import Manifest, meta_key
+from ._bad import BadObject, Problem, Reporter
 from ._options import ScanOptions, Verify
-from ._store import Payload, ReadStore
+from ._store import Oversize, Payload, ReadStore
 
 BATCH_BYTES = 16 * 1024 * 1024
 BATCH_ROWS = 4096
@@ -45,6 +52,18 @@ FETCH_AHEAD = 2
 CRC_SLICE = 1024 * 1024  # google_crc32c releases the GIL from this size on
 # Without its C extension google_crc32c is pure Python, far slower than hashlib: SHA-256 then.
 CRC_IN_C = google_crc32c.implementation == "c"
+# A sidecar holds headers of at most the gateway's OFFLOAD_MAX_HEADER_BYTES (1 MiB by default),
+# base64-encoded; a larger one is refused unread rather than held in memory.
+MAX_SIDECAR_BYTES = 16 * 1024 * 1024
+# Arrow's binary arrays, and so Spark's binary values, address their bytes with 32-bit offsets.
+MAX_PAYLOAD_BYTES = 2**31 - 1
+_VALUE_LIMIT = f"{MAX_PAYLOAD_BYTES} bytes, the most a Spark binary value holds"
+_INT64 = 2**63
+# What Spark's timestamps and Python's datetime (a collect()) both hold: years 1 to 9999.
+_FIRST_MS = -62_135_596_800_000
+_LAST_MS = 253_402_300_799_999
+
+Message: TypeAlias = tuple[Manifest, Payload | None]
 
 DDL = (
     "id string, topic string, timestamp timestamp, size long, sha256 string, "
@@ -71,27 +90,98 @@ def arrow_schema() -> Any:
     )
 
 
-def _fetch(
-    store: ReadStore, key: str, options: ScanOptions
-) -> tuple[Manifest, Payload | None] | None:
-    """One message, or None when it is gone or outside the time range."""
-    raw = store.get(meta_key(key))
-    if raw is None:  # deleted (expired) since the driver listed it
-        return None
+def _safe(text: str) -> str:
+    """`text` as valid UTF-8 for a log line or an error (hostile values may hold surrogates)."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def unfit(manifest: Manifest, key: str | None) -> str | None:
+    """Why `manifest` cannot become a row (None: it can).
+
+    `Manifest.from_json` checks what the protocol needs; a row also needs text that UTF-8
+    can encode (JSON escapes allow lone surrogates), a timestamp Spark and Python both hold,
+    and a size Arrow's 64-bit column holds.
+
+    Args:
+        manifest: a parsed sidecar or index entry.
+        key: the payload key a sidecar was read for (None for an index entry).
+    """
+    if key is not None and manifest.data_key != key:
+        return f"describes another payload, {_safe(repr(manifest.data_key))}"
+    if not _FIRST_MS <= manifest.timestamp <= _LAST_MS:
+        return "timestamp outside the years 1-9999"
+    if not 0 <= manifest.size < _INT64:
+        return "size out of range"
+    texts: list[tuple[str, object]] = [("sha256", manifest.sha256)]
+    if manifest.content_type is not None:
+        texts.append(("content_type", manifest.content_type))
+    texts.extend(("header name", name) for name, _ in manifest.headers)
+    for what, value in texts:
+        if not isinstance(value, str):
+            return f"{what} is not text: {_safe(repr(value))[:200]}"
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return f"{what} {ascii(value)[:200]} is not UTF-8 text (a lone surrogate)"
+    return None
+
+
+def parse_manifest(
+    raw: bytes | Oversize, key: str | None, what: str, bad_key: str
+) -> Manifest | BadObject:
+    """A sidecar or index entry as a manifest a row can hold, or why it is not one.
+
+    Args:
+        raw: the entry's bytes as read (Oversize beyond MAX_SIDECAR_BYTES).
+        key: the payload key a sidecar was read for (None for an index entry).
+        what: names the entry in the reason ("sidecar", "index entry").
+        bad_key: the payload key to report a bad entry under.
+    """
+    if isinstance(raw, Oversize):
+        return BadObject(bad_key, Problem.TOO_LARGE, f"{what} over {MAX_SIDECAR_BYTES} bytes")
     try:
         manifest = Manifest.from_json(raw)
-    except ProtocolError as exc:
-        raise ProtocolError(f"{meta_key(key)}: {exc}") from exc
+    except Exception as exc:  # foreign JSON: whatever the parser meets is this entry's fault
+        return BadObject(bad_key, Problem.MALFORMED, f"{what}: {_safe(str(exc))[:500]}")
+    problem = unfit(manifest, key)
+    if problem is not None:
+        return BadObject(bad_key, Problem.MALFORMED, f"{what}: {problem}")
+    return manifest
+
+
+def _fetch(store: ReadStore, key: str, options: ScanOptions) -> Message | BadObject | None:
+    """One message, why it cannot be delivered, or None when outside the time range."""
+    raw = store.get(meta_key(key), MAX_SIDECAR_BYTES)
+    if raw is None:  # deleted (expired, swept) since it was planned
+        return BadObject(key, Problem.GONE, "sidecar deleted after the scan was planned")
+    manifest = parse_manifest(raw, key, "sidecar", key)
+    if isinstance(manifest, BadObject):
+        return manifest
     # Keys were pruned by hour; the manifest's timestamp is the exact one.
     if not options.selects_time(manifest.timestamp):
         return None
     if not options.payload:
         return manifest, None
-    payload = store.get_payload(key)
+    if manifest.size > MAX_PAYLOAD_BYTES:
+        return BadObject(key, Problem.TOO_LARGE, f"{manifest.size} bytes: over {_VALUE_LIMIT}")
+    verifying = options.verify is not Verify.OFF
+    # Never more than the manifest promises: a larger object is refused unread.
+    limit = manifest.size if verifying else MAX_PAYLOAD_BYTES
+    payload = store.get_payload(key, limit)
     if payload is None:
-        return None
-    if options.verify is not Verify.OFF:
-        check(manifest, payload, options.verify, f"{options.location.url}/{key}")
+        return BadObject(key, Problem.GONE, "payload deleted after the scan was planned")
+    url = f"{options.location.url}/{key}"
+    try:
+        if isinstance(payload, Oversize):
+            found = "more bytes" if payload.size is None else f"{payload.size} bytes"
+            if not verifying:
+                return BadObject(key, Problem.TOO_LARGE, f"{found}: over {_VALUE_LIMIT}")
+            raise PayloadChecksumMismatch(url, f"{manifest.size} bytes", f"{found}, left unread")
+        if verifying:
+            check(manifest, payload, options.verify, url)
+    except PayloadChecksumMismatch as exc:
+        reason = f"expected {exc.expected}, got {exc.actual}"
+        return BadObject(key, Problem.CHECKSUM, reason, exc)
     return manifest, payload
 
 
@@ -133,26 +223,35 @@ def check(manifest: Manifest, payload: Payload, verify: Verify, url: str) -> Non
 
 
 def fetch_all(
-    store: ReadStore, keys: Iterable[str], options: ScanOptions
-) -> Iterator[tuple[Manifest, Payload | None]]:
+    store: ReadStore,
+    keys: Iterable[str],
+    options: ScanOptions,
+    report: Callable[[BadObject], None],
+) -> Iterator[Message]:
     """Messages for `keys`, in order, with up to FETCH_AHEAD requests in flight.
 
     Args:
         store: the task's own store client.
         keys: payload keys of this task.
         options: the scan's options (time range, payload, verify).
+        report: called with each object that cannot be delivered (`_bad.Reporter`).
     """
     with ThreadPoolExecutor(FETCH_AHEAD, thread_name_prefix="offload-fetch") as pool:
-        pending = []
+        pending: list[Future[Message | BadObject | None]] = []
+
+        def settle(future: Future[Message | BadObject | None]) -> Message | None:
+            done = future.result()
+            if isinstance(done, BadObject):
+                report(done)
+                return None
+            return done
+
         for key in keys:
             pending.append(pool.submit(_fetch, store, key, options))
-            if len(pending) > FETCH_AHEAD:
-                done = pending.pop(0).result()
-                if done is not None:
-                    yield done
+            if len(pending) > FETCH_AHEAD and (done := settle(pending.pop(0))) is not None:
+                yield done
         for future in pending:
-            done = future.result()
-            if done is not None:
+            if (done := settle(future)) is not None:
                 yield done
 
 
@@ -176,7 +275,7 @@ def _binary(values: list[Payload | None]) -> Any:
     )
 
 
-def _batch(rows: list[tuple[Manifest, Payload | None]]) -> Any:
+def _batch(rows: list[Message]) -> Any:
     import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
     schema = arrow_schema()
@@ -200,6 +299,7 @@ def read_batches(
     keys: Iterable[str],
     options: ScanOptions,
     *,
+    report: Callable[[BadObject], None] | None = None,
     batch_bytes: int = BATCH_BYTES,
 ) -> Iterator[Any]:
     """The rows of one task as Arrow record batches.
@@ -210,11 +310,15 @@ def read_batches(
         store: the task's own store client.
         keys: payload keys of this task.
         options: the scan's options.
+        report: called with each object that cannot be delivered (default: a `Reporter`
+            that logs, and under `fail` raises, without counting).
         batch_bytes: payload bytes per batch (tests make it small).
     """
-    rows: list[tuple[Manifest, Payload | None]] = []
+    if report is None:
+        report = Reporter(options.location.url, options.on_bad_object)
+    rows: list[Message] = []
     held = 0
-    for manifest, payload in fetch_all(store, keys, options):
+    for manifest, payload in fetch_all(store, keys, options, report):
         size = len(payload) if payload is not None else 0
         # Flush first rather than overshoot: a batch is either near BATCH_BYTES or one
         # payload alone (which then needs no copy).

@@ -7,6 +7,7 @@ each task on an executor and fetches that task's sidecars and payloads itself.
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -18,6 +19,7 @@ from pyspark.sql.datasource import (
 )
 
 from .._exceptions import ConfigError
+from ._bad import BadObjects, Reporter, Tally, TallyParam
 from ._options import ScanOptions, parse_options
 from ._plan import pack, select_objects
 from ._read import DDL, read_batches
@@ -25,6 +27,7 @@ from ._store import ACCESS_KEY_ENV, SECRET_KEY_ENV, open_read_store
 from ._worker import check_worker_python
 
 FORMAT = "offload"
+_ACCUMULATORS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
 class OffloadPartition(InputPartition):
@@ -41,12 +44,14 @@ class OffloadPartition(InputPartition):
 class OffloadReader(DataSourceReader):
     """Lists on the driver, reads on executors."""
 
-    def __init__(self, options: ScanOptions) -> None:
+    def __init__(self, options: ScanOptions, accumulator: Any | None = None) -> None:
         self.scan = options
+        self.accumulator = accumulator  # of `_bad.Tally`, from `register`
 
     def partitions(self) -> list[OffloadPartition]:
         store = open_read_store(self.scan.location)
-        objects = select_objects(store, self.scan.topic_filter, self.scan.since, self.scan.until)
+        since = self.scan.listing_since(self.scan.since)
+        objects = select_objects(store, self.scan.topic_filter, since, self.scan.until)
         parallelism = self.scan.parallelism or os.cpu_count() or 1
         # Spark substitutes a bare InputPartition(None) for an empty plan: say "nothing".
         return [OffloadPartition(keys) for keys in pack(objects, parallelism)] or [
@@ -57,7 +62,8 @@ class OffloadReader(DataSourceReader):
         if not isinstance(partition, OffloadPartition):
             raise TypeError(f"not a partition of this source: {partition!r}")
         store = open_read_store(self.scan.location)
-        return read_batches(store, partition.keys, self.scan)
+        report = Reporter(self.scan.location.url, self.scan.on_bad_object, self.accumulator)
+        return read_batches(store, partition.keys, self.scan, report=report)
 
 
 class OffloadDataSource(DataSource):
@@ -71,15 +77,22 @@ class OffloadDataSource(DataSource):
         payload: "false" leaves the payload column null and never fetches payloads.
         verify: "true" (default) checks each payload's size and the manifest's CRC-32C (its
             SHA-256 when the manifest records no CRC-32C); "sha256" size and SHA-256;
-            "false" nothing. A mismatch fails the task (`PayloadChecksumMismatch`).
+            "false" nothing.
+        onBadObject: "skip" (default) skips a message that cannot be delivered (checksum
+            mismatch, undecodable sidecar or index entry, deleted since planned, too large),
+            logs it by key and counts it in what `register` returned; "fail" fails the task.
         parallelism: task slots to plan for (default: what `register` saw).
         maxFilesPerTrigger: streams only: at most this many messages per micro-batch.
         lateness: streams only: seconds an upload may take from its stamp to its commit
             and still be delivered (default 600).
+        grantTtl: seconds a direct upload's key may be chosen before its commit stamps it
+            (the gateway's OFFLOAD_DIRECT_GRANT_TTL, default 3600); the driver lists that far
+            below `since` (a stream: below its floor). See docs/spark.md.
     """
 
     # Set by `register` on a subclass; read on the driver's planning worker.
     defaults: Mapping[str, str] = {}
+    accumulator: Any | None = None
 
     @classmethod
     def name(cls) -> str:
@@ -89,7 +102,7 @@ class OffloadDataSource(DataSource):
         return DDL
 
     def reader(self, schema: Any) -> OffloadReader:
-        return OffloadReader(parse_options(self.options, defaults=self.defaults))
+        return OffloadReader(parse_options(self.options, defaults=self.defaults), self.accumulator)
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
         # Imported here: read limits (pyspark.sql.streaming.datasource) came with Spark 4.2,
@@ -100,10 +113,11 @@ class OffloadDataSource(DataSource):
             raise ConfigError(
                 f'readStream.format("offload") needs pyspark >= 4.2 (read limits): {exc}'
             ) from exc
-        return OffloadStreamReader(parse_stream_options(self.options, defaults=self.defaults))
+        options = parse_stream_options(self.options, defaults=self.defaults)
+        return OffloadStreamReader(options, self.accumulator)
 
 
-def register(spark: Any, *, parallelism: int | None = None) -> None:
+def register(spark: Any, *, parallelism: int | None = None) -> BadObjects:
     """Make `spark.read.format("offload")` available in this session.
 
     Reads OFFLOAD_S3_ACCESS_KEY / OFFLOAD_S3_SECRET_KEY from this (the driver's) environment
@@ -114,14 +128,25 @@ def register(spark: Any, *, parallelism: int | None = None) -> None:
         spark: the SparkSession.
         parallelism: task slots to plan for (default: `spark.sparkContext.defaultParallelism`,
             or the CPU count where there is no SparkContext, as on Spark Connect).
+
+    Returns:
+        The count (and first keys) of the messages the session's scans skipped
+        (`onBadObject` = `skip`, see `client.spark._bad`); the same counter every call.
     """
     check_worker_python(spark)
     defaults: dict[str, str] = {}
-    if parallelism is None:
-        try:
-            parallelism = int(spark.sparkContext.defaultParallelism)
-        except Exception:  # Spark Connect has no SparkContext
-            parallelism = None
+    accumulator = None
+    try:
+        context = spark.sparkContext
+    except Exception:  # Spark Connect has no SparkContext (nor accumulators)
+        context = None
+    if context is not None:
+        # One per SparkContext: registering again (as the export job does) keeps counting.
+        accumulator = _ACCUMULATORS.get(context)
+        if accumulator is None:
+            accumulator = _ACCUMULATORS[context] = context.accumulator(Tally(), TallyParam())
+    if parallelism is None and context is not None:
+        parallelism = int(context.defaultParallelism)
     if parallelism is not None:
         defaults["parallelism"] = str(parallelism)
     for option, variable in (("accessKey", ACCESS_KEY_ENV), ("secretKey", SECRET_KEY_ENV)):
@@ -134,4 +159,6 @@ def register(spark: Any, *, parallelism: int | None = None) -> None:
         pass
 
     RegisteredOffloadDataSource.defaults = defaults
+    RegisteredOffloadDataSource.accumulator = accumulator
     spark.dataSource.register(RegisteredOffloadDataSource)
+    return BadObjects(accumulator)

@@ -41,6 +41,16 @@ MAP_MIN_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
+class Oversize:
+    """An object larger than the reader would take, left unread.
+
+    `size` is its size when the store said it (a file's, S3's Content-Length), else None.
+    """
+
+    size: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class Listing:
     """One level of a delimiter listing: objects right under a prefix, and sub-prefixes."""
 
@@ -57,11 +67,11 @@ class ReadStore(Protocol):
     def list_all(self, prefix: str) -> Iterator[tuple[str, int]]:
         """(key, size) of every object whose key starts with `prefix`, recursively."""
 
-    def get(self, key: str) -> bytes | None:
-        """An object's bytes, or None when it does not exist (any more)."""
+    def get(self, key: str, max_bytes: int) -> bytes | Oversize | None:
+        """An object's bytes; Oversize, unread, beyond `max_bytes`; None when it does not exist."""
 
-    def get_payload(self, key: str) -> Payload | None:
-        """A payload's bytes (possibly mapped, never copied twice), or None when gone."""
+    def get_payload(self, key: str, max_bytes: int) -> Payload | Oversize | None:
+        """Like `get`, but possibly mapped rather than copied (never copied twice)."""
 
 
 class S3ReadStore:
@@ -118,7 +128,7 @@ class S3ReadStore:
         except Exception as exc:
             raise self._fail(f"listing {prefix!r}", exc) from exc
 
-    def get(self, key: str) -> bytes | None:
+    def get(self, key: str, max_bytes: int) -> bytes | Oversize | None:
         from minio.error import S3Error
 
         try:
@@ -130,15 +140,21 @@ class S3ReadStore:
         except Exception as exc:
             raise self._fail(f"reading {key!r}", exc) from exc
         try:
-            return bytes(response.read())
+            length = response.headers.get("Content-Length", "")
+            if length.isdigit() and int(length) > max_bytes:
+                return Oversize(int(length))
+            # urllib3 2 reads until `amt` bytes or the end; the rest is never fetched. The
+            # bytes as stored (no Content-Encoding undone): those are what the checksums cover.
+            data = bytes(response.read(max_bytes + 1, decode_content=False))
+            return Oversize(None) if len(data) > max_bytes else data
         except Exception as exc:
             raise self._fail(f"reading {key!r}", exc) from exc
         finally:
             response.close()
             response.release_conn()
 
-    def get_payload(self, key: str) -> Payload | None:
-        return self.get(key)
+    def get_payload(self, key: str, max_bytes: int) -> Payload | Oversize | None:
+        return self.get(key, max_bytes)
 
 
 class FileReadStore:
@@ -186,16 +202,18 @@ class FileReadStore:
         for sub in level.prefixes:
             yield from self.list_all(sub)
 
-    def get(self, key: str) -> bytes | None:
+    def get(self, key: str, max_bytes: int) -> bytes | Oversize | None:
         directory, name = self._dir_and_stem(key)
         try:
-            return (directory / name).read_bytes()
+            with open(directory / name, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                return Oversize(size) if size > max_bytes else f.read()
         except FileNotFoundError:
             return None
         except OSError as exc:
             raise FetchError(f"file://{self._root}", f"reading {key!r}: {exc}") from exc
 
-    def get_payload(self, key: str) -> Payload | None:
+    def get_payload(self, key: str, max_bytes: int) -> Payload | Oversize | None:
         """The payload mapped read-only rather than read, when it is large.
 
         Arrow wraps the mapping as the batch's data buffer and hashlib hashes it in place,
@@ -208,6 +226,8 @@ class FileReadStore:
         try:
             with open(directory / name, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
+                if size > max_bytes:
+                    return Oversize(size)
                 if size < MAP_MIN_BYTES:
                     return f.read()
                 flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)

@@ -1,10 +1,13 @@
 """`spark.readStream.format("offload")`: newly committed messages in micro-batches.
 
 A thin adapter over `_offsets` (what a batch takes) and `_read` (how a task reads it). The
-driver lists the topic filter's hour partitions from the offset's `floor` on, and for each
-message it has not seen yet reads the sidecar (its exact stamp) and the id index (the commit
-point: only a payload the index names is delivered). Stamps of committed messages are
-cached for the life of the query, so each is read once. The
+driver lists the topic filter's hour partitions from `grantTtl` below the offset's `floor`
+on (a direct upload is keyed at its grant, stamped at its commit), and for each message it
+has not seen yet reads the sidecar and, unless it is stamped below `floor`, the id index
+(the commit point, whose stamp orders the stream: only a payload the index names is
+delivered). What it finds is cached for the life of the query, so each is read once. A
+sidecar or index entry it cannot decode is not a reason to stop: it takes a place in the
+next batch as a bad object, which that batch reports instead of reading (`_bad`). The
 batch's keys are written into the end offset, so Spark's checkpoint alone decides what a
 replayed batch reads; with a checkpointed file sink that is exactly once.
 """
@@ -12,8 +15,11 @@ replayed batch reads; with a checkpointed file sink that is exactly once.
 from __future__ import annotations
 
 import dataclasses
+import logging
+import time
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -23,13 +29,17 @@ from pyspark.sql.streaming.datasource import (
     ReadMaxFiles,
 )
 
-from .._exceptions import ConfigError, ProtocolError
-from ..protocol import Manifest, index_key, meta_key, parse_data_key
+from .._exceptions import ConfigError
+from ..protocol import index_key, meta_key, parse_data_key
+from ..protocol._layout import DataKey
+from ._bad import BadObject, Problem, Reporter
 from ._offsets import Candidate, StreamOffset, advance, initial_offset, positive_ms
 from ._options import ScanOptions, parse_options
 from ._plan import select_objects
-from ._read import read_batches
+from ._read import MAX_SIDECAR_BYTES, parse_manifest, read_batches
 from ._store import ReadStore, open_read_store
+
+log = logging.getLogger("client.spark")
 
 DEFAULT_LATENESS_MS = 600_000
 # Sidecars read at once on the driver when many new messages arrive together.
@@ -71,11 +81,12 @@ def parse_stream_options(
 
 
 class StreamPartition(InputPartition):
-    """One task's share of a micro-batch: payload keys only."""
+    """One task's share of a micro-batch: payload keys, and the undecodable ones to report."""
 
-    def __init__(self, keys: list[str]) -> None:
+    def __init__(self, keys: list[str], bad: tuple[BadObject, ...] = ()) -> None:
         super().__init__(None)
         self.keys = keys
+        self.bad = bad
 
     def __repr__(self) -> str:
         return f"StreamPartition({len(self.keys)} keys)"
@@ -84,9 +95,12 @@ class StreamPartition(InputPartition):
 class OffloadStreamReader(DataSourceStreamReader):
     """Offsets on the driver, reading in tasks (see the module docstring)."""
 
-    def __init__(self, options: StreamOptions) -> None:
+    def __init__(self, options: StreamOptions, accumulator: Any | None = None) -> None:
         self.options = options
-        self._stamps: dict[str, int] = {}  # payload key -> manifest timestamp
+        self.accumulator = accumulator  # of `_bad.Tally`, from `register`
+        # payload key -> its stamp once committed, or why it cannot be delivered
+        self._stamps: dict[str, int | BadObject] = {}
+        self._held: set[str] = set()  # stamped in the future, already logged
 
     def initialOffset(self) -> dict[str, Any]:
         return initial_offset(self.options.scan.since).to_json()
@@ -101,64 +115,117 @@ class OffloadStreamReader(DataSourceStreamReader):
         max_files = limit.max_files if isinstance(limit, ReadMaxFiles) else None
         candidates = self._candidates(offset)
         return advance(
-            offset, candidates, max_files=max_files, lateness=self.options.lateness
+            offset,
+            candidates,
+            max_files=max_files,
+            lateness=self.options.lateness,
+            key_lead=self.options.scan.grant_ttl,
         ).to_json()
 
     def _candidates(self, offset: StreamOffset) -> list[Candidate]:
         scan = self.options.scan
         store = open_read_store(scan.location)
-        listed = select_objects(store, scan.topic_filter, since=offset.floor)
-        tokens: dict[str, str] = {}
+        listed = select_objects(store, scan.topic_filter, since=scan.listing_since(offset.floor))
+        keys: dict[str, DataKey] = {}
         for key, _size in listed:
             parsed = parse_data_key(key)
             if parsed is not None and parsed.token not in offset.seen:
-                tokens[key] = parsed.token
-        unknown = [k for k in tokens if k not in self._stamps]
+                keys[key] = parsed
+        unknown = [k for k in keys if k not in self._stamps]
         with ThreadPoolExecutor(STAMP_READERS, thread_name_prefix="offload-stamp") as pool:
-            for key, stamp in zip(
-                unknown, pool.map(lambda k: _stamp(store, k), unknown), strict=True
-            ):
+            found = pool.map(lambda k: _stamp(store, k, offset.floor), unknown)
+            for key, stamp in zip(unknown, found, strict=True):
                 if stamp is not None:
                     self._stamps[key] = stamp
         # Forget stamps that can no longer matter, so a long query's cache stays bounded.
-        self._stamps = {k: v for k, v in self._stamps.items() if k in tokens}
-        return [Candidate(k, tokens[k], self._stamps[k]) for k in tokens if k in self._stamps]
+        self._stamps = {k: v for k, v in self._stamps.items() if k in keys}
+        self._held = {k for k in self._held if k in keys}
+        # A stamp ahead of this clock by more than `lateness` waits for its time: taken now,
+        # it would lift the floor past every message committed until then (a gateway's
+        # clock gone wrong, or an entry written straight into the store).
+        horizon = int(time.time() * 1000) + self.options.lateness
+        candidates = []
+        for key, parsed in keys.items():
+            stamp = self._stamps.get(key)
+            if isinstance(stamp, BadObject):
+                problem = (stamp.problem.value, stamp.reason)
+                hour = _hour_ms(parsed, offset.floor)
+                candidates.append(Candidate(key, parsed.token, hour, problem))
+            elif stamp is not None and stamp > horizon:
+                if key not in self._held:
+                    self._held.add(key)
+                    ahead = stamp - horizon + self.options.lateness
+                    log.warning("offload stream holds back %s: stamped %d ms ahead", key, ahead)
+            elif stamp is not None:
+                candidates.append(Candidate(key, parsed.token, stamp))
+        return candidates
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[StreamPartition]:
-        keys = list(StreamOffset.from_json(end).batch)
+        offset = StreamOffset.from_json(end)
+        keys = [k for k in offset.batch if k not in offset.bad]
+        bad = tuple(
+            BadObject(k, _problem(kind), reason) for k, (kind, reason) in offset.bad.items()
+        )
         slots = max(1, min(self.options.scan.parallelism or 1, len(keys)))
-        return [StreamPartition(keys[i::slots]) for i in range(slots)]
+        return [StreamPartition(keys[i::slots], bad if i == 0 else ()) for i in range(slots)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         if not isinstance(partition, StreamPartition):
             raise TypeError(f"not a partition of this source: {partition!r}")
         # The offsets already chose these messages: no time range is applied again.
         scan = dataclasses.replace(self.options.scan, since=None, until=None)
-        return read_batches(open_read_store(scan.location), partition.keys, scan)
+        report = Reporter(scan.location.url, scan.on_bad_object, self.accumulator)
+        for bad in partition.bad:
+            report(bad)
+        return read_batches(open_read_store(scan.location), partition.keys, scan, report=report)
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to release: the store keeps messages until they expire."""
 
 
-def _stamp(store: ReadStore, key: str) -> int | None:
-    """The message's stamp once it is committed; None while it is not (or never will be).
+def _stamp(store: ReadStore, key: str, floor: int) -> int | BadObject | None:
+    """The message's stamp once committed, why it cannot be delivered, or None (not committed).
 
     The id index is the commit point (written last): a sidecar without it is a commit in
     progress, and one whose index names another payload lost a race for its id and is
-    about to be removed by the gateway. Neither may reach the sink.
+    about to be removed by the gateway. Neither may reach the sink. The index's stamp orders
+    the stream: the gateway stamps a direct upload when it commits it.
+
+    Args:
+        store: the driver's store client.
+        key: a listed payload key.
+        floor: the offset's floor: a message whose sidecar is stamped before it was
+            delivered or given up on, and its index is not read.
     """
-    raw = store.get(meta_key(key))
-    if raw is None:  # expired since the listing
+    raw = store.get(meta_key(key), MAX_SIDECAR_BYTES)
+    if raw is None:  # expired since the listing, or a loser removed
         return None
-    try:
-        manifest = Manifest.from_json(raw)
-    except ProtocolError as exc:
-        raise ProtocolError(f"{meta_key(key)}: {exc}") from exc
-    index = store.get(index_key(manifest.id))
+    manifest = parse_manifest(raw, key, "sidecar", key)
+    if isinstance(manifest, BadObject):
+        return manifest
+    if manifest.timestamp < floor:
+        return manifest.timestamp
+    where = index_key(manifest.id)
+    index = store.get(where, MAX_SIDECAR_BYTES)
     if index is None:
         return None
+    committed = parse_manifest(index, None, f"index entry {where}", key)
+    if isinstance(committed, BadObject):
+        return committed
+    return committed.timestamp if committed.data_key == key else None
+
+
+def _hour_ms(key: DataKey, fallback: int) -> int:
+    """Start of the key's UTC hour in ms (an undecodable message's only time)."""
     try:
-        committed = Manifest.from_json(index)
-    except ProtocolError as exc:
-        raise ProtocolError(f"{index_key(manifest.id)}: {exc}") from exc
-    return manifest.timestamp if committed.data_key == key else None
+        start = datetime.strptime(f"{key.date} {key.hour}", "%Y-%m-%d %H").replace(tzinfo=UTC)
+    except ValueError:
+        return fallback
+    return int(start.timestamp() * 1000)
+
+
+def _problem(kind: str) -> Problem:
+    try:
+        return Problem(kind)
+    except ValueError:
+        return Problem.MALFORMED

@@ -19,6 +19,7 @@ from typing import Any
 
 from client._exceptions import ConfigError
 from client.protocol import TopicFilter
+from client.spark._bad import BadObjects
 from client.spark._options import parse_time
 from client.spark._plan import whole_days
 from client.spark._source import FORMAT, register
@@ -51,6 +52,13 @@ def _parser() -> argparse.ArgumentParser:
         "--max-files-per-trigger", type=int, help="--follow: at most N messages per batch"
     )
     parser.add_argument(
+        "--on-bad-object",
+        choices=("skip", "fail"),
+        default="skip",
+        help="a message that cannot be delivered (checksum mismatch, undecodable manifest): "
+        "skip it and report it (default), or fail the job",
+    )
+    parser.add_argument(
         "--access-key", help="S3 access key (default: OFFLOAD_S3_ACCESS_KEY, preferred)"
     )
     parser.add_argument(
@@ -78,6 +86,7 @@ def export(
     until: int | None = None,
     payload: bool = True,
     credentials: dict[str, str] | None = None,
+    on_bad_object: str = "skip",
 ) -> list[tuple[str, str, int, int]]:
     """Write the selected messages under `out`; return the inventory of what `out` now holds.
 
@@ -90,6 +99,8 @@ def export(
         until: exclusive end in ms (widened to the end of its UTC day), None: unbounded.
         payload: include payload bytes (else the payload column is null).
         credentials: `accessKey` / `secretKey` options, overriding the environment.
+        on_bad_object: "skip" a message that cannot be delivered (reported in the executors'
+            logs and counted by what `register` returns) or "fail" the export.
 
     Returns:
         (topic, date, messages, bytes) for every partition in the exported range, sorted.
@@ -100,7 +111,7 @@ def export(
     since, until = whole_days(since, until)
     register(spark)
     reader = spark.read.format(FORMAT).option("storage", storage).option("topic", topic)
-    reader = reader.option("payload", str(payload).lower())
+    reader = reader.option("payload", str(payload).lower()).option("onBadObject", on_bad_object)
     for name, value in (("since", since), ("until", until)):
         if value is not None:
             reader = reader.option(name, str(value))
@@ -131,6 +142,7 @@ def follow(
     credentials: dict[str, str] | None = None,
     max_files_per_trigger: int | None = None,
     trigger_seconds: float = 10.0,
+    on_bad_object: str = "skip",
 ) -> Any:
     """Start appending newly committed messages under `out`; return the StreamingQuery.
 
@@ -150,12 +162,14 @@ def follow(
         credentials: `accessKey` / `secretKey` options, overriding the environment.
         max_files_per_trigger: at most this many messages per micro-batch.
         trigger_seconds: interval between micro-batches.
+        on_bad_object: "skip" a message that cannot be delivered (reported in the executors'
+            logs and counted by what `register` returns) or "fail" the query.
     """
     from pyspark.sql import functions as F
 
     register(spark)
     reader = spark.readStream.format(FORMAT).option("storage", storage).option("topic", topic)
-    reader = reader.option("payload", str(payload).lower())
+    reader = reader.option("payload", str(payload).lower()).option("onBadObject", on_bad_object)
     if since is not None:
         reader = reader.option("since", str(since))
     if max_files_per_trigger is not None:
@@ -267,6 +281,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.secret_key:
         credentials["secretKey"] = args.secret_key
     spark = _session(args.master)
+    skipped = register(spark)
+    skipped.reset()
     if args.follow:
         query = follow(
             spark,
@@ -279,6 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             credentials=credentials,
             max_files_per_trigger=args.max_files_per_trigger,
             trigger_seconds=args.trigger_seconds,
+            on_bad_object=args.on_bad_object,
         )
         print(f"following {args.topic!r} into {args.out} (checkpoint {args.checkpoint})")
         query.awaitTermination()
@@ -292,10 +309,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         until=until,
         payload=not args.no_payload,
         credentials=credentials,
+        on_bad_object=args.on_bad_object,
     )
     print(f"exported {args.topic!r} to {args.out}")
     print(format_inventory(rows))
+    if skipped.count:
+        print(format_skipped(skipped), file=sys.stderr)
     return 0
+
+
+def format_skipped(skipped: BadObjects, limit: int = 20) -> str:
+    """What an export left out, for its standard error: counts per kind, then keys.
+
+    Args:
+        skipped: what `register` returned.
+        limit: at most this many keys are named.
+    """
+    counts = ", ".join(f"{n} {kind}" for kind, n in sorted(skipped.counts.items()))
+    lines = [f"skipped {skipped.count} message(s) that could not be delivered ({counts}):"]
+    lines += [f"  {key} ({kind}): {reason}" for key, kind, reason in skipped.examples[:limit]]
+    if skipped.count > limit:
+        lines.append("  ... the executors' WARNING lines name every one")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
