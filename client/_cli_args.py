@@ -27,6 +27,12 @@ def _add_connection(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--password")
     group.add_argument("--protocol", choices=["5", "3.1.1"], help="MQTT version (default 5)")
     group.add_argument("--client-id")
+    group.add_argument(
+        "--session-expiry",
+        type=int,
+        metavar="SECONDS",
+        help="persistent session; needs --client-id",
+    )
     group.add_argument("--endpoint", help="offload gateway URL (skips discovery)")
     group.add_argument("--discovery-topic")
     group.add_argument("--discovery-wait", type=float, metavar="SECONDS")
@@ -96,6 +102,7 @@ _SETTING_FLAGS = (
     "broker", "username", "password", "client_id", "endpoint", "discovery_topic",
     "discovery_wait", "max_packet_size", "offload_threshold", "chunk_timeout",
     "automatic_offload", "fetch_external", "chunking", "ordering", "fetch_concurrency",
+    "session_expiry",
 )  # fmt: skip
 
 

@@ -74,6 +74,7 @@ def _default_connection(s: ClientSettings) -> MqttConnection:
         # Flow control: QoS 1/2 messages are acknowledged as the receive worker takes them
         # (`client/_inbound.py`), so the hand-off holds at most this many.
         receive_maximum=min(s.max_pending_deliveries, 65535),
+        session_expiry=s.session_expiry,
     )
 
 

@@ -36,6 +36,7 @@ from ._allowlist import origin_listed, parse_origin, url_listed
 from ._broker import BrokerUrl
 from ._config_file import DEFAULT_CONFIG_FILE, ENV_PREFIX, config_file_path, read_settings_table
 from ._exceptions import ConfigError
+from ._session import session_flags
 
 # Under the names the field declarations below have always used (parallel branches add fields).
 from ._setting_parsers import OPT_INT as _OPT_INT
@@ -75,6 +76,13 @@ class ClientSettings:
         None, "broker password (over the URL's; also used for the gateway)", _OPT_STR, secret=True
     )
     client_id: str = setting("", "MQTT client id; empty lets the broker assign one")
+    session_expiry: int = setting(
+        0,
+        "seconds the broker keeps this client's session (subscriptions, queued QoS 1/2 "
+        "messages) after a disconnect; 0 (default): a clean session on every connect; needs "
+        "`client_id` (see docs/connections.md)",
+        int,
+    )
     protocol: int = setting(5, "5 (default) or 4 / `3.1.1`", _parse_protocol)
     endpoint: str | None = setting(None, "gateway URL; skips discovery", _OPT_STR)
     automatic_offload: bool = setting(True, "upload oversized messages (default true)", _parse_bool)
@@ -188,6 +196,7 @@ class ClientSettings:
 
     def __post_init__(self) -> None:
         BrokerUrl.parse(self.broker)
+        session_flags(self.session_expiry, self.client_id)  # ConfigError when unusable
         if self.protocol not in (4, 5):
             raise ConfigError(f"protocol must be 5 or 4 (3.1.1), got {self.protocol!r}")
         if self.untrusted_endpoint not in get_args(UntrustedPolicy):
@@ -353,6 +362,7 @@ class SettingsOverrides(TypedDict, total=False):
     username: str | None
     password: str | None
     client_id: str
+    session_expiry: int
     protocol: int
     endpoint: str | None
     automatic_offload: bool

@@ -42,6 +42,8 @@ class Slot:
     delivery: Delivery | None = None
     skipped: bool = False
     released: bool = field(default=False)
+    #: called once the application took the delivery, or when it is skipped (its ack).
+    on_consumed: Callable[[], None] | None = None
 
 
 class Sequencer:
@@ -70,8 +72,8 @@ class Sequencer:
         self._lanes: dict[str, deque[Slot]] = {}
         self._count = 0
         self._bytes = 0
-        # Weight of each delivery handed to the application, returned by `consumed`.
-        self._queued: dict[int, int] = {}
+        # Weight and `on_consumed` of each delivery handed to the application (`consumed`).
+        self._queued: dict[int, tuple[int, Callable[[], None] | None]] = {}
         self._cond = threading.Condition()
 
     @property
@@ -80,13 +82,21 @@ class Sequencer:
         with self._cond:
             return self._count, self._bytes
 
-    def reserve(self, topic: str, weight: int, stop: threading.Event | None = None) -> Slot | None:
+    def reserve(
+        self,
+        topic: str,
+        weight: int,
+        stop: threading.Event | None = None,
+        on_consumed: Callable[[], None] | None = None,
+    ) -> Slot | None:
         """Take the next place in `topic`'s lane, waiting for room within the bounds.
 
         Args:
             topic: the message's topic.
             weight: payload bytes the delivery will hold in memory (0 when spooled).
             stop: give up (None) once this is set.
+            on_consumed: called (outside the lock) when the application takes the delivery
+                or the slot is skipped: a persistent session acknowledges the message then.
         """
         lane = "" if self._arrival else topic
         with self._cond:
@@ -96,7 +106,7 @@ class Sequencer:
                 if stop is not None and stop.is_set():
                     return None
                 self._cond.wait(0.25)
-            slot = Slot(lane, weight)
+            slot = Slot(lane, weight, on_consumed=on_consumed)
             self._lanes.setdefault(lane, deque()).append(slot)
             self._count += 1
             self._bytes += weight
@@ -109,6 +119,7 @@ class Sequencer:
             slot: a slot from :meth:`reserve`.
             delivery: the message or error; None drops the slot (e.g. a skipped message).
         """
+        done: list[Callable[[], None]] = []
         with self._cond:
             if delivery is None:
                 slot.skipped = True
@@ -122,19 +133,26 @@ class Sequencer:
                 head = lane.popleft()
                 if head.skipped:
                     self._release(head.weight)
+                    if head.on_consumed is not None:
+                        done.append(head.on_consumed)
                 else:
                     assert head.delivery is not None
-                    self._queued[id(head.delivery)] = head.weight
+                    self._queued[id(head.delivery)] = (head.weight, head.on_consumed)
                     self._deliveries.put(head.delivery)
             if lane is not None and not lane:
                 del self._lanes[slot.lane]
+        for callback in done:
+            callback()
 
     def consumed(self, delivery: Delivery) -> None:
         """The application took `delivery` from the queue: its room is free again."""
         with self._cond:
-            weight = self._queued.pop(id(delivery), None)
-            if weight is not None:
-                self._release(weight)
+            queued = self._queued.pop(id(delivery), None)
+            if queued is None:
+                return
+            self._release(queued[0])
+        if queued[1] is not None:
+            queued[1]()
 
     def _release(self, weight: int) -> None:
         self._count -= 1

@@ -42,6 +42,7 @@ from ._broker import BrokerUrl
 from ._exceptions import ConnectionFailed, PublishRejected
 from ._paho_props import from_paho_properties, to_paho_properties
 from ._paho_session import forget_outgoing, take_unacknowledged
+from ._session import Subscriptions, session_flags
 from .protocol import PublishProperties
 
 log = logging.getLogger("client.mqtt")
@@ -86,6 +87,10 @@ class MqttConnection:
             only when the owner calls :meth:`ack`, and (MQTT 5) the broker is asked to hold
             back beyond that many unacknowledged ones (Receive Maximum, 1-65535): flow
             control, so a flood waits at the broker instead of in this process's memory.
+        session_expiry: 0 (default): a clean session on every connect. Seconds: a
+            persistent session (:mod:`client._session`; needs `client_id`): the broker
+            keeps subscriptions and queues QoS 1/2 messages for that long after a
+            disconnect, and the subscriptions it kept are not sent again.
     """
 
     def __init__(
@@ -100,7 +105,12 @@ class MqttConnection:
         ca_file: str | None = None,
         resend_unacknowledged: bool = True,
         receive_maximum: int | None = None,
+        session_expiry: int = 0,
     ) -> None:
+        session = session_flags(session_expiry, client_id)
+        self._clean = session.clean
+        #: CONNACK's Session Present flag of the latest connection.
+        self.session_present = False
         self.broker = BrokerUrl.parse(broker) if isinstance(broker, str) else broker
         self._on_message_cb = on_message
         self._connect_callbacks: list[Callable[[], None]] = []
@@ -112,8 +122,7 @@ class MqttConnection:
         self._connected = threading.Event()
         self._connack_error: ConnectionFailed | None = None
         self._first = threading.Event()
-        self._lock = threading.Lock()
-        self._subscriptions: dict[str, int] = {}
+        self._subscriptions = Subscriptions()
         self._pubacks = Acks()
         self._subacks = Acks()
         #: Maximum Packet Size from the latest CONNACK, None when the broker stated none.
@@ -125,7 +134,7 @@ class MqttConnection:
             CallbackAPIVersion.VERSION2,
             client_id=client_id,
             protocol=version,
-            clean_session=None if protocol == 5 else True,
+            clean_session=None if protocol == 5 else session.clean,
         )
         if self.broker.username is not None:
             self._paho.username_pw_set(self.broker.username, self.broker.password)
@@ -141,13 +150,16 @@ class MqttConnection:
         self._paho.on_subscribe = self._on_subscribe
         self._paho.on_socket_open = _no_delay  # every (re)connect
         self._connect_properties: Properties | None = None
+        if protocol == 5 and (receive_maximum is not None or session.expiry):
+            self._connect_properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+            if session.expiry:
+                self._connect_properties.SessionExpiryInterval = session.expiry
         self._manual_ack = receive_maximum is not None
         if receive_maximum is not None:
             if not 1 <= receive_maximum <= 65535:
                 raise ValueError(f"receive_maximum must be 1-65535, not {receive_maximum}")
             self._paho.manual_ack_set(True)
-            if protocol == 5:  # MQTT 3.1.1 has none: the broker's own inflight limit applies
-                self._connect_properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+            if self._connect_properties is not None:  # 3.1.1 has none: the broker's inflight
                 self._connect_properties.ReceiveMaximum = receive_maximum
         self._closing = False
         self._paho.on_socket_close = self._on_socket_close
@@ -181,7 +193,7 @@ class MqttConnection:
                     self.broker.host,
                     self.broker.port,
                     self._keepalive,
-                    clean_start=True,
+                    clean_start=self._clean,
                     properties=self._connect_properties,
                 )
             else:
@@ -202,6 +214,7 @@ class MqttConnection:
             self.broker.host,
             self.broker.port,
             self._keepalive,
+            clean_start=self._clean if self.protocol == 5 else mqtt.MQTT_CLEAN_START_FIRST_ONLY,
             properties=self._connect_properties,
         )
         self._paho.loop_start()
@@ -225,8 +238,12 @@ class MqttConnection:
 
         Lets the broker send one more. A message from an earlier connection is not
         acknowledged: its session ended with it (clean start), and its packet id may
-        belong to a message of this connection. Thread-safe, never blocks.
+        belong to a message of this connection (a persistent session's broker sends it
+        again instead). Nothing is acknowledged once :meth:`close` began: what the
+        application did not get stays with the broker's session. Thread-safe, never blocks.
         """
+        if self._closing:
+            return
         if self._manual_ack and incoming.qos and incoming.session == self.connections:
             self._paho.ack(incoming.mid, incoming.qos)
 
@@ -297,20 +314,16 @@ class MqttConnection:
             topic_filter: MQTT topic filter.
             qos: maximum QoS.
         """
-        with self._lock:
-            self._subscriptions[topic_filter] = qos
+        self._subscriptions.add(topic_filter, qos)
         return self._send_subscribe(topic_filter, qos)
 
     def resubscribe(self, topic_filter: str) -> Future[None]:
         """Subscribe again to an existing subscription (the broker re-sends retained)."""
-        with self._lock:
-            qos = self._subscriptions.get(topic_filter, 0)
-        return self._send_subscribe(topic_filter, qos)
+        return self._send_subscribe(topic_filter, self._subscriptions.qos(topic_filter))
 
     def unsubscribe(self, topic_filter: str) -> None:
         """Stop receiving `topic_filter`, also after reconnects."""
-        with self._lock:
-            self._subscriptions.pop(topic_filter, None)
+        self._subscriptions.remove(topic_filter)
         self._paho.unsubscribe(topic_filter)
 
     def _send_subscribe(self, topic_filter: str, qos: int) -> Future[None]:
@@ -320,6 +333,7 @@ class MqttConnection:
             # Not connected: on_connect subscribes everything recorded.
             future.set_result(None)
             return future
+        self._subscriptions.sent(mid, topic_filter)
         self._subacks.register(mid, future)
         return future
 
@@ -350,14 +364,18 @@ class MqttConnection:
         size = getattr(properties, "MaximumPacketSize", None) if properties else None
         self.max_packet_size = int(size) if size else None
         self.connections += 1
+        # A clean session never finds one present (some brokers set the flag regardless).
+        self.session_present = not self._clean and bool(getattr(flags, "session_present", False))
         log.info(
-            "connected to broker %s (Maximum Packet Size %s)", self.broker, self.max_packet_size
+            "connected to broker %s (Maximum Packet Size %s%s)",
+            self.broker,
+            self.max_packet_size,
+            ", session resumed" if self.session_present else "",
         )
-        with self._lock:
-            subs = list(self._subscriptions.items())
-        for topic_filter, qos in subs:
+        for topic_filter, qos in self._subscriptions.to_restore(self.session_present):
             rc, mid = client.subscribe(topic_filter, qos)
             if rc == MQTTErrorCode.MQTT_ERR_SUCCESS and mid is not None:
+                self._subscriptions.sent(mid, topic_filter)
                 # Nobody waits on these SUBACKs; registering keeps the mid from lingering.
                 self._subacks.register(mid, Future())
         self._connected.set()
@@ -454,6 +472,7 @@ class MqttConnection:
         properties: Properties | None,
     ) -> None:
         failed = [r for r in reasons if r.is_failure]
+        self._subscriptions.acknowledged(mid, not failed)
         if failed:
             self._subacks.settle(mid, ConnectionFailed(f"subscription refused: {failed[0]}"))
         else:

@@ -103,6 +103,13 @@ class Settings(BaseSettings):
     max_ttl: int = Field(
         30 * 24 * 3600, ge=0, description="seconds; cap on any payload's lifetime; 0: no cap"
     )
+    min_ttl: int = Field(
+        0,
+        ge=0,
+        description="seconds every payload is kept at least, whatever shorter ttl its uploader "
+        "asked for (a floor for the persistent sessions served: docs/connections.md); "
+        "max_ttl still wins; 0: no floor",
+    )
     sweep_interval: float = Field(
         600.0, ge=0, description="seconds between retention sweeps (jittered); 0: no sweeper"
     )
