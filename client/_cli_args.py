@@ -33,6 +33,9 @@ def _add_connection(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="persistent session; needs --client-id",
     )
+    group.add_argument("--cert-file", metavar="PEM", help="client certificate (mutual TLS)")
+    group.add_argument("--key-file", metavar="PEM", help="its private key")
+    group.add_argument("--key-password", help="password of an encrypted --key-file")
     group.add_argument("--endpoint", help="offload gateway URL (skips discovery)")
     group.add_argument("--discovery-topic")
     group.add_argument("--discovery-wait", type=float, metavar="SECONDS")
@@ -102,7 +105,7 @@ _SETTING_FLAGS = (
     "broker", "username", "password", "client_id", "endpoint", "discovery_topic",
     "discovery_wait", "max_packet_size", "offload_threshold", "chunk_timeout",
     "automatic_offload", "fetch_external", "chunking", "ordering", "fetch_concurrency",
-    "session_expiry",
+    "session_expiry", "cert_file", "key_file", "key_password",
 )  # fmt: skip
 
 

@@ -35,7 +35,6 @@ from __future__ import annotations
 import logging
 import os
 import queue
-import ssl
 import threading
 from collections.abc import Iterator
 from types import TracebackType
@@ -60,8 +59,7 @@ _CLOSED = object()
 
 
 def _default_transport(s: ClientSettings) -> HttpTransport:
-    verify = ssl.create_default_context(cafile=s.ca_file) if s.ca_file else True
-    return HttpTransport(timeout=s.http_timeout, verify=verify)
+    return HttpTransport(timeout=s.http_timeout, verify=s.tls_files.http_verify())
 
 
 def _default_connection(s: ClientSettings) -> MqttConnection:
@@ -70,7 +68,7 @@ def _default_connection(s: ClientSettings) -> MqttConnection:
         client_id=s.client_id,
         protocol=s.protocol,
         keepalive=s.keepalive,
-        ca_file=s.ca_file,
+        tls=s.tls_files,
         # Flow control: QoS 1/2 messages are acknowledged as the receive worker takes them
         # (`client/_inbound.py`), so the hand-off holds at most this many.
         receive_maximum=min(s.max_pending_deliveries, 65535),

@@ -45,6 +45,7 @@ from ._setting_parsers import parse_bool as _parse_bool
 from ._setting_parsers import parse_protocol as _parse_protocol
 from ._setting_parsers import setting
 from ._setting_parsers import split_list as _split_list
+from ._tls import TlsFiles
 from .protocol._bounded import Origin
 
 __all__ = [
@@ -193,10 +194,21 @@ class ClientSettings:
         "CA bundle (PEM) for `mqtts://` brokers and `https://` gateways (default: system CAs)",
         _OPT_STR,
     )
+    cert_file: str | None = setting(
+        None,
+        "client certificate (PEM; may hold the key too) shown to a TLS broker and to an "
+        "`https://` gateway that asks for one (docs/connections.md)",
+        _OPT_STR,
+    )
+    key_file: str | None = setting(None, "private key (PEM) of `cert_file`", _OPT_STR)
+    key_password: str | None = setting(
+        None, "password of an encrypted `key_file`", _OPT_STR, secret=True
+    )
 
     def __post_init__(self) -> None:
         BrokerUrl.parse(self.broker)
         session_flags(self.session_expiry, self.client_id)  # ConfigError when unusable
+        self.tls_files  # noqa: B018  (ConfigError: a key without its certificate)
         if self.protocol not in (4, 5):
             raise ConfigError(f"protocol must be 5 or 4 (3.1.1), got {self.protocol!r}")
         if self.untrusted_endpoint not in get_args(UntrustedPolicy):
@@ -259,6 +271,11 @@ class ClientSettings:
             origin: scheme, host and port of a URL.
         """
         return origin_listed(self.discovery_allowlist, origin)
+
+    @property
+    def tls_files(self) -> TlsFiles:
+        """The CA and client certificate settings as one value (read when a client is made)."""
+        return TlsFiles(self.ca_file, self.cert_file, self.key_file, self.key_password)
 
     @property
     def broker_url(self) -> BrokerUrl:
@@ -392,6 +409,9 @@ class SettingsOverrides(TypedDict, total=False):
     max_pending_deliveries: int
     max_pending_bytes: int
     ca_file: str | None
+    cert_file: str | None
+    key_file: str | None
+    key_password: str | None
 
 
 if __name__ == "__main__":  # python -m client._config: the README table

@@ -43,6 +43,7 @@ from ._exceptions import ConnectionFailed, PublishRejected
 from ._paho_props import from_paho_properties, to_paho_properties
 from ._paho_session import forget_outgoing, take_unacknowledged
 from ._session import Subscriptions, session_flags
+from ._tls import TlsFiles, handshake_refusal
 from .protocol import PublishProperties
 
 log = logging.getLogger("client.mqtt")
@@ -78,6 +79,8 @@ class MqttConnection:
         protocol: 5 for MQTT 5, 4 for MQTT 3.1.1.
         keepalive: keep-alive seconds.
         ca_file: CA bundle (PEM) to verify an `mqtts://` broker; None: the system's.
+        tls: CA and client certificate (:class:`client._tls.TlsFiles`), instead of
+            `ca_file`; a file that cannot be used is a :class:`ConfigError` here.
         resend_unacknowledged: True (MQTT's session semantics): a QoS 1/2 publish still
             unacknowledged when the connection drops is sent again after the reconnect, and
             one made while disconnected waits for it. False: both fail with
@@ -103,6 +106,7 @@ class MqttConnection:
         protocol: int = 5,
         keepalive: int = 30,
         ca_file: str | None = None,
+        tls: TlsFiles | None = None,
         resend_unacknowledged: bool = True,
         receive_maximum: int | None = None,
         session_expiry: int = 0,
@@ -139,7 +143,7 @@ class MqttConnection:
         if self.broker.username is not None:
             self._paho.username_pw_set(self.broker.username, self.broker.password)
         if self.broker.tls:
-            self._paho.tls_set(ca_certs=ca_file, cert_reqs=ssl.CERT_REQUIRED)
+            self._paho.tls_set_context((tls or TlsFiles(ca_file=ca_file)).context())
         # A quarter second first (paho's hint says int; it only does time arithmetic with it,
         # paho-mqtt 2.x): closing a link that just dropped waits out this sleep.
         self._paho.reconnect_delay_set(min_delay=0.25, max_delay=10)  # type: ignore[arg-type]
@@ -187,6 +191,8 @@ class MqttConnection:
             ConnectionFailed: unreachable, refused, or no CONNACK in time.
         """
         where = f"{self.broker.host}:{self.broker.port}"
+        if self.broker.tls:  # until the first CONNACK: a refused handshake fails at once
+            self._paho.on_log = self._on_handshake_log
         try:
             if self.protocol == 5:
                 self._paho.connect(
@@ -199,9 +205,14 @@ class MqttConnection:
             else:
                 self._paho.connect(self.broker.host, self.broker.port, self._keepalive)
         except (OSError, ValueError) as exc:
-            raise ConnectionFailed(f"cannot connect to {where}: {exc}") from exc
+            self._paho.on_log = None
+            refusal = handshake_refusal(exc)
+            detail = f"TLS handshake refused: {refusal}" if refusal else str(exc)
+            raise ConnectionFailed(f"cannot connect to {where}: {detail}") from exc
         self._paho.loop_start()
-        if not self._first.wait(timeout):
+        first = self._first.wait(timeout)
+        self._paho.on_log = None  # paho formats every log line while one is set
+        if not first:
             self.close()
             raise ConnectionFailed(f"no CONNACK from {where} within {timeout}s")
         if self._connack_error is not None:
@@ -412,6 +423,18 @@ class MqttConnection:
                 log.warning(
                     "%d publish(es) unacknowledged at the disconnect: failed, not resent", dropped
                 )
+
+    def _on_handshake_log(self, client: mqtt.Client, userdata: Any, level: int, buf: str) -> None:
+        # Under TLS 1.3 a broker checks the client certificate after the client finished its
+        # handshake: the refusal is an alert on the first read, which paho only logs before
+        # reconnecting for ever. Turn it into connect()'s error.
+        if level != mqtt.MQTT_LOG_ERR or self._first.is_set():
+            return
+        refusal = handshake_refusal(buf)
+        if refusal is not None:
+            where = f"{self.broker.host}:{self.broker.port}"
+            self._connack_error = ConnectionFailed(f"TLS handshake with {where} refused: {refusal}")
+            self._first.set()
 
     def _on_socket_close(self, client: mqtt.Client, userdata: Any, sock: object) -> None:
         if self._closing:  # our DISCONNECT was written; a dropped link has nothing to save
