@@ -51,6 +51,7 @@ from ._publish import Publisher, wait_ack
 from ._receive import Delivery, FetchProgress, PlainHttpWarner, Receiver
 from ._scram import gateway_auth
 from ._source import PayloadLike
+from ._websocket import websocket_headers
 from .protocol import DiscoveryRecord, MessageId, PublishProperties, TopicFilter
 
 log = logging.getLogger("client")
@@ -69,6 +70,7 @@ def _default_connection(s: ClientSettings) -> MqttConnection:
         protocol=s.protocol,
         keepalive=s.keepalive,
         tls=s.tls_files,
+        websocket_headers=websocket_headers(s.websocket_headers),
         # Flow control: QoS 1/2 messages are acknowledged as the receive worker takes them
         # (`client/_inbound.py`), so the hand-off holds at most this many.
         receive_maximum=min(s.max_pending_deliveries, 65535),

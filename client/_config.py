@@ -46,6 +46,7 @@ from ._setting_parsers import parse_protocol as _parse_protocol
 from ._setting_parsers import setting
 from ._setting_parsers import split_list as _split_list
 from ._tls import TlsFiles
+from ._websocket import parse_header_lines, websocket_headers
 from .protocol._bounded import Origin
 
 __all__ = [
@@ -69,7 +70,11 @@ Ordering = Literal["topic", "arrival"]
 class ClientSettings:
     """Everything a :class:`client.Client` can be told. See the README's settings table."""
 
-    broker: str = setting("mqtt://localhost:1883", "`mqtt[s]://[user:pass@]host[:port]`")
+    broker: str = setting(
+        "mqtt://localhost:1883",
+        "`mqtt[s]://[user:pass@]host[:port]`, or over WebSocket `ws[s]://host[:port][/path]` "
+        "(path `/mqtt` unless named; docs/connections.md)",
+    )
     username: str | None = setting(
         None, "broker user name (over the URL's; also used for the gateway)", _OPT_STR
     )
@@ -204,11 +209,23 @@ class ClientSettings:
     key_password: str | None = setting(
         None, "password of an encrypted `key_file`", _OPT_STR, secret=True
     )
+    websocket_headers: tuple[str, ...] = setting(
+        (),
+        "`Name: value` headers for a `ws[s]://` broker's upgrade request (one per line in "
+        "`OFFLOAD_WEBSOCKET_HEADERS`; a list in the config file)",
+        parse_header_lines,
+        secret=True,
+    )
 
     def __post_init__(self) -> None:
         BrokerUrl.parse(self.broker)
         session_flags(self.session_expiry, self.client_id)  # ConfigError when unusable
         self.tls_files  # noqa: B018  (ConfigError: a key without its certificate)
+        headers = self.websocket_headers
+        if isinstance(headers, str):
+            headers = parse_header_lines(headers)
+        object.__setattr__(self, "websocket_headers", tuple(headers))
+        websocket_headers(self.websocket_headers)  # ConfigError: a malformed header
         if self.protocol not in (4, 5):
             raise ConfigError(f"protocol must be 5 or 4 (3.1.1), got {self.protocol!r}")
         if self.untrusted_endpoint not in get_args(UntrustedPolicy):
@@ -412,6 +429,7 @@ class SettingsOverrides(TypedDict, total=False):
     cert_file: str | None
     key_file: str | None
     key_password: str | None
+    websocket_headers: tuple[str, ...]
 
 
 if __name__ == "__main__":  # python -m client._config: the README table

@@ -26,7 +26,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -81,6 +81,7 @@ class MqttConnection:
         ca_file: CA bundle (PEM) to verify an `mqtts://` broker; None: the system's.
         tls: CA and client certificate (:class:`client._tls.TlsFiles`), instead of
             `ca_file`; a file that cannot be used is a :class:`ConfigError` here.
+        websocket_headers: extra headers of the upgrade request for a `ws[s]://` broker.
         resend_unacknowledged: True (MQTT's session semantics): a QoS 1/2 publish still
             unacknowledged when the connection drops is sent again after the reconnect, and
             one made while disconnected waits for it. False: both fail with
@@ -107,6 +108,7 @@ class MqttConnection:
         keepalive: int = 30,
         ca_file: str | None = None,
         tls: TlsFiles | None = None,
+        websocket_headers: Mapping[str, str] | None = None,
         resend_unacknowledged: bool = True,
         receive_maximum: int | None = None,
         session_expiry: int = 0,
@@ -139,7 +141,10 @@ class MqttConnection:
             client_id=client_id,
             protocol=version,
             clean_session=None if protocol == 5 else session.clean,
+            transport="websockets" if self.broker.websocket else "tcp",
         )
+        if self.broker.ws_path is not None:
+            self._paho.ws_set_options(self.broker.ws_path, dict(websocket_headers or {}))
         if self.broker.username is not None:
             self._paho.username_pw_set(self.broker.username, self.broker.password)
         if self.broker.tls:
