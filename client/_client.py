@@ -52,6 +52,8 @@ from ._receive import Delivery, FetchProgress, PlainHttpWarner, Receiver
 from ._scram import gateway_auth
 from ._source import PayloadLike
 from ._websocket import websocket_headers
+from ._will import Will
+from ._will import arm as arm_will
 from .protocol import DiscoveryRecord, MessageId, PublishProperties, TopicFilter
 
 log = logging.getLogger("client")
@@ -155,6 +157,7 @@ class Client:
             use_discovery=self._use_discovery,
             on_fetch_progress=on_fetch_progress,
         )
+        self._will = Will.from_settings(s)
         self._worker: threading.Thread | None = None
         self._stop = threading.Event()
         self._closed = False
@@ -218,6 +221,8 @@ class Client:
             self._receiver.packet_limit_known(self.max_packet_size)
             if self._use_discovery:
                 self._conn.subscribe(self.settings.discovery_topic, 1)
+            if self._will is not None:  # now that CONNACK told the limit (client/_will.py)
+                arm_will(self._will, self._conn, self._publisher, self.settings, timeout)
         except BaseException:
             self._stop_worker()
             raise

@@ -209,6 +209,22 @@ class ClientSettings:
     key_password: str | None = setting(
         None, "password of an encrypted `key_file`", _OPT_STR, secret=True
     )
+    will_topic: str | None = setting(
+        None,
+        "topic of the Will the broker publishes when this client vanishes (docs/connections.md)",
+        _OPT_STR,
+    )
+    will_payload: str | bytes | None = setting(
+        None,
+        "the Will's payload (text; bytes as a keyword); larger than the broker takes, it is "
+        "uploaded to the gateway and the Will is its placeholder",
+        _OPT_STR,
+    )
+    will_qos: int = setting(0, "the Will's QoS", int)
+    will_retain: bool = setting(False, "the Will's retain flag", _parse_bool)
+    will_delay: int = setting(
+        0, "seconds the broker waits before it sends the Will (MQTT 5 Will Delay Interval)", int
+    )
     websocket_headers: tuple[str, ...] = setting(
         (),
         "`Name: value` headers for a `ws[s]://` broker's upgrade request (one per line in "
@@ -430,6 +446,11 @@ class SettingsOverrides(TypedDict, total=False):
     key_file: str | None
     key_password: str | None
     websocket_headers: tuple[str, ...]
+    will_topic: str | None
+    will_payload: str | bytes | None
+    will_qos: int
+    will_retain: bool
+    will_delay: int
 
 
 if __name__ == "__main__":  # python -m client._config: the README table

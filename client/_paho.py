@@ -173,6 +173,49 @@ class MqttConnection:
         self._closing = False
         self._paho.on_socket_close = self._on_socket_close
 
+    def set_will(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        qos: int,
+        retain: bool,
+        properties: PublishProperties | None,
+        delay: int = 0,
+    ) -> None:
+        """The Will every CONNECT from now on carries (see :mod:`client._will`).
+
+        Args:
+            topic: the Will's topic.
+            payload: its bytes (already known to fit).
+            qos: its QoS.
+            retain: its retain flag.
+            properties: MQTT 5 properties of the Will message.
+            delay: MQTT 5 Will Delay Interval, seconds (0: none).
+        """
+        props = None
+        if self.protocol == 5:
+            props = to_paho_properties(properties, PacketTypes.WILLMESSAGE)
+            if delay:
+                props = props or Properties(PacketTypes.WILLMESSAGE)  # type: ignore[no-untyped-call]
+                props.WillDelayInterval = delay
+        self._paho.will_set(topic, payload, qos, retain, props)
+
+    def reconnect(self, timeout: float = 10.0) -> None:
+        """End this connection normally and connect again (a new CONNECT: e.g. a new Will).
+
+        Unacknowledged QoS 1/2 publishes stay in paho's session and are sent again.
+
+        Raises:
+            ConnectionFailed: as for :meth:`connect`.
+        """
+        self._paho.disconnect()
+        self._paho.loop_stop()
+        self._connected.clear()
+        self._first.clear()
+        self._connack_error = None
+        self.connect(timeout)
+
     def set_message_handler(self, handler: Callable[[Incoming], None]) -> None:
         """Where received PUBLISHes go (paho's thread: the handler must not block)."""
         self._on_message_cb = handler
