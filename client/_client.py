@@ -222,7 +222,11 @@ class Client:
             if self._use_discovery:
                 self._conn.subscribe(self.settings.discovery_topic, 1)
             if self._will is not None:  # now that CONNACK told the limit (client/_will.py)
-                arm_will(self._will, self._conn, self._publisher, self.settings, timeout)
+                try:
+                    arm_will(self._will, self._conn, self._publisher, self.settings, timeout)
+                except BaseException:
+                    self._conn.close()  # not left connected without the Will it asked for
+                    raise
         except BaseException:
             self._stop_worker()
             raise

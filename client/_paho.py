@@ -239,6 +239,7 @@ class MqttConnection:
             ConnectionFailed: unreachable, refused, or no CONNACK in time.
         """
         where = f"{self.broker.host}:{self.broker.port}"
+        self._closing = False  # connected again after a close(): acknowledge again
         if self.broker.tls:  # until the first CONNACK: a refused handshake fails at once
             self._paho.on_log = self._on_handshake_log
         try:

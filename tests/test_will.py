@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from client import Client, ConfigError, Message, Route
+from client import Client, ConfigError, Message, MessageTooLarge, Route
 
 from _gateway import GatewayServer
 from _servers import Mosquitto
@@ -119,3 +119,16 @@ def test_will_not_sent_on_a_normal_close(
 def test_bad_will_settings_are_config_errors(kw: dict[str, object]) -> None:
     with pytest.raises(ConfigError):
         Client("mqtt://127.0.0.1:1", **kw)  # type: ignore[arg-type]
+
+
+def test_oversized_will_without_an_endpoint_fails_connect_and_leaves_no_connection(
+    mosquitto_factory: Callable[..., Mosquitto],
+) -> None:
+    broker = mosquitto_factory(max_packet_size=262144)  # no gateway advertises itself here
+    client = Client(
+        broker.url, will_topic="w/t", will_payload=os.urandom(600 * 1024), discovery_wait=0.5
+    )
+    with pytest.raises(MessageTooLarge, match="Will"):
+        client.connect()
+    assert not client.connection.connected
+    client.close()
