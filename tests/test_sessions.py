@@ -6,6 +6,7 @@ consumer away longer than payload retention (docs/connections.md, docs/reliabili
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
@@ -21,7 +22,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from client import Client, ConfigError, Message, MessageError, PayloadNotFound, Route
+from client import (
+    AsyncClient,
+    Client,
+    ConfigError,
+    Message,
+    MessageError,
+    PayloadNotFound,
+    Route,
+)
 
 from _gateway import GatewayServer
 from _relay import Relay
@@ -255,3 +264,30 @@ def test_messages_the_application_never_took_are_not_acknowledged(
     with _consumer(broker.url, session_gateway, client_id) as consumer:
         got = _collect(consumer, set(payloads))
     _check(got, payloads)
+
+
+def test_async_client_resumes_its_session(
+    session_gateway: GatewayServer, unique_topic: Callable[[str], str]
+) -> None:
+    broker: Mosquitto = session_gateway.broker  # type: ignore[attr-defined]
+    topic = unique_topic("sess/async")
+    payloads = _payloads(10)
+    session = {"endpoint": session_gateway.url, "client_id": f"c-{uuid.uuid4().hex[:8]}"}
+
+    async def subscribe() -> None:
+        async with AsyncClient(broker.url, session_expiry=3600, **session) as consumer:  # type: ignore[arg-type]
+            await consumer.subscribe(topic, qos=1)
+
+    async def collect() -> dict[str, bytes]:
+        got: dict[str, bytes] = {}
+        async with AsyncClient(broker.url, session_expiry=3600, **session) as consumer:  # type: ignore[arg-type]
+            assert consumer.connection.session_present
+            while got.keys() != payloads.keys():
+                item = await consumer.next_message(timeout=60)
+                assert isinstance(item, Message), item
+                got[item.sha256] = item.payload
+        return got
+
+    asyncio.run(subscribe())
+    _publish_all(session_gateway, topic, payloads)
+    assert asyncio.run(collect()) == payloads
