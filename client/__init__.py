@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from ._message import Message, MessageError, Payload, PublishResult, Route
     from ._paho import Incoming, MqttConnection
     from ._scram import BearerAuth, ScramAuth
+    from ._tls import TlsFiles
     from .protocol import PublishProperties
 
 _LAZY = {
@@ -70,6 +71,7 @@ _LAZY = {
     "ScramAuth": "._scram",
     "BearerAuth": "._scram",
     "SpoolingChunkStore": "._chunkstore",
+    "TlsFiles": "._tls",
     "PublishProperties": ".protocol",
 }
 
@@ -120,6 +122,7 @@ __all__ = [
     "Route",
     "ScramAuth",
     "SpoolingChunkStore",
+    "TlsFiles",
     "TransferError",
     "UntrustedEndpoint",
     "UploadError",

@@ -71,6 +71,20 @@ def _add_broker(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     _add_login(group)
     group.add_argument("--protocol", choices=["5", "3.1.1"], help="MQTT version (default 5)")
     group.add_argument("--client-id")
+    group.add_argument(
+        "--session-expiry",
+        type=int,
+        metavar="SECONDS",
+        help="persistent session; needs --client-id",
+    )
+    group.add_argument("--cert-file", metavar="PEM", help="client certificate (mutual TLS)")
+    group.add_argument("--key-file", metavar="PEM", help="its private key")
+    group.add_argument("--key-password", help="password of an encrypted --key-file")
+    group.add_argument("--will-topic", help="Will sent by the broker if this process vanishes")
+    group.add_argument("--will-payload", metavar="TEXT", help="the Will's payload")
+    group.add_argument("--will-qos", type=int, choices=[0, 1, 2])
+    group.add_argument("--will-retain", action=argparse.BooleanOptionalAction, default=None)
+    group.add_argument("--will-delay", type=int, metavar="SECONDS", help="MQTT 5 Will Delay")
     group.add_argument("--discovery-topic")
     return group
 
@@ -178,6 +192,8 @@ _SETTING_FLAGS = (
     "discovery_wait", "max_packet_size", "offload_threshold", "chunk_timeout",
     "automatic_offload", "fetch_external", "chunking", "ordering", "fetch_concurrency",
     "fallback_on_auth_failure",
+    "session_expiry", "cert_file", "key_file", "key_password",
+    "will_topic", "will_payload", "will_qos", "will_retain", "will_delay",
 )  # fmt: skip
 
 

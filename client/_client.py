@@ -35,7 +35,6 @@ from __future__ import annotations
 import logging
 import os
 import queue
-import ssl
 import threading
 from collections.abc import Iterator
 from types import TracebackType
@@ -54,6 +53,9 @@ from ._receive import Delivery, FetchProgress, PlainHttpWarner, Receiver
 from ._scram import gateway_auth
 from ._source import PayloadLike
 from ._store_origin import ConfiguredStore
+from ._websocket import websocket_headers
+from ._will import Will
+from ._will import arm as arm_will
 from .protocol import DiscoveryRecord, MessageId, PublishProperties, TopicFilter
 
 log = logging.getLogger("client")
@@ -62,8 +64,7 @@ _CLOSED = object()
 
 
 def _default_transport(s: ClientSettings) -> HttpTransport:
-    verify = ssl.create_default_context(cafile=s.ca_file) if s.ca_file else True
-    return HttpTransport(timeout=s.http_timeout, verify=verify)
+    return HttpTransport(timeout=s.http_timeout, verify=s.tls_files.http_verify())
 
 
 def _default_connection(s: ClientSettings) -> MqttConnection:
@@ -72,10 +73,12 @@ def _default_connection(s: ClientSettings) -> MqttConnection:
         client_id=s.client_id,
         protocol=s.protocol,
         keepalive=s.keepalive,
-        ca_file=s.ca_file,
+        tls=s.tls_files,
+        websocket_headers=websocket_headers(s.websocket_headers),
         # Flow control: QoS 1/2 messages are acknowledged as the receive worker takes them
         # (`client/_inbound.py`), so the hand-off holds at most this many.
         receive_maximum=min(s.max_pending_deliveries, 65535),
+        session_expiry=s.session_expiry,
     )
 
 
@@ -159,6 +162,7 @@ class Client:
             use_discovery=self._use_discovery,
             on_fetch_progress=on_fetch_progress,
         )
+        self._will = Will.from_settings(s)
         self._worker: threading.Thread | None = None
         self._stop = threading.Event()
         self._closed = False
@@ -222,6 +226,12 @@ class Client:
             self._receiver.packet_limit_known(self.max_packet_size)
             if self._use_discovery:
                 self._conn.subscribe(self.settings.discovery_topic, 1)
+            if self._will is not None:  # now that CONNACK told the limit (client/_will.py)
+                try:
+                    arm_will(self._will, self._conn, self._publisher, self.settings, timeout)
+                except BaseException:
+                    self._conn.close()  # not left connected without the Will it asked for
+                    raise
         except BaseException:
             self._stop_worker()
             raise

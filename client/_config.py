@@ -36,6 +36,7 @@ from ._allowlist import origin_listed, parse_origin, url_listed
 from ._broker import BrokerUrl
 from ._config_file import DEFAULT_CONFIG_FILE, ENV_PREFIX, config_file_path, read_settings_table
 from ._exceptions import ConfigError
+from ._session import session_flags
 
 # Under the names the field declarations below have always used (parallel branches add fields).
 from ._setting_parsers import OPT_INT as _OPT_INT
@@ -44,6 +45,8 @@ from ._setting_parsers import parse_bool as _parse_bool
 from ._setting_parsers import parse_protocol as _parse_protocol
 from ._setting_parsers import setting
 from ._setting_parsers import split_list as _split_list
+from ._tls import TlsFiles
+from ._websocket import parse_header_lines, websocket_headers
 from .protocol._bounded import Origin
 
 __all__ = [
@@ -67,7 +70,11 @@ Ordering = Literal["topic", "arrival"]
 class ClientSettings:
     """Everything a :class:`client.Client` can be told. See docs/settings.md."""
 
-    broker: str = setting("mqtt://localhost:1883", "`mqtt[s]://[user:pass@]host[:port]`")
+    broker: str = setting(
+        "mqtt://localhost:1883",
+        "`mqtt[s]://[user:pass@]host[:port]`, or over WebSocket `ws[s]://host[:port][/path]` "
+        "(path `/mqtt` unless named; docs/connections.md)",
+    )
     username: str | None = setting(
         None, "broker user name (over the URL's; also used for the gateway)", _OPT_STR
     )
@@ -75,6 +82,13 @@ class ClientSettings:
         None, "broker password (over the URL's; also used for the gateway)", _OPT_STR, secret=True
     )
     client_id: str = setting("", "MQTT client id; empty lets the broker assign one")
+    session_expiry: int = setting(
+        0,
+        "seconds the broker keeps this client's session (subscriptions, queued QoS 1/2 "
+        "messages) after a disconnect; 0 (default): a clean session on every connect; needs "
+        "`client_id` (see docs/connections.md)",
+        int,
+    )
     protocol: int = setting(5, "5 (default) or 4 / `3.1.1`", _parse_protocol)
     endpoint: str | None = setting(None, "gateway URL; skips discovery", _OPT_STR)
     automatic_offload: bool = setting(True, "upload oversized messages (default true)", _parse_bool)
@@ -219,9 +233,49 @@ class ClientSettings:
         "CA bundle (PEM) for `mqtts://` brokers and `https://` gateways (default: system CAs)",
         _OPT_STR,
     )
+    cert_file: str | None = setting(
+        None,
+        "client certificate (PEM; may hold the key too) shown to a TLS broker and to an "
+        "`https://` gateway that asks for one (docs/connections.md)",
+        _OPT_STR,
+    )
+    key_file: str | None = setting(None, "private key (PEM) of `cert_file`", _OPT_STR)
+    key_password: str | None = setting(
+        None, "password of an encrypted `key_file`", _OPT_STR, secret=True
+    )
+    will_topic: str | None = setting(
+        None,
+        "topic of the Will the broker publishes when this client vanishes (docs/connections.md)",
+        _OPT_STR,
+    )
+    will_payload: str | bytes | None = setting(
+        None,
+        "the Will's payload (text; bytes as a keyword); larger than the broker takes, it is "
+        "uploaded to the gateway and the Will is its placeholder",
+        _OPT_STR,
+    )
+    will_qos: int = setting(0, "the Will's QoS", int)
+    will_retain: bool = setting(False, "the Will's retain flag", _parse_bool)
+    will_delay: int = setting(
+        0, "seconds the broker waits before it sends the Will (MQTT 5 Will Delay Interval)", int
+    )
+    websocket_headers: tuple[str, ...] = setting(
+        (),
+        "`Name: value` headers for a `ws[s]://` broker's upgrade request (one per line in "
+        "`OFFLOAD_WEBSOCKET_HEADERS`; a list in the config file)",
+        parse_header_lines,
+        secret=True,
+    )
 
     def __post_init__(self) -> None:
         BrokerUrl.parse(self.broker)
+        session_flags(self.session_expiry, self.client_id)  # ConfigError when unusable
+        self.tls_files  # noqa: B018  (ConfigError: a key without its certificate)
+        headers = self.websocket_headers
+        if isinstance(headers, str):
+            headers = parse_header_lines(headers)
+        object.__setattr__(self, "websocket_headers", tuple(headers))
+        websocket_headers(self.websocket_headers)  # ConfigError: a malformed header
         if self.protocol not in (4, 5):
             raise ConfigError(f"protocol must be 5 or 4 (3.1.1), got {self.protocol!r}")
         if self.untrusted_endpoint not in get_args(UntrustedPolicy):
@@ -294,6 +348,11 @@ class ClientSettings:
         if self.fetch_per_origin is not None:
             return self.fetch_per_origin
         return max(1, self.fetch_concurrency - 1)
+
+    @property
+    def tls_files(self) -> TlsFiles:
+        """The CA and client certificate settings as one value (read when a client is made)."""
+        return TlsFiles(self.ca_file, self.cert_file, self.key_file, self.key_password)
 
     @property
     def broker_url(self) -> BrokerUrl:
@@ -397,6 +456,7 @@ class SettingsOverrides(TypedDict, total=False):
     username: str | None
     password: str | None
     client_id: str
+    session_expiry: int
     protocol: int
     endpoint: str | None
     automatic_offload: bool
@@ -431,6 +491,15 @@ class SettingsOverrides(TypedDict, total=False):
     max_pending_bytes: int
     max_spool_bytes: int
     ca_file: str | None
+    cert_file: str | None
+    key_file: str | None
+    key_password: str | None
+    websocket_headers: tuple[str, ...]
+    will_topic: str | None
+    will_payload: str | bytes | None
+    will_qos: int
+    will_retain: bool
+    will_delay: int
 
 
 if __name__ == "__main__":  # python -m client._config: the docs/settings.md table

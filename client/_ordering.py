@@ -51,6 +51,8 @@ class Slot:
     delivery: Delivery | None = None
     skipped: bool = False
     released: bool = field(default=False)
+    #: called once the application took the delivery, or when it is skipped (its ack).
+    on_consumed: Callable[[], None] | None = None
 
 
 class Sequencer:
@@ -83,8 +85,9 @@ class Sequencer:
         self._lanes: dict[str, deque[Slot]] = {}
         self._count = 0
         self._bytes = 0
-        # Weights (memory, disk) of each delivery handed to the application, for `consumed`.
-        self._queued: dict[int, tuple[int, int]] = {}
+        # Weights (memory, disk) and `on_consumed` of each delivery handed to the application,
+        # for `consumed`.
+        self._queued: dict[int, tuple[int, int, Callable[[], None] | None]] = {}
         self._cond = threading.Condition()
 
     @property
@@ -126,6 +129,7 @@ class Sequencer:
         disk: int = 0,
         message_id: str | None = None,
         url: str | None = None,
+        on_consumed: Callable[[], None] | None = None,
     ) -> Slot | None:
         """Take the next place in `topic`'s lane, waiting for room within the bounds.
 
@@ -136,6 +140,8 @@ class Sequencer:
             disk: bytes of spool file the delivery will hold (`max_spool_bytes` counts them).
             message_id: the message's id, when known (named by :meth:`unfinished`).
             url: the payload URL, for a placeholder (named by :meth:`unfinished`).
+            on_consumed: called (outside the lock) when the application takes the delivery
+                or the slot is skipped: a persistent session acknowledges the message then.
         """
         lane = "" if self._arrival else topic
         with self._cond:
@@ -143,7 +149,7 @@ class Sequencer:
                 if stop is not None and stop.is_set():
                     return None
                 self._cond.wait(0.25)
-            slot = Slot(lane, weight, disk, topic, message_id, url)
+            slot = Slot(lane, weight, disk, topic, message_id, url, on_consumed=on_consumed)
             self._lanes.setdefault(lane, deque()).append(slot)
             self._count += 1
             self._bytes += weight
@@ -157,6 +163,7 @@ class Sequencer:
             slot: a slot from :meth:`reserve`.
             delivery: the message or error; None drops the slot (e.g. a skipped message).
         """
+        done: list[Callable[[], None]] = []
         with self._cond:
             if delivery is None:
                 slot.skipped = True
@@ -171,12 +178,16 @@ class Sequencer:
                 head = lane.popleft()
                 if head.skipped:
                     self._release(head.weight, head.disk)
+                    if head.on_consumed is not None:
+                        done.append(head.on_consumed)
                 else:
                     assert head.delivery is not None
-                    self._queued[id(head.delivery)] = (head.weight, head.disk)
+                    self._queued[id(head.delivery)] = (head.weight, head.disk, head.on_consumed)
                     self._deliveries.put(head.delivery)
             if lane is not None and not lane:
                 del self._lanes[slot.lane]
+        for callback in done:
+            callback()
 
     def unfinished(self) -> list[Slot]:
         """Placeholders whose payload is still being fetched (or waits for a fetch thread)."""
@@ -191,9 +202,12 @@ class Sequencer:
     def consumed(self, delivery: Delivery) -> None:
         """The application took `delivery` from the queue: its room is free again."""
         with self._cond:
-            weights = self._queued.pop(id(delivery), None)
-            if weights is not None:
-                self._release(*weights)
+            queued = self._queued.pop(id(delivery), None)
+            if queued is None:
+                return
+            self._release(queued[0], queued[1])
+        if queued[2] is not None:
+            queued[2]()
 
     def _release(self, weight: int, disk: int) -> None:
         self._count -= 1

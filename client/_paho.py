@@ -26,7 +26,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +42,8 @@ from ._broker import BrokerUrl
 from ._exceptions import ConnectionFailed, PublishRejected
 from ._paho_props import from_paho_properties, to_paho_properties
 from ._paho_session import forget_outgoing, take_unacknowledged
+from ._session import Subscriptions, session_flags
+from ._tls import TlsFiles, handshake_refusal
 from .protocol import PublishProperties
 
 log = logging.getLogger("client.mqtt")
@@ -77,6 +79,9 @@ class MqttConnection:
         protocol: 5 for MQTT 5, 4 for MQTT 3.1.1.
         keepalive: keep-alive seconds.
         ca_file: CA bundle (PEM) to verify an `mqtts://` broker; None: the system's.
+        tls: CA and client certificate (:class:`client._tls.TlsFiles`), instead of
+            `ca_file`; a file that cannot be used is a :class:`ConfigError` here.
+        websocket_headers: extra headers of the upgrade request for a `ws[s]://` broker.
         resend_unacknowledged: True (MQTT's session semantics): a QoS 1/2 publish still
             unacknowledged when the connection drops is sent again after the reconnect, and
             one made while disconnected waits for it. False: both fail with
@@ -86,6 +91,10 @@ class MqttConnection:
             only when the owner calls :meth:`ack`, and (MQTT 5) the broker is asked to hold
             back beyond that many unacknowledged ones (Receive Maximum, 1-65535): flow
             control, so a flood waits at the broker instead of in this process's memory.
+        session_expiry: 0 (default): a clean session on every connect. Seconds: a
+            persistent session (:mod:`client._session`; needs `client_id`): the broker
+            keeps subscriptions and queues QoS 1/2 messages for that long after a
+            disconnect, and the subscriptions it kept are not sent again.
     """
 
     def __init__(
@@ -98,9 +107,16 @@ class MqttConnection:
         protocol: int = 5,
         keepalive: int = 30,
         ca_file: str | None = None,
+        tls: TlsFiles | None = None,
+        websocket_headers: Mapping[str, str] | None = None,
         resend_unacknowledged: bool = True,
         receive_maximum: int | None = None,
+        session_expiry: int = 0,
     ) -> None:
+        session = session_flags(session_expiry, client_id)
+        self._clean = session.clean
+        #: CONNACK's Session Present flag of the latest connection.
+        self.session_present = False
         self.broker = BrokerUrl.parse(broker) if isinstance(broker, str) else broker
         self._on_message_cb = on_message
         self._connect_callbacks: list[Callable[[], None]] = []
@@ -112,8 +128,7 @@ class MqttConnection:
         self._connected = threading.Event()
         self._connack_error: ConnectionFailed | None = None
         self._first = threading.Event()
-        self._lock = threading.Lock()
-        self._subscriptions: dict[str, int] = {}
+        self._subscriptions = Subscriptions()
         self._pubacks = Acks()
         self._subacks = Acks()
         #: Maximum Packet Size from the latest CONNACK, None when the broker stated none.
@@ -125,12 +140,15 @@ class MqttConnection:
             CallbackAPIVersion.VERSION2,
             client_id=client_id,
             protocol=version,
-            clean_session=None if protocol == 5 else True,
+            clean_session=None if protocol == 5 else session.clean,
+            transport="websockets" if self.broker.websocket else "tcp",
         )
+        if self.broker.ws_path is not None:
+            self._paho.ws_set_options(self.broker.ws_path, dict(websocket_headers or {}))
         if self.broker.username is not None:
             self._paho.username_pw_set(self.broker.username, self.broker.password)
         if self.broker.tls:
-            self._paho.tls_set(ca_certs=ca_file, cert_reqs=ssl.CERT_REQUIRED)
+            self._paho.tls_set_context((tls or TlsFiles(ca_file=ca_file)).context())
         # A quarter second first (paho's hint says int; it only does time arithmetic with it,
         # paho-mqtt 2.x): closing a link that just dropped waits out this sleep.
         self._paho.reconnect_delay_set(min_delay=0.25, max_delay=10)  # type: ignore[arg-type]
@@ -141,16 +159,62 @@ class MqttConnection:
         self._paho.on_subscribe = self._on_subscribe
         self._paho.on_socket_open = _no_delay  # every (re)connect
         self._connect_properties: Properties | None = None
+        if protocol == 5 and (receive_maximum is not None or session.expiry):
+            self._connect_properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+            if session.expiry:
+                self._connect_properties.SessionExpiryInterval = session.expiry
         self._manual_ack = receive_maximum is not None
         if receive_maximum is not None:
             if not 1 <= receive_maximum <= 65535:
                 raise ValueError(f"receive_maximum must be 1-65535, not {receive_maximum}")
             self._paho.manual_ack_set(True)
-            if protocol == 5:  # MQTT 3.1.1 has none: the broker's own inflight limit applies
-                self._connect_properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+            if self._connect_properties is not None:  # 3.1.1 has none: the broker's inflight
                 self._connect_properties.ReceiveMaximum = receive_maximum
         self._closing = False
         self._paho.on_socket_close = self._on_socket_close
+
+    def set_will(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        qos: int,
+        retain: bool,
+        properties: PublishProperties | None,
+        delay: int = 0,
+    ) -> None:
+        """The Will every CONNECT from now on carries (see :mod:`client._will`).
+
+        Args:
+            topic: the Will's topic.
+            payload: its bytes (already known to fit).
+            qos: its QoS.
+            retain: its retain flag.
+            properties: MQTT 5 properties of the Will message.
+            delay: MQTT 5 Will Delay Interval, seconds (0: none).
+        """
+        props = None
+        if self.protocol == 5:
+            props = to_paho_properties(properties, PacketTypes.WILLMESSAGE)
+            if delay:
+                props = props or Properties(PacketTypes.WILLMESSAGE)  # type: ignore[no-untyped-call]
+                props.WillDelayInterval = delay
+        self._paho.will_set(topic, payload, qos, retain, props)
+
+    def reconnect(self, timeout: float = 10.0) -> None:
+        """End this connection normally and connect again (a new CONNECT: e.g. a new Will).
+
+        Unacknowledged QoS 1/2 publishes stay in paho's session and are sent again.
+
+        Raises:
+            ConnectionFailed: as for :meth:`connect`.
+        """
+        self._paho.disconnect()
+        self._paho.loop_stop()
+        self._connected.clear()
+        self._first.clear()
+        self._connack_error = None
+        self.connect(timeout)
 
     def set_message_handler(self, handler: Callable[[Incoming], None]) -> None:
         """Where received PUBLISHes go (paho's thread: the handler must not block)."""
@@ -175,21 +239,29 @@ class MqttConnection:
             ConnectionFailed: unreachable, refused, or no CONNACK in time.
         """
         where = f"{self.broker.host}:{self.broker.port}"
+        self._closing = False  # connected again after a close(): acknowledge again
+        if self.broker.tls:  # until the first CONNACK: a refused handshake fails at once
+            self._paho.on_log = self._on_handshake_log
         try:
             if self.protocol == 5:
                 self._paho.connect(
                     self.broker.host,
                     self.broker.port,
                     self._keepalive,
-                    clean_start=True,
+                    clean_start=self._clean,
                     properties=self._connect_properties,
                 )
             else:
                 self._paho.connect(self.broker.host, self.broker.port, self._keepalive)
         except (OSError, ValueError) as exc:
-            raise ConnectionFailed(f"cannot connect to {where}: {exc}") from exc
+            self._paho.on_log = None
+            refusal = handshake_refusal(exc)
+            detail = f"TLS handshake refused: {refusal}" if refusal else str(exc)
+            raise ConnectionFailed(f"cannot connect to {where}: {detail}") from exc
         self._paho.loop_start()
-        if not self._first.wait(timeout):
+        first = self._first.wait(timeout)
+        self._paho.on_log = None  # paho formats every log line while one is set
+        if not first:
             self.close()
             raise ConnectionFailed(f"no CONNACK from {where} within {timeout}s")
         if self._connack_error is not None:
@@ -202,6 +274,7 @@ class MqttConnection:
             self.broker.host,
             self.broker.port,
             self._keepalive,
+            clean_start=self._clean if self.protocol == 5 else mqtt.MQTT_CLEAN_START_FIRST_ONLY,
             properties=self._connect_properties,
         )
         self._paho.loop_start()
@@ -225,8 +298,12 @@ class MqttConnection:
 
         Lets the broker send one more. A message from an earlier connection is not
         acknowledged: its session ended with it (clean start), and its packet id may
-        belong to a message of this connection. Thread-safe, never blocks.
+        belong to a message of this connection (a persistent session's broker sends it
+        again instead). Nothing is acknowledged once :meth:`close` began: what the
+        application did not get stays with the broker's session. Thread-safe, never blocks.
         """
+        if self._closing:
+            return
         if self._manual_ack and incoming.qos and incoming.session == self.connections:
             self._paho.ack(incoming.mid, incoming.qos)
 
@@ -297,20 +374,16 @@ class MqttConnection:
             topic_filter: MQTT topic filter.
             qos: maximum QoS.
         """
-        with self._lock:
-            self._subscriptions[topic_filter] = qos
+        self._subscriptions.add(topic_filter, qos)
         return self._send_subscribe(topic_filter, qos)
 
     def resubscribe(self, topic_filter: str) -> Future[None]:
         """Subscribe again to an existing subscription (the broker re-sends retained)."""
-        with self._lock:
-            qos = self._subscriptions.get(topic_filter, 0)
-        return self._send_subscribe(topic_filter, qos)
+        return self._send_subscribe(topic_filter, self._subscriptions.qos(topic_filter))
 
     def unsubscribe(self, topic_filter: str) -> None:
         """Stop receiving `topic_filter`, also after reconnects."""
-        with self._lock:
-            self._subscriptions.pop(topic_filter, None)
+        self._subscriptions.remove(topic_filter)
         self._paho.unsubscribe(topic_filter)
 
     def _send_subscribe(self, topic_filter: str, qos: int) -> Future[None]:
@@ -320,6 +393,7 @@ class MqttConnection:
             # Not connected: on_connect subscribes everything recorded.
             future.set_result(None)
             return future
+        self._subscriptions.sent(mid, topic_filter)
         self._subacks.register(mid, future)
         return future
 
@@ -350,14 +424,18 @@ class MqttConnection:
         size = getattr(properties, "MaximumPacketSize", None) if properties else None
         self.max_packet_size = int(size) if size else None
         self.connections += 1
+        # A clean session never finds one present (some brokers set the flag regardless).
+        self.session_present = not self._clean and bool(getattr(flags, "session_present", False))
         log.info(
-            "connected to broker %s (Maximum Packet Size %s)", self.broker, self.max_packet_size
+            "connected to broker %s (Maximum Packet Size %s%s)",
+            self.broker,
+            self.max_packet_size,
+            ", session resumed" if self.session_present else "",
         )
-        with self._lock:
-            subs = list(self._subscriptions.items())
-        for topic_filter, qos in subs:
+        for topic_filter, qos in self._subscriptions.to_restore(self.session_present):
             rc, mid = client.subscribe(topic_filter, qos)
             if rc == MQTTErrorCode.MQTT_ERR_SUCCESS and mid is not None:
+                self._subscriptions.sent(mid, topic_filter)
                 # Nobody waits on these SUBACKs; registering keeps the mid from lingering.
                 self._subacks.register(mid, Future())
         self._connected.set()
@@ -394,6 +472,18 @@ class MqttConnection:
                 log.warning(
                     "%d publish(es) unacknowledged at the disconnect: failed, not resent", dropped
                 )
+
+    def _on_handshake_log(self, client: mqtt.Client, userdata: Any, level: int, buf: str) -> None:
+        # Under TLS 1.3 a broker checks the client certificate after the client finished its
+        # handshake: the refusal is an alert on the first read, which paho only logs before
+        # reconnecting for ever. Turn it into connect()'s error.
+        if level != mqtt.MQTT_LOG_ERR or self._first.is_set():
+            return
+        refusal = handshake_refusal(buf)
+        if refusal is not None:
+            where = f"{self.broker.host}:{self.broker.port}"
+            self._connack_error = ConnectionFailed(f"TLS handshake with {where} refused: {refusal}")
+            self._first.set()
 
     def _on_socket_close(self, client: mqtt.Client, userdata: Any, sock: object) -> None:
         if self._closing:  # our DISCONNECT was written; a dropped link has nothing to save
@@ -454,6 +544,7 @@ class MqttConnection:
         properties: Properties | None,
     ) -> None:
         failed = [r for r in reasons if r.is_failure]
+        self._subscriptions.acknowledged(mid, not failed)
         if failed:
             self._subacks.settle(mid, ConnectionFailed(f"subscription refused: {failed[0]}"))
         else:

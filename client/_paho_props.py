@@ -14,11 +14,14 @@ from paho.mqtt.properties import Properties
 from .protocol import PublishProperties
 
 
-def to_paho_properties(props: PublishProperties | None) -> Properties | None:
-    """Our PublishProperties as paho's PUBLISH Properties (None when there are none)."""
+def to_paho_properties(
+    props: PublishProperties | None, packet: int = PacketTypes.PUBLISH
+) -> Properties | None:
+    """Our PublishProperties as paho's PUBLISH (or `packet`'s, e.g. WILLMESSAGE) Properties
+    (None when there are none)."""
     if props is None or props == PublishProperties():
         return None
-    out = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+    out = Properties(packet)  # type: ignore[no-untyped-call]
     if props.payload_format_indicator is not None:
         out.PayloadFormatIndicator = props.payload_format_indicator
     if props.message_expiry_interval is not None:

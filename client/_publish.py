@@ -333,6 +333,25 @@ class Publisher:
             send.topic, Route.OFFLOADED, source.size, source.sha256, str(message_id), url
         )
 
+    def upload_placeholder(
+        self, topic: str, payload: bytes, *, qos: int, properties: PublishProperties | None
+    ) -> tuple[bytes, PublishProperties | None, str] | None:
+        """Upload `payload` as a message on `topic` without publishing anything; the
+        placeholder (body, properties, URL) that points at it, None without an endpoint.
+        A Will that is too large for the broker travels as this (:mod:`client._will`).
+        """
+        endpoint = self._endpoint()
+        if endpoint is None or not self._settings.automatic_offload:
+            return None
+        self._warn_plain_http(endpoint)
+        send = _Send(topic, qos, False, properties, self.max_packet_size, None)
+        message_id = MessageId.new()
+        with PayloadSource(payload, spool_dir=self._settings.spool_dir) as source:
+            url = self._upload(endpoint, send, source, message_id)
+            ref = _placeholder.Placeholder(url, source.size, source.sha256, message_id)
+        body, props = ref.encode(properties, protocol=self._settings.protocol)
+        return body, props, url
+
     def _chunked(self, send: _Send, source: PayloadSource) -> PublishResult:
         if send.retain:
             log.warning("retain flag dropped: a broker would retain only the last chunk")

@@ -44,6 +44,7 @@ from ._inbound import InboundQueue
 from ._message import Message, MessageError, Payload, Route
 from ._ordering import FetchPool, Sequencer, Slot
 from ._paho import Incoming, MqttConnection
+from ._session_acks import acknowledge_taken
 from ._store_origin import ConfiguredStore
 from .protocol import PublishProperties, _placeholder
 from .protocol._bounded import Origin, http_origin
@@ -159,6 +160,8 @@ class Receiver:
         )
         self._stop = threading.Event()
         self._pace = Pace(s.fetch_deadline, s.fetch_min_rate)
+        # The ack of the message being processed, for its delivery's slot (_session_acks).
+        self._ack: Callable[[], None] | None = None
         # Reassembly keeps at most spool_threshold bytes of chunks in RAM; bigger messages
         # are spooled to temporary files and delivered as spooled payloads (issue 3).
         self.chunk_store = SpoolingChunkStore(memory_limit=s.spool_threshold, directory=s.spool_dir)
@@ -209,7 +212,7 @@ class Receiver:
             wait = 0.5 if deadline is None else min(0.5, max(deadline - now, 0.0) + 0.01)
             item = self.inbound.get(timeout=wait)
             if item is not None:
-                self._conn.ack(item)  # taken: the broker may send one more (flow control)
+                self._ack = acknowledge_taken(self._conn, item, self._settings)
                 try:
                     self._process(item, pool)
                 except OffloadError as exc:  # an error about one message, never fatal
@@ -218,6 +221,7 @@ class Receiver:
                     log.exception("could not handle a message on %r", item.topic)
                     failure = ReceiveError(f"could not handle the message: {exc!r}"[:500])
                     self._emit(item.topic, MessageError(item.topic, failure))
+                self._ack = None
             now = time.monotonic()
             for error in self._reassembler.expire(now):
                 self._emit(error.topic, MessageError(error.topic, error.error, error.message_id))
@@ -226,6 +230,10 @@ class Receiver:
                 last_refresh = now
                 if self._conn.connected:
                     self._conn.resubscribe(self._settings.discovery_topic)
+
+    def _take_ack(self) -> Callable[[], None] | None:
+        ack, self._ack = self._ack, None
+        return ack
 
     def note_shed(self, topic: str) -> None:
         """A QoS 0 message was shed at the bound (paho's thread): say so once per spell."""
@@ -244,7 +252,11 @@ class Receiver:
         spooled = isinstance(delivery, Message) and delivery.body.path is not None
         size = delivery.body.size if isinstance(delivery, Message) else 0
         slot = self.sequencer.reserve(
-            topic, 0 if spooled else size, self._stop, disk=size if spooled else 0
+            topic,
+            0 if spooled else size,
+            self._stop,
+            disk=size if spooled else 0,
+            on_consumed=self._take_ack(),
         )
         if slot is not None:
             self.sequencer.fill(slot, delivery)
@@ -268,6 +280,7 @@ class Receiver:
                 disk=ref.size if ref.size > threshold else 0,  # what the fetch spools
                 message_id=str(ref.message_id),
                 url=ref.url,
+                on_consumed=self._take_ack(),
             )
             if slot is not None:
                 pool.submit(lambda: self._fetch_into(slot, incoming, ref), str(ref.origin))

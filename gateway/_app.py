@@ -91,6 +91,7 @@ def build_context(
         store,
         default_ttl=settings.default_ttl,
         max_ttl=settings.max_ttl,
+        min_ttl=settings.min_ttl,
         delete_after_fetch=settings.delete_after_fetch,
         workers=workers,
     )

@@ -13,20 +13,26 @@ back after every reconnect.
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 
-from client import BrokerUrl, InvalidPublish, MqttConnection
+from client import BrokerUrl, InvalidPublish, MqttConnection, TlsFiles
 
 from ._settings import Settings
 
 __all__ = ["InvalidPublish", "MqttConnection", "broker_link"]
 
 
+def _path(path: Path | None) -> str | None:
+    return str(path) if path is not None else None
+
+
 def broker_link(settings: Settings) -> MqttConnection | None:
     """The gateway's broker connection from its settings (not yet started), None without one.
 
     Args:
-        settings: `mqtt_url`, `mqtt_username`, `mqtt_password`, `mqtt_client_id` and
-            `mqtt_ca_file` are read.
+        settings: `mqtt_url`, `mqtt_username`, `mqtt_password`, `mqtt_client_id`,
+            `mqtt_ca_file` and the client certificate (`mqtt_cert_file`, `mqtt_key_file`,
+            `mqtt_key_password`) are read.
     """
     if not settings.mqtt_url:
         return None
@@ -37,6 +43,11 @@ def broker_link(settings: Settings) -> MqttConnection | None:
     return MqttConnection(
         broker,
         client_id=settings.mqtt_client_id or f"offload-gateway-{uuid.uuid4().hex[:12]}",
-        ca_file=str(settings.mqtt_ca_file) if settings.mqtt_ca_file else None,
+        tls=TlsFiles(
+            _path(settings.mqtt_ca_file),
+            _path(settings.mqtt_cert_file),
+            _path(settings.mqtt_key_file),
+            settings.mqtt_key_password.get_secret_value() if settings.mqtt_key_password else None,
+        ),
         resend_unacknowledged=False,
     )

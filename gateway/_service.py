@@ -132,6 +132,7 @@ class OffloadService:
         store: where payloads and manifests live.
         default_ttl: seconds a payload is kept when the upload names no expiry (0: forever).
         max_ttl: cap on any payload's lifetime in seconds, named or default (0: no cap).
+        min_ttl: floor under a named or default lifetime in seconds (0: none); the cap wins.
         delete_after_fetch: delete a message once its payload was sent whole to a client.
         workers: the thread pools (store calls, transfers); default: a set with the
             default sizes, for a service built outside the gateway's lifespan.
@@ -143,6 +144,7 @@ class OffloadService:
         *,
         default_ttl: int = 0,
         max_ttl: int = 0,
+        min_ttl: int = 0,
         delete_after_fetch: bool = False,
         workers: Workers | None = None,
     ) -> None:
@@ -150,6 +152,7 @@ class OffloadService:
         self.store = store
         self.default_ttl = default_ttl
         self.max_ttl = max_ttl
+        self.min_ttl = min_ttl
         self.delete_after_fetch = delete_after_fetch
         self.manifests = ManifestCache()
         self.repository = ManifestRepository(store)  # shared with the sweeper's rules
@@ -297,10 +300,14 @@ class OffloadService:
         Args:
             timestamp_ms: the upload's time, milliseconds since the epoch.
             ttl: seconds the uploader asked for (the placeholder's Message Expiry
-                Interval); None or 0 takes the default. Clamped to `max_ttl`, not refused:
+                Interval); None or 0 takes the default. Raised to `min_ttl` (a consumer's
+                persistent session may get the placeholder later than the uploader
+                thought), then clamped to `max_ttl`, not refused:
                 an uploader cannot know the cap, and a shorter life is the safe side.
         """
         seconds = ttl or self.default_ttl
+        if seconds and self.min_ttl:
+            seconds = max(seconds, self.min_ttl)
         if self.max_ttl:
             seconds = min(seconds, self.max_ttl) if seconds else self.max_ttl
         return timestamp_ms + seconds * 1000 if seconds else None

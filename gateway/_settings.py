@@ -32,6 +32,11 @@ class Settings(BaseSettings):
     mqtt_password: SecretStr | None = None
     mqtt_client_id: str | None = None
     mqtt_ca_file: Path | None = Field(None, description="CA bundle to verify an mqtts:// broker")
+    mqtt_cert_file: Path | None = Field(
+        None, description="client certificate (PEM) for a broker that asks for one"
+    )
+    mqtt_key_file: Path | None = Field(None, description="private key (PEM) of mqtt_cert_file")
+    mqtt_key_password: SecretStr | None = None
     public_url: str | None = Field(None, description="endpoint URL clients are told to use")
     discovery_topic: str = "sys/metadata"
     discovery_interval: float = Field(30.0, gt=0)
@@ -114,6 +119,13 @@ class Settings(BaseSettings):
     # Retention and limits (docs/reliability.md).
     max_ttl: int = Field(
         30 * 24 * 3600, ge=0, description="seconds; cap on any payload's lifetime; 0: no cap"
+    )
+    min_ttl: int = Field(
+        0,
+        ge=0,
+        description="seconds every payload is kept at least, whatever shorter ttl its uploader "
+        "asked for (a floor for the persistent sessions served: docs/connections.md); "
+        "max_ttl still wins; 0: no floor",
     )
     sweep_interval: float = Field(
         600.0, ge=0, description="seconds between retention sweeps (jittered); 0: no sweeper"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -30,6 +31,7 @@ class GatewayServer:
     app: Any = field(default=None)
     certfile: str | None = None
     keyfile: str | None = None
+    client_ca: str | None = None  # HTTPS asks every client for a certificate signed by it
 
     @property
     def url(self) -> str:
@@ -55,6 +57,8 @@ class GatewayServer:
             lifespan="on",
             ssl_certfile=self.certfile,
             ssl_keyfile=self.keyfile,
+            ssl_ca_certs=self.client_ca,
+            ssl_cert_reqs=ssl.CERT_REQUIRED if self.client_ca else ssl.CERT_NONE,
             http=HeadDeadlineProtocol,  # as `offload-gateway` serves
         )
         self._server = uvicorn.Server(config)

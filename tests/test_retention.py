@@ -84,6 +84,24 @@ def test_expiry_for(default: int, cap: int, ttl: int | None, seconds: int | None
     assert service.expiry_for(1_000, ttl) == expected
 
 
+@pytest.mark.parametrize(
+    ("default", "cap", "floor", "ttl", "seconds"),
+    [
+        (100, 0, 3600, 5, 3600),  # a short ttl is raised to the sessions' floor
+        (100, 0, 3600, None, 3600),  # so is the default
+        (100, 0, 60, 7200, 7200),  # a longer one is kept
+        (0, 0, 60, None, None),  # "forever" stays forever
+        (100, 600, 3600, 5, 600),  # the cap still wins
+    ],
+)
+def test_expiry_for_with_a_retention_floor(
+    default: int, cap: int, floor: int, ttl: int | None, seconds: int | None
+) -> None:
+    service = OffloadService(store=None, default_ttl=default, max_ttl=cap, min_ttl=floor)  # type: ignore[arg-type]
+    expected = None if seconds is None else 1_000 + seconds * 1000
+    assert service.expiry_for(1_000, ttl) == expected
+
+
 def test_partition_end_comes_from_the_key() -> None:
     key = data_key(Topic("a/b"), 1_700_000_000_000, "tok")  # 2023-11-14 22:13 UTC
     end = partition_end_ms(key)

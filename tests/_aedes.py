@@ -1,0 +1,99 @@
+"""A second MQTT broker for the interop tests: aedes (Node, MQTT 3.1.1 only: its README
+lists MQTT 5 as not supported yet) on a TCP port, and on a WebSocket port of its own.
+
+aedes comes from npm (tests/brokers/package.json and its lock), installed with `npm ci` into
+a cache directory on first use, as tests/test_tus_js.py installs tus-js-client.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from _servers import free_port, mqtt_answers, wait_until
+
+PEERS = Path(__file__).parent / "brokers"
+
+
+def aedes_modules() -> Path:
+    """node_modules holding aedes, installed from the committed lock on first use.
+
+    Raises:
+        RuntimeError: node or npm missing, or the install failed.
+    """
+    npm = shutil.which("npm")
+    if npm is None or shutil.which("node") is None:
+        raise RuntimeError("node and npm are needed (scripts/_bootstrap.sh installs them)")
+    manifest = (PEERS / "package.json").read_bytes() + (PEERS / "package-lock.json").read_bytes()
+    cache_home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    digest = hashlib.sha256(manifest).hexdigest()[:16]
+    cache = cache_home / "mqtt-offload-tests" / f"npm-brokers-{digest}"
+    if not (cache / "node_modules" / "aedes" / "package.json").is_file():
+        work = cache.with_name(f"{cache.name}.tmp{os.getpid()}")
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        for name in ("package.json", "package-lock.json"):
+            shutil.copy(PEERS / name, work / name)
+        done = subprocess.run(
+            [npm, "ci", "--no-audit", "--no-fund", "--ignore-scripts"],
+            cwd=work, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise RuntimeError(f"npm ci failed: {done.stderr[-2000:]}")
+        shutil.rmtree(cache, ignore_errors=True)
+        work.rename(cache)
+    return cache / "node_modules"
+
+
+@dataclass
+class Aedes:
+    """`node tests/brokers/aedes.cjs TCP WS` on free loopback ports."""
+
+    port: int = field(default_factory=free_port)
+    ws_port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"mqtt://127.0.0.1:{self.port}"
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.ws_port}/mqtt"
+
+    def start(self) -> Aedes:
+        modules = aedes_modules()
+        self.proc = subprocess.Popen(
+            [
+                str(shutil.which("node")),
+                str(PEERS / "aedes.cjs"),
+                str(self.port),
+                str(self.ws_port),
+            ],
+            env={**os.environ, "NODE_PATH": str(modules)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if line.strip() != b"ready":
+            self.stop()
+            raise RuntimeError(f"aedes did not start: {line!r}")
+        wait_until(lambda: mqtt_answers(self.port), f"aedes on {self.port}", 10, self.proc)
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGTERM)
+                try:
+                    self.proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
+            self.proc = None
