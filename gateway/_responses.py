@@ -29,6 +29,12 @@ class Published(Stored):
     """`POST|PUT /publish/{topic}`: stored, and its placeholder published on the topic."""
 
 
+class Abandoned(BaseModel):
+    """`POST /direct/commit` with `{"abandon": true}`: the grant's upload is removed."""
+
+    detail: str = Field(description="what was removed")
+
+
 class Presigned(BaseModel):
     """`POST /msg/{id}/presign`: a URL that fetches the payload without credentials."""
 

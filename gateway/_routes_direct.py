@@ -57,7 +57,6 @@ router = APIRouter()
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     **COMMON_RESPONSES,
-    200: {"description": "abandoned: what was uploaded for the grant is removed"},
     400: {"description": "malformed request, or an object that does not match its grant"},
     403: {"description": "not allowed to write this topic, or a grant expired or altered"},
     409: {
@@ -234,7 +233,14 @@ async def grant_upload(topic: str, request: Request, ctx: Ctx) -> Response:
     "/direct/commit",
     status_code=201,
     response_model=_responses.Stored,
-    responses=_ERRORS,
+    responses={
+        **_ERRORS,
+        200: {
+            "description": 'abandoned (`{"abandon": true}`): what was uploaded for the '
+            "grant is removed",
+            "model": _responses.Abandoned,
+        },
+    },
     tags=["direct"],
     openapi_extra=_COMMIT_BODY,
 )
