@@ -88,6 +88,8 @@ class Proxy:
         self.metrics.connections.set(len(self._sessions))
         try:
             await session.run(admitted)
+        except asyncio.CancelledError:
+            pass  # shutdown: ends here (asyncio's stream callback must not see it raised)
         except Exception:  # never a proxy crash: one connection's bug ends that connection
             log.exception("connection failed")
         finally:
