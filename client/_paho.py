@@ -42,7 +42,7 @@ from ._broker import BrokerUrl
 from ._exceptions import ConnectionFailed, PublishRejected
 from ._paho_props import from_paho_properties, to_paho_properties
 from ._paho_session import forget_outgoing, take_unacknowledged
-from .protocol import PublishProperties
+from .protocol import PLACEHOLDER_AWARE, PublishProperties
 
 log = logging.getLogger("client.mqtt")
 
@@ -141,13 +141,17 @@ class MqttConnection:
         self._paho.on_subscribe = self._on_subscribe
         self._paho.on_socket_open = _no_delay  # every (re)connect
         self._connect_properties: Properties | None = None
+        if protocol == 5:
+            self._connect_properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+            # Says "I resolve placeholders myself" to an offload-proxy between us and the
+            # broker (docs/proxy.md); a broker ignores user properties it does not know.
+            self._connect_properties.UserProperty = [PLACEHOLDER_AWARE]
         self._manual_ack = receive_maximum is not None
         if receive_maximum is not None:
             if not 1 <= receive_maximum <= 65535:
                 raise ValueError(f"receive_maximum must be 1-65535, not {receive_maximum}")
             self._paho.manual_ack_set(True)
-            if protocol == 5:  # MQTT 3.1.1 has none: the broker's own inflight limit applies
-                self._connect_properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+            if self._connect_properties is not None:  # MQTT 3.1.1: the broker's inflight limit
                 self._connect_properties.ReceiveMaximum = receive_maximum
         self._closing = False
         self._paho.on_socket_close = self._on_socket_close

@@ -67,7 +67,7 @@ if TYPE_CHECKING:
         parse_data_key,
         topic_prefix,
     )
-    from ._placeholder import FORMAT_KEY, ID_KEY, Placeholder
+    from ._placeholder import FORMAT_KEY, ID_KEY, PLACEHOLDER_AWARE, Placeholder
     from ._placeholder import is_tagged as is_placeholder
     from ._placeholder import parse as parse_placeholder
     from ._props import PublishProperties, mqtt_text_problem, publish_properties_problem
@@ -111,6 +111,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "PayloadData": ("._envelope", "PayloadData"),
     "PayloadEnd": ("._envelope", "PayloadEnd"),
     "PayloadStart": ("._envelope", "PayloadStart"),
+    "PLACEHOLDER_AWARE": ("._placeholder", "PLACEHOLDER_AWARE"),
     "Placeholder": ("._placeholder", "Placeholder"),
     "PlannedChunk": ("._chunk", "PlannedChunk"),
     "PublishProperties": ("._props", "PublishProperties"),
@@ -168,6 +169,7 @@ __all__ = [
     "MAX_PACKET_SIZE",
     "MAX_TOPIC_BYTES",
     "META_SUFFIX",
+    "PLACEHOLDER_AWARE",
     "CachedRecord",
     "ChecksumMismatchError",
     "ChunkBufferOverflow",

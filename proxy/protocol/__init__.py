@@ -10,6 +10,8 @@ Bytes in, events and bytes out, as :mod:`client.protocol` (and h11): the asyncio
 * its errors, :class:`ProxyProtocolError` and subclasses, each with an MQTT 5 reason code.
 """
 
+from client.protocol import PLACEHOLDER_AWARE
+
 from ._errors import (
     MALFORMED_PACKET,
     PACKET_TOO_LARGE,
@@ -47,7 +49,6 @@ from ._offload import (
 )
 from ._packets import (
     PINGREQ_PACKET,
-    PLACEHOLDER_AWARE,
     Connack,
     Connect,
     PublishHeader,

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from client.protocol import PLACEHOLDER_AWARE
+
 from ._errors import MalformedPacket
 from ._properties import MAXIMUM_PACKET_SIZE, Prop, encode_properties, first, parse_properties
 from ._wire import decode_varint, encode_varint, read_binary, read_text, read_u16, text
 
-#: The user property (name, value) a client that resolves placeholders itself puts in its
-#: MQTT 5 CONNECT: the proxy then hands it placeholders as the broker delivered them.
-PLACEHOLDER_AWARE = ("_offload", "placeholders")
 _PROTOCOLS = {(b"MQTT", 4), (b"MQTT", 5), (b"MQIsdp", 3)}
 
 
