@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 from collections.abc import AsyncIterator, Callable
 from urllib.parse import quote
 
@@ -37,13 +38,18 @@ def credentials(connect: Connect) -> httpx.Auth | None:
     return ScramAuth(connect.username, password)
 
 
-async def _detail(response: httpx.Response) -> str:
+async def _bounded(response: httpx.Response) -> bytes:
+    """At most MAX_ERROR_BODY bytes of an answer's body (the gateway's JSON is far less)."""
     body = b""
     async for piece in response.aiter_raw():
         body += piece
         if len(body) >= MAX_ERROR_BODY:
             break
-    text = body[:MAX_ERROR_BODY].decode("utf-8", "replace")
+    return body[:MAX_ERROR_BODY]
+
+
+async def _detail(response: httpx.Response) -> str:
+    text = (await _bounded(response)).decode("utf-8", "replace")
     return f"HTTP {response.status_code}: {text[:200]}"
 
 
@@ -116,19 +122,23 @@ class GatewayLink:
             request = self._http.build_request(
                 "PUT", url, params=params, headers=request_headers, content=body()
             )
-            response = await self._http.send(request, auth=auth or httpx.USE_CLIENT_DEFAULT)
+            response = await self._http.send(
+                request, auth=auth or httpx.USE_CLIENT_DEFAULT, stream=True
+            )
             try:
                 if response.status_code != 201:
                     raise TransferFailed(await _detail(response), response.status_code)
-                answer = response.json()
+                answer = json.loads(await _bounded(response))
             finally:
                 await response.aclose()
         except httpx.HTTPError as exc:
             raise TransferFailed(f"upload to {url} failed: {type(exc).__name__}") from exc
-        except ValueError as exc:
+        except ValueError as exc:  # JSONDecodeError, or a body that is not UTF-8
             raise TransferFailed(f"upload to {url}: the answer is not JSON") from exc
         sha256 = digest.hexdigest()
-        if sent != size or answer.get("sha256") != sha256 or answer.get("size") != size:
+        if not isinstance(answer, dict) or sent != size or answer.get("sha256") != sha256:
+            raise TransferFailed(f"the gateway stored other bytes than were sent to {url}")
+        if answer.get("size") != size:
             raise TransferFailed(f"the gateway stored other bytes than were sent to {url}")
         return Stored(f"{endpoint}/msg/{message_id}", size, sha256, message_id)
 

@@ -96,7 +96,14 @@ def test_mosquitto_pub_to_mosquitto_sub_20mib_through_the_proxy_byte_exact(
 class PahoPeer:
     """A plain paho client (no offload code at all) and what it receives."""
 
-    def __init__(self, port: int, *, v5: bool = True, **will: Any) -> None:
+    def __init__(
+        self,
+        port: int,
+        *,
+        v5: bool = True,
+        credentials: tuple[str, str] | None = None,
+        **will: Any,
+    ) -> None:
         self.client_id = f"paho-{uuid.uuid4().hex[:8]}"
         protocol = paho.MQTTv5 if v5 else paho.MQTTv311
         self.client = paho.Client(CallbackAPIVersion.VERSION2, self.client_id, protocol=protocol)
@@ -105,6 +112,8 @@ class PahoPeer:
         self.client.on_message = self._on_message
         if will:
             self.client.will_set(**will)
+        if credentials is not None:
+            self.client.username_pw_set(*credentials)
         self.client.connect("127.0.0.1", port, keepalive=30)
         self.client.loop_start()
         wait_until(self.client.is_connected, "paho connected", 20)
