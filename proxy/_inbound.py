@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 
 from ._exceptions import QUOTA_EXCEEDED, PeerGone, TransferFailed
 from ._state import Conn, Services
+from ._stream import drained
 from .protocol import (
     CONNECT,
     DISCONNECT,
@@ -57,7 +58,12 @@ async def relay_up(conn: Conn, services: Services) -> None:
         elif head.type == CONNECT:
             raise ProxyProtocolError("a second CONNECT")
         else:
-            await forward(conn, head)
+            body = conn.client.whole_body(head)
+            if body is None:
+                await forward(conn, head)
+            else:  # the common case: the whole packet is in hand, one write
+                conn.broker_writer.write(head.raw + body)
+                await drained(conn.broker_writer)
             if head.type == DISCONNECT:
                 return
 
@@ -90,18 +96,31 @@ async def _read_header(
     return header, prefix
 
 
+async def _nothing() -> AsyncIterator[bytes]:
+    return
+    yield b""  # pragma: no cover - makes this an (empty) async generator
+
+
 async def _publish(conn: Conn, services: Services, head: Head) -> None:
-    pieces = conn.client.pieces(head)
-    header, prefix = await _read_header(conn, head, pieces)
+    whole = conn.client.whole_body(head)
+    if whole is not None:  # fast path: the packet is in hand
+        header_or_none = publish_header(whole, qos=(head.first >> 1) & 0x03, v5=conn.connect.v5)
+        if header_or_none is None:
+            raise MalformedPacket("PUBLISH ends inside its variable header")
+        header, prefix, pieces = header_or_none, whole, _nothing()
+    else:
+        pieces = conn.client.pieces(head)
+        header, prefix = await _read_header(conn, head, pieces)
     if conn.connect.v5 and not conn.connack_seen.is_set():
         await conn.connack_seen.wait()  # the broker's limit and alias maximum come with it
     topic = conn.aliases.topic(header)
     if len(head.raw) + head.length <= conn.broker_limit:
         conn.broker_writer.write(head.raw + prefix)
-        async for piece in pieces:
-            conn.broker_writer.write(piece)
-            await conn.broker_writer.drain()
-        await conn.broker_writer.drain()
+        if whole is None:
+            async for piece in pieces:
+                conn.broker_writer.write(piece)
+                await conn.broker_writer.drain()
+        await drained(conn.broker_writer)
         return
     size = head.length - header.size
 

@@ -27,6 +27,7 @@ from client.protocol import MalformedPlaceholder, Placeholder, http_origin
 from ._exceptions import PeerGone, TransferFailed
 from ._settings import MQTT_MAX_PACKET
 from ._state import Conn, Services
+from ._stream import drained
 from .protocol import (
     CONNACK,
     MAXIMUM_PACKET_SIZE,
@@ -72,7 +73,12 @@ async def relay_down(conn: Conn, services: Services) -> None:
         ):
             await _publish(conn, services, head)
         else:
-            async with conn.client_lock:
+            body = conn.broker.whole_body(head)
+            if body is not None:  # one write, no await inside: needs no lock
+                conn.client_writer.write(head.raw + body)
+                await drained(conn.client_writer)
+                continue
+            async with conn.client_lock:  # pieces across awaits: nothing else in between
                 conn.client_writer.write(head.raw)
                 async for piece in conn.broker.pieces(head):
                     conn.client_writer.write(piece)
@@ -122,10 +128,12 @@ async def _publish(conn: Conn, services: Services, head: Head) -> None:
         services.metrics.passed.labels(why="malformed").inc()
     except ProxyProtocolError:
         pass  # not ours to police: the broker sent it, the client decides
-    async with conn.client_lock:
-        if ref is None or header is None or not await _resolve(conn, services, head, header, ref):
-            conn.client_writer.write(head.raw + body)
-            await conn.client_writer.drain()
+    if ref is not None and header is not None:
+        async with conn.client_lock:
+            if await _resolve(conn, services, head, header, ref):
+                return
+    conn.client_writer.write(head.raw + body)
+    await drained(conn.client_writer)
 
 
 def _why_not(conn: Conn, services: Services, header: PublishHeader, ref: Placeholder) -> str | None:

@@ -6,6 +6,7 @@ broker, host, port and endpoint (`offload-proxy --help`); docs/proxy.md lists th
 
 from __future__ import annotations
 
+from typing import Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator
@@ -58,6 +59,9 @@ class ProxySettings(BaseSettings):
         30.0, ge=0, description="seconds transfers under way may take at shutdown"
     )
     log_level: str = "INFO"
+    loop: Literal["uvloop", "asyncio"] = Field(
+        "uvloop", description="event loop (bench/RESULTS.md, 'Proxy: codec and event loop')"
+    )
 
     @field_validator("broker")
     @classmethod

@@ -44,6 +44,9 @@ class PacketStream:
             timeout: seconds for the whole header when nothing of it has come yet (the
                 CONNECT's deadline); None: wait as long as the peer stays connected.
         """
+        event = self._framer.next_event()  # fast path: a whole header already buffered
+        if isinstance(event, Head):
+            return event
         try:
             async with asyncio.timeout(timeout):
                 while True:
@@ -59,6 +62,10 @@ class PacketStream:
                         return None
         except TimeoutError as exc:
             raise PeerTimeout(f"no whole packet header within {timeout} s") from exc
+
+    def whole_body(self, head: Head) -> bytes | None:
+        """`head`'s body when all of it is buffered already (see Framer.whole_body)."""
+        return self._framer.whole_body(head)
 
     async def pieces(self, head: Head) -> AsyncIterator[bytes]:
         """The body of `head`'s packet in the pieces it arrives in."""
@@ -76,4 +83,18 @@ class PacketStream:
 
     async def body(self, head: Head) -> bytes:
         """The whole body of a packet the caller has bounded."""
+        whole = self._framer.whole_body(head)
+        if whole is not None:
+            return whole
         return b"".join([piece async for piece in self.pieces(head)])
+
+
+#: Bytes a transport may hold unsent before a relay waits for it (asyncio's own default
+#: high-water mark); below it a write needs no `drain()` round trip through the loop.
+HIGH_WATER = 64 * 1024
+
+
+async def drained(writer: asyncio.StreamWriter) -> None:
+    """Wait only when the peer is not keeping up: the per-packet fast path."""
+    if writer.transport.get_write_buffer_size() > HIGH_WATER:
+        await writer.drain()

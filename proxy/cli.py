@@ -74,12 +74,15 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=settings.log_level.upper(), handlers=[handler])
     logging.getLogger("httpx").setLevel(logging.WARNING)
     with contextlib.suppress(KeyboardInterrupt):
-        try:
-            import uvloop
-        except ImportError:
-            asyncio.run(_run(settings))
-        else:
-            uvloop.run(_run(settings))
+        if settings.loop == "uvloop":
+            try:
+                import uvloop
+            except ImportError:
+                logging.getLogger("proxy").warning("uvloop is not installed: asyncio's loop")
+            else:
+                uvloop.run(_run(settings))
+                return 0
+        asyncio.run(_run(settings))
     return 0
 
 

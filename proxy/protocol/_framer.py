@@ -95,6 +95,22 @@ class Framer:
             self._remaining = None
         return Body(piece, last)
 
+    def whole_body(self, head: Head) -> bytes | None:
+        """The body of the packet `head` began, taken at once when all of it is already
+        buffered; None (nothing taken) when some is still to come. The small-packet fast
+        path: one slice, no :class:`Body` events."""
+        if head.length == 0:
+            return b""
+        remaining = self._remaining
+        if remaining is None or remaining != head.length:
+            return None  # part of the body was taken as pieces already
+        if len(self._data) - self._pos < remaining:
+            return None
+        piece = self._data[self._pos : self._pos + remaining]
+        self._pos += remaining
+        self._remaining = None
+        return piece
+
     def _head(self) -> Head | None:
         data, at = self._data, self._pos
         if at >= len(data):
