@@ -248,3 +248,40 @@ def test_client_library_through_the_proxy_gets_placeholders_and_resolves_them(
     # The library announced itself: it got the placeholder and fetched the payload itself.
     assert proxy.proxy.metrics.resolved._value.get() == 1  # the plain subscriber's only
     plain.close()
+
+
+def _subscribe_raw(port: int, topic: str) -> socket.socket:
+    sock = connected(port)
+    sock.sendall(_packet(0x82, b"\x00\x01" + b"\x00" + _text(topic) + b"\x00"))  # v5, QoS 0
+    suback = sock.recv(2)
+    assert suback[:1] == b"\x90"
+    sock.recv(suback[1])
+    return sock
+
+
+def test_a_payload_that_fails_its_check_never_reaches_the_client_whole(
+    proxy: ProxyServer, broker: Mosquitto, unique_topic: Callable[[str], str]
+) -> None:
+    topic = unique_topic("tamper")
+    direct = PahoPeer(broker.port)
+    direct.subscribe(broker, topic)
+    payload = os.urandom(2 * MiB)
+    pub = PahoPeer(proxy.port)
+    pub.client.publish(topic, payload, qos=1).wait_for_publish(60)
+    ref = json.loads(direct.wait(1)[0].payload)
+    lie = json.dumps({**ref, "sha256": "0" * 64}).encode()  # a real payload, a false digest
+    cut = _subscribe_raw(proxy.port, topic)
+    direct.client.publish(topic, lie, qos=1).wait_for_publish(30)
+    got = until_closed(cut)
+    assert got[:1] == b"\x30" and len(got) < 2 * MiB  # a PUBLISH begun, never completed
+    later = _subscribe_raw(proxy.port, topic)  # a redelivery: the placeholder as it is
+    direct.client.publish(topic, lie, qos=1).wait_for_publish(30)
+    head = later.recv(5)
+    assert head[:1] == b"\x30"
+    received = b""
+    while not received.endswith(lie):
+        received += later.recv(65536)
+    assert proxy.proxy.metrics.passed.labels(why="failed-before")._value.get() == 1
+    later.close()
+    pub.close()
+    direct.close()
