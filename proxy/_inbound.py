@@ -17,6 +17,8 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 
+from client.protocol import MessageId
+
 from ._exceptions import QUOTA_EXCEEDED, PeerGone, TransferFailed
 from ._state import Conn, Services
 from ._stream import drained
@@ -130,7 +132,7 @@ async def _publish(conn: Conn, services: Services, head: Head) -> None:
         async for piece in pieces:
             yield piece
 
-    conn.busy = True
+    conn.transfers += 1
     try:
         stored = await _upload(conn, services, topic, header, size, payload())
     except TransferFailed as exc:
@@ -139,8 +141,10 @@ async def _publish(conn: Conn, services: Services, head: Head) -> None:
         await _refuse(conn, services, head, header, exc)
         return
     finally:
-        conn.busy = False
+        conn.transfers -= 1
     packet = placeholder_packet(head.first, header, stored, v5=conn.connect.v5)
+    if header.packet_id is not None:
+        conn.unacked.add(header.packet_id)
     conn.broker_writer.write(packet)
     await conn.broker_writer.drain()
     services.metrics.offloaded.inc()
@@ -161,6 +165,12 @@ async def _upload(
     endpoint = services.endpoint()
     if endpoint is None:
         raise TransferFailed("no gateway endpoint known yet (no discovery record)")
+    if services.closing.is_set():
+        raise TransferFailed("the proxy is shutting down")
+    probe = Stored(f"{endpoint}/msg/{MessageId.new()}", size, "0" * 64, MessageId.new())
+    if len(placeholder_packet(0x30, header, probe, v5=conn.connect.v5)) > conn.broker_limit:
+        # Its properties alone are over the limit: the broker would refuse the placeholder.
+        raise TransferFailed("even the placeholder is over the broker's limit", reason=0x83)
     if services.uploads.locked():
         raise TransferFailed("too many uploads at once", reason=QUOTA_EXCEEDED)
     expiry = first(header.properties, MESSAGE_EXPIRY)

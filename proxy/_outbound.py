@@ -32,7 +32,9 @@ from .protocol import (
     CONNACK,
     MAXIMUM_PACKET_SIZE,
     PINGRESP,
+    PUBACK,
     PUBLISH,
+    PUBREC,
     TOPIC_ALIAS_MAXIMUM,
     Head,
     ProxyProtocolError,
@@ -66,6 +68,11 @@ async def relay_down(conn: Conn, services: Services) -> None:
             await _connack(conn, services, head)
         elif head.type == PINGRESP and conn.pings_in_flight > 0:
             conn.pings_in_flight -= 1  # ours, sent while an upload ran
+        elif head.type in (PUBACK, PUBREC) and conn.unacked and head.length <= MAX_CONNACK:
+            answer = await conn.broker.body(head)  # the answer to a placeholder we sent?
+            conn.unacked.discard(int.from_bytes(answer[:2], "big"))
+            conn.client_writer.write(head.raw + answer)
+            await drained(conn.client_writer)
         elif (
             head.type == PUBLISH
             and head.length <= MAX_PLACEHOLDER_PUBLISH
@@ -166,7 +173,7 @@ async def _resolve(
     digest = hashlib.sha256()
     async with services.fetches:
         services.metrics.fetches.inc()
-        conn.busy = True
+        conn.transfers += 1
         try:
             async with services.gateway.fetch(ref, conn.auth) as pieces:
                 writer = conn.client_writer
@@ -202,7 +209,7 @@ async def _resolve(
             log.warning("resolve failed; placeholder delivered", extra={"why": str(exc)})
             return False
         finally:
-            conn.busy = False
+            conn.transfers -= 1
             services.metrics.fetches.dec()
     services.metrics.resolved.inc()
     return True

@@ -104,15 +104,19 @@ class Proxy:
         `shutdown_timeout` seconds to finish."""
         if self._server is not None:
             self._server.close()
+        self.services.closing.set()  # new offloads are refused from here on
         for task in self._background:
             task.cancel()
-        idle = [task for task, session in self._sessions.items() if not session.busy]
-        for task in idle:
-            task.cancel()
-        busy = [task for task in self._sessions if task not in idle]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.shutdown_timeout
+        for task, session in list(self._sessions.items()):
+            if not session.busy:
+                task.cancel()
+        busy = [s for s in self._sessions.values() if s.busy]
         if busy:
             log.info("waiting for transfers", extra={"count": len(busy)})
-            await asyncio.wait(busy, timeout=self.settings.shutdown_timeout)
+        while any(s.busy for s in self._sessions.values()) and loop.time() < deadline:
+            await asyncio.sleep(0.05)  # a transfer, or the broker's ack of its placeholder
         for task in list(self._sessions):
             task.cancel()
         remaining = list(self._sessions) + self._background

@@ -46,6 +46,7 @@ class Services:
     uploads: asyncio.Semaphore
     fetches: asyncio.Semaphore
     poisoned: Poisoned = field(default_factory=Poisoned)
+    closing: asyncio.Event = field(default_factory=asyncio.Event)  # no new transfers
 
 
 @dataclass(slots=True)
@@ -64,7 +65,14 @@ class Conn:
     connack_seen: asyncio.Event = field(default_factory=asyncio.Event)
     client_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one packet at a time
     pings_in_flight: int = 0
-    busy: bool = False  # an upload or a resolve is under way
+    transfers: int = 0  # uploads and resolves under way
+    unacked: set[int] = field(default_factory=set)  # placeholders the broker has not acked
+
+    @property
+    def busy(self) -> bool:
+        """Whether stopping now would lose work: a transfer, or a stored message whose
+        PUBACK/PUBREC has not reached the client yet."""
+        return self.transfers > 0 or bool(self.unacked)
 
     @property
     def client_limit(self) -> int:

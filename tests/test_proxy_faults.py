@@ -118,3 +118,25 @@ def test_broker_restarted_clients_reconnect_through_the_proxy(
     assert sub.wait(1)[0].payload == payload
     pub.close()
     sub.close()
+
+
+def test_shutdown_finishes_the_upload_under_way_and_its_ack(
+    gateway: GatewayServer, broker: Mosquitto, unique_topic: Callable[[str], str]
+) -> None:
+    from test_proxy import start_proxy
+
+    server = start_proxy(broker, gateway)
+    topic = unique_topic("shutdown")
+    watcher = PahoPeer(broker.port)
+    watcher.subscribe(broker, topic)
+    pub = PahoPeer(server.port)
+    acks: list[object] = []
+    pub.client.on_publish = lambda _c, _u, mid, rc, _p: acks.append(rc)
+    info = pub.client.publish(topic, os.urandom(64 * MiB), qos=1)
+    bytes_up = server.proxy.metrics.bytes_up
+    wait_until(lambda: bytes_up._value.get() > 0, "the upload under way", 60)
+    server.stop()  # SIGTERM's path: close(), with the default 30 s for transfers
+    assert info.is_published() and [rc.value for rc in acks] == [0]  # type: ignore[attr-defined]
+    assert len(watcher.wait(1)) == 1
+    watcher.close()
+    pub.close()
