@@ -142,6 +142,7 @@ def loops(n: int, rounds: int, pairs: int) -> list[dict[str, object]]:
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "proxy.cli", "--broker", broker.url, "--port",
                      str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                    cwd=ROOT,
                 )  # fmt: skip
                 try:
                     wait_for_port(port, 20, proc)

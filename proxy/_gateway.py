@@ -8,10 +8,12 @@ topic against its ACL, so nothing is stored under a topic the client could not p
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import json
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 from urllib.parse import quote
 
 import httpx
@@ -61,6 +63,19 @@ async def _pieces(response: httpx.Response, url: str) -> AsyncIterator[bytes]:
         raise TransferFailed(f"fetch of {url} broke off: {type(exc).__name__}") from exc
 
 
+#: Pieces from this size on are hashed on a worker thread (hashlib releases the GIL): the
+#: event loop serves other connections meanwhile instead of hashing a large message.
+THREADED_HASH_FROM = 64 * 1024
+
+
+async def hashed(digest: Any, piece: bytes) -> None:
+    """`digest.update(piece)`, off the event loop for large pieces."""
+    if len(piece) >= THREADED_HASH_FROM:
+        await asyncio.to_thread(digest.update, piece)
+    else:
+        digest.update(piece)
+
+
 class GatewayLink:
     """Uploads and fetches against the gateway.
 
@@ -103,7 +118,7 @@ class GatewayLink:
         async def body() -> AsyncIterator[bytes]:
             nonlocal sent
             async for piece in pieces:
-                digest.update(piece)
+                await hashed(digest, piece)
                 sent += len(piece)
                 on_bytes(len(piece))
                 yield piece

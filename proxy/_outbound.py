@@ -25,6 +25,7 @@ import logging
 from client.protocol import MalformedPlaceholder, Placeholder, http_origin
 
 from ._exceptions import PeerGone, TransferFailed
+from ._gateway import hashed
 from ._settings import MQTT_MAX_PACKET
 from ._state import Conn, Services
 from ._stream import drained
@@ -187,7 +188,7 @@ async def _resolve(
                     elif held:
                         writer.write(held)
                         await writer.drain()
-                    digest.update(piece)
+                    await hashed(digest, piece)
                     count += len(piece)
                     held = piece
                     services.metrics.bytes_down.inc(len(piece))
