@@ -23,6 +23,7 @@ from ._metrics import Metrics, serve_metrics
 from ._session import Session
 from ._settings import ProxySettings
 from ._state import Services
+from ._stream import READ_SIZE
 
 log = logging.getLogger("proxy")
 
@@ -68,7 +69,9 @@ class Proxy:
 
     async def start(self) -> None:
         s = self.settings
-        self._server = await asyncio.start_server(self._accept, s.host, s.port, limit=1 << 20)
+        # A reader buffers up to twice its limit while the relay waits to write: with 256 KiB
+        # (one read) a connection holds at most ~0.5 MiB per direction.
+        self._server = await asyncio.start_server(self._accept, s.host, s.port, limit=READ_SIZE)
         self.port = self._server.sockets[0].getsockname()[1]
         if self._discovery is not None:
             self._background.append(asyncio.create_task(self._discovery.run()))

@@ -24,7 +24,7 @@ from ._gateway import credentials
 from ._inbound import relay_up
 from ._outbound import relay_down
 from ._state import Conn, Services
-from ._stream import PacketStream
+from ._stream import READ_SIZE, PacketStream
 from .protocol import (
     CONNECT,
     Connect,
@@ -112,7 +112,9 @@ class Session:
         host, port = settings.broker_address
         try:
             async with asyncio.timeout(settings.connect_timeout):
-                broker_reader, broker_writer = await asyncio.open_connection(host, port)
+                broker_reader, broker_writer = await asyncio.open_connection(
+                    host, port, limit=READ_SIZE
+                )
         except (OSError, TimeoutError) as exc:
             log.warning("broker unreachable", extra={"why": repr(exc)})
             await self._answer(connack_refusal(v5=connect.v5, reason=SERVER_UNAVAILABLE))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -285,3 +286,28 @@ def test_a_payload_that_fails_its_check_never_reaches_the_client_whole(
     later.close()
     pub.close()
     direct.close()
+
+
+def test_a_long_upload_keeps_the_clients_broker_session_alive(
+    proxy: ProxyServer, broker: Mosquitto, unique_topic: Callable[[str], str]
+) -> None:
+    """The broker sees nothing from a client while its PUBLISH goes to the gateway: the proxy
+    pings for it, or mosquitto drops the session after 1.5 keep-alives."""
+    topic = unique_topic("keepalive")
+    sock = dial(proxy.port)
+    body = _text("MQTT") + bytes([5, 0x02]) + (1).to_bytes(2, "big") + b"\x00" + _text("ka-1")
+    sock.sendall(_packet(0x10, body))  # keep-alive: 1 s
+    connack = sock.recv(2)
+    sock.recv(connack[1])
+    header = _text(topic) + b"\x00\x09\x00"
+    size = 2 * MiB
+    sock.sendall(bytes([0x32]) + _varint(len(header) + size) + header)
+    for _ in range(8):  # the body over ~12 s: mosquitto 2.0 checks keep-alives every few s
+        sock.sendall(bytes(size // 8))
+        time.sleep(1.5)
+    puback = sock.recv(4)
+    assert puback[:1] == b"\x40" and puback[2:4] == b"\x00\x09"  # PUBACK for id 9 ...
+    rest = sock.recv(puback[1] - 2) if puback[1] > 2 else b""
+    assert rest[:1] in (b"", b"\x00", b"\x10")  # ... Success (or "no subscribers")
+    sock.close()
+    assert "ka-1 has exceeded timeout" not in broker.log()
