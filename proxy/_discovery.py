@@ -56,7 +56,7 @@ class Discovery:
         s = self.settings
         host, port = s.broker_address
         async with asyncio.timeout(s.connect_timeout):
-            reader, writer = await asyncio.open_connection(host, port)
+            reader, writer = await asyncio.open_connection(host, port, ssl=s.broker_tls())
         try:
             password = s.discovery_password.get_secret_value() if s.discovery_password else None
             writer.write(

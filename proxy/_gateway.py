@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import ssl
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 from urllib.parse import quote
@@ -83,8 +84,8 @@ class GatewayLink:
         timeout: seconds for connect and for each read or write.
     """
 
-    def __init__(self, *, timeout: float) -> None:
-        self._http = httpx.AsyncClient(timeout=timeout)
+    def __init__(self, *, timeout: float, verify: ssl.SSLContext | bool = True) -> None:
+        self._http = httpx.AsyncClient(timeout=timeout, verify=verify)
 
     async def aclose(self) -> None:
         await self._http.aclose()

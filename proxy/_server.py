@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 
 from ._discovery import Discovery
 from ._gateway import GatewayLink
@@ -39,7 +40,10 @@ class Proxy:
         self.settings = settings
         self.metrics = Metrics()
         self._discovery = None if settings.endpoint else Discovery(settings)
-        self._gateway = GatewayLink(timeout=settings.http_timeout)
+        verify = (
+            ssl.create_default_context(cafile=str(settings.ca_file)) if settings.ca_file else True
+        )
+        self._gateway = GatewayLink(timeout=settings.http_timeout, verify=verify)
         self.services = Services(
             settings=settings,
             gateway=self._gateway,
@@ -47,6 +51,7 @@ class Proxy:
             metrics=self.metrics,
             uploads=asyncio.Semaphore(settings.max_uploads),
             fetches=asyncio.Semaphore(settings.max_fetches),
+            broker_tls=settings.broker_tls(),
         )
         self._sessions: dict[asyncio.Task[None], Session] = {}
         self._server: asyncio.Server | None = None
@@ -71,7 +76,14 @@ class Proxy:
         s = self.settings
         # A reader buffers up to twice its limit while the relay waits to write: with 256 KiB
         # (one read) a connection holds at most ~0.5 MiB per direction.
-        self._server = await asyncio.start_server(self._accept, s.host, s.port, limit=READ_SIZE)
+        self._server = await asyncio.start_server(
+            self._accept,
+            s.host,
+            s.port,
+            limit=READ_SIZE,
+            ssl=s.listener_tls(),
+            ssl_handshake_timeout=s.connect_timeout if s.tls_cert_file else None,
+        )
         self.port = self._server.sockets[0].getsockname()[1]
         if self._discovery is not None:
             self._background.append(asyncio.create_task(self._discovery.run()))

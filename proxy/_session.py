@@ -113,7 +113,7 @@ class Session:
         try:
             async with asyncio.timeout(settings.connect_timeout):
                 broker_reader, broker_writer = await asyncio.open_connection(
-                    host, port, limit=READ_SIZE
+                    host, port, limit=READ_SIZE, ssl=self.services.broker_tls
                 )
         except (OSError, TimeoutError) as exc:
             log.warning("broker unreachable", extra={"why": repr(exc)})

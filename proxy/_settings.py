@@ -6,10 +6,12 @@ broker, host, port and endpoint (`offload-proxy --help`); docs/proxy.md lists th
 
 from __future__ import annotations
 
+import ssl
+from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MQTT_MAX_PACKET = 268_435_460  # the largest MQTT packet: 1 + 4 + 268,435,455
@@ -20,7 +22,19 @@ class ProxySettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="OFFLOAD_PROXY_", extra="ignore")
 
-    broker: str = Field("mqtt://127.0.0.1:1883", description="mqtt://HOST:PORT of the broker")
+    broker: str = Field(
+        "mqtt://127.0.0.1:1883", description="mqtt://HOST:PORT or mqtts://HOST:PORT of the broker"
+    )
+    broker_ca_file: Path | None = Field(
+        None, description="CA bundle to verify an mqtts:// broker (default: the system's)"
+    )
+    tls_cert_file: Path | None = Field(
+        None, description="certificate chain (PEM): clients then connect to the proxy over TLS"
+    )
+    tls_key_file: Path | None = Field(None, description="its private key (PEM)")
+    ca_file: Path | None = Field(
+        None, description="CA bundle to verify an https:// gateway (default: the system's)"
+    )
     host: str = Field("127.0.0.1", description="address the proxy listens on")
     port: int = Field(1884, ge=0, le=65535, description="port the proxy listens on")
     endpoint: str | None = Field(
@@ -67,9 +81,30 @@ class ProxySettings(BaseSettings):
     @classmethod
     def _broker_url(cls, value: str) -> str:
         parts = urlsplit(value)
-        if parts.scheme != "mqtt" or not parts.hostname or parts.port is None:
-            raise ValueError("broker must be mqtt://HOST:PORT")
+        if parts.scheme not in ("mqtt", "mqtts") or not parts.hostname or parts.port is None:
+            raise ValueError("broker must be mqtt://HOST:PORT or mqtts://HOST:PORT")
         return value
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> ProxySettings:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file go together")
+        return self
+
+    def listener_tls(self) -> ssl.SSLContext | None:
+        """The TLS context clients connect with, None for plain TCP."""
+        if self.tls_cert_file is None or self.tls_key_file is None:
+            return None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(self.tls_cert_file, self.tls_key_file)
+        return context
+
+    def broker_tls(self) -> ssl.SSLContext | None:
+        """The TLS context toward an mqtts:// broker, None for mqtt://."""
+        if urlsplit(self.broker).scheme != "mqtts":
+            return None
+        cafile = str(self.broker_ca_file) if self.broker_ca_file else None
+        return ssl.create_default_context(cafile=cafile)
 
     @field_validator("endpoint")
     @classmethod

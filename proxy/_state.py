@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -47,6 +48,7 @@ class Services:
     fetches: asyncio.Semaphore
     poisoned: Poisoned = field(default_factory=Poisoned)
     closing: asyncio.Event = field(default_factory=asyncio.Event)  # no new transfers
+    broker_tls: ssl.SSLContext | None = None
 
 
 @dataclass(slots=True)

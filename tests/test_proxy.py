@@ -28,10 +28,12 @@ pytestmark = pytest.mark.servers
 MiB = 1024 * 1024
 
 
-def start_proxy(broker: Mosquitto, gateway: GatewayServer | None, **settings: Any) -> ProxyServer:
+def start_proxy(
+    mosquitto: Mosquitto, gateway: GatewayServer | None, **settings: Any
+) -> ProxyServer:
     from proxy import ProxySettings
 
-    values: dict[str, Any] = {"broker": broker.url, "port": 0}
+    values: dict[str, Any] = {"broker": mosquitto.url, "port": 0}
     if gateway is not None:
         values["endpoint"] = gateway.url
     values.update(settings)
