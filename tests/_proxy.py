@@ -49,6 +49,11 @@ class ProxyServer:
         done: asyncio.Future[Any] = asyncio.run_coroutine_threadsafe(_call(fn), self._loop)
         return done.result(10)
 
+    def metric(self, name: str, **labels: str) -> float:
+        """A sample of the proxy's Prometheus registry (0 when never counted)."""
+        value = self.proxy.metrics.registry.get_sample_value(name, labels or None)
+        return float(value or 0.0)
+
     def stop(self) -> None:
         if self._loop is not None and self._thread is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)

@@ -60,8 +60,8 @@ def test_the_gateway_stores_only_what_the_client_may_publish(
         assert [rc.value for rc in acks] == [0x87, 0]  # Not authorized, then Success
         got = reader.wait(1)
         assert [(m.topic, m.payload) for m in got] == [("data/x", payload)]
-        failed = server.proxy.metrics.failed.labels(why="403")._value.get()
-        assert failed == 1 and server.proxy.metrics.offloaded._value.get() == 1
+        failed = server.metric("offload_proxy_offload_failures_total", why="403")
+        assert failed == 1 and server.metric("offload_proxy_offloaded_total") == 1
         reader.close()
         writer.close()
     finally:

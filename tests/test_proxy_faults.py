@@ -133,8 +133,8 @@ def test_shutdown_finishes_the_upload_under_way_and_its_ack(
     acks: list[object] = []
     pub.client.on_publish = lambda _c, _u, mid, rc, _p: acks.append(rc)
     info = pub.client.publish(topic, os.urandom(64 * MiB), qos=1)
-    bytes_up = server.proxy.metrics.bytes_up
-    wait_until(lambda: bytes_up._value.get() > 0, "the upload under way", 60)
+    wait_until(lambda: server.metric("offload_proxy_uploaded_bytes_total") > 0,
+               "the upload under way", 60)  # fmt: skip
     server.stop()  # SIGTERM's path: close(), with the default 30 s for transfers
     assert info.is_published() and [rc.value for rc in acks] == [0]  # type: ignore[attr-defined]
     assert len(watcher.wait(1)) == 1
