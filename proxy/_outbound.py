@@ -19,13 +19,12 @@ placeholder instead.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 
 from client.protocol import MalformedPlaceholder, Placeholder, http_origin
 
 from ._exceptions import PeerGone, TransferFailed
-from ._gateway import hashed
+from ._gateway import Hasher
 from ._settings import MQTT_MAX_PACKET
 from ._state import Conn, Services
 from ._stream import drained
@@ -171,7 +170,7 @@ async def _resolve(
         services.metrics.passed.labels(why=why).inc()
         return False
     written = False
-    digest = hashlib.sha256()
+    digest = Hasher()
     async with services.fetches:
         services.metrics.fetches.inc()
         conn.transfers += 1
@@ -187,14 +186,14 @@ async def _resolve(
                         written = True
                     elif held:
                         writer.write(held)
-                        await writer.drain()
-                    await hashed(digest, piece)
+                        await drained(writer)
+                    await digest.add(piece)
                     count += len(piece)
                     held = piece
                     services.metrics.bytes_down.inc(len(piece))
                     if count > ref.size:
                         break
-                if count != ref.size or digest.hexdigest() != ref.sha256:
+                if count != ref.size or await digest.hexdigest() != ref.sha256:
                     services.poisoned.add(str(ref.message_id))
                     raise TransferFailed(f"{ref.payload_url} does not match its placeholder")
                 if not written:
