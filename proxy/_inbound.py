@@ -98,6 +98,10 @@ async def _read_header(
     return header, prefix
 
 
+def qos_of(head: Head) -> int:
+    return (head.first >> 1) & 0x03
+
+
 async def _nothing() -> AsyncIterator[bytes]:
     return
     yield b""  # pragma: no cover - makes this an (empty) async generator
@@ -150,7 +154,7 @@ async def _publish(conn: Conn, services: Services, head: Head) -> None:
     services.metrics.offloaded.inc()
     log.info(
         "offloaded",
-        extra={"topic": topic, "size": size, "id": str(stored.message_id), "qos": head.first},
+        extra={"topic": topic, "size": size, "id": str(stored.message_id), "qos": qos_of(head)},
     )
 
 
