@@ -13,6 +13,7 @@ baselines taken in the same run, but 2 cores are easily disturbed.
     python bench/run_all.py --only huge        # opt-in: 10 GiB through the CLI (bench/huge.py,
                                                # ~20 GiB of free disk, several minutes)
     python bench/run_all.py --only clients     # MinIO SDK vs obstore (obstore in /tmp/obstore_pkg)
+    python bench/run_all.py --only proxy       # offload-proxy (bench/proxy.py, issue 28)
     python bench/run_all.py --markdown         # the table as Markdown (for RESULTS.md)
 """
 
@@ -56,6 +57,13 @@ def _cmd(name: str, quick: bool) -> list[str]:
         "spark": ["spark_read.py", "--store", "both", "--objects", "16" if quick else "64"],
         "huge": ["huge.py", "--size-gib", "1" if quick else "10"],
         "clients": ["store_clients.py", "--runs", "3" if quick else "6"],
+        "proxy": [
+            "proxy.py",
+            "--rounds",
+            "1" if quick else "3",
+            "--concurrent",
+            "8" if quick else "16",
+        ],
     }[name]
     return [sys.executable, str(HERE / args[0]), *args[1:]]
 
@@ -179,6 +187,7 @@ def main() -> None:
             "spark",
             "huge",
             "clients",
+            "proxy",
         ],
     )
     parser.add_argument("--spark", action="store_true")
@@ -186,7 +195,7 @@ def main() -> None:
     args = parser.parse_args()
     names = args.only or [
         "1", "2", "3", "4", "5", "6", "7", "8", "telemetry", "qos0", "receive",
-        "protocol", "direct", "startup",
+        "protocol", "direct", "startup", "proxy",
         *(["spark"] if args.spark else []),
     ]  # fmt: skip
     print(f"machine: {machine()}")

@@ -44,7 +44,7 @@ from ._paho_props import from_paho_properties, to_paho_properties
 from ._paho_session import forget_outgoing, take_unacknowledged
 from ._session import Subscriptions, session_flags
 from ._tls import TlsFiles, handshake_refusal
-from .protocol import PublishProperties
+from .protocol import PLACEHOLDER_AWARE, PublishProperties
 
 log = logging.getLogger("client.mqtt")
 
@@ -159,8 +159,11 @@ class MqttConnection:
         self._paho.on_subscribe = self._on_subscribe
         self._paho.on_socket_open = _no_delay  # every (re)connect
         self._connect_properties: Properties | None = None
-        if protocol == 5 and (receive_maximum is not None or session.expiry):
+        if protocol == 5:
             self._connect_properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+            # Says "I resolve placeholders myself" to an offload-proxy between us and the
+            # broker (docs/proxy.md); a broker ignores user properties it does not know.
+            self._connect_properties.UserProperty = [PLACEHOLDER_AWARE]
             if session.expiry:
                 self._connect_properties.SessionExpiryInterval = session.expiry
         self._manual_ack = receive_maximum is not None

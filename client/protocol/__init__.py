@@ -67,7 +67,9 @@ if TYPE_CHECKING:
         parse_data_key,
         topic_prefix,
     )
-    from ._placeholder import FORMAT_KEY, ID_KEY, Placeholder
+    from ._placeholder import FORMAT_KEY, ID_KEY, PLACEHOLDER_AWARE, Placeholder
+    from ._placeholder import is_tagged as is_placeholder
+    from ._placeholder import parse as parse_placeholder
     from ._props import PublishProperties, mqtt_text_problem, publish_properties_problem
     from ._reassembly import Complete as ChunkComplete
     from ._reassembly import Error as ChunkFailure
@@ -109,6 +111,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "PayloadData": ("._envelope", "PayloadData"),
     "PayloadEnd": ("._envelope", "PayloadEnd"),
     "PayloadStart": ("._envelope", "PayloadStart"),
+    "PLACEHOLDER_AWARE": ("._placeholder", "PLACEHOLDER_AWARE"),
     "Placeholder": ("._placeholder", "Placeholder"),
     "PlannedChunk": ("._chunk", "PlannedChunk"),
     "PublishProperties": ("._props", "PublishProperties"),
@@ -127,12 +130,14 @@ _LAZY: dict[str, tuple[str, str]] = {
     "fits": ("._size", "fits"),
     "http_origin": ("._bounded", "http_origin"),
     "index_key": ("._layout", "index_key"),
+    "is_placeholder": ("._placeholder", "is_tagged"),
     "loads_object": ("._bounded", "loads_object"),
     "max_payload": ("._size", "max_payload"),
     "meta_key": ("._layout", "meta_key"),
     "mqtt_string_problem": ("._types", "mqtt_string_problem"),
     "mqtt_text_problem": ("._props", "mqtt_text_problem"),
     "parse_data_key": ("._layout", "parse_data_key"),
+    "parse_placeholder": ("._placeholder", "parse"),
     "plan_chunks": ("._chunk", "plan_chunks"),
     "publish_packet_size": ("._size", "publish_packet_size"),
     "publish_properties_problem": ("._props", "publish_properties_problem"),
@@ -164,6 +169,7 @@ __all__ = [
     "MAX_PACKET_SIZE",
     "MAX_TOPIC_BYTES",
     "META_SUFFIX",
+    "PLACEHOLDER_AWARE",
     "CachedRecord",
     "ChecksumMismatchError",
     "ChunkBufferOverflow",
@@ -214,12 +220,14 @@ __all__ = [
     "fits",
     "http_origin",
     "index_key",
+    "is_placeholder",
     "loads_object",
     "max_payload",
     "meta_key",
     "mqtt_string_problem",
     "mqtt_text_problem",
     "parse_data_key",
+    "parse_placeholder",
     "plan_chunks",
     "publish_packet_size",
     "publish_properties_problem",

@@ -36,6 +36,9 @@ FORMAT_KEY = "_format"
 FORMAT_EXTERNAL = "external"
 ID_KEY = "_id"
 MAX_PLACEHOLDER_BYTES = 65536
+#: The MQTT 5 CONNECT user property by which a client says it resolves placeholders itself:
+#: an offload-proxy then hands it placeholders as they are (docs/proxy.md).
+PLACEHOLDER_AWARE = ("_offload", "placeholders")
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 

@@ -157,3 +157,18 @@ Rendered as a YAML list of {name, env, secret, key, path} for the rows that are 
 {{- fail "podDisruptionBudget: set minAvailable or maxUnavailable, not both" }}
 {{- end }}
 {{- end }}
+
+{{/* offload-proxy: its own component, so the gateway's selectors never match its pods. */}}
+{{- define "mqtt-offload.proxySelectorLabels" -}}
+app.kubernetes.io/name: {{ include "mqtt-offload.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: proxy
+{{- end }}
+
+{{- define "mqtt-offload.proxyLabels" -}}
+helm.sh/chart: {{ include "mqtt-offload.chart" . }}
+{{ include "mqtt-offload.proxySelectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: mqtt-offload
+{{- end }}

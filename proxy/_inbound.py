@@ -1,0 +1,226 @@
+"""Client to broker: packets relayed as they are, a PUBLISH over the broker's limit offloaded.
+
+An offloaded PUBLISH streams from the client's socket to the gateway while it arrives; once
+the gateway has stored it (201, the SHA-256 matching what passed), the placeholder goes to
+the broker with the same fixed-header flags, packet id and properties, so the client's
+PUBACK/PUBREC is the broker's answer to it. Nothing else of this connection is read in the
+meantime, so order is kept and what waits is bounded by the socket buffers. A refused or
+failed upload is answered with a PUBACK/PUBREC reason code (MQTT 5; QoS 0 is dropped and
+counted) or by closing the connection (3.1.1, which has no way to say no); a client that
+goes silent or away mid-PUBLISH leaves nothing stored and nothing published.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from client.protocol import MessageId
+
+from ._exceptions import QUOTA_EXCEEDED, PeerGone, TransferFailed
+from ._state import Conn, Services
+from ._stream import drained
+from .protocol import (
+    CONNECT,
+    DISCONNECT,
+    MESSAGE_EXPIRY,
+    PINGREQ_PACKET,
+    PUBACK,
+    PUBLISH,
+    PUBREC,
+    Head,
+    MalformedPacket,
+    PacketTooLarge,
+    ProxyProtocolError,
+    PublishHeader,
+    Stored,
+    ack,
+    first,
+    placeholder_packet,
+    publish_header,
+    stored_headers,
+)
+
+log = logging.getLogger("proxy")
+
+#: The most of a PUBLISH's variable header (topic, id, properties) held to read it.
+MAX_PUBLISH_HEADER = 256 * 1024
+
+
+async def relay_up(conn: Conn, services: Services) -> None:
+    """Relay until the client disconnects or closes."""
+    while True:
+        head = await conn.client.head()
+        if head is None:
+            return
+        if head.type == PUBLISH:
+            await _publish(conn, services, head)
+        elif head.type == CONNECT:
+            raise ProxyProtocolError("a second CONNECT")
+        else:
+            body = conn.client.whole_body(head)
+            if body is None:
+                await forward(conn, head)
+            else:  # the common case: the whole packet is in hand, one write
+                conn.broker_writer.write(head.raw + body)
+                await drained(conn.broker_writer)
+            if head.type == DISCONNECT:
+                return
+
+
+async def forward(conn: Conn, head: Head, prefix: bytes = b"") -> None:
+    """Copy the rest of `head`'s packet to the broker as it arrives."""
+    writer = conn.broker_writer
+    writer.write(head.raw + prefix)
+    async for piece in conn.client.pieces(head):
+        writer.write(piece)
+        await writer.drain()
+    await writer.drain()
+
+
+async def _read_header(
+    conn: Conn, head: Head, pieces: AsyncIterator[bytes]
+) -> tuple[PublishHeader, bytes]:
+    qos = (head.first >> 1) & 0x03
+    prefix = b""
+    async for piece in pieces:
+        prefix += piece
+        header = publish_header(prefix, qos=qos, v5=conn.connect.v5)
+        if header is not None:
+            return header, prefix
+        if len(prefix) > MAX_PUBLISH_HEADER:
+            raise PacketTooLarge(f"a PUBLISH header over {MAX_PUBLISH_HEADER} bytes")
+    header = publish_header(prefix, qos=qos, v5=conn.connect.v5)
+    if header is None:
+        raise MalformedPacket("PUBLISH ends inside its variable header")
+    return header, prefix
+
+
+def qos_of(head: Head) -> int:
+    return (head.first >> 1) & 0x03
+
+
+async def _nothing() -> AsyncIterator[bytes]:
+    return
+    yield b""  # pragma: no cover - makes this an (empty) async generator
+
+
+async def _publish(conn: Conn, services: Services, head: Head) -> None:
+    whole = conn.client.whole_body(head)
+    if whole is not None:  # fast path: the packet is in hand
+        header_or_none = publish_header(whole, qos=(head.first >> 1) & 0x03, v5=conn.connect.v5)
+        if header_or_none is None:
+            raise MalformedPacket("PUBLISH ends inside its variable header")
+        header, prefix, pieces = header_or_none, whole, _nothing()
+    else:
+        pieces = conn.client.pieces(head)
+        header, prefix = await _read_header(conn, head, pieces)
+    if conn.connect.v5 and not conn.connack_seen.is_set():
+        await conn.connack_seen.wait()  # the broker's limit and alias maximum come with it
+    topic = conn.aliases.topic(header)
+    if len(head.raw) + head.length <= conn.broker_limit:
+        conn.broker_writer.write(head.raw + prefix)
+        if whole is None:
+            async for piece in pieces:
+                conn.broker_writer.write(piece)
+                await conn.broker_writer.drain()
+        await drained(conn.broker_writer)
+        return
+    size = head.length - header.size
+
+    async def payload() -> AsyncIterator[bytes]:
+        if len(prefix) > header.size:
+            yield prefix[header.size :]
+        async for piece in pieces:
+            yield piece
+
+    conn.transfers += 1
+    try:
+        stored = await _upload(conn, services, topic, header, size, payload())
+    except TransferFailed as exc:
+        async for _ in pieces:  # the rest of the refused PUBLISH, so the stream stays framed
+            pass
+        await _refuse(conn, services, head, header, exc)
+        return
+    finally:
+        conn.transfers -= 1
+    packet = placeholder_packet(head.first, header, stored, v5=conn.connect.v5)
+    if header.packet_id is not None:
+        conn.unacked.add(header.packet_id)
+    conn.broker_writer.write(packet)
+    await conn.broker_writer.drain()
+    services.metrics.offloaded.inc()
+    log.info(
+        "offloaded",
+        extra={"topic": topic, "size": size, "id": str(stored.message_id), "qos": qos_of(head)},
+    )
+
+
+async def _upload(
+    conn: Conn,
+    services: Services,
+    topic: str,
+    header: PublishHeader,
+    size: int,
+    payload: AsyncIterator[bytes],
+) -> Stored:
+    endpoint = services.endpoint()
+    if endpoint is None:
+        raise TransferFailed("no gateway endpoint known yet (no discovery record)")
+    if services.closing.is_set():
+        raise TransferFailed("the proxy is shutting down")
+    probe = Stored(f"{endpoint}/msg/{MessageId.new()}", size, "0" * 64, MessageId.new())
+    if len(placeholder_packet(0x30, header, probe, v5=conn.connect.v5)) > conn.broker_limit:
+        # Its properties alone are over the limit: the broker would refuse the placeholder.
+        raise TransferFailed("even the placeholder is over the broker's limit", reason=0x83)
+    if services.uploads.locked():
+        raise TransferFailed("too many uploads at once", reason=QUOTA_EXCEEDED)
+    expiry = first(header.properties, MESSAGE_EXPIRY)
+    async with services.uploads:
+        services.metrics.uploads.inc()
+        pinger = asyncio.create_task(_keep_broker_alive(conn))
+        try:
+            return await services.gateway.upload(
+                endpoint,
+                topic=topic,
+                size=size,
+                pieces=payload,
+                headers=stored_headers(header),
+                ttl=expiry if isinstance(expiry, int) else None,
+                auth=conn.auth,
+                on_bytes=services.metrics.bytes_up.inc,
+            )
+        finally:
+            pinger.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pinger
+            services.metrics.uploads.dec()
+
+
+async def _keep_broker_alive(conn: Conn) -> None:
+    """PINGREQ to the broker while the client's bytes go to the gateway: the broker sees
+    nothing else from this connection meanwhile and would drop it after 1.5 keep-alives.
+    The PINGRESPs are not the client's: the broker-to-client relay swallows them."""
+    if conn.keepalive <= 0:
+        return
+    while True:
+        await asyncio.sleep(conn.keepalive / 2)
+        conn.pings_in_flight += 1
+        conn.broker_writer.write(PINGREQ_PACKET)
+
+
+async def _refuse(
+    conn: Conn, services: Services, head: Head, header: PublishHeader, exc: TransferFailed
+) -> None:
+    """Tell the client its PUBLISH was not stored: a reason code, or the connection closed."""
+    qos = (head.first >> 1) & 0x03
+    services.metrics.failed.labels(why=str(exc.status or exc.reason)).inc()
+    log.warning("offload refused", extra={"why": str(exc), "status": exc.status})
+    if not conn.connect.v5:
+        raise PeerGone(f"offload failed, 3.1.1 client disconnected: {exc}")
+    if qos and header.packet_id is not None:
+        kind = PUBACK if qos == 1 else PUBREC
+        async with conn.client_lock:  # never inside a packet the other direction is writing
+            conn.client_writer.write(ack(kind, header.packet_id, exc.reason, v5=True))

@@ -1,0 +1,93 @@
+"""Prometheus metrics and the small HTTP port that serves them with /healthz.
+
+Its own registry (not the process-global one), so several proxies in one process (the
+tests) count apart. The HTTP side is a dozen lines of asyncio: two GET paths, one answer
+per connection, a bounded request head.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+
+MAX_REQUEST_HEAD = 8192
+
+
+class Metrics:
+    """What the proxy counts."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.connections = Gauge("offload_proxy_connections", "client connections", registry=r)
+        self.refused = Counter(
+            "offload_proxy_refused_connections", "connections refused", ["why"], registry=r
+        )
+        self.uploads = Gauge("offload_proxy_uploads", "offloaded PUBLISHes streaming", registry=r)
+        self.offloaded = Counter(
+            "offload_proxy_offloaded", "PUBLISHes stored and replaced by a placeholder", registry=r
+        )
+        self.failed = Counter(
+            "offload_proxy_offload_failures", "offloads refused or failed", ["why"], registry=r
+        )
+        self.bytes_up = Counter(
+            "offload_proxy_uploaded_bytes", "payload bytes streamed to the gateway", registry=r
+        )
+        self.fetches = Gauge("offload_proxy_fetches", "placeholders being resolved", registry=r)
+        self.resolved = Counter(
+            "offload_proxy_resolved", "placeholders replaced by their payload", registry=r
+        )
+        self.passed = Counter(
+            "offload_proxy_placeholders_passed",
+            "placeholders delivered as they are",
+            ["why"],
+            registry=r,
+        )
+        self.bytes_down = Counter(
+            "offload_proxy_fetched_bytes", "payload bytes fetched for clients", registry=r
+        )
+        self.protocol_errors = Counter(
+            "offload_proxy_protocol_errors", "connections ended for malformed input", registry=r
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+async def serve_metrics(
+    metrics: Metrics, healthy: Callable[[], tuple[bool, str]], host: str, port: int
+) -> asyncio.Server:
+    """`GET /metrics` and `GET /healthz` on `host:port`."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            async with asyncio.timeout(10):
+                head = await reader.readuntil(b"\r\n\r\n")
+            if len(head) > MAX_REQUEST_HEAD:
+                raise ValueError
+            line = head.split(b"\r\n", 1)[0].split()
+            path = line[1].decode("ascii", "replace") if len(line) >= 2 else ""
+            if path == "/metrics":
+                status, body, kind = "200 OK", metrics.render(), "text/plain; version=0.0.4"
+            elif path in ("/healthz", "/readyz"):
+                ok, text = healthy()
+                status = "200 OK" if ok else "503 Service Unavailable"
+                body, kind = text.encode() + b"\n", "text/plain"
+            else:
+                status, body, kind = "404 Not Found", b"not found\n", "text/plain"
+            writer.write(
+                f"HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {len(body)}\r\n"
+                "Connection: close\r\n\r\n".encode()
+                + body
+            )
+            await writer.drain()
+        except (TimeoutError, ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            pass
+        except OSError:
+            pass
+        finally:
+            writer.close()
+
+    return await asyncio.start_server(handle, host, port, limit=MAX_REQUEST_HEAD)

@@ -1,0 +1,215 @@
+"""Broker to client: packets relayed as they are, a placeholder resolved for a client that
+does not resolve them itself.
+
+A delivered PUBLISH small enough to be a placeholder is read whole (at most
+:data:`MAX_PLACEHOLDER_PUBLISH` bytes) and checked with the library's rule; anything larger
+streams through untouched. A placeholder is replaced by its payload when the client has not
+announced that it resolves placeholders itself (:data:`proxy.protocol.PLACEHOLDER_AWARE`),
+its URL is on the gateway in force (a placeholder pointing anywhere else is never fetched:
+no SSRF through the proxy), and the PUBLISH with the payload fits the client's Maximum
+Packet Size. Otherwise, and whenever the fetch cannot start, the client gets the placeholder
+as the broker sent it (small, and what our library would resolve).
+
+The payload streams into the outgoing PUBLISH while its SHA-256 is taken; its last piece is
+held back until the digest matches. A mismatch (or a fetch that breaks off) closes the client
+connection before the packet is complete, so the client never receives a payload that fails
+its check; the id is remembered (:class:`proxy._state.Poisoned`) and a redelivery gets the
+placeholder instead.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from client.protocol import MalformedPlaceholder, Placeholder, http_origin
+
+from ._exceptions import PeerGone, TransferFailed
+from ._gateway import Hasher
+from ._settings import MQTT_MAX_PACKET
+from ._state import Conn, Services
+from ._stream import drained
+from .protocol import (
+    CONNACK,
+    MAXIMUM_PACKET_SIZE,
+    PINGRESP,
+    PUBACK,
+    PUBLISH,
+    PUBREC,
+    TOPIC_ALIAS_MAXIMUM,
+    Head,
+    ProxyProtocolError,
+    PublishHeader,
+    connack_packet,
+    first,
+    parse_connack,
+    publish_header,
+    read_placeholder,
+    resolved_head,
+    resolved_size,
+    u32_property,
+)
+
+log = logging.getLogger("proxy")
+
+#: A delivered PUBLISH up to this size is read whole to see whether it is a placeholder
+#: (64 KiB of JSON at most, the library's bound, plus the header).
+MAX_PLACEHOLDER_PUBLISH = 65536 + 4096
+MAX_CONNACK = 65536
+SERVER_KEEP_ALIVE = 0x13
+
+
+async def relay_down(conn: Conn, services: Services) -> None:
+    """Relay until the broker closes."""
+    while True:
+        head = await conn.broker.head()
+        if head is None:
+            return
+        if head.type == CONNACK and not conn.connack_seen.is_set():
+            await _connack(conn, services, head)
+        elif head.type == PINGRESP and conn.pings_in_flight > 0:
+            conn.pings_in_flight -= 1  # ours, sent while an upload ran
+        elif head.type in (PUBACK, PUBREC) and conn.unacked and head.length <= MAX_CONNACK:
+            answer = await conn.broker.body(head)  # the answer to a placeholder we sent?
+            conn.unacked.discard(int.from_bytes(answer[:2], "big"))
+            conn.client_writer.write(head.raw + answer)
+            await drained(conn.client_writer)
+        elif (
+            head.type == PUBLISH
+            and head.length <= MAX_PLACEHOLDER_PUBLISH
+            and not conn.connect.handles_placeholders
+        ):
+            await _publish(conn, services, head)
+        else:
+            body = conn.broker.whole_body(head)
+            if body is not None:  # one write, no await inside: needs no lock
+                conn.client_writer.write(head.raw + body)
+                await drained(conn.client_writer)
+                continue
+            async with conn.client_lock:  # pieces across awaits: nothing else in between
+                conn.client_writer.write(head.raw)
+                async for piece in conn.broker.pieces(head):
+                    conn.client_writer.write(piece)
+                    await conn.client_writer.drain()
+                await conn.client_writer.drain()
+
+
+async def _connack(conn: Conn, services: Services, head: Head) -> None:
+    """Learn the broker's limits; tell an MQTT 5 client the proxy's own limit instead."""
+    if head.length > MAX_CONNACK:
+        raise PeerGone("the broker sent a CONNACK over 64 KiB")
+    body = await conn.broker.body(head)
+    packet = head.raw + body
+    try:
+        connack = parse_connack(body, v5=conn.connect.v5)
+    except ProxyProtocolError as exc:
+        raise PeerGone(f"the broker's CONNACK is malformed: {exc}") from exc
+    settings = services.settings
+    if conn.connect.v5:
+        limit = connack.max_packet_size
+        conn.broker_limit = limit if limit is not None else MQTT_MAX_PACKET
+        alias_max = first(connack.properties, TOPIC_ALIAS_MAXIMUM)
+        conn.aliases.maximum = alias_max if isinstance(alias_max, int) else 0
+        keepalive = first(connack.properties, SERVER_KEEP_ALIVE)
+        if isinstance(keepalive, int):
+            conn.keepalive = keepalive
+        if connack.reason == 0:
+            props = tuple(p for p in connack.properties if p.id != MAXIMUM_PACKET_SIZE)
+            if settings.max_packet_size < MQTT_MAX_PACKET:
+                props += (u32_property(MAXIMUM_PACKET_SIZE, settings.max_packet_size),)
+            packet = connack_packet(connack, props)
+    conn.connack_seen.set()
+    async with conn.client_lock:
+        conn.client_writer.write(packet)
+        await conn.client_writer.drain()
+
+
+async def _publish(conn: Conn, services: Services, head: Head) -> None:
+    body = await conn.broker.body(head)
+    ref = None
+    header = None
+    try:
+        header = publish_header(body, qos=(head.first >> 1) & 0x03, v5=conn.connect.v5)
+        if header is not None:
+            ref = read_placeholder(header, body[header.size :])
+    except MalformedPlaceholder:
+        services.metrics.passed.labels(why="malformed").inc()
+    except ProxyProtocolError:
+        pass  # not ours to police: the broker sent it, the client decides
+    if ref is not None and header is not None:
+        async with conn.client_lock:
+            if await _resolve(conn, services, head, header, ref):
+                return
+    conn.client_writer.write(head.raw + body)
+    await drained(conn.client_writer)
+
+
+def _why_not(conn: Conn, services: Services, header: PublishHeader, ref: Placeholder) -> str | None:
+    """Why this placeholder is handed on as it is, or None to resolve it."""
+    endpoint = services.endpoint()
+    if endpoint is None:
+        return "no-endpoint"
+    if ref.origin != http_origin(endpoint):
+        return "untrusted-origin"
+    if str(ref.message_id) in services.poisoned:
+        return "failed-before"
+    if resolved_size(header, ref.size, v5=conn.connect.v5) > conn.client_limit:
+        return "client-limit"
+    return None
+
+
+async def _resolve(
+    conn: Conn, services: Services, head: Head, header: PublishHeader, ref: Placeholder
+) -> bool:
+    """Write the PUBLISH with the payload; False when the placeholder should go as it is.
+
+    Raises:
+        PeerGone: the payload failed after part of it was written (the client is cut off).
+    """
+    why = _why_not(conn, services, header, ref)
+    if why is not None:
+        services.metrics.passed.labels(why=why).inc()
+        return False
+    written = False
+    digest = Hasher()
+    async with services.fetches:
+        services.metrics.fetches.inc()
+        conn.transfers += 1
+        try:
+            async with services.gateway.fetch(ref, conn.auth) as pieces:
+                writer = conn.client_writer
+                head_bytes = resolved_head(head.first, header, ref.size, v5=conn.connect.v5)
+                held = b""
+                count = 0
+                async for piece in pieces:
+                    if not written:  # the head waits for the first byte: a fetch that
+                        writer.write(head_bytes)  # fails before it costs the client nothing
+                        written = True
+                    elif held:
+                        writer.write(held)
+                        await drained(writer)
+                    await digest.add(piece)
+                    count += len(piece)
+                    held = piece
+                    services.metrics.bytes_down.inc(len(piece))
+                    if count > ref.size:
+                        break
+                if count != ref.size or await digest.hexdigest() != ref.sha256:
+                    services.poisoned.add(str(ref.message_id))
+                    raise TransferFailed(f"{ref.payload_url} does not match its placeholder")
+                if not written:
+                    writer.write(head_bytes)
+                    written = True
+                writer.write(held)
+                await writer.drain()
+        except TransferFailed as exc:
+            if written:
+                log.warning("resolve failed mid-packet; client cut off", extra={"why": str(exc)})
+                raise PeerGone(str(exc)) from exc
+            services.metrics.passed.labels(why="fetch-failed").inc()
+            log.warning("resolve failed; placeholder delivered", extra={"why": str(exc)})
+            return False
+        finally:
+            conn.transfers -= 1
+            services.metrics.fetches.dec()
+    services.metrics.resolved.inc()
+    return True

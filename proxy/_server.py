@@ -1,0 +1,146 @@
+"""The composition root: listener, shared services, limits, metrics port, shutdown.
+
+:class:`Proxy` is what `offload-proxy` runs and what tests start in-process::
+
+    proxy = Proxy(ProxySettings(broker="mqtt://127.0.0.1:1883", port=0, endpoint=GW))
+    await proxy.start()            # proxy.port is the bound port
+    ...
+    await proxy.close()            # stop accepting; transfers under way get shutdown_timeout
+
+No state is shared between proxies: each client connection has its own broker connection,
+so any number of replicas can stand behind one Service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+
+from ._discovery import Discovery
+from ._gateway import GatewayLink
+from ._metrics import Metrics, serve_metrics
+from ._session import Session
+from ._settings import ProxySettings
+from ._state import Services
+from ._stream import READ_SIZE
+
+log = logging.getLogger("proxy")
+
+
+class Proxy:
+    """The MQTT offload proxy.
+
+    Args:
+        settings: every knob (:class:`proxy.ProxySettings`).
+    """
+
+    def __init__(self, settings: ProxySettings) -> None:
+        self.settings = settings
+        self.metrics = Metrics()
+        self._discovery = None if settings.endpoint else Discovery(settings)
+        verify = (
+            ssl.create_default_context(cafile=str(settings.ca_file)) if settings.ca_file else True
+        )
+        self._gateway = GatewayLink(timeout=settings.http_timeout, verify=verify)
+        self.services = Services(
+            settings=settings,
+            gateway=self._gateway,
+            endpoint=self._endpoint,
+            metrics=self.metrics,
+            uploads=asyncio.Semaphore(settings.max_uploads),
+            fetches=asyncio.Semaphore(settings.max_fetches),
+            broker_tls=settings.broker_tls(),
+        )
+        self._sessions: dict[asyncio.Task[None], Session] = {}
+        self._server: asyncio.Server | None = None
+        self._metrics_server: asyncio.Server | None = None
+        self._background: list[asyncio.Task[None]] = []
+        self.port = settings.port
+        self.metrics_port = settings.metrics_port
+
+    def _endpoint(self) -> str | None:
+        if self.settings.endpoint:
+            return self.settings.endpoint
+        return self._discovery.endpoint if self._discovery else None
+
+    def _health(self) -> tuple[bool, str]:
+        if self._server is None or not self._server.is_serving():
+            return False, "not serving"
+        if self._endpoint() is None:
+            return True, "ok (no gateway endpoint yet: large messages are refused)"
+        return True, "ok"
+
+    async def start(self) -> None:
+        s = self.settings
+        # A reader buffers up to twice its limit while the relay waits to write: with 256 KiB
+        # (one read) a connection holds at most ~0.5 MiB per direction.
+        self._server = await asyncio.start_server(
+            self._accept,
+            s.host,
+            s.port,
+            limit=READ_SIZE,
+            ssl=s.listener_tls(),
+            ssl_handshake_timeout=s.connect_timeout if s.tls_cert_file else None,
+        )
+        self.port = self._server.sockets[0].getsockname()[1]
+        if self._discovery is not None:
+            self._background.append(asyncio.create_task(self._discovery.run()))
+        if s.metrics_port is not None:
+            self._metrics_server = await serve_metrics(
+                self.metrics, self._health, s.metrics_host, s.metrics_port
+            )
+            self.metrics_port = self._metrics_server.sockets[0].getsockname()[1]
+        log.info("listening", extra={"host": s.host, "port": self.port, "broker": s.broker})
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        session = Session(self.services, reader, writer)
+        task = asyncio.current_task()
+        assert task is not None
+        admitted = len(self._sessions) < self.settings.max_connections
+        self._sessions[task] = session
+        self.metrics.connections.set(len(self._sessions))
+        try:
+            await session.run(admitted)
+        except asyncio.CancelledError:
+            pass  # shutdown: ends here (asyncio's stream callback must not see it raised)
+        except Exception:  # never a proxy crash: one connection's bug ends that connection
+            log.exception("connection failed")
+        finally:
+            del self._sessions[task]
+            self.metrics.connections.set(len(self._sessions))
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def close(self) -> None:
+        """Stop accepting; idle connections close at once, transfers under way get
+        `shutdown_timeout` seconds to finish."""
+        if self._server is not None:
+            self._server.close()
+        self.services.closing.set()  # new offloads are refused from here on
+        for task in self._background:
+            task.cancel()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.shutdown_timeout
+        for task, session in list(self._sessions.items()):
+            if not session.busy:
+                task.cancel()
+        busy = [s for s in self._sessions.values() if s.busy]
+        if busy:
+            log.info("waiting for transfers", extra={"count": len(busy)})
+        while any(s.busy for s in self._sessions.values()) and loop.time() < deadline:
+            await asyncio.sleep(0.05)  # a transfer, or the broker's ack of its placeholder
+        for task in list(self._sessions):
+            task.cancel()
+        remaining = list(self._sessions) + self._background
+        if remaining:
+            await asyncio.wait(remaining, timeout=5)
+        if self._metrics_server is not None:
+            self._metrics_server.close()
+        await self._gateway.aclose()
+
+    async def serve_forever(self) -> None:
+        assert self._server is not None
+        await self._server.serve_forever()

@@ -1,0 +1,120 @@
+"""The proxy's settings: the one place the environment is read (pydantic-settings).
+
+Each field is an `OFFLOAD_PROXY_*` variable and the command line's flags override the
+broker, host, port and endpoint (`offload-proxy --help`); docs/proxy.md lists them all.
+"""
+
+from __future__ import annotations
+
+import ssl
+from pathlib import Path
+from typing import Literal
+from urllib.parse import urlsplit
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+MQTT_MAX_PACKET = 268_435_460  # the largest MQTT packet: 1 + 4 + 268,435,455
+
+
+class ProxySettings(BaseSettings):
+    """Every knob of `offload-proxy`."""
+
+    model_config = SettingsConfigDict(env_prefix="OFFLOAD_PROXY_", extra="ignore")
+
+    broker: str = Field(
+        "mqtt://127.0.0.1:1883", description="mqtt://HOST:PORT or mqtts://HOST:PORT of the broker"
+    )
+    broker_ca_file: Path | None = Field(
+        None, description="CA bundle to verify an mqtts:// broker (default: the system's)"
+    )
+    tls_cert_file: Path | None = Field(
+        None, description="certificate chain (PEM): clients then connect to the proxy over TLS"
+    )
+    tls_key_file: Path | None = Field(None, description="its private key (PEM)")
+    ca_file: Path | None = Field(
+        None, description="CA bundle to verify an https:// gateway (default: the system's)"
+    )
+    host: str = Field("127.0.0.1", description="address the proxy listens on")
+    port: int = Field(1884, ge=0, le=65535, description="port the proxy listens on")
+    endpoint: str | None = Field(
+        None, description="gateway base URL; unset: the discovery record on the broker"
+    )
+    broker_max_packet_size: int = Field(
+        262_144,
+        gt=0,
+        description="the broker's limit where its CONNACK does not say one (MQTT 3.1.1, and "
+        "a Will in CONNECT, which goes out before any CONNACK)",
+    )
+    max_packet_size: int = Field(
+        MQTT_MAX_PACKET,
+        gt=0,
+        le=MQTT_MAX_PACKET,
+        description="the proxy's own limit, told to MQTT 5 clients in CONNACK",
+    )
+    max_connections: int = Field(10_000, gt=0, description="client connections at once")
+    max_uploads: int = Field(64, gt=0, description="offloaded PUBLISHes streaming at once")
+    max_fetches: int = Field(64, gt=0, description="placeholders being resolved at once")
+    connect_timeout: float = Field(10.0, gt=0, description="seconds for a whole CONNECT")
+    idle_timeout: float = Field(
+        30.0, gt=0, description="seconds a packet that has begun may wait for its next byte"
+    )
+    http_timeout: float = Field(60.0, gt=0, description="seconds for each gateway request step")
+    max_connect_bytes: int = Field(
+        1 << 20, gt=0, description="largest CONNECT read (a Will payload is at most 64 KiB)"
+    )
+    discovery_username: str | None = None
+    discovery_password: SecretStr | None = None
+    metrics_port: int | None = Field(
+        None, ge=0, le=65535, description="port of /metrics and /healthz; unset: none"
+    )
+    metrics_host: str = "127.0.0.1"
+    shutdown_timeout: float = Field(
+        30.0, ge=0, description="seconds transfers under way may take at shutdown"
+    )
+    log_level: str = "INFO"
+    loop: Literal["uvloop", "asyncio"] = Field(
+        "uvloop", description="event loop (bench/RESULTS.md, 'Proxy: codec and event loop')"
+    )
+
+    @field_validator("broker")
+    @classmethod
+    def _broker_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("mqtt", "mqtts") or not parts.hostname or parts.port is None:
+            raise ValueError("broker must be mqtt://HOST:PORT or mqtts://HOST:PORT")
+        return value
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> ProxySettings:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file go together")
+        return self
+
+    def listener_tls(self) -> ssl.SSLContext | None:
+        """The TLS context clients connect with, None for plain TCP."""
+        if self.tls_cert_file is None or self.tls_key_file is None:
+            return None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(self.tls_cert_file, self.tls_key_file)
+        return context
+
+    def broker_tls(self) -> ssl.SSLContext | None:
+        """The TLS context toward an mqtts:// broker, None for mqtt://."""
+        if urlsplit(self.broker).scheme != "mqtts":
+            return None
+        cafile = str(self.broker_ca_file) if self.broker_ca_file else None
+        return ssl.create_default_context(cafile=cafile)
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint_url(cls, value: str | None) -> str | None:
+        if value is not None and urlsplit(value).scheme not in ("http", "https"):
+            raise ValueError("endpoint must be an http:// or https:// URL")
+        return value.rstrip("/") if value else value
+
+    @property
+    def broker_address(self) -> tuple[str, int]:
+        parts = urlsplit(self.broker)
+        assert parts.hostname is not None and parts.port is not None
+        return parts.hostname, parts.port

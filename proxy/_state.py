@@ -1,0 +1,82 @@
+"""What a connection's two relay directions share, and what all connections share."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import httpx
+
+from ._gateway import GatewayLink
+from ._metrics import Metrics
+from ._settings import MQTT_MAX_PACKET, ProxySettings
+from ._stream import PacketStream
+from .protocol import AliasMap, Connect
+
+POISONED_IDS = 4096
+
+
+class Poisoned:
+    """Message ids whose payload failed its check on the way out (bounded, oldest dropped):
+    a broker's redelivery of such a placeholder is handed on as it is."""
+
+    def __init__(self, size: int = POISONED_IDS) -> None:
+        self._ids: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._size = size
+
+    def add(self, message_id: str) -> None:
+        self._ids[message_id] = None
+        while len(self._ids) > self._size:
+            self._ids.popitem(last=False)
+
+    def __contains__(self, message_id: object) -> bool:
+        return message_id in self._ids
+
+
+@dataclass(frozen=True, slots=True)
+class Services:
+    """Built once by the server; handed to every connection."""
+
+    settings: ProxySettings
+    gateway: GatewayLink
+    endpoint: Callable[[], str | None]
+    metrics: Metrics
+    uploads: asyncio.Semaphore
+    fetches: asyncio.Semaphore
+    poisoned: Poisoned = field(default_factory=Poisoned)
+    closing: asyncio.Event = field(default_factory=asyncio.Event)  # no new transfers
+    broker_tls: ssl.SSLContext | None = None
+
+
+@dataclass(slots=True)
+class Conn:
+    """One client connection and its broker connection."""
+
+    connect: Connect
+    client: PacketStream
+    client_writer: asyncio.StreamWriter
+    broker: PacketStream
+    broker_writer: asyncio.StreamWriter
+    auth: httpx.Auth | None
+    broker_limit: int
+    keepalive: int
+    aliases: AliasMap = field(default_factory=lambda: AliasMap(0))
+    connack_seen: asyncio.Event = field(default_factory=asyncio.Event)
+    client_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one packet at a time
+    pings_in_flight: int = 0
+    transfers: int = 0  # uploads and resolves under way
+    unacked: set[int] = field(default_factory=set)  # placeholders the broker has not acked
+
+    @property
+    def busy(self) -> bool:
+        """Whether stopping now would lose work: a transfer, or a stored message whose
+        PUBACK/PUBREC has not reached the client yet."""
+        return self.transfers > 0 or bool(self.unacked)
+
+    @property
+    def client_limit(self) -> int:
+        """The most the client takes in one packet (its CONNECT's Maximum Packet Size)."""
+        return self.connect.max_packet_size or MQTT_MAX_PACKET

@@ -1,0 +1,100 @@
+"""Packets from one socket: the core's :class:`~proxy.protocol.Framer` fed from an
+`asyncio.StreamReader`, with the timeouts that keep a silent peer from holding anything.
+
+Between packets nothing times out here (the broker enforces the client's keep-alive and
+closes its side, which ends the relay); once a packet has begun, each read must come within
+`idle` seconds: a PUBLISH whose bytes stop halfway is dropped, never forwarded in part.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from ._exceptions import PeerGone, PeerTimeout
+from .protocol import Body, Framer, Head
+
+READ_SIZE = 256 * 1024
+
+
+class PacketStream:
+    """Heads and body pieces from `reader`."""
+
+    def __init__(self, reader: asyncio.StreamReader, *, max_length: int, idle: float) -> None:
+        self._reader = reader
+        self._framer = Framer(max_length=max_length)
+        self.idle = idle
+
+    async def _fill(self, timeout: float | None) -> None:
+        try:
+            async with asyncio.timeout(timeout):
+                data = await self._reader.read(READ_SIZE)
+        except TimeoutError as exc:
+            raise PeerTimeout(f"no byte for {timeout} s inside a packet") from exc
+        except (ConnectionError, OSError) as exc:
+            raise PeerGone(str(exc)) from exc
+        if not data:
+            raise PeerGone("closed inside a packet" if self._framer.in_packet else "closed")
+        self._framer.feed(data)
+
+    async def head(self, timeout: float | None = None) -> Head | None:
+        """The next packet's fixed header; None when the peer closed between packets.
+
+        Args:
+            timeout: seconds for the whole header when nothing of it has come yet (the
+                CONNECT's deadline); None: wait as long as the peer stays connected.
+        """
+        event = self._framer.next_event()  # fast path: a whole header already buffered
+        if isinstance(event, Head):
+            return event
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    event = self._framer.next_event()
+                    if isinstance(event, Head):
+                        return event
+                    assert event is None, "a body piece where a head was due"
+                    try:
+                        await self._fill(None if not self._framer.in_packet else self.idle)
+                    except PeerGone:
+                        if self._framer.in_packet:
+                            raise
+                        return None
+        except TimeoutError as exc:
+            raise PeerTimeout(f"no whole packet header within {timeout} s") from exc
+
+    def whole_body(self, head: Head) -> bytes | None:
+        """`head`'s body when all of it is buffered already (see Framer.whole_body)."""
+        return self._framer.whole_body(head)
+
+    async def pieces(self, head: Head) -> AsyncIterator[bytes]:
+        """The body of `head`'s packet in the pieces it arrives in."""
+        if head.length == 0:
+            return
+        while True:
+            event = self._framer.next_event()
+            if event is None:
+                await self._fill(self.idle)
+                continue
+            assert isinstance(event, Body)
+            yield event.data
+            if event.last:
+                return
+
+    async def body(self, head: Head) -> bytes:
+        """The whole body of a packet the caller has bounded."""
+        whole = self._framer.whole_body(head)
+        if whole is not None:
+            return whole
+        return b"".join([piece async for piece in self.pieces(head)])
+
+
+#: Bytes a transport may hold unsent before a relay waits for it (asyncio's own default
+#: high-water mark); below it a write needs no `drain()` round trip through the loop.
+HIGH_WATER = 64 * 1024
+
+
+async def drained(writer: asyncio.StreamWriter) -> None:
+    """Wait only when the peer is not keeping up: the per-packet fast path."""
+    if writer.transport.get_write_buffer_size() > HIGH_WATER:
+        await writer.drain()

@@ -1,0 +1,90 @@
+"""`offload-proxy`: flags over `OFFLOAD_PROXY_*` variables over defaults."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import sys
+
+from pydantic import ValidationError
+
+from ._server import Proxy
+from ._settings import ProxySettings
+
+_STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message"}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message and the `extra` fields
+    (never a payload or a password: nothing logs them)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc = {
+            "time": self.formatTime(record),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        doc.update({k: v for k, v in record.__dict__.items() if k not in _STANDARD})
+        if record.exc_info:
+            doc["exception"] = self.formatException(record.exc_info)
+        return json.dumps(doc, default=str)
+
+
+def _settings(argv: list[str] | None) -> ProxySettings:
+    parser = argparse.ArgumentParser(
+        prog="offload-proxy",
+        description="MQTT proxy: unmodified clients send and receive messages of any size. "
+        "Every setting is also an OFFLOAD_PROXY_* variable (docs/proxy.md).",
+    )
+    parser.add_argument("--broker", help="mqtt://HOST:PORT of the broker")
+    parser.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port to listen on (default 1884)")
+    parser.add_argument("--endpoint", help="gateway URL (default: the discovery record)")
+    parser.add_argument("--metrics-port", type=int, help="port of /metrics and /healthz")
+    args = parser.parse_args(argv)
+    flags = {k: v for k, v in vars(args).items() if v is not None}
+    try:
+        return ProxySettings(**flags)
+    except ValidationError as exc:
+        parser.error(str(exc))
+        raise  # unreachable: error() exits
+
+
+async def _run(settings: ProxySettings) -> None:
+    proxy = Proxy(settings)
+    await proxy.start()
+    print(f"offload-proxy listening on {settings.host}:{proxy.port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await proxy.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    settings = _settings(argv)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    logging.basicConfig(level=settings.log_level.upper(), handlers=[handler])
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    with contextlib.suppress(KeyboardInterrupt):
+        if settings.loop == "uvloop":
+            try:
+                import uvloop
+            except ImportError:
+                logging.getLogger("proxy").warning("uvloop is not installed: asyncio's loop")
+            else:
+                uvloop.run(_run(settings))
+                return 0
+        asyncio.run(_run(settings))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

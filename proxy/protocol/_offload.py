@@ -1,0 +1,138 @@
+"""What the proxy changes in a PUBLISH: the placeholder in, the payload out. Pure.
+
+The placeholder is the one the client library publishes (:class:`client.protocol.Placeholder`,
+the same JSON for both protocol versions); in MQTT 5 the PUBLISH keeps every property the
+client set, Topic Alias included (so an alias the offloaded PUBLISH set is set at the broker
+too), with the user properties `_format=external` and `_id=<uuid>` in front, as the library
+puts them. On the way out those two tags are removed again and every other property stays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from client.protocol import (
+    FORMAT_KEY,
+    ID_KEY,
+    MessageId,
+    Placeholder,
+    PublishProperties,
+    is_placeholder,
+    parse_placeholder,
+)
+
+from ._errors import ProxyProtocolError
+from ._packets import PublishHeader, Will, fixed_header, publish_header_bytes
+from ._properties import TOPIC_ALIAS, Prop, first, user_properties, without_user_properties
+from ._properties import user_property as make_user_property
+
+FORMAT_EXTERNAL = "external"
+
+
+class UnknownTopicAlias(ProxyProtocolError):
+    """A PUBLISH names a Topic Alias no earlier PUBLISH set (MQTT 5 reason 0x94)."""
+
+    reason = 0x94
+
+
+class AliasMap:
+    """Topic aliases a client set on its connection (client to broker), bounded by
+    `maximum` (the broker's Topic Alias Maximum)."""
+
+    def __init__(self, maximum: int = 65535) -> None:
+        self.maximum = maximum
+        self._topics: dict[int, bytes] = {}
+
+    def topic(self, header: PublishHeader) -> str:
+        """The PUBLISH's topic: its own, or the one its alias stands for; records a new
+        alias.
+
+        Raises:
+            UnknownTopicAlias: an empty topic with an alias never set, or out of range.
+        """
+        alias = first(header.properties, TOPIC_ALIAS)
+        if isinstance(alias, int):
+            if not 1 <= alias <= self.maximum:
+                raise UnknownTopicAlias(f"Topic Alias {alias} is outside 1..{self.maximum}")
+            if header.topic:
+                self._topics[alias] = header.topic
+            elif alias in self._topics:
+                return self._topics[alias].decode("utf-8")
+            else:
+                raise UnknownTopicAlias(f"Topic Alias {alias} was never set")
+        if not header.topic:
+            raise UnknownTopicAlias("a PUBLISH with neither topic nor Topic Alias")
+        return header.topic_text
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """A payload the gateway stored: what the placeholder says."""
+
+    url: str
+    size: int
+    sha256: str
+    message_id: MessageId
+
+
+def _placeholder(
+    original: tuple[Prop, ...], stored: Stored, *, v5: bool
+) -> tuple[tuple[Prop, ...], bytes]:
+    """The placeholder's properties (the tags, then the original's) and its JSON."""
+    ref = Placeholder(stored.url, stored.size, stored.sha256, stored.message_id)
+    body, _ = ref.encode(None, protocol=4)  # the JSON alone; tags as raw properties below
+    if not v5:
+        return (), body
+    tags = (
+        make_user_property(FORMAT_KEY, FORMAT_EXTERNAL),
+        make_user_property(ID_KEY, str(stored.message_id)),
+    )
+    return tags + without_user_properties(original, FORMAT_KEY, ID_KEY), body
+
+
+def placeholder_packet(
+    first_byte: int, header: PublishHeader, stored: Stored, *, v5: bool
+) -> bytes:
+    """The whole PUBLISH that goes to the broker in place of the offloaded one."""
+    props, body = _placeholder(header.properties, stored, v5=v5)
+    variable = publish_header_bytes(header, props, v5=v5)
+    return fixed_header(first_byte, len(variable) + len(body)) + variable + body
+
+
+def placeholder_will(will: Will, stored: Stored, *, v5: bool) -> tuple[tuple[Prop, ...], bytes]:
+    """The Will properties and payload that stand for a stored Will payload."""
+    return _placeholder(will.properties, stored, v5=v5)
+
+
+def stored_headers(header: PublishHeader) -> tuple[tuple[str, str], ...]:
+    """The user properties the gateway stores beside the payload (the library's choice)."""
+    return tuple(
+        (k, v) for k, v in user_properties(header.properties) if k not in (FORMAT_KEY, ID_KEY)
+    )
+
+
+def read_placeholder(header: PublishHeader, payload: bytes) -> Placeholder | None:
+    """The reference a delivered PUBLISH carries, None when it is not a placeholder.
+
+    Raises:
+        MalformedPlaceholder: tagged as one, but its reference cannot be read.
+    """
+    props = PublishProperties(user_properties=user_properties(header.properties))
+    if not is_placeholder(payload, props):
+        return None
+    return parse_placeholder(payload, props)
+
+
+def resolved_size(header: PublishHeader, size: int, *, v5: bool) -> int:
+    """The whole PUBLISH's size once the placeholder's `size` bytes replace it (any size)."""
+    props = without_user_properties(header.properties, FORMAT_KEY, ID_KEY)
+    remaining = len(publish_header_bytes(header, props, v5=v5)) + size
+    width = 1 if remaining < 2**7 else 2 if remaining < 2**14 else 3 if remaining < 2**21 else 4
+    return 1 + width + remaining
+
+
+def resolved_head(first_byte: int, header: PublishHeader, size: int, *, v5: bool) -> bytes:
+    """Fixed and variable header of the PUBLISH that carries the payload itself."""
+    props = without_user_properties(header.properties, FORMAT_KEY, ID_KEY)
+    variable = publish_header_bytes(header, props, v5=v5)
+    return fixed_header(first_byte, len(variable) + size) + variable

@@ -1,0 +1,66 @@
+"""The chart's optional offload-proxy Deployment and Service (docs/proxy.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import helm_python as helm
+import kubernetes_validate
+import pytest
+from test_helm import KUBE_VERSION, NAMESPACE, chart, manifests, values_for  # noqa: F401
+
+ON = {"proxy": {"enabled": True}}
+
+
+def _proxy_objects(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {d["kind"]: d for d in docs if d["metadata"]["name"].endswith("-proxy")}
+
+
+@pytest.mark.parametrize("case", ["defaults", "example"])
+def test_the_proxy_is_off_by_default_and_validates_strictly_when_on(
+    chart: helm.Chart,  # noqa: F811
+    case: str,
+) -> None:
+    assert _proxy_objects(manifests(chart, values_for(case))) == {}
+    values = values_for(case)
+    values["proxy"] = {"enabled": True}
+    if not values.get("mqtt", {}).get("url", "mqtt://").startswith("mqtt://"):
+        values["proxy"]["broker"] = "mqtt://mosquitto:1883"
+    docs = manifests(chart, values)
+    found = _proxy_objects(docs)
+    assert set(found) == {"Deployment", "Service"}
+    for doc in found.values():
+        assert kubernetes_validate.validate(doc, KUBE_VERSION, strict=True) == "1.30"
+    selector = found["Service"]["spec"]["selector"]
+    pod_labels = found["Deployment"]["spec"]["template"]["metadata"]["labels"]
+    assert (
+        selector.items() <= pod_labels.items()
+        and selector["app.kubernetes.io/component"] == "proxy"
+    )
+    gateway = next(d for d in docs if d["kind"] == "Service" and d not in found.values())
+    assert not gateway["spec"]["selector"].items() <= pod_labels.items()  # never mixed up
+
+
+def test_the_proxy_container_runs_offload_proxy_against_the_release(
+    chart: helm.Chart,  # noqa: F811
+) -> None:
+    values = {"proxy": {"enabled": True, "extraConfig": {"OFFLOAD_PROXY_IDLE_TIMEOUT": "20"}}}
+    found = _proxy_objects(manifests(chart, values))
+    (container,) = found["Deployment"]["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["offload-proxy"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["OFFLOAD_PROXY_BROKER"] == "mqtt://mosquitto.mosquitto.svc.cluster.local:1883"
+    assert env["OFFLOAD_PROXY_ENDPOINT"] == f"http://offload-mqtt-offload.{NAMESPACE}.svc:80"
+    assert env["OFFLOAD_PROXY_IDLE_TIMEOUT"] == "20"
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    from proxy import ProxySettings  # every rendered variable is one the proxy reads
+
+    known = {f"OFFLOAD_PROXY_{name.upper()}" for name in ProxySettings.model_fields}
+    assert set(env) <= known
+
+
+def test_an_mqtts_broker_without_proxy_broker_fails_the_render(
+    chart: helm.Chart,  # noqa: F811
+) -> None:
+    with pytest.raises(Exception, match=r"proxy\.broker"):
+        manifests(chart, {"mqtt": {"url": "mqtts://b:8883"}, **ON})

@@ -1,0 +1,313 @@
+"""offload-proxy as the front door: hostile bytes, a gateway that is down, a Will over the
+broker's limit, and our own `client.Client` through it. Real mosquitto, gateway, SeaweedFS."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from test_proxy import MiB, PahoPeer, start_proxy
+
+from _gateway import GatewayServer
+from _proxy import ProxyServer
+from _servers import Mosquitto, free_port, wait_until
+
+pytestmark = pytest.mark.servers
+
+
+def _text(value: str | bytes) -> bytes:
+    raw = value.encode() if isinstance(value, str) else value
+    return len(raw).to_bytes(2, "big") + raw
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _packet(first: int, body: bytes) -> bytes:
+    return bytes([first]) + _varint(len(body)) + body
+
+
+def connect_packet(level: int = 5, *, will: tuple[str, bytes] | None = None) -> bytes:
+    flags = 0x02 | (0x0C if will else 0)  # clean, will with QoS 1
+    body = _text("MQTT") + bytes([level, flags]) + (0).to_bytes(2, "big")
+    body += (b"\x00" if level == 5 else b"") + _text(f"h-{uuid.uuid4().hex[:8]}")
+    if will is not None:
+        body += (b"\x00" if level == 5 else b"") + _text(will[0]) + _text(will[1])
+    return _packet(0x10, body)
+
+
+def dial(port: int) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", port), timeout=60)
+
+
+def until_closed(sock: socket.socket) -> bytes:
+    """Everything the proxy sends until it closes the connection."""
+    out = b""
+    try:
+        while piece := sock.recv(65536):
+            out += piece
+    except ConnectionResetError:
+        pass
+    sock.close()
+    return out
+
+
+def connected(port: int, level: int = 5) -> socket.socket:
+    sock = dial(port)
+    sock.sendall(connect_packet(level))
+    connack = sock.recv(2)
+    assert connack[:1] == b"\x20"
+    sock.recv(connack[1])
+    return sock
+
+
+@pytest.fixture
+def hostile_proxy(gateway: GatewayServer, broker: Mosquitto) -> Iterator[ProxyServer]:
+    server = start_proxy(broker, gateway, connect_timeout=1.0, idle_timeout=1.0)
+    yield server
+    server.stop()
+
+
+def test_hostile_connections_get_the_mqtt_answer_and_leave_others_unaffected(
+    hostile_proxy: ProxyServer, broker: Mosquitto, unique_topic: Callable[[str], str]
+) -> None:
+    port = hostile_proxy.port
+    topic = unique_topic("hostile")
+    watcher = PahoPeer(broker.port)  # straight on the broker: nothing hostile gets published
+    watcher.subscribe(broker, "hostile/#")
+    idle = [connected(port) for _ in range(100)]  # many idle clients, each its own broker link
+
+    garbage = dial(port)
+    garbage.sendall(b"\x00\x00garbage")
+    early_publish = dial(port)
+    early_publish.sendall(_packet(0x30, _text(topic) + b"x"))
+    slow_loris = dial(port)
+    slow_loris.sendall(connect_packet()[:5])
+    five_byte = connected(port)
+    five_byte.sendall(b"\x30\xff\xff\xff\xff\x01")
+    huge_then_silence = connected(port)
+    huge_then_silence.sendall(b"\x32\xff\xff\xff\x7f" + _text(topic) + b"\x00\x01\x00")
+    halfway = connected(port)
+    header = _text(topic) + b"\x00\x02\x00"
+    halfway.sendall(bytes([0x32]) + _varint(len(header) + 2 * MiB) + header + bytes(MiB))
+    alias = connected(port)
+    alias.sendall(_packet(0x30, _text("") + b"\x03\x23\x00\x05" + b"payload"))
+
+    assert until_closed(garbage) == b""
+    assert until_closed(early_publish) == b""
+    assert until_closed(slow_loris) == b""  # closed at the CONNECT deadline, no CONNACK
+    assert until_closed(five_byte) == b"\xe0\x01\x81"  # DISCONNECT, Malformed Packet
+    assert until_closed(huge_then_silence) == b""  # idle timeout inside the packet
+    assert until_closed(halfway) == b""  # stopped halfway: nothing published, nothing acked
+    assert until_closed(alias) == b"\xe0\x01\x94"  # DISCONNECT, Topic Alias invalid
+
+    good = PahoPeer(hostile_proxy.port)  # the proxy still serves everyone else
+    sub = PahoPeer(hostile_proxy.port)
+    sub.subscribe(broker, topic)
+    payload = os.urandom(2 * MiB)
+    good.client.publish(topic, payload, qos=1).wait_for_publish(60)
+    good.client.publish(topic + "/end", b"end", qos=1).wait_for_publish(60)
+    assert sub.wait(1)[0].payload == payload
+    messages = watcher.wait(2)  # the good placeholder and the marker, nothing hostile
+    assert [m.topic for m in messages] == [topic, topic + "/end"]
+    assert hostile_proxy.metric("offload_proxy_offloaded_total") == 1
+    for sock in idle:
+        sock.close()
+    for peer in (watcher, good, sub):
+        peer.close()
+
+
+def test_a_connection_over_max_connections_gets_server_busy(
+    gateway: GatewayServer, broker: Mosquitto
+) -> None:
+    server = start_proxy(broker, gateway, max_connections=2)
+    try:
+        first, second = connected(server.port), connected(server.port)
+        third = dial(server.port)
+        third.sendall(connect_packet(5))
+        assert until_closed(third) == b"\x20\x03\x00\x89\x00"  # CONNACK, Server busy
+        fourth = dial(server.port)
+        fourth.sendall(connect_packet(4))
+        assert until_closed(fourth) == b"\x20\x02\x00\x03"  # 3.1.1: server unavailable
+        first.close()
+        second.close()
+    finally:
+        server.stop()
+
+
+def test_a_placeholder_pointing_elsewhere_is_never_fetched(
+    proxy: ProxyServer, broker: Mosquitto, unique_topic: Callable[[str], str]
+) -> None:
+    topic = unique_topic("ssrf")
+    sub = PahoPeer(proxy.port)
+    sub.subscribe(broker, topic)
+    fake = json.dumps({
+        "_format": "external", "_id": str(uuid.uuid4()), "size": 10, "sha256": "0" * 64,
+        "url": f"http://169.254.169.254/msg/{uuid.uuid4()}",
+    }).encode()  # fmt: skip
+    direct = PahoPeer(broker.port)
+    direct.client.publish(topic, fake, qos=1).wait_for_publish(30)
+    assert sub.wait(1)[0].payload == fake  # handed on as it is
+    passed = proxy.metric("offload_proxy_placeholders_passed_total", why="untrusted-origin")
+    assert passed == 1
+    sub.close()
+    direct.close()
+
+
+@pytest.fixture
+def proxy(gateway: GatewayServer, broker: Mosquitto) -> Iterator[ProxyServer]:
+    server = start_proxy(broker, gateway)
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize("v5", [True, False])
+def test_gateway_down_the_client_is_not_acked_and_nothing_is_published(
+    broker: Mosquitto, unique_topic: Callable[[str], str], v5: bool
+) -> None:
+    down = f"http://127.0.0.1:{free_port()}"
+    server = start_proxy(broker, None, endpoint=down)
+    topic = unique_topic("down")
+    watcher = PahoPeer(broker.port)
+    watcher.subscribe(broker, f"{topic}/#")
+    try:
+        pub = PahoPeer(server.port, v5=v5)
+        acks: list[Any] = []
+        pub.client.on_publish = lambda _c, _u, mid, rc, _p: acks.append(rc)
+        info = pub.client.publish(f"{topic}/big", os.urandom(MiB), qos=1)
+        if v5:
+            wait_until(lambda: bool(acks), "a PUBACK", 60)
+            assert acks[0].is_failure and acks[0].value == 0x80  # Unspecified error
+        else:
+            wait_until(lambda: not pub.client.is_connected(), "3.1.1 client disconnected", 60)
+            assert not info.is_published()
+        marker = PahoPeer(broker.port)
+        marker.client.publish(f"{topic}/marker", b"m", qos=1).wait_for_publish(30)
+        assert [m.topic for m in watcher.wait(1)] == [f"{topic}/marker"]
+        assert server.metric("offload_proxy_offloaded_total") == 0
+        for peer in (pub, marker):
+            peer.close()
+    finally:
+        watcher.close()
+        server.stop()
+
+
+def test_a_will_over_the_broker_limit_is_delivered_when_its_client_dies(
+    mosquitto_factory: Callable[..., Mosquitto],
+    gateway_factory: Callable[..., GatewayServer],
+    unique_topic: Callable[[str], str],
+) -> None:
+    small = mosquitto_factory(max_packet_size=4096)
+    gw = gateway_factory(small)
+    server = start_proxy(small, gw, broker_max_packet_size=4096)
+    topic = unique_topic("will")
+    will = os.urandom(60_000)
+    try:
+        sub = PahoPeer(server.port)
+        sub.subscribe(small, topic)
+        direct = PahoPeer(small.port)
+        direct.subscribe(small, topic)
+        dying = dial(server.port)
+        dying.sendall(connect_packet(4, will=(topic, will)))
+        assert dying.recv(4) == b"\x20\x02\x00\x00"
+        dying.close()  # no DISCONNECT: the broker publishes the Will
+        assert sub.wait(1)[0].payload == will
+        assert json.loads(direct.wait(1)[0].payload)["size"] == len(will)
+        sub.close()
+        direct.close()
+    finally:
+        server.stop()
+
+
+def test_client_library_through_the_proxy_gets_placeholders_and_resolves_them(
+    proxy: ProxyServer, broker: Mosquitto, unique_topic: Callable[[str], str]
+) -> None:
+    from client import Client
+
+    topic = unique_topic("lib")
+    payload = os.urandom(5 * MiB)
+    plain = PahoPeer(proxy.port)
+    plain.subscribe(broker, topic)
+    with Client(f"mqtt://127.0.0.1:{proxy.port}", discovery_wait=10.0) as lib:
+        lib.subscribe(topic)
+        lib.publish(topic, payload, qos=1)
+        got = lib.next_message(60)
+        assert got is not None and got.payload == payload  # type: ignore[union-attr]
+    assert plain.wait(1)[0].payload == payload
+    # The library announced itself: it got the placeholder and fetched the payload itself.
+    assert proxy.metric("offload_proxy_resolved_total") == 1  # the plain subscriber's only
+    plain.close()
+
+
+def _subscribe_raw(port: int, topic: str) -> socket.socket:
+    sock = connected(port)
+    sock.sendall(_packet(0x82, b"\x00\x01" + b"\x00" + _text(topic) + b"\x00"))  # v5, QoS 0
+    suback = sock.recv(2)
+    assert suback[:1] == b"\x90"
+    sock.recv(suback[1])
+    return sock
+
+
+def test_a_payload_that_fails_its_check_never_reaches_the_client_whole(
+    proxy: ProxyServer, broker: Mosquitto, unique_topic: Callable[[str], str]
+) -> None:
+    topic = unique_topic("tamper")
+    direct = PahoPeer(broker.port)
+    direct.subscribe(broker, topic)
+    payload = os.urandom(2 * MiB)
+    pub = PahoPeer(proxy.port)
+    pub.client.publish(topic, payload, qos=1).wait_for_publish(60)
+    ref = json.loads(direct.wait(1)[0].payload)
+    lie = json.dumps({**ref, "sha256": "0" * 64}).encode()  # a real payload, a false digest
+    cut = _subscribe_raw(proxy.port, topic)
+    direct.client.publish(topic, lie, qos=1).wait_for_publish(30)
+    got = until_closed(cut)
+    assert got[:1] == b"\x30" and len(got) < 2 * MiB  # a PUBLISH begun, never completed
+    later = _subscribe_raw(proxy.port, topic)  # a redelivery: the placeholder as it is
+    direct.client.publish(topic, lie, qos=1).wait_for_publish(30)
+    head = later.recv(5)
+    assert head[:1] == b"\x30"
+    received = b""
+    while not received.endswith(lie):
+        received += later.recv(65536)
+    assert proxy.metric("offload_proxy_placeholders_passed_total", why="failed-before") == 1
+    later.close()
+    pub.close()
+    direct.close()
+
+
+def test_a_long_upload_keeps_the_clients_broker_session_alive(
+    proxy: ProxyServer, broker: Mosquitto, unique_topic: Callable[[str], str]
+) -> None:
+    """The broker sees nothing from a client while its PUBLISH goes to the gateway: the proxy
+    pings for it, or mosquitto drops the session after 1.5 keep-alives."""
+    topic = unique_topic("keepalive")
+    sock = dial(proxy.port)
+    body = _text("MQTT") + bytes([5, 0x02]) + (1).to_bytes(2, "big") + b"\x00" + _text("ka-1")
+    sock.sendall(_packet(0x10, body))  # keep-alive: 1 s
+    connack = sock.recv(2)
+    sock.recv(connack[1])
+    header = _text(topic) + b"\x00\x09\x00"
+    size = 2 * MiB
+    sock.sendall(bytes([0x32]) + _varint(len(header) + size) + header)
+    for _ in range(8):  # the body over ~12 s: mosquitto 2.0 checks keep-alives every few s
+        sock.sendall(bytes(size // 8))
+        time.sleep(1.5)
+    puback = sock.recv(4)
+    assert puback[:1] == b"\x40" and puback[2:4] == b"\x00\x09"  # PUBACK for id 9 ...
+    rest = sock.recv(puback[1] - 2) if puback[1] > 2 else b""
+    assert rest[:1] in (b"", b"\x00", b"\x10")  # ... Success (or "no subscribers")
+    sock.close()
+    assert "ka-1 has exceeded timeout" not in broker.log()
