@@ -19,13 +19,16 @@ from urllib.parse import quote
 import httpx
 
 from client import ScramAuth
-from client.protocol import MessageId, Placeholder
+from client.protocol import DiscoveryRecord, MessageId, Origin, Placeholder, http_origin
 
 from ._exceptions import TransferFailed
 from .protocol import Connect, Stored
 
 RAW_CONTENT_TYPE = "application/octet-stream"
 MAX_ERROR_BODY = 4096
+#: Largest `GET /` record read from the gateway (a real one is under 1 KiB).
+MAX_RECORD_BYTES = 16384
+REDIRECTS = frozenset({301, 302, 303, 307, 308})
 
 
 def credentials(connect: Connect) -> httpx.Auth | None:
@@ -40,14 +43,19 @@ def credentials(connect: Connect) -> httpx.Auth | None:
     return ScramAuth(connect.username, password)
 
 
-async def _bounded(response: httpx.Response) -> bytes:
-    """At most MAX_ERROR_BODY bytes of an answer's body (the gateway's JSON is far less)."""
+async def _bounded_to(response: httpx.Response, limit: int) -> bytes:
+    """At most `limit` bytes of an answer's body."""
     body = b""
     async for piece in response.aiter_raw():
         body += piece
-        if len(body) >= MAX_ERROR_BODY:
+        if len(body) >= limit:
             break
-    return body[:MAX_ERROR_BODY]
+    return body[:limit]
+
+
+async def _bounded(response: httpx.Response) -> bytes:
+    """At most MAX_ERROR_BODY bytes of an answer's body (the gateway's JSON is far less)."""
+    return await _bounded_to(response, MAX_ERROR_BODY)
 
 
 async def _detail(response: httpx.Response) -> str:
@@ -108,6 +116,29 @@ class GatewayLink:
 
     def __init__(self, *, timeout: float, verify: ssl.SSLContext | bool = True) -> None:
         self._http = httpx.AsyncClient(timeout=timeout, verify=verify)
+        # Per gateway origin: the store origin its `GET /` declares (None: it declares none).
+        self._stores: dict[Origin, Origin | None] = {}
+
+    async def _declared_store(self, gateway: Origin) -> Origin | None:
+        """The `DirectStore` of the gateway's own record (`GET /`), read once and kept.
+
+        A payload redirect is followed only there: a placeholder names the gateway, and the
+        gateway alone says where its store is (as the library does, client/_store_origin.py).
+        """
+        if gateway in self._stores:
+            return self._stores[gateway]
+        store: Origin | None = None
+        try:
+            async with self._http.stream("GET", f"{gateway}/") as response:
+                body = await _bounded_to(response, MAX_RECORD_BYTES + 1)
+            if response.status_code == 200 and len(body) <= MAX_RECORD_BYTES:
+                record = DiscoveryRecord.from_json(body)
+                if record.direct_store is not None:
+                    store = http_origin(record.direct_store)
+        except (httpx.HTTPError, ValueError):  # MalformedDiscoveryRecord is a ValueError
+            return None  # asked again next time
+        self._stores[gateway] = store
+        return store
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -198,6 +229,13 @@ class GatewayLink:
         except httpx.HTTPError as exc:
             raise TransferFailed(f"fetch of {url} failed: {type(exc).__name__}") from exc
         try:
+            location = response.headers.get("location")
+            if response.status_code in REDIRECTS and location is not None:
+                # Direct transfers: the gateway sends the bytes' presigned store URL. Followed
+                # once, without credentials, and only to the store the gateway declares.
+                target = response.url.join(location)
+                await response.aclose()
+                response = await self._redirected(url, str(target))
             if response.status_code != 200:
                 raise TransferFailed(await _detail(response), response.status_code)
             if response.headers.get("content-length") != str(ref.size):
@@ -207,3 +245,18 @@ class GatewayLink:
             yield _pieces(response, url)
         finally:
             await response.aclose()
+
+    async def _redirected(self, url: str, target: str) -> httpx.Response:
+        """The store's answer for a payload redirect, if it leads to the declared store."""
+        try:
+            origin = http_origin(target)
+        except ValueError as exc:
+            raise TransferFailed(f"fetch of {url}: redirect refused: {exc}") from exc
+        if origin != await self._declared_store(http_origin(url)):
+            raise TransferFailed(f"fetch of {url}: redirect to {origin} refused: not its store")
+        request = self._http.build_request("GET", target, headers={"Accept-Encoding": "identity"})
+        request.headers.pop("Cookie", None)
+        try:
+            return await self._http.send(request, auth=None, stream=True)
+        except httpx.HTTPError as exc:
+            raise TransferFailed(f"fetch of {target} failed: {type(exc).__name__}") from exc

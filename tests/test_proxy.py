@@ -178,3 +178,58 @@ def test_plain_paho_qos_retain_and_properties_through_the_proxy(
         assert resolved is not None and resolved.payload == payload  # type: ignore[union-attr]
     for peer in (sub, direct, pub, late):
         peer.close()
+
+
+def test_a_gateway_that_redirects_downloads_to_its_store_is_followed_there_and_only_there(
+    gateway_factory: Callable[..., GatewayServer], broker: Mosquitto, seaweed: Any,
+    big_file: Path, unique_topic: Callable[[str], str],
+) -> None:  # fmt: skip
+    """Direct transfers on: `GET /msg/<id>/payload` is a 307 to a presigned store URL. The
+    proxy follows it to the store the gateway's own record (`GET /`) declares, without
+    credentials, and the unmodified subscriber gets the payload, not the placeholder."""
+    gw = gateway_factory(broker, s3_public_url=f"http://{seaweed.endpoint}")
+    proxy = start_proxy(broker, gw)
+    try:
+        topic = unique_topic("proxy-direct")
+        sub = MosquittoSub(broker, proxy.port, topic, "5")
+        with big_file.open("rb") as stdin:
+            pub = subprocess.run(
+                ["mosquitto_pub", "-p", str(proxy.port), "-t", topic, "-s", "-q", "1"],
+                stdin=stdin, capture_output=True, timeout=120,
+            )  # fmt: skip
+        assert pub.returncode == 0, pub.stderr.decode()
+        got = sub.payload()
+        assert hashlib.sha256(got).digest() == hashlib.sha256(big_file.read_bytes()).digest()
+        assert proxy.metric("offload_proxy_resolved_total") == 1
+    finally:
+        proxy.stop()
+
+
+def test_a_store_that_cannot_be_reached_gives_the_placeholder_and_the_client_goes_on(
+    gateway_factory: Callable[..., GatewayServer], broker: Mosquitto,
+    unique_topic: Callable[[str], str],
+) -> None:  # fmt: skip
+    """The gateway redirects downloads to a store origin nothing listens on: the unmodified
+    subscriber gets the placeholder (what the proxy does with any payload it cannot fetch),
+    and the next message still arrives."""
+    gw = gateway_factory(broker, s3_public_url="http://127.0.0.1:9")  # discard: refused
+    proxy = start_proxy(broker, gw)
+    try:
+        topic = unique_topic("proxy-store-down")
+        peer = PahoPeer(proxy.port)
+        peer.subscribe(broker, topic, qos=1)
+        big = os.urandom(400 * 1024)
+        for payload in (big, b"small"):
+            pub = subprocess.run(
+                ["mosquitto_pub", "-p", str(proxy.port), "-t", topic, "-s", "-q", "1"],
+                input=payload, capture_output=True, timeout=120,
+            )  # fmt: skip
+            assert pub.returncode == 0, pub.stderr.decode()
+        first, second = peer.wait(2)[:2]
+        placeholder = json.loads(first.payload)
+        assert placeholder["_format"] == "external"
+        assert placeholder["size"] == len(big)
+        assert second.payload == b"small"
+        peer.close()
+    finally:
+        proxy.stop()
