@@ -19,8 +19,9 @@ from minio.error import MinioException, S3Error
 from minio.helpers import MAX_MULTIPART_COUNT, MAX_PART_SIZE, MIN_PART_SIZE, DictType
 
 from ._base import ObjectInfo, StoreError
+from ._buffers import Load, PartBuffers, Plan, part_size_under_load, plan
 from ._chain import concat_by_streaming
-from ._multipart import part_size_for, put_parallel
+from ._multipart import put_parallel
 from ._s3_direct import S3Direct
 
 log = logging.getLogger("gateway.storage")
@@ -82,9 +83,11 @@ class S3Store:
         secret_key: S3 secret key.
         secure: use HTTPS.
         region: the bucket's region, when the service needs one.
-        part_size: multipart part size for large payloads (>= 5 MiB); memory per upload is
-            about part_size * parallel_uploads.
-        parallel_uploads: parts uploaded at once for one large payload.
+        part_size: multipart part size for large payloads (>= 5 MiB) while the load allows.
+        parallel_uploads: parts uploaded at once for one large payload, load allowing.
+        part_memory: the part buffers all uploads share (`gateway.storage._buffers`): one
+            alone gets `part_size * (parallel_uploads + 1)`, N in flight this over N each,
+            never less than one 5 MiB part.
         timeout: seconds to connect and between bytes; a store that is down fails fast.
     """
 
@@ -99,6 +102,7 @@ class S3Store:
         region: str | None = None,
         part_size: int = 8 * 1024 * 1024,
         parallel_uploads: int = 2,
+        part_memory: int = 128 * 1024 * 1024,
         timeout: float = 10.0,
         pool_size: int = 32,
     ) -> None:
@@ -123,6 +127,10 @@ class S3Store:
         self.bucket = bucket
         self._part_size = part_size
         self._parallel = parallel_uploads
+        self._part_memory = part_memory
+        self._load = Load()  # uploads and downloads in flight through this store
+        # Idle buffers kept: what one upload alone uses, so sequential uploads reuse them.
+        self._buffers = PartBuffers(keep_bytes=part_size * (parallel_uploads + 1))
 
     def __repr__(self) -> str:
         return f"S3Store(bucket={self.bucket!r})"
@@ -175,7 +183,7 @@ class S3Store:
         try:
             # Not the SDK's parallel upload: it leaks its threads when a part fails. Nor its
             # upload of unknown length: its fixed part size would stop at part 10,000.
-            if self._parallel > 1 or length < 0:
+            with self._load.one():
                 put_parallel(
                     self._client,
                     self.bucket,
@@ -183,21 +191,23 @@ class S3Store:
                     reader,
                     length,
                     content_type=content_type or "application/octet-stream",
-                    part_size=self._part_size,
+                    part_size=part_size_under_load(
+                        self._part_size, budget=self._part_memory, transfers=self._load.count
+                    ),
                     parallel=self._parallel,
+                    buffers=self._buffers,
+                    share=self._share,
                 )
-                return
-            self._client.put_object(
-                self.bucket,
-                key,
-                reader,
-                length,
-                content_type=content_type or "application/octet-stream",
-                part_size=part_size_for(1, length, self._part_size),
-                num_parallel_uploads=1,
-            )
         except _UNAVAILABLE as exc:
             raise StoreError(f"upload of {key!r} failed: {exc}") from exc
+
+    def _share(self) -> Plan:
+        return plan(
+            part_size=self._part_size,
+            parallel=self._parallel,
+            budget=self._part_memory,
+            transfers=self._load.count,
+        )
 
     def put_bytes(self, key: str, data: bytes, content_type: str = "application/json") -> None:
         self.put_stream(key, io.BytesIO(data), len(data), content_type)
@@ -258,12 +268,12 @@ class S3Store:
             raise StoreError(f"read of {key!r} failed: {exc}") from exc
         return self._iterate(response, key)
 
-    @staticmethod
-    def _iterate(response: urllib3.BaseHTTPResponse, key: str) -> Iterator[bytes]:
+    def _iterate(self, response: urllib3.BaseHTTPResponse, key: str) -> Iterator[bytes]:
         try:
             # The stored bytes as they are (the manifest's SHA-256 covers them), and no
             # decoded-bytes buffer between the socket and us.
-            yield from response.stream(_READ_PIECE, decode_content=False)
+            with self._load.one():  # a download in flight counts against the part budget
+                yield from response.stream(_READ_PIECE, decode_content=False)
         except _UNAVAILABLE as exc:
             raise StoreError(f"read of {key!r} failed: {exc}") from exc
         finally:
