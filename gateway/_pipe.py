@@ -40,6 +40,7 @@ from .storage import ObjectStore, StoreError, crc32c_available, crc32c_extend
 
 PIECE = 1024 * 1024
 FLUSH_INTERVAL = 1.0  # seconds: a slow body still reaches the store at least this often
+QUIET_TRANSFERS = 4  # at most this many in flight: an upload's pipe holds 4 batches, else 2
 _EOF: list[bytes | memoryview] = []  # an empty batch ends the stream
 _SLACK = 5.0  # seconds the transfer thread waits beyond the body idle timeout
 # Without its C extension google_crc32c falls back to pure Python at a few MB/s: the gateway
@@ -282,8 +283,14 @@ class StreamingUpload:
         self._store_timeout = transfers.store_timeout
         slot = transfers.admit()
         loop = asyncio.get_running_loop()
+        # Alone, 4 batches keep the body flowing while a part is sent; under load the
+        # store sets the pace and the client waits in TCP, not in our memory (issue 31).
+        quiet = transfers.active <= QUIET_TRANSFERS
         self._reader = PipeReader(
-            loop, idle_timeout=transfers.idle_timeout + _SLACK, on_progress=slot.touch
+            loop,
+            idle_timeout=transfers.idle_timeout + _SLACK,
+            on_progress=slot.touch,
+            depth=4 if quiet else 2,
         )
         self._batch: Batch = []
         self._batched = 0

@@ -21,6 +21,7 @@ from minio.helpers import MAX_MULTIPART_COUNT, MAX_PART_SIZE, MIN_PART_SIZE, Dic
 from ._base import ObjectInfo, StoreError
 from ._buffers import Load, PartBuffers, Plan, part_size_under_load, plan
 from ._chain import concat_by_streaming
+from ._http import pool_manager
 from ._multipart import put_parallel
 from ._s3_direct import S3Direct
 
@@ -106,8 +107,9 @@ class S3Store:
         timeout: float = 10.0,
         pool_size: int = 32,
     ) -> None:
-        http = urllib3.PoolManager(
-            timeout=urllib3.Timeout(connect=min(timeout, 3.0), read=timeout),
+        http = pool_manager(
+            connect=min(timeout, 3.0),
+            read=timeout,  # and sending: a busy store may read a part's body slowly
             maxsize=pool_size,
             # A store that is down must fail fast (503), one that hiccups (SeaweedFS and
             # MinIO answer 500 "please try again" under load) gets a retry.
