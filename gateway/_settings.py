@@ -30,6 +30,11 @@ class Settings(BaseSettings):
         description="bytes of part buffers the proxied uploads share: one alone gets "
         "(parallel uploads + 1) parts, N at once this over N each, at least one 5 MiB part",
     )
+    s3_checksums: bool = Field(
+        True,
+        description="send upload bodies signed UNSIGNED-PAYLOAD with a CRC-32C the store "
+        "verifies, when a start-up probe finds that it does (else signed with their SHA-256)",
+    )
     s3_timeout: float = Field(
         10.0, gt=0, le=600, description="seconds an S3 request may wait for the store's answer"
     )

@@ -34,6 +34,7 @@ def open_store(
     part_size: int = 8 * 1024 * 1024,
     parallel_uploads: int = 2,
     part_memory: int = 128 * 1024 * 1024,
+    checksums: bool = True,
     timeout: float = 10.0,
 ) -> S3Store | FileStore:
     """Open the store a storage URL names.
@@ -46,6 +47,7 @@ def open_store(
         part_size: multipart part size in bytes.
         parallel_uploads: parts in flight per upload.
         part_memory: part buffers all uploads share (see `S3Store`).
+        checksums: unsigned bodies with a CRC-32C the store verifies, if it does.
         timeout: seconds an S3 request may wait for the store's next bytes (connecting is
             bounded separately, at most 3 s, so a store that is down still fails fast).
     """
@@ -69,5 +71,6 @@ def open_store(
         part_size=part_size,
         parallel_uploads=parallel_uploads,
         part_memory=part_memory,
+        checksums=checksums,
         timeout=timeout,
     )

@@ -27,8 +27,10 @@ from typing import BinaryIO
 
 from minio import Minio
 from minio.datatypes import Part
+from minio.helpers import DictType
 
 from ._buffers import PartBuffers, Plan
+from ._checksums import ALGORITHM, HEADER, complete, crc32c_header
 
 MAX_PARTS = 10_000  # S3's limit on the parts of one multipart upload
 MAX_PART_SIZE = 5 * 1024**3  # S3's limit on one part
@@ -75,6 +77,21 @@ def _fill(reader: BinaryIO, buffer: bytearray) -> int:
     return got
 
 
+def _send_part(
+    client: Minio,
+    bucket: str,
+    key: str,
+    body: memoryview,
+    upload_id: str,
+    number: int,
+    checksums: bool,
+) -> tuple[str, str]:
+    """UploadPart in a part thread; its ETag and CRC-32C header value ("" without)."""
+    headers = crc32c_header(body) if checksums else None
+    etag = client._upload_part(bucket, key, body, headers, upload_id, number)  # type: ignore[arg-type]
+    return etag, "" if headers is None else str(headers[HEADER])
+
+
 def _check(total: int, length: int) -> None:
     if length >= 0 and total != length:
         raise ValueError(f"stream had {total} bytes, expected {length}")
@@ -92,12 +109,15 @@ def put_parallel(
     parallel: int,
     buffers: PartBuffers,
     share: Callable[[], Plan],
+    checksums: bool = False,
 ) -> None:
     """Store what `reader` yields under `key`, parts filled into reused buffers.
 
     Memory: at most `share().buffers` parts (asked again before each part), never more
     than `parallel` in flight plus the one being filled. A payload that fits one part is
     one PUT. Part sizes follow `part_size_for`, so S3's 10,000-part limit is never reached.
+    With `checksums`, each request carries its body's CRC-32C for the store to verify and
+    is signed `UNSIGNED-PAYLOAD` (`gateway.storage._checksums`).
 
     Raises:
         ValueError: the stream did not have `length` bytes (when `length` >= 0).
@@ -113,15 +133,19 @@ def put_parallel(
         single = n < len(buffer) or n == length or not pooled
         if single:
             _check(n, length)
-            headers = {"Content-Type": content_type}
-            client._put_object(bucket, key, memoryview(buffer)[:n], headers)  # type: ignore[arg-type]
+            body = memoryview(buffer)[:n]
+            headers: DictType = {"Content-Type": content_type}
+            if checksums:
+                headers.update(crc32c_header(body))
+            client._put_object(bucket, key, body, headers)  # type: ignore[arg-type]
             return
     finally:
         if single and pooled:
             buffers.give(buffer)
-    upload_id = client._create_multipart_upload(bucket, key, {"Content-Type": content_type})
-    etags: list[concurrent.futures.Future[str]] = []
-    in_flight: deque[tuple[concurrent.futures.Future[str], bytearray]] = deque()
+    created: DictType = {"Content-Type": content_type, **(ALGORITHM if checksums else {})}
+    upload_id = client._create_multipart_upload(bucket, key, created)
+    etags: list[concurrent.futures.Future[tuple[str, str]]] = []
+    in_flight: deque[tuple[concurrent.futures.Future[tuple[str, str]], bytearray]] = deque()
     pool = concurrent.futures.ThreadPoolExecutor(parallel, thread_name_prefix="offload-part")
     held: bytearray | None = buffer
     try:
@@ -130,13 +154,7 @@ def put_parallel(
             total += n
             view = memoryview(buffer)[:n]
             future = pool.submit(
-                client._upload_part,
-                bucket,
-                key,
-                view,  # type: ignore[arg-type]
-                None,
-                upload_id,
-                number,
+                _send_part, client, bucket, key, view, upload_id, number, checksums
             )
             etags.append(future)
             in_flight.append((future, buffer))
@@ -153,8 +171,12 @@ def put_parallel(
             buffer = held = buffers.take(size)
             n = _fill(reader, buffer)
         _check(total, length)
-        parts = [Part(i + 1, etag.result()) for i, etag in enumerate(etags)]
-        client._complete_multipart_upload(bucket, key, upload_id, parts)
+        sent = [etag.result() for etag in etags]
+        if checksums:
+            complete(client, bucket, key, upload_id, sent)
+        else:
+            parts = [Part(i, etag) for i, (etag, _) in enumerate(sent, start=1)]
+            client._complete_multipart_upload(bucket, key, upload_id, parts)
     except BaseException:
         for future, _ in in_flight:
             future.cancel()

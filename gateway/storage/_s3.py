@@ -21,6 +21,8 @@ from minio.helpers import MAX_MULTIPART_COUNT, MAX_PART_SIZE, MIN_PART_SIZE, Dic
 from ._base import ObjectInfo, StoreError
 from ._buffers import Load, PartBuffers, Plan, part_size_under_load, plan
 from ._chain import concat_by_streaming
+from ._checksums import HEADER as CHECKSUM_HEADER
+from ._checksums import probe as probe_checksums
 from ._http import pool_manager
 from ._multipart import put_parallel
 from ._s3_direct import S3Direct
@@ -56,6 +58,13 @@ class _Minio(Minio):
         body: bytes | None = None,
         creds: Credentials | None = None,
     ) -> tuple[DictType, datetime.datetime]:
+        if body and creds is not None and (headers or {}).get(CHECKSUM_HEADER):
+            # The store verifies the body's CRC-32C (gateway.storage._checksums): sign
+            # UNSIGNED-PAYLOAD rather than hash the body with SHA-256 (or MD5) again.
+            built, date = super()._build_headers(host, headers, None, creds)
+            built["Content-Length"] = str(len(body))
+            built["x-amz-content-sha256"] = "UNSIGNED-PAYLOAD"
+            return built, date
         skip = bool(body) and creds is not None and self._base_url.is_https
         if not skip or (headers or {}).get("Content-MD5"):
             return super()._build_headers(host, headers, body, creds)
@@ -89,6 +98,8 @@ class S3Store:
         part_memory: the part buffers all uploads share (`gateway.storage._buffers`): one
             alone gets `part_size * (parallel_uploads + 1)`, N in flight this over N each,
             never less than one 5 MiB part.
+        checksums: send part bodies unsigned with a CRC-32C the store verifies, when
+            `ensure_bucket` finds that the store does (`gateway.storage._checksums`).
         timeout: seconds to connect and between bytes; a store that is down fails fast.
     """
 
@@ -104,6 +115,7 @@ class S3Store:
         part_size: int = 8 * 1024 * 1024,
         parallel_uploads: int = 2,
         part_memory: int = 128 * 1024 * 1024,
+        checksums: bool = True,
         timeout: float = 10.0,
         pool_size: int = 32,
     ) -> None:
@@ -130,12 +142,20 @@ class S3Store:
         self._part_size = part_size
         self._parallel = parallel_uploads
         self._part_memory = part_memory
+        # Unsigned payloads with a CRC-32C the store verifies: on when `ensure_bucket`'s
+        # probe saw the store verify one (False: off; None: not probed, or asked off).
+        self._checksums: bool | None = None if checksums else False
         self._load = Load()  # uploads and downloads in flight through this store
         # Idle buffers kept: what one upload alone uses, so sequential uploads reuse them.
         self._buffers = PartBuffers(keep_bytes=part_size * (parallel_uploads + 1))
 
     def __repr__(self) -> str:
         return f"S3Store(bucket={self.bucket!r})"
+
+    @property
+    def checksums(self) -> bool:
+        """Whether upload bodies go unsigned with a CRC-32C the store verifies."""
+        return bool(self._checksums)
 
     @property
     def client(self) -> Minio:
@@ -159,6 +179,13 @@ class S3Store:
         except _UNAVAILABLE as exc:
             raise StoreError(f"object store unreachable: {exc}") from exc
         self._probe_conditional_create()
+        if self._checksums is None:
+            why_not = probe_checksums(self._client, self.bucket)
+            self._checksums = why_not is None
+            if why_not is None:
+                log.info("upload bodies go unsigned with a CRC-32C the store verifies")
+            else:
+                log.info("upload bodies signed with their SHA-256 (%s)", why_not)
 
     def _probe_conditional_create(self) -> None:
         """Log an error when the store ignores `If-None-Match: *` (ids become last-writer-wins)."""
@@ -199,6 +226,7 @@ class S3Store:
                     parallel=self._parallel,
                     buffers=self._buffers,
                     share=self._share,
+                    checksums=bool(self._checksums),
                 )
         except _UNAVAILABLE as exc:
             raise StoreError(f"upload of {key!r} failed: {exc}") from exc
