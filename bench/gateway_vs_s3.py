@@ -16,8 +16,9 @@ nginx_proxy`). On two cores that the store and the SDK already keep busy, a prox
 and its process come out of the transfer's time, however cheap it is.
 
 Ratios are gateway throughput over direct throughput (medians); target >= 0.85 both ways
-(issue 15). CPU seconds per GiB of the gateway, SeaweedFS and this client are printed per
-operation: on a shared 2-core machine they move less than wall time.
+(issue 15). With nginx, also the gateway over nginx (issue 31: >= 0.95 both ways) and the
+gateway's CPU per GiB over nginx's. CPU seconds per GiB of the gateway, SeaweedFS and this
+client are printed per operation: on a shared 2-core machine they move less than wall time.
 
     python bench/gateway_vs_s3.py              # 8 runs of 32 MiB each way
     python bench/gateway_vs_s3.py --runs 4 --workers 2
@@ -55,6 +56,7 @@ from client._http import HttpTransport
 from client.protocol import MessageId, encode_upload
 
 TARGET = 0.85
+NGINX_TARGET = 0.95  # issue 31: the gateway / nginx in front of the same store
 T = TypeVar("T")
 
 
@@ -233,6 +235,25 @@ def main() -> None:
         if not targeted:
             result["met"] = None
         rows.append(result)
+    # Issue 31: the gateway against nginx itself (the floor of any proxy), both measured here.
+    for name, floor, cand, kind in (
+        ("upload, hop BSON, gateway / nginx", "nginx upload", "gateway upload", "upload"),
+        ("download, urllib3, gateway / nginx", "nginx download", "urllib3 download", "download"),
+    ):
+        if floor not in times or cand not in times:
+            continue
+        n = mib / statistics.median(times[floor])
+        g = mib / statistics.median(times[cand])
+        rows.append(row("1 gateway vs nginx", f"{mib:.0f} MiB {name}", n, g, "MiB/s",
+                        f">= {NGINX_TARGET}", higher_is_better=True,
+                        limit=NGINX_TARGET))  # fmt: skip
+        proxy_cpu = cpu[floor].get("nginx", 0.0) / gib
+        gateway_cpu = cpu[cand]["gateway"] / gib
+        cpu_row = row("1 gateway vs nginx", f"{kind} CPU-s per GiB, gateway / nginx",
+                      proxy_cpu, gateway_cpu, "CPU-s/GiB", "info", higher_is_better=False,
+                      limit=1.0)  # fmt: skip
+        cpu_row["met"] = None
+        rows.append(cpu_row)
     emit(rows)
 
 

@@ -68,6 +68,8 @@ def build_store(settings: Settings) -> ObjectStore:
         region=settings.s3_region,
         part_size=settings.s3_part_size,
         parallel_uploads=settings.s3_parallel_uploads,
+        part_memory=settings.s3_part_memory,
+        checksums=settings.s3_checksums,
         timeout=settings.s3_timeout,
     )
 

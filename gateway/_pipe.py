@@ -33,25 +33,24 @@ from collections import deque
 from collections.abc import Callable
 from typing import BinaryIO, cast
 
-import google_crc32c
-
 from ._errors import StorageUnavailable
 from ._executors import Transfers
 from ._limits import RequestTimeout
-from .storage import ObjectStore, StoreError
+from .storage import ObjectStore, StoreError, crc32c_available, crc32c_extend
 
 PIECE = 1024 * 1024
 FLUSH_INTERVAL = 1.0  # seconds: a slow body still reaches the store at least this often
+QUIET_TRANSFERS = 4  # at most this many in flight: an upload's pipe holds 4 batches, else 2
 _EOF: list[bytes | memoryview] = []  # an empty batch ends the stream
 _SLACK = 5.0  # seconds the transfer thread waits beyond the body idle timeout
 # Without its C extension google_crc32c falls back to pure Python at a few MB/s: the gateway
 # then records no CRC-32C (the manifest field is optional) rather than crawl.
-_CRC_IN_C = google_crc32c.implementation == "c"
+_CRC_IN_C = crc32c_available
 
 
-def crc32c_update(crc: int, data: bytes) -> int:
+def crc32c_update(crc: int, data: bytes | bytearray | memoryview) -> int:
     """`crc` extended by `data` (a no-op without the C extension, see `crc32c_text`)."""
-    return int(google_crc32c.extend(crc, data)) if _CRC_IN_C else crc
+    return crc32c_extend(crc, data)
 
 
 def crc32c_text(crc: int) -> str | None:
@@ -149,6 +148,38 @@ class PipeReader:
         self.crc32c = crc32c_update(self.crc32c, data)
         self.count += len(data)
         return data
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:
+        """Fill `buffer` (blocking until it is full or the body ends); the bytes written.
+
+        The store's part buffers are filled here without the join `read` makes, and the
+        digests are taken over the filled block (`gateway.storage.crc32c_extend` checksums
+        a writable buffer in place).
+        """
+        target = memoryview(buffer).cast("B")
+        wanted = len(target)
+        got = 0
+        while got < wanted and not self._eof:
+            if not self._pieces:
+                batch = self._next_batch()
+                if not batch:
+                    self._eof = True
+                    break
+                self._pieces = batch
+                self._pieces.reverse()  # pop() from the end is O(1)
+            piece = self._pieces.pop()
+            take = min(wanted - got, len(piece))
+            if take < len(piece):
+                self._pieces.append(memoryview(piece)[take:])
+                piece = memoryview(piece)[:take]
+            target[got : got + take] = piece
+            got += take
+        # Both digests over the filled block at once: one call each per part.
+        filled = target[:got]
+        self.sha256.update(filled)
+        self.crc32c = crc32c_update(self.crc32c, filled)
+        self.count += got
+        return got
 
     def _next_batch(self) -> Batch:
         deadline = time.monotonic() + self._idle_timeout
@@ -252,8 +283,14 @@ class StreamingUpload:
         self._store_timeout = transfers.store_timeout
         slot = transfers.admit()
         loop = asyncio.get_running_loop()
+        # Alone, 4 batches keep the body flowing while a part is sent; under load the
+        # store sets the pace and the client waits in TCP, not in our memory (issue 31).
+        quiet = transfers.active <= QUIET_TRANSFERS
         self._reader = PipeReader(
-            loop, idle_timeout=transfers.idle_timeout + _SLACK, on_progress=slot.touch
+            loop,
+            idle_timeout=transfers.idle_timeout + _SLACK,
+            on_progress=slot.touch,
+            depth=4 if quiet else 2,
         )
         self._batch: Batch = []
         self._batched = 0

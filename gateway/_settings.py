@@ -24,6 +24,17 @@ class Settings(BaseSettings):
     s3_region: str | None = None
     s3_part_size: int = Field(8 * 1024 * 1024, ge=5 * 1024 * 1024)
     s3_parallel_uploads: int = Field(2, ge=1, le=16)
+    s3_part_memory: int = Field(
+        128 * 1024 * 1024,
+        ge=5 * 1024 * 1024,
+        description="bytes of part buffers the proxied uploads share: one alone gets "
+        "(parallel uploads + 1) parts, N at once this over N each, at least one 5 MiB part",
+    )
+    s3_checksums: bool = Field(
+        True,
+        description="send upload bodies signed UNSIGNED-PAYLOAD with a CRC-32C the store "
+        "verifies, when a start-up probe finds that it does (else signed with their SHA-256)",
+    )
     s3_timeout: float = Field(
         10.0, gt=0, le=600, description="seconds an S3 request may wait for the store's answer"
     )

@@ -323,10 +323,12 @@ def test_load_settings_follow_the_values(chart: helm.Chart) -> None:
             "hashThreads": 4,
             "timeouts": {"header": 4, "bodyIdle": 5, "sendIdle": 6, "storeStall": 7, "health": 8},
         },
-        "storage": {"timeout": 3},
+        "storage": {"timeout": 3, "partMemory": 64 * 2**20},
     }
     config = config_map(chart, values)
     assert config["OFFLOAD_MAX_TRANSFERS"] == "8"
+    assert config["OFFLOAD_S3_PART_MEMORY"] == str(64 * 2**20)
+    assert config_map(chart, {})["OFFLOAD_MAX_TRANSFERS"] == "72"
     assert config["OFFLOAD_HASH_THREADS"] == "4"
     assert config["OFFLOAD_HEADER_TIMEOUT"] == "4"
     assert config["OFFLOAD_BODY_IDLE_TIMEOUT"] == "5"
@@ -343,9 +345,15 @@ def test_default_transfers_fit_the_memory_limit() -> None:
     limit = values["resources"]["limits"]["memory"]
     units = {"Mi": 2**20, "Gi": 2**30}
     limit_bytes = int(limit[:-2]) * units[limit[-2:]]
-    per_upload = 40 * 2**20  # measured by bench/load.py at the default part size x parallelism
-    assert values["storage"]["partSize"] * values["storage"]["parallelUploads"] <= per_upload
-    assert values["gateway"]["maxTransfers"] * per_upload <= limit_bytes
+    # docs/operations.md's rule: 100 MiB idle, 12 MiB per transfer under load (bench/load.py,
+    # 16 x 64 MiB uploads + 4 downloads at once), the part budget shared by all uploads.
+    # tests/test_chart_capacity.py runs maxTransfers uploads at these settings.
+    baseline, per_transfer = 100 * 2**20, 12 * 2**20
+    storage = values["storage"]
+    assert storage["partMemory"] >= storage["partSize"] * (storage["parallelUploads"] + 1)
+    assert baseline + storage["partMemory"] <= limit_bytes
+    assert baseline + values["gateway"]["maxTransfers"] * per_transfer <= limit_bytes
+    assert values["gateway"]["maxTransfers"] >= 72  # issue 31: three times 24, same memory
 
 
 def test_example_reads_credentials_from_existing_secrets(chart: helm.Chart) -> None:

@@ -135,8 +135,9 @@ def test_objects_travel_intact_over_tls_without_content_md5(
     assert store.get_bytes("tls/small") == b'{"small": true}'
     assert store.get_bytes("tls/index") == b"first"
     puts = relay.heads(b"PUT")
-    parts = [line for line, _ in puts if b"partNumber=" in line]
-    assert len(parts) == 2, puts  # the relay saw the multipart upload's two parts
+    # The relay saw the multipart upload's two parts (and the start-up checksum probe's).
+    parts = [line for line, _ in puts if b"partNumber=" in line and b"/probes/" not in line]
+    assert len(parts) == 2, puts
     signed = [names for line, names in puts if b"X-Amz-Signature=" not in line]  # not presigned
     assert signed and all(b"x-amz-content-sha256" in names for names in signed)
     assert [line for line, names in puts if b"content-md5" in names] == []

@@ -6,6 +6,8 @@ from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from ._base import DirectStore, ObjectInfo, ObjectStore, StoreError, SupportsDirect
+from ._crc import available as crc32c_available
+from ._crc import crc32c_extend
 from ._file import FileStore
 from ._s3 import S3Store
 
@@ -17,6 +19,8 @@ __all__ = [
     "S3Store",
     "StoreError",
     "SupportsDirect",
+    "crc32c_available",
+    "crc32c_extend",
     "open_store",
 ]
 
@@ -29,6 +33,8 @@ def open_store(
     region: str | None = None,
     part_size: int = 8 * 1024 * 1024,
     parallel_uploads: int = 2,
+    part_memory: int = 128 * 1024 * 1024,
+    checksums: bool = True,
     timeout: float = 10.0,
 ) -> S3Store | FileStore:
     """Open the store a storage URL names.
@@ -40,6 +46,8 @@ def open_store(
         region: S3 region (overrides `region=` in the URL).
         part_size: multipart part size in bytes.
         parallel_uploads: parts in flight per upload.
+        part_memory: part buffers all uploads share (see `S3Store`).
+        checksums: unsigned bodies with a CRC-32C the store verifies, if it does.
         timeout: seconds an S3 request may wait for the store's next bytes (connecting is
             bounded separately, at most 3 s, so a store that is down still fails fast).
     """
@@ -62,5 +70,7 @@ def open_store(
         region=region or query.get("region", [None])[0],
         part_size=part_size,
         parallel_uploads=parallel_uploads,
+        part_memory=part_memory,
+        checksums=checksums,
         timeout=timeout,
     )

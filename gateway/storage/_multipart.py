@@ -11,18 +11,26 @@ S3 allows at most 10,000 parts of at most 5 GiB each: a payload of known length 
 part size large enough for it to fit (`part_size_for`); one of unknown length (a chunked
 body) starts at the configured size and doubles it every 1,000 parts, so memory stays
 `parallel + 1` configured parts up to 1,000 of them and no body ever needs part 10,001.
+
+Parts are read into buffers reused from upload to upload, and how many one upload holds
+follows the load (`gateway.storage._buffers`). A buffer goes back to the free list only
+once the part it held has been sent (its request done, retries included).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import io
 from collections import deque
+from collections.abc import Callable
 from typing import BinaryIO
 
 from minio import Minio
 from minio.datatypes import Part
+from minio.helpers import DictType
+
+from ._buffers import PartBuffers, Plan
+from ._checksums import ALGORITHM, HEADER, complete, crc32c_header
 
 MAX_PARTS = 10_000  # S3's limit on the parts of one multipart upload
 MAX_PART_SIZE = 5 * 1024**3  # S3's limit on one part
@@ -47,17 +55,41 @@ def part_size_for(number: int, length: int, base: int) -> int:
     return min(size, MAX_PART_SIZE)
 
 
-def _read_part(reader: BinaryIO, size: int) -> bytes:
-    """Up to `size` bytes; fewer only at the end of the stream."""
-    pieces: list[bytes] = []
+def _fill(reader: BinaryIO, buffer: bytearray) -> int:
+    """Fill `buffer` from `reader`; the bytes read (fewer only at the end of the stream).
+
+    A reader with `readinto` (the gateway's pipe, `io.BytesIO`) writes straight into the
+    buffer; any other is read and copied.
+    """
+    view = memoryview(buffer)
     got = 0
-    while got < size:
-        piece = reader.read(size - got)
-        if not piece:
+    readinto = getattr(reader, "readinto", None)
+    while got < len(view):
+        if readinto is not None:
+            n = readinto(view[got:])
+        else:
+            piece = reader.read(len(view) - got)
+            n = len(piece)
+            view[got : got + n] = piece
+        if not n:
             break
-        pieces.append(piece)
-        got += len(piece)
-    return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        got += n
+    return got
+
+
+def _send_part(
+    client: Minio,
+    bucket: str,
+    key: str,
+    body: memoryview,
+    upload_id: str,
+    number: int,
+    checksums: bool,
+) -> tuple[str, str]:
+    """UploadPart in a part thread; its ETag and CRC-32C header value ("" without)."""
+    headers = crc32c_header(body) if checksums else None
+    etag = client._upload_part(bucket, key, body, headers, upload_id, number)  # type: ignore[arg-type]
+    return etag, "" if headers is None else str(headers[HEADER])
 
 
 def _check(total: int, length: int) -> None:
@@ -75,48 +107,78 @@ def put_parallel(
     content_type: str,
     part_size: int,
     parallel: int,
+    buffers: PartBuffers,
+    share: Callable[[], Plan],
+    checksums: bool = False,
 ) -> None:
-    """Store what `reader` yields under `key`, `parallel` parts in flight at most.
+    """Store what `reader` yields under `key`, parts filled into reused buffers.
 
-    Memory: at most `parallel + 1` parts. A payload that fits one part is one PUT. Part
-    sizes follow `part_size_for`, so S3's 10,000-part limit is never reached.
+    Memory: at most `share().buffers` parts (asked again before each part), never more
+    than `parallel` in flight plus the one being filled. A payload that fits one part is
+    one PUT. Part sizes follow `part_size_for`, so S3's 10,000-part limit is never reached.
+    With `checksums`, each request carries its body's CRC-32C for the store to verify and
+    is signed `UNSIGNED-PAYLOAD` (`gateway.storage._checksums`).
 
     Raises:
         ValueError: the stream did not have `length` bytes (when `length` >= 0).
     """
-    first_size = part_size_for(1, length, part_size)
-    first = _read_part(reader, first_size)
-    second = b""
-    if len(first) == first_size:
-        second = _read_part(reader, part_size_for(2, length, part_size))
-    if not second:
-        _check(len(first), length)
-        client.put_object(bucket, key, io.BytesIO(first), len(first), content_type=content_type)
-        return
-    upload_id = client._create_multipart_upload(bucket, key, {"Content-Type": content_type})
-    etags: dict[int, concurrent.futures.Future[str]] = {}
-    in_flight: deque[concurrent.futures.Future[str]] = deque()
-    pool = concurrent.futures.ThreadPoolExecutor(parallel, thread_name_prefix="offload-part")
+    size = part_size_for(1, length, part_size)
+    pooled = not 0 <= length < size
+    # A payload known to fit one part gets a buffer of its size (one byte more, so a
+    # stream longer than announced is caught), not a whole part from the free list.
+    buffer = buffers.take(size) if pooled else bytearray(length + 1)
+    single = True
     try:
-        number, data, total = 1, first, 0
-        pending_next: bytes | None = second
-        while data:
-            total += len(data)
-            while len(in_flight) >= parallel:
-                in_flight.popleft().result()  # raises the first failure
-            future = pool.submit(client._upload_part, bucket, key, data, None, upload_id, number)
-            etags[number] = future
-            in_flight.append(future)
+        n = _fill(reader, buffer)
+        single = n < len(buffer) or n == length or not pooled
+        if single:
+            _check(n, length)
+            body = memoryview(buffer)[:n]
+            headers: DictType = {"Content-Type": content_type}
+            if checksums:
+                headers.update(crc32c_header(body))
+            client._put_object(bucket, key, body, headers)  # type: ignore[arg-type]
+            return
+    finally:
+        if single and pooled:
+            buffers.give(buffer)
+    created: DictType = {"Content-Type": content_type, **(ALGORITHM if checksums else {})}
+    upload_id = client._create_multipart_upload(bucket, key, created)
+    etags: list[concurrent.futures.Future[tuple[str, str]]] = []
+    in_flight: deque[tuple[concurrent.futures.Future[tuple[str, str]], bytearray]] = deque()
+    pool = concurrent.futures.ThreadPoolExecutor(parallel, thread_name_prefix="offload-part")
+    held: bytearray | None = buffer
+    try:
+        number, total = 1, 0
+        while n:
+            total += n
+            view = memoryview(buffer)[:n]
+            future = pool.submit(
+                _send_part, client, bucket, key, view, upload_id, number, checksums
+            )
+            etags.append(future)
+            in_flight.append((future, buffer))
+            held = None
+            if n < size:
+                break  # a short part is the last
             number += 1
-            if pending_next is not None:
-                data, pending_next = pending_next, None
-            else:
-                data = _read_part(reader, part_size_for(number, length, part_size))
+            limit = min(parallel + 1, share().buffers)
+            while in_flight and len(in_flight) >= limit:
+                done, used = in_flight.popleft()
+                done.result()  # raises the first failure
+                buffers.give(used)
+            size = part_size_for(number, length, part_size)
+            buffer = held = buffers.take(size)
+            n = _fill(reader, buffer)
         _check(total, length)
-        parts = [Part(n, etags[n].result()) for n in sorted(etags)]
-        client._complete_multipart_upload(bucket, key, upload_id, parts)
+        sent = [etag.result() for etag in etags]
+        if checksums:
+            complete(client, bucket, key, upload_id, sent)
+        else:
+            parts = [Part(i, etag) for i, (etag, _) in enumerate(sent, start=1)]
+            client._complete_multipart_upload(bucket, key, upload_id, parts)
     except BaseException:
-        for future in in_flight:
+        for future, _ in in_flight:
             future.cancel()
         pool.shutdown(wait=True)
         # Best effort: stores also expire abandoned multipart uploads themselves.
@@ -125,3 +187,7 @@ def put_parallel(
         raise
     finally:
         pool.shutdown(wait=True)
+        for _, used in in_flight:
+            buffers.give(used)
+        if held is not None:
+            buffers.give(held)

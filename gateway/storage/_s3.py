@@ -19,8 +19,12 @@ from minio.error import MinioException, S3Error
 from minio.helpers import MAX_MULTIPART_COUNT, MAX_PART_SIZE, MIN_PART_SIZE, DictType
 
 from ._base import ObjectInfo, StoreError
+from ._buffers import Load, PartBuffers, Plan, part_size_under_load, plan
 from ._chain import concat_by_streaming
-from ._multipart import part_size_for, put_parallel
+from ._checksums import HEADER as CHECKSUM_HEADER
+from ._checksums import probe as probe_checksums
+from ._http import pool_manager
+from ._multipart import put_parallel
 from ._s3_direct import S3Direct
 
 log = logging.getLogger("gateway.storage")
@@ -54,6 +58,13 @@ class _Minio(Minio):
         body: bytes | None = None,
         creds: Credentials | None = None,
     ) -> tuple[DictType, datetime.datetime]:
+        if body and creds is not None and (headers or {}).get(CHECKSUM_HEADER):
+            # The store verifies the body's CRC-32C (gateway.storage._checksums): sign
+            # UNSIGNED-PAYLOAD rather than hash the body with SHA-256 (or MD5) again.
+            built, date = super()._build_headers(host, headers, None, creds)
+            built["Content-Length"] = str(len(body))
+            built["x-amz-content-sha256"] = "UNSIGNED-PAYLOAD"
+            return built, date
         skip = bool(body) and creds is not None and self._base_url.is_https
         if not skip or (headers or {}).get("Content-MD5"):
             return super()._build_headers(host, headers, body, creds)
@@ -82,9 +93,13 @@ class S3Store:
         secret_key: S3 secret key.
         secure: use HTTPS.
         region: the bucket's region, when the service needs one.
-        part_size: multipart part size for large payloads (>= 5 MiB); memory per upload is
-            about part_size * parallel_uploads.
-        parallel_uploads: parts uploaded at once for one large payload.
+        part_size: multipart part size for large payloads (>= 5 MiB) while the load allows.
+        parallel_uploads: parts uploaded at once for one large payload, load allowing.
+        part_memory: the part buffers all uploads share (`gateway.storage._buffers`): one
+            alone gets `part_size * (parallel_uploads + 1)`, N in flight this over N each,
+            never less than one 5 MiB part.
+        checksums: send part bodies unsigned with a CRC-32C the store verifies, when
+            `ensure_bucket` finds that the store does (`gateway.storage._checksums`).
         timeout: seconds to connect and between bytes; a store that is down fails fast.
     """
 
@@ -99,11 +114,14 @@ class S3Store:
         region: str | None = None,
         part_size: int = 8 * 1024 * 1024,
         parallel_uploads: int = 2,
+        part_memory: int = 128 * 1024 * 1024,
+        checksums: bool = True,
         timeout: float = 10.0,
         pool_size: int = 32,
     ) -> None:
-        http = urllib3.PoolManager(
-            timeout=urllib3.Timeout(connect=min(timeout, 3.0), read=timeout),
+        http = pool_manager(
+            connect=min(timeout, 3.0),
+            read=timeout,  # and sending: a busy store may read a part's body slowly
             maxsize=pool_size,
             # A store that is down must fail fast (503), one that hiccups (SeaweedFS and
             # MinIO answer 500 "please try again" under load) gets a retry.
@@ -123,9 +141,21 @@ class S3Store:
         self.bucket = bucket
         self._part_size = part_size
         self._parallel = parallel_uploads
+        self._part_memory = part_memory
+        # Unsigned payloads with a CRC-32C the store verifies: on when `ensure_bucket`'s
+        # probe saw the store verify one (False: off; None: not probed, or asked off).
+        self._checksums: bool | None = None if checksums else False
+        self._load = Load()  # uploads and downloads in flight through this store
+        # Idle buffers kept: what one upload alone uses, so sequential uploads reuse them.
+        self._buffers = PartBuffers(keep_bytes=part_size * (parallel_uploads + 1))
 
     def __repr__(self) -> str:
         return f"S3Store(bucket={self.bucket!r})"
+
+    @property
+    def checksums(self) -> bool:
+        """Whether upload bodies go unsigned with a CRC-32C the store verifies."""
+        return bool(self._checksums)
 
     @property
     def client(self) -> Minio:
@@ -149,6 +179,13 @@ class S3Store:
         except _UNAVAILABLE as exc:
             raise StoreError(f"object store unreachable: {exc}") from exc
         self._probe_conditional_create()
+        if self._checksums is None:
+            why_not = probe_checksums(self._client, self.bucket)
+            self._checksums = why_not is None
+            if why_not is None:
+                log.info("upload bodies go unsigned with a CRC-32C the store verifies")
+            else:
+                log.info("upload bodies signed with their SHA-256 (%s)", why_not)
 
     def _probe_conditional_create(self) -> None:
         """Log an error when the store ignores `If-None-Match: *` (ids become last-writer-wins)."""
@@ -175,7 +212,7 @@ class S3Store:
         try:
             # Not the SDK's parallel upload: it leaks its threads when a part fails. Nor its
             # upload of unknown length: its fixed part size would stop at part 10,000.
-            if self._parallel > 1 or length < 0:
+            with self._load.one():
                 put_parallel(
                     self._client,
                     self.bucket,
@@ -183,21 +220,24 @@ class S3Store:
                     reader,
                     length,
                     content_type=content_type or "application/octet-stream",
-                    part_size=self._part_size,
+                    part_size=part_size_under_load(
+                        self._part_size, budget=self._part_memory, transfers=self._load.count
+                    ),
                     parallel=self._parallel,
+                    buffers=self._buffers,
+                    share=self._share,
+                    checksums=bool(self._checksums),
                 )
-                return
-            self._client.put_object(
-                self.bucket,
-                key,
-                reader,
-                length,
-                content_type=content_type or "application/octet-stream",
-                part_size=part_size_for(1, length, self._part_size),
-                num_parallel_uploads=1,
-            )
         except _UNAVAILABLE as exc:
             raise StoreError(f"upload of {key!r} failed: {exc}") from exc
+
+    def _share(self) -> Plan:
+        return plan(
+            part_size=self._part_size,
+            parallel=self._parallel,
+            budget=self._part_memory,
+            transfers=self._load.count,
+        )
 
     def put_bytes(self, key: str, data: bytes, content_type: str = "application/json") -> None:
         self.put_stream(key, io.BytesIO(data), len(data), content_type)
@@ -258,12 +298,12 @@ class S3Store:
             raise StoreError(f"read of {key!r} failed: {exc}") from exc
         return self._iterate(response, key)
 
-    @staticmethod
-    def _iterate(response: urllib3.BaseHTTPResponse, key: str) -> Iterator[bytes]:
+    def _iterate(self, response: urllib3.BaseHTTPResponse, key: str) -> Iterator[bytes]:
         try:
             # The stored bytes as they are (the manifest's SHA-256 covers them), and no
             # decoded-bytes buffer between the socket and us.
-            yield from response.stream(_READ_PIECE, decode_content=False)
+            with self._load.one():  # a download in flight counts against the part budget
+                yield from response.stream(_READ_PIECE, decode_content=False)
         except _UNAVAILABLE as exc:
             raise StoreError(f"read of {key!r} failed: {exc}") from exc
         finally:

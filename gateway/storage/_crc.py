@@ -1,0 +1,58 @@
+"""CRC-32C over any buffer, without copying it, off the GIL where the C library allows.
+
+`google_crc32c.extend` takes `bytes` only (its C extension parses `y#`, which refuses a
+`memoryview` or a `bytearray`), and a part buffer is a `bytearray` that the gateway fills
+in place. Copying 8 MiB into `bytes` only to checksum it would undo the buffer's point, so
+a writable buffer goes to the same C library's `crc32c_extend` through ctypes (which also
+lets other threads run meanwhile). Without that library (another platform's wheel, the
+pure-Python fallback) the buffer is copied; without the C extension at all no CRC-32C is
+taken (`available` is False; the manifest's field is optional).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+from collections.abc import Callable
+from pathlib import Path
+
+import google_crc32c
+
+available = google_crc32c.implementation == "c"
+
+
+def _find_extend() -> Callable[[int, object, int], int] | None:
+    here = Path(google_crc32c.__file__).parent
+    candidates = [str(p) for p in sorted(here.parent.glob("google_crc32c.libs/libcrc32c*.so*"))]
+    system = ctypes.util.find_library("crc32c")
+    if system is not None:
+        candidates.append(system)
+    for name in candidates:
+        try:
+            fn = ctypes.CDLL(name).crc32c_extend
+        except (OSError, AttributeError):
+            continue
+        fn.argtypes = [ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t]
+        fn.restype = ctypes.c_uint32
+        extend: Callable[[int, object, int], int] = fn
+        return extend
+    return None
+
+
+_extend_pointer = _find_extend() if available else None
+
+
+def crc32c_extend(crc: int, data: bytes | bytearray | memoryview) -> int:
+    """`crc` extended by `data` (unchanged when no C implementation is available)."""
+    if not available:
+        return crc
+    if isinstance(data, bytes):
+        return int(google_crc32c.extend(crc, data))
+    view = memoryview(data)
+    if _extend_pointer is not None and not view.readonly and view.contiguous:
+        n = view.nbytes
+        if n == 0:
+            return crc
+        block = (ctypes.c_char * n).from_buffer(view)
+        return int(_extend_pointer(crc, ctypes.addressof(block), n))
+    return int(google_crc32c.extend(crc, view.tobytes()))
