@@ -20,7 +20,7 @@ from pathlib import Path
 
 from _servers import Mosquitto, SeaweedFS
 
-LOGS = ("gateway.log", "mosquitto/mosquitto.log", "seaweedfs/weed.log")
+LOGS = ("gateway.log", "proxy.log", "mosquitto/mosquitto.log", "seaweedfs/weed.log")
 KEPT_RUNS = 4  # earlier runs' logs kept beside each log
 USER = "demo"
 GATEWAY_USER = "offload-gateway"

@@ -4,11 +4,12 @@ Run through `scripts/up.sh`, which installs everything first. After a self-check
 message across the 256 KiB broker, byte-exact, while a plain mosquitto_sub sees only a
 placeholder) it serves until Ctrl-C; `--check` stops after the self-check.
 
-Ports: STACK_MQTT_PORT (1883), STACK_S3_PORT (8333), STACK_GATEWAY_PORT (8080); 0 picks free
-ones. State (data, logs, logins, `env`): STACK_DIR (default `.stack` in the checkout), kept
-across restarts as a deployment keeps its store, index and logs (each log's earlier runs as
-`<log>.1` ... `.4`); `--clean` erases it first. A second stack on the same STACK_DIR is
-refused while the first runs (a lock held for the stack's lifetime).
+Ports: STACK_MQTT_PORT (1883), STACK_S3_PORT (8333), STACK_GATEWAY_PORT (8080),
+STACK_PROXY_PORT (1884, offload-proxy: scripts/_stack_proxy.py); 0 picks free ones. State
+(data, logs, logins, `env`): STACK_DIR (default `.stack` in the checkout), kept across restarts
+as a deployment keeps its store, index and logs (each log's earlier runs as `<log>.1` ...
+`.4`); `--clean` erases it first. A second stack on the same STACK_DIR is refused while the
+first runs (a lock held for the stack's lifetime).
 
 Protected as a deployment is (scripts/_stack_state.py): a password file and ACL shared by
 mosquitto and the gateway, the user `demo` with a password generated for this stack (in the
@@ -37,6 +38,7 @@ from typing import IO
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+from _stack_proxy import proxy_check, start_proxy, stop_proxy  # noqa: E402
 from _stack_state import GATEWAY_USER, USER, Files, rotate_logs, write_env  # noqa: E402
 
 from _servers import (  # noqa: E402
@@ -199,7 +201,9 @@ def _show(name: str, done: subprocess.CompletedProcess[str]) -> None:
         print(f"      stderr: {line}")
 
 
-def self_check(files: Files, broker: Mosquitto, gw_url: str, client: dict[str, str]) -> bool:
+def self_check(
+    files: Files, broker: Mosquitto, gw_url: str, client: dict[str, str], proxy_port: int
+) -> bool:
     print("==> self-check: 20 MiB through a broker that takes 256 KiB packets")
     ready = wait_ready(gw_url, files.ca)
     print(f"    gateway /readyz: {ready}")
@@ -267,6 +271,7 @@ def self_check(files: Files, broker: Mosquitto, gw_url: str, client: dict[str, s
         print(f"    mosquitto_sub printed nothing usable: {raw_out!r}")
         ok = False
     big.unlink()
+    ok = proxy_check(files.state, proxy_port, USER, files.made.password) and ok
     print("==> self-check " + ("PASSED" if ok else "FAILED"))
     return ok
 
@@ -288,6 +293,8 @@ Serving. In another shell:
   offload publish --topic demo/big --file /path/to/large.bin
   curl -s {login} --data-binary @/path/to/file {gw}/publish/demo/curl
   curl -s --cacert "$OFFLOAD_CA_FILE" {gw}/readyz
+  mosquitto_pub -p "$STACK_PROXY_PORT" -u "$OFFLOAD_USERNAME" -P "$OFFLOAD_PASSWORD" \
+-t demo/any -s < /path/to/large.bin   # any MQTT client, through offload-proxy
 S3 for Spark or any S3 tool: endpoint http://{s3.endpoint}  bucket offload  access key \
 {s3.access_key}  secret key {s3.secret_key}
 API docs: {gw}/docs   Logs: {files.state}/   Ctrl-C stops everything (data and logs are kept)."""
@@ -297,7 +304,12 @@ def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def stop_all(gateway: subprocess.Popen[bytes] | None, broker: Mosquitto, s3: SeaweedFS) -> str:
+def stop_all(
+    proxy: subprocess.Popen[bytes] | None,
+    gateway: subprocess.Popen[bytes] | None,
+    broker: Mosquitto,
+    s3: SeaweedFS,
+) -> str:
     """Stop every server within a bound, whatever state each is in; say how long each took.
 
     The gateway goes first (it lets in-flight requests finish for GATEWAY_SHUTDOWN seconds,
@@ -306,6 +318,9 @@ def stop_all(gateway: subprocess.Popen[bytes] | None, broker: Mosquitto, s3: Sea
     after a second; mosquitto gets 5 s).
     """
     took: list[str] = []
+    t0 = time.monotonic()
+    stop_proxy(proxy)  # first: its transfers need the gateway and the broker
+    took.append(f"offload-proxy {time.monotonic() - t0:.1f} s")
     t0 = time.monotonic()
     if gateway is not None and gateway.poll() is None:
         gateway.terminate()
@@ -337,6 +352,7 @@ def run(args: argparse.Namespace) -> int:
         s3_port = requested_port("STACK_S3_PORT", 8333)
         mqtt_port = requested_port("STACK_MQTT_PORT", 1883)
         gw_wanted = requested_port("STACK_GATEWAY_PORT", 8080)
+        proxy_wanted = requested_port("STACK_PROXY_PORT", 1884)
         if args.clean:
             print(f"==> --clean: erasing {state}")
             shutil.rmtree(state, ignore_errors=True)  # ours alone: the lock is held
@@ -355,6 +371,7 @@ def run(args: argparse.Namespace) -> int:
         )
         broker.workdir.mkdir(exist_ok=True)
         gateway: subprocess.Popen[bytes] | None = None
+        proxy: subprocess.Popen[bytes] | None = None
         try:
             print(f"==> SeaweedFS S3 on 127.0.0.1:{s3_port or '<free port>'}")
             s3.start()
@@ -366,9 +383,11 @@ def run(args: argparse.Namespace) -> int:
             direct = "on" if DIRECT_TRANSFERS else "off"
             print(f"==> gateway on {gw_url}  (S3 {s3.endpoint}, MQTT {broker.url}, "
                   f"direct transfers {direct})")  # fmt: skip
-            client = files.client_env(broker, gw_url, s3)
+            proxy, proxy_port = start_proxy(state, broker, gw_url, files.ca, proxy_wanted)
+            print(f"==> offload-proxy on mqtt://127.0.0.1:{proxy_port} (any MQTT client, any size)")
+            client = files.client_env(broker, gw_url, s3) | {"STACK_PROXY_PORT": str(proxy_port)}
             write_env(state / "env", client)
-            ok = self_check(files, broker, gw_url, client)
+            ok = self_check(files, broker, gw_url, client, proxy_port)
             if args.check or not ok:
                 return 0 if ok else 1
             print(banner(files, broker, gw_port, s3), flush=True)
@@ -378,7 +397,7 @@ def run(args: argparse.Namespace) -> int:
             return 0
         finally:
             t0 = time.monotonic()
-            took = stop_all(gateway, broker, s3)
+            took = stop_all(proxy, gateway, broker, s3)
             print(f"==> stopped in {time.monotonic() - t0:.1f} s ({took})", flush=True)
 
 

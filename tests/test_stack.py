@@ -93,7 +93,7 @@ def _stack(
 ) -> subprocess.Popen[str]:
     """`scripts/stack.py`; `sigint_ignored`: started as `up.sh &` from a script or CI job is."""
     env = os.environ | {"STACK_DIR": str(state), "STACK_MQTT_PORT": "0", "STACK_S3_PORT": "0",
-                        "STACK_GATEWAY_PORT": "0"} | ports  # fmt: skip
+                        "STACK_GATEWAY_PORT": "0", "STACK_PROXY_PORT": "0"} | ports  # fmt: skip
     return subprocess.Popen(
         [sys.executable, str(ROOT / "scripts" / "stack.py"), *args],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
