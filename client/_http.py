@@ -30,7 +30,7 @@ from urllib.parse import quote
 import httpx
 
 from ._answers import TransientFetchError, _check_status, _detail, _verified
-from ._deadline import Pace, Watchdog
+from ._deadline import ON_SOCKET, Pace, Watchdog
 from ._exceptions import (
     FetchError,
     UploadError,
@@ -339,6 +339,8 @@ class HttpTransport:
         if topic is not None:
             headers["X-Offload-Placeholder-Topic"] = quote(topic, safe="")
         request = self._reader.build_request("GET", target, headers=headers)
+        if watchdog is not None:
+            request.extensions[ON_SOCKET] = watchdog.attach
         first_auth: httpx.Auth | None = auth
         for hop in range(MAX_REDIRECTS + 1):
             response = self._reader.send(
@@ -352,6 +354,8 @@ class HttpTransport:
                     if hop == MAX_REDIRECTS:
                         raise FetchError(url, f"more than {MAX_REDIRECTS} redirects")
                     request = self._redirected(url, response.url.join(location), home, redirect_ok)
+                    if watchdog is not None:
+                        request.extensions[ON_SOCKET] = watchdog.attach
                     first_auth = _NO_AUTH  # credentials never follow a redirect
                     continue
                 _check_status(url, response)
