@@ -112,6 +112,7 @@ class MqttConnection:
         self._connected = threading.Event()
         self._connack_error: ConnectionFailed | None = None
         self._first = threading.Event()
+        self._caller_waits = False  # connect(): the caller gets the first refusal raised
         self._lock = threading.Lock()
         self._subscriptions: dict[str, int] = {}
         self._pubacks = Acks()
@@ -175,6 +176,7 @@ class MqttConnection:
             ConnectionFailed: unreachable, refused, or no CONNACK in time.
         """
         where = f"{self.broker.host}:{self.broker.port}"
+        self._caller_waits = True
         try:
             if self.protocol == 5:
                 self._paho.connect(
@@ -343,7 +345,14 @@ class MqttConnection:
         properties: Properties | None,
     ) -> None:
         if reason.is_failure:
-            log.warning("broker %s refused the connection: %s", self.broker, reason)
+            # A refusal connect() raises is the caller's to report (the CLI: one line).
+            raised = self._caller_waits and not self._first.is_set()
+            log.log(
+                logging.INFO if raised else logging.WARNING,
+                "broker %s refused the connection: %s",
+                self.broker,
+                reason,
+            )
             self._connack_error = ConnectionFailed(f"broker refused the connection: {reason}")
             self._first.set()
             return
