@@ -297,7 +297,9 @@ class HttpTransport:
                 on_bytes = watchdog.counting(on_bytes)
             try:
                 with self._open(url, auth, redirect_ok, watchdog, topic) as response:
-                    size = _checked_length(str(response.url), response, expected_size, limit)
+                    # Named by `url`, never `response.url`: after a redirect that is a
+                    # presigned store URL, whose signature must not reach errors and logs.
+                    size = _checked_length(url, response, expected_size, limit)
                     # The SHA-256 on a second thread while the reader waits on the socket (or
                     # the disk): hashlib and the socket read both release the GIL.
                     threaded = size is None or size >= THREADED_HASH_FROM
