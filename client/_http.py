@@ -229,6 +229,11 @@ class HttpTransport:
         """The pooled httpx client (direct transfers reuse its connections)."""
         return self._client
 
+    @property
+    def reader(self) -> httpx.Client:
+        """The httpx client fetches read with (over urllib3, whose head the pace times too)."""
+        return self._reader
+
     def fetch(
         self,
         url: str,
