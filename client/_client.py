@@ -157,7 +157,7 @@ class Client:
             direct_store=self._discovery.direct_store,
             configured_store=None
             if s.endpoint is None
-            else ConfiguredStore(s.endpoint, self._transport.client),
+            else ConfiguredStore(s.endpoint, self._transport.reader),
             warn_plain_http=warner,
             use_discovery=self._use_discovery,
             on_fetch_progress=on_fetch_progress,

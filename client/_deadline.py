@@ -29,6 +29,10 @@ from ._exceptions import FetchError
 #: Response extension: the socket a response's body is read from, when the transport knows it
 #: (:mod:`client._urllib3` sets it; httpx's own transport offers `network_stream`).
 SOCKET = "offload.socket"
+#: Request extension: called with the connection's socket before the answer's head is read,
+#: so a fetch whose origin trickles its status line and headers can be cut off too
+#: (:mod:`client._urllib3` calls it; without it only the body is covered).
+ON_SOCKET = "offload.on_socket"
 #: Least seconds between two checks of one fetch.
 MIN_CHECK = 0.25
 
@@ -124,13 +128,22 @@ class Watchdog:
 
     def watch(self, response: httpx.Response) -> None:
         """The socket to shut down is now `response`'s (shut at once if already cut off)."""
-        sock = _socket_of(response)
+        why = self.attach(_socket_of(response))
+        if why is not None:
+            raise FetchError(self._url, why)
+
+    def attach(self, sock: socket.socket | None) -> str | None:
+        """The socket to shut down is now `sock`: shut at once, saying why, if already cut off.
+
+        Also the transport's :data:`ON_SOCKET` hook: called before an answer's head is read,
+        so a head that trickles in is cut off like a body (never raises there).
+        """
         with self._lock:
             self._sock = sock
             why = self.cut_off
         if why is not None:
             self._shutdown(sock)
-            raise FetchError(self._url, why)
+        return why
 
     def _run(self, pace: Pace) -> None:
         while True:

@@ -30,7 +30,7 @@ from urllib.parse import quote
 import httpx
 
 from ._answers import TransientFetchError, _check_status, _detail, _verified
-from ._deadline import Pace, Watchdog
+from ._deadline import ON_SOCKET, Pace, Watchdog
 from ._exceptions import (
     FetchError,
     UploadError,
@@ -229,6 +229,11 @@ class HttpTransport:
         """The pooled httpx client (direct transfers reuse its connections)."""
         return self._client
 
+    @property
+    def reader(self) -> httpx.Client:
+        """The httpx client fetches read with (over urllib3, whose head the pace times too)."""
+        return self._reader
+
     def fetch(
         self,
         url: str,
@@ -297,7 +302,9 @@ class HttpTransport:
                 on_bytes = watchdog.counting(on_bytes)
             try:
                 with self._open(url, auth, redirect_ok, watchdog, topic) as response:
-                    size = _checked_length(str(response.url), response, expected_size, limit)
+                    # Named by `url`, never `response.url`: after a redirect that is a
+                    # presigned store URL, whose signature must not reach errors and logs.
+                    size = _checked_length(url, response, expected_size, limit)
                     # The SHA-256 on a second thread while the reader waits on the socket (or
                     # the disk): hashlib and the socket read both release the GIL.
                     threaded = size is None or size >= THREADED_HASH_FROM
@@ -339,6 +346,8 @@ class HttpTransport:
         if topic is not None:
             headers["X-Offload-Placeholder-Topic"] = quote(topic, safe="")
         request = self._reader.build_request("GET", target, headers=headers)
+        if watchdog is not None:
+            request.extensions[ON_SOCKET] = watchdog.attach
         first_auth: httpx.Auth | None = auth
         for hop in range(MAX_REDIRECTS + 1):
             response = self._reader.send(
@@ -352,6 +361,8 @@ class HttpTransport:
                     if hop == MAX_REDIRECTS:
                         raise FetchError(url, f"more than {MAX_REDIRECTS} redirects")
                     request = self._redirected(url, response.url.join(location), home, redirect_ok)
+                    if watchdog is not None:
+                        request.extensions[ON_SOCKET] = watchdog.attach
                     first_auth = _NO_AUTH  # credentials never follow a redirect
                     continue
                 _check_status(url, response)

@@ -128,6 +128,7 @@ class MqttConnection:
         self._connected = threading.Event()
         self._connack_error: ConnectionFailed | None = None
         self._first = threading.Event()
+        self._caller_waits = False  # connect(): the caller gets the first refusal raised
         self._subscriptions = Subscriptions()
         self._pubacks = Acks()
         self._subacks = Acks()
@@ -245,6 +246,7 @@ class MqttConnection:
         self._closing = False  # connected again after a close(): acknowledge again
         if self.broker.tls:  # until the first CONNACK: a refused handshake fails at once
             self._paho.on_log = self._on_handshake_log
+        self._caller_waits = True
         try:
             if self.protocol == 5:
                 self._paho.connect(
@@ -420,7 +422,14 @@ class MqttConnection:
         properties: Properties | None,
     ) -> None:
         if reason.is_failure:
-            log.warning("broker %s refused the connection: %s", self.broker, reason)
+            # A refusal connect() raises is the caller's to report (the CLI: one line).
+            raised = self._caller_waits and not self._first.is_set()
+            log.log(
+                logging.INFO if raised else logging.WARNING,
+                "broker %s refused the connection: %s",
+                self.broker,
+                reason,
+            )
             self._connack_error = ConnectionFailed(f"broker refused the connection: {reason}")
             self._first.set()
             return

@@ -20,6 +20,7 @@ import time
 import httpx
 
 from ._answers import _detail
+from ._deadline import ON_SOCKET, Pace, Watchdog
 from ._exceptions import FetchError
 from .protocol import DiscoveryRecord, MalformedDiscoveryRecord
 from .protocol._bounded import Origin
@@ -27,6 +28,10 @@ from .protocol._discovery import MAX_RECORD_BYTES
 
 #: Seconds before a gateway whose record could not be read is asked again.
 RETRY_AFTER = 30.0
+#: Seconds the record may take to arrive, whole (one more at most for its bytes): it is
+#: read inside a fetch and under the lock every redirected fetch waits on, so an answer
+#: that trickles in must not hold them past any fetch_deadline.
+RECORD_DEADLINE = 10.0
 
 
 def read_gateway_record(client: httpx.Client, endpoint: str) -> DiscoveryRecord:
@@ -37,26 +42,32 @@ def read_gateway_record(client: httpx.Client, endpoint: str) -> DiscoveryRecord:
         endpoint: the gateway's base URL.
 
     Raises:
-        FetchError: no answer, not 200, larger than a record may be, or not a record.
+        FetchError: no answer, not 200, larger than a record may be, not whole within
+            about :data:`RECORD_DEADLINE` seconds, or not a record.
     """
     url = endpoint.rstrip("/") + "/"
-    try:
-        with client.stream(
-            "GET",
-            url,
-            headers={"Accept": "application/json", "Accept-Encoding": "identity"},
-            auth=None,
-            follow_redirects=False,
-        ) as response:
-            if response.status_code != 200:
-                raise FetchError(url, _detail(response), response.status_code)
-            body = b""
-            for piece in response.iter_raw():
-                body += piece
-                if len(body) > MAX_RECORD_BYTES:
-                    raise FetchError(url, f"answer is larger than {MAX_RECORD_BYTES} bytes")
-    except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as exc:
-        raise FetchError(url, f"no answer: {exc!r}") from exc
+    with Watchdog(url, Pace(RECORD_DEADLINE, MAX_RECORD_BYTES)) as watchdog:
+        count = watchdog.counting(None)
+        try:
+            with client.stream(
+                "GET",
+                url,
+                headers={"Accept": "application/json", "Accept-Encoding": "identity"},
+                auth=None,
+                follow_redirects=False,
+                extensions={ON_SOCKET: watchdog.attach},  # the head is timed too
+            ) as response:
+                watchdog.watch(response)
+                if response.status_code != 200:
+                    raise FetchError(url, _detail(response), response.status_code)
+                body = b""
+                for piece in response.iter_raw():
+                    body += piece
+                    count(len(body), None)
+                    if len(body) > MAX_RECORD_BYTES:
+                        raise FetchError(url, f"answer is larger than {MAX_RECORD_BYTES} bytes")
+        except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as exc:
+            raise FetchError(url, f"no answer: {exc!r}") from exc
     try:
         return DiscoveryRecord.from_json(body)
     except MalformedDiscoveryRecord as exc:

@@ -19,13 +19,16 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import socket
 import ssl
+import threading
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
 import urllib3
+from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.exceptions import (
     ConnectTimeoutError,
     HTTPError,
@@ -35,7 +38,7 @@ from urllib3.exceptions import (
     SSLError,
 )
 
-from ._deadline import SOCKET
+from ._deadline import ON_SOCKET, SOCKET
 
 #: Most bytes asked of the socket per body piece: large enough that per-piece costs vanish
 #: (a hashing thread takes each piece as it is), small enough to bound what one read holds.
@@ -109,14 +112,50 @@ class _Body(httpx.SyncByteStream):
         response.release_conn()
 
 
+#: The running request's ON_SOCKET hook, per thread (urllib3 sends and reads on the caller's).
+_request = threading.local()
+
+
+def _before_head(sock: socket.socket | None) -> None:
+    hook: Callable[[socket.socket | None], object] | None = getattr(_request, "on_socket", None)
+    if hook is not None:
+        hook(sock)
+
+
+class _Connection(HTTPConnection):
+    """Tells the request's hook its socket before the answer's head is read (a fetch's pace
+    then covers a status line and headers that trickle in, not only the body)."""
+
+    def getresponse(self) -> Any:  # urllib3's HTTPResponse
+        _before_head(self.sock)
+        return super().getresponse()
+
+
+class _TlsConnection(HTTPSConnection):
+    def getresponse(self) -> Any:
+        _before_head(self.sock)
+        return super().getresponse()
+
+
+class _Pool(urllib3.HTTPConnectionPool):
+    ConnectionCls = _Connection
+
+
+class _TlsPool(urllib3.HTTPSConnectionPool):
+    ConnectionCls = _TlsConnection
+
+
 def _pool_manager(verify: bool | ssl.SSLContext) -> urllib3.PoolManager:
     """The pool, trusting what httpx would trust for the same `verify`."""
     if verify is False:
         # The caller chose no verification by name; httpx does not warn per request either.
         urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
-        return urllib3.PoolManager(maxsize=POOL_SIZE, cert_reqs="CERT_NONE")
-    context = verify if isinstance(verify, ssl.SSLContext) else httpx.create_ssl_context()
-    return urllib3.PoolManager(maxsize=POOL_SIZE, ssl_context=context)
+        manager = urllib3.PoolManager(maxsize=POOL_SIZE, cert_reqs="CERT_NONE")
+    else:
+        context = verify if isinstance(verify, ssl.SSLContext) else httpx.create_ssl_context()
+        manager = urllib3.PoolManager(maxsize=POOL_SIZE, ssl_context=context)
+    manager.pool_classes_by_scheme = {"http": _Pool, "https": _TlsPool}
+    return manager
 
 
 class Urllib3Transport(httpx.BaseTransport):
@@ -134,18 +173,22 @@ class Urllib3Transport(httpx.BaseTransport):
         limits: dict[str, Any] = request.extensions.get("timeout", {})
         timeout = urllib3.Timeout(connect=limits.get("connect"), read=limits.get("read"))
         body = request.read() or None
-        with _as_httpx(request):
-            response = self._pool.urlopen(
-                request.method,
-                str(request.url),
-                body=body,
-                headers=urllib3.HTTPHeaderDict(request.headers.multi_items()),
-                redirect=False,
-                retries=False,
-                preload_content=False,
-                decode_content=False,
-                timeout=timeout,
-            )
+        _request.on_socket = request.extensions.get(ON_SOCKET)
+        try:
+            with _as_httpx(request):
+                response = self._pool.urlopen(
+                    request.method,
+                    str(request.url),
+                    body=body,
+                    headers=urllib3.HTTPHeaderDict(request.headers.multi_items()),
+                    redirect=False,
+                    retries=False,
+                    preload_content=False,
+                    decode_content=False,
+                    timeout=timeout,
+                )
+        finally:
+            _request.on_socket = None
         stream = _Body(response, request)
         extensions: dict[str, Any] = {"http_version": b"HTTP/1.1"}
         # For a fetch's deadline (client/_deadline.py), which shuts it down to end the fetch.

@@ -109,7 +109,7 @@ class ObservabilityMiddleware:
 
 
 async def metrics_endpoint(request: Request) -> Response:
-    """Prometheus text exposition (one process; see the README for several workers)."""
+    """Prometheus text exposition (one process; docs/deployment.md for several workers)."""
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
 

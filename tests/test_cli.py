@@ -275,6 +275,8 @@ def test_credentials_in_the_url(
     bad = run("publish", "--broker", f"mqtt://alice:wrong@{host}", "--topic", topic, "-m", "hi")
     assert bad.returncode == 3
     assert "s3cret" not in bad.stderr
+    # One line, as every failure (the refusal was logged as a WARNING first: two lines).
+    assert bad.stderr == "offload: broker refused the connection: Not authorized\n", bad.stderr
     shutil.rmtree(shared, ignore_errors=True)
 
 

@@ -672,3 +672,37 @@ def test_a_store_out_of_the_clients_reach_falls_back_to_the_proxy(
         pub.close()
         sub.close()
     assert len(_objects(store, bucket_name)) == 3  # payload, sidecar, index: no leftovers
+
+
+def test_a_fetch_error_after_a_redirect_never_names_the_presigned_url(
+    gateway_factory: Callable[..., GatewayServer],
+    broker: Mosquitto,
+    relay: RecordingRelay,
+    unique_topic: Any,
+) -> None:
+    """A placeholder whose size is off by one for a stored message: the fetch is refused at
+    the store's Content-Length, and its error named the presigned store URL, signature and
+    all (valid for OFFLOAD_REDIRECT_TTL), in every MessageError, log and CLI error line."""
+    gw = gateway_factory(broker, s3_public_url=relay.url)
+    topic = unique_topic("direct")
+    data = os.urandom(2 * MiB)  # over the broker's limit: offloaded, through the store
+    sub = _client(broker)
+    try:
+        sub.subscribe(topic)
+        sent = sub.publish(f"{topic}/real", data, qos=1)
+        assert sent.url is not None and sent.message_id is not None
+        assert httpx.get(f"{sent.url}/payload").status_code == 307  # the store serves it
+        wrong = [len(data) - 1, len(data) + 1]
+        for size in wrong:
+            body, props = Placeholder(sent.url, size, _hex(data), sent.message_id).encode(None)
+            sub.connection.publish(topic, body, qos=1, properties=props).result(10)
+        errors = [sub.next_message(30) for _ in wrong]
+    finally:
+        sub.close()
+        gw.stop()
+    for err in errors:
+        assert isinstance(err, MessageError), err
+        text = str(err.error)
+        assert "differs from the declared size" in text, text
+        assert text.startswith(f"{sent.url}/payload: "), text
+        assert "X-Amz-Signature" not in text and relay.url not in text, text

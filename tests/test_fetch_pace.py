@@ -216,3 +216,70 @@ def test_subscribe_timeout_names_the_message_still_being_fetched(
     assert proc.returncode != 0, (out, err)
     assert stuck in out and "still being fetched" in out, (out, err)
     assert handler.paths == [f"/msg/{stuck}/payload"]
+
+
+class _TrickleHead(_Trickle):
+    """Sends its status line, then one byte of a header every `interval`: the head never ends."""
+
+    def do_GET(self) -> None:
+        cls = type(self)
+        with cls.state:
+            cls.active += 1
+            cls.paths.append(self.path)
+            cls.state.notify_all()
+        try:
+            self.wfile.write(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+            self.wfile.flush()
+            while not cls.release.wait(cls.interval):
+                self.wfile.write(b"x")
+                self.wfile.flush()
+        except OSError:
+            with cls.state:
+                cls.cut += 1
+        finally:
+            self.close_connection = True
+            with cls.state:
+                cls.active -= 1
+                cls.state.notify_all()
+
+
+def test_a_head_that_trickles_in_is_cut_off_like_a_body(
+    broker: Mosquitto, unique_topic: Any
+) -> None:
+    """An origin that never finishes its headers kept every read under the per-read timeout,
+    and the pace could not cut it off (it knew the socket only once the head was read)."""
+
+    class Head(_TrickleHead):
+        release = threading.Event()
+        state = threading.Condition()
+        active = 0
+        cut = 0
+        paths: ClassVar[list[str]] = []
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Head)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    origin = f"http://127.0.0.1:{server.server_address[1]}"
+    topic = unique_topic("slow-head")
+    try:
+        with Client(
+            broker.url,
+            discovery_allowlist=(origin,),
+            fetch_deadline=1.0,
+            fetch_min_rate=1_000_000,
+            fetch_retry_for=0.0,
+            http_timeout=60.0,
+        ) as sub:
+            sub.subscribe(topic)
+            stuck = _slow_placeholder(sub, origin, topic)
+            sub.connection.publish(topic, b"after it", qos=1).result(10)
+            first, second = sub.next_message(60), sub.next_message(60)
+            _wait(Head, lambda: Head.cut == 1 and Head.active == 0)  # the client hung up
+    finally:
+        Head.release.set()
+        server.shutdown()
+        server.server_close()
+    assert isinstance(first, MessageError) and first.message_id == stuck, first
+    assert isinstance(first.error, FetchError) and "fetch_min_rate" in str(first.error), first
+    assert isinstance(second, Message) and second.payload == b"after it", second
+    assert Head.paths == [f"/msg/{stuck}/payload"]

@@ -149,3 +149,66 @@ def test_a_redirect_to_a_store_the_gateway_did_not_declare_is_refused(
     # The record was read once, then kept; each payload was asked for once.
     assert handler.seen.count("/") == 1
     assert len(handler.seen) == 3
+
+
+class _TricklingRoot(_Gateway):
+    """Its root answer trickles in, a byte every `interval`: in its head, or in its body."""
+
+    where: ClassVar[str] = "body"
+    interval: ClassVar[float] = 0.5
+    release: ClassVar[threading.Event]
+
+    def do_GET(self) -> None:
+        if self.path != "/":
+            super().do_GET()
+            return
+        type(self).seen.append(self.path)
+        try:
+            if self.where == "head":
+                self.wfile.write(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+            else:
+                self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10000\r\n\r\n{")
+            while not self.release.wait(self.interval):
+                self.wfile.write(b" ")
+                self.wfile.flush()
+        except OSError:
+            pass  # the client hung up
+        self.close_connection = True
+
+
+@pytest.mark.parametrize("where", ["head", "body"])
+def test_a_root_that_trickles_in_cannot_hold_the_fetch(
+    where: str, broker: Mosquitto, unique_topic: Any
+) -> None:
+    """The record is read inside a fetch and under the lock every redirected fetch waits on;
+    an answer that never finished (a byte every 0.5 s) held them all past fetch_deadline."""
+
+    class Root(_TricklingRoot):
+        seen: ClassVar[list[str]] = []
+        release = threading.Event()
+
+    Root.where = where
+    Root.redirect_to = "http://127.0.0.2:9"
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Root)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+    topic = unique_topic("root")
+    data = b"never fetched"
+    mid = MessageId.new()
+    ref = Placeholder(f"{endpoint}/msg/{mid}", len(data), hashlib.sha256(data).hexdigest(), mid)
+    try:
+        with Client(
+            broker.url, endpoint=endpoint, fetch_deadline=1.0, fetch_min_rate=1_000_000
+        ) as sub:
+            sub.subscribe(topic)
+            body, props = ref.encode(None)
+            sub.connection.publish(topic, body, qos=1, properties=props).result(10)
+            err = sub.next_message(60)
+    finally:
+        Root.release.set()
+        server.shutdown()
+        server.server_close()
+    assert isinstance(err, MessageError) and isinstance(err.error, FetchError), err
+    assert err.message_id == str(mid), err
+    assert Root.seen == [f"/msg/{mid}/payload", "/"]
