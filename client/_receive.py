@@ -43,6 +43,7 @@ from ._inbound import InboundQueue
 from ._message import Message, MessageError, Payload, Route
 from ._ordering import FetchPool, Sequencer, Slot
 from ._paho import Incoming, MqttConnection
+from ._unseal import Unsealer
 from .protocol import PublishProperties, _placeholder
 from .protocol._bounded import Origin, http_origin
 from .protocol._chunk import CHUNK_PROPERTY
@@ -139,6 +140,7 @@ class Receiver:
         self._warn_plain_http = warn_plain_http
         self._use_discovery = use_discovery
         self._on_fetch_progress = on_fetch_progress
+        self._unsealer = Unsealer(s)  # reads identity_files once: a bad one fails here
         self.inbound: InboundQueue[Incoming] = InboundQueue(
             s.max_pending_deliveries, s.max_pending_bytes
         )
@@ -355,10 +357,13 @@ class Receiver:
             if progress is not None
             else None,
         )
+        sha256 = ref.sha256
+        if not ref.encoding.plain:  # decrypt / decompress the checked stored bytes
+            payload, sha256 = self._unsealer.decode(ref.encoding, payload)
         return Message(
             incoming.topic,
             payload,
-            ref.sha256,
+            sha256,
             incoming.qos,
             incoming.retain,
             _placeholder.original_properties(incoming.properties),
