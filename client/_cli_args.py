@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from . import _cli_crypt as crypt
 from ._cli_errors import EXIT_CODES_EPILOG, Parser, UsageError
 from ._exceptions import ConfigError, InvalidTopic
 
@@ -57,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--message", "-m", help="payload text (UTF-8)")
     pub.add_argument("--qos", "-q", type=int, choices=[0, 1, 2], default=1)
     pub.add_argument("--retain", "-r", action="store_true")
+    crypt.add_publish_flags(pub)
 
     subs = sub.add_parser("subscribe", help="print one JSON line per message")
     _add_connection(subs)
@@ -69,11 +71,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--ordering", choices=["topic", "arrival"], help="per-topic (default) or arrival order"
     )
     subs.add_argument("--fetch-concurrency", type=int, metavar="N", help="fetches at once (4)")
+    crypt.add_identity_flags(subs)
 
     fetch = sub.add_parser("fetch", help="download an offloaded payload")
     fetch.add_argument("url", help="{endpoint}/msg/{id} (its raw /payload is fetched) or any URL")
     fetch.add_argument("-o", "--output", type=Path, help="file to write (default: stdout)")
     fetch.add_argument("--sha256", help="expected SHA-256 (hex) to verify")
+    crypt.add_identity_flags(fetch, raw=True)
 
     up = sub.add_parser("upload", help="resumable upload of a file (tus); the gateway publishes it")
     up.add_argument("--endpoint", required=True, help="offload gateway URL")
@@ -89,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     disc = sub.add_parser("discover", help="print the advertised discovery record")
     _add_connection(disc)
     disc.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS")
+    crypt.add_keygen(sub)
     return parser
 
 
@@ -104,6 +109,7 @@ def settings_from_args(args: argparse.Namespace) -> ClientSettings:
     from ._config import load_settings  # not for `--help` or `fetch`: tomllib and friends
 
     flags: dict[str, object] = {name: getattr(args, name, None) for name in _SETTING_FLAGS}
+    flags.update(crypt.setting_flags(args))
     if getattr(args, "protocol", None):
         flags["protocol"] = 4 if args.protocol == "3.1.1" else 5
     return load_settings(flags, environ=os.environ, config_file=args.config)

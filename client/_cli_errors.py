@@ -30,13 +30,16 @@ from ._exceptions import (
     ChunkTimeoutError,
     ConfigError,
     ConnectionFailed,
+    DecompressionBomb,
     FetchError,
     InvalidTopic,
     MalformedChunk,
     MalformedPlaceholder,
     MessageTooLarge,
+    NoMatchingIdentity,
     OffloadError,
     PayloadChecksumMismatch,
+    PayloadDecodeError,
     PayloadNotFound,
     TransferError,
     UntrustedEndpoint,
@@ -87,6 +90,9 @@ _CAUSES: tuple[tuple[type[OffloadError], str], ...] = (
     (UploadError, "upload failed"),
     (MalformedPlaceholder, "malformed placeholder"),
     (MalformedChunk, "malformed chunk"),
+    (NoMatchingIdentity, "no matching identity"),
+    (DecompressionBomb, "decompression bomb"),
+    (PayloadDecodeError, "undecodable payload"),
 )
 
 

@@ -18,7 +18,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
@@ -172,32 +172,64 @@ def _fetch(args: argparse.Namespace) -> int:
             url += "/payload"  # the raw bytes, not the BSON document
     except ValueError:
         pass
+    # Encrypted or compressed stored bytes are decoded (client/_cli_crypt.py); --raw: as is.
+    decoding = None if args.raw else _decoding(args)
+    dest: Any
     with HttpTransport() as transport:
         if args.sha256:  # verified and spooled inside the transport: no bar to feed
             payload = transport.fetch(
                 url, expected_sha256=args.sha256.lower(), redirect_ok=_anywhere
             )
-            if args.output is not None:
+            if args.output is not None and decoding is None:
                 payload.save(args.output)
             else:
-                with payload.open() as f:
+                with payload.open() as f, _sink(args.output) as out:
+                    dest = out if decoding is None else decoding(out)
                     while piece := f.read(1 << 20):
-                        sys.stdout.buffer.write(piece)
+                        dest.write(piece)
+                    dest.close()
             size = payload.size
         else:
             # The bar goes to stderr, so `offload fetch URL > file` on a terminal shows it too.
-            with Progress(_content_length(url), label="fetch") as bar:
-                if args.output is not None:
-                    with _replacing(args.output) as out:
-                        size = transport.fetch_to(
-                            url, cast(BinaryIO, CountingWriter(out, bar)), redirect_ok=_anywhere
-                        )
-                else:
-                    sink = cast(BinaryIO, CountingWriter(sys.stdout.buffer, bar))
-                    size = transport.fetch_to(url, sink, redirect_ok=_anywhere)
+            with Progress(_content_length(url), label="fetch") as bar, _sink(args.output) as out:
+                dest = out if decoding is None else decoding(out)
+                sink = cast(BinaryIO, CountingWriter(dest, bar))
+                size = transport.fetch_to(url, sink, redirect_ok=_anywhere)
+                dest.close()
+        size = size if decoding is None else dest.size
     if args.output is not None:
         _emit({"url": url, "size": size, "file": str(args.output)})
     return EXIT_OK
+
+
+def _decoding(args: argparse.Namespace) -> Callable[[BinaryIO], Any]:
+    from ._cli_crypt import DecodingWriter
+
+    settings = settings_from_args(args)
+    return lambda out: DecodingWriter(out, settings.identity_files, settings.max_fetch_bytes)
+
+
+@contextlib.contextmanager
+def _sink(output: Path | None) -> Iterator[Any]:
+    """The output file (replaced only on success), else stdout (never closed here)."""
+    if output is None:
+        yield _Unclosed(sys.stdout.buffer)
+        return
+    with _replacing(output) as out:
+        yield out
+
+
+class _Unclosed:
+    """stdout as a sink whose close() only flushes."""
+
+    def __init__(self, out: BinaryIO) -> None:
+        self._out = out
+
+    def write(self, data: bytes) -> int:
+        return self._out.write(data)
+
+    def close(self) -> None:
+        self._out.flush()
 
 
 def _anywhere(origin: object) -> bool:
@@ -325,7 +357,14 @@ def _skip_unused_optional_imports() -> None:
         sys.modules.setdefault(name, None)  # type: ignore[arg-type]
 
 
+def _keygen(args: argparse.Namespace) -> int:
+    from ._cli_crypt import keygen
+
+    return keygen(args)
+
+
 _COMMANDS = {
+    "keygen": _keygen,
     "publish": _publish,
     "subscribe": _subscribe,
     "fetch": _fetch,
