@@ -115,7 +115,7 @@ def load_identities(paths: Iterable[str | os.PathLike[str]]) -> list[Identity]:
     identities: list[Identity] = []
     for path in paths:
         try:
-            with open(path, "rb") as f:
+            with open(os.path.expanduser(path), "rb") as f:
                 data = f.read(MAX_IDENTITY_FILE + 1)
         except OSError as exc:
             raise ConfigError(f"identity file {path}: {exc.strerror or exc}") from None
