@@ -159,6 +159,10 @@ class ScanOptions:
     payload: bool = True
     verify: Verify = Verify.AUTO
     parallelism: int | None = None  # None: what `register` saw, else the CPU count
+    #: age identity files (paths on the executors) for encrypted payloads; `decode` off
+    #: returns the stored bytes (age files, zstd frames) as they are (docs/encryption.md).
+    identity_files: tuple[str, ...] = ()
+    decode: bool = True
 
     def __post_init__(self) -> None:
         if self.since is not None and self.until is not None and self.since >= self.until:
@@ -207,4 +211,8 @@ def parse_options(
         payload=_flag(opts.get("payload", "true"), "payload"),
         verify=_verify(opts.get("verify", "true")),
         parallelism=_positive(parallelism, "parallelism") if parallelism else None,
+        identity_files=tuple(
+            p.strip() for p in opts.get("identity_files", "").split(",") if p.strip()
+        ),
+        decode=_flag(opts.get("decode", "true"), "decode"),
     )

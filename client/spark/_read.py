@@ -24,6 +24,7 @@ of them, so a mapped payload is fed to it in 1 MiB slices: copies that stay in t
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 from collections.abc import Iterable, Iterator
@@ -32,7 +33,7 @@ from typing import Any
 
 import google_crc32c
 
-from .._exceptions import PayloadChecksumMismatch, ProtocolError
+from .._exceptions import PayloadChecksumMismatch, PayloadDecodeError, ProtocolError
 from ..protocol import Manifest, meta_key
 from ._options import ScanOptions, Verify
 from ._store import Payload, ReadStore
@@ -92,7 +93,49 @@ def _fetch(
         return None
     if options.verify is not Verify.OFF:
         check(manifest, payload, options.verify, f"{options.location.url}/{key}")
+    if options.decode:  # after the check: the manifest describes the stored bytes
+        payload = decoded(payload, options.identity_files, f"{options.location.url}/{key}")
     return manifest, payload
+
+
+#: The most a payload may decode to: Arrow's binary column holds 2 GiB at most.
+MAX_DECODED = 2**31 - 1
+_AGE_MAGIC = b"age-encryption.org/v1\n"
+
+
+@functools.lru_cache(maxsize=8)
+def _identities(files: tuple[str, ...]) -> tuple[Any, ...]:
+    from .._keys import load_identities
+
+    return tuple(load_identities(files))
+
+
+def decoded(payload: Payload, identity_files: tuple[str, ...], url: str) -> Payload:
+    """The plaintext of an encrypted or compressed payload (told by its first bytes, the
+    way `offload fetch` does: the manifest does not say), else `payload` itself.
+
+    Raises:
+        PayloadDecodeError: no identity opens it (naming the key ids), damaged, a bomb.
+    """
+    from ..protocol._zstd import MARK, marked
+
+    head = bytes(payload[: len(MARK)])
+    if not (head.startswith(_AGE_MAGIC) or marked(head)):
+        return payload
+    from .._unseal import Decoder
+    from ..protocol._encoding import PLAIN
+
+    out = bytearray()
+    try:
+        decoder = Decoder(PLAIN, _identities(identity_files), MAX_DECODED, sniff=True)
+        for start in range(0, len(payload), CRC_SLICE):
+            for piece in decoder.feed(bytes(payload[start : start + CRC_SLICE])):
+                out += piece
+        for piece in decoder.finish():
+            out += piece
+    except PayloadDecodeError as exc:
+        raise PayloadDecodeError(f"{url}: {exc} (option identity_files)") from exc
+    return bytes(out)
 
 
 def crc32c_hex(payload: Payload) -> str:
