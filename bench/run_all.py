@@ -56,6 +56,7 @@ def _cmd(name: str, quick: bool) -> list[str]:
         "spark": ["spark_read.py", "--store", "both", "--objects", "16" if quick else "64"],
         "huge": ["huge.py", "--size-gib", "1" if quick else "10"],
         "clients": ["store_clients.py", "--runs", "3" if quick else "6"],
+        "encryption": ["encryption.py", "--runs", "2" if quick else "3"],
     }[name]
     return [sys.executable, str(HERE / args[0]), *args[1:]]
 
@@ -179,6 +180,7 @@ def main() -> None:
             "spark",
             "huge",
             "clients",
+            "encryption",
         ],
     )
     parser.add_argument("--spark", action="store_true")
@@ -186,7 +188,7 @@ def main() -> None:
     args = parser.parse_args()
     names = args.only or [
         "1", "2", "3", "4", "5", "6", "7", "8", "telemetry", "qos0", "receive",
-        "protocol", "direct", "startup",
+        "protocol", "direct", "startup", "encryption",
         *(["spark"] if args.spark else []),
     ]  # fmt: skip
     print(f"machine: {machine()}")

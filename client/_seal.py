@@ -3,7 +3,7 @@
 An offloaded payload whose topic matches `encrypt_to` is encrypted to those recipients (age
 v1, :mod:`client.protocol._age`) before it leaves the process; one that compresses well is
 zstd-compressed first (:mod:`client.protocol._zstd`). Both happen in one streaming pass over
-the payload into a spool (memory up to `spool_threshold`, then a file in `spool_dir`), which
+the payload into memory (a payload up to `spool_threshold`) or a file in `spool_dir`, which
 then goes out on whichever path the upload takes (the gateway, a direct transfer). The
 placeholder's `size` and `sha256` describe those stored bytes; the plaintext's SHA-256 is
 computed in the same pass for the :class:`PublishResult` and never published.
@@ -77,28 +77,37 @@ class Sealer:
         compressor = FrameCompressor() if compress else None
         encryptor = Encryptor(recipients) if recipients else None
         plain, stored = hashlib.sha256(), hashlib.sha256()
-        with tempfile.SpooledTemporaryFile(s.spool_threshold, dir=s.spool_dir) as spool:
+        # Stored bytes are at most the payload's size plus age's 16 bytes per 64 KiB and its
+        # header: a payload kept in memory is sealed into memory, a larger one into a file.
+        pieces: list[bytes] = []
+        with contextlib.ExitStack() as stack:
+            spool = None
+            if source.size > s.spool_threshold:
+                spool = stack.enter_context(tempfile.TemporaryFile(dir=s.spool_dir))
+
+            def emit(data: bytes) -> None:
+                stored.update(data)
+                if spool is None:
+                    pieces.append(data)
+                else:
+                    spool.write(data)
 
             def write(data: bytes) -> None:
-                if encryptor is not None:
-                    data = encryptor.feed(data)
-                stored.update(data)
-                spool.write(data)
+                emit(encryptor.feed(data) if encryptor is not None else data)
 
             for piece in source.pieces():
                 plain.update(piece)
                 write(compressor.feed(piece) if compressor is not None else piece)
-            tail = compressor.finish() if compressor is not None else b""
-            write(tail)
+            write(compressor.finish() if compressor is not None else b"")
             if encryptor is not None:
-                last = encryptor.finish()
-                stored.update(last)
-                spool.write(last)
-            spool.seek(0)
+                emit(encryptor.finish())
             encoding = Encoding(
                 compressed=compress,
                 encrypted=bool(recipients),
                 key_ids=tuple(r.key_id for r in recipients),
             )
-            with PayloadSource(spool, sha256=stored.hexdigest()) as sealed:  # type: ignore[arg-type]
+            if spool is not None:
+                spool.seek(0)
+            body = b"".join(pieces) if spool is None else spool
+            with PayloadSource(body, sha256=stored.hexdigest()) as sealed:
                 yield Stored(sealed, encoding, plain.hexdigest(), source.size)

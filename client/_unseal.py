@@ -16,7 +16,6 @@ truncated or tampered; a bomb), which the receive path hands out as a MessageErr
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -154,21 +153,25 @@ class Unsealer:
         s = self._settings
         decoder = Decoder(encoding, self.identities, s.max_fetch_bytes)
         digest = hashlib.sha256()
-        memory: io.BytesIO | None = io.BytesIO()
+        memory: list[bytes] | None = []
+        held = 0
         spool: BinaryIO | None = None
         path: Path | None = None
         try:
             with stored.open() as f:
                 for piece in decode_stream(f, decoder):
                     digest.update(piece)
-                    if memory is not None and memory.tell() + len(piece) > s.spool_threshold:
+                    if memory is not None and held + len(piece) > s.spool_threshold:
                         fd, name = tempfile.mkstemp(prefix="offload-", dir=s.spool_dir)
                         path, spool = Path(name), os.fdopen(fd, "wb")
-                        spool.write(memory.getbuffer())
+                        spool.writelines(memory)
                         memory = None
-                    target = memory if memory is not None else spool
-                    assert target is not None
-                    target.write(piece)
+                    if memory is not None:
+                        memory.append(piece)
+                        held += len(piece)
+                    else:
+                        assert spool is not None
+                        spool.write(piece)
             if spool is not None:
                 spool.close()
         except BaseException:
@@ -179,5 +182,5 @@ class Unsealer:
             raise
         finally:
             stored.discard()
-        payload = Payload(memory.getvalue()) if memory is not None else Payload(path=path)
+        payload = Payload(b"".join(memory)) if memory is not None else Payload(path=path)
         return payload, digest.hexdigest()

@@ -200,17 +200,25 @@ class Encryptor:
 
     def feed(self, data: bytes | bytearray | memoryview) -> bytes:
         """The age bytes ready after `data` (the header first)."""
-        self._buffer += data
         out = [self._pending] if self._pending else []
         self._pending = b""
-        view = memoryview(self._buffer)
+        view = memoryview(data)
+        if self._buffer:
+            need = CHUNK - len(self._buffer)
+            if len(view) <= need:
+                self._buffer += view
+                return b"".join(out)
+            self._buffer += view[:need]
+            view = view[need:]
+            out.append(self._seal(self._buffer, False))  # more follows: not the last
+            self._buffer = bytearray()
+        # Sealed straight from the caller's bytes; a full chunk waits until a byte follows
+        # it, since the last chunk carries a flag.
         start = 0
-        # A full chunk is sealed only once a byte follows it: the last one carries a flag.
         while len(view) - start > CHUNK:
             out.append(self._seal(view[start : start + CHUNK], False))
             start += CHUNK
-        view.release()
-        del self._buffer[:start]
+        self._buffer += view[start:]
         return b"".join(out)
 
     def finish(self) -> bytes:
@@ -223,8 +231,8 @@ class Encryptor:
         self._buffer.clear()
         return out
 
-    def _seal(self, chunk: bytes | memoryview, last: bool) -> bytes:
-        sealed = self._cipher.encrypt(_chunk_nonce(self._index, last), bytes(chunk), None)
+    def _seal(self, chunk: bytes | bytearray | memoryview, last: bool) -> bytes:
+        sealed = self._cipher.encrypt(_chunk_nonce(self._index, last), chunk, None)
         self._index += 1
         return sealed
 
@@ -305,7 +313,7 @@ class OpenedHeader:
         if last and len(sealed) == TAG and index > 0:
             raise DecryptionFailed("age payload: empty last chunk after data")
         try:
-            return self._cipher.decrypt(_chunk_nonce(index, last), bytes(sealed), None)
+            return self._cipher.decrypt(_chunk_nonce(index, last), sealed, None)
         except InvalidTag:
             raise DecryptionFailed(
                 f"age payload: chunk {index} fails authentication (tampered or truncated)"
@@ -347,20 +355,31 @@ class Decryptor:
         Raises:
             DecryptionFailed, NoMatchingIdentity: as soon as the bytes tell.
         """
-        self._buffer += data
-        if self._opened is None and not self._open():
-            return b""
+        if self._opened is None:
+            self._buffer += data
+            if not self._open():
+                return b""
+            data, self._buffer = bytes(self._buffer), bytearray()
         assert self._opened is not None
         out = []
-        view = memoryview(self._buffer)
+        view = memoryview(data)
+        if self._buffer:
+            need = SEALED_CHUNK - len(self._buffer)
+            if len(view) <= need:
+                self._buffer += view
+                return b""
+            self._buffer += view[:need]
+            view = view[need:]
+            out.append(self._opened.open_chunk(self._index, self._buffer, False))
+            self._index += 1
+            self._buffer = bytearray()
         start = 0
         while len(view) - start > SEALED_CHUNK:  # a chunk followed by more is not the last
-            sealed = bytes(view[start : start + SEALED_CHUNK])
+            sealed = view[start : start + SEALED_CHUNK]
             out.append(self._opened.open_chunk(self._index, sealed, False))
             self._index += 1
             start += SEALED_CHUNK
-        view.release()
-        del self._buffer[:start]
+        self._buffer += view[start:]
         return b"".join(out)
 
     def _open(self) -> bool:
