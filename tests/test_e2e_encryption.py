@@ -295,3 +295,26 @@ def test_settings_refuse_bad_keys(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="identity file") as caught:
         Client("mqtt://127.0.0.1:1", identity_files=(str(bad),))
     assert "NOTAKEY" not in str(caught.value)
+
+
+def test_compress_encrypted_opt_in_compresses_then_encrypts(
+    gateway: GatewayServer,
+    clients: Callable[..., Client],
+    unique_topic: Callable[[str], str],
+    tmp_path: Path,
+) -> None:
+    topic = unique_topic("zenc")
+    identity, key_file = _key(tmp_path, "k")
+    telemetry = json.dumps([{"sensor": i % 9, "t": i} for i in range(40000)]).encode()
+    raw = clients(fetch_external=False)
+    raw.subscribe(topic)
+    sub = clients(identity_files=(str(key_file),))
+    sub.subscribe(topic)
+    pub = clients(encrypt_to={topic: [str(identity.recipient)]}, compress_encrypted=True)
+    result = pub.publish(topic, telemetry, qos=1)
+    doc = json.loads(_next(raw).payload)  # type: ignore[union-attr]
+    assert doc["cmp"] == "zstd" and doc["enc"] == "age-v1"
+    stored = _stored(gateway, result.url or "")
+    assert stored.startswith(b"age-encryption.org/v1\n") and len(stored) * 4 < len(telemetry)
+    msg = _next(sub)
+    assert isinstance(msg, Message) and msg.payload == telemetry
