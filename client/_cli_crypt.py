@@ -57,6 +57,12 @@ def add_identity_flags(parser: argparse.ArgumentParser, *, raw: bool = False) ->
         parser.add_argument(
             "--raw", action="store_true", help="write the stored bytes (no decrypt/decompress)"
         )
+        parser.add_argument(
+            "--range",
+            metavar="START-END",
+            help="only these bytes (inclusive) of the payload; of an encrypted one, only the "
+            "64 KiB chunks that hold them are fetched and decrypted",
+        )
 
 
 def setting_flags(args: argparse.Namespace) -> dict[str, object]:
@@ -67,6 +73,30 @@ def setting_flags(args: argparse.Namespace) -> dict[str, object]:
     if getattr(args, "identity", None):
         flags["identity_files"] = tuple(str(p) for p in args.identity)
     return flags
+
+
+def fetch_range(
+    args: argparse.Namespace, url: str, emit: Any, identity_files: tuple[str, ...]
+) -> int:
+    """`offload fetch URL --range START-END` (client/_cli_range.py)."""
+    from ._cli_errors import UsageError
+    from ._cli_range import fetch_range as fetch
+    from ._cli_range import parse_range
+    from ._keys import load_identities
+
+    try:
+        start, end = parse_range(args.range)
+    except ValueError as exc:
+        raise UsageError("offload fetch", str(exc)) from None
+    identities = [] if args.raw else load_identities(identity_files)
+    data, read = fetch(url, start, end, identities, raw=args.raw)
+    if args.output is None:
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+        return EXIT_OK
+    args.output.write_bytes(data)
+    emit({"url": url, "size": len(data), "file": str(args.output), "stored_bytes_read": read})
+    return EXIT_OK
 
 
 def keygen(args: argparse.Namespace) -> int:

@@ -172,6 +172,11 @@ def _fetch(args: argparse.Namespace) -> int:
             url += "/payload"  # the raw bytes, not the BSON document
     except ValueError:
         pass
+    if args.range is not None:  # client/_cli_range.py: only the chunks the range needs
+        from ._cli_crypt import fetch_range
+
+        files = () if args.raw else settings_from_args(args).identity_files
+        return fetch_range(args, url, _emit, files)
     # Encrypted or compressed stored bytes are decoded (client/_cli_crypt.py); --raw: as is.
     decoding = None if args.raw else _decoding(args)
     dest: Any

@@ -147,3 +147,34 @@ def test_compressed_payload_fetched_plain_or_raw(
         assert unzstd.stdout == payload
     assert run("fetch", str(squeezed["url"])).stdout == payload
     assert run("fetch", str(as_is["url"]), "--raw").stdout == payload
+
+
+def test_fetch_range_decrypts_only_the_chunks_it_needs(
+    gateway: GatewayServer, unique_topic: object, tmp_path: Path
+) -> None:
+    broker: Mosquitto = gateway.broker  # type: ignore[attr-defined]
+    topic = unique_topic("cli-range")  # type: ignore[operator]
+    key = tmp_path / "key.txt"
+    recipient = run("keygen", "-o", str(key)).stdout.decode().strip()
+    payload = os.urandom(3 * 1024 * 1024 + 123)
+    source = tmp_path / "p.bin"
+    source.write_bytes(payload)
+    done = run("publish", "--broker", broker.url, "--topic", topic, "--file", str(source),
+               "--encrypt-to", recipient)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    url = str(_json(done.stdout)[0]["url"])
+    cases = [(0, 0), (65535, 65536), (1_000_000, 1_200_000), (len(payload) - 5, len(payload) + 99)]
+    for start, end in cases:
+        out = tmp_path / f"r{start}"
+        got = run("fetch", url, "--identity", str(key), "--range", f"{start}-{end}", "-o", str(out))
+        assert got.returncode == 0, got.stderr
+        assert out.read_bytes() == payload[start : end + 1], (start, end)
+        (doc,) = _json(got.stdout)
+        # The head request (128 KiB) and the chunks holding the range: never the 3 MiB object.
+        assert int(str(doc["stored_bytes_read"])) <= 128 * 1024 + (end - start) + 2 * 65552
+    raw = run("fetch", url, "--raw", "--range", "0-21")
+    assert raw.stdout == b"age-encryption.org/v1\n"
+    refused = run("fetch", url, "--range", "5-1")
+    assert refused.returncode == 2 and b"--range" in refused.stderr
+    missing = run("fetch", url, "--range", "0-10")
+    assert missing.returncode != 0 and b"no identity" in missing.stderr
