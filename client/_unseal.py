@@ -158,6 +158,9 @@ class Unsealer:
         spool: BinaryIO | None = None
         path: Path | None = None
         try:
+            if stored.path is not None:  # spooled stored bytes: the plaintext goes to disk too
+                fd, name = tempfile.mkstemp(prefix="offload-", dir=s.spool_dir)
+                path, spool, memory = Path(name), os.fdopen(fd, "wb"), None
             with stored.open() as f:
                 for piece in decode_stream(f, decoder):
                     digest.update(piece)
