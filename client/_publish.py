@@ -17,7 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures import wait as wait_futures
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import httpx
 
@@ -29,7 +29,7 @@ from ._message import PublishResult, Route
 from ._paho import MqttConnection
 from ._receive import PlainHttpWarner
 from ._router import choose_route
-from ._seal import Sealer
+from ._seal import Sealer, tagged
 from ._source import PayloadLike, PayloadSource
 from .protocol import MessageId, PublishProperties, Topic, _placeholder
 from .protocol._chunk import plan_chunks
@@ -197,15 +197,28 @@ class Publisher:
     def _encrypted(
         self, send: _Send, source: PayloadSource, message_id: MessageId | None
     ) -> PublishResult:
-        """An `encrypt_to` topic: offloaded whatever its size, never direct or chunked, so
-        no byte of its plaintext crosses the broker; a failed upload is the caller's error."""
-        endpoint = self._endpoint() if self._settings.automatic_offload else None
-        if endpoint is None:
+        """An `encrypt_to` topic: offloaded whatever its size, else ADR-23 chunks of the
+        ciphertext; never direct, so no byte of its plaintext crosses the broker."""
+        s = self._settings
+        chunking = s.chunking and s.protocol == 5
+        endpoint = self._endpoint() if s.automatic_offload else None
+        if endpoint is not None:
+            try:
+                return self._offloaded(endpoint, send, source, message_id)
+            except UploadError as exc:
+                if not chunking or exc.status == TOO_LARGE:
+                    raise
+                log.warning("offload failed (%s); falling back to chunks of the ciphertext", exc)
+        elif not chunking:
             raise ConfigError(
-                f"{send.topic!r} is encrypted (encrypt_to): its payloads are only offloaded, "
-                "and no offload endpoint is known (endpoint, discovery, automatic_offload)"
+                f"{send.topic!r} is encrypted (encrypt_to): its payloads are offloaded or "
+                "chunked, and no offload endpoint is known (endpoint, discovery, "
+                "automatic_offload) and chunking is off"
             )
-        return self._offloaded(endpoint, send, source, message_id)
+        with self._sealer.seal(send.topic, source) as stored:
+            props = tagged(send.properties, stored.encoding)
+            result = self._chunked(replace(send, properties=props), stored.source)
+        return replace(result, size=source.size, sha256=stored.plain_sha256)
 
     def _written_later(self, future: Future[None], send: _Send, size: int) -> None:
         """Leave a QoS 0 PUBLISH to paho's thread; past the window, wait for half of it.

@@ -43,7 +43,7 @@ from ._inbound import InboundQueue
 from ._message import Message, MessageError, Payload, Route
 from ._ordering import FetchPool, Sequencer, Slot
 from ._paho import Incoming, MqttConnection
-from ._unseal import Unsealer
+from ._unseal import Unsealer, chunk_encoding, untagged
 from .protocol import PublishProperties, _placeholder
 from .protocol._bounded import Origin, http_origin
 from .protocol._chunk import CHUNK_PROPERTY
@@ -303,15 +303,21 @@ class Receiver:
             )
         elif isinstance(outcome, Complete):
             body = outcome.payload
+            payload = Payload(body) if isinstance(body, bytes) else Payload(path=body)
+            sha256, props = outcome.sha256, outcome.properties
+            encoding = chunk_encoding(props)  # chunks of an encrypted/compressed payload
+            if encoding is not None:
+                payload, sha256 = self._unsealer.decode(encoding, payload)
+                props = untagged(props)
             self._emit(
                 outcome.topic,
                 Message(
                     outcome.topic,
-                    Payload(body) if isinstance(body, bytes) else Payload(path=body),
-                    outcome.sha256,
+                    payload,
+                    sha256,
                     outcome.qos,
                     False,
-                    outcome.properties,
+                    props,
                     Route.CHUNKED,
                     outcome.message_id,
                 ),

@@ -19,14 +19,27 @@ import contextlib
 import hashlib
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ._config import ClientSettings
 from ._keys import recipients_for
 from ._source import PayloadSource
-from .protocol import TopicFilter
+from .protocol import PublishProperties, TopicFilter
 from .protocol._encoding import PLAIN, Encoding
 from .protocol._zstd import SAMPLE, FrameCompressor, pays
+
+#: ADR-23 chunks of an encrypted or compressed payload carry these user properties (the
+#: placeholder's `enc` / `cmp` values), so the reassembling client knows to decode it.
+ENC_PROPERTY = "_enc"
+CMP_PROPERTY = "_cmp"
+
+
+def tagged(properties: PublishProperties | None, encoding: Encoding) -> PublishProperties:
+    """`properties` with the encoding's user properties added (for ADR-23 chunks)."""
+    props = (properties or PublishProperties()).without_user_properties(ENC_PROPERTY, CMP_PROPERTY)
+    tags = tuple((ENC_PROPERTY if k == "enc" else CMP_PROPERTY, v)
+                 for k, v in encoding.members().items() if k in ("enc", "cmp"))  # fmt: skip
+    return replace(props, user_properties=props.user_properties + tags)
 
 
 @dataclass(frozen=True, slots=True)

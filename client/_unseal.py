@@ -26,6 +26,7 @@ from ._config import ClientSettings
 from ._exceptions import NoMatchingIdentity
 from ._keys import load_identities
 from ._message import Payload
+from .protocol import PublishProperties
 from .protocol._encoding import Encoding
 from .protocol._zstd import MARK, FrameDecompressor, marked
 
@@ -127,6 +128,27 @@ def decode_stream(source: BinaryIO, decoder: Decoder) -> Iterator[bytes]:
     while piece := source.read(PIECE):
         yield from decoder.feed(piece)
     yield from decoder.finish()
+
+
+def chunk_encoding(properties: PublishProperties) -> Encoding | None:
+    """The encoding an ADR-23 message's tags name (client/_seal.py), None when untagged.
+
+    Raises:
+        MalformedPlaceholder: a tag this client does not know.
+    """
+    from ._seal import CMP_PROPERTY, ENC_PROPERTY
+
+    enc, cmp = properties.user_property(ENC_PROPERTY), properties.user_property(CMP_PROPERTY)
+    if enc is None and cmp is None:
+        return None
+    return Encoding.from_members({"enc": enc, "cmp": cmp})
+
+
+def untagged(properties: PublishProperties) -> PublishProperties:
+    """The properties the producer set, without the encoding's tags."""
+    from ._seal import CMP_PROPERTY, ENC_PROPERTY
+
+    return properties.without_user_properties(ENC_PROPERTY, CMP_PROPERTY)
 
 
 class Unsealer:

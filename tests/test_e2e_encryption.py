@@ -22,6 +22,7 @@ import pytest
 from minio import Minio
 
 from client import (
+    BrokerUrl,
     Client,
     ConfigError,
     DecompressionBomb,
@@ -31,13 +32,14 @@ from client import (
     NoMatchingIdentity,
     Route,
 )
+from client._paho import Incoming, MqttConnection
 from client.protocol import MessageId, Placeholder
 from client.protocol._age_keys import Identity
 from client.protocol._encoding import Encoding
 from client.protocol._zstd import compress
 
 from _gateway import GatewayServer
-from _servers import SeaweedFS
+from _servers import Mosquitto, SeaweedFS
 
 pytestmark = pytest.mark.servers
 
@@ -279,10 +281,52 @@ def test_an_encrypted_topic_never_leaves_as_plaintext_without_an_endpoint(
     topic = unique_topic("noep")
     identity = Identity.generate()
     pub = clients(
-        encrypt_to={topic: [str(identity.recipient)]}, automatic_offload=False, discovery_wait=0.5
+        encrypt_to={topic: [str(identity.recipient)]},
+        automatic_offload=False,
+        chunking=False,
+        discovery_wait=0.5,
     )
     with pytest.raises(ConfigError, match="encrypt_to"):
         pub.publish(topic, b"secret", qos=1)
+
+
+def test_without_an_endpoint_an_encrypted_payload_crosses_as_chunks_of_ciphertext(
+    mosquitto_factory: Callable[..., Mosquitto],
+    unique_topic: Callable[[str], str],
+    tmp_path: Path,
+) -> None:
+    """The ADR-23 fallback carries the age file, tagged `_enc`; the reader decrypts it."""
+    broker = mosquitto_factory(max_packet_size=65536)
+    topic = unique_topic("encchunks")
+    identity, key_file = _key(tmp_path, "k")
+    payload = (MARKER + os.urandom(500)) * 600  # ~300 KiB: several chunks
+    seen: list[Incoming] = []
+    raw = MqttConnection(BrokerUrl.parse(broker.url), on_message=seen.append)
+    raw.connect()
+    made = [
+        Client(broker.url, identity_files=(str(key_file),), discovery_wait=0.2),
+        Client(broker.url, encrypt_to={topic: [str(identity.recipient)]}, discovery_wait=0.2),
+    ]
+    sub, pub = made
+    try:
+        raw.subscribe(topic, 1).result(10)
+        for c in made:
+            c.connect()
+        sub.subscribe(topic)
+        result = pub.publish(topic, payload, qos=1)
+        assert result.route is Route.CHUNKED and result.packets > 4
+        assert result.sha256 == hashlib.sha256(payload).hexdigest()
+        msg = _next(sub)
+        assert isinstance(msg, Message), msg
+        assert msg.payload == payload and msg.sha256 == result.sha256
+        assert ("_enc", "age-v1") not in msg.properties.user_properties
+    finally:
+        for c in made:
+            c.close()
+        raw.close()
+    assert len(seen) == result.packets
+    assert not [m for m in seen if MARKER in m.payload]
+    assert seen[0].payload.startswith(b"age-encryption.org/v1\n")
 
 
 def test_settings_refuse_bad_keys(tmp_path: Path) -> None:
