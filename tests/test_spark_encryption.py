@@ -75,3 +75,32 @@ def test_spark_decrypts_with_identity_files_and_decompresses(
         _read(spark, url, topic + "/enc", identity_files=str(stranger))
     with pytest.raises(Exception, match="identity_files"):
         _read(spark, url, topic + "/enc")
+
+
+def test_export_job_decrypts_with_identity(
+    spark: SparkSession,
+    gateway: GatewayServer,
+    clients: Callable[..., Client],
+    unique_topic: Callable[[str], str],
+    seaweed: SeaweedFS,
+    bucket_name: str,
+    tmp_path: Path,
+) -> None:
+    from client.spark.job import main as job_main
+
+    topic = unique_topic("spark-job")
+    identity = Identity.generate()
+    key = tmp_path / "key.txt"
+    key.write_text(f"{identity}\n")
+    secret = os.urandom(70_000)
+    pub = clients(encrypt_to={topic: [str(identity.recipient)]})
+    pub.publish(topic, secret, qos=1)
+    out = tmp_path / "out"
+    code = job_main([
+        "--storage", seaweed.storage_url(bucket_name), "--topic", topic, "--out", str(out),
+        "--access-key", "offload-test", "--secret-key", "offload-test-secret-key",
+        "--identity", str(key),
+    ])  # fmt: skip
+    assert code == 0
+    (row,) = spark.read.parquet(str(out)).collect()
+    assert bytes(row["payload"]) == secret
