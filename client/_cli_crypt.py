@@ -14,11 +14,18 @@ payload. `--raw` writes the stored bytes as they are.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ._cli_errors import EXIT_OK
+
+if TYPE_CHECKING:
+    from ._config import ClientSettings
+    from ._message import Payload
+    from .protocol._age_keys import Identity
 
 
 def add_keygen(sub: Any) -> None:
@@ -111,22 +118,51 @@ def keygen(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def decoding_hooks(args: argparse.Namespace, settings: ClientSettings) -> tuple[Any, Any]:
+    """`offload fetch`'s two hooks: a checked payload decoded, and a sink wrapped so what is
+    written into it is decoded (both as is with `--raw`)."""
+    if args.raw:
+        return (lambda payload: payload), _as_is
+    from ._unseal import Unsealer, recognised
+    from .protocol._encoding import PLAIN
+
+    unsealer = Unsealer(settings)  # reads identity_files: a bad one is an error now
+
+    def decoded(payload: Payload) -> Payload:
+        with payload.open() as f:
+            if not recognised(f.read(64)):
+                return payload
+        return unsealer.decode(PLAIN, payload, sniff=True)[0]
+
+    @contextlib.contextmanager
+    def decoding(out: BinaryIO) -> Iterator[DecodingWriter]:
+        writer = DecodingWriter(out, unsealer.identities, settings.max_fetch_bytes)
+        yield writer
+        writer.close()  # only on success: the end of the stored bytes, or an error
+
+    return decoded, decoding
+
+
+@contextlib.contextmanager
+def _as_is(out: BinaryIO) -> Iterator[BinaryIO]:
+    yield out
+
+
 class DecodingWriter:
     """A writable file that decodes what is written into it (sniffing age and our zstd).
 
     Args:
         out: where the plaintext goes.
-        identity_files: identities for an age file.
+        identities: for an age file.
         limit: the most plaintext bytes.
     """
 
-    def __init__(self, out: BinaryIO, identity_files: tuple[str, ...], limit: int) -> None:
-        from ._keys import load_identities
+    def __init__(self, out: BinaryIO, identities: Sequence[Identity], limit: int) -> None:
         from ._unseal import Decoder
         from .protocol._encoding import PLAIN
 
         self._out = out
-        self._decoder = Decoder(PLAIN, load_identities(identity_files), limit, sniff=True)
+        self._decoder = Decoder(PLAIN, identities, limit, sniff=True)
 
     @property
     def size(self) -> int:

@@ -123,6 +123,11 @@ class Decoder:
             self._decompressor.finish()
 
 
+def recognised(head: bytes) -> bool:
+    """Whether stored bytes starting with `head` are an age file or our zstd frames."""
+    return head.startswith(_AGE_MAGIC) or marked(head)
+
+
 def decode_stream(source: BinaryIO, decoder: Decoder) -> Iterator[bytes]:
     """Every plaintext piece of `source` through `decoder`."""
     while piece := source.read(PIECE):
@@ -166,14 +171,21 @@ class Unsealer:
         self._settings = settings
         self.identities = load_identities(settings.identity_files)
 
-    def decode(self, encoding: Encoding, stored: Payload) -> tuple[Payload, str]:
+    def decode(
+        self, encoding: Encoding, stored: Payload, *, sniff: bool = False
+    ) -> tuple[Payload, str]:
         """The plaintext payload and its SHA-256 (the stored one is checked already).
+
+        Args:
+            encoding: from the placeholder (ignored with `sniff`).
+            stored: the stored bytes; discarded once decoded.
+            sniff: tell the encoding by the first bytes (no placeholder).
 
         Raises:
             PayloadDecodeError: see the module's docstring.
         """
         s = self._settings
-        decoder = Decoder(encoding, self.identities, s.max_fetch_bytes)
+        decoder = Decoder(encoding, self.identities, s.max_fetch_bytes, sniff=sniff)
         digest = hashlib.sha256()
         memory: list[bytes] | None = []
         held = 0

@@ -18,7 +18,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
@@ -178,63 +178,41 @@ def _fetch(args: argparse.Namespace) -> int:
         files = () if args.raw else settings_from_args(args).identity_files
         return fetch_range(args, url, _emit, files)
     # Encrypted or compressed stored bytes are decoded (client/_cli_crypt.py); --raw: as is.
-    decoding = None if args.raw else _decoding(args)
-    dest: Any
+    decoded, decoding = _crypt_hooks(args)
     with HttpTransport() as transport:
         if args.sha256:  # verified and spooled inside the transport: no bar to feed
             payload = transport.fetch(
                 url, expected_sha256=args.sha256.lower(), redirect_ok=_anywhere
             )
-            if args.output is not None and decoding is None:
+            payload = decoded(payload)  # after the stored bytes' SHA-256 was checked
+            if args.output is not None:
                 payload.save(args.output)
             else:
-                with payload.open() as f, _sink(args.output) as out:
-                    dest = out if decoding is None else decoding(out)
+                with payload.open() as f:
                     while piece := f.read(1 << 20):
-                        dest.write(piece)
-                    dest.close()
+                        sys.stdout.buffer.write(piece)
             size = payload.size
         else:
             # The bar goes to stderr, so `offload fetch URL > file` on a terminal shows it too.
-            with Progress(_content_length(url), label="fetch") as bar, _sink(args.output) as out:
-                dest = out if decoding is None else decoding(out)
-                sink = cast(BinaryIO, CountingWriter(dest, bar))
-                size = transport.fetch_to(url, sink, redirect_ok=_anywhere)
-                dest.close()
-        size = size if decoding is None else dest.size
+            with Progress(_content_length(url), label="fetch") as bar:
+                if args.output is not None:
+                    with _replacing(args.output) as stored, decoding(stored) as out:
+                        size = transport.fetch_to(
+                            url, cast(BinaryIO, CountingWriter(out, bar)), redirect_ok=_anywhere
+                        )
+                else:
+                    with decoding(sys.stdout.buffer) as out:
+                        sink = cast(BinaryIO, CountingWriter(out, bar))
+                        size = transport.fetch_to(url, sink, redirect_ok=_anywhere)
     if args.output is not None:
         _emit({"url": url, "size": size, "file": str(args.output)})
     return EXIT_OK
 
 
-def _decoding(args: argparse.Namespace) -> Callable[[BinaryIO], Any]:
-    from ._cli_crypt import DecodingWriter
+def _crypt_hooks(args: argparse.Namespace) -> tuple[Any, Any]:
+    from ._cli_crypt import decoding_hooks
 
-    settings = settings_from_args(args)
-    return lambda out: DecodingWriter(out, settings.identity_files, settings.max_fetch_bytes)
-
-
-@contextlib.contextmanager
-def _sink(output: Path | None) -> Iterator[Any]:
-    """The output file (replaced only on success), else stdout (never closed here)."""
-    if output is None:
-        yield _Unclosed(sys.stdout.buffer)
-        return
-    with _replacing(output) as out:
-        yield out
-
-
-class _Unclosed:
-    """stdout as a sink whose close() only flushes."""
-
-    def __init__(self, out: BinaryIO) -> None:
-        self._out = out
-
-    def write(self, data: bytes) -> int:
-        return self._out.write(data)
-
-    def close(self) -> None:
-        self._out.flush()
+    return decoding_hooks(args, settings_from_args(args))
 
 
 def _anywhere(origin: object) -> bool:
