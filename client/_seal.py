@@ -106,7 +106,11 @@ class Sealer:
                     spool.write(data)
 
             def write(data: bytes) -> None:
-                emit(encryptor.feed(data) if encryptor is not None else data)
+                if encryptor is None:
+                    emit(data)
+                    return
+                for piece in encryptor.feed_pieces(data):
+                    emit(piece)
 
             for piece in source.pieces():
                 plain.update(piece)

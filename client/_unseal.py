@@ -88,7 +88,15 @@ class Decoder:
                 return
             data, self._head = self._head, None  # type: ignore[assignment]
             self._start(data.startswith(_AGE_MAGIC))
-        yield from self._inner(self._decryptor.feed(data) if self._decryptor else data)
+        yield from self._plain(data)
+
+    def _plain(self, data: bytes) -> Iterator[bytes]:
+        """Through the decryptor, one 64 KiB chunk at a time, when there is one."""
+        if self._decryptor is None:
+            yield from self._inner(data)
+            return
+        for chunk in self._decryptor.feed_pieces(data):
+            yield from self._inner(chunk)
 
     def _inner(self, plain: bytes) -> Iterator[bytes]:
         if self._sniff and self._inner_head is not None:
@@ -111,9 +119,9 @@ class Decoder:
         if self._sniff and self._head is not None:  # shorter than the sniff
             head, self._head = self._head, None  # type: ignore[assignment]
             self._start(head.startswith(_AGE_MAGIC))
-            yield from self._inner(self._decryptor.feed(head) if self._decryptor else head)
+            yield from self._plain(head)
         if self._decryptor is not None:
-            yield from self._inner(self._decryptor.feed(b"") + self._decryptor.finish())
+            yield from self._inner(self._decryptor.finish())
         if self._sniff and self._inner_head is not None:
             rest, self._inner_head = self._inner_head, None  # type: ignore[assignment]
             if rest:
