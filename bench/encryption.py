@@ -49,11 +49,16 @@ def telemetry(size: int) -> bytes:
     return ("[" + ",".join(out) + "]").encode()[:size]
 
 
-def one(pub: Client, sub: Client, topic: str, payload: bytes) -> float:
-    t0 = time.perf_counter()
+CPU: dict[str, list[float]] = {}
+
+
+def one(pub: Client, sub: Client, topic: str, payload: bytes, name: str = "") -> float:
+    """Seconds from publish to delivery; the clients' CPU seconds are kept under `name`."""
+    t0, c0 = time.perf_counter(), time.process_time()
     pub.publish(topic, payload, qos=1)
     item = sub.next_message(120)
     elapsed = time.perf_counter() - t0
+    CPU.setdefault(name, []).append(time.process_time() - c0)
     assert isinstance(item, Message) and item.size == len(payload), item
     return elapsed
 
@@ -87,10 +92,10 @@ def main() -> None:
             one(plain, sub, "plain/warm", noise)  # warm-up: volume growth, page cache
             times: dict[str, list[float]] = {"plain": [], "enc": [], "json": [], "zstd": []}
             for _ in range(args.runs):
-                times["plain"].append(one(plain, sub, "plain/x", noise))
-                times["enc"].append(one(enc, sub, "enc/x", noise))
-                times["json"].append(one(plain, sub, "json/x", doc))
-                times["zstd"].append(one(squeezed, sub, "json/x", doc))
+                times["plain"].append(one(plain, sub, "plain/x", noise, "plain"))
+                times["enc"].append(one(enc, sub, "enc/x", noise, "enc"))
+                times["json"].append(one(plain, sub, "json/x", doc, "json"))
+                times["zstd"].append(one(squeezed, sub, "json/x", doc, "zstd"))
             med = {k: statistics.median(v) for k, v in times.items()}
     finally:
         broker.close()
@@ -98,6 +103,9 @@ def main() -> None:
     mib = args.size / MiB
     rate = {k: mib / v for k, v in med.items()}
     enc_ratio, zstd_ratio = rate["enc"] / rate["plain"], med["zstd"] / med["json"]
+    cpu = {k: statistics.median(v) for k, v in CPU.items() if k}
+    print("clients' CPU seconds per run (median): "
+          + ", ".join(f"{k} {v:.2f}" for k, v in cpu.items()))  # fmt: skip
     print(f"{mib:.0f} MiB random: plain {rate['plain']:.0f} MiB/s, encrypted "
           f"{rate['enc']:.0f} MiB/s, ratio {enc_ratio:.2f} (target >= 0.85)")  # fmt: skip
     print(f"{mib:.0f} MiB JSON: uncompressed {med['json'] * 1e3:.0f} ms, compressed "
