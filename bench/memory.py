@@ -12,8 +12,13 @@ Starts SeaweedFS, mosquitto (256 KiB limit) and `offload-gateway` as a subproces
   SHA-256 verified). Each reports its own peak RSS (ru_maxrss); the baseline is the same
   child connecting and exiting without a message. Target: bounded, < 150 MiB.
 
+`--encrypted` (issue 30) measures only the two clients, the producer encrypting the file to
+a fresh age key (sealed into a spool file, never whole in memory) and the consumer
+decrypting it into its spool file: same target.
+
     python bench/memory.py                 # 1 GiB
     python bench/memory.py --size 268435456
+    python bench/memory.py --encrypted
 """
 
 from __future__ import annotations
@@ -143,7 +148,14 @@ def child(role: str, broker_url: str, endpoint: str, topic: str, path: str) -> N
     sys.path.insert(0, str(ROOT))
     from client import Client, Message
 
-    with Client(broker_url, endpoint=endpoint, discovery_wait=0.0) as c:
+    crypt: dict[str, object] = {}
+    key = os.environ.get("BENCH_IDENTITY_FILE")
+    if key and role == "producer":
+        recipient = Path(key).read_text().split("public key: ")[1].split()[0]
+        crypt["encrypt_to"] = {topic: [recipient]}
+    elif key and role == "consumer":
+        crypt["identity_files"] = (key,)
+    with Client(broker_url, endpoint=endpoint, discovery_wait=0.0, **crypt) as c:  # type: ignore[arg-type]
         if role == "producer":
             c.publish(topic, Path(path), qos=1)
         elif role == "consumer":
@@ -187,6 +199,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--size", type=int, default=1024 * MiB)
     parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
+    parser.add_argument("--encrypted", action="store_true", help="clients only, encrypted")
     args = parser.parse_args()
     if args.child:
         child(*args.child)
@@ -197,6 +210,12 @@ def main() -> None:
     with path.open("wb") as f:
         for piece in generated(args.size):
             f.write(piece)
+    if args.encrypted:
+        sys.path.insert(0, str(ROOT))
+        from client._keys import keygen
+
+        keygen(workdir / "key.txt")
+        os.environ["BENCH_IDENTITY_FILE"] = str(workdir / "key.txt")
     seaweed = SeaweedFS().start()
     broker = Mosquitto(max_packet_size=262144, extra_config="set_tcp_nodelay true").start()
     bucket = f"bench-{uuid.uuid4().hex[:8]}"
@@ -204,6 +223,19 @@ def main() -> None:
     try:
         make_bucket(seaweed, bucket)
         with gateway_process(seaweed, bucket, broker=broker) as gw:
+            if args.encrypted:
+                idle, producer, consumer = clients_peak(broker, gw.url, path)
+                print(
+                    f"encrypted: client peak RSS: idle {idle:.0f} MiB, producer {producer:.0f} "
+                    f"MiB, consumer {consumer:.0f} MiB for a {args.size / MiB:.0f} MiB file"
+                )
+                for name, value in (("producer", producer), ("consumer", consumer)):
+                    rows.append(absolute_row(
+                        "5 memory", f"encrypted {name} peak, {args.size // MiB} MiB file "
+                        f"(idle {idle:.0f})", value, "MiB", f"< {LIMIT_MIB}", value < LIMIT_MIB,
+                    ))  # fmt: skip
+                emit(rows)
+                return
             before, peak, hwm = gateway_peak(gw.url, gw.pid, args.size)
             print(
                 f"gateway RSS: before {before:.0f} MiB, sampled peak {peak:.0f} MiB, "

@@ -64,6 +64,7 @@ def _cmd(name: str, quick: bool) -> list[str]:
             "--concurrent",
             "8" if quick else "16",
         ],
+        "encryption": ["encryption.py", "--runs", "2" if quick else "3"],
     }[name]
     return [sys.executable, str(HERE / args[0]), *args[1:]]
 
@@ -188,6 +189,7 @@ def main() -> None:
             "huge",
             "clients",
             "proxy",
+            "encryption",
         ],
     )
     parser.add_argument("--spark", action="store_true")
@@ -195,7 +197,7 @@ def main() -> None:
     args = parser.parse_args()
     names = args.only or [
         "1", "2", "3", "4", "5", "6", "7", "8", "telemetry", "qos0", "receive",
-        "protocol", "direct", "startup", "proxy",
+        "protocol", "direct", "startup", "proxy", "encryption",
         *(["spark"] if args.spark else []),
     ]  # fmt: skip
     print(f"machine: {machine()}")

@@ -25,6 +25,7 @@ they, not the wall time, show where the bytes cost. The JVM runs with
 
     python bench/spark_read.py                       # file store, 1 GiB, 3 rounds
     python bench/spark_read.py --store both --objects 16
+    python bench/spark_read.py --encrypted --objects 16   # age files vs plain, verify=true
 """
 
 from __future__ import annotations
@@ -89,14 +90,18 @@ Reader = Callable[[], tuple[float, int]]
 VERIFY = {"verify=true (crc32c)": "true", "verify=sha256": "sha256", "verify=false": "false"}
 
 
-def write_objects(put: Put, count: int, size: int) -> list[str]:
-    """Payload, sidecar and index of `count` messages of `size` random bytes each."""
+def write_objects(
+    put: Put, count: int, size: int, seal: Callable[[bytes], bytes] | None = None
+) -> list[str]:
+    """Payload, sidecar and index of `count` messages of `size` random bytes each; `seal`
+    turns each payload into what is stored (an age file, as an encrypting client stores)."""
     keys = []
     block = os.urandom(size)
     start = int(time.time() * 1000) - count
     for i in range(count):
         # Distinct bytes per object (no dedup anywhere) without paying os.urandom per object.
         payload = i.to_bytes(8, "big") + block[8:]
+        payload = seal(payload) if seal is not None else payload
         topic = Topic(f"bench/{i % 4}")
         when = start + i
         key = data_key(topic, when, uuid.uuid4().hex)
@@ -104,7 +109,7 @@ def write_objects(put: Put, count: int, size: int) -> list[str]:
             MessageId.new(),
             topic,
             when,
-            size,
+            len(payload),
             hashlib.sha256(payload).hexdigest(),
             key,
             crc32c=f"{google_crc32c.value(payload):08x}",  # as the gateway records it
@@ -293,6 +298,34 @@ def bench_file(spark: Any, args: argparse.Namespace, size: int) -> list[dict[str
     return ratio_rows(medians, "binaryFile", what, ">= 0.9", 0.9)
 
 
+def bench_encrypted(spark: Any, args: argparse.Namespace, size: int) -> list[dict[str, object]]:
+    """The same objects plain and as age files (issue 30), both with the default verify."""
+    from client.protocol._age import encrypt
+    from client.protocol._age_keys import Identity
+
+    identity = Identity.generate()
+    expected = args.objects * size
+    with tempfile.TemporaryDirectory(prefix="offload-spark-bench-") as tmp:
+        plain, sealed, key = Path(tmp) / "plain", Path(tmp) / "sealed", Path(tmp) / "key.txt"
+        key.write_text(f"{identity}\n")
+        write_objects(file_put(plain), args.objects, size)
+        write_objects(file_put(sealed), args.objects, size,
+                      lambda p: encrypt(p, [identity.recipient]))  # fmt: skip
+        readers: dict[str, Reader] = {
+            "offload plain": functools.partial(offload, spark, plain.as_uri(), "true"),
+            "offload encrypted": functools.partial(
+                offload, spark, sealed.as_uri(), "true", identity_files=str(key)
+            ),
+        }
+        medians = compare(readers, args.rounds, expected, "encrypted")
+    what = f"{args.objects} x {args.size_mib:g} MiB, file://, local[2]"
+    return [
+        row("spark", f"encrypted / plain, {what}", medians.rate["offload plain"],
+            medians.rate["offload encrypted"], "MiB/s", ">= 0.8", higher_is_better=True,
+            limit=0.8),
+    ]  # fmt: skip
+
+
 def bench_s3(spark: Any, args: argparse.Namespace, size: int) -> list[dict[str, object]]:
     expected = args.objects * size
     seaweed = SeaweedFS().start()
@@ -325,6 +358,9 @@ def main() -> int:
     parser.add_argument("--size-mib", type=float, default=16.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--store", choices=("file", "s3", "both"), default="file")
+    parser.add_argument(
+        "--encrypted", action="store_true", help="only: encrypted vs plain payloads (issue 30)"
+    )
     args = parser.parse_args()
     size = int(args.size_mib * MIB)
     print(f"load before: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}", flush=True)
@@ -335,9 +371,11 @@ def main() -> int:
     rows: list[dict[str, object]] = []
     try:
         register(spark)
-        if args.store in ("file", "both"):
+        if args.encrypted:
+            rows += bench_encrypted(spark, args, size)
+        elif args.store in ("file", "both"):
             rows += bench_file(spark, args, size)
-        if args.store in ("s3", "both"):
+        if args.store in ("s3", "both") and not args.encrypted:
             rows += bench_s3(spark, args, size)
     finally:
         spark.stop()

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from . import _cli_crypt as crypt
 from ._cli_errors import EXIT_CODES_EPILOG, Parser, UsageError
 from ._exceptions import ConfigError, InvalidTopic
 
@@ -126,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--message", "-m", help="payload text (UTF-8)")
     pub.add_argument("--qos", "-q", type=int, choices=[0, 1, 2], default=1)
     pub.add_argument("--retain", "-r", action="store_true")
+    crypt.add_publish_flags(pub)
 
     subs = sub.add_parser("subscribe", help="print one JSON line per message")
     _add_global(subs, sub=True)
@@ -147,6 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--ordering", choices=["topic", "arrival"], help="per-topic (default) or arrival order"
     )
     subs.add_argument("--fetch-concurrency", type=int, metavar="N", help="fetches at once (4)")
+    crypt.add_identity_flags(subs)
 
     fetch = sub.add_parser("fetch", help="download an offloaded payload")
     _add_global(fetch, sub=True)
@@ -160,6 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     login = fetch.add_argument_group("gateway (flags beat OFFLOAD_* and the config file)")
     login.add_argument("--endpoint", help="gateway URL a message id is fetched from")
     _add_login(login, gateway_only=True)
+    crypt.add_identity_flags(fetch, raw=True)
 
     up = sub.add_parser("upload", help="resumable upload of a file (tus); the gateway publishes it")
     _add_global(up, sub=True)
@@ -184,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_global(disc, sub=True)
     _add_broker(disc)
     disc.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS")
+    crypt.add_keygen(sub)
     return parser
 
 
@@ -202,6 +207,7 @@ def settings_from_args(args: argparse.Namespace) -> ClientSettings:
     from ._config import load_settings  # not for `--help`: tomllib and friends
 
     flags: dict[str, object] = {name: getattr(args, name, None) for name in _SETTING_FLAGS}
+    flags.update(crypt.setting_flags(args))
     if getattr(args, "protocol", None):
         flags["protocol"] = 4 if args.protocol == "3.1.1" else 5
     return load_settings(flags, environ=os.environ, config_file=args.config)

@@ -35,13 +35,16 @@ from ._exceptions import (
     ChunkTimeoutError,
     ConfigError,
     ConnectionFailed,
+    DecompressionBomb,
     FetchError,
     InvalidTopic,
     MalformedChunk,
     MalformedPlaceholder,
     MessageTooLarge,
+    NoMatchingIdentity,
     OffloadError,
     PayloadChecksumMismatch,
+    PayloadDecodeError,
     PayloadNotFound,
     TransferError,
     UntrustedEndpoint,
@@ -102,6 +105,9 @@ _CAUSES: tuple[tuple[type[OffloadError], str], ...] = (
     (UploadError, "upload failed"),
     (MalformedPlaceholder, "malformed placeholder"),
     (MalformedChunk, "malformed chunk"),
+    (NoMatchingIdentity, "no matching identity"),
+    (DecompressionBomb, "decompression bomb"),
+    (PayloadDecodeError, "undecodable payload"),
 )
 
 

@@ -56,10 +56,19 @@ def fetch_command(args: argparse.Namespace) -> int:
         message_id = None
     if message_id is not None and not raw and levels[-2] == "msg":
         url += "/payload"  # the raw bytes, not the BSON document
+    if args.range is not None:  # client/_cli_range.py: only the chunks the range needs
+        from ._cli_crypt import fetch_range
+
+        return fetch_range(args, url, emit, () if args.raw else settings.identity_files)
+    # Encrypted or compressed stored bytes are decoded (client/_cli_crypt.py); --raw: as is.
+    from ._cli_crypt import decoding_hooks
+
+    decoded, decoding = decoding_hooks(args, settings)
     with HttpTransport(timeout=settings.http_timeout, verify=_verify(settings)) as transport:
         if args.sha256:  # verified and spooled inside the transport: no bar to feed
             sha256 = args.sha256.lower()
             payload = transport.fetch(url, expected_sha256=sha256, auth=auth, redirect_ok=_anywhere)
+            payload = decoded(payload)  # after the stored bytes' SHA-256 was checked
             if args.output is not None:
                 payload.save(args.output)
             else:
@@ -72,14 +81,13 @@ def fetch_command(args: argparse.Namespace) -> int:
             # The bar goes to stderr, so `offload fetch URL > file` on a terminal shows it too.
             with Progress(_content_length(url, auth), label="fetch") as bar:
                 if args.output is not None:
-                    with _replacing(args.output) as out:
+                    with _replacing(args.output) as stored, decoding(stored) as out:
                         sink = cast(BinaryIO, CountingWriter(out, bar, digest))
                         size = transport.fetch_to(url, sink, auth=auth, redirect_ok=_anywhere)
                 else:
-                    sink = cast(
-                        BinaryIO, CountingWriter(cast(BinaryIO, BinaryStdout()), bar, digest)
-                    )
-                    size = transport.fetch_to(url, sink, auth=auth, redirect_ok=_anywhere)
+                    with decoding(cast(BinaryIO, BinaryStdout())) as out:
+                        sink = cast(BinaryIO, CountingWriter(out, bar, digest))
+                        size = transport.fetch_to(url, sink, auth=auth, redirect_ok=_anywhere)
             sha256 = digest.hexdigest()
     if args.output is not None:
         emit(

@@ -36,6 +36,7 @@ from ._allowlist import origin_listed, parse_origin, url_listed
 from ._broker import BrokerUrl
 from ._config_file import DEFAULT_CONFIG_FILE, ENV_PREFIX, config_file_path, read_settings_table
 from ._exceptions import ConfigError
+from ._keys import EncryptTo, normalise_encrypt_to, parse_encrypt_to
 from ._session import session_flags
 
 # Under the names the field declarations below have always used (parallel branches add fields).
@@ -266,6 +267,36 @@ class ClientSettings:
         parse_header_lines,
         secret=True,
     )
+    # End-to-end encryption and compression (docs/encryption.md; client/_seal.py).
+    encrypt_to: EncryptTo = setting(  # noqa: RUF009
+        (),
+        "topic filter -> age recipients (`age1...`): offloaded payloads on matching topics are "
+        "encrypted to all of them, and never leave as plaintext (TOML table, or "
+        "`FILTER=R1,R2;FILTER=R3`)",
+        parse_encrypt_to,
+    )
+    identity_files: tuple[str, ...] = setting(
+        (),
+        "age identity files (`offload keygen`, age-keygen) tried on encrypted payloads; "
+        "several at once during a key rotation",
+        _split_list,
+    )
+    compress: bool = setting(
+        False,
+        "zstd-compress offloaded payloads where a sample shrinks (default false: readers that "
+        "are not this library - hop-client, curl, offload-proxy's subscribers - would get zstd "
+        "frames; never for encrypted ones unless `compress_encrypted`)",
+        _parse_bool,
+    )
+    no_compress: tuple[str, ...] = setting(
+        (), "topic filters whose payloads are never compressed", _split_list
+    )
+    compress_encrypted: bool = setting(
+        False,
+        "compress encrypted payloads too (off: sizes leak secrets mixed with attacker data, "
+        "docs/security.md)",
+        _parse_bool,
+    )
 
     def __post_init__(self) -> None:
         BrokerUrl.parse(self.broker)
@@ -295,6 +326,12 @@ class ClientSettings:
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        object.__setattr__(self, "encrypt_to", normalise_encrypt_to(self.encrypt_to))
+        for name in ("identity_files", "no_compress"):
+            value = getattr(self, name)
+            object.__setattr__(
+                self, name, _split_list(value) if isinstance(value, str) else tuple(value)
+            )
         if isinstance(self.discovery_allowlist, str):
             object.__setattr__(self, "discovery_allowlist", _split_list(self.discovery_allowlist))
         object.__setattr__(self, "discovery_allowlist", tuple(self.discovery_allowlist))
@@ -366,7 +403,7 @@ _FIELDS = {f.name: f for f in dataclasses.fields(ClientSettings)}
 def _coerce(name: str, value: object) -> object:
     """An environment string or TOML value as the field's type, by the field's own parser."""
     parse = _FIELDS[name].metadata["parse"]
-    if isinstance(value, list) and name == "discovery_allowlist":
+    if isinstance(value, list) and name in ("discovery_allowlist", "identity_files", "no_compress"):
         return tuple(str(v) for v in value)
     if not isinstance(value, str):  # TOML already typed it: only a bool must be a bool
         if parse is _parse_bool and not isinstance(value, bool):
@@ -500,6 +537,11 @@ class SettingsOverrides(TypedDict, total=False):
     will_qos: int
     will_retain: bool
     will_delay: int
+    encrypt_to: EncryptTo
+    identity_files: tuple[str, ...]
+    compress: bool
+    no_compress: tuple[str, ...]
+    compress_encrypted: bool
 
 
 if __name__ == "__main__":  # python -m client._config: the docs/settings.md table

@@ -27,6 +27,11 @@ Hierarchy::
     +-- ConnectionFailed                      broker unreachable or refused us
     +-- PublishRejected                       .topic: the broker refused a PUBLISH (reason code)
     +-- ConfigError                           unusable settings (URL, file, value)
+    +-- PayloadDecodeError                    stored payload not decryptable / decompressible
+        +-- NoMatchingIdentity                .key_ids: none of our identities opens it
+        +-- DecryptionFailed                  malformed, truncated or tampered age file
+        +-- DecompressionFailed               malformed zstd frames
+            +-- DecompressionBomb             .limit: inflates past max_fetch_bytes
 
 Errors about one received message are not raised into the paho thread: the consumer
 delivers them to the application as :class:`client.MessageError` items carrying one of these.
@@ -43,6 +48,9 @@ from .protocol._errors import (
     ChunkBufferOverflow,
     ChunkError,
     ChunkTimeoutError,
+    DecompressionBomb,
+    DecompressionFailed,
+    DecryptionFailed,
     EnvelopeTooLarge,
     InvalidMessageId,
     InvalidTopic,
@@ -51,7 +59,9 @@ from .protocol._errors import (
     MalformedEnvelope,
     MalformedPlaceholder,
     MessageTooLarge,
+    NoMatchingIdentity,
     OffloadError,
+    PayloadDecodeError,
     ProtocolError,
 )
 
@@ -130,6 +140,9 @@ __all__ = [
     "ChunkTimeoutError",
     "ConfigError",
     "ConnectionFailed",
+    "DecompressionBomb",
+    "DecompressionFailed",
+    "DecryptionFailed",
     "EnvelopeTooLarge",
     "FetchError",
     "InvalidMessageId",
@@ -139,8 +152,10 @@ __all__ = [
     "MalformedEnvelope",
     "MalformedPlaceholder",
     "MessageTooLarge",
+    "NoMatchingIdentity",
     "OffloadError",
     "PayloadChecksumMismatch",
+    "PayloadDecodeError",
     "PayloadNotFound",
     "ProtocolError",
     "PublishRejected",

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures import wait as wait_futures
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import httpx
 
@@ -27,6 +27,7 @@ from ._config import ClientSettings
 from ._direct import DirectUnsupported, DirectUploader
 from ._exceptions import (
     AccessRefused,
+    ConfigError,
     ConnectionFailed,
     MessageTooLarge,
     ProtocolError,
@@ -37,6 +38,7 @@ from ._message import PublishResult, Route
 from ._paho import MqttConnection
 from ._receive import PlainHttpWarner
 from ._router import choose_route
+from ._seal import Sealer, tagged
 from ._source import PayloadLike, PayloadSource
 from .protocol import MessageId, PublishProperties, Topic, _placeholder
 from .protocol._chunk import plan_chunks
@@ -125,6 +127,7 @@ class Publisher:
         self._unwritten: deque[tuple[Future[None], int]] = deque()  # QoS 0, oldest first
         self._unwritten_bytes = 0
         self._unwritten_lock = threading.Lock()
+        self._sealer = Sealer(settings)
 
     @property
     def max_packet_size(self) -> int:
@@ -159,6 +162,8 @@ class Publisher:
         self, send: _Send, source: PayloadSource, message_id: MessageId | None
     ) -> PublishResult:
         s = self._settings
+        if self._sealer.encrypts(send.topic):
+            return self._encrypted(send, source, message_id)
         packet = self._packet_size(send, source.size)
         over_threshold = s.offload_threshold is not None and source.size > s.offload_threshold
         endpoint = None
@@ -209,6 +214,32 @@ class Publisher:
         else:  # acknowledged, or refused at once (not connected, invalid): said now
             wait_ack(future, send.timeout, send.topic)
         return result
+
+    def _encrypted(
+        self, send: _Send, source: PayloadSource, message_id: MessageId | None
+    ) -> PublishResult:
+        """An `encrypt_to` topic: offloaded whatever its size, else ADR-23 chunks of the
+        ciphertext; never direct, so no byte of its plaintext crosses the broker."""
+        s = self._settings
+        chunking = s.chunking and s.protocol == 5
+        endpoint = self._endpoint() if s.automatic_offload else None
+        if endpoint is not None:
+            try:
+                return self._offloaded(endpoint, send, source, message_id)
+            except UploadError as exc:
+                if not chunking or exc.status == TOO_LARGE:
+                    raise
+                log.warning("offload failed (%s); falling back to chunks of the ciphertext", exc)
+        elif not chunking:
+            raise ConfigError(
+                f"{send.topic!r} is encrypted (encrypt_to): its payloads are offloaded or "
+                "chunked, and no offload endpoint is known (endpoint, discovery, "
+                "automatic_offload) and chunking is off"
+            )
+        with self._sealer.seal(send.topic, source) as stored:
+            props = tagged(send.properties, stored.encoding)
+            result = self._chunked(replace(send, properties=props), stored.source)
+        return replace(result, size=source.size, sha256=stored.plain_sha256)
 
     def _written_later(self, future: Future[None], send: _Send, size: int) -> None:
         """Leave a QoS 0 PUBLISH to paho's thread; past the window, wait for half of it.
@@ -316,9 +347,12 @@ class Publisher:
     ) -> PublishResult:
         self._warn_plain_http(endpoint)
         message_id = message_id or MessageId.new()
-        url = self._upload(endpoint, send, source, message_id)
+        with self._sealer.seal(send.topic, source) as stored:  # encrypted, compressed or as is
+            url = self._upload(endpoint, send, stored.source, message_id)
+            ref = _placeholder.Placeholder(
+                url, stored.source.size, stored.source.sha256, message_id, stored.encoding
+            )
         protocol = self._settings.protocol
-        ref = _placeholder.Placeholder(url, source.size, source.sha256, message_id)
         body, props = ref.encode(send.properties, protocol=protocol)
         size = publish_packet_size(
             send.topic, len(body), qos=send.qos, properties=props, protocol=protocol
@@ -330,7 +364,7 @@ class Publisher:
         )
         wait_ack(future, send.timeout, send.topic)
         return PublishResult(
-            send.topic, Route.OFFLOADED, source.size, source.sha256, str(message_id), url
+            send.topic, Route.OFFLOADED, source.size, stored.plain_sha256, str(message_id), url
         )
 
     def upload_placeholder(

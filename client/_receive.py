@@ -46,6 +46,7 @@ from ._ordering import FetchPool, Sequencer, Slot
 from ._paho import Incoming, MqttConnection
 from ._session_acks import acknowledge_taken
 from ._store_origin import ConfiguredStore
+from ._unseal import Unsealer, chunk_encoding, untagged
 from .protocol import PublishProperties, _placeholder
 from .protocol._bounded import Origin, http_origin
 from .protocol._chunk import CHUNK_PROPERTY
@@ -146,6 +147,7 @@ class Receiver:
         self._warn_plain_http = warn_plain_http
         self._use_discovery = use_discovery
         self._on_fetch_progress = on_fetch_progress
+        self._unsealer = Unsealer(s)  # reads identity_files once: a bad one fails here
         self.inbound: InboundQueue[Incoming] = InboundQueue(
             s.max_pending_deliveries, s.max_pending_bytes
         )
@@ -333,15 +335,21 @@ class Receiver:
             )
         elif isinstance(outcome, Complete):
             body = outcome.payload
+            payload = Payload(body) if isinstance(body, bytes) else Payload(path=body)
+            sha256, props = outcome.sha256, outcome.properties
+            encoding = chunk_encoding(props)  # chunks of an encrypted/compressed payload
+            if encoding is not None:
+                payload, sha256 = self._unsealer.decode(encoding, payload)
+                props = untagged(props)
             self._emit(
                 outcome.topic,
                 Message(
                     outcome.topic,
-                    Payload(body) if isinstance(body, bytes) else Payload(path=body),
-                    outcome.sha256,
+                    payload,
+                    sha256,
                     outcome.qos,
                     False,
-                    outcome.properties,
+                    props,
                     Route.CHUNKED,
                     outcome.message_id,
                 ),
@@ -389,10 +397,13 @@ class Receiver:
             if progress is not None
             else None,
         )
+        sha256 = ref.sha256
+        if not ref.encoding.plain:  # decrypt / decompress the checked stored bytes
+            payload, sha256 = self._unsealer.decode(ref.encoding, payload)
         return Message(
             incoming.topic,
             payload,
-            ref.sha256,
+            sha256,
             incoming.qos,
             incoming.retain,
             _placeholder.original_properties(incoming.properties),

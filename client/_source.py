@@ -26,16 +26,19 @@ class PayloadSource:
         payload: bytes, text, a binary file object or a path.
         spool_dir: where a non-seekable stream (a pipe) is spooled first (default: the
             system's temporary directory).
+        sha256: the payload's SHA-256 when already known (hashed while it was written).
     """
 
     __slots__ = ("_data", "_file", "_owned", "_sha256", "_start", "size")
 
-    def __init__(self, payload: PayloadLike, *, spool_dir: str | None = None) -> None:
+    def __init__(
+        self, payload: PayloadLike, *, spool_dir: str | None = None, sha256: str | None = None
+    ) -> None:
         self._data: bytes | None = None
         self._file: BinaryIO | None = None
         self._owned = False
         self._start = 0
-        self._sha256: str | None = None
+        self._sha256: str | None = sha256
         if isinstance(payload, str):
             self._data = payload.encode("utf-8")
         elif isinstance(payload, bytes | bytearray | memoryview):

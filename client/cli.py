@@ -212,7 +212,14 @@ def _skip_unused_optional_imports() -> None:
         sys.modules.setdefault(name, None)  # type: ignore[arg-type]
 
 
+def _keygen(args: argparse.Namespace) -> int:
+    from ._cli_crypt import keygen
+
+    return keygen(args)
+
+
 _COMMANDS = {
+    "keygen": _keygen,
     "publish": _publish,
     "subscribe": _subscribe,
     "fetch": fetch_command,

@@ -20,14 +20,15 @@ if [ "${#need_apt[@]}" -gt 0 ]; then
 fi
 # Peers only the tests use (scripts/test.sh sets BOOTSTRAP_TEST_PEERS=1; up.sh does not):
 # nginx in front of the gateway (tests/test_auth_refusal_drain.py), Node and npm for
-# tus-js-client, and the distribution's chromium for the browser tests (Playwright drives it
-# by path; no browser is downloaded).
+# tus-js-client, the distribution's chromium for the browser tests (Playwright drives it
+# by path; no browser is downloaded), and `age` (tests/test_age_codec.py reads and writes with it).
 if [ "${BOOTSTRAP_TEST_PEERS:-0}" = 1 ]; then
     need_peers=()
     command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need_peers+=(nginx openssl)
     command -v node >/dev/null 2>&1 || need_peers+=(nodejs)
     command -v npm >/dev/null 2>&1 || need_peers+=(npm)
     [ -x /usr/bin/chromium ] || need_peers+=(chromium)
+    command -v age >/dev/null 2>&1 || need_peers+=(age)
     if [ "${#need_peers[@]}" -gt 0 ]; then
         echo "==> apt-get install ${need_peers[*]}"
         export DEBIAN_FRONTEND=noninteractive

@@ -706,3 +706,51 @@ def test_a_fetch_error_after_a_redirect_never_names_the_presigned_url(
         assert "differs from the declared size" in text, text
         assert text.startswith(f"{sent.url}/payload: "), text
         assert "X-Amz-Signature" not in text and relay.url not in text, text
+
+
+def test_encrypted_payloads_go_direct_as_ciphertext_and_spool_both_ways(
+    direct_gateway: GatewayServer,
+    broker: Mosquitto,
+    relay: RecordingRelay,
+    unique_topic: Any,
+    tmp_path: Path,
+) -> None:
+    """Issue 30: an encrypted payload takes the direct path unchanged, and no byte a client
+    sent the store holds the plaintext. Above spool_threshold the publisher seals into a
+    file (removed after) and the subscriber decrypts into one."""
+    from client.protocol._age_keys import Identity
+
+    topic = unique_topic("direct")
+    identity = Identity.generate()
+    key = tmp_path / "key.txt"
+    key.write_text(f"{identity}\n")
+    marker = b"DIRECT-PLAINTEXT-MARKER-51c2"
+    payload = (marker + os.urandom(1000)) * 9000  # ~9 MiB: two parts, marker throughout
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    sub = _client(broker, identity_files=(str(key),), spool_threshold=MiB, spool_dir=str(spool))
+    pub = _client(
+        broker,
+        encrypt_to={topic: [str(identity.recipient)]},
+        spool_threshold=MiB,
+        spool_dir=str(spool),
+    )
+    try:
+        sub.subscribe(topic)
+        assert pub.wait_for_endpoint(10) == direct_gateway.url
+        before_in, _ = _received_bytes(direct_gateway)
+        result = pub.publish(topic, payload, qos=1)
+        msg = next(sub.messages(timeout=60))
+        assert isinstance(msg, Message), msg
+        assert msg.body.path is not None and msg.body.path.parent == spool  # decrypted to disk
+        assert msg.payload == payload and msg.sha256 == result.sha256
+        after_in, _ = _received_bytes(direct_gateway)
+        assert after_in - before_in < MiB  # the ciphertext went straight to the store
+    finally:
+        pub.close()
+        sub.close()
+    with relay._lock:
+        streams = [bytes(s) for s in relay._streams]
+    assert sum(len(s) for s in streams) > len(payload)  # the bytes did cross the relay
+    assert not [s for s in streams if marker in s]
+    assert not [p for p in spool.iterdir() if p != msg.body.path]  # the seal spool is gone

@@ -138,4 +138,11 @@ def test_spark_extra_alone_imports_the_reader(wheel: Path, tmp_path: Path) -> No
     bindir = _fresh(tmp_path, wheel, "spark")
     done = _run(str(bindir / "python"), "-c", "import client.spark; print(client.spark.register)")
     assert done.returncode == 0, done.stderr
+    # The executors decode what a Client compressed or encrypted (issue 30): zstd and
+    # cryptography come with this extra.
+    decode = ("from client.spark._read import decoded; from client.protocol._zstd import "
+              "compress; import client.protocol._age; "
+              "assert decoded(compress(b'x' * 999), (), 'u') == b'x' * 999")  # fmt: skip
+    done = _run(str(bindir / "python"), "-c", decode)
+    assert done.returncode == 0, done.stderr
     assert _run(str(bindir / "offload-spark"), "--help").returncode == 0

@@ -21,6 +21,12 @@ Hierarchy (the part defined here)::
         +-- ChunkTimeoutError                 chunks missing when the timeout ran out
         +-- ChecksumMismatchError             .expected, .actual
         +-- ChunkBufferOverflow               dropped to respect the reassembly bounds
+    +-- PayloadDecodeError                    a stored payload that cannot be decrypted or
+        |                                     decompressed (hostile, damaged or not for us)
+        +-- NoMatchingIdentity                .key_ids: none of our identities opens it
+        +-- DecryptionFailed                  malformed, truncated or tampered age file
+        +-- DecompressionFailed               malformed zstd frames
+            +-- DecompressionBomb             .limit: inflates past max_fetch_bytes
 """
 
 from __future__ import annotations
@@ -111,3 +117,39 @@ class ChecksumMismatchError(ChunkError):
 class ChunkBufferOverflow(ChunkError):
     def __init__(self, message_id: str, reason: str) -> None:
         super().__init__(message_id, f"dropped partial message: {reason}")
+
+
+class PayloadDecodeError(OffloadError):
+    """A stored payload that cannot be decrypted or decompressed."""
+
+
+class NoMatchingIdentity(PayloadDecodeError):
+    """None of the configured identities can open an encrypted payload.
+
+    Attributes:
+        key_ids: the recipients' key ids the publisher named (may be empty).
+        own_key_ids: the key ids of the identities that were tried.
+    """
+
+    def __init__(
+        self, key_ids: tuple[str, ...], own_key_ids: tuple[str, ...], stanzas: int = 0
+    ) -> None:
+        named = ", ".join(key_ids) if key_ids else f"{stanzas} X25519 recipient(s), unnamed"
+        own = ", ".join(own_key_ids) if own_key_ids else "none configured (identity_files)"
+        super().__init__(f"no identity opens the payload: encrypted to {named}; ours: {own}")
+        self.key_ids = key_ids
+        self.own_key_ids = own_key_ids
+
+
+class DecryptionFailed(PayloadDecodeError):
+    """A malformed, truncated or tampered age file."""
+
+
+class DecompressionFailed(PayloadDecodeError):
+    """Compressed frames that cannot be decompressed."""
+
+
+class DecompressionBomb(DecompressionFailed):
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"payload inflates past {limit} bytes (max_fetch_bytes)")
+        self.limit = limit

@@ -10,6 +10,8 @@ it (a broker hands an MQTT 5 message to a 3.1.1 subscriber without its propertie
 An MQTT 5 placeholder also has the user properties `_format=external` and `_id=<uuid>`
 (hop-client's headers), followed by the original user properties. hop-client's own
 `ExternalMessage` reads only `url` from the JSON, so the extra members do not disturb it.
+An encrypted or compressed payload adds `cmp`, `enc` and `kid` (:mod:`._encoding`); `size`
+and `sha256` then describe the stored bytes.
 
 Detection rule (both protocol versions): a message is a placeholder when it has the user
 property `_format=external`, or when it has no `_format` user property and its payload is a
@@ -28,6 +30,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ._bounded import Origin, http_origin, loads_object
+from ._encoding import PLAIN, Encoding
 from ._errors import MalformedPlaceholder
 from ._props import PublishProperties
 from ._types import MessageId
@@ -51,6 +54,8 @@ class Placeholder:
     size: int
     sha256: str
     message_id: MessageId
+    #: compression and encryption of the stored bytes (:mod:`client.protocol._encoding`)
+    encoding: Encoding = PLAIN
 
     def __post_init__(self) -> None:
         try:
@@ -87,6 +92,7 @@ class Placeholder:
             "url": self.url,
             "size": self.size,
             "sha256": self.sha256,
+            **self.encoding.members(),
         }
         if protocol != 5:
             return json.dumps(doc, separators=(",", ":")).encode(), None
@@ -148,7 +154,7 @@ def parse(payload: bytes, properties: PublishProperties) -> Placeholder:
         raise MalformedPlaceholder(f"placeholder id: {exc}") from exc
     if not isinstance(size, int) or isinstance(size, bool) or not isinstance(sha, str):
         raise MalformedPlaceholder("placeholder needs integer size and string sha256")
-    return Placeholder(url, size, sha, message_id)
+    return Placeholder(url, size, sha, message_id, Encoding.from_members(doc))
 
 
 def original_properties(properties: PublishProperties) -> PublishProperties:

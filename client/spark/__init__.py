@@ -44,6 +44,11 @@ How it reads:
   torn or mismatched objects, not an adversary - what S3's own `x-amz-checksum-crc32c` is
   for. A CRC is easy to forge on purpose; choose `sha256` where manifests and payloads are
   kept or copied by different hands.
+* Payloads a client encrypted (age) or compressed (zstd) are decoded after the check, told
+  by their first bytes: option `identity_files` (comma-separated paths that exist on the
+  executors) for encrypted ones, else the read fails with `NoMatchingIdentity` naming the
+  option; `decode=false` returns the stored bytes. `size` and `sha256` describe the stored
+  bytes (docs/encryption.md).
 * A single payload must fit a Spark binary value (< 2 GiB) and a task's memory.
 * Tuning for payloads of several MiB: start the JVMs with `-XX:G1HeapRegionSize=32m`
   (`spark.driver.extraJavaOptions` / `spark.executor.extraJavaOptions`); with G1's default

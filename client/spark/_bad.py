@@ -44,6 +44,7 @@ class Problem(enum.Enum):
     MALFORMED = "malformed"  # sidecar or index entry is not a manifest a row can hold
     CHECKSUM = "checksum"  # payload differs from its manifest: size, CRC-32C or SHA-256
     TOO_LARGE = "too-large"  # larger than a Spark binary value, or a sidecar beyond bound
+    UNDECODABLE = "undecodable"  # encrypted or compressed, and no identity (or frame) opens it
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +112,8 @@ class BadObjects:
 
     @property
     def counts(self) -> dict[str, int]:
-        """Objects skipped so far, per kind (`gone`, `malformed`, `checksum`, `too-large`)."""
+        """Objects skipped so far, per kind (`gone`, `malformed`, `checksum`, `too-large`,
+        `undecodable`)."""
         return dict(self._tally().counts)
 
     @property

@@ -181,6 +181,10 @@ class ScanOptions:
     parallelism: int | None = None  # None: what `register` saw, else the CPU count
     on_bad_object: OnBadObject = OnBadObject.SKIP
     grant_ttl: int = DEFAULT_GRANT_TTL_MS  # ms a key may precede its stamp (direct uploads)
+    #: age identity files (paths on the executors) for encrypted payloads; `decode` off
+    #: returns the stored bytes (age files, zstd frames) as they are (docs/encryption.md).
+    identity_files: tuple[str, ...] = ()
+    decode: bool = True
 
     def __post_init__(self) -> None:
         if self.since is not None and self.until is not None and self.since >= self.until:
@@ -242,4 +246,8 @@ def parse_options(
         grant_ttl=positive_ms(opts["grantttl"], "grantTtl")
         if "grantttl" in opts
         else DEFAULT_GRANT_TTL_MS,
+        identity_files=tuple(
+            p.strip() for p in opts.get("identity_files", "").split(",") if p.strip()
+        ),
+        decode=_flag(opts.get("decode", "true"), "decode"),
     )

@@ -30,6 +30,7 @@ of them, so a mapped payload is fed to it in 1 MiB slices: copies that stay in t
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 from collections.abc import Callable, Iterable, Iterator
@@ -38,7 +39,7 @@ from typing import Any, TypeAlias
 
 import google_crc32c
 
-from .._exceptions import PayloadChecksumMismatch
+from .._exceptions import PayloadChecksumMismatch, PayloadDecodeError
 from ..protocol import Manifest, meta_key
 from ._bad import BadObject, Problem, Reporter
 from ._options import ScanOptions, Verify
@@ -182,7 +183,52 @@ def _fetch(store: ReadStore, key: str, options: ScanOptions) -> Message | BadObj
     except PayloadChecksumMismatch as exc:
         reason = f"expected {exc.expected}, got {exc.actual}"
         return BadObject(key, Problem.CHECKSUM, reason, exc)
+    if options.decode:  # after the check: the manifest describes the stored bytes
+        try:
+            payload = decoded(payload, options.identity_files, url)
+        except PayloadDecodeError as exc:  # no identity opens it, damaged, a bomb
+            return BadObject(key, Problem.UNDECODABLE, _safe(str(exc))[:500], exc)
     return manifest, payload
+
+
+#: The most a payload may decode to: Arrow's binary column holds 2 GiB at most.
+MAX_DECODED = 2**31 - 1
+_AGE_MAGIC = b"age-encryption.org/v1\n"
+
+
+@functools.lru_cache(maxsize=8)
+def _identities(files: tuple[str, ...]) -> tuple[Any, ...]:
+    from .._keys import load_identities
+
+    return tuple(load_identities(files))
+
+
+def decoded(payload: Payload, identity_files: tuple[str, ...], url: str) -> Payload:
+    """The plaintext of an encrypted or compressed payload (told by its first bytes, the
+    way `offload fetch` does: the manifest does not say), else `payload` itself.
+
+    Raises:
+        PayloadDecodeError: no identity opens it (naming the key ids), damaged, a bomb.
+    """
+    from ..protocol._zstd import MARK, marked
+
+    head = bytes(payload[: len(MARK)])
+    if not (head.startswith(_AGE_MAGIC) or marked(head)):
+        return payload
+    from .._unseal import Decoder
+    from ..protocol._encoding import PLAIN
+
+    pieces: list[bytes] = []
+    try:
+        decoder = Decoder(PLAIN, _identities(identity_files), MAX_DECODED, sniff=True)
+        # Slices of 1 MiB, plaintext in 64 KiB pieces joined once: each copy stays in the
+        # CPU cache (fed whole, the Python workers spent 4.0 CPU-s/GiB against 2.7).
+        for start in range(0, len(payload), CRC_SLICE):
+            pieces.extend(decoder.feed(bytes(payload[start : start + CRC_SLICE])))
+        pieces.extend(decoder.finish())
+    except PayloadDecodeError as exc:
+        raise PayloadDecodeError(f"{url}: {exc} (option identity_files)") from exc
+    return b"".join(pieces)
 
 
 def crc32c_hex(payload: Payload) -> str:

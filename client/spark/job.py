@@ -59,6 +59,12 @@ def _parser() -> argparse.ArgumentParser:
         "skip it and report it (default), or fail the job",
     )
     parser.add_argument(
+        "--identity",
+        action="append",
+        metavar="FILE",
+        help="age identity file for encrypted payloads (repeatable; a path on the executors)",
+    )
+    parser.add_argument(
         "--access-key", help="S3 access key (default: OFFLOAD_S3_ACCESS_KEY, preferred)"
     )
     parser.add_argument(
@@ -280,6 +286,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         credentials["accessKey"] = args.access_key
     if args.secret_key:
         credentials["secretKey"] = args.secret_key
+    if args.identity:  # the data source's option (client/spark/_read.py decodes)
+        credentials["identity_files"] = ",".join(args.identity)
     spark = _session(args.master)
     skipped = register(spark)
     skipped.reset()

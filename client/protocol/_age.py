@@ -1,0 +1,424 @@
+"""The age v1 file format (age-encryption.org/v1), X25519 recipients only. Pure, streaming.
+
+A published format rather than one of our own (docs/security.md says why): a fresh 16-byte
+file key per message, wrapped for each recipient (X25519, HKDF-SHA256, ChaCha20-Poly1305), a
+header MAC under the file key, then the payload as 64 KiB ChaCha20-Poly1305 STREAM chunks
+(11-byte counter, a last-chunk flag). Debian's `age` and the `pyrage` package read and write
+the same bytes::
+
+    age-encryption.org/v1
+    -> X25519 <ephemeral share, base64>
+    <wrapped file key, base64>
+    --- <header MAC, base64>
+    <16-byte nonce><chunk 0: 64 KiB + 16-byte tag>...<last chunk: 0..64 KiB + tag>
+
+:class:`Encryptor` and :class:`Decryptor` take bytes and give bytes, holding at most one
+chunk: any size flows through in bounded memory. Every chunk has a fixed place, so
+:class:`OpenedHeader` decrypts any run of chunks on its own (HTTP Range reads).
+
+Everything read is hostile: the header is bounded (:data:`MAX_HEADER`, :data:`MAX_STANZAS`)
+before it is parsed, and every failure is a :class:`DecryptionFailed` or
+:class:`NoMatchingIdentity`, never another exception. Stanzas of other types (scrypt, ssh,
+grease) are parsed and skipped, as age does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+
+from ._age_keys import (
+    Identity,
+    Recipient,
+    Stanza,
+    b64,
+    hkdf,
+    unb64,
+    wrap,
+)
+from ._errors import DecryptionFailed, NoMatchingIdentity
+
+VERSION_LINE = b"age-encryption.org/v1"
+MAGIC = VERSION_LINE + b"\n"
+CHUNK = 64 * 1024  # plaintext bytes per STREAM chunk
+TAG = 16
+SEALED_CHUNK = CHUNK + TAG
+NONCE = 16  # the payload nonce after the header
+MAX_HEADER = 64 * 1024  # ~600 X25519 recipients
+MAX_STANZAS = 256
+_COLUMNS = 64
+
+
+def _stanza_bytes(stanza: Stanza) -> bytes:
+    line = b" ".join([b"->", stanza.type.encode(), *(a.encode() for a in stanza.args)])
+    body = b64(stanza.body)
+    lines = [body[i : i + _COLUMNS] for i in range(0, len(body), _COLUMNS)]
+    if not lines or len(lines[-1]) == _COLUMNS:
+        lines.append(b"")  # the body ends with a line shorter than 64 columns
+    return line + b"\n" + b"\n".join(lines) + b"\n"
+
+
+def _mac(file_key: bytes, header_to_dashes: bytes) -> bytes:
+    key = hkdf(file_key, b"", b"header")
+    return hmac.new(key, header_to_dashes, hashlib.sha256).digest()
+
+
+def _payload_cipher(file_key: bytes, nonce: bytes) -> ChaCha20Poly1305:
+    return ChaCha20Poly1305(hkdf(file_key, nonce, b"payload"))
+
+
+def _chunk_nonce(index: int, last: bool) -> bytes:
+    if index >= 1 << 88:
+        raise DecryptionFailed("age payload: chunk counter overflow")
+    return index.to_bytes(11, "big") + (b"\x01" if last else b"\x00")
+
+
+def _arg_ok(arg: bytes) -> bool:
+    return bool(arg) and all(33 <= b <= 126 for b in arg)
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    """A parsed age header: its stanzas, its MAC, and where the payload starts."""
+
+    stanzas: tuple[Stanza, ...]
+    mac: bytes
+    signed: bytes  # the header up to and including `---`, which the MAC covers
+    length: int  # bytes up to and including the MAC line's newline
+
+    @classmethod
+    def parse(cls, data: bytes | bytearray) -> Header | None:
+        """The header at the start of `data`; None while more bytes are needed.
+
+        Raises:
+            DecryptionFailed: not an age v1 header, or one over the bounds.
+        """
+        head = bytes(data[: MAX_HEADER + 1])
+        if not head.startswith(MAGIC[: len(head)]):
+            raise DecryptionFailed("not an age v1 file (age-encryption.org/v1)")
+        end = head.find(b"\n--- ")
+        end_line = -1 if end < 0 else head.find(b"\n", end + 5)
+        if end_line < 0:
+            if len(head) > MAX_HEADER:
+                raise DecryptionFailed(f"age header longer than {MAX_HEADER} bytes")
+            return None
+        lines = head[: end + 1].split(b"\n")[:-1]
+        if lines[0] != VERSION_LINE:
+            raise DecryptionFailed("not an age v1 file (age-encryption.org/v1)")
+        stanzas: list[Stanza] = []
+        i = 1
+        while i < len(lines):
+            parts = lines[i].split(b" ")
+            if parts[0] != b"->" or len(parts) < 2 or not all(_arg_ok(p) for p in parts[1:]):
+                raise DecryptionFailed("age header: malformed stanza line")
+            if len(stanzas) >= MAX_STANZAS:
+                raise DecryptionFailed(f"age header: more than {MAX_STANZAS} stanzas")
+            body_lines: list[bytes] = []
+            i += 1
+            while True:
+                if i >= len(lines):
+                    raise DecryptionFailed("age header: stanza body not terminated")
+                line = lines[i]
+                i += 1
+                if len(line) > _COLUMNS:
+                    raise DecryptionFailed("age header: stanza body line too long")
+                body_lines.append(line)
+                if len(line) < _COLUMNS:
+                    break
+            args = tuple(p.decode("ascii") for p in parts[2:])
+            stanzas.append(Stanza(parts[1].decode("ascii"), args, unb64(b"".join(body_lines))))
+        if not stanzas:
+            raise DecryptionFailed("age header: no recipient stanza")
+        mac = unb64(head[end + 5 : end_line])
+        if len(mac) != 32:
+            raise DecryptionFailed("age header: malformed MAC")
+        return cls(tuple(stanzas), mac, head[: end + 4], end_line + 1)
+
+    def open(self, identities: Sequence[Identity], key_ids: tuple[str, ...] = ()) -> bytes:
+        """The file key, unwrapped by one of `identities` and checked against the MAC.
+
+        Args:
+            identities: the identities to try.
+            key_ids: the recipients' ids the placeholder names, for the error.
+
+        Raises:
+            NoMatchingIdentity: none opens a stanza.
+            DecryptionFailed: a malformed stanza, or a MAC that does not match.
+        """
+        for stanza in self.stanzas:
+            for identity in identities:
+                file_key = identity.unwrap(stanza)
+                if file_key is None:
+                    continue
+                if len(file_key) != 16:
+                    raise DecryptionFailed("age header: file key of the wrong size")
+                if not hmac.compare_digest(_mac(file_key, self.signed), self.mac):
+                    raise DecryptionFailed("age header: MAC mismatch (tampered header)")
+                return file_key
+        ours = tuple(i.recipient.key_id for i in identities)
+        x25519 = sum(1 for s in self.stanzas if s.type == "X25519")
+        raise NoMatchingIdentity(key_ids, ours, x25519)
+
+
+def encode_header(file_key: bytes, recipients: Iterable[Recipient]) -> bytes:
+    """A header wrapping `file_key` for each recipient, with its MAC line."""
+    stanzas = [_stanza_bytes(wrap(file_key, r)) for r in recipients]
+    if not stanzas:
+        raise ValueError("encryption needs at least one recipient")
+    signed = MAGIC + b"".join(stanzas) + b"---"
+    return signed + b" " + b64(_mac(file_key, signed)) + b"\n"
+
+
+class Encryptor:
+    """Encrypts a stream to recipients: bytes in, age bytes out, one chunk held at most.
+
+    Args:
+        recipients: at least one.
+        file_key, nonce: for test vectors only; fresh random ones otherwise.
+    """
+
+    def __init__(
+        self,
+        recipients: Sequence[Recipient],
+        *,
+        file_key: bytes | None = None,
+        nonce: bytes | None = None,
+    ) -> None:
+        file_key = file_key or os.urandom(16)
+        nonce = nonce or os.urandom(NONCE)
+        self._pending = encode_header(file_key, recipients) + nonce
+        self._cipher = _payload_cipher(file_key, nonce)
+        self._buffer = bytearray()
+        self._index = 0
+        self._finished = False
+
+    def feed(self, data: bytes | bytearray | memoryview) -> bytes:
+        """The age bytes ready after `data` (the header first)."""
+        return b"".join(self.feed_pieces(data))
+
+    def feed_pieces(self, data: bytes | bytearray | memoryview) -> list[bytes]:
+        """As :meth:`feed`, one piece per chunk: no large buffer is allocated (and page-
+        faulted) per call, which cost streams four times the cipher's own work."""
+        out = [self._pending] if self._pending else []
+        self._pending = b""
+        view = memoryview(data)
+        if self._buffer:
+            need = CHUNK - len(self._buffer)
+            if len(view) <= need:
+                self._buffer += view
+                return out
+            self._buffer += view[:need]
+            view = view[need:]
+            out.append(self._seal(self._buffer, False))  # more follows: not the last
+            self._buffer = bytearray()
+        # Sealed straight from the caller's bytes; a full chunk waits until a byte follows
+        # it, since the last chunk carries a flag.
+        start = 0
+        while len(view) - start > CHUNK:
+            out.append(self._seal(view[start : start + CHUNK], False))
+            start += CHUNK
+        self._buffer += view[start:]
+        return out
+
+    def finish(self) -> bytes:
+        """The last chunk (the header too, for an empty payload)."""
+        if self._finished:
+            return b""
+        self._finished = True
+        out = self._pending + self._seal(bytes(self._buffer), True)
+        self._pending = b""
+        self._buffer.clear()
+        return out
+
+    def _seal(self, chunk: bytes | bytearray | memoryview, last: bool) -> bytes:
+        sealed = self._cipher.encrypt(_chunk_nonce(self._index, last), chunk, None)
+        self._index += 1
+        return sealed
+
+
+def encrypt(data: bytes, recipients: Sequence[Recipient]) -> bytes:
+    """`data` as one age file (small payloads and tests)."""
+    enc = Encryptor(recipients)
+    return enc.feed(data) + enc.finish()
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Where the chunks of an age file of a known size are."""
+
+    payload_start: int  # header + nonce
+    chunks: int
+    plain_size: int
+
+    @classmethod
+    def of(cls, header_length: int, stored_size: int) -> Layout:
+        """The layout of a `stored_size`-byte file whose header is `header_length` bytes.
+
+        Raises:
+            DecryptionFailed: the sizes cannot be an age file.
+        """
+        body = stored_size - header_length - NONCE
+        if body < TAG:
+            raise DecryptionFailed("age file truncated: no payload chunk")
+        chunks = -(-body // SEALED_CHUNK)
+        if body - (chunks - 1) * SEALED_CHUNK < TAG + (1 if chunks > 1 else 0):
+            raise DecryptionFailed("age file truncated inside a chunk tag")
+        return cls(header_length + NONCE, chunks, body - chunks * TAG)
+
+    def span(self, start: int, end: int) -> tuple[int, int, int]:
+        """The stored byte range `[a, b)` and first chunk index that hold plaintext
+        bytes `[start, end)`."""
+        end = min(end, self.plain_size)
+        first = start // CHUNK
+        last = max(first, (max(end, start + 1) - 1) // CHUNK)
+        last = min(last, self.chunks - 1)
+        a = self.payload_start + first * SEALED_CHUNK
+        b = min(self.payload_start + (last + 1) * SEALED_CHUNK, self.payload_start + self.body)
+        return a, b, first
+
+    @property
+    def body(self) -> int:
+        return self.plain_size + self.chunks * TAG
+
+
+class OpenedHeader:
+    """A header opened with an identity: decrypts any chunk on its own (Range reads).
+
+    Args:
+        header: the parsed header.
+        nonce: the 16 bytes after it.
+        identities: tried in order.
+        key_ids: the recipients' ids the placeholder names, for the error.
+    """
+
+    def __init__(
+        self,
+        header: Header,
+        nonce: bytes,
+        identities: Sequence[Identity],
+        key_ids: tuple[str, ...] = (),
+    ) -> None:
+        self.header = header
+        self._cipher = _payload_cipher(header.open(identities, key_ids), nonce)
+
+    def open_chunk(self, index: int, sealed: bytes | bytearray | memoryview, last: bool) -> bytes:
+        """Chunk `index`'s plaintext.
+
+        Raises:
+            DecryptionFailed: tampered, truncated, or not the last chunk when `last`.
+        """
+        if not TAG <= len(sealed) <= SEALED_CHUNK or (not last and len(sealed) != SEALED_CHUNK):
+            raise DecryptionFailed(f"age payload: chunk {index} truncated")
+        if last and len(sealed) == TAG and index > 0:
+            raise DecryptionFailed("age payload: empty last chunk after data")
+        try:
+            return self._cipher.decrypt(_chunk_nonce(index, last), sealed, None)
+        except InvalidTag:
+            raise DecryptionFailed(
+                f"age payload: chunk {index} fails authentication (tampered or truncated)"
+            ) from None
+
+    def open_run(self, first: int, sealed: bytes, layout: Layout) -> bytes:
+        """Plaintext of the consecutive chunks from `first` held in `sealed`."""
+        out = []
+        for n, offset in enumerate(range(0, len(sealed), SEALED_CHUNK)):
+            index = first + n
+            out.append(
+                self.open_chunk(
+                    index, sealed[offset : offset + SEALED_CHUNK], index == layout.chunks - 1
+                )
+            )
+        return b"".join(out)
+
+
+class Decryptor:
+    """Decrypts an age stream: bytes in, plaintext out, one chunk held at most.
+
+    Args:
+        identities: tried in order on each X25519 stanza.
+        key_ids: the recipients' ids the placeholder names, for the error.
+    """
+
+    def __init__(self, identities: Sequence[Identity], key_ids: tuple[str, ...] = ()) -> None:
+        self._identities = identities
+        self._key_ids = key_ids
+        self._buffer = bytearray()
+        self._opened: OpenedHeader | None = None
+        self._index = 0
+        self._finished = False
+        self.header_length: int | None = None
+
+    def feed(self, data: bytes | bytearray | memoryview) -> bytes:
+        """The plaintext ready after `data`.
+
+        Raises:
+            DecryptionFailed, NoMatchingIdentity: as soon as the bytes tell.
+        """
+        return b"".join(self.feed_pieces(data))
+
+    def feed_pieces(self, data: bytes | bytearray | memoryview) -> list[bytes]:
+        """As :meth:`feed`, one piece per chunk (see :meth:`Encryptor.feed_pieces`)."""
+        if self._opened is None:
+            self._buffer += data
+            if not self._open():
+                return []
+            data, self._buffer = bytes(self._buffer), bytearray()
+        assert self._opened is not None
+        out: list[bytes] = []
+        view = memoryview(data)
+        if self._buffer:
+            need = SEALED_CHUNK - len(self._buffer)
+            if len(view) <= need:
+                self._buffer += view
+                return []
+            self._buffer += view[:need]
+            view = view[need:]
+            out.append(self._opened.open_chunk(self._index, self._buffer, False))
+            self._index += 1
+            self._buffer = bytearray()
+        start = 0
+        while len(view) - start > SEALED_CHUNK:  # a chunk followed by more is not the last
+            sealed = view[start : start + SEALED_CHUNK]
+            out.append(self._opened.open_chunk(self._index, sealed, False))
+            self._index += 1
+            start += SEALED_CHUNK
+        self._buffer += view[start:]
+        return out
+
+    def _open(self) -> bool:
+        header = Header.parse(self._buffer)
+        if header is None or len(self._buffer) < header.length + NONCE:
+            return False
+        nonce = bytes(self._buffer[header.length : header.length + NONCE])
+        self._opened = OpenedHeader(header, nonce, self._identities, self._key_ids)
+        self.header_length = header.length
+        del self._buffer[: header.length + NONCE]
+        return True
+
+    def finish(self) -> bytes:
+        """The last chunk's plaintext; the stream must end here.
+
+        Raises:
+            DecryptionFailed: the file was truncated (no last chunk, or a partial one).
+        """
+        if self._finished:
+            return b""
+        if self._opened is None and not self._open():
+            raise DecryptionFailed("age file truncated inside its header")
+        assert self._opened is not None
+        self._finished = True
+        last = self._opened.open_chunk(self._index, self._buffer, True)
+        self._buffer.clear()
+        return last
+
+
+def decrypt(data: bytes, identities: Sequence[Identity]) -> bytes:
+    """A whole age file's plaintext (small payloads and tests)."""
+    dec = Decryptor(identities)
+    return dec.feed(data) + dec.finish()
