@@ -180,7 +180,8 @@ def test_a_restarted_stack_keeps_its_messages_logs_and_login(tmp_path: Path) -> 
     """A message published before a restart is fetched after it, as from a deployment."""
     state = tmp_path / "moved-stack"  # STACK_DIR: not the checkout's .stack
     ports = {"STACK_MQTT_PORT": str(free_port()), "STACK_GATEWAY_PORT": str(free_port()),
-             "STACK_S3_PORT": str(free_port(with_grpc=True))}  # fmt: skip
+             "STACK_S3_PORT": str(free_port(with_grpc=True)),
+             "STACK_PROXY_PORT": str(free_port())}  # fmt: skip
     payload = tmp_path / "big.bin"
     payload.write_bytes(os.urandom(3 * 1024 * 1024))  # over the 256 KiB broker limit
     first = _stack(state, **ports)
