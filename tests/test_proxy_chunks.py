@@ -69,3 +69,28 @@ def test_chunked_messages_reach_mosquitto_sub_whole_through_the_proxy(
     broker_log = broker.log()
     assert "Client sub-" in broker_log  # the session ended cleanly: no protocol error there
     assert "protocol error" not in broker_log.lower()
+
+
+def test_a_chunked_message_beyond_the_bound_is_dropped_and_the_next_one_arrives(
+    gateway: GatewayServer, broker: Mosquitto, unique_topic: Callable[[str], str]
+) -> None:
+    from client import Client, Route
+
+    proxy = start_proxy(broker, gateway, max_reassembly_bytes=1 * MiB)
+    try:
+        topic = unique_topic("chunks-bound")
+        sub = mosquitto_sub(broker, proxy.port, topic, qos=1, count=1)
+        too_big, fits = os.urandom(3 * MiB), os.urandom(MiB // 2)
+        pub = Client(broker.url, automatic_offload=False, discovery_wait=0)
+        pub.connect()
+        try:
+            for payload in (too_big, fits):
+                assert pub.publish(topic, payload, qos=1).route is Route.CHUNKED
+        finally:
+            pub.close()
+        assert output(sub) == fits  # the first never in part, the second whole
+        assert proxy.metric("offload_proxy_chunk_failures_total", why="ChunkBufferOverflow") == 1
+        assert proxy.metric("offload_proxy_reassembled_total") == 1
+        assert proxy.call(lambda: proxy.proxy.services.reassembly.used) == 0
+    finally:
+        proxy.stop()
