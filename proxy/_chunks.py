@@ -23,6 +23,7 @@ from ._state import Conn, Services
 from ._stream import drained
 from .protocol import (
     Head,
+    ProxyProtocolError,
     PublishHeader,
     chunk_ack,
     pubcomp,
@@ -65,24 +66,35 @@ def release(conn: Conn, services: Services) -> None:
 
 
 async def large_publish(conn: Conn, services: Services, head: Head) -> None:
-    """A delivered PUBLISH too large to be a placeholder: a chunk to keep, or relayed as
-    it streams (read whole only when it is a chunk that fits `max_reassembly_bytes`)."""
+    """A delivered PUBLISH too large to be a placeholder: a chunk to keep (read whole when it
+    fits `max_reassembly_bytes` and what is left of `max_reassembly_total`, dropped and
+    answered when it does not), or anything else relayed as it streams."""
     pieces = conn.broker.pieces(head)
     qos = (head.first >> 1) & 0x03
     prefix = b""
     header = None
     async for piece in pieces:
         prefix += piece
-        header = publish_header(prefix, qos=qos, v5=True)
+        try:
+            header = publish_header(prefix, qos=qos, v5=True)
+        except ProxyProtocolError:
+            break  # not ours to police: the broker sent it, the client decides
         if header is not None or len(prefix) > MAX_DELIVERED_HEADER:
             break
-    if (
-        header is not None
-        and head.length <= services.settings.max_reassembly_bytes
-        and read_chunk(header, b"", qos=qos) is not None
-    ):
-        body = prefix + b"".join([piece async for piece in pieces])
-        await take_chunk(conn, services, head, header, body)
+    settings = services.settings
+    room = min(
+        settings.max_reassembly_bytes, settings.max_reassembly_total - services.reassembly.used
+    )
+    if header is not None and read_chunk(header, b"", qos=qos) is not None:
+        if head.length <= room:
+            body = prefix + b"".join([piece async for piece in pieces])
+            await take_chunk(conn, services, head, header, body)
+            return
+        async for _ in pieces:  # a chunk beyond the bounds: its message cannot be delivered
+            pass
+        services.metrics.chunk_failures.labels(why="bounds").inc()
+        log.warning("a chunk larger than the reassembly bounds; dropped")
+        await _answer(conn, qos, header.packet_id)
         return
     async with conn.client_lock:  # pieces across awaits: nothing else in between
         conn.client_writer.write(head.raw + prefix)

@@ -95,3 +95,26 @@ def test_a_chunked_message_beyond_the_bound_is_dropped_and_the_next_one_arrives(
         assert proxy.call(lambda: proxy.proxy.services.reassembly.used) == 0
     finally:
         proxy.stop()
+
+
+def test_a_chunk_larger_than_the_bound_is_dropped_never_handed_on_as_a_chunk(
+    gateway: GatewayServer, broker: Mosquitto, unique_topic: Callable[[str], str]
+) -> None:
+    from client import Client, Route
+
+    proxy = start_proxy(broker, gateway, max_reassembly_bytes=128 * 1024)  # < one chunk
+    try:
+        topic = unique_topic("chunks-one-too-big")
+        sub, _ = mosquitto_sub(broker, proxy.port, topic, qos=1, count=1)
+        pub = Client(broker.url, automatic_offload=False, discovery_wait=0)
+        pub.connect()
+        try:
+            assert pub.publish(topic, os.urandom(MiB), qos=1).route is Route.CHUNKED
+            pub.publish(topic, b"after", qos=1)
+        finally:
+            pub.close()
+        assert output(sub) == b"after"  # no chunk of the first message, in whole or in part
+        assert proxy.metric("offload_proxy_chunk_failures_total", why="bounds") >= 4
+        assert proxy.metric("offload_proxy_reassembled_total") == 0
+    finally:
+        proxy.stop()
