@@ -73,11 +73,12 @@ async def relay_up(conn: Conn, services: Services) -> None:
 async def forward(conn: Conn, head: Head, prefix: bytes = b"") -> None:
     """Copy the rest of `head`'s packet to the broker as it arrives."""
     writer = conn.broker_writer
-    writer.write(head.raw + prefix)
-    async for piece in conn.client.pieces(head):
-        writer.write(piece)
+    async with conn.broker_lock:  # pieces across awaits: no chunk answer in between
+        writer.write(head.raw + prefix)
+        async for piece in conn.client.pieces(head):
+            writer.write(piece)
+            await writer.drain()
         await writer.drain()
-    await writer.drain()
 
 
 async def _read_header(
@@ -121,11 +122,14 @@ async def _publish(conn: Conn, services: Services, head: Head) -> None:
         await conn.connack_seen.wait()  # the broker's limit and alias maximum come with it
     topic = conn.aliases.topic(header)
     if len(head.raw) + head.length <= conn.broker_limit:
-        conn.broker_writer.write(head.raw + prefix)
-        if whole is None:
-            async for piece in pieces:
-                conn.broker_writer.write(piece)
-                await conn.broker_writer.drain()
+        if whole is not None:  # one write, no await inside: needs no lock
+            conn.broker_writer.write(head.raw + prefix)
+        else:
+            async with conn.broker_lock:  # pieces across awaits: no chunk answer in between
+                conn.broker_writer.write(head.raw + prefix)
+                async for piece in pieces:
+                    conn.broker_writer.write(piece)
+                    await conn.broker_writer.drain()
         await drained(conn.broker_writer)
         return
     size = head.length - header.size

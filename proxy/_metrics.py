@@ -48,6 +48,15 @@ class Metrics:
         self.bytes_down = Counter(
             "offload_proxy_fetched_bytes", "payload bytes fetched for clients", registry=r
         )
+        self.reassembled = Counter(
+            "offload_proxy_reassembled", "chunked messages delivered whole", registry=r
+        )
+        self.chunk_failures = Counter(
+            "offload_proxy_chunk_failures",
+            "chunked messages not delivered (why: the reassembly error, total, client-limit)",
+            ["why"],
+            registry=r,
+        )
         self.protocol_errors = Counter(
             "offload_proxy_protocol_errors", "connections ended for malformed input", registry=r
         )

@@ -23,6 +23,7 @@ import logging
 
 from client.protocol import MalformedPlaceholder, Placeholder, http_origin
 
+from ._chunks import answer_pubrel, large_publish, take_chunk
 from ._exceptions import PeerGone, TransferFailed
 from ._gateway import Hasher
 from ._settings import MQTT_MAX_PACKET
@@ -35,6 +36,7 @@ from .protocol import (
     PUBACK,
     PUBLISH,
     PUBREC,
+    PUBREL,
     TOPIC_ALIAS_MAXIMUM,
     Head,
     ProxyProtocolError,
@@ -73,24 +75,35 @@ async def relay_down(conn: Conn, services: Services) -> None:
             conn.unacked.discard(int.from_bytes(answer[:2], "big"))
             conn.client_writer.write(head.raw + answer)
             await drained(conn.client_writer)
-        elif (
-            head.type == PUBLISH
-            and head.length <= MAX_PLACEHOLDER_PUBLISH
-            and not conn.connect.handles_placeholders
-        ):
-            await _publish(conn, services, head)
+        elif head.type == PUBREL and conn.kept_rel and head.length <= MAX_CONNACK:
+            release = await conn.broker.body(head)  # for a chunk the proxy kept?
+            if not await answer_pubrel(conn, int.from_bytes(release[:2], "big")):
+                conn.client_writer.write(head.raw + release)
+                await drained(conn.client_writer)
+        elif head.type == PUBLISH and not conn.connect.handles_placeholders:
+            if head.length <= MAX_PLACEHOLDER_PUBLISH:
+                await _publish(conn, services, head)
+            elif conn.connect.v5:  # chunks (ADR 23) carry user properties: MQTT 5 only
+                await large_publish(conn, services, head)
+            else:
+                await _stream(conn, head)
         else:
             body = conn.broker.whole_body(head)
             if body is not None:  # one write, no await inside: needs no lock
                 conn.client_writer.write(head.raw + body)
                 await drained(conn.client_writer)
                 continue
-            async with conn.client_lock:  # pieces across awaits: nothing else in between
-                conn.client_writer.write(head.raw)
-                async for piece in conn.broker.pieces(head):
-                    conn.client_writer.write(piece)
-                    await conn.client_writer.drain()
-                await conn.client_writer.drain()
+            await _stream(conn, head)
+
+
+async def _stream(conn: Conn, head: Head) -> None:
+    """Relay a packet as it arrives."""
+    async with conn.client_lock:  # pieces across awaits: nothing else in between
+        conn.client_writer.write(head.raw)
+        async for piece in conn.broker.pieces(head):
+            conn.client_writer.write(piece)
+            await conn.client_writer.drain()
+        await conn.client_writer.drain()
 
 
 async def _connack(conn: Conn, services: Services, head: Head) -> None:
@@ -139,6 +152,12 @@ async def _publish(conn: Conn, services: Services, head: Head) -> None:
         async with conn.client_lock:
             if await _resolve(conn, services, head, header, ref):
                 return
+    elif (
+        header is not None
+        and conn.connect.v5
+        and await take_chunk(conn, services, head, header, body)
+    ):
+        return
     conn.client_writer.write(head.raw + body)
     await drained(conn.client_writer)
 

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 
 import httpx
 
+from ._chunks import release
 from ._exceptions import PeerGone, PeerTimeout, TransferFailed
 from ._gateway import credentials
 from ._inbound import relay_up
@@ -151,6 +152,7 @@ class Session:
                     async with asyncio.timeout(5):
                         await broker_writer.drain()
         finally:
+            release(conn, self.services)
             broker_writer.close()
 
     async def _offload_will(self, connect: Connect, auth: httpx.Auth | None) -> bytes:

@@ -55,6 +55,19 @@ class ProxySettings(BaseSettings):
     max_connections: int = Field(10_000, gt=0, description="client connections at once")
     max_uploads: int = Field(64, gt=0, description="offloaded PUBLISHes streaming at once")
     max_fetches: int = Field(64, gt=0, description="placeholders being resolved at once")
+    max_reassembly_bytes: int = Field(
+        64 * 1024 * 1024,
+        gt=0,
+        description="chunk bytes (ADR 23) one connection buffers to reassemble messages",
+    )
+    max_reassembly_total: int = Field(
+        256 * 1024 * 1024,
+        gt=0,
+        description="chunk bytes all connections together buffer to reassemble messages",
+    )
+    reassembly_timeout: float = Field(
+        300.0, gt=0, description="seconds a chunked message may take to arrive whole"
+    )
     connect_timeout: float = Field(10.0, gt=0, description="seconds for a whole CONNECT")
     idle_timeout: float = Field(
         30.0, gt=0, description="seconds a packet that has begun may wait for its next byte"

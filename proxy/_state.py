@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from client.protocol import Reassembler
+
 from ._gateway import GatewayLink
 from ._metrics import Metrics
 from ._settings import MQTT_MAX_PACKET, ProxySettings
@@ -36,6 +38,13 @@ class Poisoned:
         return message_id in self._ids
 
 
+@dataclass(slots=True)
+class Budget:
+    """Bytes held across all connections (chunks being reassembled)."""
+
+    used: int = 0
+
+
 @dataclass(frozen=True, slots=True)
 class Services:
     """Built once by the server; handed to every connection."""
@@ -49,6 +58,7 @@ class Services:
     poisoned: Poisoned = field(default_factory=Poisoned)
     closing: asyncio.Event = field(default_factory=asyncio.Event)  # no new transfers
     broker_tls: ssl.SSLContext | None = None
+    reassembly: Budget = field(default_factory=Budget)
 
 
 @dataclass(slots=True)
@@ -69,6 +79,10 @@ class Conn:
     pings_in_flight: int = 0
     transfers: int = 0  # uploads and resolves under way
     unacked: set[int] = field(default_factory=set)  # placeholders the broker has not acked
+    broker_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # packets sent in pieces
+    reassembler: Reassembler | None = None  # chunked messages (ADR 23), made on first chunk
+    reassembly_held: int = 0  # its bytes, as counted in Services.reassembly
+    kept_rel: set[int] = field(default_factory=set)  # QoS 2 chunks the proxy PUBREC'd
 
     @property
     def busy(self) -> bool:

@@ -12,6 +12,7 @@ Bytes in, events and bytes out, as :mod:`client.protocol` (and h11): the asyncio
 
 from client.protocol import PLACEHOLDER_AWARE
 
+from ._chunks import ChunkPublish, chunk_ack, pubcomp, read_chunk, whole_head, whole_size
 from ._errors import (
     MALFORMED_PACKET,
     PACKET_TOO_LARGE,
@@ -97,6 +98,7 @@ __all__ = [
     "TOPIC_ALIAS_MAXIMUM",
     "AliasMap",
     "Body",
+    "ChunkPublish",
     "Connack",
     "Connect",
     "Framer",
@@ -110,6 +112,7 @@ __all__ = [
     "UnknownTopicAlias",
     "Will",
     "ack",
+    "chunk_ack",
     "connack_packet",
     "connack_refusal",
     "connect_packet",
@@ -121,11 +124,15 @@ __all__ = [
     "parse_connect",
     "placeholder_packet",
     "placeholder_will",
+    "pubcomp",
     "publish_header",
+    "read_chunk",
     "read_placeholder",
     "resolved_head",
     "resolved_size",
     "stored_headers",
     "subscribe_packet",
     "u32_property",
+    "whole_head",
+    "whole_size",
 ]
