@@ -16,7 +16,6 @@ import ssl
 from collections.abc import AsyncIterator, Callable
 from urllib.parse import quote
 
-import httpcore
 import httpx
 
 from client import ScramAuth
@@ -108,20 +107,6 @@ class Hasher:
         return self._digest.hexdigest()
 
 
-#: Bytes read from the gateway per step of a payload fetch. httpcore reads a response body
-#: 64 KiB at a time, each read a round through anyio (cancel scope, timeout, task lookup):
-#: 1,024 rounds for a 64 MiB payload, about a fifth of the proxy's CPU per 64 MiB transfer
-#: (py-spy; bench/proxy.py's 64 MiB row). The proxy's own sockets read 256 KiB; so do its
-#: fetches. httpcore offers no setting for it but its class attribute: raised (never lowered)
-#: in the proxy's process only (nothing imports proxy, .importlinter).
-FETCH_READ_SIZE = 256 * 1024
-
-
-def _raise_fetch_read_size() -> None:
-    connection = httpcore.AsyncHTTP11Connection
-    connection.READ_NUM_BYTES = max(connection.READ_NUM_BYTES, FETCH_READ_SIZE)
-
-
 class GatewayLink:
     """Uploads and fetches against the gateway.
 
@@ -130,7 +115,6 @@ class GatewayLink:
     """
 
     def __init__(self, *, timeout: float, verify: ssl.SSLContext | bool = True) -> None:
-        _raise_fetch_read_size()
         self._http = httpx.AsyncClient(timeout=timeout, verify=verify)
         # Per gateway origin: the store origin its `GET /` declares (None: it declares none).
         self._stores: dict[Origin, Origin | None] = {}
