@@ -295,16 +295,18 @@ def test_a_long_upload_keeps_the_clients_broker_session_alive(
     pings for it, or mosquitto drops the session after 1.5 keep-alives."""
     topic = unique_topic("keepalive")
     sock = dial(proxy.port)
-    body = _text("MQTT") + bytes([5, 0x02]) + (1).to_bytes(2, "big") + b"\x00" + _text("ka-1")
-    sock.sendall(_packet(0x10, body))  # keep-alive: 1 s
+    body = _text("MQTT") + bytes([5, 0x02]) + (3).to_bytes(2, "big") + b"\x00" + _text("ka-1")
+    sock.sendall(_packet(0x10, body))  # keep-alive: 3 s (the proxy pings every 1.5 s)
     connack = sock.recv(2)
     sock.recv(connack[1])
     header = _text(topic) + b"\x00\x09\x00"
     size = 2 * MiB
     sock.sendall(bytes([0x32]) + _varint(len(header) + size) + header)
-    for _ in range(8):  # the body over ~12 s: mosquitto 2.0 checks keep-alives every few s
+    # The body over ~20 s, past 4 keep-alive timeouts (4.5 s each): a margin of 3 s per
+    # ping on a loaded machine, and still no chance without the proxy's pings.
+    for _ in range(8):
         sock.sendall(bytes(size // 8))
-        time.sleep(1.5)
+        time.sleep(2.5)
     puback = sock.recv(4)
     assert puback[:1] == b"\x40" and puback[2:4] == b"\x00\x09"  # PUBACK for id 9 ...
     rest = sock.recv(puback[1] - 2) if puback[1] > 2 else b""
