@@ -8,7 +8,9 @@ QoS 1 messages of 1 KiB to 4 MiB (log-uniform): producers 0 and 2 offload throug
 producer 1 through replica B, producer 3 has no endpoint and no offload, so everything over
 the broker's limit goes in ADR-23 chunks (an offloading producer also falls back to chunks
 while its replica is down). Four persistent-session consumers (fixed client ids,
-`session_expiry`, QoS 1; consumers 0 and 2 on replica A, 1 and 3 on B) subscribe to all.
+`session_expiry`, QoS 1; consumers 0 and 2 on replica A, 1 and 3 on B) subscribe to all;
+1 and 3 read slowly (`slow` seconds a message, 8 taken ahead), so they fall behind and the
+broker holds a backlog in their sessions when it restarts (last in each round).
 
 Meanwhile, in turn, for `--duration` seconds: the broker is restarted gracefully (SIGTERM:
 mosquitto saves its sessions and queues; same port), each replica is SIGKILLed and started
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import logging
 import os
 import random
 import shutil
@@ -62,7 +65,8 @@ MiB = 1024 * KiB
 BROKER_LIMIT = 256 * KiB
 MAGIC = b"SOAK1"
 HEADER = struct.Struct(">5sBI32s")  # magic, producer, sequence, SHA-256 of the body
-KINDS = ("broker", "gateway-a", "gateway-b", "store")
+# The broker last in each round: by then the slow consumers have a backlog at the broker.
+KINDS = ("gateway-a", "gateway-b", "store", "broker")
 PRODUCER_GATEWAY = {0: "a", 1: "b", 2: "a", 3: None}  # 3: no endpoint, chunks
 CONSUMER_GATEWAY = {0: "a", 1: "b", 2: "a", 3: "b"}
 
@@ -95,6 +99,8 @@ class Figures:
     errors: list[str] = field(default_factory=list)
     restarts: Counter[str] = field(default_factory=Counter)
     recover: dict[str, list[float]] = field(default_factory=dict)  # kind -> seconds
+    backlog: list[int] = field(default_factory=list)  # most undelivered at each broker restart
+    drained: float = 0.0  # seconds from the last publish until every consumer had everything
 
     def missing(self, consumer: int) -> set[str]:
         return set(self.published) - set(self.delivered[consumer])
@@ -106,7 +112,8 @@ class Figures:
         out = [
             f"soak {self.seconds:.0f} s: published {len(self.published)} "
             f"({', '.join(f'{k} {v}' for k, v in sorted(self.routes.items()))}), "
-            f"publishes that raised {self.failed}",
+            f"publishes that raised {self.failed}; consumers done {self.drained:.0f} s after "
+            "the last publish",
         ]
         for c in sorted(self.delivered):
             out.append(
@@ -115,6 +122,11 @@ class Figures:
                 f"missing {len(self.missing(c))}"
             )
         out.append(f"  corrupt {len(self.corrupt)}, delivery errors {len(self.errors)}")
+        if self.backlog:
+            out.append(
+                f"  messages not yet delivered to the slowest consumer at each broker restart: "
+                f"max {max(self.backlog)}, min {min(self.backlog)}"
+            )
         for kind in KINDS:
             times = self.recover.get(kind, [])
             worst = f"{max(times):.1f} s" if times else "-"
@@ -133,10 +145,13 @@ class _Publish:
 class Soak:
     """The servers, the clients and the fault loop of one soak run."""
 
-    def __init__(self, *, seed: int = 1, max_size: int = 4 * MiB, pause: float = 0.3) -> None:
+    def __init__(
+        self, *, seed: int = 1, max_size: int = 4 * MiB, pause: float = 0.3, slow: float = 0.08
+    ) -> None:
         self.seed = seed
         self.max_size = max_size
-        self.pause = pause
+        self.pause = pause  # seconds a producer waits between publishes
+        self.slow = slow  # seconds consumers 1 and 3 spend on each message
         self.figures = Figures()
         self.lock = threading.Lock()
         self.done = threading.Event()
@@ -240,7 +255,11 @@ class Soak:
                 else:
                     with self.lock:
                         self.figures.published[mid] = digest
-                        self.figures.routes[result.route.value] += 1
+                        fell_back = gw is not None and result.route is Route.CHUNKED
+                        route = (
+                            "chunked after a failed offload" if fell_back else result.route.value
+                        )
+                        self.figures.routes[route] += 1
                         self.ok.append(_Publish(n, result.route, started, time.monotonic()))
                 self.done.wait(self.pause)
 
@@ -253,6 +272,9 @@ class Soak:
             client_id=f"soak-c{n}",
             session_expiry=3600,
             fetch_retry_for=120,
+            # The slow ones take few ahead (the MQTT 5 Receive Maximum): the rest waits in
+            # their sessions at the broker, through its restarts.
+            max_pending_deliveries=8 if n % 2 else 1000,
         )  # type: ignore[arg-type]
 
     def consume(self, n: int, client: Client) -> None:
@@ -271,6 +293,8 @@ class Soak:
                         seen[decoded[0]] = seen.get(decoded[0], 0) + 1
                         if self.figures.published.get(decoded[0], decoded[1]) != decoded[1]:
                             self.figures.corrupt.append(f"consumer {n}: {decoded[0]}")
+                if n % 2:
+                    time.sleep(self.slow)
 
     # -- the run ---------------------------------------------------------------------------
 
@@ -304,6 +328,9 @@ class Soak:
             ):
                 for kind in KINDS:
                     self.done.wait(gap)  # traffic between faults
+                    if kind == "broker":
+                        with self.lock:
+                            f.backlog.append(max(len(f.missing(n)) for n in consumers))
                     fault = time.monotonic()
                     self.fault(kind)
                     back = time.monotonic()
@@ -320,9 +347,10 @@ class Soak:
             self.done.set()
             for t in producers:
                 t.join(60)
-            deadline = time.monotonic() + drain
-            while any(f.missing(n) for n in consumers) and time.monotonic() < deadline:
+            stopped = time.monotonic()
+            while any(f.missing(n) for n in consumers) and time.monotonic() - stopped < drain:
                 time.sleep(0.5)
+            f.drained = time.monotonic() - stopped
         finally:
             self.done.set()
             self.stop_consumers.set()
@@ -334,15 +362,21 @@ class Soak:
 
 
 def main() -> None:
+    # Not one warning per publish that falls back to chunks while a part is down: the
+    # figures count them ("chunked after a failed offload").
+    logging.getLogger("client").setLevel(logging.ERROR)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=300.0, help="seconds of faults")
     parser.add_argument("--gap", type=float, default=5.0, help="seconds of traffic between")
+    parser.add_argument("--pause", type=float, default=0.3, help="seconds between publishes")
+    parser.add_argument("--slow", type=float, default=0.08, help="seconds a message, slow ones")
+    parser.add_argument("--drain", type=float, default=600, help="most seconds to wait at the end")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
-    soak = Soak(seed=args.seed)
+    soak = Soak(seed=args.seed, pause=args.pause, slow=args.slow)
     try:
         soak.start()
-        f = soak.run(args.duration, gap=args.gap)
+        f = soak.run(args.duration, gap=args.gap, drain=args.drain)
     finally:
         soak.close()
     for line in f.lines():

@@ -157,7 +157,7 @@ def test_chaos_soak_short() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
     from soak import Soak
 
-    soak = Soak(seed=7, pause=0.5)
+    soak = Soak(seed=7, pause=0.5, slow=0.25)
     try:
         soak.start()
         figures = soak.run(0, rounds=1, gap=1.0, drain=60)
@@ -167,6 +167,7 @@ def test_chaos_soak_short() -> None:
     assert all(figures.restarts[k] == 1 for k in ("broker", "gateway-a", "gateway-b", "store"))
     assert len(figures.published) >= 20, "the producers hardly published: the soak showed nothing"
     assert {"offloaded", "chunked"} <= set(figures.routes), figures.routes
+    assert figures.backlog[0] > 0, "nothing was waiting at the broker when it restarted"
     assert figures.corrupt == []
     assert figures.errors == []
     for consumer in figures.delivered:
