@@ -100,6 +100,8 @@ class Figures:
     restarts: Counter[str] = field(default_factory=Counter)
     recover: dict[str, list[float]] = field(default_factory=dict)  # kind -> seconds
     backlog: list[int] = field(default_factory=list)  # most undelivered at each broker restart
+    duplicate_routes: Counter[str] = field(default_factory=Counter)  # how the repeats came
+    connections: dict[int, int] = field(default_factory=dict)  # consumer -> MQTT connections
     drained: float = 0.0  # seconds from the last publish until every consumer had everything
 
     def missing(self, consumer: int) -> set[str]:
@@ -119,9 +121,12 @@ class Figures:
             out.append(
                 f"  consumer {c}: delivered {len(set(self.delivered[c]) & set(self.published))}"
                 f"/{len(self.published)}, duplicates {self.duplicates(c)}, "
-                f"missing {len(self.missing(c))}"
+                f"missing {len(self.missing(c))}, connections {self.connections.get(c)}"
             )
-        out.append(f"  corrupt {len(self.corrupt)}, delivery errors {len(self.errors)}")
+        out.append(
+            f"  corrupt {len(self.corrupt)}, delivery errors {len(self.errors)}, duplicates by "
+            f"route {dict(self.duplicate_routes)}"
+        )
         if self.backlog:
             out.append(
                 f"  messages not yet delivered to the slowest consumer at each broker restart: "
@@ -291,6 +296,8 @@ class Soak:
                         self.figures.corrupt.append(f"consumer {n}: {item.message_id}")
                     else:
                         seen[decoded[0]] = seen.get(decoded[0], 0) + 1
+                        if seen[decoded[0]] > 1:
+                            self.figures.duplicate_routes[item.route.value] += 1
                         if self.figures.published.get(decoded[0], decoded[1]) != decoded[1]:
                             self.figures.corrupt.append(f"consumer {n}: {decoded[0]}")
                 if n % 2:
@@ -356,7 +363,8 @@ class Soak:
             self.stop_consumers.set()
             for t in threads:
                 t.join(10)
-            for c in consumers.values():
+            for n, c in consumers.items():
+                f.connections[n] = c.connection.connections
                 c.close()
         return f
 

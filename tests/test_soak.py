@@ -157,7 +157,7 @@ def test_chaos_soak_short() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
     from soak import Soak
 
-    soak = Soak(seed=7, pause=0.5, slow=0.25)
+    soak = Soak(seed=7, pause=0.5, slow=0.15)
     try:
         soak.start()
         figures = soak.run(0, rounds=1, gap=1.0, drain=60)
