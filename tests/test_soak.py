@@ -12,6 +12,7 @@ same ports and data), two producing `Client`s and one subscribing `Client`.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import sys
 import threading
@@ -157,10 +158,14 @@ def test_chaos_soak_short() -> None:
     reaches every consumer intact; duplicates are only reported. With the broker's
     persistence off, the slow consumers lose about 90 of 200 and partial chunked messages
     time out: the test fails."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    from soak import Soak
-
-    soak = Soak(seed=7, pause=0.5, slow=0.25)
+    # Loaded by path: bench/ on sys.path would shadow packages (bench/proxy.py is not proxy/).
+    path = Path(__file__).resolve().parents[1] / "bench" / "soak.py"
+    spec = importlib.util.spec_from_file_location("bench_soak", path)
+    assert spec is not None and spec.loader is not None
+    bench_soak = importlib.util.module_from_spec(spec)
+    sys.modules["bench_soak"] = bench_soak  # its dataclasses look their module up
+    spec.loader.exec_module(bench_soak)
+    soak = bench_soak.Soak(seed=7, pause=0.5, slow=0.25)
     try:
         soak.start()
         figures = soak.run(0, rounds=1, gap=1.0, drain=60)
