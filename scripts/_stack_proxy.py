@@ -13,7 +13,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from _servers import Mosquitto, free_port, wait_for_port
+from _servers import Mosquitto, free_port, port_answers, wait_until
 
 #: In-flight transfers get this long when the stack stops (OFFLOAD_PROXY_SHUTDOWN_TIMEOUT).
 PROXY_SHUTDOWN = 5
@@ -35,7 +35,11 @@ def start_proxy(
          "--endpoint", gw_url],
         env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
     )  # fmt: skip
-    wait_for_port(port, 30, proc, log)
+    # Its own "listening" line, not just an answer on the port: another program holding the
+    # port answers too, and then the proxy exits (PortInUse, one clear error).
+    line = f"listening on 127.0.0.1:{port}"
+    listening = lambda: line in log.read_text(errors="replace") and port_answers(port)  # noqa: E731
+    wait_until(listening, f"offload-proxy on port {port}", 30, proc, log)
     return proc, port
 
 
