@@ -7,7 +7,6 @@ a cache directory on first use, as tests/test_tus_js.py installs tus-js-client.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import signal
@@ -15,6 +14,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from _npm import npm_modules
 from _servers import free_port, mqtt_answers, wait_until
 
 PEERS = Path(__file__).parent / "brokers"
@@ -26,28 +26,7 @@ def aedes_modules() -> Path:
     Raises:
         RuntimeError: node or npm missing, or the install failed.
     """
-    npm = shutil.which("npm")
-    if npm is None or shutil.which("node") is None:
-        raise RuntimeError("node and npm are needed (scripts/_bootstrap.sh installs them)")
-    manifest = (PEERS / "package.json").read_bytes() + (PEERS / "package-lock.json").read_bytes()
-    cache_home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    digest = hashlib.sha256(manifest).hexdigest()[:16]
-    cache = cache_home / "mqtt-offload-tests" / f"npm-brokers-{digest}"
-    if not (cache / "node_modules" / "aedes" / "package.json").is_file():
-        work = cache.with_name(f"{cache.name}.tmp{os.getpid()}")
-        shutil.rmtree(work, ignore_errors=True)
-        work.mkdir(parents=True)
-        for name in ("package.json", "package-lock.json"):
-            shutil.copy(PEERS / name, work / name)
-        done = subprocess.run(
-            [npm, "ci", "--no-audit", "--no-fund", "--ignore-scripts"],
-            cwd=work, capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
-        if done.returncode != 0:
-            raise RuntimeError(f"npm ci failed: {done.stderr[-2000:]}")
-        shutil.rmtree(cache, ignore_errors=True)
-        work.rename(cache)
-    return cache / "node_modules"
+    return npm_modules(PEERS, "npm-brokers", "aedes")
 
 
 @dataclass

@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 from test_proxy import MiB, proxy  # noqa: F401 - the fixture
 
+from _npm import npm_modules
 from _proxy import ProxyServer
 
 pytestmark = pytest.mark.servers
@@ -25,29 +25,10 @@ PEERS = Path(__file__).parent / "mqttjs"
 @pytest.fixture(scope="session")
 def mqtt_js() -> Path:
     """node_modules holding mqtt.js, installed from the committed lock on first use."""
-    npm = shutil.which("npm")
-    if npm is None or shutil.which("node") is None:
-        pytest.fail("node and npm are needed (scripts/_bootstrap.sh installs them)")
-    manifest = (PEERS / "package.json").read_bytes() + (PEERS / "package-lock.json").read_bytes()
-    cache_home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    cache = (
-        cache_home / "mqtt-offload-tests" / f"mqttjs-{hashlib.sha256(manifest).hexdigest()[:16]}"
-    )
-    modules = cache / "node_modules"
-    if not (modules / "mqtt" / "package.json").is_file():
-        work = cache.with_name(f"{cache.name}.tmp{os.getpid()}")
-        shutil.rmtree(work, ignore_errors=True)
-        work.mkdir(parents=True)
-        for name in ("package.json", "package-lock.json"):
-            shutil.copy(PEERS / name, work / name)
-        done = subprocess.run(
-            [npm, "ci", "--no-audit", "--no-fund", "--ignore-scripts"],
-            cwd=work, capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr
-        shutil.rmtree(cache, ignore_errors=True)
-        work.rename(cache)
-    return modules
+    try:
+        return npm_modules(PEERS, "mqttjs", "mqtt")
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
 
 
 def _node(modules: Path, *args: str, **kw: object) -> subprocess.Popen[str]:

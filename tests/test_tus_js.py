@@ -29,6 +29,7 @@ import pytest
 from test_resumable import Sub
 
 from _gateway import GatewayServer
+from _npm import npm_modules
 from _servers import Mosquitto
 
 pytestmark = pytest.mark.servers
@@ -41,27 +42,10 @@ KiB = 1024
 @pytest.fixture(scope="session")
 def tus_js() -> Path:
     """node_modules holding tus-js-client, installed from the committed lock on first use."""
-    npm = shutil.which("npm")
-    if npm is None or shutil.which("node") is None:
-        pytest.fail("node and npm are needed (scripts/_bootstrap.sh installs them)")
-    manifest = (PEERS / "package.json").read_bytes() + (PEERS / "package-lock.json").read_bytes()
-    cache_home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    cache = cache_home / "mqtt-offload-tests" / f"npm-{hashlib.sha256(manifest).hexdigest()[:16]}"
-    modules = cache / "node_modules"
-    if not (modules / "tus-js-client" / "package.json").is_file():
-        work = cache.with_name(f"{cache.name}.tmp{os.getpid()}")
-        shutil.rmtree(work, ignore_errors=True)
-        work.mkdir(parents=True)
-        for name in ("package.json", "package-lock.json"):
-            shutil.copy(PEERS / name, work / name)
-        done = subprocess.run(
-            [npm, "ci", "--no-audit", "--no-fund", "--ignore-scripts"],
-            cwd=work, capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr
-        shutil.rmtree(cache, ignore_errors=True)
-        work.rename(cache)
-    return modules
+    try:
+        return npm_modules(PEERS, "npm", "tus-js-client")
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
 
 
 class _Quiet(SimpleHTTPRequestHandler):
