@@ -97,7 +97,9 @@ async def presign(
     ttl: Annotated[int | None, Query(ge=1, description="seconds the URL stays valid")] = None,
 ) -> Response:
     """A URL that fetches this message's payload without credentials until it expires."""
-    manifest = await ctx.service.load(MessageId.parse(message_id))
+    message = MessageId.parse(message_id)
+    await ctx.authenticate(request)  # before the lookup: no 401/404 oracle for unknown callers
+    manifest = await ctx.service.load(message)
     await ctx.authorize_read(request, manifest.topic)
     limit = ctx.settings.presign_max_ttl
     seconds = min(ttl or limit, limit)

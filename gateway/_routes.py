@@ -188,7 +188,9 @@ async def download_envelope(
     message_id: str, request: Request, service: Service, access: Access
 ) -> Response:
     """The stored message as hop-client expects it: BSON `{message, metadata}`."""
-    manifest = await service.load(MessageId.parse(message_id))
+    message = MessageId.parse(message_id)
+    await access.authenticate()  # before the lookup: no 401/404 oracle for unknown callers
+    manifest = await service.load(message)
     await access.read(manifest.topic)
     head, tail = encode_download(
         manifest.size,
@@ -242,7 +244,9 @@ async def download_payload(
     direct: DirectTransfers,
 ) -> Response:
     """The raw payload bytes, with Range (206), ETag (SHA-256) and If-None-Match (304)."""
-    manifest = await service.load(MessageId.parse(message_id))
+    message = MessageId.parse(message_id)
+    await access.authenticate()  # before the lookup: no 401/404 oracle for unknown callers
+    manifest = await service.load(message)
     await access.read(manifest.topic)
     media_type = served_type(manifest.content_type)
     headers = _payload_headers(manifest, media_type)

@@ -211,8 +211,26 @@ def test_junk_authorization_is_a_4xx_never_a_5xx(secured: GatewayServer, header:
             ("GET", f"/msg/{uuid.uuid4()}", b""),
         ):
             r = http.request(method, path, content=body, headers={"Authorization": header})
-            # 404 is possible for the GET: the id is looked up before credentials matter.
-            assert r.status_code in (400, 401, 404), (header, method, r.status_code, r.text)
+            # Credentials are judged before the id is looked up: never a 404 here.
+            assert r.status_code in (400, 401), (header, method, r.status_code, r.text)
+
+
+def test_an_unknown_caller_cannot_tell_a_stored_id_from_an_unknown_one(
+    secured: GatewayServer,
+) -> None:
+    auth = SCRAMAuth(Auth("writer", USERS["writer"], method="SCRAM-SHA-512"), shortcut=True)
+    stored = requests.post(
+        f"{secured.url}/topic/data/x+oversized", data=upload_body(), auth=auth, timeout=30
+    )
+    assert stored.status_code == 201, stored.text
+    known, unknown = stored.json()["id"], str(uuid.uuid4())
+    with httpx.Client(base_url=secured.url, timeout=30) as http:
+        for method, suffix in (("GET", ""), ("GET", "/payload"), ("HEAD", "/payload"),
+                               ("POST", "/presign")):  # fmt: skip
+            answers = [http.request(method, f"/msg/{i}{suffix}") for i in (known, unknown)]
+            # The same challenge for both: the lookup comes after the credentials.
+            assert [a.status_code for a in answers] == [401, 401], (method, suffix, answers)
+            assert answers[0].text == answers[1].text, (method, suffix)
 
 
 def test_without_credentials_files_nobody_is_served_unless_asked_for_by_name(
