@@ -312,7 +312,7 @@ class Receiver:
         self._emit(
             error.topic,
             MessageError(error.topic, error.error, error.message_id),
-            combined(self.chunk_acks.release(key)),
+            self.chunk_acks.done(key, None),
         )
 
     def _process(self, incoming: Incoming, pool: FetchPool) -> None:
@@ -381,16 +381,15 @@ class Receiver:
         for dropped in outcome.dropped:
             self._emit_error(dropped)
         if isinstance(outcome, Pending):
+            key = (outcome.topic, outcome.message_id)
             if outcome.duplicate and not outcome.received:  # its message is done already
-                if ack is not None:
-                    ack()
+                self.chunk_acks.late(key, ack)
             else:
-                key = (outcome.topic, outcome.message_id)
                 self.chunk_acks.hold(key, outcome.index, ack, outcome.total)
             return
         # Done: the delivery (or the error replacing it, see _loop) carries every chunk's ack.
         done = None if outcome.message_id is None else (outcome.topic, outcome.message_id)
-        self._ack = combined((*self.chunk_acks.release(done), ack))
+        self._ack = self.chunk_acks.done(done, ack)
         if isinstance(outcome, Error):
             self._emit(
                 outcome.topic, MessageError(outcome.topic, outcome.error, outcome.message_id)

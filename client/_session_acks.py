@@ -25,6 +25,7 @@ but not a restart of the process (docs/connections.md says when each applies).
 from __future__ import annotations
 
 import functools
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
@@ -75,9 +76,10 @@ def combined(acks: Iterable[Ack | None]) -> Ack | None:
 class ChunkAcks:
     """The held acknowledgements of partial chunked messages, at most `limit` of them.
 
-    The receive worker calls :meth:`hold` for each chunk that its message still needs and
-    :meth:`release` when the message is done (whole or failed), and attaches what that returns
-    to the delivery. Not thread-safe: the worker alone uses it.
+    The receive worker calls :meth:`hold` for each chunk that its message still needs,
+    :meth:`done` when the message is done (whole or failed), attaching what that returns to
+    the delivery, and :meth:`late` for a chunk of a message already done. Used by the worker
+    alone, except the call :meth:`done` returns (the application's thread).
 
     Args:
         limit: most chunk acknowledgements held at once; below the broker's window (Receive
@@ -91,6 +93,9 @@ class ChunkAcks:
         self._held: OrderedDict[PartialKey, dict[int, Ack]] = OrderedDict()  # oldest first
         self._count = 0
         self._given_up: OrderedDict[PartialKey, None] = OrderedDict()
+        # Messages done whose delivery the application has not taken: their acks so far.
+        self._awaiting: dict[PartialKey, list[Ack]] = {}
+        self._lock = threading.Lock()
 
     @property
     def held(self) -> int:
@@ -128,8 +133,51 @@ class ChunkAcks:
         while self._count > self.limit:
             self._give_up(next(iter(self._held)))
 
-    def release(self, key: PartialKey | None) -> list[Ack]:
-        """The message is done (whole or failed): its held acknowledgements, for its delivery."""
+    def done(self, key: PartialKey | None, ack: Ack | None) -> Ack | None:
+        """Message `key` is done (whole or failed): the acknowledgement of its delivery.
+
+        The returned call (None when there is nothing to acknowledge) makes the held chunks'
+        acknowledgements, `ack` (the chunk that finished the message) and those of chunks
+        sent again until the application takes the delivery (:meth:`late`).
+
+        Args:
+            key: (topic, message id); None when the `__chunk` value named none.
+            ack: the current chunk's acknowledgement, if any.
+        """
+        acks = self._release(key)
+        if ack is not None:
+            acks.append(ack)
+        if key is None:
+            return combined(acks)
+        with self._lock:
+            self._awaiting[key] = acks
+
+        def consumed() -> None:
+            with self._lock:
+                if self._awaiting.get(key) is acks:
+                    del self._awaiting[key]
+                todo = list(acks)
+            for each in todo:
+                each()
+
+        return consumed
+
+    def late(self, key: PartialKey, ack: Ack | None) -> None:
+        """A chunk of a message already done came again (a resend after a reconnect).
+
+        Acknowledged with the message's delivery while the application has not taken it
+        (a process that dies before gets the message again), else now.
+        """
+        if ack is None:
+            return
+        with self._lock:
+            waiting = self._awaiting.get(key)
+            if waiting is not None:
+                waiting.append(ack)
+                return
+        ack()
+
+    def _release(self, key: PartialKey | None) -> list[Ack]:
         if key is None:
             return []
         self._given_up.pop(key, None)
@@ -138,7 +186,7 @@ class ChunkAcks:
         return list(chunks.values())
 
     def _give_up(self, key: PartialKey) -> None:
-        for ack in self.release(key):
+        for ack in self._release(key):
             ack()
         self._given_up[key] = None
         while len(self._given_up) > REMEMBER_RELEASED:

@@ -11,7 +11,7 @@ from dataclasses import replace
 from test_chunk_codec import ID, ID2, abc_chunks
 
 from client._exceptions import ChunkBufferOverflow, ChunkTimeoutError
-from client._session_acks import ChunkAcks, combined
+from client._session_acks import ChunkAcks
 from client.protocol._reassembly import Complete, Error, Pending, Reassembler
 
 # ------------------------------------------------------------------ the reassembly clock
@@ -80,11 +80,11 @@ def test_chunks_are_held_until_their_message_is_done() -> None:
     acks.hold(key, 0, lambda: made.append("c0"), 3)
     acks.hold(key, 1, lambda: made.append("c1"), 3)
     assert made == [] and acks.held == 2
-    done = combined(acks.release(key))
+    done = acks.done(key, lambda: made.append("c2"))  # chunk 2 completed the message
     assert done is not None and made == [] and acks.held == 0
     done()  # the application took the message
-    assert made == ["c0", "c1"]
-    assert acks.release(key) == []  # nothing left twice
+    assert made == ["c0", "c1", "c2"]
+    assert acks.done(key, None) is not None and made == ["c0", "c1", "c2"]  # nothing twice
 
 
 def test_held_chunks_never_fill_the_window() -> None:
@@ -100,7 +100,10 @@ def test_held_chunks_never_fill_the_window() -> None:
     assert made == ["a0", "a1"] and acks.held == 2
     acks.hold(a, 2, lambda: made.append("a2"), None)  # given up: at once from now on
     assert made == ["a0", "a1", "a2"] and acks.held == 2
-    assert len(acks.release(b)) == 2
+    b_done = acks.done(b, None)
+    assert b_done is not None and acks.held == 0
+    b_done()
+    assert made == ["a0", "a1", "a2", "b0", "b1"]
 
 
 def test_a_message_of_more_chunks_than_the_limit_is_not_held() -> None:
@@ -120,9 +123,28 @@ def test_a_chunk_sent_again_keeps_the_new_ack_and_makes_the_old() -> None:
     acks.hold(key, 0, lambda: made.append("old"), 2)
     acks.hold(key, 0, lambda: made.append("new"), 2)
     assert made == ["old"] and acks.held == 1
-    for ack in acks.release(key):
-        ack()
+    done = acks.done(key, None)
+    assert done is not None
+    done()
     assert made == ["old", "new"]
+
+
+def test_a_finished_messages_chunk_sent_again_waits_for_its_delivery() -> None:
+    """The connection dropped while the whole message waited for the application: the
+    broker sends its chunks again; acknowledged only once the application took it (a
+    process that dies before gets the message again), later ones at once."""
+    made: list[str] = []
+    acks = ChunkAcks(limit=4)
+    key = ("t", ID)
+    acks.hold(key, 0, lambda: made.append("c0"), 2)
+    done = acks.done(key, lambda: made.append("c1"))
+    acks.late(key, lambda: made.append("c0 again"))
+    assert made == []
+    assert done is not None
+    done()
+    assert made == ["c0", "c1", "c0 again"]
+    acks.late(key, lambda: made.append("c1 again"))  # taken already: at once
+    assert made[-1] == "c1 again"
 
 
 def test_limit_zero_holds_nothing() -> None:
@@ -131,3 +153,19 @@ def test_limit_zero_holds_nothing() -> None:
     acks.hold(("t", ID), 0, lambda: made.append("c0"), None)
     acks.hold(("t", ID), 1, None, None)  # nothing to acknowledge (QoS 0)
     assert made == ["c0"] and acks.held == 0
+
+
+def test_keep_waiting_extends_at_most_to_max_timeout_from_the_first_chunk() -> None:
+    """A sender that died after chunk 0 on a topic that never goes quiet: still an error."""
+    r = Reassembler(default_timeout=10, max_timeout=100)
+    a, _, _ = abc_chunks()
+    r.feed(a, 0.0)
+    r.keep_waiting(95.0)
+    assert r.next_deadline == 100.0
+    [err] = r.expire(100.5)
+    assert isinstance(err.error, ChunkTimeoutError)
+    # A default longer than max_timeout is not shortened by it.
+    r2 = Reassembler(default_timeout=10, max_timeout=5)
+    r2.feed(a, 0.0)
+    r2.keep_waiting(3.0)
+    assert r2.next_deadline == 10.0

@@ -62,10 +62,11 @@ class Reassembler:
 
     Timeout: until chunk 0 arrives, and when chunk 0 has no Message Expiry Interval, a message
     fails after `default_timeout` seconds without progress: counted from its first chunk, or
-    from the latest :meth:`keep_waiting` call when that is later. A caller whose source is
-    still delivering, or cannot deliver for now (an MQTT session with a backlog in front of
-    the next chunk, or disconnected), says so with :meth:`keep_waiting`; one that never calls
-    it gets a plain timeout from the first chunk. Once chunk 0 arrives with an interval, the
+    from the latest :meth:`keep_waiting` call when that is later (up to `max_timeout` from the
+    first chunk). A caller whose source is still delivering, or cannot deliver for now (an
+    MQTT session with a backlog in front of the next chunk, or disconnected), says so with
+    :meth:`keep_waiting`; one that never calls it gets a plain timeout from the first chunk.
+    Once chunk 0 arrives with an interval, the
     deadline is that interval from the first chunk, whatever :meth:`keep_waiting` says (ADR 23:
     the broker discards the message's other chunks once it passed, so waiting longer is
     pointless). A message whose deadline has passed fails on its next chunk or at the next
@@ -81,7 +82,8 @@ class Reassembler:
     * at most `max_chunks_per_message` chunks in one message: a chunk 0 declaring more, or a
       chunk whose index is beyond it, fails that message at once;
     * at most `max_tracked_chunks` chunk entries across all partial messages;
-    * a chunk 0's Message Expiry Interval counts for at most `max_timeout` seconds;
+    * a chunk 0's Message Expiry Interval, and :meth:`keep_waiting`, keep a message for at
+      most `max_timeout` seconds from its first chunk (a shorter `default_timeout` stays);
     * the last `remember_finished` finished ids.
 
     Making room evicts the oldest *other* partial messages first; a message that cannot fit
@@ -120,8 +122,9 @@ class Reassembler:
                 ADR 23 allows); see :func:`chunk_bounds` for a value derived from the limits.
             max_tracked_chunks: most chunk entries kept across all partial messages (None:
                 `max_buffered_bytes`, i.e. one byte per entry at least).
-            max_timeout: most seconds a chunk 0's Message Expiry Interval may extend a
-                message's deadline to (None: no cap).
+            max_timeout: most seconds a chunk 0's Message Expiry Interval, or
+                :meth:`keep_waiting`, may extend a message's deadline to, counted from its
+                first chunk (None: no cap).
         """
         if default_timeout is not None and default_timeout < 0:
             raise ValueError("default_timeout must not be negative")
@@ -172,9 +175,11 @@ class Reassembler:
         """The source is still delivering, or cannot deliver for now: restart the clock.
 
         Every partial message on `default_timeout` (no chunk 0 yet, or one without a Message
-        Expiry Interval) gets that long again, counted from `now`. Bounded memory does not
-        depend on it: the byte, count and chunk bounds evict the oldest partial messages
-        whatever the clock says.
+        Expiry Interval) gets that long again, counted from `now`, but no more than
+        `max_timeout` from its first chunk in all: a sender that died mid-message on a topic
+        that never goes quiet still gets its error. Bounded memory does not depend on it:
+        the byte, count and chunk bounds evict the oldest partial messages whatever the
+        clock says.
 
         Args:
             now: the current time, same clock as :meth:`feed`.
@@ -326,7 +331,13 @@ class Reassembler:
             return partial.expires
         if self._default_timeout is None:
             return None
-        return max(partial.started, self._kept_waiting) + self._default_timeout
+        deadline = partial.started + self._default_timeout
+        if self._kept_waiting > partial.started:  # extended, up to max_timeout in all
+            extended = self._kept_waiting + self._default_timeout
+            if self._max_timeout is not None:
+                extended = min(extended, partial.started + self._max_timeout)
+            deadline = max(deadline, extended)
+        return deadline
 
     def _overdue(self, partial: _Partial, now: float) -> bool:
         deadline = self._deadline(partial)
