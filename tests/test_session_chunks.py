@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
+from test_sessions import persistent_broker  # noqa: F401  (a fixture: a broker that saves)
 
 from client import ChunkBufferOverflow, ChunkTimeoutError, Client, Message, MessageError, Route
 from client._receive import Receiver
@@ -123,6 +124,55 @@ def test_a_consumer_closed_after_chunk_zero_gets_the_message_whole_when_it_comes
         assert second.connection.session_present
     assert isinstance(item, Message), item
     assert (item.payload, item.message_id, item.route) == (WHOLE, mid, Route.CHUNKED)
+
+
+def test_a_broker_restart_between_the_chunks_loses_nothing(
+    persistent_broker: Mosquitto,  # noqa: F811
+    unique_topic: Callable[[str], str],
+) -> None:
+    """The soak's setting: chunk 0 taken, then the broker restarts (the consumer is
+    disconnected for longer than `chunk_timeout`), chunk 1 comes after it behind the
+    broker's resends: the message arrives whole, once, and the session keeps flowing past
+    more messages than its window."""
+    broker = persistent_broker
+    topic = unique_topic("restart")
+    mid = str(uuid.uuid4())
+    with _session(broker, f"c-{uuid.uuid4().hex[:8]}", max_pending_deliveries=4) as sub:
+        sub.subscribe(topic, qos=1)
+        first = RawPublisher(broker.url)
+        try:
+            _send_chunk(first, topic, mid, 0)
+            for i in range(6):
+                first.publish(topic, f"m{i}".encode(), qos=1)
+        finally:
+            first.close()
+        receiver = _receiver(sub)
+        _until(lambda: receiver._reassembler.partial_messages == 1, "chunk 0 taken")
+        conn = sub.connection
+        before = conn.connections
+        stopped = time.monotonic()
+        broker.stop()  # SIGTERM: mosquitto saves the session, its queue and in-flight set
+        _until(lambda: not conn.connected, "the consumer saw the broker go")
+        _until(lambda: time.monotonic() > stopped + 3 * TIMEOUT, "three timeouts passed")
+        broker.start()
+        _until(lambda: conn.connected and conn.connections > before, "reconnected")
+        second = RawPublisher(broker.url)
+        try:
+            _send_chunk(second, topic, mid, 1)
+            for i in range(6, 30):  # more than the window: nothing may hold a place of it
+                second.publish(topic, f"m{i}".encode(), qos=1)
+        finally:
+            second.close()
+        seen: list[Message | MessageError] = []
+        while not seen or getattr(seen[-1], "payload", None) != b"m29":
+            item = sub.next_message(30)
+            assert item is not None, f"stalled after {len(seen)} deliveries: {seen[-3:]}"
+            seen.append(item)
+    assert [i for i in seen if isinstance(i, MessageError)] == []
+    chunked = [i for i in seen if isinstance(i, Message) and i.route is Route.CHUNKED]
+    assert [(m.payload, m.message_id) for m in chunked] == [(WHOLE, mid)]
+    directs = {i.payload for i in seen if isinstance(i, Message) and i.route is Route.DIRECT}
+    assert directs == {f"m{i}".encode() for i in range(30)}  # duplicates allowed, none lost
 
 
 def test_a_chunk_zero_flood_on_a_busy_session_stays_bounded_and_never_stalls(
