@@ -16,7 +16,9 @@ so publishing from inside the message loop cannot deadlock.
 
 Shared subscriptions (`$share/group/...`) hand the chunks of one ADR-23 message to different
 members, so no member can reassemble it: each member reports a :class:`ChunkTimeoutError`
-after the first chunk's Message Expiry Interval (else `chunk_timeout`), never silence.
+after the first chunk's Message Expiry Interval (else `chunk_timeout` of quiet, at most
+`max_chunk_timeout`) or a :class:`ChunkBufferOverflow` when newer ones need the room, never
+silence.
 Offloaded messages have no such problem: the placeholder is one PUBLISH.
 
 Every received message, discovery record and placeholder URL is untrusted (anyone who may

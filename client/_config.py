@@ -105,7 +105,11 @@ class ClientSettings:
     discovery_wait: float = setting(2.0, "seconds a large publish waits for the record", float)
     discovery_refresh: float = setting(60.0, "seconds between re-subscriptions", float)
     chunk_timeout: float = setting(
-        60.0, "reassembly timeout when chunk 0 has no message expiry", float
+        60.0,
+        "seconds a partial chunked message whose chunk 0 has no message expiry waits for its "
+        "next chunk while the connection is quiet (connected, nothing arriving, nothing "
+        "waiting for the application; see docs/connections.md)",
+        float,
     )
     # ruff cannot tell a Literal alias is immutable; `setting` returns a dataclass field.
     untrusted_endpoint: UntrustedPolicy = setting(  # noqa: RUF009
@@ -167,7 +171,8 @@ class ClientSettings:
     )
     max_chunk_timeout: float = setting(
         3600.0,
-        "most seconds a chunk 0's Message Expiry Interval may keep a partial message (3600); "
+        "most seconds a partial message is kept from its first chunk, by a chunk 0's Message "
+        "Expiry Interval or a busy session extending `chunk_timeout` (3600); "
         "chunks per message and chunk entries are derived from `max_buffered_bytes`, the "
         "packet limit and `spool_threshold` (see Chunking)",
         float,
@@ -213,7 +218,8 @@ class ClientSettings:
         1000,
         "messages received but not yet taken by the application (being fetched, waiting for "
         "their turn or queued); at the bound the client stops taking new ones; also the MQTT 5 "
-        "Receive Maximum: QoS 1/2 messages beyond it wait at the broker",
+        "Receive Maximum: QoS 1/2 messages beyond it wait at the broker; a persistent session "
+        "holds back the acknowledgement of at most half as many chunks of partial messages",
         int,
     )
     max_pending_bytes: int = setting(

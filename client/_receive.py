@@ -15,6 +15,15 @@ in order per topic (or in strict arrival order with `ordering = "arrival"`) thro
 :class:`client._ordering.Sequencer`, which also bounds how many messages and bytes are
 outstanding. A transient fetch failure (no connection, a reset, a timeout, a 5xx) is
 retried with backoff for `fetch_retry_for` seconds, its topic's later messages waiting.
+
+A partial chunked message waits for its next chunk as long as the session is still
+delivering: `chunk_timeout` counts only while the client is connected and idle (nothing
+received and not handled, nothing waiting for the application), from the latest moment it
+was not (:meth:`Reassembler.keep_waiting`). MQTT keeps one publisher's messages in order per
+topic, so a chunk sent after the first one is behind whatever the broker delivers
+meanwhile: a slow consumer's backlog, a reconnect, the DUP resends after a broker restart.
+With a persistent session the chunks' acknowledgements wait for the whole message too
+(:class:`client._session_acks.ChunkAcks`).
 """
 
 from __future__ import annotations
@@ -44,13 +53,13 @@ from ._inbound import InboundQueue
 from ._message import Message, MessageError, Payload, Route
 from ._ordering import FetchPool, Sequencer, Slot
 from ._paho import Incoming, MqttConnection
-from ._session_acks import acknowledge_taken
+from ._session_acks import ChunkAcks, acknowledge_taken, combined
 from ._store_origin import ConfiguredStore
 from ._unseal import Unsealer, chunk_encoding, untagged
 from .protocol import PublishProperties, _placeholder
 from .protocol._bounded import Origin, http_origin
 from .protocol._chunk import CHUNK_PROPERTY
-from .protocol._reassembly import Complete, Error, Reassembler, chunk_bounds
+from .protocol._reassembly import Error, Pending, Reassembler, chunk_bounds
 from .protocol._size import MAX_PACKET_SIZE
 
 log = logging.getLogger("client")
@@ -164,6 +173,9 @@ class Receiver:
         self._pace = Pace(s.fetch_deadline, s.fetch_min_rate)
         # The ack of the message being processed, for its delivery's slot (_session_acks).
         self._ack: Callable[[], None] | None = None
+        # Held chunk acks: at most half the broker's window (Receive Maximum), so that it
+        # can always send the next chunk.
+        self.chunk_acks = ChunkAcks(min(s.max_pending_deliveries, 65535) // 2)
         # Reassembly keeps at most spool_threshold bytes of chunks in RAM; bigger messages
         # are spooled to temporary files and delivered as spooled payloads (issue 3).
         self.chunk_store = SpoolingChunkStore(memory_limit=s.spool_threshold, directory=s.spool_dir)
@@ -206,14 +218,40 @@ class Receiver:
         finally:
             pool.close()
 
+    def _busy(self) -> bool:
+        """Whether a chunk still on its way may be held up by this client, not its sender.
+
+        Disconnected: the broker keeps a persistent session's messages until the reconnect.
+        Messages received and not yet handled, or deliveries the application has not taken:
+        the broker's backlog for this client (Receive Maximum) waits for them.
+        """
+        return (
+            not self._conn.connected or len(self.inbound) > 0 or self.sequencer.outstanding[0] > 0
+        )
+
+    def _expire(self, now: float) -> None:
+        for error in self._reassembler.expire(now):
+            self._emit_error(error)
+
     def _loop(self, stop: threading.Event, pool: FetchPool) -> None:
         last_refresh = time.monotonic()
+        reassembler = self._reassembler
         while not stop.is_set():
             now = time.monotonic()
-            deadline = self._reassembler.next_deadline
+            busy = self._busy()
+            if busy:
+                reassembler.keep_waiting(now)
+            deadline = reassembler.next_deadline
             wait = 0.5 if deadline is None else min(0.5, max(deadline - now, 0.0) + 0.01)
             item = self.inbound.get(timeout=wait)
+            now = time.monotonic()
+            if busy or self._busy():  # busy at either end of the wait: counted busy throughout
+                reassembler.keep_waiting(now)
             if item is not None:
+                # A partial whose quiet spell ran out before this message came fails first;
+                # the rest wait on: the session delivers again.
+                self._expire(now)
+                reassembler.keep_waiting(now)
                 self._ack = acknowledge_taken(self._conn, item, self._settings)
                 try:
                     self._process(item, pool)
@@ -224,9 +262,9 @@ class Receiver:
                     failure = ReceiveError(f"could not handle the message: {exc!r}"[:500])
                     self._emit(item.topic, MessageError(item.topic, failure))
                 self._ack = None
-            now = time.monotonic()
-            for error in self._reassembler.expire(now):
-                self._emit(error.topic, MessageError(error.topic, error.error, error.message_id))
+                now = time.monotonic()
+                reassembler.keep_waiting(now)  # busy until now (perhaps waiting for room)
+            self._expire(now)
             refresh = self._settings.discovery_refresh
             if self._use_discovery and refresh > 0 and now - last_refresh > refresh:
                 last_refresh = now
@@ -249,8 +287,13 @@ class Receiver:
                 self.inbound.shed,
             )
 
-    def _emit(self, topic: str, delivery: Delivery) -> None:
-        """Queue a ready delivery behind every earlier message on its topic."""
+    def _emit(
+        self, topic: str, delivery: Delivery, on_consumed: Callable[[], None] | None = None
+    ) -> None:
+        """Queue a ready delivery behind every earlier message on its topic.
+
+        Its acknowledgement: `on_consumed` with the current message's, when not taken yet.
+        """
         spooled = isinstance(delivery, Message) and delivery.body.path is not None
         size = delivery.body.size if isinstance(delivery, Message) else 0
         slot = self.sequencer.reserve(
@@ -258,10 +301,19 @@ class Receiver:
             0 if spooled else size,
             self._stop,
             disk=size if spooled else 0,
-            on_consumed=self._take_ack(),
+            on_consumed=combined((on_consumed, self._take_ack())),
         )
         if slot is not None:
             self.sequencer.fill(slot, delivery)
+
+    def _emit_error(self, error: Error) -> None:
+        """A chunked message failed: its error, acknowledging the chunks held for it."""
+        key = None if error.message_id is None else (error.topic, error.message_id)
+        self._emit(
+            error.topic,
+            MessageError(error.topic, error.error, error.message_id),
+            self.chunk_acks.done(key, None),
+        )
 
     def _process(self, incoming: Incoming, pool: FetchPool) -> None:
         props = incoming.properties
@@ -325,15 +377,24 @@ class Receiver:
 
     def _process_chunk(self, incoming: Incoming) -> None:
         outcome = self._reassembler.feed(incoming, time.monotonic())
+        ack = self._take_ack()  # this chunk's: held, or with its message's delivery
         for dropped in outcome.dropped:
-            self._emit(
-                dropped.topic, MessageError(dropped.topic, dropped.error, dropped.message_id)
-            )
+            self._emit_error(dropped)
+        if isinstance(outcome, Pending):
+            key = (outcome.topic, outcome.message_id)
+            if outcome.duplicate and not outcome.received:  # its message is done already
+                self.chunk_acks.late(key, ack)
+            else:
+                self.chunk_acks.hold(key, outcome.index, ack, outcome.total)
+            return
+        # Done: the delivery (or the error replacing it, see _loop) carries every chunk's ack.
+        done = None if outcome.message_id is None else (outcome.topic, outcome.message_id)
+        self._ack = self.chunk_acks.done(done, ack)
         if isinstance(outcome, Error):
             self._emit(
                 outcome.topic, MessageError(outcome.topic, outcome.error, outcome.message_id)
             )
-        elif isinstance(outcome, Complete):
+        else:
             body = outcome.payload
             payload = Payload(body) if isinstance(body, bytes) else Payload(path=body)
             sha256, props = outcome.sha256, outcome.properties

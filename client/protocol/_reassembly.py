@@ -11,6 +11,7 @@ its chunk-count bounds (`_reassembly_bounds`) have modules of their own, re-expo
 from __future__ import annotations
 
 import hashlib
+import math
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -44,7 +45,7 @@ class _Partial:
     topic: str
     message_id: str
     started: float
-    deadline: float | None
+    expires: float | None = None  # from chunk 0's Message Expiry Interval, a wall-clock time
     indices: set[int] = field(default_factory=set)
     nbytes: int = 0
     first: ChunkHeader | None = None
@@ -59,11 +60,18 @@ class Reassembler:
     (QoS 1 redelivery) are ignored. A message is complete when chunk 0 has told the total and
     every index below it arrived; its SHA-256 must match or the payload is never returned.
 
-    Timeout: counted from the first chunk seen for a message. Until chunk 0 arrives, and when
-    chunk 0 has no Message Expiry Interval, it is `default_timeout`; once chunk 0 arrives with
-    an interval, it is that interval (ADR 23). A message whose deadline has passed fails on its
-    next chunk or at the next :meth:`expire` sweep, whichever comes first, so results do not
-    depend on how often the caller sweeps.
+    Timeout: until chunk 0 arrives, and when chunk 0 has no Message Expiry Interval, a message
+    fails after `default_timeout` seconds without progress: counted from its first chunk, or
+    from the latest :meth:`keep_waiting` call when that is later (up to `max_timeout` from the
+    first chunk). A caller whose source is still delivering, or cannot deliver for now (an
+    MQTT session with a backlog in front of the next chunk, or disconnected), says so with
+    :meth:`keep_waiting`; one that never calls it gets a plain timeout from the first chunk.
+    Once chunk 0 arrives with an interval, the
+    deadline is that interval from the first chunk, whatever :meth:`keep_waiting` says (ADR 23:
+    the broker discards the message's other chunks once it passed, so waiting longer is
+    pointless). A message whose deadline has passed fails on its next chunk or at the next
+    :meth:`expire` sweep, whichever comes first, so results do not depend on how often the
+    caller sweeps.
 
     Bounds: every structure that a sender can grow is bounded, not only payload bytes (a
     chunk 0 declaring 2**32-1 chunks followed by empty chunks costs no payload but one entry
@@ -74,7 +82,8 @@ class Reassembler:
     * at most `max_chunks_per_message` chunks in one message: a chunk 0 declaring more, or a
       chunk whose index is beyond it, fails that message at once;
     * at most `max_tracked_chunks` chunk entries across all partial messages;
-    * a chunk 0's Message Expiry Interval counts for at most `max_timeout` seconds;
+    * a chunk 0's Message Expiry Interval, and :meth:`keep_waiting`, keep a message for at
+      most `max_timeout` seconds from its first chunk (a shorter `default_timeout` stays);
     * the last `remember_finished` finished ids.
 
     Making room evicts the oldest *other* partial messages first; a message that cannot fit
@@ -113,8 +122,9 @@ class Reassembler:
                 ADR 23 allows); see :func:`chunk_bounds` for a value derived from the limits.
             max_tracked_chunks: most chunk entries kept across all partial messages (None:
                 `max_buffered_bytes`, i.e. one byte per entry at least).
-            max_timeout: most seconds a chunk 0's Message Expiry Interval may extend a
-                message's deadline to (None: no cap).
+            max_timeout: most seconds a chunk 0's Message Expiry Interval, or
+                :meth:`keep_waiting`, may extend a message's deadline to, counted from its
+                first chunk (None: no cap).
         """
         if default_timeout is not None and default_timeout < 0:
             raise ValueError("default_timeout must not be negative")
@@ -138,6 +148,7 @@ class Reassembler:
         self._finished: OrderedDict[PartialKey, None] = OrderedDict()
         self._bytes = 0
         self._tracked = 0
+        self._kept_waiting = -math.inf
 
     @property
     def partial_messages(self) -> int:
@@ -157,8 +168,23 @@ class Reassembler:
     @property
     def next_deadline(self) -> float | None:
         """The earliest time at which :meth:`expire` has something to do, or None."""
-        deadlines = [p.deadline for p in self._partials.values() if p.deadline is not None]
-        return min(deadlines, default=None)
+        deadlines = [self._deadline(p) for p in self._partials.values()]
+        return min((d for d in deadlines if d is not None), default=None)
+
+    def keep_waiting(self, now: float) -> None:
+        """The source is still delivering, or cannot deliver for now: restart the clock.
+
+        Every partial message on `default_timeout` (no chunk 0 yet, or one without a Message
+        Expiry Interval) gets that long again, counted from `now`, but no more than
+        `max_timeout` from its first chunk in all: a sender that died mid-message on a topic
+        that never goes quiet still gets its error. Bounded memory does not depend on it:
+        the byte, count and chunk bounds evict the oldest partial messages whatever the
+        clock says.
+
+        Args:
+            now: the current time, same clock as :meth:`feed`.
+        """
+        self._kept_waiting = max(self._kept_waiting, now)
 
     def feed(self, message: ChunkMessage, now: float) -> Outcome:
         """Take one received chunk.
@@ -240,8 +266,7 @@ class Reassembler:
                 dropped.append(
                     self._evict_oldest(f"more than {self._max_partials} partial messages")
                 )
-            deadline = None if self._default_timeout is None else now + self._default_timeout
-            partial = _Partial(key[0], header.message_id, now, deadline)
+            partial = _Partial(key[0], header.message_id, now)
             self._partials[key] = partial
         elif self._overdue(partial, now):
             return self._timeout(key, partial, dropped)
@@ -251,7 +276,7 @@ class Reassembler:
         """Keep what only chunk 0 carries: the total, the properties, the QoS and the expiry.
 
         Its Message Expiry Interval (capped by `max_timeout`) replaces the default timeout,
-        still counted from the message's first chunk (ADR 23).
+        counted from the message's first chunk (ADR 23), :meth:`keep_waiting` or not.
         """
         partial.first = header
         partial.first_properties = message.properties.without_user_properties(CHUNK_PROPERTY)
@@ -259,7 +284,7 @@ class Reassembler:
         expiry = message.properties.message_expiry_interval
         if expiry is not None:
             cap = self._max_timeout
-            partial.deadline = partial.started + (expiry if cap is None else min(expiry, cap))
+            partial.expires = partial.started + (expiry if cap is None else min(expiry, cap))
 
     def _check_index(
         self, key: PartialKey, partial: _Partial, header: ChunkHeader, dropped: list[Error]
@@ -301,9 +326,22 @@ class Reassembler:
         self._tracked += 1
         return None
 
-    @staticmethod
-    def _overdue(partial: _Partial, now: float) -> bool:
-        return partial.deadline is not None and now > partial.deadline
+    def _deadline(self, partial: _Partial) -> float | None:
+        if partial.expires is not None:
+            return partial.expires
+        if self._default_timeout is None:
+            return None
+        deadline = partial.started + self._default_timeout
+        if self._kept_waiting > partial.started:  # extended, up to max_timeout in all
+            extended = self._kept_waiting + self._default_timeout
+            if self._max_timeout is not None:
+                extended = min(extended, partial.started + self._max_timeout)
+            deadline = max(deadline, extended)
+        return deadline
+
+    def _overdue(self, partial: _Partial, now: float) -> bool:
+        deadline = self._deadline(partial)
+        return deadline is not None and now > deadline
 
     def _pending(
         self, partial: _Partial, index: int, dropped: list[Error], *, duplicate: bool
