@@ -52,6 +52,11 @@ class ProxySettings(BaseSettings):
         le=MQTT_MAX_PACKET,
         description="the proxy's own limit, told to MQTT 5 clients in CONNACK",
     )
+    upgrade_v311: bool = Field(
+        True,
+        description="speak MQTT 5 to the broker for MQTT 3.1.1 clients, so that chunked "
+        "messages reach them whole (false: a broker without MQTT 5)",
+    )
     max_connections: int = Field(10_000, gt=0, description="client connections at once")
     max_uploads: int = Field(64, gt=0, description="offloaded PUBLISHes streaming at once")
     max_fetches: int = Field(64, gt=0, description="placeholders being resolved at once")

@@ -83,12 +83,18 @@ class Conn:
     reassembler: Reassembler | None = None  # chunked messages (ADR 23), made on first chunk
     reassembly_held: int = 0  # its bytes, as counted in Services.reassembly
     kept_rel: set[int] = field(default_factory=set)  # QoS 2 chunks the proxy PUBREC'd
+    upgraded: bool = False  # a 3.1.1 client on an MQTT 5 broker link (proxy.protocol._v311)
 
     @property
     def busy(self) -> bool:
         """Whether stopping now would lose work: a transfer, or a stored message whose
         PUBACK/PUBREC has not reached the client yet."""
         return self.transfers > 0 or bool(self.unacked)
+
+    @property
+    def broker_v5(self) -> bool:
+        """Whether the broker link speaks MQTT 5 (the client's version, or upgraded)."""
+        return self.connect.v5 or self.upgraded
 
     @property
     def client_limit(self) -> int:
