@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator
 from client.protocol import MessageId
 
 from ._exceptions import QUOTA_EXCEEDED, PeerGone, TransferFailed
+from ._resends import remember, resent
 from ._state import Conn, Services
 from ._stream import drained
 from .protocol import (
@@ -151,6 +152,8 @@ async def _publish(conn: Conn, services: Services, head: Head) -> None:
         async for piece in pieces:
             yield piece
 
+    if await resent(conn, services, head, header, size, payload):  # a QoS 2 resend
+        return
     conn.transfers += 1
     try:
         stored = await _upload(conn, services, topic, header, size, payload())
@@ -164,6 +167,7 @@ async def _publish(conn: Conn, services: Services, head: Head) -> None:
     packet = placeholder_packet(head.first, header, stored, v5=conn.broker_v5)
     if header.packet_id is not None:
         conn.unacked.add(header.packet_id)
+        remember(conn, services, head, header, stored)
     conn.broker_writer.write(packet)
     await conn.broker_writer.drain()
     services.metrics.offloaded.inc()

@@ -26,6 +26,7 @@ from client.protocol import MalformedPlaceholder, Placeholder, http_origin
 from ._chunks import answer_pubrel, large_publish, take_chunk
 from ._exceptions import PeerGone, TransferFailed
 from ._gateway import Hasher
+from ._resends import ended
 from ._settings import MQTT_MAX_PACKET
 from ._state import Conn, Services
 from ._stream import drained
@@ -34,6 +35,7 @@ from .protocol import (
     MAXIMUM_PACKET_SIZE,
     PINGRESP,
     PUBACK,
+    PUBCOMP,
     PUBLISH,
     PUBREC,
     PUBREL,
@@ -82,6 +84,11 @@ async def relay_down(conn: Conn, services: Services) -> None:
             release = await conn.broker.body(head)  # for a chunk the proxy kept?
             kept = await answer_pubrel(conn, int.from_bytes(release[:2], "big"))
             if not kept and not await _to_client(conn, head, release):
+                return
+        elif head.type == PUBCOMP and conn.stored_flows and head.length <= MAX_CONNACK:
+            complete = await conn.broker.body(head)  # ends a QoS 2 flow the proxy stored?
+            ended(conn, services, int.from_bytes(complete[:2], "big"))
+            if not await _to_client(conn, head, complete):
                 return
         elif head.type == PUBLISH and not conn.connect.handles_placeholders:
             if head.length <= MAX_PLACEHOLDER_PUBLISH:

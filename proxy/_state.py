@@ -16,7 +16,7 @@ from ._gateway import GatewayLink
 from ._metrics import Metrics
 from ._settings import MQTT_MAX_PACKET, ProxySettings
 from ._stream import PacketStream
-from .protocol import AliasMap, Connect
+from .protocol import AliasMap, Connect, Stored
 
 POISONED_IDS = 4096
 
@@ -36,6 +36,34 @@ class Poisoned:
 
     def __contains__(self, message_id: object) -> bool:
         return message_id in self._ids
+
+
+REMEMBERED_FLOWS = 4096
+FlowKey = tuple[str | None, str, int]  # user name, client id, packet id
+
+
+class StoredFlows:
+    """What the proxy stored for each QoS 2 PUBLISH whose flow has not ended (bounded,
+    oldest dropped; :mod:`proxy._resends` says why)."""
+
+    def __init__(self, size: int = REMEMBERED_FLOWS) -> None:
+        self._flows: collections.OrderedDict[FlowKey, Stored] = collections.OrderedDict()
+        self._size = size
+
+    def add(self, key: FlowKey, stored: Stored) -> None:
+        self._flows[key] = stored
+        self._flows.move_to_end(key)
+        while len(self._flows) > self._size:
+            self._flows.popitem(last=False)
+
+    def get(self, key: FlowKey) -> Stored | None:
+        return self._flows.get(key)
+
+    def forget(self, key: FlowKey) -> None:
+        self._flows.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._flows)
 
 
 @dataclass(slots=True)
@@ -59,6 +87,7 @@ class Services:
     closing: asyncio.Event = field(default_factory=asyncio.Event)  # no new transfers
     broker_tls: ssl.SSLContext | None = None
     reassembly: Budget = field(default_factory=Budget)
+    stored_flows: StoredFlows = field(default_factory=StoredFlows)  # QoS 2 offloads
 
 
 @dataclass(slots=True)
@@ -83,6 +112,7 @@ class Conn:
     reassembler: Reassembler | None = None  # chunked messages (ADR 23), made on first chunk
     reassembly_held: int = 0  # its bytes, as counted in Services.reassembly
     kept_rel: set[int] = field(default_factory=set)  # QoS 2 chunks the proxy PUBREC'd
+    stored_flows: set[int] = field(default_factory=set)  # their packet ids, this connection
     upgraded: bool = False  # a 3.1.1 client on an MQTT 5 broker link (proxy.protocol._v311)
 
     @property
