@@ -14,7 +14,8 @@ The payload streams into the outgoing PUBLISH while its SHA-256 is taken; its la
 held back until the digest matches. A mismatch (or a fetch that breaks off) closes the client
 connection before the packet is complete, so the client never receives a payload that fails
 its check; the id is remembered (:class:`proxy._state.Poisoned`) and a redelivery gets the
-placeholder instead.
+placeholder instead. An encrypted or compressed payload is decoded whole first
+(:mod:`proxy._unseal`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from ._resends import ended
 from ._settings import MQTT_MAX_PACKET
 from ._state import Conn, Services
 from ._stream import drained
+from ._unseal import resolve_encoded
 from .protocol import (
     CONNACK,
     MAXIMUM_PACKET_SIZE,
@@ -216,8 +218,11 @@ def _why_not(conn: Conn, services: Services, header: PublishHeader, ref: Placeho
         return "untrusted-origin"
     if str(ref.message_id) in services.poisoned:
         return "failed-before"
-    if resolved_size(header, ref.size, v5=conn.connect.v5) > conn.client_limit:
-        return "client-limit"
+    if (
+        ref.encoding.plain
+        and resolved_size(header, ref.size, v5=conn.connect.v5) > conn.client_limit
+    ):
+        return "client-limit"  # a decoded payload's size is known once decoded (_unseal)
     return None
 
 
@@ -233,6 +238,8 @@ async def _resolve(
     if why is not None:
         services.metrics.passed.labels(why=why).inc()
         return False
+    if not ref.encoding.plain:  # encrypted or compressed: decoded whole first
+        return await resolve_encoded(conn, services, head, header, ref)
     written = False
     digest = Hasher()
     async with services.fetches:

@@ -18,6 +18,8 @@ import contextlib
 import logging
 import ssl
 
+from client import load_identities
+
 from ._discovery import Discovery
 from ._gateway import GatewayLink
 from ._metrics import Metrics, serve_metrics
@@ -52,6 +54,7 @@ class Proxy:
             uploads=asyncio.Semaphore(settings.max_uploads),
             fetches=asyncio.Semaphore(settings.max_fetches),
             broker_tls=settings.broker_tls(),
+            identities=tuple(load_identities(settings.identity_files)),  # a bad file: fails now
         )
         self._sessions: dict[asyncio.Task[None], Session] = {}
         self._server: asyncio.Server | None = None

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 
@@ -88,6 +89,7 @@ class Services:
     broker_tls: ssl.SSLContext | None = None
     reassembly: Budget = field(default_factory=Budget)
     stored_flows: StoredFlows = field(default_factory=StoredFlows)  # QoS 2 offloads
+    identities: Sequence[Any] = ()  # age identities (client.load_identities) for _unseal
 
 
 @dataclass(slots=True)
