@@ -37,6 +37,13 @@ class ProxySettings(BaseSettings):
     )
     host: str = Field("127.0.0.1", description="address the proxy listens on")
     port: int = Field(1884, ge=0, le=65535, description="port the proxy listens on")
+    ws_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="port for MQTT over WebSocket (subprotocol mqtt, any path; TLS as the "
+        "main listener's); unset: none",
+    )
     endpoint: str | None = Field(
         None, description="gateway base URL; unset: the discovery record on the broker"
     )
