@@ -168,30 +168,32 @@ async def resolve_encoded(
         services.metrics.passed.labels(why="no-identity").inc()
         log.info("encrypted payload, no identity_files: placeholder delivered")
         return False
-    async with services.fetches:
-        services.metrics.fetches.inc()
-        conn.transfers += 1
-        try:
-            plain = await _decode(conn, services, ref, limit)
-        except (TransferFailed, PayloadDecodeError) as exc:
-            why = _why(exc, client_bound=room < services.settings.max_decoded_bytes)
-            services.metrics.passed.labels(why=why).inc()
-            log.warning("payload not decoded; placeholder delivered", extra={"why": str(exc)})
-            return False
-        finally:
-            conn.transfers -= 1
-            services.metrics.fetches.dec()
+    conn.transfers += 1  # until the last byte is written: shutdown waits for it
     try:
-        if resolved_size(header, plain.size, v5=v5) > conn.client_limit:
-            services.metrics.passed.labels(why="client-limit").inc()
-            return False
-        writer = conn.client_writer
-        writer.write(resolved_head(head.first, header, plain.size, v5=v5))
-        for piece in plain.pieces():
-            writer.write(piece)
-            await drained(writer)
-        await writer.drain()
+        async with services.fetches:
+            services.metrics.fetches.inc()
+            try:
+                plain = await _decode(conn, services, ref, limit)
+            except (TransferFailed, PayloadDecodeError) as exc:
+                why = _why(exc, client_bound=room < services.settings.max_decoded_bytes)
+                services.metrics.passed.labels(why=why).inc()
+                log.warning("payload not decoded; placeholder delivered", extra={"why": str(exc)})
+                return False
+            finally:
+                services.metrics.fetches.dec()
+        try:
+            if resolved_size(header, plain.size, v5=v5) > conn.client_limit:
+                services.metrics.passed.labels(why="client-limit").inc()
+                return False
+            writer = conn.client_writer
+            writer.write(resolved_head(head.first, header, plain.size, v5=v5))
+            for piece in plain.pieces():
+                writer.write(piece)
+                await drained(writer)
+            await writer.drain()
+        finally:
+            plain.close()
     finally:
-        plain.close()
+        conn.transfers -= 1
     services.metrics.resolved.inc()
     return True
