@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from ._paho import Incoming, MqttConnection
     from ._scram import BearerAuth, ScramAuth
     from ._tls import TlsFiles
-    from ._unseal import Decoder
+    from ._unseal import Decoder, chunk_encoding, untagged
     from .protocol import PublishProperties
 
 _LAZY = {
@@ -80,6 +80,8 @@ _LAZY = {
     "SpoolingChunkStore": "._chunkstore",
     "TlsFiles": "._tls",
     "Decoder": "._unseal",
+    "chunk_encoding": "._unseal",
+    "untagged": "._unseal",
     "load_identities": "._keys",
     "PublishProperties": ".protocol",
 }
@@ -141,6 +143,8 @@ __all__ = [
     "TransferError",
     "UntrustedEndpoint",
     "UploadError",
+    "chunk_encoding",
     "load_identities",
     "load_settings",
+    "untagged",
 ]

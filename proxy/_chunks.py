@@ -18,11 +18,19 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 
-from client.protocol import ChunkComplete, ChunkFailure, Reassembler
+from client import untagged
+from client.protocol import (
+    ChunkComplete,
+    ChunkFailure,
+    MalformedPlaceholder,
+    PayloadDecodeError,
+    Reassembler,
+)
 
 from ._exceptions import PeerGone
 from ._state import Conn, Services
 from ._stream import drained
+from ._unseal import decode_chunked, why_not_decoded
 from .protocol import (
     Head,
     ProxyProtocolError,
@@ -158,17 +166,32 @@ async def _deliver(
     payload = whole.payload
     assert isinstance(payload, bytes), "the in-memory chunk store returns bytes"
     v5 = conn.connect.v5  # a 3.1.1 client (upgraded link) gets no properties
-    size = whole_size(last, whole.topic, whole.properties, len(payload), v5=v5)
-    if size > conn.client_limit:
-        services.metrics.chunk_failures.labels(why="client-limit").inc()
-        log.warning("reassembled message over the client's limit; dropped")
+    props = untagged(whole.properties)  # without the `_enc` / `_cmp` tags
+    room = conn.client_limit - whole_size(last, whole.topic, props, 0, v5=v5) - 3
+    limit = min(services.settings.max_decoded_bytes, room)
+    try:  # sealed (encrypted or compressed) chunks: the message decoded, as for placeholders
+        plain = await decode_chunked(services, whole.properties, payload, limit)
+    except (PayloadDecodeError, MalformedPlaceholder) as exc:
+        why = why_not_decoded(exc, client_bound=room < services.settings.max_decoded_bytes)
+        services.metrics.chunk_failures.labels(why=why).inc()
+        log.warning("reassembled message not decoded; dropped", extra={"why": str(exc)})
         return False
-    async with conn.client_lock:
-        conn.client_writer.write(
-            whole_head(head.first, last, whole.topic, whole.properties, len(payload), v5=v5)
-        )
-        conn.client_writer.write(payload)
-        await conn.client_writer.drain()
+    size = plain.size if plain is not None else len(payload)
+    try:
+        if whole_size(last, whole.topic, props, size, v5=v5) > conn.client_limit:
+            services.metrics.chunk_failures.labels(why="client-limit").inc()
+            log.warning("reassembled message over the client's limit; dropped")
+            return False
+        async with conn.client_lock:
+            writer = conn.client_writer
+            writer.write(whole_head(head.first, last, whole.topic, props, size, v5=v5))
+            for piece in plain.pieces() if plain is not None else (payload,):
+                writer.write(piece)
+                await drained(writer)
+            await writer.drain()
+    finally:
+        if plain is not None:
+            plain.close()
     services.metrics.reassembled.inc()
     return True
 

@@ -1,5 +1,6 @@
-"""Encrypted or compressed payloads (a placeholder's `enc` / `cmp`) decoded for a client
-that does not resolve placeholders itself.
+"""Encrypted or compressed payloads (a placeholder's `enc` / `cmp`, or the `_enc` / `_cmp`
+tags of a chunked message's chunks) decoded for a client that does not resolve placeholders
+itself.
 
 The placeholder's `size` and `sha256` describe the stored bytes; the plaintext's size is
 in no placeholder (the library publishes no digest or size of the plaintext). A PUBLISH
@@ -32,12 +33,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from client import Decoder
+from client import Decoder, chunk_encoding
 from client.protocol import (
     DecompressionBomb,
     NoMatchingIdentity,
     PayloadDecodeError,
     Placeholder,
+    PublishProperties,
 )
 
 from ._exceptions import TransferFailed
@@ -146,7 +148,38 @@ async def _decode(conn: Conn, services: Services, ref: Placeholder, limit: int) 
     return plain
 
 
-def _why(exc: BaseException, client_bound: bool) -> str:
+async def decode_chunked(
+    services: Services, properties: PublishProperties, payload: bytes, limit: int
+) -> Plaintext | None:
+    """A reassembled chunked message decoded on a worker thread when its chunks' `_enc` /
+    `_cmp` tags say it was sealed (the caller closes the result); None when untagged.
+
+    Raises:
+        MalformedPlaceholder: a tag the library does not know.
+        PayloadDecodeError: no identity opens it, it is damaged, or it passes `limit`.
+    """
+    encoding = chunk_encoding(properties)
+    if encoding is None:
+        return None
+    plain = Plaintext(limit, services.settings.spool_dir)
+
+    def run() -> None:
+        decoder = Decoder(encoding, services.identities, limit)
+        for start in range(0, len(payload), BATCH):
+            for out in decoder.feed(payload[start : start + BATCH]):
+                plain.write(out)
+        for out in decoder.finish():
+            plain.write(out)
+
+    try:
+        await asyncio.to_thread(run)
+    except BaseException:
+        plain.close()
+        raise
+    return plain
+
+
+def why_not_decoded(exc: BaseException, client_bound: bool) -> str:
     if isinstance(exc, NoMatchingIdentity):
         return "no-identity"
     if isinstance(exc, TooLarge | DecompressionBomb):
@@ -175,7 +208,7 @@ async def resolve_encoded(
             try:
                 plain = await _decode(conn, services, ref, limit)
             except (TransferFailed, PayloadDecodeError) as exc:
-                why = _why(exc, client_bound=room < services.settings.max_decoded_bytes)
+                why = why_not_decoded(exc, client_bound=room < services.settings.max_decoded_bytes)
                 services.metrics.passed.labels(why=why).inc()
                 log.warning("payload not decoded; placeholder delivered", extra={"why": str(exc)})
                 return False

@@ -137,3 +137,74 @@ def test_a_payload_that_decodes_past_a_bound_gives_the_placeholder(
         assert not list(Path(os.environ.get("TMPDIR", "/tmp")).glob("offload-proxy-*"))
     finally:
         proxy.stop()
+
+
+@pytest.mark.parametrize("version", ["5", "311"])
+def test_sealed_chunked_messages_reach_mosquitto_sub_decoded(
+    gateway: GatewayServer,
+    broker: Mosquitto,
+    unique_topic: Callable[[str], str],
+    tmp_path: Path,
+    version: str,
+) -> None:
+    from client import Client, Route
+
+    identity, key_file = _key(tmp_path, "proxy.key")
+    proxy = start_proxy(broker, gateway, identity_files=[key_file])
+    try:
+        topic = unique_topic("sealed-chunks")
+        sub = _sub(broker, proxy.port, topic, 2, version=version)
+        pub = Client(
+            broker.url,
+            automatic_offload=False,  # no gateway: ADR-23 chunks tagged _enc / _cmp
+            discovery_wait=0,
+            encrypt_to={topic: [str(identity.recipient)]},
+            compress=True,
+            compress_encrypted=True,
+        )
+        pub.connect()
+        compressed, encrypted = _compressible(2 * MiB), os.urandom(MiB + 5)
+        try:
+            for payload in (compressed, encrypted):
+                assert pub.publish(topic, payload, qos=1).route is Route.CHUNKED
+        finally:
+            pub.close()
+        assert _output(sub) == compressed + encrypted  # decoded, whole, byte-exact
+        assert proxy.metric("offload_proxy_reassembled_total") == 2
+    finally:
+        proxy.stop()
+
+
+def test_a_sealed_chunked_message_no_identity_opens_is_dropped_and_the_next_arrives(
+    gateway: GatewayServer,
+    broker: Mosquitto,
+    unique_topic: Callable[[str], str],
+    tmp_path: Path,
+) -> None:
+    from client import Client, Route
+
+    identity, _ = _key(tmp_path, "publisher.key")
+    proxy = start_proxy(broker, gateway)  # no identity_files
+    try:
+        topic = unique_topic("sealed-chunks-other")
+        sub = _sub(broker, proxy.port, topic, 1)
+        sealed = Client(
+            broker.url,
+            automatic_offload=False,
+            discovery_wait=0,
+            encrypt_to={topic: [str(identity.recipient)]},
+        )
+        plain = Client(broker.url, automatic_offload=False, discovery_wait=0)
+        after = os.urandom(MiB)
+        for client in (sealed, plain):
+            client.connect()
+        try:
+            assert sealed.publish(topic, os.urandom(MiB), qos=1).route is Route.CHUNKED
+            assert plain.publish(topic, after, qos=1).route is Route.CHUNKED
+        finally:
+            for client in (sealed, plain):
+                client.close()
+        assert _output(sub) == after  # never the ciphertext, in whole or in part
+        assert proxy.metric("offload_proxy_chunk_failures_total", why="no-identity") == 1
+    finally:
+        proxy.stop()
