@@ -52,10 +52,12 @@ if TYPE_CHECKING:
     from ._client import Client
     from ._config import ClientSettings, load_settings
     from ._http import HttpTransport
+    from ._keys import load_identities
     from ._message import Message, MessageError, Payload, PublishResult, Route
     from ._paho import Incoming, MqttConnection
     from ._scram import BearerAuth, ScramAuth
     from ._tls import TlsFiles
+    from ._unseal import Decoder, chunk_encoding, untagged
     from .protocol import PublishProperties
 
 _LAZY = {
@@ -77,6 +79,10 @@ _LAZY = {
     "BearerAuth": "._scram",
     "SpoolingChunkStore": "._chunkstore",
     "TlsFiles": "._tls",
+    "Decoder": "._unseal",
+    "chunk_encoding": "._unseal",
+    "untagged": "._unseal",
+    "load_identities": "._keys",
     "PublishProperties": ".protocol",
 }
 
@@ -103,6 +109,7 @@ __all__ = [
     "ClientSettings",
     "ConfigError",
     "ConnectionFailed",
+    "Decoder",
     "DecompressionBomb",
     "DecompressionFailed",
     "DecryptionFailed",
@@ -136,5 +143,8 @@ __all__ = [
     "TransferError",
     "UntrustedEndpoint",
     "UploadError",
+    "chunk_encoding",
+    "load_identities",
     "load_settings",
+    "untagged",
 ]

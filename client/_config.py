@@ -290,8 +290,8 @@ class ClientSettings:
     compress: bool = setting(
         False,
         "zstd-compress offloaded payloads where a sample shrinks (default false: readers that "
-        "are not this library - hop-client, curl, offload-proxy's subscribers - would get zstd "
-        "frames; never for encrypted ones unless `compress_encrypted`)",
+        "are not this library - hop-client, curl - would get zstd frames (offload-proxy "
+        "decodes them for its clients); never for encrypted ones unless `compress_encrypted`)",
         _parse_bool,
     )
     no_compress: tuple[str, ...] = setting(

@@ -1,6 +1,7 @@
 """Broker to client: ADR-23 chunked messages reassembled for a client that does not do it.
 
-An MQTT 5 client that has not announced :data:`proxy.protocol.PLACEHOLDER_AWARE` gets one
+A client that has not announced :data:`proxy.protocol.PLACEHOLDER_AWARE` (MQTT 5, or MQTT
+3.1.1 on a link the proxy upgraded to MQTT 5: :mod:`proxy.protocol._v311`) gets one
 PUBLISH with the whole message instead of its chunks. Each chunk is fed to the library's
 :class:`client.protocol.Reassembler` (bounded per connection by `max_reassembly_bytes`, in
 total by `max_reassembly_total`, in time by `reassembly_timeout`) and answered by the proxy
@@ -17,15 +18,25 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 
-from client.protocol import ChunkComplete, ChunkFailure, Reassembler
+from client import untagged
+from client.protocol import (
+    ChunkComplete,
+    ChunkFailure,
+    MalformedPlaceholder,
+    PayloadDecodeError,
+    Reassembler,
+)
 
+from ._exceptions import PeerGone
 from ._state import Conn, Services
 from ._stream import drained
+from ._unseal import decode_chunked, why_not_decoded
 from .protocol import (
     Head,
     ProxyProtocolError,
     PublishHeader,
     chunk_ack,
+    downgraded_publish_head,
     pubcomp,
     publish_header,
     read_chunk,
@@ -96,8 +107,17 @@ async def large_publish(conn: Conn, services: Services, head: Head) -> None:
         log.warning("a chunk larger than the reassembly bounds; dropped")
         await _answer(conn, qos, header.packet_id)
         return
+    lead = head.raw + prefix
+    if conn.upgraded:  # a 3.1.1 client: the same PUBLISH without its properties
+        if header is None:
+            raise PeerGone("the broker sent a PUBLISH whose header cannot be read")
+        payload_size = head.length - header.size
+        try:
+            lead = downgraded_publish_head(head.first, header, payload_size) + prefix[header.size :]
+        except ProxyProtocolError as exc:
+            raise PeerGone(f"the broker sent a PUBLISH a 3.1.1 client cannot take: {exc}") from exc
     async with conn.client_lock:  # pieces across awaits: nothing else in between
-        conn.client_writer.write(head.raw + prefix)
+        conn.client_writer.write(lead)
         await _rest(conn, pieces)
 
 
@@ -145,17 +165,33 @@ async def _deliver(
 ) -> bool:
     payload = whole.payload
     assert isinstance(payload, bytes), "the in-memory chunk store returns bytes"
-    size = whole_size(last, whole.topic, whole.properties, len(payload))
-    if size > conn.client_limit:
-        services.metrics.chunk_failures.labels(why="client-limit").inc()
-        log.warning("reassembled message over the client's limit; dropped")
+    v5 = conn.connect.v5  # a 3.1.1 client (upgraded link) gets no properties
+    props = untagged(whole.properties)  # without the `_enc` / `_cmp` tags
+    room = conn.client_limit - whole_size(last, whole.topic, props, 0, v5=v5) - 3
+    limit = min(services.settings.max_decoded_bytes, room)
+    try:  # sealed (encrypted or compressed) chunks: the message decoded, as for placeholders
+        plain = await decode_chunked(services, whole.properties, payload, limit)
+    except (PayloadDecodeError, MalformedPlaceholder) as exc:
+        why = why_not_decoded(exc, client_bound=room < services.settings.max_decoded_bytes)
+        services.metrics.chunk_failures.labels(why=why).inc()
+        log.warning("reassembled message not decoded; dropped", extra={"why": str(exc)})
         return False
-    async with conn.client_lock:
-        conn.client_writer.write(
-            whole_head(head.first, last, whole.topic, whole.properties, len(payload))
-        )
-        conn.client_writer.write(payload)
-        await conn.client_writer.drain()
+    size = plain.size if plain is not None else len(payload)
+    try:
+        if whole_size(last, whole.topic, props, size, v5=v5) > conn.client_limit:
+            services.metrics.chunk_failures.labels(why="client-limit").inc()
+            log.warning("reassembled message over the client's limit; dropped")
+            return False
+        async with conn.client_lock:
+            writer = conn.client_writer
+            writer.write(whole_head(head.first, last, whole.topic, props, size, v5=v5))
+            for piece in plain.pieces() if plain is not None else (payload,):
+                writer.write(piece)
+                await drained(writer)
+            await writer.drain()
+    finally:
+        if plain is not None:
+            plain.close()
     services.metrics.reassembled.inc()
     return True
 

@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator
 from client.protocol import MessageId
 
 from ._exceptions import QUOTA_EXCEEDED, PeerGone, TransferFailed
+from ._resends import remember, resent
 from ._state import Conn, Services
 from ._stream import drained
 from .protocol import (
@@ -30,6 +31,8 @@ from .protocol import (
     PUBACK,
     PUBLISH,
     PUBREC,
+    SUBSCRIBE,
+    UNSUBSCRIBE,
     Head,
     MalformedPacket,
     PacketTooLarge,
@@ -41,6 +44,8 @@ from .protocol import (
     placeholder_packet,
     publish_header,
     stored_headers,
+    upgrade_packet,
+    upgrade_publish,
 )
 
 log = logging.getLogger("proxy")
@@ -59,6 +64,11 @@ async def relay_up(conn: Conn, services: Services) -> None:
             await _publish(conn, services, head)
         elif head.type == CONNECT:
             raise ProxyProtocolError("a second CONNECT")
+        elif conn.upgraded and head.type in (SUBSCRIBE, UNSUBSCRIBE):  # 3.1.1 client
+            if head.length > MAX_PUBLISH_HEADER:
+                raise PacketTooLarge(f"a SUBSCRIBE over {MAX_PUBLISH_HEADER} bytes")
+            conn.broker_writer.write(upgrade_packet(head.first, await conn.client.body(head)))
+            await drained(conn.broker_writer)
         else:
             body = conn.client.whole_body(head)
             if body is None:
@@ -118,8 +128,10 @@ async def _publish(conn: Conn, services: Services, head: Head) -> None:
     else:
         pieces = conn.client.pieces(head)
         header, prefix = await _read_header(conn, head, pieces)
-    if conn.connect.v5 and not conn.connack_seen.is_set():
+    if conn.broker_v5 and not conn.connack_seen.is_set():
         await conn.connack_seen.wait()  # the broker's limit and alias maximum come with it
+    if conn.upgraded:  # a 3.1.1 client: the broker gets the MQTT 5 form
+        head, header, prefix = upgrade_publish(head, header, prefix)
     topic = conn.aliases.topic(header)
     if len(head.raw) + head.length <= conn.broker_limit:
         if whole is not None:  # one write, no await inside: needs no lock
@@ -140,6 +152,8 @@ async def _publish(conn: Conn, services: Services, head: Head) -> None:
         async for piece in pieces:
             yield piece
 
+    if await resent(conn, services, head, header, size, payload):  # a QoS 2 resend
+        return
     conn.transfers += 1
     try:
         stored = await _upload(conn, services, topic, header, size, payload())
@@ -150,9 +164,10 @@ async def _publish(conn: Conn, services: Services, head: Head) -> None:
         return
     finally:
         conn.transfers -= 1
-    packet = placeholder_packet(head.first, header, stored, v5=conn.connect.v5)
+    packet = placeholder_packet(head.first, header, stored, v5=conn.broker_v5)
     if header.packet_id is not None:
         conn.unacked.add(header.packet_id)
+        remember(conn, services, head, header, stored)
     conn.broker_writer.write(packet)
     await conn.broker_writer.drain()
     services.metrics.offloaded.inc()
@@ -176,7 +191,7 @@ async def _upload(
     if services.closing.is_set():
         raise TransferFailed("the proxy is shutting down")
     probe = Stored(f"{endpoint}/msg/{MessageId.new()}", size, "0" * 64, MessageId.new())
-    if len(placeholder_packet(0x30, header, probe, v5=conn.connect.v5)) > conn.broker_limit:
+    if len(placeholder_packet(0x30, header, probe, v5=conn.broker_v5)) > conn.broker_limit:
         # Its properties alone are over the limit: the broker would refuse the placeholder.
         raise TransferFailed("even the placeholder is over the broker's limit", reason=0x83)
     if services.uploads.locked():

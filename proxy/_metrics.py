@@ -57,6 +57,11 @@ class Metrics:
             ["why"],
             registry=r,
         )
+        self.resends = Counter(
+            "offload_proxy_resends",
+            "QoS 2 resends of a stored PUBLISH answered with its placeholder, not stored again",
+            registry=r,
+        )
         self.protocol_errors = Counter(
             "offload_proxy_protocol_errors", "connections ended for malformed input", registry=r
         )

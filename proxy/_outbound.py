@@ -14,7 +14,8 @@ The payload streams into the outgoing PUBLISH while its SHA-256 is taken; its la
 held back until the digest matches. A mismatch (or a fetch that breaks off) closes the client
 connection before the packet is complete, so the client never receives a payload that fails
 its check; the id is remembered (:class:`proxy._state.Poisoned`) and a redelivery gets the
-placeholder instead.
+placeholder instead. An encrypted or compressed payload is decoded whole first
+(:mod:`proxy._unseal`).
 """
 
 from __future__ import annotations
@@ -26,14 +27,17 @@ from client.protocol import MalformedPlaceholder, Placeholder, http_origin
 from ._chunks import answer_pubrel, large_publish, take_chunk
 from ._exceptions import PeerGone, TransferFailed
 from ._gateway import Hasher
+from ._resends import ended
 from ._settings import MQTT_MAX_PACKET
 from ._state import Conn, Services
 from ._stream import drained
+from ._unseal import resolve_encoded
 from .protocol import (
     CONNACK,
     MAXIMUM_PACKET_SIZE,
     PINGRESP,
     PUBACK,
+    PUBCOMP,
     PUBLISH,
     PUBREC,
     PUBREL,
@@ -42,6 +46,9 @@ from .protocol import (
     ProxyProtocolError,
     PublishHeader,
     connack_packet,
+    downgrade_connack,
+    downgrade_packet,
+    downgraded_publish_head,
     first,
     parse_connack,
     publish_header,
@@ -73,20 +80,30 @@ async def relay_down(conn: Conn, services: Services) -> None:
         elif head.type in (PUBACK, PUBREC) and conn.unacked and head.length <= MAX_CONNACK:
             answer = await conn.broker.body(head)  # the answer to a placeholder we sent?
             conn.unacked.discard(int.from_bytes(answer[:2], "big"))
-            conn.client_writer.write(head.raw + answer)
-            await drained(conn.client_writer)
+            if not await _to_client(conn, head, answer):
+                return
         elif head.type == PUBREL and conn.kept_rel and head.length <= MAX_CONNACK:
             release = await conn.broker.body(head)  # for a chunk the proxy kept?
-            if not await answer_pubrel(conn, int.from_bytes(release[:2], "big")):
-                conn.client_writer.write(head.raw + release)
-                await drained(conn.client_writer)
+            kept = await answer_pubrel(conn, int.from_bytes(release[:2], "big"))
+            if not kept and not await _to_client(conn, head, release):
+                return
+        elif head.type == PUBCOMP and conn.stored_flows and head.length <= MAX_CONNACK:
+            complete = await conn.broker.body(head)  # ends a QoS 2 flow the proxy stored?
+            ended(conn, services, int.from_bytes(complete[:2], "big"))
+            if not await _to_client(conn, head, complete):
+                return
         elif head.type == PUBLISH and not conn.connect.handles_placeholders:
             if head.length <= MAX_PLACEHOLDER_PUBLISH:
                 await _publish(conn, services, head)
-            elif conn.connect.v5:  # chunks (ADR 23) carry user properties: MQTT 5 only
+            elif conn.broker_v5:  # chunks (ADR 23) carry user properties: MQTT 5 only
                 await large_publish(conn, services, head)
             else:
                 await _stream(conn, head)
+        elif conn.upgraded:  # acknowledgements and the like, in their 3.1.1 form
+            if head.length > MAX_CONNACK:
+                raise PeerGone(f"the broker sent a packet of type {head.type} over 64 KiB")
+            if not await _to_client(conn, head, await conn.broker.body(head)):
+                return
         else:
             body = conn.broker.whole_body(head)
             if body is not None:  # one write, no await inside: needs no lock
@@ -94,6 +111,23 @@ async def relay_down(conn: Conn, services: Services) -> None:
                 await drained(conn.client_writer)
                 continue
             await _stream(conn, head)
+
+
+async def _to_client(conn: Conn, head: Head, body: bytes) -> bool:
+    """Write a whole packet other than PUBLISH and CONNACK to the client, in its 3.1.1 form
+    when the link is upgraded; False when it has none (the broker's DISCONNECT: end)."""
+    packet = head.raw + body
+    if conn.upgraded:
+        try:
+            downgraded = downgrade_packet(head.first, body)
+        except ProxyProtocolError as exc:
+            raise PeerGone(f"the broker sent a malformed packet: {exc}") from exc
+        if downgraded is None:
+            return False
+        packet = downgraded
+    conn.client_writer.write(packet)  # one write, no await inside: needs no lock
+    await drained(conn.client_writer)
+    return True
 
 
 async def _stream(conn: Conn, head: Head) -> None:
@@ -113,19 +147,22 @@ async def _connack(conn: Conn, services: Services, head: Head) -> None:
     body = await conn.broker.body(head)
     packet = head.raw + body
     try:
-        connack = parse_connack(body, v5=conn.connect.v5)
+        connack = parse_connack(body, v5=conn.broker_v5)
     except ProxyProtocolError as exc:
         raise PeerGone(f"the broker's CONNACK is malformed: {exc}") from exc
     settings = services.settings
-    if conn.connect.v5:
+    if conn.broker_v5:
         limit = connack.max_packet_size
-        conn.broker_limit = limit if limit is not None else MQTT_MAX_PACKET
+        unsaid = settings.broker_max_packet_size if conn.upgraded else MQTT_MAX_PACKET
+        conn.broker_limit = limit if limit is not None else unsaid
         alias_max = first(connack.properties, TOPIC_ALIAS_MAXIMUM)
         conn.aliases.maximum = alias_max if isinstance(alias_max, int) else 0
         keepalive = first(connack.properties, SERVER_KEEP_ALIVE)
         if isinstance(keepalive, int):
             conn.keepalive = keepalive
-        if connack.reason == 0:
+        if conn.upgraded:
+            packet = downgrade_connack(connack)
+        elif connack.reason == 0:
             props = tuple(p for p in connack.properties if p.id != MAXIMUM_PACKET_SIZE)
             if settings.max_packet_size < MQTT_MAX_PACKET:
                 props += (u32_property(MAXIMUM_PACKET_SIZE, settings.max_packet_size),)
@@ -141,7 +178,7 @@ async def _publish(conn: Conn, services: Services, head: Head) -> None:
     ref = None
     header = None
     try:
-        header = publish_header(body, qos=(head.first >> 1) & 0x03, v5=conn.connect.v5)
+        header = publish_header(body, qos=(head.first >> 1) & 0x03, v5=conn.broker_v5)
         if header is not None:
             ref = read_placeholder(header, body[header.size :])
     except MalformedPlaceholder:
@@ -154,11 +191,21 @@ async def _publish(conn: Conn, services: Services, head: Head) -> None:
                 return
     elif (
         header is not None
-        and conn.connect.v5
+        and conn.broker_v5
         and await take_chunk(conn, services, head, header, body)
     ):
         return
-    conn.client_writer.write(head.raw + body)
+    if conn.upgraded:
+        if header is None:
+            raise PeerGone("the broker sent a malformed PUBLISH")
+        payload = body[header.size :]
+        try:
+            conn.client_writer.write(downgraded_publish_head(head.first, header, len(payload)))
+        except ProxyProtocolError as exc:
+            raise PeerGone(f"the broker sent a PUBLISH a 3.1.1 client cannot take: {exc}") from exc
+        conn.client_writer.write(payload)
+    else:
+        conn.client_writer.write(head.raw + body)
     await drained(conn.client_writer)
 
 
@@ -171,8 +218,11 @@ def _why_not(conn: Conn, services: Services, header: PublishHeader, ref: Placeho
         return "untrusted-origin"
     if str(ref.message_id) in services.poisoned:
         return "failed-before"
-    if resolved_size(header, ref.size, v5=conn.connect.v5) > conn.client_limit:
-        return "client-limit"
+    if (
+        ref.encoding.plain
+        and resolved_size(header, ref.size, v5=conn.connect.v5) > conn.client_limit
+    ):
+        return "client-limit"  # a decoded payload's size is known once decoded (_unseal)
     return None
 
 
@@ -188,6 +238,8 @@ async def _resolve(
     if why is not None:
         services.metrics.passed.labels(why=why).inc()
         return False
+    if not ref.encoding.plain:  # encrypted or compressed: decoded whole first
+        return await resolve_encoded(conn, services, head, header, ref)
     written = False
     digest = Hasher()
     async with services.fetches:

@@ -18,6 +18,8 @@ import contextlib
 import logging
 import ssl
 
+from client import load_identities
+
 from ._discovery import Discovery
 from ._gateway import GatewayLink
 from ._metrics import Metrics, serve_metrics
@@ -25,6 +27,7 @@ from ._session import Session
 from ._settings import ProxySettings
 from ._state import Services
 from ._stream import READ_SIZE
+from ._websocket import HandshakeFailed, WebSocketReader, WebSocketWriter, handshake
 
 log = logging.getLogger("proxy")
 
@@ -52,12 +55,15 @@ class Proxy:
             uploads=asyncio.Semaphore(settings.max_uploads),
             fetches=asyncio.Semaphore(settings.max_fetches),
             broker_tls=settings.broker_tls(),
+            identities=tuple(load_identities(settings.identity_files)),  # a bad file: fails now
         )
         self._sessions: dict[asyncio.Task[None], Session] = {}
         self._server: asyncio.Server | None = None
         self._metrics_server: asyncio.Server | None = None
         self._background: list[asyncio.Task[None]] = []
         self.port = settings.port
+        self.ws_port = settings.ws_port
+        self._ws_server: asyncio.Server | None = None
         self.metrics_port = settings.metrics_port
 
     def _endpoint(self) -> str | None:
@@ -85,6 +91,16 @@ class Proxy:
             ssl_handshake_timeout=s.connect_timeout if s.tls_cert_file else None,
         )
         self.port = self._server.sockets[0].getsockname()[1]
+        if s.ws_port is not None:
+            self._ws_server = await asyncio.start_server(
+                self._accept_ws,
+                s.host,
+                s.ws_port,
+                limit=READ_SIZE,
+                ssl=s.listener_tls(),
+                ssl_handshake_timeout=s.connect_timeout if s.tls_cert_file else None,
+            )
+            self.ws_port = self._ws_server.sockets[0].getsockname()[1]
         if self._discovery is not None:
             self._background.append(asyncio.create_task(self._discovery.run()))
         if s.metrics_port is not None:
@@ -92,7 +108,22 @@ class Proxy:
                 self.metrics, self._health, s.metrics_host, s.metrics_port
             )
             self.metrics_port = self._metrics_server.sockets[0].getsockname()[1]
-        log.info("listening", extra={"host": s.host, "port": self.port, "broker": s.broker})
+        log.info(
+            "listening",
+            extra={"host": s.host, "port": self.port, "ws_port": self.ws_port, "broker": s.broker},
+        )
+
+    async def _accept_ws(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """A WebSocket upgrade, then the MQTT connection inside it as any other."""
+        try:
+            ws = await handshake(reader, writer, self.settings.connect_timeout)
+        except HandshakeFailed as exc:
+            log.info("WebSocket refused", extra={"why": str(exc)})
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+            return
+        await self._accept(WebSocketReader(ws, reader, writer), WebSocketWriter(ws, reader, writer))
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         session = Session(self.services, reader, writer)
@@ -117,8 +148,9 @@ class Proxy:
     async def close(self) -> None:
         """Stop accepting; idle connections close at once, transfers under way get
         `shutdown_timeout` seconds to finish."""
-        if self._server is not None:
-            self._server.close()
+        for server in (self._server, self._ws_server):
+            if server is not None:
+                server.close()
         self.services.closing.set()  # new offloads are refused from here on
         for task in self._background:
             task.cancel()

@@ -3,7 +3,8 @@ then the two relay directions (:mod:`proxy._inbound`, :mod:`proxy._outbound`) un
 side ends.
 
 The CONNECT must arrive whole within `connect_timeout` and at most `max_connect_bytes`, and
-is forwarded unchanged (the broker decides who gets in; AUTH packets pass both ways), unless
+is forwarded unchanged (the broker decides who gets in; AUTH packets pass both ways; a 3.1.1
+client's in its MQTT 5 form, :mod:`proxy.protocol._v311`), unless
 its Will is over the broker's limit: the Will's payload is then stored and the CONNECT
 carries its placeholder. A client that breaks the protocol gets an MQTT 5 DISCONNECT with
 the reason (3.1.1: the connection closed); its broker connection is closed without a
@@ -33,14 +34,17 @@ from .protocol import (
     connack_refusal,
     connect_with_will,
     disconnect,
+    keeps_session_without_id,
     parse_connect,
     placeholder_will,
+    upgrade_connect,
 )
 
 log = logging.getLogger("proxy")
 
 SERVER_BUSY = 0x89
 SERVER_UNAVAILABLE = 0x88
+IDENTIFIER_REJECTED = b"\x20\x02\x00\x02"  # 3.1.1's CONNACK
 
 
 class Session:
@@ -103,9 +107,16 @@ class Session:
     async def _serve(self, connect: Connect, packet: bytes) -> None:
         settings = self.services.settings
         auth = credentials(connect)
-        if connect.will is not None and len(packet) > settings.broker_max_packet_size:
+        upstream = connect  # the CONNECT the broker gets
+        if not connect.v5 and settings.upgrade_v311:
+            if keeps_session_without_id(connect):
+                await self._answer(IDENTIFIER_REJECTED)
+                return
+            upstream = upgrade_connect(connect)
+            packet = upstream.packet
+        if upstream.will is not None and len(packet) > settings.broker_max_packet_size:
             try:
-                packet = await self._offload_will(connect, auth)
+                packet = await self._offload_will(upstream, auth)
             except TransferFailed as exc:
                 log.warning("Will not stored; CONNECT refused", extra={"why": str(exc)})
                 await self._answer(connack_refusal(v5=connect.v5, reason=exc.reason))
@@ -129,6 +140,7 @@ class Session:
             auth=auth,
             broker_limit=settings.broker_max_packet_size,
             keepalive=connect.keepalive,
+            upgraded=upstream is not connect,
         )
         self.conn = conn
         try:

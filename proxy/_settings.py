@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import ssl
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 MQTT_MAX_PACKET = 268_435_460  # the largest MQTT packet: 1 + 4 + 268,435,455
 
@@ -37,6 +37,13 @@ class ProxySettings(BaseSettings):
     )
     host: str = Field("127.0.0.1", description="address the proxy listens on")
     port: int = Field(1884, ge=0, le=65535, description="port the proxy listens on")
+    ws_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="port for MQTT over WebSocket (subprotocol mqtt, any path; TLS as the "
+        "main listener's); unset: none",
+    )
     endpoint: str | None = Field(
         None, description="gateway base URL; unset: the discovery record on the broker"
     )
@@ -51,6 +58,11 @@ class ProxySettings(BaseSettings):
         gt=0,
         le=MQTT_MAX_PACKET,
         description="the proxy's own limit, told to MQTT 5 clients in CONNACK",
+    )
+    upgrade_v311: bool = Field(
+        True,
+        description="speak MQTT 5 to the broker for MQTT 3.1.1 clients, so that chunked "
+        "messages reach them whole (false: a broker without MQTT 5)",
     )
     max_connections: int = Field(10_000, gt=0, description="client connections at once")
     max_uploads: int = Field(64, gt=0, description="offloaded PUBLISHes streaming at once")
@@ -67,6 +79,20 @@ class ProxySettings(BaseSettings):
     )
     reassembly_timeout: float = Field(
         300.0, gt=0, description="seconds a chunked message may take to arrive whole"
+    )
+    identity_files: Annotated[tuple[Path, ...], NoDecode] = Field(
+        (),
+        description="age identity files (comma-separated, as the client's identity_files): "
+        "encrypted payloads are decrypted for clients that do not resolve placeholders",
+    )
+    max_decoded_bytes: int = Field(
+        MQTT_MAX_PACKET,
+        gt=0,
+        description="largest payload an encrypted or compressed one decodes to for a client "
+        "(a decompression bomb stops there)",
+    )
+    spool_dir: Path | None = Field(
+        None, description="where decoded payloads over 1 MiB wait until whole (default: TMPDIR)"
     )
     connect_timeout: float = Field(10.0, gt=0, description="seconds for a whole CONNECT")
     idle_timeout: float = Field(
@@ -89,6 +115,13 @@ class ProxySettings(BaseSettings):
     loop: Literal["uvloop", "asyncio"] = Field(
         "uvloop", description="event loop (bench/RESULTS.md, 'Proxy: codec and event loop')"
     )
+
+    @field_validator("identity_files", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
 
     @field_validator("broker")
     @classmethod

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 
@@ -16,7 +17,7 @@ from ._gateway import GatewayLink
 from ._metrics import Metrics
 from ._settings import MQTT_MAX_PACKET, ProxySettings
 from ._stream import PacketStream
-from .protocol import AliasMap, Connect
+from .protocol import AliasMap, Connect, Stored
 
 POISONED_IDS = 4096
 
@@ -36,6 +37,34 @@ class Poisoned:
 
     def __contains__(self, message_id: object) -> bool:
         return message_id in self._ids
+
+
+REMEMBERED_FLOWS = 4096
+FlowKey = tuple[str | None, str, int]  # user name, client id, packet id
+
+
+class StoredFlows:
+    """What the proxy stored for each QoS 2 PUBLISH whose flow has not ended (bounded,
+    oldest dropped; :mod:`proxy._resends` says why)."""
+
+    def __init__(self, size: int = REMEMBERED_FLOWS) -> None:
+        self._flows: collections.OrderedDict[FlowKey, Stored] = collections.OrderedDict()
+        self._size = size
+
+    def add(self, key: FlowKey, stored: Stored) -> None:
+        self._flows[key] = stored
+        self._flows.move_to_end(key)
+        while len(self._flows) > self._size:
+            self._flows.popitem(last=False)
+
+    def get(self, key: FlowKey) -> Stored | None:
+        return self._flows.get(key)
+
+    def forget(self, key: FlowKey) -> None:
+        self._flows.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._flows)
 
 
 @dataclass(slots=True)
@@ -59,6 +88,8 @@ class Services:
     closing: asyncio.Event = field(default_factory=asyncio.Event)  # no new transfers
     broker_tls: ssl.SSLContext | None = None
     reassembly: Budget = field(default_factory=Budget)
+    stored_flows: StoredFlows = field(default_factory=StoredFlows)  # QoS 2 offloads
+    identities: Sequence[Any] = ()  # age identities (client.load_identities) for _unseal
 
 
 @dataclass(slots=True)
@@ -83,12 +114,19 @@ class Conn:
     reassembler: Reassembler | None = None  # chunked messages (ADR 23), made on first chunk
     reassembly_held: int = 0  # its bytes, as counted in Services.reassembly
     kept_rel: set[int] = field(default_factory=set)  # QoS 2 chunks the proxy PUBREC'd
+    stored_flows: set[int] = field(default_factory=set)  # their packet ids, this connection
+    upgraded: bool = False  # a 3.1.1 client on an MQTT 5 broker link (proxy.protocol._v311)
 
     @property
     def busy(self) -> bool:
         """Whether stopping now would lose work: a transfer, or a stored message whose
         PUBACK/PUBREC has not reached the client yet."""
         return self.transfers > 0 or bool(self.unacked)
+
+    @property
+    def broker_v5(self) -> bool:
+        """Whether the broker link speaks MQTT 5 (the client's version, or upgraded)."""
+        return self.connect.v5 or self.upgraded
 
     @property
     def client_limit(self) -> int:

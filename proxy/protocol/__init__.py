@@ -33,6 +33,10 @@ from ._framer import (
     PUBLISH,
     PUBREC,
     PUBREL,
+    SUBACK,
+    SUBSCRIBE,
+    UNSUBACK,
+    UNSUBSCRIBE,
     Body,
     Framer,
     Head,
@@ -73,6 +77,15 @@ from ._properties import (
     first,
     u32_property,
 )
+from ._v311 import (
+    downgrade_connack,
+    downgrade_packet,
+    downgraded_publish_head,
+    keeps_session_without_id,
+    upgrade_connect,
+    upgrade_packet,
+    upgrade_publish,
+)
 from ._wire import MAX_VARINT, encode_varint
 
 __all__ = [
@@ -95,7 +108,11 @@ __all__ = [
     "PUBLISH",
     "PUBREC",
     "PUBREL",
+    "SUBACK",
+    "SUBSCRIBE",
     "TOPIC_ALIAS_MAXIMUM",
+    "UNSUBACK",
+    "UNSUBSCRIBE",
     "AliasMap",
     "Body",
     "ChunkPublish",
@@ -118,8 +135,12 @@ __all__ = [
     "connect_packet",
     "connect_with_will",
     "disconnect",
+    "downgrade_connack",
+    "downgrade_packet",
+    "downgraded_publish_head",
     "encode_varint",
     "first",
+    "keeps_session_without_id",
     "parse_connack",
     "parse_connect",
     "placeholder_packet",
@@ -133,6 +154,9 @@ __all__ = [
     "stored_headers",
     "subscribe_packet",
     "u32_property",
+    "upgrade_connect",
+    "upgrade_packet",
+    "upgrade_publish",
     "whole_head",
     "whole_size",
 ]

@@ -113,23 +113,33 @@ def _encode(props: PublishProperties, delivery: tuple[Prop, ...]) -> bytes:
 
 
 def whole_head(
-    first_byte: int, last: PublishHeader, topic: str, properties: PublishProperties, size: int
+    first_byte: int,
+    last: PublishHeader,
+    topic: str,
+    properties: PublishProperties,
+    size: int,
+    *,
+    v5: bool = True,
 ) -> bytes:
     """Fixed and variable header of the PUBLISH carrying a reassembled message of `size` bytes.
 
     `first_byte` and `last` are the completing chunk's (its QoS, DUP, retain flag, packet id
-    and Subscription Identifiers); `properties` are chunk 0's without `__chunk`.
+    and Subscription Identifiers); `properties` are chunk 0's without `__chunk`, left out
+    for an MQTT 3.1.1 client (`v5` false).
     """
     variable = text(topic)
     if last.packet_id is not None:
         variable += last.packet_id.to_bytes(2, "big")
-    variable += _encode(properties, last.properties)
+    if v5:
+        variable += _encode(properties, last.properties)
     return fixed_header(first_byte, len(variable) + size) + variable
 
 
-def whole_size(last: PublishHeader, topic: str, properties: PublishProperties, size: int) -> int:
+def whole_size(
+    last: PublishHeader, topic: str, properties: PublishProperties, size: int, *, v5: bool = True
+) -> int:
     """The size of the whole PUBLISH :func:`whole_head` starts."""
-    return len(whole_head(0x30, last, topic, properties, size)) + size
+    return len(whole_head(0x30, last, topic, properties, size, v5=v5)) + size
 
 
 def chunk_ack(qos: int, packet_id: int) -> bytes | None:

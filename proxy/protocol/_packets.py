@@ -45,6 +45,11 @@ class Connect:
         return self.level == 5
 
     @property
+    def packet(self) -> bytes:
+        """The whole CONNECT packet."""
+        return b"\x10" + encode_varint(len(self.body)) + self.body
+
+    @property
     def max_packet_size(self) -> int | None:
         """The client's Maximum Packet Size (MQTT 5), None when it declared none."""
         value = first(self.properties, MAXIMUM_PACKET_SIZE)
