@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import time
 from collections.abc import Callable, Iterator
 
@@ -16,9 +17,10 @@ import pytest
 
 from client.protocol import MessageId
 from gateway.storage import S3Store, StoreError
+from gateway.storage._async_get import AsyncGets
 
 from _gateway import GatewayServer
-from _hostile import RawRequest
+from _hostile import RawRequest, accept_each
 from _relay import Relay
 from _servers import SeaweedFS, free_port
 
@@ -160,3 +162,68 @@ def test_a_download_cut_short_frees_its_slot_and_store_connection(
         reader.close()
     again = httpx.get(f"{gw.url}/msg/{message_id}/payload", timeout=60)
     assert again.status_code == 200 and again.content == payload
+
+
+class ScriptedStore:
+    """Answers each GET (keep-alive) with the next of `answers`; counts the requests."""
+
+    def __init__(self, answers: list[bytes]) -> None:
+        self.answers = answers
+        self.requests = 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        accept_each(self.listener, self._serve)
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            data = b""
+            while True:
+                while b"\r\n\r\n" not in data:
+                    piece = conn.recv(65536)
+                    if not piece:
+                        return
+                    data += piece
+                data = data.split(b"\r\n\r\n", 1)[1]
+                answer = self.answers[min(self.requests, len(self.answers) - 1)]
+                self.requests += 1
+                conn.sendall(answer)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+OK = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"
+BUSY = b"HTTP/1.1 503 Slow Down\r\nContent-Length: 0\r\n\r\n"
+CHUNKED = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    ("answers", "outcome", "requests"),
+    [
+        ([OK, BUSY, BUSY, OK], b"hello", 4),  # a kept connection answering 503: retried
+        ([OK, BUSY, BUSY, BUSY], "the store answered 503", 4),
+        ([OK, CHUNKED], "no Content-Length", 2),
+    ],
+)
+def test_the_stores_busy_and_unframed_answers(
+    answers: list[bytes], outcome: bytes | str, requests: int
+) -> None:
+    server = ScriptedStore(answers)
+    reads = AsyncGets(connect_timeout=3, read_timeout=10)
+    url = f"http://127.0.0.1:{server.port}/bucket/key?X-Amz-Signature=0"
+
+    async def twice() -> bytes:
+        first = await reads.get(url)
+        assert b"".join([piece async for piece in first]) == b"hello"
+        second = await reads.get(url)  # on the kept connection first
+        return b"".join([piece async for piece in second])
+
+    try:
+        if isinstance(outcome, bytes):
+            assert asyncio.run(twice()) == outcome
+        else:
+            with pytest.raises(StoreError, match=outcome):
+                asyncio.run(twice())
+        assert server.requests == requests
+    finally:
+        server.close()

@@ -207,6 +207,7 @@ class AsyncGets:
         self.read_timeout = read_timeout
         self._ssl: ssl.SSLContext | None = None
         self._idle: dict[str, list[_Connection]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def release(self, origin: str, conn: _Connection) -> None:
         idle = self._idle.setdefault(origin, [])
@@ -254,14 +255,14 @@ class AsyncGets:
             end = "" if length is None else str(start + length - 1)
             headers.append(("Range", f"bytes={start}-{end}"))
         request = h11.Request(method="GET", target=target, headers=headers)
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # connections belong to the loop that made them
+            self._idle, self._loop = {}, loop
         for attempt in range(RETRIES + 1):
             conn = self._take(origin)
-            if conn is not None:
-                try:  # a kept connection the store may have closed meanwhile
-                    return await self._exchange(request, origin, conn)
-                except (ConnectionError, TimeoutError):
-                    pass
-            conn = await self._connect(scheme, host, port)
+            kept = conn is not None
+            if conn is None:
+                conn = await self._connect(scheme, host, port)
             try:
                 return await self._exchange(request, origin, conn)
             except _Retry as exc:
@@ -269,8 +270,9 @@ class AsyncGets:
                     raise StoreError(f"the store answered {exc.status}") from None
                 await asyncio.sleep(0.2 * 2**attempt)
             except (ConnectionError, TimeoutError) as exc:
-                raise StoreError(f"read from the store failed: {exc!r}") from exc
-        raise AssertionError("unreachable")
+                if not kept:  # else: the store closed a kept connection meanwhile
+                    raise StoreError(f"read from the store failed: {exc!r}") from exc
+        raise StoreError("the store's kept connections all failed")
 
     async def _exchange(self, request: h11.Request, origin: str, conn: _Connection) -> Body:
         try:
