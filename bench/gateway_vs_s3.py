@@ -138,7 +138,7 @@ def main() -> None:
     parser.add_argument("--env", action="append", default=[], help="OFFLOAD_X=V for the gateway")
     parser.add_argument(
         "--downloads", action="store_true",
-        help="downloads only (one upload each way first): direct, httpx and urllib3 reads",
+        help="downloads only (one upload each way first): direct, httpx, urllib3, nginx reads",
     )  # fmt: skip
     args = parser.parse_args()
     extra_env = dict(item.split("=", 1) for item in args.env)
@@ -193,6 +193,8 @@ def main() -> None:
                     timed("gateway download", gateway_download, http, gw.url, gid, args.size)
                     timed("urllib3 download", gateway_download_urllib3, pool, gw.url, gid,
                           args.size)  # fmt: skip
+                    if proxied is not None:
+                        timed("nginx download", direct_download, proxied, bucket, key, args.size)
                     continue
                 _, key = timed("direct upload", direct_upload, s3, bucket, payload)
                 _, gid = timed("gateway upload", gateway_upload, http, gw.url, payload)

@@ -15,7 +15,9 @@ where that is not allowed).
 
 First, issue 31's memory-per-transfer figure: 16 streaming 64 MiB uploads and 4 downloads
 of 64 MiB at once, (peak - idle RSS) / 20, every upload 201 and every download byte for
-byte what was uploaded (target <= 12 MiB).
+byte what was uploaded (target <= 12 MiB). With it, the chart's `gateway.maxTransfers`
+(helm/mqtt-offload/values.yaml, target >= 72), met when that many transfers at this run's
+figure, on top of the idle RSS, fit the chart's memory limit.
 
     python bench/load.py                          # N = 8 and 32, 32 MiB each
     python bench/load.py --mixed-only             # issue 31's figure alone
@@ -38,6 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import yaml
 from _harness import (
     MiB,
     SeaweedFS,
@@ -57,6 +60,10 @@ from client.protocol import MessageId, encode_upload
 # Issue 31: 16 streaming 64 MiB uploads + 4 downloads at once, (peak - idle RSS) / 20.
 MIXED_UP, MIXED_DOWN, MIXED_MIB, MIXED_TARGET = 16, 4, 64, 12.0
 MIXED_LABEL = f"RSS per transfer, {MIXED_UP} x {MIXED_MIB} MiB up + {MIXED_DOWN} down at once"
+# Issue 31: the chart admits at least 72 transfers inside its memory limit (24 before).
+CHART_VALUES = Path(__file__).resolve().parents[1] / "helm" / "mqtt-offload" / "values.yaml"
+CHART_TARGET = 72
+CHART_LABEL = "chart gateway.maxTransfers, idle + that many x the figure above in its limit"
 
 
 def rss_kib(pid: int) -> int:
@@ -210,9 +217,11 @@ async def mixed(url: str, payload: bytes, ids: list[str], uploads: int) -> None:
         await asyncio.gather(*(upload() for _ in range(uploads)), *(download(i) for i in ids))
 
 
-def memory_per_transfer(url: str, pid: int, size_mib: int, uploads: int, downloads: int) -> float:
+def memory_per_transfer(
+    url: str, pid: int, size_mib: int, uploads: int, downloads: int
+) -> tuple[float, float]:
     """Issue 31's figure: (peak - idle RSS) / transfers, with `uploads` streaming uploads and
-    `downloads` downloads of `size_mib` MiB at once."""
+    `downloads` downloads of `size_mib` MiB at once; returns it and the idle RSS, MiB."""
     payload = os.urandom(size_mib * MiB)
     _, ids = asyncio.run(gateway_uploads(url, downloads, payload))
     time.sleep(3)  # idle: the gateway gives back freed memory (heartbeat)
@@ -226,7 +235,23 @@ def memory_per_transfer(url: str, pid: int, size_mib: int, uploads: int, downloa
         f"{mem.before / 1024:.0f} MiB, peak {mem.peak / 1024:.0f} MiB, {per:.1f} MiB per "
         f"transfer ({wall:.1f} s)"
     )
-    return per
+    return per, mem.before / 1024
+
+
+def chart_row(idle_mib: float, per_mib: float) -> dict[str, object]:
+    """The chart's `gateway.maxTransfers`, and whether that many transfers at `per_mib`, on
+    top of `idle_mib`, fit the chart's memory limit."""
+    values = yaml.safe_load(CHART_VALUES.read_text())
+    transfers = int(values["gateway"]["maxTransfers"])
+    limit = str(values["resources"]["limits"]["memory"])
+    limit_mib = int(limit[:-2]) * {"Mi": 1, "Gi": 1024}[limit[-2:]]
+    need = idle_mib + transfers * per_mib
+    print(
+        f"chart: gateway.maxTransfers {transfers}, memory limit {limit}: idle {idle_mib:.0f} "
+        f"+ {transfers} x {per_mib:.1f} MiB = {need:.0f} MiB of {limit_mib}"
+    )
+    met = transfers >= CHART_TARGET and need <= limit_mib
+    return absolute_row("7 load", CHART_LABEL, transfers, "transfers", f">= {CHART_TARGET}", met)
 
 
 def main() -> None:
@@ -255,11 +280,12 @@ def main() -> None:
         with gateway_process(seaweed, bucket) as gw:
             idle = rss_kib(gw.pid)
             print(f"gateway RSS idle: {idle / 1024:.0f} MiB")
-            per = memory_per_transfer(gw.url, gw.pid, MIXED_MIB, MIXED_UP, MIXED_DOWN)
+            per, idle_mib = memory_per_transfer(gw.url, gw.pid, MIXED_MIB, MIXED_UP, MIXED_DOWN)
             rows.append(
                 absolute_row("7 load", MIXED_LABEL, per, "MiB", f"<= {MIXED_TARGET}",
                              per <= MIXED_TARGET)
             )  # fmt: skip
+            rows.append(chart_row(idle_mib, per))
             for n in [] if args.mixed_only else args.concurrency:
                 total = n * size / MiB
                 d_up, d_down = direct(s3, bucket, n, payload)
@@ -293,7 +319,7 @@ def main() -> None:
     finally:
         seaweed.close()
     for r in rows:
-        if r["metric"] != MIXED_LABEL:
+        if r["metric"] not in (MIXED_LABEL, CHART_LABEL):
             r["met"] = None  # no target in the issue: reported for comparison
     emit(rows)
 

@@ -14,6 +14,8 @@ baselines taken in the same run, but 2 cores are easily disturbed.
                                                # ~20 GiB of free disk, several minutes)
     python bench/run_all.py --only clients     # MinIO SDK vs obstore (obstore in /tmp/obstore_pkg)
     python bench/run_all.py --only proxy       # offload-proxy (bench/proxy.py, issue 28)
+    python bench/run_all.py --only 1 mixed     # issue 31's table: gateway / nginx both ways,
+                                               # RSS per transfer, the chart's maxTransfers
     python bench/run_all.py --markdown         # the table as Markdown (for RESULTS.md)
 """
 
@@ -48,6 +50,7 @@ def _cmd(name: str, quick: bool) -> list[str]:
             "16" if quick else "32",
         ],
         "8": ["hol.py", "--runs", "1" if quick else "3"],
+        "mixed": ["load.py", "--mixed-only"],
         "telemetry": ["telemetry_latency.py", "--blocks", "2" if quick else "3"],
         "qos0": ["qos0_rate.py", "--blocks", "2" if quick else "3"],
         "receive": ["receive_rate.py", "--blocks", "2" if quick else "5"],
@@ -179,6 +182,7 @@ def main() -> None:
             "6",
             "7",
             "8",
+            "mixed",
             "telemetry",
             "qos0",
             "receive",

@@ -1,4 +1,5 @@
-"""A download's payload, read from the store in its transfer slot's thread.
+"""A download's payload: read from the store in its transfer slot's thread (`PayloadStream`),
+or by the event loop itself (`read_on_loop`).
 
 Kept apart from `OffloadService` (which admits the transfer and opens the object): this is
 the part that runs while the response streams, and gives the slot back however it ends.
@@ -9,9 +10,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 from ._executors import Slot, close_at_request_end
+from .storage import AsyncBody
 
 # Store bytes read per hop to the transfer thread. The store's pieces are small (256 KiB:
 # under the 1 MiB mmap threshold of gateway/cli.py, so their memory is reused instead of
@@ -120,3 +122,13 @@ class PayloadStream:
 
     def __del__(self) -> None:
         self._close()
+
+
+def read_on_loop(body: AsyncBody, slot: Slot) -> AsyncIterator[bytes]:
+    """A body the event loop reads itself (`SupportsAsyncRead`): each piece marks the
+    slot's progress; closed at its end, on a store error, or when the request ends (a
+    client gone mid-download), which gives back the store connection and then the slot."""
+    body.on_close(slot.release)
+    body.on_piece(slot.touch)
+    close_at_request_end(body.close)
+    return body

@@ -29,12 +29,12 @@ from client.protocol import (
 )
 
 from ._errors import BadRequest, Conflict, NotFound, StorageUnavailable
-from ._executors import Workers
+from ._executors import Slot, Workers
 from ._manifests import ManifestRepository
 from ._observability import UPLOADED_BYTES, UPLOADS
-from ._payload_stream import PayloadStream, abandon
+from ._payload_stream import PayloadStream, abandon, read_on_loop
 from ._pipe import StreamingUpload
-from .storage import ObjectStore, StoreError
+from .storage import ObjectStore, StoreError, SupportsAsyncRead
 
 log = logging.getLogger("gateway")
 
@@ -277,6 +277,8 @@ class OffloadService:
         is closed, finished or dropped.
         """
         slot = self.workers.transfers.admit()
+        if isinstance(self.store, SupportsAsyncRead):
+            return await self._read_on_loop(self.store, manifest, slot, start, length)
         job = slot.submit(self.store.open_range, manifest.data_key, start, length)
         try:
             pieces = await asyncio.wrap_future(job)
@@ -291,6 +293,29 @@ class OffloadService:
                 raise StorageUnavailable(f"object store unavailable: {exc}") from exc
             raise
         return PayloadStream(pieces, slot)
+
+    async def _read_on_loop(
+        self,
+        store: SupportsAsyncRead,
+        manifest: Manifest,
+        slot: Slot,
+        start: int,
+        length: int | None,
+    ) -> AsyncIterator[bytes]:
+        """`open_payload` on a store the event loop reads (S3): no transfer thread."""
+        try:
+            url = await self._call(store.read_url, manifest.data_key)
+            body = await store.read(url, start, length)
+        except FileNotFoundError as exc:
+            slot.release()
+            raise NotFound(f"payload of message {manifest.id} is gone") from exc
+        except StoreError as exc:
+            slot.release()
+            raise StorageUnavailable(f"object store unavailable: {exc}") from exc
+        except BaseException:
+            slot.release()
+            raise
+        return read_on_loop(body, slot)
 
     # -- retention (docs/reliability.md) ---------------------------------------------------
 

@@ -25,11 +25,24 @@ class Relay:
         self._open: list[socket.socket] = []
         self._cut = False
         self._closed = False
+        self._clients: list[socket.socket] = []  # every relayed connection's client side
         threading.Thread(target=self._accept, daemon=True).start()
 
     @property
     def url(self) -> str:
         return f"mqtt://127.0.0.1:{self.port}"
+
+    @property
+    def accepted(self) -> int:
+        """Connections relayed so far."""
+        with self._lock:
+            return len(self._clients)
+
+    @property
+    def open(self) -> int:
+        """Relayed connections that neither side has closed yet."""
+        with self._lock:
+            return sum(1 for sock in self._clients if sock.fileno() != -1)
 
     def cut(self) -> None:
         with self._lock:
@@ -65,6 +78,7 @@ class Relay:
                 continue
             with self._lock:
                 self._open += [client, server]
+                self._clients.append(client)
             for a, b in ((client, server), (server, client)):
                 threading.Thread(target=_pump, args=(a, b), daemon=True).start()
 

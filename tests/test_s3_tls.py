@@ -9,6 +9,7 @@ fail.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 import os
@@ -24,7 +25,7 @@ import pytest
 import urllib3
 from minio import Minio
 
-from gateway.storage import S3Store
+from gateway.storage import S3Store, StoreError
 
 from _hostile import accept_each
 from _servers import SeaweedFS
@@ -155,3 +156,28 @@ def test_the_stock_sdk_sends_content_md5_through_the_same_relay(
     client.put_object(bucket_name, "stock", io.BytesIO(b"x" * 1000), 1000)
     (line, names), *_ = [head for head in relay.heads(b"PUT") if b"/stock" in head[0]]
     assert b"content-md5" in names, line
+
+
+def test_reads_on_the_event_loop_trust_the_configured_ca_and_no_other(
+    relay: TlsRelay, seaweed: SeaweedFS, bucket_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Downloads (`S3Store.read`, asyncio) verify the store as the SDK's requests do."""
+
+    def make() -> S3Store:
+        return S3Store(
+            f"127.0.0.1:{relay.port}", bucket_name, access_key=seaweed.access_key,
+            secret_key=seaweed.secret_key, secure=True, region="us-east-1",
+        )  # fmt: skip
+
+    async def read(store: S3Store) -> bytes:
+        body = await store.read(store.read_url("tls/read"), 5, 2 * MiB)
+        return b"".join([piece async for piece in body])
+
+    store = make()
+    store.ensure_bucket()
+    data = os.urandom(3 * MiB)
+    store.put_bytes("tls/read", data, "application/octet-stream")
+    assert asyncio.run(read(store)) == data[5 : 5 + 2 * MiB]
+    monkeypatch.delenv("SSL_CERT_FILE")  # the system's CAs only: the test CA is unknown
+    with pytest.raises(StoreError, match="CERTIFICATE_VERIFY_FAILED"):
+        asyncio.run(read(make()))

@@ -5,19 +5,29 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from ._base import DirectStore, ObjectInfo, ObjectStore, StoreError, SupportsDirect
+from ._base import (
+    AsyncBody,
+    DirectStore,
+    ObjectInfo,
+    ObjectStore,
+    StoreError,
+    SupportsAsyncRead,
+    SupportsDirect,
+)
 from ._crc import available as crc32c_available
 from ._crc import crc32c_extend
 from ._file import FileStore
 from ._s3 import S3Store
 
 __all__ = [
+    "AsyncBody",
     "DirectStore",
     "FileStore",
     "ObjectInfo",
     "ObjectStore",
     "S3Store",
     "StoreError",
+    "SupportsAsyncRead",
     "SupportsDirect",
     "crc32c_available",
     "crc32c_extend",

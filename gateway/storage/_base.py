@@ -13,7 +13,7 @@ has to be conditional.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO, Protocol, runtime_checkable
 
@@ -74,6 +74,39 @@ class ObjectStore(Protocol):
 
         Server-side where the store can; the sources are left in place. Resumable uploads
         assemble their staged segments with it.
+        """
+
+
+class AsyncBody(Protocol):
+    """An object's bytes as they arrive; `close` (idempotent, never blocking) ends the read."""
+
+    def __aiter__(self) -> AsyncIterator[bytes]: ...
+
+    async def __anext__(self) -> bytes: ...
+
+    def close(self) -> None: ...
+
+    def on_close(self, callback: Callable[[], None]) -> None:
+        """Call `callback` once the body is closed (at once if it is)."""
+
+    def on_piece(self, callback: Callable[[], None]) -> None:
+        """Call `callback` for each piece handed on."""
+
+
+@runtime_checkable
+class SupportsAsyncRead(Protocol):
+    """A store whose objects the event loop reads itself (S3: presigned GETs); the file
+    store's are read in a transfer thread (`ObjectStore.open_range`)."""
+
+    def read_url(self, key: str) -> str:
+        """A URL to read `key` from (blocking: run it in a store thread)."""
+
+    async def read(self, url: str, start: int = 0, length: int | None = None) -> AsyncBody:
+        """The object at `url`, or `length` bytes of it from `start`.
+
+        Raises:
+            FileNotFoundError: no such object.
+            StoreError: the store is unreachable or failed.
         """
 
 

@@ -18,6 +18,7 @@ from minio.credentials.credentials import Credentials
 from minio.error import MinioException, S3Error
 from minio.helpers import MAX_MULTIPART_COUNT, MAX_PART_SIZE, MIN_PART_SIZE, DictType
 
+from ._async_get import AsyncGets, Body
 from ._base import ObjectInfo, StoreError
 from ._buffers import Load, PartBuffers, Plan, part_size_under_load, plan
 from ._chain import concat_by_streaming
@@ -130,6 +131,8 @@ class S3Store:
             ),
         )
         self._http = http
+        # Downloads: read on the event loop through presigned GETs (`read_url`, `read`).
+        self._reads = AsyncGets(connect_timeout=min(timeout, 3.0), read_timeout=timeout)
         self._client = _Minio(
             endpoint,
             access_key=access_key,
@@ -309,6 +312,29 @@ class S3Store:
         finally:
             response.close()
             response.release_conn()
+
+    def read_url(self, key: str) -> str:
+        """A presigned GET of `key` at the store's own endpoint, for `read` (no network call
+        once the bucket's region is known: from start-up's `ensure_bucket` or `ping` on)."""
+        try:
+            return self._client.presigned_get_object(
+                self.bucket, key, expires=datetime.timedelta(minutes=5)
+            )
+        except _UNAVAILABLE as exc:
+            raise StoreError(f"cannot sign a read of {key!r}: {exc}") from exc
+
+    async def read(self, url: str, start: int = 0, length: int | None = None) -> Body:
+        """The object at `url` (from `read_url`), or a range of it, read on the event loop.
+
+        Raises:
+            FileNotFoundError: no such object.
+            StoreError: the store is unreachable or failed.
+        """
+        body = await self._reads.get(url, start=start, length=length)
+        counted = contextlib.ExitStack()  # a download in flight counts against the part budget
+        counted.enter_context(self._load.one())
+        body.on_close(counted.close)
+        return body
 
     def delete(self, key: str) -> None:
         try:

@@ -1,0 +1,332 @@
+"""An object's bytes read on the event loop: a presigned GET over asyncio, h11 for the head.
+
+Why: read in a transfer thread (urllib3 under the MinIO SDK), every piece of a proxied
+download crossed from that thread to the event loop, and the two threads took the GIL from
+each other for each batch; on two cores shared with the store that was the gateway's cost
+over nginx (bench/RESULTS.md, "Issue 31"). Here the store's socket is one more connection of
+the event loop: each piece goes from the store's socket to the client's in one callback and
+one task step, with no thread.
+
+Only what a download needs: GET, HTTP/1.1, a Content-Length framed answer (S3's GetObject
+always is), idle connections kept for the next read. Signing is the presigned URL's
+(standard SigV4 query signing, on every S3 store); TLS is the default context's (the system's
+CAs, `SSL_CERT_FILE` / `SSL_CERT_DIR` as for the store's other requests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import cast
+from urllib.parse import urlsplit
+
+import h11
+
+from ._base import StoreError
+
+#: Unread bytes a connection buffers before it stops reading the store's socket.
+LIMIT = 1 << 20
+#: Largest answer head accepted.
+MAX_HEAD = 65536
+#: Idle connections kept per store, and for how long (under common keep-alive timeouts).
+KEEP = 16
+KEEP_ALIVE = 4.0
+#: Answers retried (as the store's other requests are, `gateway.storage._s3`).
+RETRY_STATUS = frozenset({500, 502, 503, 504})
+RETRIES = 2
+
+
+class _Connection(asyncio.Protocol):
+    """One connection's bytes as the event loop hands them over (no copy), reading paused
+    while more than LIMIT bytes wait to be taken."""
+
+    def __init__(self) -> None:
+        self._chunks: deque[bytes] = deque()
+        self._size = 0
+        self._eof = False
+        self._paused = False
+        self._waiter: asyncio.Future[None] | None = None
+        self._transport: asyncio.Transport | None = None
+        self.idle_since = 0.0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses, only alike.
+        self._transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        self._chunks.append(data)
+        self._size += len(data)
+        if self._size > LIMIT and not self._paused and self._transport is not None:
+            self._transport.pause_reading()
+            self._paused = True
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self._eof = True
+        self._wake()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._eof = True
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _wait(self, timeout: float) -> None:
+        self._waiter = asyncio.get_running_loop().create_future()
+        async with asyncio.timeout(timeout):
+            await self._waiter
+
+    @property
+    def usable(self) -> bool:
+        transport = self._transport
+        return not self._eof and transport is not None and not transport.is_closing()
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+    def write(self, data: bytes) -> None:
+        assert self._transport is not None
+        self._transport.write(data)
+
+    async def read(self, size: int, timeout: float) -> bytes:
+        """Up to `size` bytes as they came; b"" at the end."""
+        while not self._chunks and not self._eof:
+            await self._wait(timeout)
+        if not self._chunks:
+            return b""
+        chunk = self._chunks.popleft()
+        if len(chunk) > size:
+            self._chunks.appendleft(chunk[size:])
+            chunk = chunk[:size]
+        self._size -= len(chunk)
+        if self._paused and self._size <= LIMIT and self._transport is not None:
+            self._paused = False
+            self._transport.resume_reading()
+        return chunk
+
+    async def head(self, timeout: float) -> bytes:
+        """The bytes up to and with the first blank line."""
+        while True:
+            if len(self._chunks) > 1:
+                self._chunks = deque([b"".join(self._chunks)])
+            data = self._chunks[0] if self._chunks else b""
+            end = data.find(b"\r\n\r\n", 0, MAX_HEAD)
+            if end >= 0:
+                rest = data[end + 4 :]
+                self._chunks = deque([rest] if rest else [])
+                self._size = len(rest)
+                return data[: end + 4]
+            if len(data) > MAX_HEAD:
+                raise StoreError(f"the store's answer head is over {MAX_HEAD} bytes")
+            if self._eof:
+                raise ConnectionResetError("the store closed the connection before answering")
+            await self._wait(timeout)
+
+
+class Body:
+    """An answer's body: an async iterator of the pieces as they arrive; `close` (sync,
+    idempotent) gives the connection back when read to the end, else drops it."""
+
+    def __init__(
+        self, reads: AsyncGets, origin: str, conn: _Connection, length: int, *, keep: bool
+    ) -> None:
+        self._reads = reads
+        self._origin = origin
+        self._conn: _Connection | None = conn
+        self._remaining = length
+        self._keep = keep
+        self._on_close: list[Callable[[], None]] = []
+        self._on_piece: Callable[[], None] | None = None
+
+    def on_piece(self, callback: Callable[[], None]) -> None:
+        """Call `callback` for each piece handed on."""
+        self._on_piece = callback
+
+    def on_close(self, callback: Callable[[], None]) -> None:
+        """Call `callback` (never raising) once the body is closed."""
+        if self._conn is None:
+            callback()
+        else:
+            self._on_close.append(callback)
+
+    def __aiter__(self) -> Body:
+        return self
+
+    async def __anext__(self) -> bytes:
+        conn = self._conn
+        if conn is None or not self._remaining:
+            self.close()
+            raise StopAsyncIteration
+        try:
+            piece = await conn.read(self._remaining, self._reads.read_timeout)
+        except TimeoutError as exc:
+            self.close()
+            raise StoreError("the store sent nothing within the read timeout") from exc
+        except BaseException:
+            self.close()
+            raise
+        if not piece:
+            self.close()
+            raise StoreError("the store's answer was cut short")
+        self._remaining -= len(piece)
+        if self._on_piece is not None:
+            self._on_piece()
+        return piece
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        if self._remaining or not self._keep:  # not read to the end: never drained
+            conn.close()
+        else:
+            self._reads.release(self._origin, conn)
+        callbacks, self._on_close = self._on_close, []
+        for callback in callbacks:
+            callback()
+
+
+class AsyncGets:
+    """GETs of presigned URLs on the running event loop, connections kept per origin.
+
+    Args:
+        connect_timeout: seconds to connect (and for TLS to set up).
+        read_timeout: seconds to wait for the store's next bytes.
+    """
+
+    def __init__(self, *, connect_timeout: float, read_timeout: float) -> None:
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+        self._ssl: ssl.SSLContext | None = None
+        self._idle: dict[str, list[_Connection]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def release(self, origin: str, conn: _Connection) -> None:
+        idle = self._idle.setdefault(origin, [])
+        if len(idle) >= KEEP or not conn.usable:
+            conn.close()
+            return
+        conn.idle_since = time.monotonic()
+        idle.append(conn)
+
+    def _take(self, origin: str) -> _Connection | None:
+        idle = self._idle.get(origin, [])
+        while idle:
+            conn = idle.pop()
+            if conn.usable and time.monotonic() - conn.idle_since < KEEP_ALIVE:
+                return conn
+            conn.close()
+        return None
+
+    async def _connect(self, scheme: str, host: str, port: int) -> _Connection:
+        if scheme == "https" and self._ssl is None:
+            self._ssl = ssl.create_default_context()
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                _, conn = await asyncio.get_running_loop().create_connection(
+                    _Connection, host, port, ssl=self._ssl if scheme == "https" else None
+                )
+        except (TimeoutError, OSError) as exc:  # SSLError is an OSError
+            raise StoreError(f"cannot connect to the store at {host}:{port}: {exc!r}") from exc
+        return conn
+
+    async def get(self, url: str, *, start: int = 0, length: int | None = None) -> Body:
+        """The object (or `length` bytes from `start`) at a presigned GET URL.
+
+        Raises:
+            FileNotFoundError: the store answered 404.
+            StoreError: the store is unreachable, failed, or answered something else.
+        """
+        parts = urlsplit(url)
+        scheme, host = parts.scheme, parts.hostname or ""
+        port = parts.port or (443 if scheme == "https" else 80)
+        origin = f"{scheme}://{parts.netloc}"
+        target = parts.path + (f"?{parts.query}" if parts.query else "")
+        headers = [("Host", parts.netloc), ("Accept-Encoding", "identity")]
+        if start or length is not None:
+            end = "" if length is None else str(start + length - 1)
+            headers.append(("Range", f"bytes={start}-{end}"))
+        request = h11.Request(method="GET", target=target, headers=headers)
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # connections belong to the loop that made them
+            self._idle, self._loop = {}, loop
+        for attempt in range(RETRIES + 1):
+            conn = self._take(origin)
+            kept = conn is not None
+            if conn is None:
+                conn = await self._connect(scheme, host, port)
+            try:
+                return await self._exchange(request, origin, conn)
+            except _Retry as exc:
+                if attempt == RETRIES:
+                    raise StoreError(f"the store answered {exc.status}") from None
+                await asyncio.sleep(0.2 * 2**attempt)
+            except (ConnectionError, TimeoutError) as exc:
+                if not kept:  # else: the store closed a kept connection meanwhile
+                    raise StoreError(f"read from the store failed: {exc!r}") from exc
+        raise StoreError("the store's kept connections all failed")
+
+    async def _exchange(self, request: h11.Request, origin: str, conn: _Connection) -> Body:
+        try:
+            parser = h11.Connection(h11.CLIENT)
+            conn.write(parser.send(request) or b"")
+            conn.write(parser.send(h11.EndOfMessage()) or b"")
+            while True:
+                parser.receive_data(await conn.head(self.connect_timeout + self.read_timeout))
+                event = parser.next_event()
+                if isinstance(event, h11.Response):
+                    break
+                if not isinstance(event, h11.InformationalResponse):
+                    raise StoreError("a malformed answer head from the store")
+        except h11.RemoteProtocolError as exc:
+            conn.close()
+            raise StoreError(f"a malformed answer from the store: {exc}") from exc
+        except BaseException:
+            conn.close()
+            raise
+        status = event.status_code
+        if status not in (200, 206):
+            conn.close()  # an error body is not read: the connection is not reused
+            if status == 404:
+                raise FileNotFoundError(request.target.decode())
+            if status in RETRY_STATUS:
+                raise _Retry(status)
+            raise StoreError(f"the store answered {status}")
+        length = _content_length(event)
+        if length is None:
+            conn.close()
+            raise StoreError("the store's answer has no Content-Length")
+        keep = event.http_version == b"1.1" and not any(
+            name == b"connection" and b"close" in value.lower() for name, value in event.headers
+        )
+        return Body(self, origin, conn, length, keep=keep)
+
+    def close(self) -> None:
+        for idle in self._idle.values():
+            for conn in idle:
+                conn.close()
+        self._idle.clear()
+
+
+class _Retry(Exception):
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+def _content_length(response: h11.Response) -> int | None:
+    length = None
+    for name, value in response.headers:
+        if name == b"transfer-encoding":
+            return None
+        if name == b"content-length":
+            length = int(value)
+    return length

@@ -1,0 +1,229 @@
+"""Downloads read on the event loop (`S3Store.read`: a presigned GET over asyncio).
+
+Against the real SeaweedFS, through a TCP relay (tests/_relay.py) that counts the store
+connections the gateway opens and sees which it closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+from collections.abc import Callable, Iterator
+
+import httpx
+import pytest
+
+from client.protocol import MessageId
+from gateway.storage import S3Store, StoreError
+from gateway.storage._async_get import AsyncGets
+
+from _gateway import GatewayServer
+from _hostile import RawRequest, accept_each
+from _relay import Relay
+from _servers import SeaweedFS, free_port
+
+pytestmark = pytest.mark.servers
+
+MiB = 1024 * 1024
+
+
+@pytest.fixture
+def relay(seaweed: SeaweedFS) -> Iterator[Relay]:
+    relay = Relay(seaweed.s3_port)
+    yield relay
+    relay.close()
+
+
+@pytest.fixture
+def writer(seaweed: SeaweedFS, bucket_name: str) -> S3Store:
+    """Writes straight to the store: the relay sees the reads alone."""
+    store = S3Store(
+        seaweed.endpoint, bucket_name,
+        access_key=seaweed.access_key, secret_key=seaweed.secret_key,
+    )  # fmt: skip
+    store.ensure_bucket()
+    return store
+
+
+@pytest.fixture
+def store(writer: S3Store, relay: Relay, seaweed: SeaweedFS, bucket_name: str) -> S3Store:
+    """Reads through the relay (the region named: signing asks the store nothing)."""
+    return S3Store(
+        f"127.0.0.1:{relay.port}", bucket_name, region="us-east-1",
+        access_key=seaweed.access_key, secret_key=seaweed.secret_key,
+    )  # fmt: skip
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 30) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_whole_objects_and_ranges_come_intact_over_one_kept_connection(
+    store: S3Store, writer: S3Store, relay: Relay
+) -> None:
+    data = os.urandom(3 * MiB + 5)
+    writer.put_bytes("reads/big", data, "application/octet-stream")
+
+    async def reads() -> tuple[list[bytes], int]:
+        got = []
+        for start, length in ((0, None), (MiB - 1, 2 * MiB + 3), (len(data) - 7, None)):
+            body = await store.read(store.read_url("reads/big"), start, length)
+            got.append(b"".join([piece async for piece in body]))
+        return got, relay.accepted
+
+    got, connections = asyncio.run(reads())
+    assert got == [data, data[MiB - 1 : 3 * MiB + 2], data[-7:]]
+    assert connections == 1  # each read left the connection for the next one
+
+
+def test_a_read_closed_half_way_closes_its_connection_and_the_next_read_is_intact(
+    store: S3Store, writer: S3Store, relay: Relay
+) -> None:
+    data = os.urandom(8 * MiB)
+    writer.put_bytes("reads/cut", data, "application/octet-stream")
+
+    async def closed() -> bool:
+        for _ in range(200):  # the loop closes the socket on its next turns
+            if relay.open == 0:
+                return True
+            await asyncio.sleep(0.05)
+        return False
+
+    async def cut_then_read() -> bytes:
+        body = await store.read(store.read_url("reads/cut"))
+        first = await anext(body)
+        assert 0 < len(first) < len(data)
+        body.close()  # what a client that hangs up mid-download leads to
+        assert await closed()  # not kept for another read with bytes unread
+        again = await store.read(store.read_url("reads/cut"))
+        return b"".join([piece async for piece in again])
+
+    assert asyncio.run(cut_then_read()) == data
+
+
+def test_a_missing_object_is_not_found_and_an_unreachable_store_a_store_error(
+    store: S3Store, relay: Relay
+) -> None:
+    async def missing() -> None:
+        await store.read(store.read_url("reads/none"))
+
+    with pytest.raises(FileNotFoundError):
+        asyncio.run(missing())
+    url = store.read_url("reads/none").replace(f":{relay.port}/", f":{free_port()}/")
+
+    async def unreachable() -> None:
+        await store.read(url)
+
+    with pytest.raises(StoreError):
+        asyncio.run(unreachable())
+
+
+@pytest.mark.parametrize("client", ["hangs up", "stops reading"])
+def test_a_download_cut_short_frees_its_slot_and_store_connection(
+    client: str,
+    gateway_factory: Callable[..., GatewayServer],
+    relay: Relay,
+    seaweed: SeaweedFS,
+    bucket_name: str,
+) -> None:
+    gw = gateway_factory(
+        storage_url=f"s3://127.0.0.1:{relay.port}/{bucket_name}?secure=false",
+        send_idle_timeout=2,  # ends the answer to a client that stopped reading
+    )
+    message_id = str(MessageId.new())
+    payload = os.urandom(16 * MiB)
+    put = httpx.put(f"{gw.url}/msg/{message_id}?topic=reads/hangup", content=payload, timeout=60)
+    assert put.status_code == 201, put.text
+
+    def active() -> int:
+        health = httpx.get(f"{gw.url}/healthz", timeout=10).json()
+        return int(health["workers"]["transfers"]["active"])
+
+    whole = httpx.get(f"{gw.url}/msg/{message_id}/payload", timeout=60)
+    assert whole.status_code == 200 and whole.content == payload
+    kept = relay.open  # the store connections the gateway keeps between requests
+    reader = RawRequest(
+        gw.port, f"GET /msg/{message_id}/payload HTTP/1.1\r\nHost: gw\r\n\r\n", rcvbuf=4096
+    )
+    try:
+        assert reader.response_head().startswith(b"HTTP/1.1 200")
+        if client == "hangs up":
+            reader.close()
+        assert wait_for(lambda: active() == 0)
+        assert wait_for(lambda: relay.open <= kept), (relay.open, kept)
+    finally:
+        reader.close()
+    again = httpx.get(f"{gw.url}/msg/{message_id}/payload", timeout=60)
+    assert again.status_code == 200 and again.content == payload
+
+
+class ScriptedStore:
+    """Answers each GET (keep-alive) with the next of `answers`; counts the requests."""
+
+    def __init__(self, answers: list[bytes]) -> None:
+        self.answers = answers
+        self.requests = 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        accept_each(self.listener, self._serve)
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            data = b""
+            while True:
+                while b"\r\n\r\n" not in data:
+                    piece = conn.recv(65536)
+                    if not piece:
+                        return
+                    data += piece
+                data = data.split(b"\r\n\r\n", 1)[1]
+                answer = self.answers[min(self.requests, len(self.answers) - 1)]
+                self.requests += 1
+                conn.sendall(answer)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+OK = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"
+BUSY = b"HTTP/1.1 503 Slow Down\r\nContent-Length: 0\r\n\r\n"
+CHUNKED = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    ("answers", "outcome", "requests"),
+    [
+        ([OK, BUSY, BUSY, OK], b"hello", 4),  # a kept connection answering 503: retried
+        ([OK, BUSY, BUSY, BUSY], "the store answered 503", 4),
+        ([OK, CHUNKED], "no Content-Length", 2),
+    ],
+)
+def test_the_stores_busy_and_unframed_answers(
+    answers: list[bytes], outcome: bytes | str, requests: int
+) -> None:
+    server = ScriptedStore(answers)
+    reads = AsyncGets(connect_timeout=3, read_timeout=10)
+    url = f"http://127.0.0.1:{server.port}/bucket/key?X-Amz-Signature=0"
+
+    async def twice() -> bytes:
+        first = await reads.get(url)
+        assert b"".join([piece async for piece in first]) == b"hello"
+        second = await reads.get(url)  # on the kept connection first
+        return b"".join([piece async for piece in second])
+
+    try:
+        if isinstance(outcome, bytes):
+            assert asyncio.run(twice()) == outcome
+        else:
+            with pytest.raises(StoreError, match=outcome):
+                asyncio.run(twice())
+        assert server.requests == requests
+    finally:
+        server.close()
