@@ -1,14 +1,17 @@
 """proxy/_http11.py, the gateway link's transport, against a real HTTP/1.1 server (a raw
 asyncio one: its answers are written byte by byte, so framing and cut-off bodies are exact).
-What the transport does with the real gateway is covered by tests/test_proxy*.py."""
+What the transport does with the real gateway is covered by tests/test_proxy*.py. Each test
+runs on asyncio's loop and on uvloop (the proxy's default), whose transports differ."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from typing import Any
 
 import httpx
 import pytest
+import uvloop
 
 from proxy._http11 import H11Transport
 
@@ -50,11 +53,26 @@ async def _serve(answer: Answer, test: Callable[[str, list[bytes]], Awaitable[No
     return accepted
 
 
+Run = Callable[[Coroutine[Any, Any, int]], int]
+
+
+@pytest.fixture(params=["asyncio", "uvloop"])
+def run(request: pytest.FixtureRequest) -> Run:
+    """Runs a test's coroutine on the loop named."""
+    factory = uvloop.new_event_loop if request.param == "uvloop" else None
+
+    def run_on(main: Coroutine[Any, Any, int]) -> int:
+        with asyncio.Runner(loop_factory=factory) as runner:
+            return runner.run(main)
+
+    return run_on
+
+
 def _client() -> httpx.AsyncClient:
     return httpx.AsyncClient(timeout=5, transport=H11Transport())
 
 
-def test_a_length_framed_body_arrives_whole_and_the_connection_is_reused() -> None:
+def test_a_length_framed_body_arrives_whole_and_the_connection_is_reused(run: Run) -> None:
     body = bytes(range(256)) * 20_000  # 5 MB: several reads
 
     async def check(base: str, requests: list[bytes]) -> None:
@@ -66,10 +84,10 @@ def test_a_length_framed_body_arrives_whole_and_the_connection_is_reused() -> No
         assert all(r.startswith(b"GET /payload?x=1 HTTP/1.1\r\n") for r in requests)
 
     reply = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body
-    assert asyncio.run(_serve(lambda _: (reply, True), check)) == 1
+    assert run(_serve(lambda _: (reply, True), check)) == 1
 
 
-def test_a_body_cut_short_is_an_error_and_the_connection_is_not_reused() -> None:
+def test_a_body_cut_short_is_an_error_and_the_connection_is_not_reused(run: Run) -> None:
     async def check(base: str, _: list[bytes]) -> None:
         async with _client() as http:
             with pytest.raises(httpx.RemoteProtocolError, match="cut short"):
@@ -77,10 +95,10 @@ def test_a_body_cut_short_is_an_error_and_the_connection_is_not_reused() -> None
 
     # Declares 1000 bytes, sends 10 and closes.
     reply = b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n" + b"x" * 10
-    asyncio.run(_serve(lambda _: (reply, False), check))
+    run(_serve(lambda _: (reply, False), check))
 
 
-def test_chunked_and_connection_close_answers_are_read_through_h11() -> None:
+def test_chunked_and_connection_close_answers_are_read_through_h11(run: Run) -> None:
     async def check(base: str, _: list[bytes]) -> None:
         async with _client() as http:
             first = await http.get(f"{base}/chunked")
@@ -97,10 +115,10 @@ def test_chunked_and_connection_close_answers_are_read_through_h11() -> None:
         return OK, True
 
     # The chunked answer's connection is kept; the one the server closes is not reused.
-    assert asyncio.run(_serve(answer, check)) == 2
+    assert run(_serve(answer, check)) == 2
 
 
-def test_a_kept_connection_the_server_closed_does_not_fail_the_next_request() -> None:
+def test_a_kept_connection_the_server_closed_does_not_fail_the_next_request(run: Run) -> None:
     async def check(base: str, _: list[bytes]) -> None:
         async with _client() as http:
             assert (await http.get(f"{base}/1")).content == b"ok"
@@ -108,10 +126,10 @@ def test_a_kept_connection_the_server_closed_does_not_fail_the_next_request() ->
             assert (await http.get(f"{base}/2")).content == b"ok"
 
     # Says keep-alive, then closes after its answer (as a server whose idle timer ran out).
-    assert asyncio.run(_serve(lambda _: (OK, False), check)) == 2
+    assert run(_serve(lambda _: (OK, False), check)) == 2
 
 
-def test_a_streamed_body_goes_as_declared_on_a_fresh_connection() -> None:
+def test_a_streamed_body_goes_as_declared_on_a_fresh_connection(run: Run) -> None:
     pieces = [b"a" * 300_000, b"b" * 300_000, b"c"]
 
     async def body() -> AsyncIterator[bytes]:
@@ -132,4 +150,4 @@ def test_a_streamed_body_goes_as_declared_on_a_fresh_connection() -> None:
 
     reply = b"HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\n{}"
     # The probe's connection, then one per streamed upload (never a kept one).
-    assert asyncio.run(_serve(lambda _: (reply, True), check)) == 3
+    assert run(_serve(lambda _: (reply, True), check)) == 3
