@@ -95,6 +95,9 @@ class _Body(httpx.AsyncByteStream):
         if self._length is not None:
             remaining = self._length
             while remaining:
+                # A read of what is buffered returns without a turn of the loop: one is given
+                # per piece, so other connections' small packets never wait behind a body.
+                await asyncio.sleep(0)
                 piece = await _read(self._request, conn, min(remaining, PIECE))
                 if not piece:
                     raise httpx.RemoteProtocolError("body cut short", request=self._request)
@@ -234,6 +237,8 @@ class H11Transport(httpx.AsyncBaseTransport):
                 if writer.transport.get_write_buffer_size() > HIGH_WATER:
                     async with asyncio.timeout(write_timeout):
                         await writer.drain()
+                else:  # a turn of the loop per piece, as above
+                    await asyncio.sleep(0)
             writer.write(parser.send(h11.EndOfMessage()) or b"")
             async with asyncio.timeout(write_timeout):
                 await writer.drain()
