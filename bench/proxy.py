@@ -8,7 +8,11 @@
    `client.Client` end to end (target <= 1.2);
 4. the proxy's peak RSS per concurrent 64 MiB transfer, 16 at once (target <= 16 MiB).
 
-    python bench/proxy.py [--rounds 3]
+    python bench/proxy.py [--rounds 3] [--only rate,e2e] [--against DIR]
+
+`--against DIR` also starts the proxy of another tree (e.g. `git archive BASE | tar -x -C DIR`)
+on the same broker and gateway and measures rows 1 and 3 through both, alternating, to
+compare a change with its base on a shared machine.
 
 Real SeaweedFS, mosquitto (256 KiB, TCP_NODELAY), `offload-gateway` and `offload-proxy`
 processes; only the proxy's own figures come from its process (VmHWM).
@@ -45,12 +49,14 @@ from _servers import Mosquitto, SeaweedFS, free_port, wait_for_port
 MiB = 1 << 20
 
 
-def _proxy(broker: Mosquitto, endpoint: str) -> tuple[subprocess.Popen[bytes], int]:
+def _proxy(
+    broker: Mosquitto, endpoint: str, root: Path = ROOT
+) -> tuple[subprocess.Popen[bytes], int]:
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OFFLOAD_PROXY_LOG_LEVEL": "WARNING"}
+    env = {**os.environ, "PYTHONPATH": str(root), "OFFLOAD_PROXY_LOG_LEVEL": "WARNING"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "proxy.cli", "--broker", broker.url, "--port", str(port),
-         "--endpoint", endpoint], env=env, stdout=subprocess.DEVNULL, cwd=ROOT,
+         "--endpoint", endpoint], env=env, stdout=subprocess.DEVNULL, cwd=root,
     )  # fmt: skip
     wait_for_port(port, 30, proc)
     return proc, port
@@ -123,13 +129,114 @@ def _rss_per_transfer(proc: subprocess.Popen[bytes], port: int, path: Path, n: i
     return (peak - base) / 1024 / n
 
 
+def _cpu(pid: int) -> float:
+    """utime + stime of a process, in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _load() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+Proxies = list[tuple[str, subprocess.Popen[bytes], int]]
+
+
+def _rate_row(args: argparse.Namespace, broker: Mosquitto, procs: Proxies) -> dict[str, object]:
+    direct: list[float] = []
+    via: dict[str, list[float]] = {name: [] for name, _, _ in procs}
+    for _ in range(args.rounds):
+        direct.append(_rate(broker.port, args.messages, 8))
+        for name, _, port in procs:
+            via[name].append(_rate(port, args.messages, 8))
+        rates = ", ".join(f"{n} {v[-1]:,.0f}" for n, v in via.items())
+        print(f"  rate round: direct {direct[-1]:,.0f}, {rates} msg/s (load {_load()})")
+    d = statistics.median(direct)
+    for name, rates_of in via.items():
+        v = statistics.median(rates_of)
+        print(f"1 KiB QoS 1 8->8: direct {d:,.0f}, via proxy {name} {v:,.0f} msg/s = {v / d:.2f}")
+    v = statistics.median(via["this"])
+    metric = "1 KiB QoS 1 rate 8->8, straight -> via proxy"
+    return row("proxy", metric, d, v, "msg/s", ">= 0.7", higher_is_better=True, limit=0.7)
+
+
+def _p99_rows(
+    args: argparse.Namespace, broker: Mosquitto, procs: Proxies, mid: Path
+) -> list[dict[str, object]]:
+    measured: dict[str, tuple[float, float, float]] = {}
+    for name, _, port in procs:
+        idle = _p99_latency(port, args.latency_messages)
+        stop = threading.Event()
+        flow = threading.Thread(target=_big_flow, args=(port, mid, stop))
+        flow.start()
+        time.sleep(1.0)
+        try:
+            loaded = _p99_latency(port, args.latency_messages)
+            floor = _p99_latency(broker.port, args.latency_messages)
+        finally:
+            stop.set()
+            flow.join()
+        print(f"small-message p99 via {name}: idle {idle:.1f} ms, with 16 MiB flowing"
+              f" {loaded:.1f} ms (straight to mosquitto meanwhile: {floor:.1f} ms;"
+              f" load {_load()})")  # fmt: skip
+        measured[name] = idle, loaded, floor
+    idle, loaded, floor = measured["this"]
+    return [
+        row("proxy", "small p99, proxy idle -> 16 MiB flowing", idle, loaded, "ms", "<= 2",
+            higher_is_better=False, limit=2.0),
+        # The floor: the machine's own contention while the flow runs (info).
+        row("proxy", "small p99 while 16 MiB flow, straight -> via proxy", floor, loaded, "ms",
+            "info", higher_is_better=False, limit=1e9),
+    ]  # fmt: skip
+
+
+def _e2e_row(
+    args: argparse.Namespace, broker: Mosquitto, endpoint: str, procs: Proxies, big: Path
+) -> dict[str, object]:
+    from client import Client
+
+    # The tools' own cost (start, connect, exit), which the library's figure does not carry.
+    small = big.with_name("1k.bin")
+    small.write_bytes(os.urandom(1024))
+    tools = statistics.median(_pub_sub_via(procs[0][2], broker, small) for _ in range(3))
+    print(f"1 KiB mosquitto_pub -> mosquitto_sub via the proxy: {tools:.2f} s")
+    library: list[float] = []
+    proxied: dict[str, list[float]] = {name: [] for name, _, _ in procs}
+    cpu: dict[str, list[float]] = {name: [] for name, _, _ in procs}
+    with Client(broker.url, endpoint=endpoint, discovery_wait=0.0) as pub:
+        for _ in range(args.rounds):
+            for name, proc, port in procs:
+                before = _cpu(proc.pid)
+                proxied[name].append(_pub_sub_via(port, broker, big))
+                cpu[name].append(_cpu(proc.pid) - before)
+            library.append(api_run(broker, endpoint, big, 1, pub))
+            each = ", ".join(
+                f"{n} {v[-1]:.2f} s ({cpu[n][-1]:.2f} CPU-s)" for n, v in proxied.items()
+            )
+            print(f"  64 MiB round: client.Client {library[-1]:.2f} s, {each} (load {_load()})")
+    c = statistics.median(library)
+    for name, times in proxied.items():
+        p, spent = statistics.median(times), statistics.median(cpu[name])
+        print(f"64 MiB pub -> sub: via proxy {name} {p:.2f} s, client.Client {c:.2f} s ="
+              f" {p / c:.2f}; proxy CPU {spent:.2f} s per transfer")  # fmt: skip
+    p = statistics.median(proxied["this"])
+    metric = "64 MiB pub->sub, Client e2e -> mosquitto_* via proxy"
+    return row("proxy", metric, c, p, "s", "<= 1.2", higher_is_better=False, limit=1.2)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--messages", type=int, default=8000)
     parser.add_argument("--latency-messages", type=int, default=500)
     parser.add_argument("--concurrent", type=int, default=16)
+    parser.add_argument("--only", default="rate,p99,e2e,rss", help="rows, comma-separated")
+    parser.add_argument("--against", type=Path, help="another tree whose proxy is compared")
+    parser.add_argument(
+        "--direct", action="store_true", help="the gateway offers direct transfers (both sides)"
+    )
     args = parser.parse_args()
+    only = set(args.only.split(","))
     work = Path(tempfile.mkdtemp(prefix="bench-proxy-"))
     big, mid = work / "64m.bin", work / "16m.bin"
     big.write_bytes(os.urandom(64 * MiB))
@@ -138,63 +245,38 @@ def main() -> None:
     broker = Mosquitto(max_packet_size=262144, extra_config="set_tcp_nodelay true").start()
     bucket = f"bench-proxy-{uuid.uuid4().hex[:8]}"
     make_bucket(seaweed, bucket)
+    # Direct transfers: the library uploads to the store and both fetch from it; the proxy
+    # still uploads through the gateway (a grant needs the whole payload's SHA-256 first).
+    gateway_env = {"OFFLOAD_S3_PUBLIC_URL": f"http://{seaweed.endpoint}"} if args.direct else {}
     rows: list[dict[str, object]] = []
+    print(f"load average at start: {_load()}")
     try:
-        with gateway_process(seaweed, bucket, broker=broker) as gw:
+        with gateway_process(seaweed, bucket, broker=broker, extra_env=gateway_env) as gw:
             proc, port = _proxy(broker, gw.url)
-            from client import Client
-
+            procs: Proxies = [("this", proc, port)]
+            if args.against is not None:
+                other, other_port = _proxy(broker, gw.url, args.against.resolve())
+                procs.append((str(args.against), other, other_port))
             try:
-                direct, via = [], []
-                for _ in range(args.rounds):
-                    direct.append(_rate(broker.port, args.messages, 8))
-                    via.append(_rate(port, args.messages, 8))
-                d, v = statistics.median(direct), statistics.median(via)
-                print(f"1 KiB QoS 1 8->8: direct {d:,.0f}, via proxy {v:,.0f} msg/s")
-                rows.append(row("proxy", "1 KiB QoS 1 rate 8->8, straight -> via proxy", d, v,
-                                "msg/s", ">= 0.7", higher_is_better=True, limit=0.7))  # fmt: skip
-
-                idle = _p99_latency(port, args.latency_messages)
-                stop = threading.Event()
-                flow = threading.Thread(target=_big_flow, args=(port, mid, stop))
-                flow.start()
-                time.sleep(1.0)
-                try:
-                    loaded = _p99_latency(port, args.latency_messages)
-                    floor = _p99_latency(broker.port, args.latency_messages)
-                finally:
-                    stop.set()
-                    flow.join()
-                print(f"small-message p99: idle {idle:.1f} ms, with 16 MiB flowing {loaded:.1f} ms"
-                      f" (straight to mosquitto meanwhile: {floor:.1f} ms)")  # fmt: skip
-                rows.append(row("proxy", "small p99, proxy idle -> 16 MiB flowing", idle, loaded,
-                                "ms", "<= 2", higher_is_better=False, limit=2.0))  # fmt: skip
-                # The floor: the machine's own contention while the flow runs (info).
-                rows.append(row("proxy", "small p99 while 16 MiB flow, straight -> via proxy",
-                                floor, loaded, "ms", "info", higher_is_better=False,
-                                limit=1e9))  # fmt: skip
-
-                proxied, library = [], []
-                with Client(broker.url, endpoint=gw.url, discovery_wait=0.0) as pub:
-                    for _ in range(args.rounds):
-                        proxied.append(_pub_sub_via(port, broker, big))
-                        library.append(api_run(broker, gw.url, big, 1, pub))
-                p, c = statistics.median(proxied), statistics.median(library)
-                print(f"64 MiB pub -> sub: via proxy {p:.2f} s, client.Client {c:.2f} s")
-                metric = "64 MiB pub->sub, Client e2e -> mosquitto_* via proxy"
-                rows.append(row("proxy", metric, c, p, "s", "<= 1.2", higher_is_better=False,
-                                limit=1.2))  # fmt: skip
-
-                per = _rss_per_transfer(proc, port, big, args.concurrent)
-                print(f"proxy peak RSS per concurrent 64 MiB transfer: {per:.1f} MiB")
-                rows.append(absolute_row("proxy", f"peak RSS per 64 MiB transfer, {args.concurrent}"
-                                         " at once", per, "MiB", "<= 16", per <= 16))  # fmt: skip
+                if "rate" in only:
+                    rows.append(_rate_row(args, broker, procs))
+                if "p99" in only:
+                    rows.extend(_p99_rows(args, broker, procs, mid))
+                if "e2e" in only:
+                    rows.append(_e2e_row(args, broker, gw.url, procs, big))
+                if "rss" in only:
+                    per = _rss_per_transfer(proc, port, big, args.concurrent)
+                    print(f"proxy peak RSS per concurrent 64 MiB transfer: {per:.1f} MiB")
+                    metric = f"peak RSS per 64 MiB transfer, {args.concurrent} at once"
+                    rows.append(absolute_row("proxy", metric, per, "MiB", "<= 16", per <= 16))
             finally:
-                proc.terminate()
-                proc.wait(30)
+                for _, p_proc, _ in procs:
+                    p_proc.terminate()
+                    p_proc.wait(30)
     finally:
         broker.close()
         seaweed.close()
+    print(f"load average at end: {_load()}")
     emit(rows)
 
 

@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import json
 import ssl
+import urllib.request
 from collections.abc import AsyncIterator, Callable
 from urllib.parse import quote
 
@@ -22,6 +23,7 @@ from client import ScramAuth
 from client.protocol import DiscoveryRecord, MessageId, Origin, Placeholder, http_origin
 
 from ._exceptions import TransferFailed
+from ._http11 import H11Transport
 from .protocol import Connect, Stored
 
 RAW_CONTENT_TYPE = "application/octet-stream"
@@ -107,6 +109,14 @@ class Hasher:
         return self._digest.hexdigest()
 
 
+def http_client(timeout: float, verify: ssl.SSLContext | bool) -> httpx.AsyncClient:
+    """The gateway link's client: over :class:`H11Transport`, unless a proxy is configured
+    (httpx honours `HTTP(S)_PROXY`/`ALL_PROXY`/`NO_PROXY` only with its own transport)."""
+    if urllib.request.getproxies():
+        return httpx.AsyncClient(timeout=timeout, verify=verify)
+    return httpx.AsyncClient(timeout=timeout, transport=H11Transport(verify=verify))
+
+
 class GatewayLink:
     """Uploads and fetches against the gateway.
 
@@ -115,7 +125,7 @@ class GatewayLink:
     """
 
     def __init__(self, *, timeout: float, verify: ssl.SSLContext | bool = True) -> None:
-        self._http = httpx.AsyncClient(timeout=timeout, verify=verify)
+        self._http = http_client(timeout, verify)
         # Per gateway origin: the store origin its `GET /` declares (None: it declares none).
         self._stores: dict[Origin, Origin | None] = {}
 

@@ -27,8 +27,11 @@ class PacketStream:
 
     async def _fill(self, timeout: float | None) -> None:
         try:
-            async with asyncio.timeout(timeout):
+            if timeout is None:  # between packets: no timer to arm and cancel per packet
                 data = await self._reader.read(READ_SIZE)
+            else:
+                async with asyncio.timeout(timeout):
+                    data = await self._reader.read(READ_SIZE)
         except TimeoutError as exc:
             raise PeerTimeout(f"no byte for {timeout} s inside a packet") from exc
         except (ConnectionError, OSError) as exc:
@@ -47,21 +50,27 @@ class PacketStream:
         event = self._framer.next_event()  # fast path: a whole header already buffered
         if isinstance(event, Head):
             return event
+        assert event is None, "a body piece where a head was due"
+        if timeout is None:
+            return await self._next_head()
         try:
             async with asyncio.timeout(timeout):
-                while True:
-                    event = self._framer.next_event()
-                    if isinstance(event, Head):
-                        return event
-                    assert event is None, "a body piece where a head was due"
-                    try:
-                        await self._fill(None if not self._framer.in_packet else self.idle)
-                    except PeerGone:
-                        if self._framer.in_packet:
-                            raise
-                        return None
+                return await self._next_head()
         except TimeoutError as exc:
             raise PeerTimeout(f"no whole packet header within {timeout} s") from exc
+
+    async def _next_head(self) -> Head | None:
+        while True:
+            try:
+                await self._fill(self.idle if self._framer.in_packet else None)
+            except PeerGone:
+                if self._framer.in_packet:
+                    raise
+                return None
+            event = self._framer.next_event()
+            if isinstance(event, Head):
+                return event
+            assert event is None, "a body piece where a head was due"
 
     def whole_body(self, head: Head) -> bytes | None:
         """`head`'s body when all of it is buffered already (see Framer.whole_body)."""
