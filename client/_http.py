@@ -29,7 +29,7 @@ from urllib.parse import quote
 
 import httpx
 
-from ._answers import TransientFetchError, _check_status, _detail, _verified
+from ._answers import TransientFetchError, _check_status, _detail, _same_digest, _verified
 from ._deadline import ON_SOCKET, Pace, Watchdog
 from ._exceptions import (
     FetchError,
@@ -51,6 +51,7 @@ from ._fetching import (
 )
 from ._message import Payload
 from ._scram import ScramFailure
+from ._seal import SealedStream
 from ._source import PayloadSource
 from ._upload_forms import (
     BSON_PAYLOAD_LIMIT,
@@ -130,7 +131,7 @@ class HttpTransport:
         self,
         endpoint: str,
         topic: str,
-        source: PayloadSource,
+        source: PayloadSource | SealedStream,
         *,
         message_id: MessageId,
         headers: Sequence[tuple[str, bytes]] = (),
@@ -149,7 +150,8 @@ class HttpTransport:
         Args:
             endpoint: the gateway base URL.
             topic: the MQTT topic the message is for.
-            source: the payload.
+            source: the payload; a :class:`SealedStream` is sealed while it is sent, and
+                the SHA-256 the gateway answers must be the one taken on the way.
             message_id: the id to store it under (the gateway keeps the client's id).
             headers: extra (name, value) headers stored beside the payload.
             auth: credentials, only when the endpoint may receive them.
@@ -171,7 +173,8 @@ class HttpTransport:
             reason = f"the stored headers exceed {HEADER_BUDGET} bytes as HTTP header fields"
         else:
             try:
-                self._send(raw_request(base, topic, source, message_id, fields, ttl), auth)
+                request = raw_request(base, topic, source, message_id, fields, ttl)
+                answer = self._send(request, auth)
             except UploadError as exc:
                 if exc.status not in UNSUPPORTED:
                     raise
@@ -180,6 +183,8 @@ class HttpTransport:
                 log.info("%s: uploading as a BSON document instead", reason)
             else:
                 self._raw_support[base] = True
+                if isinstance(source, SealedStream):  # no X-Offload-Sha256 was sent ahead
+                    _same_digest(request.url, answer, source.sha256)
                 return UploadReceipt(
                     message_id, raw_upload_url(base, message_id), source.size, source.sha256
                 )
@@ -206,7 +211,7 @@ class HttpTransport:
             self._raw_support[endpoint] = answer
         return answer
 
-    def _send(self, request: UploadRequest, auth: httpx.Auth | None) -> None:
+    def _send(self, request: UploadRequest, auth: httpx.Auth | None) -> httpx.Response:
         """One upload request; anything but 201 is an UploadError with the status."""
         try:
             response = self._client.request(
@@ -223,6 +228,7 @@ class HttpTransport:
             raise UploadError(request.url, str(exc), 401) from exc
         if response.status_code != 201:
             raise UploadError(request.url, _detail(response), response.status_code)
+        return response
 
     @property
     def client(self) -> httpx.Client:

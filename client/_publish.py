@@ -38,7 +38,7 @@ from ._message import PublishResult, Route
 from ._paho import MqttConnection
 from ._receive import PlainHttpWarner
 from ._router import choose_route
-from ._seal import Sealer, tagged
+from ._seal import SealedStream, Sealer, tagged
 from ._source import PayloadLike, PayloadSource
 from .protocol import MessageId, PublishProperties, Topic, _placeholder
 from .protocol._chunk import plan_chunks
@@ -237,6 +237,7 @@ class Publisher:
                 "automatic_offload) and chunking is off"
             )
         with self._sealer.seal(send.topic, source) as stored:
+            assert isinstance(stored.source, PayloadSource)  # not a stream: chunks seek
             props = tagged(send.properties, stored.encoding)
             result = self._chunked(replace(send, properties=props), stored.source)
         return replace(result, size=source.size, sha256=stored.plain_sha256)
@@ -285,17 +286,26 @@ class Publisher:
             return exc.size
 
     def _upload(
-        self, endpoint: str, send: _Send, source: PayloadSource, message_id: MessageId
+        self,
+        endpoint: str,
+        send: _Send,
+        source: PayloadSource | SealedStream,
+        message_id: MessageId,
     ) -> str:
-        """Upload the payload; the URL it is stored at. Retries a transient failure once."""
+        """Upload the payload; the URL it is stored at. Retries a transient failure once.
+
+        A :class:`SealedStream` (sealed while sent) goes through the gateway only: a direct
+        transfer hashes every part before it starts.
+        """
         props = send.properties
         headers = [(k, v.encode()) for k, v in (props.user_properties if props else ())]
         attempt = 0
         while True:
             try:
-                receipt = self._direct_upload(endpoint, send, source, message_id)
-                if receipt is not None:
-                    return receipt.url
+                if isinstance(source, PayloadSource):
+                    receipt = self._direct_upload(endpoint, send, source, message_id)
+                    if receipt is not None:
+                        return receipt.url
                 return self._transport.upload(
                     endpoint,
                     send.topic,
@@ -347,7 +357,9 @@ class Publisher:
     ) -> PublishResult:
         self._warn_plain_http(endpoint)
         message_id = message_id or MessageId.new()
-        with self._sealer.seal(send.topic, source) as stored:  # encrypted, compressed or as is
+        # Through the gateway an encrypted payload is sealed while it is sent.
+        stream = self._direct_store() is None
+        with self._sealer.seal(send.topic, source, stream=stream) as stored:
             url = self._upload(endpoint, send, stored.source, message_id)
             ref = _placeholder.Placeholder(
                 url, stored.source.size, stored.source.sha256, message_id, stored.encoding
