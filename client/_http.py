@@ -226,6 +226,12 @@ class HttpTransport:
             raise UploadError(request.url, f"upload failed: {exc!r}") from exc
         except ScramFailure as exc:
             raise UploadError(request.url, str(exc), 401) from exc
+        finally:
+            # A body left half-read stops now (a SealedStream's worker thread), before any
+            # retry reads the source again.
+            close = getattr(request.body, "close", None)
+            if close is not None:
+                close()
         if response.status_code != 201:
             raise UploadError(request.url, _detail(response), response.status_code)
         return response
@@ -254,6 +260,7 @@ class HttpTransport:
         redirect_ok: Callable[[Origin], bool] | None = None,
         pace: Pace | None = None,
         topic: str | None = None,
+        tap: Callable[[Sequence[bytes | memoryview]], None] | None = None,
     ) -> Payload:
         """GET a raw payload, verifying its SHA-256 while it streams in, never reading more.
 
@@ -290,6 +297,9 @@ class HttpTransport:
             topic: the topic the placeholder came on, told to the gateway (never to a
                 redirect's target): with delete-after-fetch it deletes only its own topic's
                 messages, not those a hostile placeholder pointed at.
+            tap: sees the body's pieces in order as they are hashed (on the hashing thread
+                for a large payload); must not raise nor keep a piece past the call. What
+                it makes of them is the caller's to discard if this raises.
 
         Raises:
             PayloadNotFound: 404 or 410.
@@ -319,7 +329,9 @@ class HttpTransport:
                     # re-chunking copy (bench/RESULTS.md, "Client fetch"). A generator: nothing
                     # is read unless a branch below iterates it.
                     stream = _counted(_capped(response.iter_raw(), limit, url), size, on_bytes)
-                    with _Hasher(threaded=threaded, enabled=expected_sha256 is not None) as hasher:
+                    with _Hasher(
+                        threaded=threaded, enabled=expected_sha256 is not None, tap=tap
+                    ) as hasher:
                         if size is None or size > spool_threshold:
                             payload = _spool(stream, hasher, spool_dir)
                         elif readinto is not None:  # straight into the payload's buffer
