@@ -190,3 +190,100 @@ def test_an_encrypted_publish_through_the_gateway_is_streamed_and_readable(
     got = sub.next_message(60)
     assert isinstance(got, Message) and got.payload == data
     assert list(tmp_path.glob("tmp*")) == []  # nothing was spooled to publish it
+
+
+class _Seen:
+    """Every response the subscriber's HTTP client got: (Range asked, status, length)."""
+
+    def __init__(self) -> None:
+        self.answers: list[tuple[str | None, int, int]] = []
+
+    def __call__(self, response: httpx.Response) -> None:
+        length = int(response.headers.get("content-length", "0"))
+        self.answers.append((response.request.headers.get("range"), response.status_code, length))
+
+
+@pytest.mark.servers
+def test_client_fetch_range_reads_only_the_chunks_that_hold_the_range(
+    gateway: GatewayServer,
+    clients: Callable[..., Client],
+    unique_topic: Callable[[str], str],
+    tmp_path: Path,
+) -> None:
+    from client import HttpTransport, MalformedPlaceholder, NoMatchingIdentity, PayloadDecodeError
+
+    topic = unique_topic("range")
+    identity = Identity.generate()
+    key = tmp_path / "key.txt"
+    key.write_text(f"{identity}\n")
+    seen = _Seen()
+    http = httpx.Client(timeout=30, event_hooks={"response": [seen]})
+    sub = clients(
+        identity_files=(str(key),),
+        fetch_external=False,
+        endpoint=gateway.url,
+        transport=HttpTransport(client=http),
+    )
+    sub.subscribe(f"{topic}/#", qos=1)
+    pub = clients(encrypt_to={f"{topic}/enc": [str(identity.recipient)]}, endpoint=gateway.url)
+    data = os.urandom(3 * MiB + 123)
+    pub.publish(f"{topic}/enc", data, qos=1)
+    pub.publish(f"{topic}/plain", data, qos=1)
+    squeezed = clients(endpoint=gateway.url, compress=True)
+    squeezed.publish(f"{topic}/zstd", b'{"k": 1}' * 100_000, qos=1)
+    pub.publish(f"{topic}/small", b"not a placeholder", qos=1)
+    got = {m.topic.rsplit("/", 1)[-1]: m for m in (sub.next_message(60) for _ in range(4))}
+    assert all(isinstance(m, Message) for m in got.values()), got
+    enc, plain = got["enc"], got["plain"]
+    assert isinstance(enc, Message) and isinstance(plain, Message)
+    cases = [(0, 1), (65535, 65537), (1_000_000, 1_200_000), (len(data) - 5, len(data) + 99)]
+    for start, end in cases:
+        seen.answers.clear()
+        assert sub.fetch_range(enc, start, end) == data[start:end], (start, end)
+        # The header, then the chunks holding the range: never the 3 MiB object.
+        assert all(r is not None and s == 206 for r, s, _ in seen.answers), seen.answers
+        transferred = sum(n for _, _, n in seen.answers)
+        assert transferred <= 4096 + (end - start) + 2 * 65552, (start, end, seen.answers)
+        seen.answers.clear()
+        assert sub.fetch_range(plain, start, end) == data[start:end]
+        assert [(r, s) for r, s, _ in seen.answers] == [
+            (f"bytes={start}-{min(end, len(data)) - 1}", 206)
+        ]
+    assert sub.fetch_range(enc, len(data) + 1, len(data) + 10) == b""
+    seen.answers.clear()
+    with pytest.raises(PayloadDecodeError, match="compressed"):
+        sub.fetch_range(got["zstd"], 0, 10)  # type: ignore[arg-type]
+    assert seen.answers == []  # refused before any request
+    with pytest.raises(MalformedPlaceholder):
+        sub.fetch_range(got["small"], 0, 10)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        sub.fetch_range(enc, 10, 5)
+    stranger = clients(endpoint=gateway.url, fetch_external=False)
+    with pytest.raises(NoMatchingIdentity):
+        stranger.fetch_range(enc, 0, 10)
+
+
+@pytest.mark.servers
+def test_a_range_of_a_damaged_encrypted_object_fails_only_where_it_is_damaged(
+    gateway: GatewayServer, clients: Callable[..., Client], tmp_path: Path
+) -> None:
+    identity = Identity.generate()
+    key = tmp_path / "key.txt"
+    key.write_text(f"{identity}\n")
+    data = os.urandom(1 * MiB)
+    stored = bytearray(encrypt(data, [identity.recipient]))
+    stored[len(stored) // 2] ^= 1  # inside a chunk near 512 KiB of plaintext
+    mid = MessageId.new()
+    put = httpx.put(f"{gateway.url}/msg/{mid}", content=bytes(stored), params={"topic": "t/r"})
+    assert put.status_code == 201, put.text
+    ref = Placeholder(
+        f"{gateway.url}/msg/{mid}",
+        len(stored),
+        hashlib.sha256(stored).hexdigest(),
+        mid,
+        Encoding(encrypted=True),
+    )
+    sub = clients(identity_files=(str(key),), endpoint=gateway.url)
+    assert sub.fetch_range(ref, 0, 1000) == data[:1000]  # chunks are authenticated alone
+    with pytest.raises(DecryptionFailed):
+        sub.fetch_range(ref, len(data) // 2 - 10, len(data) // 2 + 10)
