@@ -232,17 +232,29 @@ class Decoding:
     :meth:`feed` runs on the fetch's hashing thread and never raises: a failure is kept
     and raised by :meth:`result`, which the caller calls only after the fetch has checked
     the stored bytes' SHA-256, so nothing decoded from unverified bytes is handed out.
+
+    Only an encrypted payload is decoded on the way. A payload that is only compressed is
+    decoded from the verified stored bytes in :meth:`result`, as before: its few stored
+    bytes arrive quickly and inflate 4-8 times, and decompressing beside the reader made
+    the 64 MiB JSON round trip slower in 7 of 8 paired runs (bench/RESULTS.md, issue 30).
+
+    Args:
+        settings: `spool_threshold`, `spool_dir`.
+        decoder: the payload's decoder.
+        deferred: decode in :meth:`result`, from the stored bytes (`feed` does nothing).
     """
 
-    def __init__(self, settings: ClientSettings, decoder: Decoder) -> None:
+    def __init__(self, settings: ClientSettings, decoder: Decoder, *, deferred: bool) -> None:
+        self._settings = settings
         self._decoder = decoder
+        self._deferred = deferred
         self._digest = hashlib.sha256()
-        self._plain = _Plain(settings)
+        self._plain: _Plain | None = None if deferred else _Plain(settings)
         self._error: Exception | None = None
 
     def feed(self, batch: Sequence[bytes | memoryview]) -> None:
         """Decode `batch` (no view of it is kept)."""
-        if self._error is not None:
+        if self._plain is None or self._error is not None:
             return
         try:
             for piece in batch:
@@ -258,6 +270,8 @@ class Decoding:
         Raises:
             PayloadDecodeError: see the module's docstring.
         """
+        if self._plain is None:
+            return _decoded(self._settings, self._decoder, stored)
         stored.discard()
         try:
             if self._error is not None:
@@ -272,7 +286,27 @@ class Decoding:
 
     def discard(self) -> None:
         """Drop what was decoded (the fetch failed)."""
-        self._plain.discard()
+        if self._plain is not None:
+            self._plain.discard()
+
+
+def _decoded(settings: ClientSettings, decoder: Decoder, stored: Payload) -> tuple[Payload, str]:
+    """`stored` through `decoder` in one pass into memory or a spool file; discarded after."""
+    try:
+        digest = hashlib.sha256()
+        # Spooled stored bytes: the plaintext goes to disk too.
+        plain = _Plain(settings, spool=stored.path is not None)
+        try:
+            with stored.open() as f:
+                for piece in decode_stream(f, decoder):
+                    digest.update(piece)
+                    plain.write(piece)
+        except BaseException:
+            plain.discard()
+            raise
+    finally:
+        stored.discard()
+    return plain.payload(), digest.hexdigest()
 
 
 class Unsealer:
@@ -297,7 +331,8 @@ class Unsealer:
             NoMatchingIdentity: an encrypted payload and no identity (before any fetch).
         """
         s = self._settings
-        return Decoding(s, Decoder(encoding, self.identities, s.max_fetch_bytes))
+        decoder = Decoder(encoding, self.identities, s.max_fetch_bytes)
+        return Decoding(s, decoder, deferred=not encoding.encrypted)
 
     def decode(
         self, encoding: Encoding, stored: Payload, *, sniff: bool = False
@@ -315,17 +350,7 @@ class Unsealer:
         s = self._settings
         try:
             decoder = Decoder(encoding, self.identities, s.max_fetch_bytes, sniff=sniff)
-            digest = hashlib.sha256()
-            # Spooled stored bytes: the plaintext goes to disk too.
-            plain = _Plain(s, spool=stored.path is not None)
-            try:
-                with stored.open() as f:
-                    for piece in decode_stream(f, decoder):
-                        digest.update(piece)
-                        plain.write(piece)
-            except BaseException:
-                plain.discard()
-                raise
-        finally:
+        except BaseException:
             stored.discard()
-        return plain.payload(), digest.hexdigest()
+            raise
+        return _decoded(s, decoder, stored)
