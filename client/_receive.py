@@ -384,7 +384,7 @@ class Receiver:
         progress = self._on_fetch_progress
         # An encrypted / compressed payload is decoded while it arrives; handed out only
         # after the fetch has checked the stored bytes (client/_unseal.py, Decoding).
-        decoding = None if ref.encoding.plain else self._unsealer.decoding(ref.encoding)
+        decoding = None if ref.encoding.plain else self._unsealer.decoding(ref.encoding, ref.size)
         try:
             payload = self._transport.fetch(
                 ref.payload_url,

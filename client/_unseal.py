@@ -242,14 +242,17 @@ class Decoding:
         settings: `spool_threshold`, `spool_dir`.
         decoder: the payload's decoder.
         deferred: decode in :meth:`result`, from the stored bytes (`feed` does nothing).
+        spool: the plaintext goes straight to a spool file (the stored bytes are spooled:
+            holding a first `spool_threshold` of plaintext in memory doubled a client's peak).
     """
 
-    def __init__(self, settings: ClientSettings, decoder: Decoder, *, deferred: bool) -> None:
+    def __init__(
+        self, settings: ClientSettings, decoder: Decoder, *, deferred: bool, spool: bool
+    ) -> None:
         self._settings = settings
         self._decoder = decoder
-        self._deferred = deferred
         self._digest = hashlib.sha256()
-        self._plain: _Plain | None = None if deferred else _Plain(settings)
+        self._plain: _Plain | None = None if deferred else _Plain(settings, spool=spool)
         self._error: Exception | None = None
 
     def feed(self, batch: Sequence[bytes | memoryview]) -> None:
@@ -324,15 +327,20 @@ class Unsealer:
         self._settings = settings
         self.identities = load_identities(settings.identity_files)
 
-    def decoding(self, encoding: Encoding) -> Decoding:
+    def decoding(self, encoding: Encoding, size: int) -> Decoding:
         """A decoder to tap a fetch of `encoding`'s stored bytes with.
+
+        Args:
+            encoding: from the placeholder.
+            size: the stored bytes' size (the placeholder's): past `spool_threshold` the
+                fetch spools them, and the plaintext goes to a spool file from the start.
 
         Raises:
             NoMatchingIdentity: an encrypted payload and no identity (before any fetch).
         """
         s = self._settings
         decoder = Decoder(encoding, self.identities, s.max_fetch_bytes)
-        return Decoding(s, decoder, deferred=not encoding.encrypted)
+        return Decoding(s, decoder, deferred=not encoding.encrypted, spool=size > s.spool_threshold)
 
     def decode(
         self, encoding: Encoding, stored: Payload, *, sniff: bool = False
