@@ -306,3 +306,18 @@ def test_a_spooled_fetch_decrypts_straight_to_a_spool_file(tmp_path: Path) -> No
     assert len(list(spool.iterdir())) == 1
     decoding.discard()
     assert list(spool.iterdir()) == []
+
+
+def test_a_streamed_upload_fails_when_the_gateway_stored_other_bytes() -> None:
+    """No X-Offload-Sha256 goes ahead of a sealed stream: the gateway's answered digest is
+    compared instead, and a placeholder is never published for bytes no reader accepts."""
+    from client import UploadError
+    from client._answers import _same_digest
+
+    ours = "a" * 64
+    _same_digest("http://gw/msg/1", httpx.Response(201, json={"sha256": ours}), ours)
+    for answer in ({"sha256": "b" * 64}, {}, {"sha256": ["x"]}):
+        with pytest.raises(UploadError, match="damaged on the way"):
+            _same_digest("http://gw/msg/1", httpx.Response(201, json=answer), ours)
+    with pytest.raises(UploadError, match="unreadable upload answer"):
+        _same_digest("http://gw/msg/1", httpx.Response(201, content=b"[1, 2"), ours)
