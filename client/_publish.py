@@ -379,6 +379,10 @@ class Publisher:
             send.topic, Route.OFFLOADED, source.size, stored.plain_sha256, str(message_id), url
         )
 
+    def encrypts(self, topic: str) -> bool:
+        """Whether `topic`'s payloads are encrypted (`encrypt_to`): never sent in the clear."""
+        return self._sealer.encrypts(topic)
+
     def upload_placeholder(
         self, topic: str, payload: bytes, *, qos: int, properties: PublishProperties | None
     ) -> tuple[bytes, PublishProperties | None, str] | None:
@@ -392,9 +396,14 @@ class Publisher:
         self._warn_plain_http(endpoint)
         send = _Send(topic, qos, False, properties, self.max_packet_size, None)
         message_id = MessageId.new()
-        with PayloadSource(payload, spool_dir=self._settings.spool_dir) as source:
-            url = self._upload(endpoint, send, source, message_id)
-            ref = _placeholder.Placeholder(url, source.size, source.sha256, message_id)
+        with (
+            PayloadSource(payload, spool_dir=self._settings.spool_dir) as source,
+            self._sealer.seal(topic, source) as stored,  # an encrypt_to topic's Will too
+        ):
+            url = self._upload(endpoint, send, stored.source, message_id)
+            ref = _placeholder.Placeholder(
+                url, stored.source.size, stored.source.sha256, message_id, stored.encoding
+            )
         body, props = ref.encode(properties, protocol=self._settings.protocol)
         return body, props, url
 
