@@ -13,8 +13,8 @@ Starts SeaweedFS, mosquitto (256 KiB limit) and `offload-gateway` as a subproces
   child connecting and exiting without a message. Target: bounded, < 150 MiB.
 
 `--encrypted` (issue 30) measures only the two clients, the producer encrypting the file to
-a fresh age key (sealed into a spool file, never whole in memory) and the consumer
-decrypting it into its spool file: same target.
+a fresh age key (sealed while it is uploaded, a few MiB ahead, never whole in memory) and
+the consumer decrypting it into its spool file as it arrives: same target.
 
     python bench/memory.py                 # 1 GiB
     python bench/memory.py --size 268435456

@@ -20,11 +20,11 @@ import httpx
 from ._client import Client, unfinished_errors
 from ._config import ClientSettings, SettingsOverrides, load_settings
 from ._http import HttpTransport
-from ._message import PublishResult
+from ._message import Message, PublishResult
 from ._paho import MqttConnection
 from ._receive import Delivery, FetchProgress
 from ._source import PayloadLike
-from .protocol import DiscoveryRecord, MessageId, PublishProperties
+from .protocol import DiscoveryRecord, MessageId, Placeholder, PublishProperties
 
 # How long one executor thread waits for a delivery before checking back with the event
 # loop: bounds how long a cancelled `async for` keeps a thread busy.
@@ -211,6 +211,11 @@ class AsyncClient:
                 return item
             if deadline is not None and loop.time() >= deadline:
                 return None
+
+    async def fetch_range(self, placeholder: Placeholder | Message, start: int, end: int) -> bytes:
+        """Bytes `[start, end)` of an offloaded payload, reading only the stored bytes that
+        hold them (see :meth:`Client.fetch_range`)."""
+        return await asyncio.to_thread(self.sync.fetch_range, placeholder, start, end)
 
     async def messages(
         self, timeout: float | None = None, *, report_unfinished: bool = False

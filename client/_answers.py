@@ -12,8 +12,9 @@ import json
 
 import httpx
 
-from ._exceptions import FetchError, PayloadChecksumMismatch, PayloadNotFound
+from ._exceptions import FetchError, PayloadChecksumMismatch, PayloadNotFound, UploadError
 from ._message import Payload
+from .protocol import loads_object
 
 #: Most bytes of an error response read to find its `detail`.
 MAX_ERROR_BODY = 65536
@@ -99,3 +100,25 @@ def _verified(
         payload.discard()
         raise PayloadChecksumMismatch(url, expected_sha256, actual)
     return payload
+
+
+#: The largest 201 answer to a raw upload read for its `sha256`.
+MAX_RECEIPT_BYTES = 64 * 1024
+
+
+def _same_digest(url: str, response: httpx.Response, sha256: str) -> None:
+    """The gateway's `sha256` for what it stored must be the one the client sent.
+
+    Raises:
+        UploadError: another digest (damaged on the way: the placeholder would point at
+            bytes no reader accepts), or an answer without one.
+    """
+    try:
+        answer = loads_object(response.content, max_bytes=MAX_RECEIPT_BYTES)
+    except ValueError as exc:
+        raise UploadError(url, f"unreadable upload answer: {exc}") from exc
+    if answer.get("sha256") != sha256:
+        raise UploadError(
+            url, f"the gateway stored bytes hashing to {str(answer.get('sha256'))[:64]!r}, "
+            f"not the {sha256} sent: damaged on the way"
+        )  # fmt: skip

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, BinaryIO, cast
 from ._cli_args import settings_from_args
 from ._cli_errors import EXIT_OK, describe, refused
 from ._cli_output import BinaryStdout, emit, message_line, write_bytes
-from ._exceptions import UploadError
+from ._exceptions import ConfigError, UploadError
 
 if TYPE_CHECKING:
     import ssl
@@ -172,9 +172,17 @@ def upload_command(args: argparse.Namespace) -> int:
     import httpx
 
     from ._progress import Progress
+    from ._seal import Sealer
     from ._upload import TusUploader, state_path
 
     settings = settings_from_args(args)
+    if Sealer(settings).encrypts(args.topic):
+        # The gateway publishes a tus upload's placeholder, which cannot say `enc` yet:
+        # never send an encrypted topic's file in the clear instead.
+        raise ConfigError(
+            f"{args.topic!r} is encrypted (encrypt_to) and `offload upload` (tus) does not "
+            "encrypt: use `offload publish -t TOPIC -f FILE` (encrypted, streamed)"
+        )
     auth = _gateway_login(settings)
     size = args.file.stat().st_size
     bar = Progress(size, label="upload")

@@ -2,10 +2,10 @@
 
 For a plain payload (or with `--raw`) it is one HTTP Range request for those stored bytes. For
 an age file the range is of the plaintext: one request for the head of the object (the age
-header, its nonce and the first chunk), then one for exactly the 64 KiB chunks that hold
-the range, each decrypted on its own (:class:`client.protocol._age.OpenedHeader`): a few
-hundred KiB of a multi-GiB object cross the network and the cipher, not the object. A
-compressed payload has no plaintext offsets to seek to: fetch it whole.
+header, its nonce and the first chunk, which tells a compressed payload), then one for
+exactly the 64 KiB chunks that hold the range (:func:`client._range.age_range`, as
+`Client.fetch_range` reads them). A compressed payload has no plaintext offsets to seek to:
+fetch it whole.
 
 Redirects are followed like `curl -L` (the user named the URL) and no credentials are sent.
 """
@@ -17,8 +17,9 @@ from collections.abc import Sequence
 
 import httpx
 
-from ._exceptions import DecryptionFailed, FetchError, PayloadDecodeError
-from .protocol._age import CHUNK, NONCE, SEALED_CHUNK, Header, Layout, OpenedHeader
+from ._exceptions import FetchError, PayloadDecodeError
+from ._range import age_range
+from .protocol._age import NONCE, SEALED_CHUNK, Header, Layout, OpenedHeader
 from .protocol._age_keys import Identity
 from .protocol._zstd import MARK, marked
 
@@ -77,22 +78,18 @@ def fetch_range(
             data, _ = _get(http, url, start, end)
             return data, len(head) + len(data)
         header = Header.parse(head)
-        if header is None or len(head) < header.length + NONCE:
-            raise DecryptionFailed("age header longer than the first request")
-        nonce = head[header.length : header.length + NONCE]
-        opened = OpenedHeader(header, nonce, identities)
-        layout = Layout.of(header.length, total)
-        first_sealed = head[layout.payload_start : layout.payload_start + SEALED_CHUNK]
-        if len(first_sealed) == min(SEALED_CHUNK, layout.body):
-            chunk0 = opened.open_chunk(0, first_sealed, layout.chunks == 1)
-            if marked(chunk0[: len(MARK)]):
-                raise PayloadDecodeError(
-                    "--range of a compressed payload: fetch it whole, or --raw"
-                )
-        if start >= layout.plain_size:
-            return b"", len(head)
-        a, b, first = layout.span(start, end)
-        sealed, _ = _get(http, url, a, b)
-        plain = opened.open_run(first, sealed, layout)
-        offset = start - first * CHUNK
-        return plain[offset : offset + min(end, layout.plain_size) - start], len(head) + len(sealed)
+        if header is not None and len(head) >= header.length + NONCE:
+            nonce = head[header.length : header.length + NONCE]
+            layout = Layout.of(header.length, total)
+            first_sealed = head[layout.payload_start : layout.payload_start + SEALED_CHUNK]
+            if len(first_sealed) == min(SEALED_CHUNK, layout.body):
+                opened = OpenedHeader(header, nonce, identities)
+                chunk0 = opened.open_chunk(0, first_sealed, layout.chunks == 1)
+                if marked(chunk0[: len(MARK)]):
+                    raise PayloadDecodeError(
+                        "--range of a compressed payload: fetch it whole, or --raw"
+                    )
+        plain, read = age_range(
+            lambda a, b: _get(http, url, a, b)[0], total, start, end, identities, head=head
+        )
+        return plain, len(head) + read

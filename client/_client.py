@@ -51,6 +51,7 @@ from ._http import HttpTransport
 from ._message import Message, MessageError, PublishResult
 from ._paho import Incoming, MqttConnection
 from ._publish import Publisher, wait_ack
+from ._range import RangeReader, as_placeholder, payload_range
 from ._receive import Delivery, FetchProgress, PlainHttpWarner, Receiver
 from ._scram import gateway_auth
 from ._source import PayloadLike
@@ -58,7 +59,7 @@ from ._store_origin import ConfiguredStore
 from ._websocket import websocket_headers
 from ._will import Will
 from ._will import arm as arm_will
-from .protocol import DiscoveryRecord, MessageId, PublishProperties, TopicFilter
+from .protocol import DiscoveryRecord, MessageId, Placeholder, PublishProperties, TopicFilter
 
 log = logging.getLogger("client")
 
@@ -401,6 +402,47 @@ class Client:
         assert isinstance(item, Message | MessageError)
         self._receiver.sequencer.consumed(item)
         return item
+
+    def fetch_range(self, placeholder: Placeholder | Message, start: int, end: int) -> bytes:
+        """Bytes `[start, end)` of an offloaded payload, reading only the stored bytes
+        that hold them (docs/encryption.md, "Ranges").
+
+        For placeholders delivered as they are (`fetch_external=False`) or made elsewhere.
+        A plain payload is one HTTP Range request; an encrypted one reads its age header,
+        then only the 64 KiB chunks that hold the range, each authenticated and decrypted
+        on its own with `identity_files`. The origin and credential rules of a whole fetch
+        apply. A plain range is not checked against the placeholder's SHA-256 (it covers
+        the whole object); an encrypted one is authenticated chunk by chunk.
+
+        Args:
+            placeholder: a :class:`~client.protocol.Placeholder`, or a message that is one.
+            start: the first byte (0-based).
+            end: one past the last byte; past the payload's end reads up to its end.
+
+        Returns:
+            The bytes (fewer than asked at the payload's end, none past it).
+
+        Raises:
+            ValueError: `start < 0`, `end < start`, or more than `max_fetch_bytes` asked.
+            MalformedPlaceholder: the message is not a placeholder.
+            UntrustedEndpoint: its origin may not be fetched from (see `discovery_allowlist`).
+            PayloadDecodeError: a compressed payload (fetch it whole), no matching identity
+                (:class:`NoMatchingIdentity`), a damaged or truncated object.
+            FetchError: no answer, an error status, a redirect refused, an answer that is
+                not the range asked for (a server that ignores Range is refused, not read).
+        """
+        if start < 0 or end < start or end - start > self.settings.max_fetch_bytes:
+            raise ValueError(f"range [{start}, {end}) is not 0 <= start <= end, max_fetch_bytes")
+        ref = as_placeholder(placeholder)
+        receiver = self._receiver
+        reader = RangeReader(
+            self._transport.reader,
+            ref.payload_url,
+            ref.size,
+            auth=receiver._auth_for(ref),
+            redirect_ok=receiver._redirect_ok,
+        )
+        return payload_range(reader, ref, start, end, receiver._unsealer.identities)
 
     def messages(
         self, timeout: float | None = None, *, report_unfinished: bool = False

@@ -148,17 +148,28 @@ def _batches(pieces: Iterator[bytes]) -> Iterator[tuple[list[bytes], int]]:
 class _Hasher:
     """SHA-256 of batches fed in order, on a worker thread for large payloads.
 
+    A `tap` sees each batch after it is hashed, on the same thread (the receive path
+    decrypts there while the body arrives: :class:`client._unseal.Decoding`); it must not
+    raise, and keeps no view of a batch beyond the call.
+
     The reader hands over batches (:func:`_batches`) through a queue bounded at
     :data:`HASH_QUEUE` batches, so a slow hasher slows the reader instead of growing
     memory. :meth:`hexdigest` waits until every batch fed is hashed; :meth:`close` (also on
     exit of a `with`) stops the thread whatever happened, so a failed fetch leaves none.
     """
 
-    def __init__(self, *, threaded: bool, enabled: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        threaded: bool,
+        enabled: bool = True,
+        tap: Callable[[Sequence[Piece]], None] | None = None,
+    ) -> None:
         self._digest = hashlib.sha256() if enabled else None
+        self._tap = tap
         self._queue: queue.Queue[Sequence[Piece] | None] = queue.Queue(HASH_QUEUE)
         self._thread: threading.Thread | None = None
-        if threaded and enabled:
+        if threaded and (enabled or tap is not None):
             self._thread = threading.Thread(target=self._run, name="offload-sha256", daemon=True)
             self._thread.start()
 
@@ -172,9 +183,12 @@ class _Hasher:
         """Hash `batch` after every batch fed before it (now, or on the worker)."""
         if self._thread is not None:
             self._queue.put(batch)
-        elif self._digest is not None:
+            return
+        if self._digest is not None:
             for piece in batch:
                 self._digest.update(piece)
+        if self._tap is not None:
+            self._tap(batch)
 
     def hexdigest(self) -> str:
         """The digest of everything fed, once the worker has caught up ("" when disabled)."""
@@ -189,11 +203,14 @@ class _Hasher:
             thread.join()
 
     def _run(self) -> None:
-        assert self._digest is not None
-        update = self._digest.update
+        update = self._digest.update if self._digest is not None else None
+        tap = self._tap
         while (batch := self._queue.get()) is not None:
-            for piece in batch:
-                update(piece)  # hashlib drops the GIL: the reader runs meanwhile
+            if update is not None:
+                for piece in batch:
+                    update(piece)  # hashlib drops the GIL: the reader runs meanwhile
+            if tap is not None:
+                tap(batch)
 
 
 def _in_memory(stream: Iterator[bytes], hasher: _Hasher, size: int) -> Payload:

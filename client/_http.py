@@ -29,7 +29,7 @@ from urllib.parse import quote
 
 import httpx
 
-from ._answers import TransientFetchError, _check_status, _detail, _verified
+from ._answers import TransientFetchError, _check_status, _detail, _same_digest, _verified
 from ._deadline import ON_SOCKET, Pace, Watchdog
 from ._exceptions import (
     FetchError,
@@ -51,6 +51,7 @@ from ._fetching import (
 )
 from ._message import Payload
 from ._scram import ScramFailure
+from ._seal import SealedStream
 from ._source import PayloadSource
 from ._upload_forms import (
     BSON_PAYLOAD_LIMIT,
@@ -130,7 +131,7 @@ class HttpTransport:
         self,
         endpoint: str,
         topic: str,
-        source: PayloadSource,
+        source: PayloadSource | SealedStream,
         *,
         message_id: MessageId,
         headers: Sequence[tuple[str, bytes]] = (),
@@ -149,7 +150,8 @@ class HttpTransport:
         Args:
             endpoint: the gateway base URL.
             topic: the MQTT topic the message is for.
-            source: the payload.
+            source: the payload; a :class:`SealedStream` is sealed while it is sent, and
+                the SHA-256 the gateway answers must be the one taken on the way.
             message_id: the id to store it under (the gateway keeps the client's id).
             headers: extra (name, value) headers stored beside the payload.
             auth: credentials, only when the endpoint may receive them.
@@ -171,7 +173,8 @@ class HttpTransport:
             reason = f"the stored headers exceed {HEADER_BUDGET} bytes as HTTP header fields"
         else:
             try:
-                self._send(raw_request(base, topic, source, message_id, fields, ttl), auth)
+                request = raw_request(base, topic, source, message_id, fields, ttl)
+                answer = self._send(request, auth)
             except UploadError as exc:
                 if exc.status not in UNSUPPORTED:
                     raise
@@ -180,6 +183,8 @@ class HttpTransport:
                 log.info("%s: uploading as a BSON document instead", reason)
             else:
                 self._raw_support[base] = True
+                if isinstance(source, SealedStream):  # no X-Offload-Sha256 was sent ahead
+                    _same_digest(request.url, answer, source.sha256)
                 return UploadReceipt(
                     message_id, raw_upload_url(base, message_id), source.size, source.sha256
                 )
@@ -206,7 +211,7 @@ class HttpTransport:
             self._raw_support[endpoint] = answer
         return answer
 
-    def _send(self, request: UploadRequest, auth: httpx.Auth | None) -> None:
+    def _send(self, request: UploadRequest, auth: httpx.Auth | None) -> httpx.Response:
         """One upload request; anything but 201 is an UploadError with the status."""
         try:
             response = self._client.request(
@@ -221,8 +226,15 @@ class HttpTransport:
             raise UploadError(request.url, f"upload failed: {exc!r}") from exc
         except ScramFailure as exc:
             raise UploadError(request.url, str(exc), 401) from exc
+        finally:
+            # A body left half-read stops now (a SealedStream's worker thread), before any
+            # retry reads the source again.
+            close = getattr(request.body, "close", None)
+            if close is not None:
+                close()
         if response.status_code != 201:
             raise UploadError(request.url, _detail(response), response.status_code)
+        return response
 
     @property
     def client(self) -> httpx.Client:
@@ -248,6 +260,7 @@ class HttpTransport:
         redirect_ok: Callable[[Origin], bool] | None = None,
         pace: Pace | None = None,
         topic: str | None = None,
+        tap: Callable[[Sequence[bytes | memoryview]], None] | None = None,
     ) -> Payload:
         """GET a raw payload, verifying its SHA-256 while it streams in, never reading more.
 
@@ -284,6 +297,9 @@ class HttpTransport:
             topic: the topic the placeholder came on, told to the gateway (never to a
                 redirect's target): with delete-after-fetch it deletes only its own topic's
                 messages, not those a hostile placeholder pointed at.
+            tap: sees the body's pieces in order as they are hashed (on the hashing thread
+                for a large payload); must not raise nor keep a piece past the call. What
+                it makes of them is the caller's to discard if this raises.
 
         Raises:
             PayloadNotFound: 404 or 410.
@@ -313,7 +329,9 @@ class HttpTransport:
                     # re-chunking copy (bench/RESULTS.md, "Client fetch"). A generator: nothing
                     # is read unless a branch below iterates it.
                     stream = _counted(_capped(response.iter_raw(), limit, url), size, on_bytes)
-                    with _Hasher(threaded=threaded, enabled=expected_sha256 is not None) as hasher:
+                    with _Hasher(
+                        threaded=threaded, enabled=expected_sha256 is not None, tap=tap
+                    ) as hasher:
                         if size is None or size > spool_threshold:
                             payload = _spool(stream, hasher, spool_dir)
                         elif readinto is not None:  # straight into the payload's buffer

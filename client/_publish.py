@@ -38,7 +38,7 @@ from ._message import PublishResult, Route
 from ._paho import MqttConnection
 from ._receive import PlainHttpWarner
 from ._router import choose_route
-from ._seal import Sealer, tagged
+from ._seal import SealedStream, Sealer, tagged
 from ._source import PayloadLike, PayloadSource
 from .protocol import MessageId, PublishProperties, Topic, _placeholder
 from .protocol._chunk import plan_chunks
@@ -237,6 +237,7 @@ class Publisher:
                 "automatic_offload) and chunking is off"
             )
         with self._sealer.seal(send.topic, source) as stored:
+            assert isinstance(stored.source, PayloadSource)  # not a stream: chunks seek
             props = tagged(send.properties, stored.encoding)
             result = self._chunked(replace(send, properties=props), stored.source)
         return replace(result, size=source.size, sha256=stored.plain_sha256)
@@ -285,17 +286,26 @@ class Publisher:
             return exc.size
 
     def _upload(
-        self, endpoint: str, send: _Send, source: PayloadSource, message_id: MessageId
+        self,
+        endpoint: str,
+        send: _Send,
+        source: PayloadSource | SealedStream,
+        message_id: MessageId,
     ) -> str:
-        """Upload the payload; the URL it is stored at. Retries a transient failure once."""
+        """Upload the payload; the URL it is stored at. Retries a transient failure once.
+
+        A :class:`SealedStream` (sealed while sent) goes through the gateway only: a direct
+        transfer hashes every part before it starts.
+        """
         props = send.properties
         headers = [(k, v.encode()) for k, v in (props.user_properties if props else ())]
         attempt = 0
         while True:
             try:
-                receipt = self._direct_upload(endpoint, send, source, message_id)
-                if receipt is not None:
-                    return receipt.url
+                if isinstance(source, PayloadSource):
+                    receipt = self._direct_upload(endpoint, send, source, message_id)
+                    if receipt is not None:
+                        return receipt.url
                 return self._transport.upload(
                     endpoint,
                     send.topic,
@@ -347,7 +357,9 @@ class Publisher:
     ) -> PublishResult:
         self._warn_plain_http(endpoint)
         message_id = message_id or MessageId.new()
-        with self._sealer.seal(send.topic, source) as stored:  # encrypted, compressed or as is
+        # Through the gateway an encrypted payload is sealed while it is sent.
+        stream = self._direct_store() is None
+        with self._sealer.seal(send.topic, source, stream=stream) as stored:
             url = self._upload(endpoint, send, stored.source, message_id)
             ref = _placeholder.Placeholder(
                 url, stored.source.size, stored.source.sha256, message_id, stored.encoding
@@ -367,6 +379,10 @@ class Publisher:
             send.topic, Route.OFFLOADED, source.size, stored.plain_sha256, str(message_id), url
         )
 
+    def encrypts(self, topic: str) -> bool:
+        """Whether `topic`'s payloads are encrypted (`encrypt_to`): never sent in the clear."""
+        return self._sealer.encrypts(topic)
+
     def upload_placeholder(
         self, topic: str, payload: bytes, *, qos: int, properties: PublishProperties | None
     ) -> tuple[bytes, PublishProperties | None, str] | None:
@@ -380,9 +396,14 @@ class Publisher:
         self._warn_plain_http(endpoint)
         send = _Send(topic, qos, False, properties, self.max_packet_size, None)
         message_id = MessageId.new()
-        with PayloadSource(payload, spool_dir=self._settings.spool_dir) as source:
-            url = self._upload(endpoint, send, source, message_id)
-            ref = _placeholder.Placeholder(url, source.size, source.sha256, message_id)
+        with (
+            PayloadSource(payload, spool_dir=self._settings.spool_dir) as source,
+            self._sealer.seal(topic, source) as stored,  # an encrypt_to topic's Will too
+        ):
+            url = self._upload(endpoint, send, stored.source, message_id)
+            ref = _placeholder.Placeholder(
+                url, stored.source.size, stored.source.sha256, message_id, stored.encoding
+            )
         body, props = ref.encode(properties, protocol=self._settings.protocol)
         return body, props, url
 

@@ -443,24 +443,33 @@ class Receiver:
         auth = self._auth_for(ref)
         self._warn_plain_http(ref.url)
         progress = self._on_fetch_progress
-        payload = self._transport.fetch(
-            ref.payload_url,
-            expected_sha256=ref.sha256,
-            expected_size=ref.size,
-            max_bytes=self._settings.max_fetch_bytes,
-            spool_threshold=self._settings.spool_threshold,
-            spool_dir=self._settings.spool_dir,
-            auth=auth,
-            redirect_ok=self._redirect_ok,
-            pace=self._pace,
-            topic=incoming.topic,
-            on_bytes=(lambda done, total: progress(incoming.topic, done, total))
-            if progress is not None
-            else None,
-        )
+        # An encrypted / compressed payload is decoded while it arrives; handed out only
+        # after the fetch has checked the stored bytes (client/_unseal.py, Decoding).
+        decoding = None if ref.encoding.plain else self._unsealer.decoding(ref.encoding, ref.size)
+        try:
+            payload = self._transport.fetch(
+                ref.payload_url,
+                expected_sha256=ref.sha256,
+                expected_size=ref.size,
+                max_bytes=self._settings.max_fetch_bytes,
+                spool_threshold=self._settings.spool_threshold,
+                spool_dir=self._settings.spool_dir,
+                auth=auth,
+                redirect_ok=self._redirect_ok,
+                pace=self._pace,
+                topic=incoming.topic,
+                on_bytes=(lambda done, total: progress(incoming.topic, done, total))
+                if progress is not None
+                else None,
+                tap=decoding.feed if decoding is not None else None,
+            )
+        except BaseException:
+            if decoding is not None:
+                decoding.discard()
+            raise
         sha256 = ref.sha256
-        if not ref.encoding.plain:  # decrypt / decompress the checked stored bytes
-            payload, sha256 = self._unsealer.decode(ref.encoding, payload)
+        if decoding is not None:
+            payload, sha256 = decoding.result(payload)
         return Message(
             incoming.topic,
             payload,

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from urllib.parse import quote, quote_from_bytes
 
 from ._exceptions import ProtocolError, UploadError
+from ._seal import SealedStream
 from ._source import PIECE, PayloadSource
 from .protocol import MessageId
 
@@ -99,7 +100,7 @@ def allows_put(status: int, allow: str | None) -> bool | None:
 def raw_request(
     endpoint: str,
     topic: str,
-    source: PayloadSource,
+    source: PayloadSource | SealedStream,
     message_id: MessageId,
     fields: list[str],
     ttl: int | None,
@@ -107,17 +108,17 @@ def raw_request(
     """`PUT {endpoint}/msg/{id}?topic=&ttl=`, the payload as the body, headers as fields.
 
     The topic travels as a query parameter (httpx percent-encodes it whole, `/` included).
+    A :class:`SealedStream`'s SHA-256 is known only once it is sent: no `X-Offload-Sha256`
+    then (the caller compares the gateway's answer instead).
     """
     params: dict[str, str | int] = {"topic": topic}
     if ttl:
         params["ttl"] = ttl
-    headers = [
-        ("Content-Type", RAW_CONTENT_TYPE),
-        ("Content-Length", str(source.size)),
+    headers = [("Content-Type", RAW_CONTENT_TYPE), ("Content-Length", str(source.size))]
+    if isinstance(source, PayloadSource):
         # The gateway checks the bytes it got against it: damage on the way is a 400.
-        ("X-Offload-Sha256", source.sha256),
-        *(("X-Offload-Header", field) for field in fields),
-    ]
+        headers.append(("X-Offload-Sha256", source.sha256))
+    headers += [("X-Offload-Header", field) for field in fields]
     url = raw_upload_url(endpoint, message_id)
     return UploadRequest("PUT", url, source.pieces(PIECE), headers, params)
 
@@ -125,7 +126,7 @@ def raw_request(
 def bson_request(
     endpoint: str,
     topic: str,
-    source: PayloadSource,
+    source: PayloadSource | SealedStream,
     message_id: MessageId,
     headers: Sequence[tuple[str, bytes]],
     ttl: int | None,

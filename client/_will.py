@@ -86,6 +86,7 @@ def arm(
     again so that the broker holds it.
 
     Raises:
+        ConfigError: the Will's topic is encrypted and no endpoint takes it.
         MessageTooLarge: the Will does not fit and cannot be offloaded (no endpoint, or
             even its placeholder is too large).
         UploadError: the upload failed.
@@ -94,10 +95,18 @@ def arm(
     limit = publisher.max_packet_size
     payload, props = will.payload, None
     size = will.connect_size(len(payload), props, s)
-    if size > limit:
+    # An encrypted topic's Will is offloaded whatever its size: the broker never holds it in
+    # the clear (docs/encryption.md).
+    encrypted = publisher.encrypts(will.topic)
+    if size > limit or encrypted:
         placeholder = publisher.upload_placeholder(
             will.topic, payload, qos=will.qos, properties=None
         )
+        if placeholder is None and encrypted:
+            raise ConfigError(
+                f"the Will's topic {will.topic!r} is encrypted (encrypt_to) and no endpoint "
+                "takes its payload: a Will is never sent in the clear"
+            )
         if placeholder is None:
             raise MessageTooLarge(size, limit, "the Will does not fit and no endpoint takes it")
         payload, props, url = placeholder

@@ -132,3 +132,63 @@ def test_oversized_will_without_an_endpoint_fails_connect_and_leaves_no_connecti
         client.connect()
     assert not client.connection.connected
     client.close()
+
+
+# A client process whose Will's topic is encrypted (encrypt_to), to the recipient given.
+ENCRYPTED_CHILD = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from client import Client
+    broker, topic, path, recipient = sys.argv[1:5]
+    client = Client(
+        broker, will_topic=topic, will_payload=Path(path).read_bytes(), will_qos=1,
+        discovery_wait=30.0, encrypt_to={topic: [recipient]},
+    )
+    client.connect(timeout=30)
+    print("ready", client.connection.connections, flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_a_will_on_an_encrypted_topic_is_offloaded_as_ciphertext_however_small(
+    gateway: GatewayServer,
+    clients: Callable[..., Client],
+    unique_topic: Callable[[str], str],
+    tmp_path: Path,
+) -> None:
+    import httpx
+
+    from client.protocol._age_keys import Identity
+
+    broker: Mosquitto = gateway.broker  # type: ignore[attr-defined]
+    topic = unique_topic("will-enc")
+    identity = Identity.generate()
+    (tmp_path / "key").write_text(f"{identity}\n")
+    payload = b"WILL-PLAINTEXT-MARKER " * 40  # fits the broker: would go in the clear
+    (tmp_path / "will").write_bytes(payload)
+    watcher = clients(identity_files=(str(tmp_path / "key"),))
+    watcher.subscribe(topic, qos=1)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", ENCRYPTED_CHILD, broker.url, topic, str(tmp_path / "will"),
+         str(identity.recipient)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("ready"), (line, proc.stderr.read() if proc.stderr else "")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        got = watcher.next_message(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+    assert isinstance(got, Message), got
+    assert got.route is Route.OFFLOADED and got.payload == payload
+    assert got.message_id is not None
+    stored = httpx.get(f"{gateway.url}/msg/{got.message_id}/payload", timeout=30).content
+    assert stored.startswith(b"age-encryption.org/v1\n") and b"MARKER" not in stored

@@ -166,6 +166,14 @@ class Header:
         raise NoMatchingIdentity(key_ids, ours, x25519)
 
 
+def sealed_size(header_length: int, plain_size: int) -> int:
+    """The size of an age file of `plain_size` plaintext bytes behind a `header_length`
+    header: the nonce, then a tag per 64 KiB chunk (one chunk at least, a full last
+    chunk never followed by an empty one). The inverse of :meth:`Layout.of`."""
+    chunks = max(1, -(-plain_size // CHUNK))
+    return header_length + NONCE + plain_size + chunks * TAG
+
+
 def encode_header(file_key: bytes, recipients: Iterable[Recipient]) -> bytes:
     """A header wrapping `file_key` for each recipient, with its MAC line."""
     stanzas = [_stanza_bytes(wrap(file_key, r)) for r in recipients]
@@ -192,7 +200,9 @@ class Encryptor:
     ) -> None:
         file_key = file_key or os.urandom(16)
         nonce = nonce or os.urandom(NONCE)
-        self._pending = encode_header(file_key, recipients) + nonce
+        header = encode_header(file_key, recipients)
+        self.header_length = len(header)
+        self._pending = header + nonce
         self._cipher = _payload_cipher(file_key, nonce)
         self._buffer = bytearray()
         self._index = 0
