@@ -45,38 +45,38 @@ from ._exceptions import (
 )
 
 if TYPE_CHECKING:
-    from ._acks import InvalidPublish
     from ._aio import AsyncClient
-    from ._broker import BrokerUrl
-    from ._chunkstore import SpoolingChunkStore
     from ._client import Client
-    from ._config import ClientSettings, load_settings
-    from ._http import HttpTransport
     from ._message import Message, MessageError, Payload, PublishResult, Route
-    from ._paho import Incoming, MqttConnection
-    from ._scram import BearerAuth, ScramAuth
-    from ._tls import TlsFiles
+    from .config._settings import ClientSettings, load_settings
+    from .http._scram import BearerAuth, ScramAuth
+    from .http._transport import HttpTransport
+    from .mqtt._acks import InvalidPublish
+    from .mqtt._broker import BrokerUrl
+    from .mqtt._paho import Incoming, MqttConnection
+    from .mqtt._tls import TlsFiles
     from .protocol import PublishProperties
+    from .receive._chunkstore import SpoolingChunkStore
 
 _LAZY = {
     "AsyncClient": "._aio",
     "Client": "._client",
-    "BrokerUrl": "._broker",
-    "ClientSettings": "._config",
-    "load_settings": "._config",
-    "HttpTransport": "._http",
+    "BrokerUrl": ".mqtt._broker",
+    "ClientSettings": ".config._settings",
+    "load_settings": ".config._settings",
+    "HttpTransport": ".http._transport",
     "Message": "._message",
     "MessageError": "._message",
     "Payload": "._message",
     "PublishResult": "._message",
     "Route": "._message",
-    "Incoming": "._paho",
-    "InvalidPublish": "._acks",
-    "MqttConnection": "._paho",
-    "ScramAuth": "._scram",
-    "BearerAuth": "._scram",
-    "SpoolingChunkStore": "._chunkstore",
-    "TlsFiles": "._tls",
+    "Incoming": ".mqtt._paho",
+    "InvalidPublish": ".mqtt._acks",
+    "MqttConnection": ".mqtt._paho",
+    "ScramAuth": ".http._scram",
+    "BearerAuth": ".http._scram",
+    "SpoolingChunkStore": ".receive._chunkstore",
+    "TlsFiles": ".mqtt._tls",
     "PublishProperties": ".protocol",
 }
 

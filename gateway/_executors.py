@@ -10,7 +10,7 @@ the gateway for good. Now:
   as transfers may run (`OFFLOAD_MAX_TRANSFERS`). A transfer is admitted before it starts
   (`Transfers.admit`) or refused at once with 503 and `Retry-After`; an admitted transfer
   never waits for a thread, and nothing else runs in this pool. The event loop feeds an
-  upload without a thread hop (`gateway._pipe`), so no transfer needs a second thread.
+  upload without a thread hop (`gateway.ingest._pipe`), so no transfer needs a second thread.
 * `WorkerPool("store")`: short object-store calls (manifests, index, deletes, pings,
   resumable-upload state), each bounded by the store client's own timeouts; it never waits
   on a transfer. A retention sweep also runs here (one thread while it lasts), so that

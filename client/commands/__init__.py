@@ -1,0 +1,1 @@
+"""The `offload` CLI's parts; its entry point is `client.cli`."""

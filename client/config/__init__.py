@@ -1,0 +1,1 @@
+"""Client settings: one declaration, parsed from every source."""

@@ -1,0 +1,1 @@
+"""Payload bytes over HTTP: fetch, upload, direct transfers, HTTP auth."""

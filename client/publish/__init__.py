@@ -1,0 +1,1 @@
+"""The publish path: route, place, announce."""

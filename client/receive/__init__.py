@@ -1,0 +1,1 @@
+"""The receive path: reassemble, fetch, verify, order, acknowledge."""

@@ -1,0 +1,1 @@
+"""End-to-end encryption of payloads (age): seal and unseal."""

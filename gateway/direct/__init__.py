@@ -1,0 +1,1 @@
+"""Direct transfers: clients move payload bytes at the store (see __init__)."""

@@ -1,0 +1,1 @@
+"""The offload API: routes and the request context they share."""

@@ -1,0 +1,1 @@
+"""HTTP server plumbing under every route (see its __init__)."""
