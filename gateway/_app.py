@@ -25,7 +25,7 @@ from ._mqtt import broker_link
 from ._observability import ObservabilityMiddleware
 from ._settings import Settings, get_settings
 from ._sweeper import Sweeper
-from .direct._transfers import Direct
+from .direct import Direct
 from .http._authz import AuthenticationInfoMiddleware, BrokerRules, build_authenticator
 from .http._context import Broker, Context, NoBroker
 from .http._ops import router as ops_router
@@ -38,14 +38,11 @@ from .http._routes_info import router as info_router
 from .http._routes_publish import router as publish_router
 from .http._routes_raw import router as raw_router
 from .http._routes_tus import router as resumable_router
-from .ingest._quotas import Quotas
-from .ingest._service import OffloadService
-from .middleware._drain import DrainBeforeEarlyAnswer
-from .middleware._limits import UploadLimits
-from .middleware._protocol import STATE_KEY as HEADER_TIMEOUT_KEY
-from .middleware._target import Utf8Target
+from .ingest import OffloadService, Quotas
+from .middleware import STATE_KEY as HEADER_TIMEOUT_KEY
+from .middleware import DrainBeforeEarlyAnswer, UploadLimits, Utf8Target
 from .storage import ObjectStore, StoreError, open_store
-from .tus._uploads import ResumableUploads
+from .tus import ResumableUploads
 
 log = logging.getLogger("gateway")
 

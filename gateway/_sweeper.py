@@ -45,11 +45,10 @@ from client.protocol import (
 )
 
 from ._executors import WorkerPool
-from .direct._transfers import GRANTS_PREFIX, claim_expiry
-from .ingest._manifests import ManifestRepository
-from .ingest._quotas import QUOTA_PREFIX, abandoned_grant, parse_record
+from .direct import GRANTS_PREFIX, claim_expiry
+from .ingest import QUOTA_PREFIX, ManifestRepository, abandoned_grant, parse_record
 from .storage import DirectStore, ObjectStore, StoreError
-from .tus._uploads import cleanup_expired_uploads
+from .tus import cleanup_expired_uploads
 
 log = logging.getLogger("gateway.sweeper")
 

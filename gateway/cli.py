@@ -14,7 +14,7 @@ import uvicorn
 
 from ._observability import configure_logging
 from ._settings import Settings
-from .middleware._protocol import MAX_HEAD_BYTES, HeadDeadlineProtocol
+from .middleware import MAX_HEAD_BYTES, HeadDeadlineProtocol
 
 log = logging.getLogger("gateway")
 

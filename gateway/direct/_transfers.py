@@ -44,8 +44,7 @@ from typing import Any
 from client.protocol import Manifest, MessageId, Topic
 
 from .._errors import BadRequest, Forbidden, NotFound, PayloadTooLarge
-from ..ingest._media import is_inline, served_type
-from ..ingest._text import text_problem
+from ..ingest import is_inline, served_type, text_problem
 from ..storage import DirectStore, ObjectStore, SupportsDirect
 
 #: S3's multipart rules.

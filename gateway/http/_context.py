@@ -21,10 +21,9 @@ from fastapi import Depends, Request
 from client.protocol import PublishProperties, Topic
 
 from .._settings import Settings
-from ..direct._transfers import Direct
-from ..ingest._quotas import Quotas
-from ..ingest._service import OffloadService
-from ..tus._uploads import ResumableUploads
+from ..direct import Direct
+from ..ingest import OffloadService, Quotas
+from ..tus import ResumableUploads
 from ._signing import UrlSigner
 
 

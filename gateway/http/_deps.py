@@ -23,9 +23,9 @@ from fastapi import Depends, Request
 from client.protocol import Topic
 
 from .._settings import Settings
-from ..direct._transfers import Direct
-from ..ingest._service import OffloadService
-from ..tus._uploads import ResumableUploads
+from ..direct import Direct
+from ..ingest import OffloadService
+from ..tus import ResumableUploads
 from ._authz import principal_of
 from ._context import Authorizer, Broker, Ctx
 

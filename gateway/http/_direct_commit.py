@@ -22,8 +22,8 @@ from fastapi.responses import JSONResponse, Response
 from client.protocol import Manifest, data_key, parse_data_key
 
 from .._errors import BadRequest, Forbidden, StorageUnavailable
-from ..direct._transfers import CommitRequest, Grant
-from ..ingest._service import now_ms
+from ..direct import CommitRequest, Grant
+from ..ingest import now_ms
 from ..storage import DirectStore, ObjectInfo, ObjectStore, StoreError
 from ._context import Context
 from ._ingest import Received, build_manifest, commit_or_discard

@@ -39,10 +39,14 @@ from client.protocol import (
 
 from .._errors import BadRequest, BrokerUnavailable, PayloadTooLarge, StorageUnavailable
 from .._mqtt import InvalidPublish
-from ..ingest._options import RESERVED, PublishOptions
-from ..ingest._pipe import StreamingUpload
-from ..ingest._service import Stored, message_id_from_headers
-from ..ingest._text import manifest_text_problem
+from ..ingest import (
+    RESERVED,
+    PublishOptions,
+    Stored,
+    StreamingUpload,
+    manifest_text_problem,
+    message_id_from_headers,
+)
 from ._context import Context, NoBroker
 
 log = logging.getLogger("gateway")

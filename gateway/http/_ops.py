@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 
 from .._observability import metrics_endpoint
 from .._settings import Settings
-from ..ingest._service import OffloadService
+from ..ingest import OffloadService
 from ..storage import StoreError
 from ._context import NoBroker
 from ._deps import AppSettings, BrokerLink, Service

@@ -17,9 +17,14 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response, Streamin
 from client.protocol import Manifest, MessageId, encode_download
 
 from .._errors import COMMON_RESPONSES, BadRequest, PayloadTooLarge
-from ..ingest._media import PAYLOAD_SECURITY_HEADERS, is_inline, served_type
-from ..ingest._options import parse_ascii_int
-from ..ingest._service import OVERSIZED_SUFFIX, parse_topic
+from ..ingest import (
+    OVERSIZED_SUFFIX,
+    PAYLOAD_SECURITY_HEADERS,
+    is_inline,
+    parse_ascii_int,
+    parse_topic,
+    served_type,
+)
 from ._context import Context, Ctx
 from ._deps import Access, DirectTransfers, Service
 from ._ingest import build_manifest, commit_or_discard, message_url, receive_envelope

@@ -34,7 +34,7 @@ from .._errors import (
     Forbidden,
     PayloadTooLarge,
 )
-from ..direct._transfers import (
+from ..direct import (
     MAX_REQUEST_BYTES,
     Grant,
     GrantRequest,
@@ -42,9 +42,7 @@ from ..direct._transfers import (
     parse_commit_request,
     parse_grant_request,
 )
-from ..ingest._media import parse_content_type
-from ..ingest._quotas import grant_record_body
-from ..ingest._service import MAX_KEY_BYTES, now_ms, parse_topic
+from ..ingest import MAX_KEY_BYTES, grant_record_body, now_ms, parse_content_type, parse_topic
 from ..storage import DirectStore
 from . import _responses
 from ._context import Context, Ctx

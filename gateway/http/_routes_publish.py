@@ -26,9 +26,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from .._errors import COMMON_RESPONSES
-from ..ingest._media import essence, parse_content_type
-from ..ingest._options import PublishOptions, check_filename, filename_from_disposition
-from ..ingest._service import parse_topic
+from ..ingest import (
+    PublishOptions,
+    check_filename,
+    essence,
+    filename_from_disposition,
+    parse_content_type,
+    parse_topic,
+)
 from ._context import Ctx
 from ._deps import Access
 from ._ingest import (

@@ -37,8 +37,7 @@ from fastapi.responses import Response
 from client.protocol import MessageId
 
 from .._errors import COMMON_RESPONSES, BadRequest
-from ..ingest._media import parse_content_type
-from ..ingest._service import parse_topic
+from ..ingest import parse_content_type, parse_topic
 from ._context import Ctx
 from ._ingest import ID_HEADER, build_manifest, commit_or_discard, receive_raw
 from ._responses import Stored, headers_only

@@ -61,21 +61,25 @@ from .._errors import (
     PreconditionFailed,
     UnsupportedMediaType,
 )
-from ..ingest._media import parse_content_type
-from ..ingest._options import PublishOptions, check_filename, parse_ascii_int
-from ..ingest._service import parse_topic
-from ..tus._locks import Hold
-from ..tus._protocol import (
+from ..ingest import (
+    PublishOptions,
+    check_filename,
+    parse_ascii_int,
+    parse_content_type,
+    parse_topic,
+)
+from ..tus import (
     CHECKSUM_ALGORITHMS,
     TUS_EXTENSIONS,
     TUS_VERSION,
+    Hold,
+    ResumableUploads,
+    UploadState,
     http_date,
     parse_checksum,
     parse_concat,
     parse_metadata,
 )
-from ..tus._state import UploadState
-from ..tus._uploads import ResumableUploads
 from ._context import Context, Ctx
 from ._deps import Access, AppSettings, Uploads
 from ._ingest import Received, build_manifest, publish

@@ -35,7 +35,7 @@ from typing import BinaryIO, cast
 
 from .._errors import StorageUnavailable
 from .._executors import Transfers
-from ..middleware._limits import RequestTimeout
+from ..middleware import RequestTimeout
 from ..storage import ObjectStore, StoreError, crc32c_available, crc32c_extend
 
 PIECE = 1024 * 1024

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from client.protocol import MessageId, Topic
 
 from .._errors import BadRequest
-from ..ingest._options import PublishOptions
+from ..ingest import PublishOptions
 from ..storage import StoreError
 
 UPLOADS_PREFIX = "uploads/"

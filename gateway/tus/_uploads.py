@@ -1,4 +1,4 @@
-"""Resumable uploads (tus 1.0 and its extensions, see `_routes_resumable`): the state.
+"""Resumable uploads (tus 1.0 and its extensions, see `gateway.http._routes_tus`): the state.
 
 Design - everything lives in the object store, nothing on local disk, so any replica can
 continue any upload and the gateway's memory stays bounded:
@@ -57,10 +57,15 @@ from client.protocol import MessageId, Topic, data_key
 
 from .._errors import BadRequest, ChecksumMismatch, Conflict, Gone, NotFound, PayloadTooLarge
 from .._executors import Transfers, WorkerPool
-from ..ingest._options import PublishOptions
-from ..ingest._pipe import StreamingUpload, crc32c_text, crc32c_update
-from ..ingest._quotas import Quotas
-from ..ingest._service import MAX_KEY_BYTES, now_ms
+from ..ingest import (
+    MAX_KEY_BYTES,
+    PublishOptions,
+    Quotas,
+    StreamingUpload,
+    crc32c_text,
+    crc32c_update,
+    now_ms,
+)
 from ..storage import ObjectInfo, ObjectStore, StoreError
 from ._locks import UploadLocks
 from ._protocol import Checksum, check_upload_id
