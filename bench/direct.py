@@ -34,7 +34,7 @@ from collections.abc import Callable
 from _harness import MiB, SeaweedFS, emit, gateway_process, make_bucket, minio_client, row
 from gateway_vs_s3 import direct_download, direct_upload
 
-from client._source import PayloadSource
+from client.core._source import PayloadSource
 from client.http._direct import DirectUploader
 from client.http._transport import HttpTransport
 from client.protocol import MessageId

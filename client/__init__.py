@@ -1,6 +1,6 @@
 """mqtt-offload client: publish and receive MQTT messages of any size.
 
-Importing `client` (or `client.protocol`, `client._exceptions`) stays light: the paho-,
+Importing `client` (or `client.protocol`, `client.core._exceptions`) stays light: the paho-,
 httpx- and scramp-based classes, and the protocol codecs, load on first use (the `offload`
 CLI's start-up is paid by every command in a shell loop). The Spark executors, the gateway
 and the `discovery` package import the protocol cores through this package; loading the MQTT client
@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ._exceptions import (
+from .core._exceptions import (
     AccessRefused,
     ChecksumMismatchError,
     ChunkBufferOverflow,
@@ -47,8 +47,8 @@ from ._exceptions import (
 if TYPE_CHECKING:
     from ._aio import AsyncClient
     from ._client import Client
-    from ._message import Message, MessageError, Payload, PublishResult, Route
     from .config._settings import ClientSettings, load_settings
+    from .core._message import Message, MessageError, Payload, PublishResult, Route
     from .http._scram import BearerAuth, ScramAuth
     from .http._transport import HttpTransport
     from .mqtt._acks import InvalidPublish
@@ -65,11 +65,11 @@ _LAZY = {
     "ClientSettings": ".config._settings",
     "load_settings": ".config._settings",
     "HttpTransport": ".http._transport",
-    "Message": "._message",
-    "MessageError": "._message",
-    "Payload": "._message",
-    "PublishResult": "._message",
-    "Route": "._message",
+    "Message": ".core._message",
+    "MessageError": ".core._message",
+    "Payload": ".core._message",
+    "PublishResult": ".core._message",
+    "Route": ".core._message",
     "Incoming": ".mqtt._paho",
     "InvalidPublish": ".mqtt._acks",
     "MqttConnection": ".mqtt._paho",

@@ -18,9 +18,9 @@ from typing import Unpack
 import httpx
 
 from ._client import Client, unfinished_errors
-from ._message import PublishResult
-from ._source import PayloadLike
 from .config._settings import ClientSettings, SettingsOverrides, load_settings
+from .core._message import PublishResult
+from .core._source import PayloadLike
 from .http._transport import HttpTransport
 from .mqtt._paho import MqttConnection
 from .protocol import DiscoveryRecord, MessageId, PublishProperties

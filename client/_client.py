@@ -44,10 +44,10 @@ from typing import Unpack
 import httpx
 
 from ._discovery import DiscoveryView
-from ._exceptions import FetchError
-from ._message import Message, MessageError, PublishResult
-from ._source import PayloadLike
 from .config._settings import ClientSettings, SettingsOverrides, load_settings, merge_settings
+from .core._exceptions import FetchError
+from .core._message import Message, MessageError, PublishResult
+from .core._source import PayloadLike
 from .http._scram import gateway_auth
 from .http._store_origin import ConfiguredStore
 from .http._transport import HttpTransport

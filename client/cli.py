@@ -22,7 +22,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
-from ._exceptions import OffloadError
 from .commands._args import build_parser, settings_from_args, validate
 from .commands._errors import (
     EXIT_ERRORS,
@@ -37,9 +36,10 @@ from .commands._errors import (
 )
 from .commands._http import fetch_command, upload_command
 from .commands._output import emit, message_line
+from .core._exceptions import OffloadError
 
 if TYPE_CHECKING:
-    from ._message import Message, PublishResult
+    from .core._message import Message, PublishResult
 
 # Start-up is paid by every `offload publish` in a shell loop, so this module imports only
 # argument parsing and error reporting. Each command imports what it uses when it runs:
@@ -95,8 +95,8 @@ def _subscribe(args: argparse.Namespace) -> int:
     import dataclasses
 
     from ._client import Client
-    from ._message import MessageError
     from .commands._progress import Progress
+    from .core._message import MessageError
 
     settings = settings_from_args(args)
     if args.out is not None:

@@ -18,13 +18,17 @@ from fastapi_offline import FastAPIOffline
 from client.protocol import PublishProperties
 from discovery import Advertiser
 
-from ._cors import BrowserUploads, parse_origins
-from ._errors import install_error_handlers
-from ._executors import Workers
-from ._mqtt import broker_link
-from ._observability import ObservabilityMiddleware
-from ._settings import Settings, get_settings
 from ._sweeper import Sweeper
+from .core import (
+    BrowserUploads,
+    ObservabilityMiddleware,
+    Settings,
+    Workers,
+    broker_link,
+    get_settings,
+    install_error_handlers,
+    parse_origins,
+)
 from .direct import Direct
 from .http._authz import AuthenticationInfoMiddleware, BrokerRules, build_authenticator
 from .http._context import Broker, Context, NoBroker
@@ -162,7 +166,7 @@ def make_lifespan(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
         the_store = store or build_store(settings)
-        # Pools sized on purpose, one per kind of blocking work (gateway/_executors.py).
+        # Pools sized on purpose, one per kind of blocking work (gateway/core/_executors.py).
         workers = Workers.from_settings(settings)
         workers.start()
         await open_bucket(the_store, workers)

@@ -44,7 +44,7 @@ from client.protocol import (
     parse_data_key,
 )
 
-from ._executors import WorkerPool
+from .core import WorkerPool
 from .direct import GRANTS_PREFIX, claim_expiry
 from .ingest import QUOTA_PREFIX, ManifestRepository, abandoned_grant, parse_record
 from .storage import DirectStore, ObjectStore, StoreError

@@ -12,8 +12,7 @@ import sys
 
 import uvicorn
 
-from ._observability import configure_logging
-from ._settings import Settings
+from .core import Settings, configure_logging
 from .middleware import MAX_HEAD_BYTES, HeadDeadlineProtocol
 
 log = logging.getLogger("gateway")

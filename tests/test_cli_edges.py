@@ -17,8 +17,8 @@ import httpx
 import pytest
 from test_cli_upload import _run_on_tty
 
-from client._source import PayloadSource
 from client.commands._progress import PassReader, Progress
+from client.core._source import PayloadSource
 from client.http._upload import TusUploader
 
 from _gateway import GatewayServer

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from client import FetchError, PayloadChecksumMismatch
-from client._source import PayloadSource
+from client.core._source import PayloadSource
 from client.http._answers import TransientFetchError
 from client.http._fetching import HASH_BATCH, THREADED_HASH_FROM
 from client.http._transport import HttpTransport

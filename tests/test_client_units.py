@@ -19,8 +19,8 @@ from client import (
     Route,
     load_settings,
 )
-from client._exceptions import MalformedPlaceholder
-from client._source import PayloadSource
+from client.core._exceptions import MalformedPlaceholder
+from client.core._source import PayloadSource
 from client.protocol import MessageId
 from client.protocol._placeholder import Placeholder, is_tagged, original_properties, parse
 from client.publish._router import choose_route

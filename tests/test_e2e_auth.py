@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from client import AccessRefused, Client, FetchError, Message, MessageError, Route, UploadError
-from client._source import PayloadSource
+from client.core._source import PayloadSource
 from client.http._scram import ScramAuth
 from client.http._transport import HttpTransport
 from client.protocol import MessageId

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from client import Client, Message, PublishProperties, Route, UploadError
-from client._source import PayloadSource
+from client.core._source import PayloadSource
 from client.http._transport import HttpTransport
 from client.http._upload_forms import header_fields
 from client.protocol import MessageId

@@ -8,7 +8,7 @@ import zlib
 
 import pytest
 
-from gateway._errors import BadRequest
+from gateway.core._errors import BadRequest
 from gateway.tus._protocol import CHECKSUM_ALGORITHMS, MAX_PARTS, parse_checksum, parse_concat
 
 ID = "0123456789abcdef0123456789abcdef"

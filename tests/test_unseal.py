@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from client._exceptions import PayloadDecodeError
+from client.core._exceptions import PayloadDecodeError
 from client.protocol._age import encrypt
 from client.protocol._age_keys import Identity
 from client.protocol._encoding import PLAIN, Encoding

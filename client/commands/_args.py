@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from .._exceptions import ConfigError, InvalidTopic
+from ..core._exceptions import ConfigError, InvalidTopic
 from . import _crypt as crypt
 from ._errors import EXIT_CODES_EPILOG, Parser, UsageError
 

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from ._errors import EXIT_OK
 
 if TYPE_CHECKING:
-    from .._message import Payload
     from ..config._settings import ClientSettings
+    from ..core._message import Payload
     from ..protocol._age_keys import Identity
 
 

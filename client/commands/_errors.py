@@ -29,7 +29,7 @@ import argparse
 import errno
 from typing import TYPE_CHECKING, NoReturn
 
-from .._exceptions import (
+from ..core._exceptions import (
     ChecksumMismatchError,
     ChunkBufferOverflow,
     ChunkTimeoutError,

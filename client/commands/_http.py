@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, cast
 
-from .._exceptions import UploadError
+from ..core._exceptions import UploadError
 from ._args import settings_from_args
 from ._errors import EXIT_OK, describe, refused
 from ._output import BinaryStdout, emit, message_line, write_bytes

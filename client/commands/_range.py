@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import httpx
 
-from .._exceptions import DecryptionFailed, FetchError, PayloadDecodeError
+from ..core._exceptions import DecryptionFailed, FetchError, PayloadDecodeError
 from ..protocol._age import CHUNK, NONCE, SEALED_CHUNK, Header, Layout, OpenedHeader
 from ..protocol._age_keys import Identity
 from ..protocol._zstd import MARK, marked

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
-from .._exceptions import ConfigError
+from ..core._exceptions import ConfigError
 from ..protocol._bounded import Origin, http_origin
 
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .._exceptions import ConfigError
+from ..core._exceptions import ConfigError
 
 ENV_PREFIX = "OFFLOAD_"
 DEFAULT_CONFIG_FILE = Path("~/.config/mqtt-offload/config.toml")

@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .._exceptions import ConfigError, InvalidTopic
+from ..core._exceptions import ConfigError, InvalidTopic
 from ..protocol import TopicFilter
 
 if TYPE_CHECKING:  # cryptography loads when a key is used, not with the settings

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Literal, TypedDict, get_args
 from urllib.parse import urlsplit
 
-from .._exceptions import ConfigError
+from ..core._exceptions import ConfigError
 from ..mqtt._broker import BrokerUrl
 from ..mqtt._session import session_flags
 from ..mqtt._tls import TlsFiles

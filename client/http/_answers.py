@@ -12,8 +12,8 @@ import json
 
 import httpx
 
-from .._exceptions import FetchError, PayloadChecksumMismatch, PayloadNotFound
-from .._message import Payload
+from ..core._exceptions import FetchError, PayloadChecksumMismatch, PayloadNotFound
+from ..core._message import Payload
 
 #: Most bytes of an error response read to find its `detail`.
 MAX_ERROR_BODY = 65536

@@ -24,7 +24,7 @@ from types import TracebackType
 
 import httpx
 
-from .._exceptions import FetchError
+from ..core._exceptions import FetchError
 
 #: Response extension: the socket a response's body is read from, when the transport knows it
 #: (:mod:`client.http._urllib3` sets it; httpx's own transport offers `network_stream`).

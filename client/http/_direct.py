@@ -26,8 +26,8 @@ from typing import Any
 
 import httpx
 
-from .._exceptions import UploadError
-from .._source import PIECE, PayloadSource
+from ..core._exceptions import UploadError
+from ..core._source import PIECE, PayloadSource
 from ..protocol import MessageId, http_origin, loads_object
 from ._answers import _detail
 from ._scram import ScramFailure

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import httpx
 
-from .._exceptions import FetchError
-from .._message import Payload
+from ..core._exceptions import FetchError
+from ..core._message import Payload
 from ..protocol import Origin, http_origin
 
 

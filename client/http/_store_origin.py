@@ -19,7 +19,7 @@ import time
 
 import httpx
 
-from .._exceptions import FetchError
+from ..core._exceptions import FetchError
 from ..protocol import DiscoveryRecord, MalformedDiscoveryRecord
 from ..protocol._bounded import Origin
 from ..protocol._discovery import MAX_RECORD_BYTES

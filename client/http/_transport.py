@@ -29,12 +29,12 @@ from urllib.parse import quote
 
 import httpx
 
-from .._exceptions import (
+from ..core._exceptions import (
     FetchError,
     UploadError,
 )
-from .._message import Payload
-from .._source import PayloadSource
+from ..core._message import Payload
+from ..core._source import PayloadSource
 from ..protocol import MessageId, Origin
 from ._answers import TransientFetchError, _check_status, _detail, _verified
 from ._deadline import ON_SOCKET, Pace, Watchdog

@@ -20,7 +20,7 @@ from typing import BinaryIO
 
 import httpx
 
-from .._exceptions import UploadError
+from ..core._exceptions import UploadError
 from ._scram import ScramFailure
 
 TUS_VERSION = "1.0.0"

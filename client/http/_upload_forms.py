@@ -19,8 +19,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from urllib.parse import quote, quote_from_bytes
 
-from .._exceptions import ProtocolError, UploadError
-from .._source import PIECE, PayloadSource
+from ..core._exceptions import ProtocolError, UploadError
+from ..core._source import PIECE, PayloadSource
 from ..protocol import MessageId
 
 #: Statuses of a gateway without `PUT /msg/<id>`: no route (404), a route for other methods

@@ -10,7 +10,7 @@ import threading
 from concurrent.futures import Future
 from typing import Any
 
-from .._exceptions import ProtocolError
+from ..core._exceptions import ProtocolError
 from ..protocol import PublishProperties, Topic
 from ..protocol._props import publish_properties_problem
 

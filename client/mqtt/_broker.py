@@ -9,7 +9,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from urllib.parse import unquote, urlsplit
 
-from .._exceptions import ConfigError
+from ..core._exceptions import ConfigError
 
 #: scheme: (TLS, WebSocket, default port)
 _SCHEMES = {

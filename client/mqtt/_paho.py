@@ -37,7 +37,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
-from .._exceptions import ConnectionFailed, PublishRejected
+from ..core._exceptions import ConnectionFailed, PublishRejected
 from ..protocol import PLACEHOLDER_AWARE, PublishProperties
 from ._acks import Acks, InvalidPublish, publish_problem
 from ._broker import BrokerUrl

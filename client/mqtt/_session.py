@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from .._exceptions import ConfigError
+from ..core._exceptions import ConfigError
 
 __all__ = ["MAX_SESSION_EXPIRY", "SessionFlags", "Subscriptions", "session_flags"]
 

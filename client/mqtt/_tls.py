@@ -16,7 +16,7 @@ from __future__ import annotations
 import ssl
 from dataclasses import dataclass, field
 
-from .._exceptions import ConfigError
+from ..core._exceptions import ConfigError
 
 __all__ = ["TlsFiles", "handshake_refusal"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from .._exceptions import ConfigError
+from ..core._exceptions import ConfigError
 
 __all__ = ["parse_header_lines", "websocket_headers"]
 

@@ -23,7 +23,8 @@ from dataclasses import dataclass, replace
 
 import httpx
 
-from .._exceptions import (
+from ..config._settings import ClientSettings
+from ..core._exceptions import (
     AccessRefused,
     ConfigError,
     ConnectionFailed,
@@ -31,9 +32,8 @@ from .._exceptions import (
     ProtocolError,
     UploadError,
 )
-from .._message import PublishResult, Route
-from .._source import PayloadLike, PayloadSource
-from ..config._settings import ClientSettings
+from ..core._message import PublishResult, Route
+from ..core._source import PayloadLike, PayloadSource
 from ..http._direct import DirectUnsupported, DirectUploader
 from ..http._transport import HttpTransport, UploadReceipt
 from ..mqtt._paho import MqttConnection

@@ -8,8 +8,8 @@ automatic offload is on; otherwise chunked when chunking is on; otherwise it can
 
 from __future__ import annotations
 
-from .._exceptions import MessageTooLarge
-from .._message import Route
+from ..core._exceptions import MessageTooLarge
+from ..core._message import Route
 
 
 def choose_route(

@@ -19,8 +19,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from .._exceptions import ConfigError, MessageTooLarge
 from ..config._settings import ClientSettings
+from ..core._exceptions import ConfigError, MessageTooLarge
 from ..mqtt._paho import MqttConnection
 from ..protocol import PublishProperties, Topic
 from ..protocol._size import publish_packet_size

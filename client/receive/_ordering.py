@@ -31,7 +31,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .._message import Message, MessageError
+from ..core._message import Message, MessageError
 
 Delivery = Message | MessageError
 

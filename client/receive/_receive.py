@@ -28,15 +28,15 @@ from collections.abc import Callable
 
 import httpx
 
-from .._exceptions import (
+from ..config._settings import ClientSettings
+from ..core._exceptions import (
     MalformedPlaceholder,
     OffloadError,
     PayloadNotFound,
     ReceiveError,
     UntrustedEndpoint,
 )
-from .._message import Message, MessageError, Payload, Route
-from ..config._settings import ClientSettings
+from ..core._message import Message, MessageError, Payload, Route
 from ..http._answers import TransientFetchError
 from ..http._deadline import Pace
 from ..http._store_origin import ConfiguredStore

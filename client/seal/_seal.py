@@ -21,9 +21,9 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
-from .._source import PayloadSource
 from ..config._keys import recipients_for
 from ..config._settings import ClientSettings
+from ..core._source import PayloadSource
 from ..protocol import PublishProperties, TopicFilter
 from ..protocol._encoding import PLAIN, Encoding
 from ..protocol._zstd import SAMPLE, FrameCompressor, pays

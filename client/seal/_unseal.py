@@ -22,10 +22,10 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
-from .._exceptions import NoMatchingIdentity
-from .._message import Payload
 from ..config._keys import load_identities
 from ..config._settings import ClientSettings
+from ..core._exceptions import NoMatchingIdentity
+from ..core._message import Payload
 from ..protocol import PublishProperties
 from ..protocol._encoding import Encoding
 from ..protocol._zstd import MARK, FrameDecompressor, marked

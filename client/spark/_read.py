@@ -39,7 +39,7 @@ from typing import Any, TypeAlias
 
 import google_crc32c
 
-from .._exceptions import PayloadChecksumMismatch, PayloadDecodeError
+from ..core._exceptions import PayloadChecksumMismatch, PayloadDecodeError
 from ..protocol import Manifest, meta_key
 from ._bad import BadObject, Problem, Reporter
 from ._options import ScanOptions, Verify

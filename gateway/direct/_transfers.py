@@ -43,7 +43,7 @@ from typing import Any
 
 from client.protocol import Manifest, MessageId, Topic
 
-from .._errors import BadRequest, Forbidden, NotFound, PayloadTooLarge
+from ..core import BadRequest, Forbidden, NotFound, PayloadTooLarge
 from ..ingest import is_inline, served_type, text_problem
 from ..storage import DirectStore, ObjectStore, SupportsDirect
 

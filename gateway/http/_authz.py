@@ -21,10 +21,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from client.protocol import Topic
 
-from .._errors import Forbidden, TooManyRequests, Unauthorized
-from .._executors import WorkerPool
-from .._settings import Settings
 from ..auth import Authenticated, Authenticator, AuthMode, Challenge
+from ..core import Forbidden, Settings, TooManyRequests, Unauthorized, WorkerPool
 
 log = logging.getLogger("gateway.auth")
 

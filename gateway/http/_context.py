@@ -20,7 +20,7 @@ from fastapi import Depends, Request
 
 from client.protocol import PublishProperties, Topic
 
-from .._settings import Settings
+from ..core import Settings
 from ..direct import Direct
 from ..ingest import OffloadService, Quotas
 from ..tus import ResumableUploads

@@ -22,7 +22,7 @@ from fastapi import Depends, Request
 
 from client.protocol import Topic
 
-from .._settings import Settings
+from ..core import Settings
 from ..direct import Direct
 from ..ingest import OffloadService
 from ..tus import ResumableUploads

@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, Response
 
 from client.protocol import Manifest, data_key, parse_data_key
 
-from .._errors import BadRequest, Forbidden, StorageUnavailable
+from ..core import BadRequest, Forbidden, StorageUnavailable
 from ..direct import CommitRequest, Grant
 from ..ingest import now_ms
 from ..storage import DirectStore, ObjectInfo, ObjectStore, StoreError

@@ -37,8 +37,13 @@ from client.protocol import (
     upload_fields,
 )
 
-from .._errors import BadRequest, BrokerUnavailable, PayloadTooLarge, StorageUnavailable
-from .._mqtt import InvalidPublish
+from ..core import (
+    BadRequest,
+    BrokerUnavailable,
+    InvalidPublish,
+    PayloadTooLarge,
+    StorageUnavailable,
+)
 from ..ingest import (
     RESERVED,
     PublishOptions,

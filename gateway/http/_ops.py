@@ -8,8 +8,7 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from .._observability import metrics_endpoint
-from .._settings import Settings
+from ..core import Settings, metrics_endpoint
 from ..ingest import OffloadService
 from ..storage import StoreError
 from ._context import NoBroker

@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, Response
 
 from client.protocol import MessageId, Topic
 
-from .._errors import COMMON_RESPONSES, Forbidden
+from ..core import COMMON_RESPONSES, Forbidden
 from ._context import Authorizer, Ctx
 from ._ingest import message_url
 from ._responses import Presigned

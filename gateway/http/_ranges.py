@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .._errors import RangeNotSatisfiable
+from ..core import RangeNotSatisfiable
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response, Streamin
 
 from client.protocol import Manifest, MessageId, encode_download
 
-from .._errors import COMMON_RESPONSES, BadRequest, PayloadTooLarge
+from ..core import COMMON_RESPONSES, BadRequest, PayloadTooLarge
 from ..ingest import (
     OVERSIZED_SUFFIX,
     PAYLOAD_SECURITY_HEADERS,

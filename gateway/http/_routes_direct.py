@@ -27,7 +27,7 @@ from starlette.requests import ClientDisconnect
 
 from client.protocol import MessageId, Topic, data_key, loads_object
 
-from .._errors import (
+from ..core import (
     COMMON_RESPONSES,
     BadRequest,
     Conflict,

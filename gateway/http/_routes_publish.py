@@ -25,7 +25,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from .._errors import COMMON_RESPONSES
+from ..core import COMMON_RESPONSES
 from ..ingest import (
     PublishOptions,
     check_filename,

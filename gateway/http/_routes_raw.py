@@ -36,7 +36,7 @@ from fastapi.responses import Response
 
 from client.protocol import MessageId
 
-from .._errors import COMMON_RESPONSES, BadRequest
+from ..core import COMMON_RESPONSES, BadRequest
 from ..ingest import parse_content_type, parse_topic
 from ._context import Ctx
 from ._ingest import ID_HEADER, build_manifest, commit_or_discard, receive_raw

@@ -50,7 +50,7 @@ from starlette.requests import ClientDisconnect
 
 from client.protocol import MessageId, Topic
 
-from .._errors import (
+from ..core import (
     COMMON_RESPONSES,
     BadRequest,
     ChecksumMismatch,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 
-from .._errors import BadRequest
+from ..core import BadRequest
 
 MAX_CONTENT_TYPE_BYTES = 255
 

@@ -23,7 +23,7 @@ from client.protocol import (
     publish_properties_problem,
 )
 
-from .._errors import BadRequest
+from ..core import BadRequest
 from ._text import text_problem
 
 MAX_EXPIRY = 2**32 - 1  # MQTT's Message Expiry Interval is a four-byte integer

@@ -11,7 +11,7 @@ import concurrent.futures
 from collections import deque
 from collections.abc import Iterator
 
-from .._executors import Slot, close_at_request_end
+from ..core import Slot, close_at_request_end
 
 # Store bytes read per hop to the transfer thread. The store's pieces are small (256 KiB:
 # under the 1 MiB mmap threshold of gateway/cli.py, so their memory is reused instead of

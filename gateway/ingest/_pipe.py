@@ -1,6 +1,6 @@
 """Hand a streamed request body from the event loop to a blocking store upload.
 
-The store (MinIO SDK) pulls with `read(n)` in a transfer thread (`gateway._executors`);
+The store (MinIO SDK) pulls with `read(n)` in a transfer thread (`gateway.core._executors`);
 the route pushes body pieces from the event loop. Pieces are batched to about 1 MiB before
 crossing threads so the per-byte cost stays small, the hand-over is bounded so memory is
 too, and the SHA-256 and the CRC-32C are taken in the transfer thread as the bytes go by: one
@@ -33,8 +33,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import BinaryIO, cast
 
-from .._errors import StorageUnavailable
-from .._executors import Transfers
+from ..core import StorageUnavailable, Transfers
 from ..middleware import RequestTimeout
 from ..storage import ObjectStore, StoreError, crc32c_available, crc32c_extend
 

@@ -33,8 +33,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-from .._errors import StorageUnavailable, TooManyRequests
-from .._executors import WorkerPool
+from ..core import StorageUnavailable, TooManyRequests, WorkerPool
 from ..storage import ObjectStore, StoreError
 
 log = logging.getLogger("gateway")

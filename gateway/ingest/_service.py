@@ -28,9 +28,15 @@ from client.protocol import (
     topic_prefix,
 )
 
-from .._errors import BadRequest, Conflict, NotFound, StorageUnavailable
-from .._executors import Workers
-from .._observability import UPLOADED_BYTES, UPLOADS
+from ..core import (
+    UPLOADED_BYTES,
+    UPLOADS,
+    BadRequest,
+    Conflict,
+    NotFound,
+    StorageUnavailable,
+    Workers,
+)
 from ..storage import ObjectStore, StoreError
 from ._manifests import ManifestRepository
 from ._payload_stream import PayloadStream, abandon

@@ -3,8 +3,8 @@
 `_limits` (uploads per client, stalled bodies and readers), `_drain` (read the rest of a body
 before an early refusal), `_target` (refuse a target that is not UTF-8), `_protocol` (a
 deadline for every request head). Two middlewares live elsewhere because lower layers need
-them: CORS (`gateway._cors`, whose origins the settings parse) and metrics and request logs
-(`gateway._observability`, whose counters the error mapping uses).
+them: CORS (`gateway.core._cors`, whose origins the settings parse) and metrics and request logs
+(`gateway.core._observability`, whose counters the error mapping uses).
 
 Other folders use only the names below.
 """

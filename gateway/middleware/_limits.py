@@ -32,8 +32,7 @@ import traceback
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .._errors import GatewayError
-from .._executors import request_scope
+from ..core import GatewayError, request_scope
 
 log = logging.getLogger("gateway")
 

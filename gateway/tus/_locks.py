@@ -30,7 +30,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from .._errors import BadRequest, GatewayError
+from ..core import BadRequest, GatewayError
 
 #: How long a request waits for another one on the same upload to finish (tusd's
 #: default lock acquisition timeout is 20 seconds too).

@@ -17,7 +17,7 @@ from email.utils import formatdate
 from typing import Protocol
 from urllib.parse import urlsplit
 
-from .._errors import BadRequest, NotFound
+from ..core import BadRequest, NotFound
 
 TUS_VERSION = "1.0.0"
 TUS_EXTENSIONS = "creation,creation-with-upload,checksum,expiration,termination,concatenation"

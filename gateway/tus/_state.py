@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from client.protocol import MessageId, Topic
 
-from .._errors import BadRequest
+from ..core import BadRequest
 from ..ingest import PublishOptions
 from ..storage import StoreError
 

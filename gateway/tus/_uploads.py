@@ -55,8 +55,16 @@ from typing import Any
 
 from client.protocol import MessageId, Topic, data_key
 
-from .._errors import BadRequest, ChecksumMismatch, Conflict, Gone, NotFound, PayloadTooLarge
-from .._executors import Transfers, WorkerPool
+from ..core import (
+    BadRequest,
+    ChecksumMismatch,
+    Conflict,
+    Gone,
+    NotFound,
+    PayloadTooLarge,
+    Transfers,
+    WorkerPool,
+)
 from ..ingest import (
     MAX_KEY_BYTES,
     PublishOptions,

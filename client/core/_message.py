@@ -11,8 +11,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import BinaryIO
 
+from ..protocol import PublishProperties
 from ._exceptions import OffloadError
-from .protocol import PublishProperties
 
 
 class Route(StrEnum):

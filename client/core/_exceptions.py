@@ -43,7 +43,7 @@ the cores import nothing from here; this module re-exports those same classes.
 
 from __future__ import annotations
 
-from .protocol._errors import (
+from ..protocol._errors import (
     ChecksumMismatchError,
     ChunkBufferOverflow,
     ChunkError,

@@ -32,8 +32,8 @@ from fastapi.responses import JSONResponse
 
 from client.protocol import EnvelopeTooLarge, ProtocolError
 
+from ..storage import StoreError
 from ._observability import BROKER_ERRORS, STORAGE_ERRORS
-from .storage import StoreError
 
 log = logging.getLogger("gateway")
 
