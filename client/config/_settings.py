@@ -12,7 +12,7 @@ its meaning and its parser: the keyword arguments, the `OFFLOAD_*` environment v
 config-file keys and the settings table of docs/settings.md (:func:`settings_table`, checked by
 `tests/test_client_units.py`) all come from those fields. Print the table with
 `python -m client.config._settings`. The field parsers, the allow-list matching and the config-file
-reading are in `_setting_parsers`, `_allowlist` and `_config_file`.
+reading are in `_parsers`, `_allowlist` and `_file`.
 
 Gateway credentials: with `http_token` the client sends `Authorization: Bearer`; otherwise,
 when the broker login has a user name and password, it authenticates to the gateway with

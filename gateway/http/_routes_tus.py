@@ -28,7 +28,7 @@ HEAD) answers `X-Offload-Id`, `X-Offload-Url` and `X-Offload-Sha256`. If the bro
 at that moment the answer is 503 and the upload stays complete-but-unannounced: an empty PATCH
 at the final offset tries again.
 
-HEAD, PATCH and DELETE hold the upload one at a time (`_upload_locks`): a newer request
+HEAD, PATCH and DELETE hold the upload one at a time (`gateway.tus._locks`): a newer request
 waits for the one before it (423 Locked past the wait), and stops an earlier PATCH whose
 body has stalled (that PATCH answers 400, its segment discarded); a DELETE stops it at once.
 
@@ -155,7 +155,7 @@ async def _load_own(uploads: ResumableUploads, access: Access, upload_id: str) -
 async def _held(
     uploads: ResumableUploads, access: Access, upload_id: str, *, take_over: bool = False
 ) -> AsyncIterator[tuple[Hold, UploadState]]:
-    """The caller's own upload, held for this request (`_upload_locks`).
+    """The caller's own upload, held for this request (`gateway.tus._locks`).
 
     Ownership is checked before the hold, so only the owner can stop the owner's PATCH;
     the state is read again when an earlier request held the upload first.

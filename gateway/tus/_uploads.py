@@ -30,7 +30,7 @@ continue any upload and the gateway's memory stays bounded:
 * Abandoned uploads expire (`Upload-Expires`, extended by each PATCH); the gateway's
   sweeper calls :func:`cleanup_expired_uploads`, which removes them and orphaned segments.
 
-* One request at a time per upload on a replica (`_upload_locks`, as tusd does): a HEAD or
+* One request at a time per upload on a replica (`_locks`, as tusd does): a HEAD or
   PATCH that arrives while an earlier PATCH is under way waits for it, or stops it when its
   body has stalled, so a client that resumes after a lost connection is told the offset
   that holds.
@@ -110,7 +110,7 @@ class ResumableUploads:
         transfers: the transfer pool segment uploads are admitted to.
         calls: the pool short store calls (state, deletes, assembly) run in, so that
             /healthz sees them wait (the gateway's `Workers.store`).
-        locks: which request holds each upload on this replica (`_upload_locks`).
+        locks: which request holds each upload on this replica (`_locks`).
         quotas: where each unfinished upload is counted against its owner's caps (the
             creation route checks them first); None: not counted.
     """
