@@ -75,7 +75,7 @@ def child(reader: str, url: str, size: int, sha256: str, reps: int) -> None:
     """Read the body `reps` times with `reader`; print [(wall s, process CPU s)] as JSON."""
     import urllib3
 
-    from client._http import HttpTransport
+    from client.http._transport import HttpTransport
 
     pool = urllib3.PoolManager()
     transport = HttpTransport()

@@ -3,7 +3,7 @@
 Starts SeaweedFS and `offload-gateway` with `OFFLOAD_S3_PUBLIC_URL` (direct transfers on).
 Runs alternate (SDK, direct, SDK, direct, ...) so background load hits both alike:
 
-* upload: the client's direct path (`client._direct.DirectUploader`: hash the parts, grant,
+* upload: the client's direct path (`client.http._direct.DirectUploader`: hash the parts, grant,
   parallel part PUTs to the store, commit) versus `Minio.put_object`;
 * download: `HttpTransport.fetch` of `/msg/<id>/payload` (307 from the gateway, then the
   store; size and SHA-256 checked as every subscriber does) versus
@@ -34,9 +34,9 @@ from collections.abc import Callable
 from _harness import MiB, SeaweedFS, emit, gateway_process, make_bucket, minio_client, row
 from gateway_vs_s3 import direct_download, direct_upload
 
-from client._direct import DirectUploader
-from client._http import HttpTransport
-from client._source import PayloadSource
+from client.core._source import PayloadSource
+from client.http._direct import DirectUploader
+from client.http._transport import HttpTransport
 from client.protocol import MessageId
 
 

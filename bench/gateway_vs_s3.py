@@ -52,7 +52,7 @@ from _harness import (
 )
 from urllib3 import PoolManager
 
-from client._http import HttpTransport
+from client.http._transport import HttpTransport
 from client.protocol import MessageId, encode_upload
 
 TARGET = 0.85

@@ -1,6 +1,6 @@
 """Benchmark: what the gateway's HTTP protocol class costs per request.
 
-`gateway/_http_protocol.py` subclasses uvicorn's httptools protocol to give every request
+`gateway/middleware/_protocol.py` subclasses uvicorn's httptools protocol to give every request
 head a deadline and a size limit (a timer armed and cancelled per request, the request line
 and headers counted as the parser hands them over). Two uvicorn servers in this process
 serve the same trivial ASGI app, one with `http="httptools"` (the baseline) and one with
@@ -68,7 +68,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=3000, help="per round and server")
     parser.add_argument("--rounds", type=int, default=12)
     args = parser.parse_args()
-    from gateway._http_protocol import HeadDeadlineProtocol  # after _harness set sys.path
+    from gateway.middleware._protocol import HeadDeadlineProtocol  # after _harness set sys.path
 
     ports = {"httptools": serve("httptools"), "head deadline": serve(HeadDeadlineProtocol)}
     rates: dict[str, list[float]] = {name: [] for name in ports}

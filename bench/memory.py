@@ -212,7 +212,7 @@ def main() -> None:
             f.write(piece)
     if args.encrypted:
         sys.path.insert(0, str(ROOT))
-        from client._keys import keygen
+        from client.config._keys import keygen
 
         keygen(workdir / "key.txt")
         os.environ["BENCH_IDENTITY_FILE"] = str(workdir / "key.txt")

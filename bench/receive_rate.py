@@ -4,7 +4,7 @@ One local mosquitto (tests/_servers.py); `mosquitto_pub -l` in its own process p
 `--messages` 100-byte QoS 1 messages as fast as it can, once per block, to a topic one
 subscriber reads: plain paho (which acknowledges each as it arrives, on its network thread)
 or `Client` (which acknowledges each when its receive worker takes it, under a Receive
-Maximum of `max_pending_deliveries`: client/_inbound.py), reading `messages()`. Blocks
+Maximum of `max_pending_deliveries`: client/receive/_inbound.py), reading `messages()`. Blocks
 alternate (paho, client, paho, ...) so background load hits both alike. The rate is messages
 over the time from the first publish to the last message read; the ratio is the client's
 over paho's.

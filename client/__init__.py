@@ -1,6 +1,6 @@
 """mqtt-offload client: publish and receive MQTT messages of any size.
 
-Importing `client` (or `client.protocol`, `client._exceptions`) stays light: the paho-,
+Importing `client` (or `client.protocol`, `client.core._exceptions`) stays light: the paho-,
 httpx- and scramp-based classes, and the protocol codecs, load on first use (the `offload`
 CLI's start-up is paid by every command in a shell loop). The Spark executors, the gateway
 and the `discovery` package import the protocol cores through this package; loading the MQTT client
@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ._exceptions import (
+from .core._exceptions import (
     AccessRefused,
     ChecksumMismatchError,
     ChunkBufferOverflow,
@@ -45,44 +45,44 @@ from ._exceptions import (
 )
 
 if TYPE_CHECKING:
-    from ._acks import InvalidPublish
     from ._aio import AsyncClient
-    from ._broker import BrokerUrl
-    from ._chunkstore import SpoolingChunkStore
     from ._client import Client
-    from ._config import ClientSettings, load_settings
-    from ._http import HttpTransport
-    from ._keys import load_identities
-    from ._message import Message, MessageError, Payload, PublishResult, Route
-    from ._paho import Incoming, MqttConnection
-    from ._scram import BearerAuth, ScramAuth
-    from ._tls import TlsFiles
-    from ._unseal import Decoder, chunk_encoding, untagged
+    from .config._keys import load_identities
+    from .config._settings import ClientSettings, load_settings
+    from .core._message import Message, MessageError, Payload, PublishResult, Route
+    from .http._scram import BearerAuth, ScramAuth
+    from .http._transport import HttpTransport
+    from .mqtt._acks import InvalidPublish
+    from .mqtt._broker import BrokerUrl
+    from .mqtt._paho import Incoming, MqttConnection
+    from .mqtt._tls import TlsFiles
     from .protocol import PublishProperties
+    from .receive._chunkstore import SpoolingChunkStore
+    from .seal._unseal import Decoder, chunk_encoding, untagged
 
 _LAZY = {
     "AsyncClient": "._aio",
     "Client": "._client",
-    "BrokerUrl": "._broker",
-    "ClientSettings": "._config",
-    "load_settings": "._config",
-    "HttpTransport": "._http",
-    "Message": "._message",
-    "MessageError": "._message",
-    "Payload": "._message",
-    "PublishResult": "._message",
-    "Route": "._message",
-    "Incoming": "._paho",
-    "InvalidPublish": "._acks",
-    "MqttConnection": "._paho",
-    "ScramAuth": "._scram",
-    "BearerAuth": "._scram",
-    "SpoolingChunkStore": "._chunkstore",
-    "TlsFiles": "._tls",
-    "Decoder": "._unseal",
-    "chunk_encoding": "._unseal",
-    "untagged": "._unseal",
-    "load_identities": "._keys",
+    "BrokerUrl": ".mqtt._broker",
+    "ClientSettings": ".config._settings",
+    "load_settings": ".config._settings",
+    "HttpTransport": ".http._transport",
+    "Message": ".core._message",
+    "MessageError": ".core._message",
+    "Payload": ".core._message",
+    "PublishResult": ".core._message",
+    "Route": ".core._message",
+    "Incoming": ".mqtt._paho",
+    "InvalidPublish": ".mqtt._acks",
+    "MqttConnection": ".mqtt._paho",
+    "ScramAuth": ".http._scram",
+    "BearerAuth": ".http._scram",
+    "SpoolingChunkStore": ".receive._chunkstore",
+    "TlsFiles": ".mqtt._tls",
+    "Decoder": ".seal._unseal",
+    "chunk_encoding": ".seal._unseal",
+    "untagged": ".seal._unseal",
+    "load_identities": ".config._keys",
     "PublishProperties": ".protocol",
 }
 

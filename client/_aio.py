@@ -18,13 +18,13 @@ from typing import Unpack
 import httpx
 
 from ._client import Client, unfinished_errors
-from ._config import ClientSettings, SettingsOverrides, load_settings
-from ._http import HttpTransport
-from ._message import Message, PublishResult
-from ._paho import MqttConnection
-from ._receive import Delivery, FetchProgress
-from ._source import PayloadLike
+from .config._settings import ClientSettings, SettingsOverrides, load_settings
+from .core._message import Message, PublishResult
+from .core._source import PayloadLike
+from .http._transport import HttpTransport
+from .mqtt._paho import MqttConnection
 from .protocol import DiscoveryRecord, MessageId, Placeholder, PublishProperties
+from .receive._receive import Delivery, FetchProgress
 
 # How long one executor thread waits for a delivery before checking back with the event
 # loop: bounds how long a cancelled `async for` keeps a thread busy.

@@ -2,13 +2,13 @@
 
 Threads and who may block:
 
-* paho's network thread (:mod:`client._paho`) only converts and enqueues, never waits
-  (:mod:`client._inbound`); discovery records are applied there because that is cheap and
+* paho's network thread (:mod:`client.mqtt._paho`) only converts and enqueues, never waits
+  (:mod:`client.receive._inbound`); discovery records are applied there because that is cheap and
   must not wait behind a slow fetch;
 * one worker thread turns received messages into deliveries: chunks reassembled, chunk
   timeouts swept, the discovery subscription refreshed; placeholders are handed to a pool of
   `fetch_concurrency` fetch threads, and deliveries leave in order per topic
-  (:mod:`client._ordering`), so a slow fetch never holds up another topic;
+  (:mod:`client.receive._ordering`), so a slow fetch never holds up another topic;
 * the application's thread(s) publish and iterate :meth:`Client.messages`.
 
 Publishing only waits on futures completed by paho's thread, which never waits on anything,
@@ -26,10 +26,11 @@ publish on a subscribed topic, or write the discovery topic, wrote it): nothing 
 raise out of paho's thread or stop the worker.
 
 This class is a facade: it merges the settings and wires four parts it owns, each in its
-own module: the MQTT connection (:mod:`client._paho`, injectable as `connection=`), the
-publisher (:mod:`client._publish`), the receiver with its worker (:mod:`client._receive`) and
-the discovery watcher (:mod:`client._discovery`). The credential-origin rule is
-:func:`client._scram.gateway_auth` plus :meth:`client._receive.Receiver._auth_for`.
+own module: the MQTT connection (:mod:`client.mqtt._paho`, injectable as `connection=`), the
+publisher (:mod:`client.publish._publish`), the receiver with its worker
+(:mod:`client.receive._receive`) and the discovery watcher (:mod:`client._discovery`). The
+credential-origin rule is :func:`client.http._scram.gateway_auth` plus
+:meth:`client.receive._receive.Receiver._auth_for`.
 """
 
 from __future__ import annotations
@@ -44,22 +45,22 @@ from typing import Unpack
 
 import httpx
 
-from ._config import ClientSettings, SettingsOverrides, load_settings, merge_settings
 from ._discovery import DiscoveryView
-from ._exceptions import FetchError
-from ._http import HttpTransport
-from ._message import Message, MessageError, PublishResult
-from ._paho import Incoming, MqttConnection
-from ._publish import Publisher, wait_ack
-from ._range import RangeReader, as_placeholder, payload_range
-from ._receive import Delivery, FetchProgress, PlainHttpWarner, Receiver
-from ._scram import gateway_auth
-from ._source import PayloadLike
-from ._store_origin import ConfiguredStore
-from ._websocket import websocket_headers
-from ._will import Will
-from ._will import arm as arm_will
+from .config._settings import ClientSettings, SettingsOverrides, load_settings, merge_settings
+from .core._exceptions import FetchError
+from .core._message import Message, MessageError, PublishResult
+from .core._source import PayloadLike
+from .http._range import RangeReader, as_placeholder, payload_range
+from .http._scram import gateway_auth
+from .http._store_origin import ConfiguredStore
+from .http._transport import HttpTransport
+from .mqtt._paho import Incoming, MqttConnection
+from .mqtt._websocket import websocket_headers
 from .protocol import DiscoveryRecord, MessageId, Placeholder, PublishProperties, TopicFilter
+from .publish._publish import Publisher, wait_ack
+from .publish._will import Will
+from .publish._will import arm as arm_will
+from .receive._receive import Delivery, FetchProgress, PlainHttpWarner, Receiver
 
 log = logging.getLogger("client")
 
@@ -79,7 +80,7 @@ def _default_connection(s: ClientSettings) -> MqttConnection:
         tls=s.tls_files,
         websocket_headers=websocket_headers(s.websocket_headers),
         # Flow control: QoS 1/2 messages are acknowledged as the receive worker takes them
-        # (`client/_inbound.py`), so the hand-off holds at most this many.
+        # (`client/receive/_inbound.py`), so the hand-off holds at most this many.
         receive_maximum=min(s.max_pending_deliveries, 65535),
         session_expiry=s.session_expiry,
     )
@@ -107,7 +108,7 @@ class Client:
         http_auth: credentials for the gateway, sent only to the advertised endpoint
             (same scheme, host and port) under hop-client's rule. Default: a bearer token
             when `http_token` is set, else SCRAM-SHA-512 with the broker's user name and
-            password when both are set (:mod:`client._scram`), else none.
+            password when both are set (:mod:`client.http._scram`), else none.
         on_fetch_progress: called as `(topic, bytes received, total)` while a placeholder's
             payload downloads (from a fetch thread, `fetch_concurrency` at once: keep it quick).
         **overrides: any :class:`ClientSettings` field, e.g. `automatic_offload=False`,
@@ -184,7 +185,8 @@ class Client:
     ) -> Client:
         """A client configured from keyword arguments > environment > config file > defaults.
 
-        This is the edge that reads `OFFLOAD_*` from `os.environ` (see :mod:`client._config`).
+        This is the edge that reads `OFFLOAD_*` from `os.environ`
+        (see :mod:`client.config._settings`).
 
         Args:
             broker: broker URL; falls back to `OFFLOAD_BROKER` / the config file.
@@ -229,7 +231,7 @@ class Client:
             self._receiver.packet_limit_known(self.max_packet_size)
             if self._use_discovery:
                 self._conn.subscribe(self.settings.discovery_topic, 1)
-            if self._will is not None:  # now that CONNACK told the limit (client/_will.py)
+            if self._will is not None:  # now that CONNACK told the limit (client/publish/_will.py)
                 try:
                     arm_will(self._will, self._conn, self._publisher, self.settings, timeout)
                 except BaseException:
@@ -482,7 +484,7 @@ class Client:
             if not any(f.matches(incoming.topic) for f in list(self._filters.values())):
                 self._conn.ack(incoming)
                 return
-        # Never waits (client/_inbound.py): QoS 0 beyond the bound is shed.
+        # Never waits (client/receive/_inbound.py): QoS 0 beyond the bound is shed.
         if not self._receiver.inbound.put(
             incoming, len(incoming.payload), sheddable=not incoming.qos
         ):

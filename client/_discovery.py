@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 
-from ._config import ClientSettings
+from .config._settings import ClientSettings
 from .protocol import DiscoveryRecord, EndpointCache
 
 log = logging.getLogger("client")

@@ -1,14 +1,14 @@
 """`offload`: publish, subscribe, fetch and discover from the command line.
 
 Settings are layered defaults < config file < environment (`OFFLOAD_*`) < flags, see
-:mod:`client._config`. Output is machine-readable: one JSON line per message with the same
+:mod:`client.config._settings`. Output is machine-readable: one JSON line per message with the same
 leading keys for every command (`topic`, `id`, `size`, `sha256`, `route`, `url`, see
-:mod:`client._cli_output`), or per error (`error` names the cause: `checksum mismatch`,
+:mod:`client.commands._output`), or per error (`error` names the cause: `checksum mismatch`,
 `chunk timeout`, `not found`, `access refused`, ...). `fetch` and `upload` are in
-:mod:`client._cli_http`.
+:mod:`client.commands._http`.
 
 Errors are one line on stderr and a stable exit code per class; the table is in
-:mod:`client._cli_errors` and docs/cli.md.
+:mod:`client.commands._errors` and docs/cli.md.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
-from ._cli_args import build_parser, settings_from_args, validate
-from ._cli_errors import (
+from .commands._args import build_parser, settings_from_args, validate
+from .commands._errors import (
     EXIT_ERRORS,
     EXIT_OK,
     EXIT_PIPE,
@@ -34,12 +34,12 @@ from ._cli_errors import (
     detail,
     refused,
 )
-from ._cli_http import fetch_command, upload_command
-from ._cli_output import emit, message_line
-from ._exceptions import OffloadError
+from .commands._http import fetch_command, upload_command
+from .commands._output import emit, message_line
+from .core._exceptions import OffloadError
 
 if TYPE_CHECKING:
-    from ._message import Message, PublishResult
+    from .core._message import Message, PublishResult
 
 # Start-up is paid by every `offload publish` in a shell loop, so this module imports only
 # argument parsing and error reporting. Each command imports what it uses when it runs:
@@ -67,7 +67,7 @@ def _result_doc(result: PublishResult, args: argparse.Namespace) -> dict[str, An
 
 def _publish(args: argparse.Namespace) -> int:
     from ._client import Client
-    from ._progress import PassReader, Progress
+    from .commands._progress import PassReader, Progress
 
     settings = settings_from_args(args)
     with Client(settings=settings) as client:
@@ -95,8 +95,8 @@ def _subscribe(args: argparse.Namespace) -> int:
     import dataclasses
 
     from ._client import Client
-    from ._message import MessageError
-    from ._progress import Progress
+    from .commands._progress import Progress
+    from .core._message import MessageError
 
     settings = settings_from_args(args)
     if args.out is not None:
@@ -213,7 +213,7 @@ def _skip_unused_optional_imports() -> None:
 
 
 def _keygen(args: argparse.Namespace) -> int:
-    from ._cli_crypt import keygen
+    from .commands._crypt import keygen
 
     return keygen(args)
 

@@ -2,7 +2,7 @@
 
 `create_app` wires routes and middleware and nothing else (as starlette's constructor
 does); the lifespan builds the services once, with one small function per part, and hands
-them out as one frozen `Context` (gateway/_context.py).
+them out as one frozen `Context` (gateway/http/_context.py).
 """
 
 from __future__ import annotations
@@ -18,34 +18,35 @@ from fastapi_offline import FastAPIOffline
 from client.protocol import PublishProperties
 from discovery import Advertiser
 
-from ._authz import AuthenticationInfoMiddleware, BrokerRules, build_authenticator
-from ._context import Broker, Context, NoBroker
-from ._cors import BrowserUploads, parse_origins
-from ._direct import Direct
-from ._drain import DrainBeforeEarlyAnswer
-from ._errors import install_error_handlers
-from ._executors import Workers
-from ._http_protocol import STATE_KEY as HEADER_TIMEOUT_KEY
-from ._limits import UploadLimits
-from ._mqtt import broker_link
-from ._observability import ObservabilityMiddleware
-from ._ops import router as ops_router
-from ._presign import SignedUrls, UrlSigner
-from ._presign import router as presign_router
-from ._quotas import Quotas
-from ._resumable import ResumableUploads
-from ._routes import HOP_PATH, router
-from ._routes_direct import router as direct_router
-from ._routes_info import MECHANISMS_KEY, advertised_record
-from ._routes_info import router as info_router
-from ._routes_publish import router as publish_router
-from ._routes_raw import router as raw_router
-from ._routes_resumable import router as resumable_router
-from ._service import OffloadService
-from ._settings import Settings, get_settings
 from ._sweeper import Sweeper
-from ._target import Utf8Target
+from .core import (
+    BrowserUploads,
+    ObservabilityMiddleware,
+    Settings,
+    Workers,
+    broker_link,
+    get_settings,
+    install_error_handlers,
+    parse_origins,
+)
+from .direct import Direct
+from .http._authz import AuthenticationInfoMiddleware, BrokerRules, build_authenticator
+from .http._context import Broker, Context, NoBroker
+from .http._ops import router as ops_router
+from .http._presign import SignedUrls, UrlSigner
+from .http._presign import router as presign_router
+from .http._routes import HOP_PATH, router
+from .http._routes_direct import router as direct_router
+from .http._routes_info import MECHANISMS_KEY, advertised_record
+from .http._routes_info import router as info_router
+from .http._routes_publish import router as publish_router
+from .http._routes_raw import router as raw_router
+from .http._routes_tus import router as resumable_router
+from .ingest import OffloadService, Quotas
+from .middleware import STATE_KEY as HEADER_TIMEOUT_KEY
+from .middleware import DrainBeforeEarlyAnswer, UploadLimits, Utf8Target
 from .storage import ObjectStore, StoreError, open_store
+from .tus import ResumableUploads
 
 log = logging.getLogger("gateway")
 
@@ -165,7 +166,7 @@ def make_lifespan(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
         the_store = store or build_store(settings)
-        # Pools sized on purpose, one per kind of blocking work (gateway/_executors.py).
+        # Pools sized on purpose, one per kind of blocking work (gateway/core/_executors.py).
         workers = Workers.from_settings(settings)
         workers.start()
         await open_bucket(the_store, workers)
@@ -184,11 +185,12 @@ def make_lifespan(
         )
         sweeper.start(workers.store)
         try:
-            # The HTTP protocol reads its head deadline here (gateway/_http_protocol.py).
+            # The HTTP protocol reads its head deadline here (gateway/middleware/_protocol.py).
             yield {
                 "ctx": ctx,
                 HEADER_TIMEOUT_KEY: settings.header_timeout,
-                MECHANISMS_KEY: mechanisms,  # what `GET /` advertises (gateway/_routes_info.py)
+                # what `GET /` advertises (gateway/http/_routes_info.py)
+                MECHANISMS_KEY: mechanisms,
             }
         finally:
             await sweeper.stop()
@@ -258,7 +260,8 @@ def create_app(
         min_body_rate=settings.min_body_rate,
     )
     # Outermost but for CORS: a refusal sent before the body was read (401, 403, 429...)
-    # must reach the peer even when the connection closes right after it (gateway/_drain.py).
+    # must reach the peer even when the connection closes right after it
+    # (gateway/middleware/_drain.py).
     app.add_middleware(DrainBeforeEarlyAnswer, timeout=settings.body_idle_timeout)
     if settings.cors_origins:  # outermost: preflights are answered before authentication
         app.add_middleware(BrowserUploads, origins=parse_origins(settings.cors_origins))

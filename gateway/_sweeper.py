@@ -15,7 +15,7 @@ Then it removes abandoned resumable uploads (`uploads/`): an upload whose `Uploa
 passed, with its staged segments, and segments whose upload state is gone. An expired upload
 can no longer be continued on any replica (it answers 410), so removing it races nothing.
 Last, the claims direct-upload commits leave (`grants/`) once their grant is long expired,
-and the records of open uploads (`quota/`, `gateway._quotas`) once theirs expired, aborting
+and the records of open uploads (`quota/`, `gateway.ingest._quotas`) once theirs expired, aborting
 the multipart upload of a direct-upload grant that was never committed or abandoned.
 
 Every delete is idempotent, so several gateway replicas may sweep the same bucket; the
@@ -44,12 +44,11 @@ from client.protocol import (
     parse_data_key,
 )
 
-from ._direct import GRANTS_PREFIX, claim_expiry
-from ._executors import WorkerPool
-from ._manifests import ManifestRepository
-from ._quotas import QUOTA_PREFIX, abandoned_grant, parse_record
-from ._resumable import cleanup_expired_uploads
+from .core import WorkerPool
+from .direct import GRANTS_PREFIX, claim_expiry
+from .ingest import QUOTA_PREFIX, ManifestRepository, abandoned_grant, parse_record
 from .storage import DirectStore, ObjectStore, StoreError
+from .tus import cleanup_expired_uploads
 
 log = logging.getLogger("gateway.sweeper")
 
@@ -188,7 +187,7 @@ class Sweeper:
         return report
 
     def _sweep_claims(self, now: int) -> None:
-        """Delete direct-upload grant claims once their grant is long expired (`gateway._direct`).
+        """Delete direct-upload grant claims (`gateway.direct._transfers`) long past expiry.
 
         A grant past its expiry commits no more (its commit answers the message it made, or
         403), so its claim is only kept for the grace period, against clocks that disagree.
@@ -201,7 +200,7 @@ class Sweeper:
                 self.store.delete(info.key)
 
     def _sweep_open_uploads(self, now: int) -> int:
-        """Delete expired open-upload records (`gateway._quotas`); abort abandoned grants'.
+        """Delete expired open-upload records (`gateway.ingest._quotas`); abort abandoned grants'.
 
         A grant's record outlives its grant by the grace period before its multipart upload
         is aborted, so a commit that began just before the expiry is never cut off.

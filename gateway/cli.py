@@ -12,9 +12,8 @@ import sys
 
 import uvicorn
 
-from ._http_protocol import MAX_HEAD_BYTES, HeadDeadlineProtocol
-from ._observability import configure_logging
-from ._settings import Settings
+from .core import Settings, configure_logging
+from .middleware import MAX_HEAD_BYTES, HeadDeadlineProtocol
 
 log = logging.getLogger("gateway")
 

@@ -133,7 +133,7 @@ class GatewayLink:
         """The `DirectStore` of the gateway's own record (`GET /`), read once and kept.
 
         A payload redirect is followed only there: a placeholder names the gateway, and the
-        gateway alone says where its store is (as the library does, client/_store_origin.py).
+        gateway alone says where its store is (as the library does, client/http/_store_origin.py).
         """
         if gateway in self._stores:
             return self._stores[gateway]

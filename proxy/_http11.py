@@ -5,7 +5,7 @@ Why: through httpx's default transport a 64 MiB fetch is 1,024 reads of 64 KiB, 
 through anyio and httpcore's layers, and an upload awaits each piece's drain; on two shared
 cores that per-piece work is what made the proxy's 64 MiB transfer slower than the library's
 (bench/RESULTS.md, "Proxy: the issue's table"). The library took the same step for its
-fetches (client/_urllib3.py). httpx stays in front: auth flows (SCRAM), timeouts and the
+fetches (client/http/_urllib3.py). httpx stays in front: auth flows (SCRAM), timeouts and the
 caller's redirect rules are unchanged; with a proxy in the environment the gateway link keeps
 httpx's own transport (:func:`proxy._gateway.http_client`), which honours it.
 

@@ -5,7 +5,7 @@
 import-linter), counting every import statement: module level, inside functions and under
 `if TYPE_CHECKING`. A package here is a directory (`client`, `client.protocol`,
 `gateway.storage`...); a module's imports count as its package's, so `client.protocol._x`
-importing `client._exceptions` is an edge `client.protocol -> client`.
+importing `client.core._exceptions` is an edge `client.protocol -> client`.
 
     python scripts/import_cycles.py            # counts, then every cycle found
 """

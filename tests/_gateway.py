@@ -40,7 +40,7 @@ class GatewayServer:
 
     def start(self) -> GatewayServer:
         from gateway import create_app
-        from gateway._http_protocol import HeadDeadlineProtocol
+        from gateway.middleware._protocol import HeadDeadlineProtocol
 
         # Bind here and hand uvicorn the socket: port 0 lets the kernel choose, and nothing
         # can take the port between choosing it and serving on it.

@@ -21,10 +21,10 @@ from hop.http_scram import SCRAMAuth
 from scramp import ScramClient, ScramException
 
 from client.protocol import Topic
-from gateway._authz import AuthenticationInfoMiddleware, BrokerRules
-from gateway._errors import NotFound, install_error_handlers
-from gateway._executors import WorkerPool
 from gateway.auth import Authenticator
+from gateway.core._errors import NotFound, install_error_handlers
+from gateway.core._executors import WorkerPool
+from gateway.http._authz import AuthenticationInfoMiddleware, BrokerRules
 
 pytestmark = pytest.mark.servers
 

@@ -1,4 +1,4 @@
-"""A refusal sent before the body is read reaches the peer intact (gateway/_drain.py).
+"""A refusal sent before the body is read reaches the peer intact (gateway/middleware/_drain.py).
 
 The gateway answers a wrong password before it reads the upload. When the connection then
 closes - the client or a proxy asked for ``Connection: close``, which nginx does towards an

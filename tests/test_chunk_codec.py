@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from client._exceptions import (
+from client.core._exceptions import (
     ChecksumMismatchError,
     ChunkBufferOverflow,
     ChunkTimeoutError,

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from client import BrokerUrl
-from client._paho import Incoming, MqttConnection
+from client.mqtt._paho import Incoming, MqttConnection
 from client.protocol._chunk import split
 from client.protocol._size import publish_packet_size
 
@@ -305,7 +305,7 @@ def test_failed_fetch_keeps_the_earlier_file_and_leaves_no_partial(
     assert [p.name for p in tmp_path.iterdir()] == ["keep.bin"]
 
 
-# -- user mistakes: one line, one stable exit code (client/_cli_errors.py) ---------------------
+# -- user mistakes: one line, one stable exit code (client/commands/_errors.py) -----------------
 
 ID = "00000000-0000-4000-8000-000000000000"
 

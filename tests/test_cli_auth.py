@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from client._scram import ScramAuth
+from client.http._scram import ScramAuth
 
 from _auth import AUTH_SECRET, broker_readable_dir, write_acl_file, write_password_file
 from _gateway import GatewayServer

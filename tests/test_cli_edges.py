@@ -17,9 +17,9 @@ import httpx
 import pytest
 from test_cli_upload import _run_on_tty
 
-from client._progress import PassReader, Progress
-from client._source import PayloadSource
-from client._upload import TusUploader
+from client.commands._progress import PassReader, Progress
+from client.core._source import PayloadSource
+from client.http._upload import TusUploader
 
 from _gateway import GatewayServer
 from _servers import Mosquitto
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.servers
 
 OFFLOAD = shutil.which("offload") or "offload"
 MiB = 1024 * 1024
-#: The first six keys of every message line, in this order (client/_cli_output.py).
+#: The first six keys of every message line, in this order (client/commands/_output.py).
 MESSAGE_KEYS = ["topic", "id", "size", "sha256", "route", "url"]
 
 

@@ -24,8 +24,8 @@ OFFLOAD = shutil.which("offload") or "offload"
 # dnspython; scramp pulls asn1crypto.
 HEAVY = (
     "anyio", "asn1crypto", "bson", "click", "dns", "h2", "httpcore", "httpx", "minio", "paho",
-    "pydantic", "pygments", "rich", "scramp", "client._client", "client._http", "client._paho",
-    "client._scram", "client._upload",
+    "pydantic", "pygments", "rich", "scramp", "client._client", "client.http._transport",
+    "client.mqtt._paho", "client.http._scram", "client.http._upload",
 )  # fmt: skip
 # The protocol codecs: `client.protocol` loads them on first use.
 CODECS = ("client.protocol._chunk", "client.protocol._envelope", "client.protocol._reassembly")
@@ -132,7 +132,7 @@ def test_an_application_importing_the_cli_keeps_every_optional_import() -> None:
 def test_a_client_loads_scramp_only_when_it_logs_in() -> None:
     code = (
         "from client import Client\n"
-        "from client._scram import gateway_auth\n"
+        "from client.http._scram import gateway_auth\n"
         "result = repr(gateway_auth(username='u', password='p', token=None))\n"
     )
     after = loaded_after(code)

@@ -15,10 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from client import ChecksumMismatchError, Client, Message, Route
-from client._chunkstore import SpoolingChunkStore
 from client.protocol import PublishProperties
 from client.protocol._chunk import split
 from client.protocol._reassembly import Complete, Error, Reassembler
+from client.receive._chunkstore import SpoolingChunkStore
 
 from _servers import Mosquitto
 

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from client import FetchError, PayloadChecksumMismatch
-from client._answers import TransientFetchError
-from client._fetching import HASH_BATCH, THREADED_HASH_FROM
-from client._http import HttpTransport
-from client._source import PayloadSource
+from client.core._source import PayloadSource
+from client.http._answers import TransientFetchError
+from client.http._fetching import HASH_BATCH, THREADED_HASH_FROM
+from client.http._transport import HttpTransport
 from client.protocol import MessageId
 
 from _gateway import GatewayServer

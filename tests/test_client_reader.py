@@ -17,8 +17,8 @@ from collections.abc import Iterator
 import pytest
 
 from client import FetchError
-from client._answers import MAX_ERROR_BODY, TransientFetchError
-from client._http import HttpTransport
+from client.http._answers import MAX_ERROR_BODY, TransientFetchError
+from client.http._transport import HttpTransport
 
 from _hostile import accept_each
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from client import Client, ConfigError, Message, Route
-from client._config import ClientSettings, load_settings
+from client.config._settings import ClientSettings, load_settings
 from client.protocol import MessageId, Placeholder
 
 from _gateway import GatewayServer

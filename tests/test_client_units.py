@@ -19,11 +19,11 @@ from client import (
     Route,
     load_settings,
 )
-from client._exceptions import MalformedPlaceholder
-from client._router import choose_route
-from client._source import PayloadSource
+from client.core._exceptions import MalformedPlaceholder
+from client.core._source import PayloadSource
 from client.protocol import MessageId
 from client.protocol._placeholder import Placeholder, is_tagged, original_properties, parse
+from client.publish._router import choose_route
 
 # -- routing ------------------------------------------------------------------------------
 
@@ -226,12 +226,12 @@ def test_from_config_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> N
 
 def test_readme_settings_table_is_the_declared_one() -> None:
     """One declaration: docs/settings.md's table is generated from the settings' fields."""
-    from client._config import settings_table
+    from client.config._settings import settings_table
 
     readme = (Path(__file__).parents[1] / "docs" / "settings.md").read_text()
     start = readme.index("<!-- client-settings:")
     block = readme[readme.index("\n", start) + 1 : readme.index("<!-- /client-settings -->")]
-    assert block == settings_table(), "run `python -m client._config` and paste the table"
+    assert block == settings_table(), "run `python -m client.config._settings` and paste the table"
     for name in ("client_id", "password", "max_chunk_timeout", "ca_file"):
         assert f"| `{name}` | `OFFLOAD_{name.upper()}` |" in block
 
@@ -241,7 +241,7 @@ def test_keyword_overrides_mirror_the_declared_fields() -> None:
     import dataclasses
     import typing
 
-    from client._config import SettingsOverrides
+    from client.config._settings import SettingsOverrides
 
     fields = {f.name: f.type for f in dataclasses.fields(ClientSettings)}
     overrides = SettingsOverrides.__annotations__

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from client.protocol import Manifest, MessageId, Topic, data_key, index_key, meta_key
-from gateway._service import OffloadService, now_ms
+from gateway.ingest._service import OffloadService, now_ms
 from gateway.storage import ObjectInfo, S3Store
 
 from _gateway import GatewayServer

@@ -30,7 +30,7 @@ import pytest
 from minio import Minio
 
 from client import Client, FetchError, Message, MessageError, PayloadChecksumMismatch
-from client._http import HttpTransport
+from client.http._transport import HttpTransport
 from client.protocol import MessageId, Placeholder
 
 from _gateway import GatewayServer

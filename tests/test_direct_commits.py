@@ -20,7 +20,7 @@ import pytest
 from minio import Minio
 
 from client.protocol import Manifest, Topic, data_key, encode_upload
-from gateway._signing import UrlSigner
+from gateway.http._signing import UrlSigner
 
 from _gateway import GatewayServer
 from _servers import Mosquitto, SeaweedFS

@@ -1,5 +1,5 @@
 """One identity end to end: our Client and CLI against mosquitto and the gateway sharing one
-password file and one ACL file; the client's SCRAM (client._scram) with its broker login."""
+password file and one ACL file; the client's SCRAM (client.http._scram) with its broker login."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ import httpx
 import pytest
 
 from client import AccessRefused, Client, FetchError, Message, MessageError, Route, UploadError
-from client._http import HttpTransport
-from client._scram import ScramAuth
-from client._source import PayloadSource
+from client.core._source import PayloadSource
+from client.http._scram import ScramAuth
+from client.http._transport import HttpTransport
 from client.protocol import MessageId
 
 from _auth import broker_readable_dir, secured_pair, write_acl_file, write_password_file

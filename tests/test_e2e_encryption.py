@@ -32,7 +32,7 @@ from client import (
     NoMatchingIdentity,
     Route,
 )
-from client._paho import Incoming, MqttConnection
+from client.mqtt._paho import Incoming, MqttConnection
 from client.protocol import MessageId, Placeholder
 from client.protocol._age_keys import Identity
 from client.protocol._encoding import Encoding

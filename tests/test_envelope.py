@@ -19,7 +19,7 @@ from hop.io import Consumer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from client._exceptions import EnvelopeTooLarge, MalformedEnvelope
+from client.core._exceptions import EnvelopeTooLarge, MalformedEnvelope
 from client.protocol._envelope import (
     MAX_BSON_DOCUMENT,
     MAX_DEPTH,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from client._exceptions import MalformedEnvelope
+from client.core._exceptions import MalformedEnvelope
 from client.protocol._bson_values import FIXED_SIZE, VARIABLE, read_value
 from client.protocol._envelope import Complete, PayloadData, PayloadEnd, encode_upload
 from client.protocol._envelope_parse import _READERS, _STEPS, EnvelopeParser, _State

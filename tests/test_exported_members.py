@@ -15,7 +15,7 @@ import types
 import pytest
 
 import client
-import client._exceptions
+import client.core._exceptions
 import client.protocol
 import client.protocol._errors
 import discovery
@@ -49,7 +49,7 @@ def test_protocol_errors_are_the_client_errors() -> None:
     assert "MalformedPlaceholder" in core and "OffloadError" in core
     for name, cls in core.items():
         assert getattr(client.protocol, name) is cls
-        assert getattr(client._exceptions, name) is cls
+        assert getattr(client.core._exceptions, name) is cls
         if name in client.__all__:
             assert getattr(client, name) is cls
     # The I/O errors hang under the same root.

@@ -21,8 +21,8 @@ import httpx
 import pytest
 
 from client import Client, Message, MessageError, PayloadNotFound, Route, UploadError
-from client._http import HttpTransport
-from client._source import PayloadSource
+from client.core._source import PayloadSource
+from client.http._transport import HttpTransport
 from client.protocol import MessageId
 from gateway import Settings
 from gateway.storage import S3Store

@@ -206,7 +206,7 @@ def test_manifest_cache_never_outlives_a_local_delete() -> None:
     import asyncio
 
     from client.protocol import Manifest, MessageId, Topic
-    from gateway._service import ManifestCache
+    from gateway.ingest._service import ManifestCache
 
     cache = ManifestCache(size=2, ttl=60)
     manifests = [

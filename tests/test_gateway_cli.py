@@ -16,7 +16,7 @@ import httpx
 import psutil
 import pytest
 
-from client._scram import ScramAuth
+from client.http._scram import ScramAuth
 
 from _auth import write_password_file
 from _gateway import GatewayServer

@@ -18,7 +18,7 @@ from starlette.types import Receive, Scope, Send
 
 from client.protocol import encode_upload
 from gateway import create_app
-from gateway._settings import Settings
+from gateway.core._settings import Settings
 
 
 @asynccontextmanager

@@ -302,7 +302,7 @@ def config_map(chart: helm.Chart, values: dict[str, Any]) -> dict[str, str]:
 
 def test_every_rendered_setting_is_one_the_gateway_reads(chart: helm.Chart) -> None:
     """A misspelt OFFLOAD_* name would be ignored silently by pydantic-settings."""
-    from gateway._settings import Settings
+    from gateway.core._settings import Settings
 
     values = {
         "gateway": {"corsOrigins": "https://app.example.com"},

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from client import ChunkBufferOverflow, ChunkTimeoutError, MalformedPlaceholder
-from client._exceptions import MalformedDiscoveryRecord
+from client.core._exceptions import MalformedDiscoveryRecord
 from client.protocol import ChunkFailure, PublishProperties, Reassembler, mqtt_string_problem
 from client.protocol._bounded import http_origin, json_depth_exceeds, loads_object
 from client.protocol._placeholder import MAX_PLACEHOLDER_BYTES, is_tagged, parse

@@ -37,7 +37,7 @@ from client import (
     MessageError,
     Route,
 )
-from client._receive import Delivery
+from client.receive._receive import Delivery
 
 from _gateway import GatewayServer
 from _hostile import PeakRss, RawPublisher

@@ -15,7 +15,7 @@ import itertools
 import time
 from typing import Any
 
-from gateway._executors import Workers
+from gateway.core._executors import Workers
 
 BEAT = 0.05  # seconds between heartbeats
 EVERY = 1.0  # at most one clean-up per this many seconds

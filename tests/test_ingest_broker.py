@@ -144,8 +144,8 @@ def test_a_binary_hop_header_is_kept_but_not_published(
 
 def test_a_publish_the_broker_refuses_is_failed_not_resent(broker: Mosquitto) -> None:
     """Force what validation now prevents: mosquitto disconnects, the link recovers."""
-    from gateway._mqtt import broker_link
-    from gateway._settings import Settings
+    from gateway.core._mqtt import broker_link
+    from gateway.core._settings import Settings
 
     conn = broker_link(Settings(mqtt_url=broker.url))
     assert conn is not None

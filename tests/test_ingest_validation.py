@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 from client.protocol import PublishProperties
 from client.protocol._props import mqtt_text_problem, publish_properties_problem
-from gateway._errors import BadRequest
-from gateway._media import is_inline, parse_content_type, served_type
-from gateway._options import parse_ascii_int
+from gateway.core._errors import BadRequest
+from gateway.ingest._media import is_inline, parse_content_type, served_type
+from gateway.ingest._options import parse_ascii_int
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ import bson
 import httpx
 import pytest
 
-from gateway._http_protocol import MAX_HEAD_BYTES
+from gateway.middleware._protocol import MAX_HEAD_BYTES
 from gateway.storage import S3Store
 
 from _gateway import GatewayServer

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from client._exceptions import InvalidTopic, MessageTooLarge, ProtocolError
+from client.core._exceptions import InvalidTopic, MessageTooLarge, ProtocolError
 from client.protocol._props import PublishProperties
 from client.protocol._size import (
     MAX_PACKET_SIZE,

@@ -23,9 +23,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from client import Client, Message, PublishProperties, Route, UploadError
-from client._http import HttpTransport
-from client._source import PayloadSource
-from client._upload_forms import header_fields
+from client.core._source import PayloadSource
+from client.http._transport import HttpTransport
+from client.http._upload_forms import header_fields
 from client.protocol import MessageId
 from gateway.storage import S3Store
 from gateway.storage._multipart import MAX_PART_SIZE, MAX_PARTS, part_size_for
@@ -60,7 +60,7 @@ def without_raw_route(gw: GatewayServer) -> GatewayServer:
     The raw route's router is taken out of this app's table only (the router object is
     shared by every gateway in the process, so it is not changed).
     """
-    from gateway._routes_raw import router as raw_router
+    from gateway.http._routes_raw import router as raw_router
 
     def is_raw(route: object) -> bool:
         return route is raw_router or getattr(route, "original_router", None) is raw_router

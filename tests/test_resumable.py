@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway._upload_locks import STALL
+from gateway.tus._locks import STALL
 
 from _gateway import GatewayServer
 from _hostile import RawRequest
@@ -223,8 +223,8 @@ def test_file_store_and_expiry_cleanup(
     tmp_path: Path,
     unique_topic: Callable[[str], str],
 ) -> None:
-    from gateway._resumable import cleanup_expired_uploads
     from gateway.storage import FileStore
+    from gateway.tus._uploads import cleanup_expired_uploads
 
     gw = gateway_factory(
         broker, storage_url=f"file://{tmp_path}", upload_expiry=2, allow_anonymous=True
@@ -248,7 +248,7 @@ def test_file_store_and_expiry_cleanup(
 
 # A client resumes (HEAD, then PATCH) while its lost PATCH is still at the gateway:
 # tus-js-client after a page reload, whose resumed PATCH got 409 when the old one landed
-# after its HEAD. One request at a time per upload (gateway/_upload_locks.py).
+# after its HEAD. One request at a time per upload (gateway/tus/_locks.py).
 SEGMENT = 256 * 1024
 
 

@@ -25,8 +25,8 @@ from client.protocol import (
     index_key,
     meta_key,
 )
-from gateway._service import OffloadService
 from gateway._sweeper import Sweeper, partition_end_ms
+from gateway.ingest._service import OffloadService
 from gateway.storage import S3Store
 
 from _gateway import GatewayServer

@@ -26,13 +26,13 @@ from client import (
     MessageError,
     PayloadChecksumMismatch,
 )
-from client._config import ClientSettings
-from client._seal import SEAL_AHEAD, SealedStream, Sealer
-from client._source import PIECE, PayloadSource
+from client.config._settings import ClientSettings
+from client.core._source import PIECE, PayloadSource
 from client.protocol import MessageId, Placeholder
 from client.protocol._age import encrypt
 from client.protocol._age_keys import Identity
 from client.protocol._encoding import Encoding
+from client.seal._seal import SEAL_AHEAD, SealedStream, Sealer
 
 from _gateway import GatewayServer
 
@@ -292,7 +292,7 @@ def test_a_range_of_a_damaged_encrypted_object_fails_only_where_it_is_damaged(
 def test_a_spooled_fetch_decrypts_straight_to_a_spool_file(tmp_path: Path) -> None:
     """Past `spool_threshold` the plaintext never gathers in memory first (that doubled a
     consumer's peak RSS for a 1 GiB payload: bench/memory.py --encrypted, 61 -> 122 MiB)."""
-    from client._unseal import Unsealer
+    from client.seal._unseal import Unsealer
 
     identity = Identity.generate()
     key = tmp_path / "key.txt"
@@ -312,7 +312,7 @@ def test_a_streamed_upload_fails_when_the_gateway_stored_other_bytes() -> None:
     """No X-Offload-Sha256 goes ahead of a sealed stream: the gateway's answered digest is
     compared instead, and a placeholder is never published for bytes no reader accepts."""
     from client import UploadError
-    from client._answers import _same_digest
+    from client.http._answers import _same_digest
 
     ours = "a" * 64
     _same_digest("http://gw/msg/1", httpx.Response(201, json={"sha256": ours}), ours)

@@ -20,7 +20,7 @@ import pytest
 from test_sessions import persistent_broker  # noqa: F401  (a fixture: a broker that saves)
 
 from client import ChunkBufferOverflow, ChunkTimeoutError, Client, Message, MessageError, Route
-from client._receive import Receiver
+from client.receive._receive import Receiver
 
 from _hostile import RawPublisher
 from _servers import Mosquitto

@@ -10,9 +10,9 @@ from dataclasses import replace
 
 from test_chunk_codec import ID, ID2, abc_chunks
 
-from client._exceptions import ChunkBufferOverflow, ChunkTimeoutError
-from client._session_acks import ChunkAcks
+from client.core._exceptions import ChunkBufferOverflow, ChunkTimeoutError
 from client.protocol._reassembly import Complete, Error, Pending, Reassembler
+from client.receive._session_acks import ChunkAcks
 
 # ------------------------------------------------------------------ the reassembly clock
 

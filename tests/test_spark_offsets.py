@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from client._exceptions import ConfigError
+from client.core._exceptions import ConfigError
 from client.spark._offsets import Candidate, StreamOffset, advance, initial_offset, positive_ms
 
 

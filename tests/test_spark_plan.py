@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from client._exceptions import ConfigError, PayloadChecksumMismatch
+from client.core._exceptions import ConfigError, PayloadChecksumMismatch
 from client.protocol import Manifest, MessageId, Topic, TopicFilter, data_key, meta_key
 from client.spark import parse_options, parse_storage_url, parse_time
 from client.spark._options import StorageLocation, Verify

@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.servers]
 
 pytest.importorskip("pyspark")
 
-from client._exceptions import ConfigError  # noqa: E402
+from client.core._exceptions import ConfigError  # noqa: E402
 from client.protocol import Manifest, MessageId, Topic, data_key, index_key, meta_key  # noqa: E402
 from client.spark import register  # noqa: E402
 from client.spark.job import follow  # noqa: E402

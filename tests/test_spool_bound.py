@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from client import Client, Message
-from client._http import HttpTransport
-from client._source import PayloadSource
+from client.core._source import PayloadSource
+from client.http._transport import HttpTransport
 from client.protocol import MessageId, Placeholder
 
 from _gateway import GatewayServer

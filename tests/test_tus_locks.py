@@ -1,4 +1,4 @@
-"""One request at a time per tus upload (gateway/_upload_locks.py), the locks alone; through
+"""One request at a time per tus upload (gateway/tus/_locks.py), the locks alone; through
 the running gateway in tests/test_resumable.py and tests/test_cli_upload.py."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from gateway._upload_locks import Hold, UploadInterrupted, UploadLocked, UploadLocks
+from gateway.tus._locks import Hold, UploadInterrupted, UploadLocked, UploadLocks
 
 
 async def _body(pieces: int, every: float) -> AsyncIterator[bytes]:

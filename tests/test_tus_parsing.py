@@ -1,4 +1,4 @@
-"""tus header parsing (gateway._tus): hand-written vectors, no server."""
+"""tus header parsing (gateway.tus._protocol): hand-written vectors, no server."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import zlib
 
 import pytest
 
-from gateway._errors import BadRequest
-from gateway._tus import CHECKSUM_ALGORITHMS, MAX_PARTS, parse_checksum, parse_concat
+from gateway.core._errors import BadRequest
+from gateway.tus._protocol import CHECKSUM_ALGORITHMS, MAX_PARTS, parse_checksum, parse_concat
 
 ID = "0123456789abcdef0123456789abcdef"
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from client._exceptions import PayloadDecodeError
-from client._unseal import Decoder
+from client.core._exceptions import PayloadDecodeError
 from client.protocol._age import encrypt
 from client.protocol._age_keys import Identity
 from client.protocol._encoding import PLAIN, Encoding
 from client.protocol._zstd import compress
+from client.seal._unseal import Decoder
 
 KEY = Identity.generate()
 

@@ -1,7 +1,7 @@
 """Where the reassembler keeps chunk bytes: the store interface and the in-memory store. Pure.
 
 The reassembler (:mod:`client.protocol._reassembly`) keeps all bookkeeping itself and uses a
-store only for bytes, so a store that spools to disk (:mod:`client._chunkstore`) can replace
+store only for bytes, so a store that spools to disk (:mod:`client.receive._chunkstore`) can replace
 the memory one.
 """
 

@@ -1,7 +1,7 @@
 """The errors the protocol cores raise: the root of the project's hierarchy lives here.
 
 The cores are a leaf (h11 keeps `LocalProtocolError` in its core the same way): they define
-the errors they raise and import nothing from the rest of `client`. :mod:`client._exceptions`
+the errors they raise and import nothing from the rest of `client`. :mod:`client.core._exceptions`
 re-exports these very classes and hangs the I/O errors (transfer, connection, settings) under
 the same :class:`OffloadError`, so `except client.OffloadError` catches both kinds.
 

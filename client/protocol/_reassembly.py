@@ -1,7 +1,7 @@
 """ADR 23 reassembly: chunks in any order and duplicated in, whole verified messages out.
 
 Pure: no paho, no clock (callers pass `now`). Bytes live in an injected :class:`ChunkStore`;
-the default keeps them in memory, :class:`client._chunkstore.SpoolingChunkStore` moves large
+the default keeps them in memory, :class:`client.receive._chunkstore.SpoolingChunkStore` moves large
 messages to temporary files so that reassembling a multi-gigabyte message needs no RAM for it.
 
 This module holds the state machine; its values (`_reassembly_outcomes`) and the derivation of

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._exceptions import ProtocolError
+from ..core._exceptions import ProtocolError
 from ._options import OnBadObject
 
 log = logging.getLogger("client.spark")

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._exceptions import ConfigError
+from ..core._exceptions import ConfigError
 
 OFFSET_VERSION = 1
 _HOUR_MS = 3_600_000

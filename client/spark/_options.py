@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from .._exceptions import ConfigError
+from ..core._exceptions import ConfigError
 from ..protocol import TopicFilter
 from ._offsets import positive_ms
 

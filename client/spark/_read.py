@@ -39,7 +39,7 @@ from typing import Any, TypeAlias
 
 import google_crc32c
 
-from .._exceptions import PayloadChecksumMismatch, PayloadDecodeError
+from ..core._exceptions import PayloadChecksumMismatch, PayloadDecodeError
 from ..protocol import Manifest, meta_key
 from ._bad import BadObject, Problem, Reporter
 from ._options import ScanOptions, Verify
@@ -198,7 +198,7 @@ _AGE_MAGIC = b"age-encryption.org/v1\n"
 
 @functools.lru_cache(maxsize=8)
 def _identities(files: tuple[str, ...]) -> tuple[Any, ...]:
-    from .._keys import load_identities
+    from ..config._keys import load_identities
 
     return tuple(load_identities(files))
 
@@ -215,8 +215,8 @@ def decoded(payload: Payload, identity_files: tuple[str, ...], url: str) -> Payl
     head = bytes(payload[: len(MARK)])
     if not (head.startswith(_AGE_MAGIC) or marked(head)):
         return payload
-    from .._unseal import Decoder
     from ..protocol._encoding import PLAIN
+    from ..seal._unseal import Decoder
 
     pieces: list[bytes] = []
     try:

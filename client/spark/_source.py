@@ -18,7 +18,7 @@ from pyspark.sql.datasource import (
     InputPartition,
 )
 
-from .._exceptions import ConfigError
+from ..core._exceptions import ConfigError
 from ._bad import BadObjects, Reporter, Tally, TallyParam
 from ._options import ScanOptions, parse_options
 from ._plan import pack, select_objects

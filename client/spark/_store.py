@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypeAlias
 
-from .._exceptions import ConfigError, FetchError
+from ..core._exceptions import ConfigError, FetchError
 from ._options import StorageLocation
 
 ACCESS_KEY_ENV = "OFFLOAD_S3_ACCESS_KEY"

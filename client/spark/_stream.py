@@ -29,7 +29,7 @@ from pyspark.sql.streaming.datasource import (
     ReadMaxFiles,
 )
 
-from .._exceptions import ConfigError
+from ..core._exceptions import ConfigError
 from ..protocol import index_key, meta_key, parse_data_key
 from ..protocol._layout import DataKey
 from ._bad import BadObject, Problem, Reporter

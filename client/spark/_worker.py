@@ -15,7 +15,7 @@ import os
 import subprocess
 from typing import Any
 
-from .._exceptions import ConfigError
+from ..core._exceptions import ConfigError
 
 # What a worker imports to plan and read: Arrow batches, the S3 client, this package.
 WORKER_IMPORTS = ("pyarrow", "minio", "client.spark._read")

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from client._exceptions import ConfigError
+from client.core._exceptions import ConfigError
 from client.protocol import TopicFilter
 from client.spark._bad import BadObjects
 from client.spark._options import parse_time

@@ -3,7 +3,7 @@
 One identity for broker and offload API: the gateway reads mosquitto's ``password_file``
 (SCRAM-SHA-512 per RFC 7804, Basic and Bearer over TLS) and ``acl_file`` (the same
 read/write rules the broker applies) and re-reads them when they change. The HTTP
-adapter is ``gateway._authz`` (the gateway's own), so that this package imports without
+adapter is ``gateway.http._authz`` (the gateway's own), so that this package imports without
 FastAPI.
 """
 

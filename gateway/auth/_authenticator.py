@@ -1,7 +1,7 @@
 """HTTP authentication and topic authorization from mosquitto's own password and ACL files.
 
 The package's facade: it turns an ``Authorization`` header into :class:`Authenticated` or
-:class:`Challenge`, and answers the ACL for a topic. Framework-free; ``gateway._authz``
+:class:`Challenge`, and answers the ACL for a topic. Framework-free; ``gateway.http._authz``
 adapts it. The stateful parts live in their own modules: the watched credentials files
 (``_credentials``), the lockout policy (``_throttle``, which explains why failures count
 per address and per (user, address) but never per user alone) and the SCRAM round trips

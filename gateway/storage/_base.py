@@ -113,7 +113,7 @@ class SupportsAsyncRead(Protocol):
 class DirectStore(Protocol):
     """Presigned store URLs and the multipart calls around them (direct transfers).
 
-    Implemented by `S3Direct` (gateway/storage/_s3_direct.py); see gateway/_direct.py.
+    Implemented by `S3Direct` (gateway/storage/_s3_direct.py); see gateway/direct/_transfers.py.
     """
 
     public_url: str

@@ -15,7 +15,7 @@ from ._chain import concat_by_streaming
 
 _PIECE = 1024 * 1024
 # Reads: under the gateway's 1 MiB mmap threshold (reused heap memory, no page faults per
-# piece) and no larger than the send slice of gateway/_limits.py, so never re-sliced.
+# piece) and no larger than the send slice of gateway/middleware/_limits.py, so never re-sliced.
 _READ_PIECE = 256 * 1024
 
 

@@ -33,7 +33,7 @@ log = logging.getLogger("gateway.storage")
 _PROBE_PREFIX = "probes/conditional-create-"
 
 # Under the gateway's 1 MiB mmap threshold, so a download's pieces reuse heap memory; the
-# gateway reads several per thread hop (gateway/_payload_stream.py, bench/RESULTS.md).
+# gateway reads several per thread hop (gateway/ingest/_payload_stream.py, bench/RESULTS.md).
 _READ_PIECE = 256 * 1024
 
 # Failures that mean "the store is not usable right now" rather than a bug of ours.
@@ -376,7 +376,7 @@ class S3Store:
         # Parts below S3's 5 MiB minimum cannot be copied server-side: stream them through.
         concat_by_streaming(self, key, sources, content_type)
 
-    # -- direct transfers (gateway/_direct.py): added, the methods above are untouched -----
+    # -- direct transfers (gateway/direct/_transfers.py): added, the methods above are untouched
 
     def direct(self, public_url: str) -> S3Direct:
         """Presigned URLs for clients that reach this store at `public_url`.

@@ -22,7 +22,7 @@ from bson.timestamp import Timestamp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from client._exceptions import MalformedEnvelope
+from client.core._exceptions import MalformedEnvelope
 from client.protocol._envelope import Complete, EnvelopeParser, PayloadData
 
 CORPUS = Path(__file__).parent / "corpus_envelope"

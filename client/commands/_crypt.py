@@ -1,0 +1,183 @@
+"""The `offload` command line's encryption parts: `keygen`, the flags, and decoding fetches.
+
+    offload keygen -o key.txt            # writes the identity (0600), prints its age1... key
+    offload publish -t T -f F --encrypt-to age1... [--encrypt-to age1...] [--no-compress]
+    offload subscribe -t T --identity key.txt [--identity old.txt]
+    offload fetch URL --identity key.txt  # decrypted and decompressed; --raw: stored bytes
+
+`offload fetch URL` has no placeholder, so it tells an age file by its first line and our
+zstd frames by their leading skippable frame; an age file without `--identity` (or
+`identity_files`) is an error that says so, never ciphertext written as if it were the
+payload. `--raw` writes the stored bytes as they are.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+from ._errors import EXIT_OK
+
+if TYPE_CHECKING:
+    from ..config._settings import ClientSettings
+    from ..core._message import Payload
+    from ..protocol._age_keys import Identity
+
+
+def add_keygen(sub: Any) -> None:
+    """The `keygen` subcommand on `sub` (the parser's subparsers)."""
+    keygen = sub.add_parser("keygen", help="make an age identity (X25519) for encrypted topics")
+    keygen.add_argument(
+        "-o", "--output", type=Path, help="identity file to create (default: stdout)"
+    )
+
+
+def add_publish_flags(pub: argparse.ArgumentParser) -> None:
+    pub.add_argument(
+        "--encrypt-to",
+        action="append",
+        metavar="RECIPIENT",
+        help="encrypt the payload to this age1... recipient (repeatable); it is then offloaded",
+    )
+    pub.add_argument(
+        "--compress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="zstd-compress where it pays (default: on, off for encrypted payloads)",
+    )
+
+
+def add_identity_flags(parser: argparse.ArgumentParser, *, raw: bool = False) -> None:
+    parser.add_argument(
+        "--identity",
+        "-i",
+        action="append",
+        type=Path,
+        metavar="FILE",
+        help="age identity file for encrypted payloads (repeatable)",
+    )
+    if raw:
+        parser.add_argument(
+            "--raw", action="store_true", help="write the stored bytes (no decrypt/decompress)"
+        )
+        parser.add_argument(
+            "--range",
+            metavar="START-END",
+            help="only these bytes (inclusive) of the payload; of an encrypted one, only the "
+            "64 KiB chunks that hold them are fetched and decrypted",
+        )
+
+
+def setting_flags(args: argparse.Namespace) -> dict[str, object]:
+    """The settings these flags set (None: not given, the lower layers decide)."""
+    flags: dict[str, object] = {"compress": getattr(args, "compress", None)}
+    if getattr(args, "encrypt_to", None):
+        flags["encrypt_to"] = ((args.topic, tuple(args.encrypt_to)),)
+    if getattr(args, "identity", None):
+        flags["identity_files"] = tuple(str(p) for p in args.identity)
+    return flags
+
+
+def fetch_range(
+    args: argparse.Namespace, url: str, emit: Any, identity_files: tuple[str, ...]
+) -> int:
+    """`offload fetch URL --range START-END` (client/commands/_range.py)."""
+    from ..config._keys import load_identities
+    from ._errors import UsageError
+    from ._range import fetch_range as fetch
+    from ._range import parse_range
+
+    try:
+        start, end = parse_range(args.range)
+    except ValueError as exc:
+        raise UsageError("offload fetch", str(exc)) from None
+    identities = [] if args.raw else load_identities(identity_files)
+    data, read = fetch(url, start, end, identities, raw=args.raw)
+    if args.output is None:
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+        return EXIT_OK
+    args.output.write_bytes(data)
+    emit({"url": url, "size": len(data), "file": str(args.output), "stored_bytes_read": read})
+    return EXIT_OK
+
+
+def keygen(args: argparse.Namespace) -> int:
+    from ..config._keys import keygen as make
+
+    identity, text = make(args.output)
+    if args.output is None:
+        sys.stdout.write(text)
+        print(f"Public key: {identity.recipient}", file=sys.stderr)
+    else:
+        print(identity.recipient)
+    return EXIT_OK
+
+
+def decoding_hooks(args: argparse.Namespace, settings: ClientSettings) -> tuple[Any, Any]:
+    """`offload fetch`'s two hooks: a checked payload decoded, and a sink wrapped so what is
+    written into it is decoded (both as is with `--raw`)."""
+    if args.raw:
+        return (lambda payload: payload), _as_is
+    from ..protocol._encoding import PLAIN
+    from ..seal._unseal import Unsealer, recognised
+
+    unsealer = Unsealer(settings)  # reads identity_files: a bad one is an error now
+
+    def decoded(payload: Payload) -> Payload:
+        with payload.open() as f:
+            if not recognised(f.read(64)):
+                return payload
+        return unsealer.decode(PLAIN, payload, sniff=True)[0]
+
+    @contextlib.contextmanager
+    def decoding(out: BinaryIO) -> Iterator[DecodingWriter]:
+        writer = DecodingWriter(out, unsealer.identities, settings.max_fetch_bytes)
+        yield writer
+        writer.close()  # only on success: the end of the stored bytes, or an error
+
+    return decoded, decoding
+
+
+@contextlib.contextmanager
+def _as_is(out: BinaryIO) -> Iterator[BinaryIO]:
+    yield out
+
+
+class DecodingWriter:
+    """A writable file that decodes what is written into it (sniffing age and our zstd).
+
+    Args:
+        out: where the plaintext goes.
+        identities: for an age file.
+        limit: the most plaintext bytes.
+    """
+
+    def __init__(self, out: BinaryIO, identities: Sequence[Identity], limit: int) -> None:
+        from ..protocol._encoding import PLAIN
+        from ..seal._unseal import Decoder
+
+        self._out = out
+        self._decoder = Decoder(PLAIN, identities, limit, sniff=True)
+
+    @property
+    def size(self) -> int:
+        """Plaintext bytes written so far."""
+        return self._decoder.size
+
+    def write(self, data: bytes) -> int:
+        for piece in self._decoder.feed(bytes(data)):
+            self._out.write(piece)
+        return len(data)
+
+    def close(self) -> None:
+        """The end of the stored bytes: the rest, or an error when they were incomplete."""
+        for piece in self._decoder.finish():
+            self._out.write(piece)
+
+    def flush(self) -> None:
+        self._out.flush()

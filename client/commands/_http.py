@@ -1,0 +1,233 @@
+"""`offload fetch` and `offload upload`: the commands that talk HTTP to the gateway only.
+
+Both log in the same way as :class:`client.Client` (a bearer token, else SCRAM with the broker
+login: `username`/`password` from the settings layers over the broker URL's) and both find
+the gateway the same way (:func:`client.commands._args.gateway_endpoint`). Imports are made when a
+command runs: `offload --help` loads no HTTP library (tests/test_cli_startup.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, BinaryIO, cast
+
+from ..core._exceptions import ConfigError, UploadError
+from ._args import settings_from_args
+from ._errors import EXIT_OK, describe, refused
+from ._output import BinaryStdout, emit, message_line, write_bytes
+
+if TYPE_CHECKING:
+    import ssl
+
+    import httpx
+
+    from ..config._settings import ClientSettings
+
+__all__ = ["fetch_command", "upload_command"]
+
+
+def fetch_command(args: argparse.Namespace) -> int:
+    """`offload fetch URL|ID`: the payload to `-o FILE` (and a message line) or stdout."""
+    import hashlib
+
+    from ..http._transport import HttpTransport
+    from ..protocol import MessageId
+    from ._progress import CountingWriter, Progress
+
+    if args.output is not None and args.output.is_dir():
+        # Before any download: a directory cannot become the file.
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(args.output))
+    settings = settings_from_args(args)
+    # Credentials go to the URL named, as `curl -u` sends them, and never follow a redirect.
+    auth = _gateway_login(settings)
+    shown: str = args.url.rstrip("/")  # validated: a URL, or a message id made into one
+    url = shown
+    levels = url.split("/")
+    raw = levels[-1] == "payload"  # {endpoint}/msg/<id>/payload
+    try:
+        message_id: str | None = str(MessageId.parse(levels[-2 if raw else -1]))
+    except ValueError:
+        message_id = None
+    if message_id is not None and not raw and levels[-2] == "msg":
+        url += "/payload"  # the raw bytes, not the BSON document
+    if args.range is not None:  # client/commands/_range.py: only the chunks the range needs
+        from ._crypt import fetch_range
+
+        return fetch_range(args, url, emit, () if args.raw else settings.identity_files)
+    # Encrypted or compressed stored bytes are decoded (client/commands/_crypt.py); --raw: as is.
+    from ._crypt import decoding_hooks
+
+    decoded, decoding = decoding_hooks(args, settings)
+    with HttpTransport(timeout=settings.http_timeout, verify=_verify(settings)) as transport:
+        if args.sha256:  # verified and spooled inside the transport: no bar to feed
+            sha256 = args.sha256.lower()
+            payload = transport.fetch(url, expected_sha256=sha256, auth=auth, redirect_ok=_anywhere)
+            payload = decoded(payload)  # after the stored bytes' SHA-256 was checked
+            if args.output is not None:
+                payload.save(args.output)
+            else:
+                with payload.open() as f:
+                    while piece := f.read(1 << 20):
+                        write_bytes(piece)
+            size = payload.size
+        else:
+            digest = hashlib.sha256()
+            # The bar goes to stderr, so `offload fetch URL > file` on a terminal shows it too.
+            with Progress(_content_length(url, auth), label="fetch") as bar:
+                if args.output is not None:
+                    with _replacing(args.output) as stored, decoding(stored) as out:
+                        sink = cast(BinaryIO, CountingWriter(out, bar, digest))
+                        size = transport.fetch_to(url, sink, auth=auth, redirect_ok=_anywhere)
+                else:
+                    with decoding(cast(BinaryIO, BinaryStdout())) as out:
+                        sink = cast(BinaryIO, CountingWriter(out, bar, digest))
+                        size = transport.fetch_to(url, sink, auth=auth, redirect_ok=_anywhere)
+            sha256 = digest.hexdigest()
+    if args.output is not None:
+        emit(
+            message_line(
+                topic=None,
+                message_id=message_id,
+                size=size,
+                sha256=sha256,
+                route="offloaded",
+                url=shown,
+                file=str(args.output),
+            )
+        )
+    return EXIT_OK
+
+
+def _gateway_login(settings: ClientSettings) -> httpx.Auth | None:
+    """The login every command presents to the gateway, as :class:`client.Client` does: a
+    bearer token, else the broker login (`--username`/`--password` over the broker URL's)."""
+    from ..http._scram import gateway_auth
+
+    login = settings.broker_url
+    return gateway_auth(username=login.username, password=login.password, token=settings.http_token)
+
+
+def _verify(settings: ClientSettings) -> ssl.SSLContext | bool:
+    """TLS verification for an https:// gateway: `ca_file`, else the system's CAs."""
+    if settings.ca_file is None:
+        return True
+    import ssl
+
+    return ssl.create_default_context(cafile=settings.ca_file)
+
+
+def _anywhere(origin: object) -> bool:
+    """`offload fetch URL` follows redirects like `curl -L` (a gateway with direct transfers
+    redirects to its store): the user named the URL, and credentials never follow a redirect."""
+    return True
+
+
+@contextlib.contextmanager
+def _replacing(path: Path) -> Iterator[BinaryIO]:
+    """Write to a temporary file beside `path`, renamed over it only on success.
+
+    A failed download leaves no empty or truncated file and never clobbers an earlier one.
+    """
+    import tempfile
+
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    except OSError as exc:  # name the user's file, not the hidden temporary one
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
+    try:
+        with os.fdopen(fd, "wb") as out:
+            yield out
+        os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _content_length(url: str, auth: httpx.Auth | None) -> int | None:
+    """The payload's size for the progress bar's ETA; None when the server does not say."""
+    if not sys.stderr.isatty():
+        return None
+    import httpx
+
+    from ..http._scram import ScramFailure
+
+    try:
+        length = httpx.head(url, timeout=10, auth=auth).headers.get("content-length")
+    except (httpx.HTTPError, ScramFailure):  # the fetch itself will say what is wrong
+        return None
+    return int(length) if length and length.isdigit() else None
+
+
+def upload_command(args: argparse.Namespace) -> int:
+    """`offload upload`: a resumable (tus) upload that the gateway publishes."""
+    import httpx
+
+    from ..http._upload import TusUploader, state_path
+    from ..seal._seal import Sealer
+    from ._progress import Progress
+
+    settings = settings_from_args(args)
+    if Sealer(settings).encrypts(args.topic):
+        # The gateway publishes a tus upload's placeholder, which cannot say `enc` yet:
+        # never send an encrypted topic's file in the clear instead.
+        raise ConfigError(
+            f"{args.topic!r} is encrypted (encrypt_to) and `offload upload` (tus) does not "
+            "encrypt: use `offload publish -t TOPIC -f FILE` (encrypted, streamed)"
+        )
+    auth = _gateway_login(settings)
+    size = args.file.stat().st_size
+    bar = Progress(size, label="upload")
+
+    def started(offset: int) -> None:
+        bar.restart_from(offset)
+        if offset and args.resume is None:  # resumed by default: say so, and how not to
+            print(
+                f"offload: continuing the unfinished upload of {args.file} from byte {offset} "
+                "(--no-resume starts over)",
+                file=sys.stderr,
+            )
+
+    with httpx.Client(auth=auth, timeout=120, verify=_verify(settings)) as http, bar:
+        uploader = TusUploader(
+            http, args.endpoint, state_dir=args.state_dir, segment=args.segment_size
+        )
+        try:
+            result = uploader.upload(
+                args.file,
+                args.topic,
+                resume=args.resume is not False,
+                content_type=args.content_type,
+                on_bytes=bar.update,
+                on_start=started,
+            )
+        except (UploadError, KeyboardInterrupt) as exc:
+            remembered = state_path(uploader.state_dir, args.file, uploader.endpoint, args.topic)
+            if not remembered.exists() or refused(exc):  # nothing to resume, or a login to fix
+                raise
+            bar.close()
+            code, line = describe(exc)
+            print(f"{line}; the same command with --resume continues", file=sys.stderr)
+            return code
+    extra = {"content_type": args.content_type} if args.content_type else {}
+    emit(
+        message_line(
+            topic=args.topic,
+            message_id=result.message_id,
+            size=result.size,
+            sha256=result.sha256,
+            route="offloaded",
+            url=result.url,
+            resumed_from=result.resumed_from,
+            **extra,
+        )
+    )
+    return EXIT_OK

@@ -1,0 +1,554 @@
+"""Client settings, declared once, and the environment / config-file layer.
+
+Library classes take these as keyword arguments and never read the environment themselves.
+:func:`load_settings` is the edge that does, used by the CLI and :meth:`Client.from_config`;
+precedence, highest first: explicit keyword argument / CLI flag > environment variable
+(`OFFLOAD_<NAME>`) > config file (TOML: `$OFFLOAD_CONFIG`, else
+`~/.config/mqtt-offload/config.toml`, flat `name = value` keys or a `[client]` table) >
+defaults.
+
+Every setting is declared once, as a field of :class:`ClientSettings` whose metadata holds
+its meaning and its parser: the keyword arguments, the `OFFLOAD_*` environment variables, the
+config-file keys and the settings table of docs/settings.md (:func:`settings_table`, checked by
+`tests/test_client_units.py`) all come from those fields. Print the table with
+`python -m client.config._settings`. The field parsers, the allow-list matching and the config-file
+reading are in `_parsers`, `_allowlist` and `_file`.
+
+Gateway credentials: with `http_token` the client sends `Authorization: Bearer`; otherwise,
+when the broker login has a user name and password, it authenticates to the gateway with
+SCRAM-SHA-512 as that same user (the gateway reads the broker's password file). Either goes
+only to the endpoint in force (configured, or advertised on the discovery topic) and to
+origins in `discovery_allowlist`. Placeholders are fetched only from those origins unless
+`untrusted_endpoint = "anonymous"` opts in to fetching any other origin without credentials.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, TypedDict, get_args
+from urllib.parse import urlsplit
+
+from ..core._exceptions import ConfigError
+from ..mqtt._broker import BrokerUrl
+from ..mqtt._session import session_flags
+from ..mqtt._tls import TlsFiles
+from ..mqtt._websocket import parse_header_lines, websocket_headers
+from ..protocol._bounded import Origin
+from ._allowlist import origin_listed, parse_origin, url_listed
+from ._file import DEFAULT_CONFIG_FILE, ENV_PREFIX, config_file_path, read_settings_table
+from ._keys import EncryptTo, normalise_encrypt_to, parse_encrypt_to
+
+# Under the names the field declarations below have always used (parallel branches add fields).
+from ._parsers import OPT_INT as _OPT_INT
+from ._parsers import OPT_STR as _OPT_STR
+from ._parsers import parse_bool as _parse_bool
+from ._parsers import parse_protocol as _parse_protocol
+from ._parsers import setting
+from ._parsers import split_list as _split_list
+
+__all__ = [
+    "DEFAULT_CONFIG_FILE",
+    "ENV_PREFIX",
+    "ClientSettings",
+    "Ordering",
+    "SettingsOverrides",
+    "UntrustedPolicy",
+    "load_settings",
+    "merge_settings",
+    "setting",
+    "settings_table",
+]
+
+UntrustedPolicy = Literal["anonymous", "refuse"]
+Ordering = Literal["topic", "arrival"]
+
+
+@dataclass(frozen=True, slots=True)
+class ClientSettings:
+    """Everything a :class:`client.Client` can be told. See docs/settings.md."""
+
+    broker: str = setting(
+        "mqtt://localhost:1883",
+        "`mqtt[s]://[user:pass@]host[:port]`, or over WebSocket `ws[s]://host[:port][/path]` "
+        "(path `/mqtt` unless named; docs/connections.md)",
+    )
+    username: str | None = setting(
+        None, "broker user name (over the URL's; also used for the gateway)", _OPT_STR
+    )
+    password: str | None = setting(
+        None, "broker password (over the URL's; also used for the gateway)", _OPT_STR, secret=True
+    )
+    client_id: str = setting("", "MQTT client id; empty lets the broker assign one")
+    session_expiry: int = setting(
+        0,
+        "seconds the broker keeps this client's session (subscriptions, queued QoS 1/2 "
+        "messages) after a disconnect; 0 (default): a clean session on every connect; needs "
+        "`client_id` (see docs/connections.md)",
+        int,
+    )
+    protocol: int = setting(5, "5 (default) or 4 / `3.1.1`", _parse_protocol)
+    endpoint: str | None = setting(None, "gateway URL; skips discovery", _OPT_STR)
+    automatic_offload: bool = setting(True, "upload oversized messages (default true)", _parse_bool)
+    fetch_external: bool = setting(True, "resolve placeholders (default true)", _parse_bool)
+    chunking: bool = setting(True, "ADR-23 fallback (default true)", _parse_bool)
+    max_packet_size: int | None = setting(
+        None, "limit when CONNACK states none (needed for 3.1.1)", _OPT_INT
+    )
+    offload_threshold: int | None = setting(
+        None, "offload payloads above this even when they fit", _OPT_INT
+    )
+    discovery_topic: str = setting("sys/metadata", "default `sys/metadata`")
+    discovery_wait: float = setting(2.0, "seconds a large publish waits for the record", float)
+    discovery_refresh: float = setting(60.0, "seconds between re-subscriptions", float)
+    chunk_timeout: float = setting(
+        60.0,
+        "seconds a partial chunked message whose chunk 0 has no message expiry waits for its "
+        "next chunk while the connection is quiet (connected, nothing arriving, nothing "
+        "waiting for the application; see docs/connections.md)",
+        float,
+    )
+    # ruff cannot tell a Literal alias is immutable; `setting` returns a dataclass field.
+    untrusted_endpoint: UntrustedPolicy = setting(  # noqa: RUF009
+        "refuse",
+        "`refuse` (default): placeholders pointing anywhere but the endpoint in force or "
+        "`discovery_allowlist` are errors; `anonymous` opts in to fetching any origin, "
+        "without credentials",
+    )
+    max_fetch_bytes: int = setting(
+        5 * 1024**3,
+        "largest placeholder `size` fetched (5 GiB); larger ones are errors, never requested",
+        int,
+    )
+    spool_threshold: int = setting(
+        64 * 1024 * 1024, "payloads above this are spooled to a temporary file", int
+    )
+    spool_dir: str | None = setting(
+        None,
+        "directory for spool files: payloads fetched above `spool_threshold`, chunk "
+        "reassembly, a piped publish (default: the system's temporary directory, `TMPDIR`; "
+        "where /tmp is tmpfs, as on Debian 13, that is memory); "
+        "`offload subscribe --out DIR` spools into DIR",
+        _OPT_STR,
+    )
+    http_timeout: float = setting(60.0, "seconds per HTTP connect/read", float)
+    keepalive: int = setting(30, "MQTT keep-alive seconds", int)
+    fallback_on_auth_failure: bool = setting(
+        False,
+        "when the gateway refuses the login or the access (HTTP 401/403, a wrong or missing "
+        "password), publish directly or in chunks anyway; default false: the publish fails "
+        "with `AccessRefused` (the CLI: exit 6)",
+        _parse_bool,
+    )
+    http_token: str | None = setting(
+        None,
+        "bearer token for the gateway instead of SCRAM (the gateway accepts tokens only over TLS)",
+        _OPT_STR,
+        secret=True,
+    )
+    ignore_payload_not_found: bool = setting(
+        False,
+        "skip (and log) placeholders whose object is gone instead of delivering a "
+        "`PayloadNotFound` error",
+        _parse_bool,
+    )
+    discovery_allowlist: tuple[str, ...] = setting(
+        (),
+        "comma-separated `http(s)://host[:port]` (`*.` allowed); a discovery record pointing "
+        "elsewhere is ignored with a warning, and placeholders may be fetched from these "
+        "origins too",
+        _split_list,
+    )
+    max_partial_messages: int = setting(64, "chunked messages reassembled at once (64)", int)
+    max_buffered_bytes: int = setting(
+        1024 * 1024 * 1024,
+        "bytes of partial chunked messages, memory and disk (1 GiB); beyond, the oldest is "
+        "dropped and reported",
+        int,
+    )
+    max_chunk_timeout: float = setting(
+        3600.0,
+        "most seconds a partial message is kept from its first chunk, by a chunk 0's Message "
+        "Expiry Interval or a busy session extending `chunk_timeout` (3600); "
+        "chunks per message and chunk entries are derived from `max_buffered_bytes`, the "
+        "packet limit and `spool_threshold` (see Chunking)",
+        float,
+    )
+    fetch_concurrency: int = setting(
+        4,
+        "placeholders fetched at once (4); a message is delivered once every earlier message "
+        "on its topic has been (see Delivery order)",
+        int,
+    )
+    ordering: Ordering = setting(  # noqa: RUF009
+        "topic",
+        "`topic` (default): order kept per topic, other topics never wait behind a fetch; "
+        "`arrival`: strict arrival order across all topics",
+    )
+    fetch_retry_for: float = setting(
+        45.0,
+        "seconds a fetch retries with backoff after a transient failure (refused or reset "
+        "connection, timeout, 5xx) before it is reported; later messages on its topic wait",
+        float,
+    )
+    fetch_deadline: float = setting(
+        60.0,
+        "seconds any fetch may take before its rate is checked (60); after them it must have "
+        "averaged `fetch_min_rate` since it began, else it is cut off and reported as a "
+        "`FetchError`: a payload of `size` bytes is due within `fetch_deadline + size / "
+        "fetch_min_rate` seconds, and a trickling origin holds a fetch thread that long at most",
+        float,
+    )
+    fetch_min_rate: int = setting(
+        65536,
+        "slowest average rate in bytes per second a fetch may have after `fetch_deadline` "
+        "(64 KiB/s)",
+        int,
+    )
+    fetch_per_origin: int | None = setting(
+        None,
+        "placeholders fetched at once from one origin (default `fetch_concurrency - 1`, at "
+        "least 1): slow fetches from one origin leave a thread for every other origin",
+        _OPT_INT,
+    )
+    max_pending_deliveries: int = setting(
+        1000,
+        "messages received but not yet taken by the application (being fetched, waiting for "
+        "their turn or queued); at the bound the client stops taking new ones; also the MQTT 5 "
+        "Receive Maximum: QoS 1/2 messages beyond it wait at the broker; a persistent session "
+        "holds back the acknowledgement of at most half as many chunks of partial messages",
+        int,
+    )
+    max_pending_bytes: int = setting(
+        256 * 1024 * 1024,
+        "payload bytes those hold in memory (256 MiB; spooled payloads count none); one "
+        "message is always admitted",
+        int,
+    )
+    max_spool_bytes: int = setting(
+        1024**3,
+        "bytes of spool files that received messages not yet taken by the application hold "
+        "(1 GiB; payloads above `spool_threshold`); at the bound the client stops taking new "
+        "ones until the application reads; one message is always admitted",
+        int,
+    )
+    ca_file: str | None = setting(
+        None,
+        "CA bundle (PEM) for `mqtts://` brokers and `https://` gateways (default: system CAs)",
+        _OPT_STR,
+    )
+    cert_file: str | None = setting(
+        None,
+        "client certificate (PEM; may hold the key too) shown to a TLS broker and to an "
+        "`https://` gateway that asks for one (docs/connections.md)",
+        _OPT_STR,
+    )
+    key_file: str | None = setting(None, "private key (PEM) of `cert_file`", _OPT_STR)
+    key_password: str | None = setting(
+        None, "password of an encrypted `key_file`", _OPT_STR, secret=True
+    )
+    will_topic: str | None = setting(
+        None,
+        "topic of the Will the broker publishes when this client vanishes (docs/connections.md)",
+        _OPT_STR,
+    )
+    will_payload: str | bytes | None = setting(
+        None,
+        "the Will's payload (text; bytes as a keyword); larger than the broker takes, it is "
+        "uploaded to the gateway and the Will is its placeholder",
+        _OPT_STR,
+    )
+    will_qos: int = setting(0, "the Will's QoS", int)
+    will_retain: bool = setting(False, "the Will's retain flag", _parse_bool)
+    will_delay: int = setting(
+        0, "seconds the broker waits before it sends the Will (MQTT 5 Will Delay Interval)", int
+    )
+    websocket_headers: tuple[str, ...] = setting(
+        (),
+        "`Name: value` headers for a `ws[s]://` broker's upgrade request (one per line in "
+        "`OFFLOAD_WEBSOCKET_HEADERS`; a list in the config file)",
+        parse_header_lines,
+        secret=True,
+    )
+    # End-to-end encryption and compression (docs/encryption.md; client/seal/_seal.py).
+    encrypt_to: EncryptTo = setting(  # noqa: RUF009
+        (),
+        "topic filter -> age recipients (`age1...`): offloaded payloads on matching topics are "
+        "encrypted to all of them, and never leave as plaintext (TOML table, or "
+        "`FILTER=R1,R2;FILTER=R3`)",
+        parse_encrypt_to,
+    )
+    identity_files: tuple[str, ...] = setting(
+        (),
+        "age identity files (`offload keygen`, age-keygen) tried on encrypted payloads; "
+        "several at once during a key rotation",
+        _split_list,
+    )
+    compress: bool = setting(
+        False,
+        "zstd-compress offloaded payloads where a sample shrinks (default false: readers that "
+        "are not this library - hop-client, curl - would get zstd frames (offload-proxy "
+        "decodes them for its clients); never for encrypted ones unless `compress_encrypted`)",
+        _parse_bool,
+    )
+    no_compress: tuple[str, ...] = setting(
+        (), "topic filters whose payloads are never compressed", _split_list
+    )
+    compress_encrypted: bool = setting(
+        False,
+        "compress encrypted payloads too (off: sizes leak secrets mixed with attacker data, "
+        "docs/security.md)",
+        _parse_bool,
+    )
+
+    def __post_init__(self) -> None:
+        BrokerUrl.parse(self.broker)
+        session_flags(self.session_expiry, self.client_id)  # ConfigError when unusable
+        self.tls_files  # noqa: B018  (ConfigError: a key without its certificate)
+        headers = self.websocket_headers
+        if isinstance(headers, str):
+            headers = parse_header_lines(headers)
+        object.__setattr__(self, "websocket_headers", tuple(headers))
+        websocket_headers(self.websocket_headers)  # ConfigError: a malformed header
+        if self.protocol not in (4, 5):
+            raise ConfigError(f"protocol must be 5 or 4 (3.1.1), got {self.protocol!r}")
+        if self.untrusted_endpoint not in get_args(UntrustedPolicy):
+            raise ConfigError("untrusted_endpoint must be 'anonymous' or 'refuse'")
+        if self.ordering not in get_args(Ordering):
+            raise ConfigError("ordering must be 'topic' or 'arrival'")
+        for name in (
+            "max_partial_messages",
+            "max_buffered_bytes",
+            "spool_threshold",
+            "max_fetch_bytes",
+            "fetch_concurrency",
+            "max_pending_deliveries",
+            "max_pending_bytes",
+            "fetch_min_rate",
+            "max_spool_bytes",
+        ):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        object.__setattr__(self, "encrypt_to", normalise_encrypt_to(self.encrypt_to))
+        for name in ("identity_files", "no_compress"):
+            value = getattr(self, name)
+            object.__setattr__(
+                self, name, _split_list(value) if isinstance(value, str) else tuple(value)
+            )
+        if isinstance(self.discovery_allowlist, str):
+            object.__setattr__(self, "discovery_allowlist", _split_list(self.discovery_allowlist))
+        object.__setattr__(self, "discovery_allowlist", tuple(self.discovery_allowlist))
+        for entry in self.discovery_allowlist:
+            parse_origin(entry)
+        for name in ("max_packet_size", "offload_threshold", "fetch_per_origin"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ConfigError(f"{name} must be positive, got {value}")
+        for name in (
+            "discovery_wait",
+            "discovery_refresh",
+            "chunk_timeout",
+            "http_timeout",
+            "max_chunk_timeout",
+            "fetch_retry_for",
+            "fetch_deadline",
+        ):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must not be negative")
+        if self.spool_dir is not None and not os.path.isdir(self.spool_dir):
+            raise ConfigError(f"spool_dir is not a directory: {self.spool_dir!r}")
+        if self.endpoint is not None:
+            parts = urlsplit(self.endpoint)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ConfigError(f"endpoint must be an http(s) URL: {self.endpoint!r}")
+            object.__setattr__(self, "endpoint", self.endpoint.rstrip("/"))
+
+    def endpoint_allowed(self, url: str) -> bool:
+        """Whether a discovered endpoint passes `discovery_allowlist` (empty: any does).
+
+        Args:
+            url: the endpoint URL from a discovery record.
+        """
+        return not self.discovery_allowlist or url_listed(self.discovery_allowlist, url)
+
+    def allowlisted(self, origin: Origin) -> bool:
+        """Whether `origin` matches an entry of `discovery_allowlist` (empty: none does).
+
+        An entry without a port matches the scheme's default port and any port named
+        explicitly, as before: the entry names a host, not a listener.
+
+        Args:
+            origin: scheme, host and port of a URL.
+        """
+        return origin_listed(self.discovery_allowlist, origin)
+
+    @property
+    def fetches_per_origin(self) -> int:
+        """`fetch_per_origin`, else one fewer than `fetch_concurrency` (at least 1)."""
+        if self.fetch_per_origin is not None:
+            return self.fetch_per_origin
+        return max(1, self.fetch_concurrency - 1)
+
+    @property
+    def tls_files(self) -> TlsFiles:
+        """The CA and client certificate settings as one value (read when a client is made)."""
+        return TlsFiles(self.ca_file, self.cert_file, self.key_file, self.key_password)
+
+    @property
+    def broker_url(self) -> BrokerUrl:
+        """The parsed broker URL with explicit username/password applied over the URL's."""
+        return BrokerUrl.parse(self.broker).with_login(self.username, self.password)
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(ClientSettings)}
+
+
+def _coerce(name: str, value: object) -> object:
+    """An environment string or TOML value as the field's type, by the field's own parser."""
+    parse = _FIELDS[name].metadata["parse"]
+    if isinstance(value, list) and name in ("discovery_allowlist", "identity_files", "no_compress"):
+        return tuple(str(v) for v in value)
+    if not isinstance(value, str):  # TOML already typed it: only a bool must be a bool
+        if parse is _parse_bool and not isinstance(value, bool):
+            raise ConfigError(f"{name} must be a boolean, got {value!r}")
+        return value
+    try:
+        return parse(value.strip())
+    except (KeyError, ValueError) as exc:
+        raise ConfigError(f"{name}: cannot use {value!r}") from exc
+
+
+def settings_table() -> str:
+    """The client settings table of docs/settings.md (Markdown), made from the declared fields."""
+    rows = ["| setting | environment | meaning |", "| --- | --- | --- |"]
+    for f in dataclasses.fields(ClientSettings):
+        env = ENV_PREFIX + f.name.upper()
+        rows.append(f"| `{f.name}` | `{env}` | {f.metadata['meaning']} |")
+    return "\n".join(rows) + "\n"
+
+
+def merge_settings(
+    settings: ClientSettings | None, broker: str | None, overrides: Mapping[str, object]
+) -> ClientSettings:
+    """`settings` (default: the defaults) with `broker` and keyword overrides applied.
+
+    Raises:
+        TypeError: an unknown setting, as for any unknown keyword argument.
+        ConfigError: a value that cannot be used.
+    """
+    changes = dict(overrides)
+    if broker is not None:
+        changes["broker"] = broker
+    return dataclasses.replace(settings or ClientSettings(), **changes)  # type: ignore[arg-type]
+
+
+def _read_config_file(path: Path) -> dict[str, object]:
+    """The settings a TOML file sets (flat keys or a `[client]` table), parsed."""
+    values: dict[str, object] = {}
+    for key, value in read_settings_table(path).items():
+        if key not in _FIELDS:
+            raise ConfigError(f"config file {path}: unknown setting {key!r}")
+        values[key] = _coerce(key, value)
+    return values
+
+
+def load_settings(
+    overrides: Mapping[str, object] | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    config_file: str | os.PathLike[str] | None = None,
+) -> ClientSettings:
+    """Build settings from keyword overrides > environment > config file > defaults.
+
+    Args:
+        overrides: explicit values (e.g. CLI flags); None values are ignored so that an
+            unset flag falls through to the lower layers.
+        environ: the environment to read `OFFLOAD_*` from (pass `os.environ`); None reads none.
+        config_file: TOML file; default `$OFFLOAD_CONFIG` from `environ`, else
+            `~/.config/mqtt-offload/config.toml` when it exists.
+
+    Raises:
+        ConfigError: an unknown key, a value of the wrong type, or an unreadable file.
+    """
+    env = dict(environ or {})
+    values: dict[str, object] = {}
+    path = config_file_path(env, config_file)
+    if path is not None:
+        values.update(_read_config_file(path))
+    for name in _FIELDS:
+        raw = env.get(ENV_PREFIX + name.upper())
+        if raw is not None:
+            values[name] = _coerce(name, raw)
+    for key, value in (overrides or {}).items():
+        if key not in _FIELDS:
+            raise ConfigError(f"unknown setting {key!r}")
+        if value is not None:
+            values[key] = value
+    try:
+        return ClientSettings(**values)  # type: ignore[arg-type]
+    except TypeError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+class SettingsOverrides(TypedDict, total=False):
+    """Keyword arguments accepted wherever settings can be given one by one."""
+
+    username: str | None
+    password: str | None
+    client_id: str
+    session_expiry: int
+    protocol: int
+    endpoint: str | None
+    automatic_offload: bool
+    fetch_external: bool
+    chunking: bool
+    max_packet_size: int | None
+    offload_threshold: int | None
+    discovery_topic: str
+    discovery_wait: float
+    discovery_refresh: float
+    chunk_timeout: float
+    untrusted_endpoint: UntrustedPolicy
+    spool_threshold: int
+    spool_dir: str | None
+    http_timeout: float
+    keepalive: int
+    fallback_on_auth_failure: bool
+    http_token: str | None
+    ignore_payload_not_found: bool
+    discovery_allowlist: tuple[str, ...]
+    max_partial_messages: int
+    max_buffered_bytes: int
+    max_chunk_timeout: float
+    max_fetch_bytes: int
+    fetch_concurrency: int
+    ordering: Ordering
+    fetch_retry_for: float
+    fetch_deadline: float
+    fetch_min_rate: int
+    fetch_per_origin: int | None
+    max_pending_deliveries: int
+    max_pending_bytes: int
+    max_spool_bytes: int
+    ca_file: str | None
+    cert_file: str | None
+    key_file: str | None
+    key_password: str | None
+    websocket_headers: tuple[str, ...]
+    will_topic: str | None
+    will_payload: str | bytes | None
+    will_qos: int
+    will_retain: bool
+    will_delay: int
+    encrypt_to: EncryptTo
+    identity_files: tuple[str, ...]
+    compress: bool
+    no_compress: tuple[str, ...]
+    compress_encrypted: bool
+
+
+if __name__ == "__main__":  # python -m client.config._settings: the docs/settings.md table
+    print(settings_table(), end="")

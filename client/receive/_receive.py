@@ -1,0 +1,523 @@
+"""The receive path: the worker thread that turns received PUBLISHes into deliveries.
+
+Everything it reads is untrusted: anyone who may publish on a subscribed topic wrote the
+message, its `__chunk` value and its placeholder. So a message can only ever become one
+:class:`Message` or one :class:`MessageError` (an unexpected failure included, as a
+:class:`ReceiveError` with its traceback logged), and the next message is always delivered.
+A placeholder is fetched only from the endpoint in force (with credentials, hop-client's
+rule) or an origin in `discovery_allowlist`; other origins need `untrusted_endpoint =
+"anonymous"` (and get no credentials), else a placeholder could make every subscriber send
+requests to any host and port inside its network. The transport never reads more than the
+placeholder's declared size (:meth:`client.http._transport.HttpTransport.fetch`).
+
+Placeholders are fetched by a pool of `fetch_concurrency` threads, and deliveries leave
+in order per topic (or in strict arrival order with `ordering = "arrival"`) through a
+:class:`client.receive._ordering.Sequencer`, which also bounds how many messages and bytes are
+outstanding. A transient fetch failure (no connection, a reset, a timeout, a 5xx) is
+retried with backoff for `fetch_retry_for` seconds, its topic's later messages waiting.
+
+A partial chunked message waits for its next chunk as long as the session is still
+delivering: `chunk_timeout` counts only while the client is connected and idle (nothing
+received and not handled, nothing waiting for the application), from the latest moment it
+was not (:meth:`Reassembler.keep_waiting`). MQTT keeps one publisher's messages in order per
+topic, so a chunk sent after the first one is behind whatever the broker delivers
+meanwhile: a slow consumer's backlog, a reconnect, the DUP resends after a broker restart.
+With a persistent session the chunks' acknowledgements wait for the whole message too
+(:class:`client.receive._session_acks.ChunkAcks`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+
+import httpx
+
+from ..config._settings import ClientSettings
+from ..core._exceptions import (
+    MalformedPlaceholder,
+    OffloadError,
+    PayloadNotFound,
+    ReceiveError,
+    UntrustedEndpoint,
+)
+from ..core._message import Message, MessageError, Payload, Route
+from ..http._answers import TransientFetchError
+from ..http._deadline import Pace
+from ..http._store_origin import ConfiguredStore
+from ..http._transport import HttpTransport
+from ..mqtt._paho import Incoming, MqttConnection
+from ..protocol import PublishProperties, _placeholder
+from ..protocol._bounded import Origin, http_origin
+from ..protocol._chunk import CHUNK_PROPERTY
+from ..protocol._reassembly import Error, Pending, Reassembler, chunk_bounds
+from ..protocol._size import MAX_PACKET_SIZE
+from ..seal._unseal import Unsealer, chunk_encoding, untagged
+from ._chunkstore import SpoolingChunkStore
+from ._inbound import InboundQueue
+from ._ordering import FetchPool, Sequencer, Slot
+from ._session_acks import ChunkAcks, acknowledge_taken, combined
+
+log = logging.getLogger("client")
+
+Delivery = Message | MessageError
+#: seconds between two warnings about shed QoS 0 messages.
+SHED_WARNING_EVERY = 10.0
+#: on_fetch_progress(topic, bytes received, total or None), from the fetching thread.
+FetchProgress = Callable[[str, int, int | None], None]
+
+
+def origin_of(url: str | None) -> Origin | None:
+    """The origin of a URL, None when there is none or it is not a usable http(s) URL."""
+    if url is None:
+        return None
+    try:
+        return http_origin(url)
+    except ValueError:
+        return None
+
+
+def _loopback(host: str) -> bool:
+    return host == "localhost" or host.startswith("127.") or host in ("::1", "[::1]")
+
+
+class PlainHttpWarner:
+    """Warns once per origin that payloads travel over plain http (a bounded set of them).
+
+    Never for loopback, where nothing travels over a network.
+    """
+
+    def __init__(self, limit: int = 64) -> None:
+        self._warned: set[Origin] = set()
+        self._limit = limit
+        self._lock = threading.Lock()
+
+    def __call__(self, url: str) -> None:
+        origin = origin_of(url)
+        if origin is None or origin.scheme != "http" or _loopback(origin.host):
+            return
+        with self._lock:
+            # Origins may come from placeholders (with the anonymous opt-in): keep it bounded.
+            if origin in self._warned or len(self._warned) >= self._limit:
+                return
+            self._warned.add(origin)
+        log.warning(
+            "offload endpoint %s:%s uses plain http: payloads travel unencrypted",
+            origin.host,
+            origin.port,
+        )
+
+
+class Receiver:
+    """Reassembles chunks, resolves placeholders and hands out deliveries, on one thread.
+
+    Args:
+        settings: the client's settings.
+        transport: the HTTP transport used to fetch placeholders' payloads.
+        http_auth: credentials for the endpoint in force.
+        conn: the MQTT connection (for the periodic discovery re-subscription).
+        endpoint_in_force: the configured or discovered endpoint (may wait briefly for the
+            retained discovery record after a (re)subscription).
+        warn_plain_http: the client's plain-http warner.
+        use_discovery: whether the discovery topic is followed.
+        on_fetch_progress: called as `(topic, bytes received, total)` while fetching.
+        direct_store: the store origin the discovery record advertises: a fetch may follow
+            the gateway's redirect there (without credentials), or to an allowlisted origin.
+        configured_store: with a configured endpoint, the store that gateway declares at
+            `GET /` (:mod:`client.http._store_origin`): a redirect may lead there too.
+    """
+
+    def __init__(
+        self,
+        *,
+        settings: ClientSettings,
+        transport: HttpTransport,
+        http_auth: httpx.Auth | None,
+        conn: MqttConnection,
+        endpoint_in_force: Callable[[], str | None],
+        warn_plain_http: PlainHttpWarner,
+        use_discovery: bool,
+        on_fetch_progress: FetchProgress | None = None,
+        direct_store: Callable[[], str | None] = lambda: None,
+        configured_store: ConfiguredStore | None = None,
+    ) -> None:
+        s = settings
+        self._direct_store = direct_store
+        self._configured_store = configured_store
+        self._settings = s
+        self._transport = transport
+        self._http_auth = http_auth
+        self._conn = conn
+        self._endpoint_in_force = endpoint_in_force
+        self._warn_plain_http = warn_plain_http
+        self._use_discovery = use_discovery
+        self._on_fetch_progress = on_fetch_progress
+        self._unsealer = Unsealer(s)  # reads identity_files once: a bad one fails here
+        self.inbound: InboundQueue[Incoming] = InboundQueue(
+            s.max_pending_deliveries, s.max_pending_bytes
+        )
+        self._last_shed_warning = -SHED_WARNING_EVERY
+        self.deliveries: queue.SimpleQueue[Delivery | object] = queue.SimpleQueue()
+        self.sequencer = Sequencer(
+            self.deliveries,
+            max_pending=s.max_pending_deliveries,
+            max_pending_bytes=s.max_pending_bytes,
+            max_spool_bytes=s.max_spool_bytes,
+            arrival_order=s.ordering == "arrival",
+        )
+        self._stop = threading.Event()
+        self._pace = Pace(s.fetch_deadline, s.fetch_min_rate)
+        # The ack of the message being processed, for its delivery's slot (_session_acks).
+        self._ack: Callable[[], None] | None = None
+        # Held chunk acks: at most half the broker's window (Receive Maximum), so that it
+        # can always send the next chunk.
+        self.chunk_acks = ChunkAcks(min(s.max_pending_deliveries, 65535) // 2)
+        # Reassembly keeps at most spool_threshold bytes of chunks in RAM; bigger messages
+        # are spooled to temporary files and delivered as spooled payloads (issue 3).
+        self.chunk_store = SpoolingChunkStore(memory_limit=s.spool_threshold, directory=s.spool_dir)
+        per_message, tracked = chunk_bounds(
+            max_buffered_bytes=s.max_buffered_bytes,
+            packet_limit=s.max_packet_size or MAX_PACKET_SIZE,
+            ram_budget=s.spool_threshold,
+        )
+        self._reassembler = Reassembler(
+            default_timeout=s.chunk_timeout,
+            max_partial_messages=s.max_partial_messages,
+            max_buffered_bytes=s.max_buffered_bytes,
+            store=self.chunk_store,
+            max_chunks_per_message=per_message,
+            max_tracked_chunks=tracked,
+            max_timeout=s.max_chunk_timeout,
+        )
+
+    def packet_limit_known(self, limit: int) -> None:
+        """CONNACK told the packet limit: a smaller one allows more (smaller) chunks.
+
+        Args:
+            limit: the Maximum Packet Size in force.
+        """
+        s = self._settings
+        # An int attribute the worker reads: one assignment, no lock needed.
+        self._reassembler.max_chunks_per_message = chunk_bounds(
+            max_buffered_bytes=s.max_buffered_bytes,
+            packet_limit=limit,
+            ram_budget=s.spool_threshold,
+        )[0]
+
+    def run(self, stop: threading.Event) -> None:
+        """The worker thread's loop, until `stop` is set."""
+        self._stop = stop
+        s = self._settings
+        pool = FetchPool(s.fetch_concurrency, per_key=s.fetches_per_origin)
+        try:
+            self._loop(stop, pool)
+        finally:
+            pool.close()
+
+    def _busy(self) -> bool:
+        """Whether a chunk still on its way may be held up by this client, not its sender.
+
+        Disconnected: the broker keeps a persistent session's messages until the reconnect.
+        Messages received and not yet handled, or deliveries the application has not taken:
+        the broker's backlog for this client (Receive Maximum) waits for them.
+        """
+        return (
+            not self._conn.connected or len(self.inbound) > 0 or self.sequencer.outstanding[0] > 0
+        )
+
+    def _expire(self, now: float) -> None:
+        for error in self._reassembler.expire(now):
+            self._emit_error(error)
+
+    def _loop(self, stop: threading.Event, pool: FetchPool) -> None:
+        last_refresh = time.monotonic()
+        reassembler = self._reassembler
+        while not stop.is_set():
+            now = time.monotonic()
+            busy = self._busy()
+            if busy:
+                reassembler.keep_waiting(now)
+            deadline = reassembler.next_deadline
+            wait = 0.5 if deadline is None else min(0.5, max(deadline - now, 0.0) + 0.01)
+            item = self.inbound.get(timeout=wait)
+            now = time.monotonic()
+            if busy or self._busy():  # busy at either end of the wait: counted busy throughout
+                reassembler.keep_waiting(now)
+            if item is not None:
+                # A partial whose quiet spell ran out before this message came fails first;
+                # the rest wait on: the session delivers again.
+                self._expire(now)
+                reassembler.keep_waiting(now)
+                self._ack = acknowledge_taken(self._conn, item, self._settings)
+                try:
+                    self._process(item, pool)
+                except OffloadError as exc:  # an error about one message, never fatal
+                    self._emit(item.topic, MessageError(item.topic, exc))
+                except Exception as exc:  # a bug or the disk: still one message, not the client
+                    log.exception("could not handle a message on %r", item.topic)
+                    failure = ReceiveError(f"could not handle the message: {exc!r}"[:500])
+                    self._emit(item.topic, MessageError(item.topic, failure))
+                self._ack = None
+                now = time.monotonic()
+                reassembler.keep_waiting(now)  # busy until now (perhaps waiting for room)
+            self._expire(now)
+            refresh = self._settings.discovery_refresh
+            if self._use_discovery and refresh > 0 and now - last_refresh > refresh:
+                last_refresh = now
+                if self._conn.connected:
+                    self._conn.resubscribe(self._settings.discovery_topic)
+
+    def _take_ack(self) -> Callable[[], None] | None:
+        ack, self._ack = self._ack, None
+        return ack
+
+    def note_shed(self, topic: str) -> None:
+        """A QoS 0 message was shed at the bound (paho's thread): say so once per spell."""
+        now = time.monotonic()
+        if now - self._last_shed_warning > SHED_WARNING_EVERY:
+            self._last_shed_warning = now
+            log.warning(
+                "QoS 0 message on %r dropped: the application is not keeping up "
+                "(%d dropped so far; max_pending_deliveries, max_pending_bytes)",
+                topic,
+                self.inbound.shed,
+            )
+
+    def _emit(
+        self, topic: str, delivery: Delivery, on_consumed: Callable[[], None] | None = None
+    ) -> None:
+        """Queue a ready delivery behind every earlier message on its topic.
+
+        Its acknowledgement: `on_consumed` with the current message's, when not taken yet.
+        """
+        spooled = isinstance(delivery, Message) and delivery.body.path is not None
+        size = delivery.body.size if isinstance(delivery, Message) else 0
+        slot = self.sequencer.reserve(
+            topic,
+            0 if spooled else size,
+            self._stop,
+            disk=size if spooled else 0,
+            on_consumed=combined((on_consumed, self._take_ack())),
+        )
+        if slot is not None:
+            self.sequencer.fill(slot, delivery)
+
+    def _emit_error(self, error: Error) -> None:
+        """A chunked message failed: its error, acknowledging the chunks held for it."""
+        key = None if error.message_id is None else (error.topic, error.message_id)
+        self._emit(
+            error.topic,
+            MessageError(error.topic, error.error, error.message_id),
+            self.chunk_acks.done(key, None),
+        )
+
+    def _process(self, incoming: Incoming, pool: FetchPool) -> None:
+        props = incoming.properties
+        if self._settings.protocol == 5 and chunk_header_present(props):
+            self._process_chunk(incoming)
+            return
+        if self._settings.fetch_external and _placeholder.is_tagged(incoming.payload, props):
+            try:
+                ref = _placeholder.parse(incoming.payload, incoming.properties)
+            except MalformedPlaceholder as exc:
+                self._emit(incoming.topic, MessageError(incoming.topic, exc))
+                return
+            threshold = self._settings.spool_threshold
+            slot = self.sequencer.reserve(
+                incoming.topic,
+                min(ref.size, threshold),
+                self._stop,
+                disk=ref.size if ref.size > threshold else 0,  # what the fetch spools
+                message_id=str(ref.message_id),
+                url=ref.url,
+                on_consumed=self._take_ack(),
+            )
+            if slot is not None:
+                pool.submit(lambda: self._fetch_into(slot, incoming, ref), str(ref.origin))
+            return
+        self._emit(
+            incoming.topic,
+            Message(
+                incoming.topic,
+                Payload(incoming.payload),
+                hashlib.sha256(incoming.payload).hexdigest(),
+                incoming.qos,
+                incoming.retain,
+                props,
+            ),
+        )
+
+    def _fetch_into(self, slot: Slot, incoming: Incoming, ref: _placeholder.Placeholder) -> None:
+        """A pool job: fetch a placeholder's payload and fill its slot, whatever happens."""
+        if self._stop.is_set():  # closing: jobs still queued are dropped, not fetched
+            self.sequencer.fill(slot, None)
+            return
+        try:
+            delivery: Delivery | None = self._resolve(incoming, ref)
+        except Exception as exc:  # a bug or the disk: still one message, not the client
+            log.exception("could not fetch a message on %r", incoming.topic)
+            failure = ReceiveError(f"could not handle the message: {exc!r}"[:500])
+            delivery = MessageError(incoming.topic, failure, str(ref.message_id))
+        if (
+            self._settings.ignore_payload_not_found
+            and isinstance(delivery, MessageError)
+            and isinstance(delivery.error, PayloadNotFound)
+        ):
+            # The SQS extended client's ignorePayloadNotFound: expired or deleted objects
+            # are skipped, visibly in the log only.
+            log.warning(
+                "skipped message %s on %r: %s", delivery.message_id, incoming.topic, delivery.error
+            )
+            delivery = None
+        self.sequencer.fill(slot, delivery)
+
+    def _process_chunk(self, incoming: Incoming) -> None:
+        outcome = self._reassembler.feed(incoming, time.monotonic())
+        ack = self._take_ack()  # this chunk's: held, or with its message's delivery
+        for dropped in outcome.dropped:
+            self._emit_error(dropped)
+        if isinstance(outcome, Pending):
+            key = (outcome.topic, outcome.message_id)
+            if outcome.duplicate and not outcome.received:  # its message is done already
+                self.chunk_acks.late(key, ack)
+            else:
+                self.chunk_acks.hold(key, outcome.index, ack, outcome.total)
+            return
+        # Done: the delivery (or the error replacing it, see _loop) carries every chunk's ack.
+        done = None if outcome.message_id is None else (outcome.topic, outcome.message_id)
+        self._ack = self.chunk_acks.done(done, ack)
+        if isinstance(outcome, Error):
+            self._emit(
+                outcome.topic, MessageError(outcome.topic, outcome.error, outcome.message_id)
+            )
+        else:
+            body = outcome.payload
+            payload = Payload(body) if isinstance(body, bytes) else Payload(path=body)
+            sha256, props = outcome.sha256, outcome.properties
+            encoding = chunk_encoding(props)  # chunks of an encrypted/compressed payload
+            if encoding is not None:
+                payload, sha256 = self._unsealer.decode(encoding, payload)
+                props = untagged(props)
+            self._emit(
+                outcome.topic,
+                Message(
+                    outcome.topic,
+                    payload,
+                    sha256,
+                    outcome.qos,
+                    False,
+                    props,
+                    Route.CHUNKED,
+                    outcome.message_id,
+                ),
+            )
+
+    def _resolve(self, incoming: Incoming, ref: _placeholder.Placeholder) -> Delivery:
+        """Fetch a placeholder's payload, retrying transient failures; errors become MessageError.
+
+        A transient failure (see :class:`client.http._answers.TransientFetchError`) is retried with
+        exponential backoff (0.25 s doubling to 5 s) until `fetch_retry_for` seconds have
+        passed since the first attempt, or the client closes.
+        """
+        retry_until = time.monotonic() + self._settings.fetch_retry_for
+        backoff = 0.25
+        while True:
+            try:
+                return self._fetch_once(incoming, ref)
+            except TransientFetchError as exc:
+                left = retry_until - time.monotonic()
+                if left <= 0 or self._stop.is_set():
+                    return MessageError(incoming.topic, exc, str(ref.message_id))
+                log.info("fetch of %s failed (%s): retrying", ref.message_id, exc)
+                if self._stop.wait(min(backoff, left)):
+                    return MessageError(incoming.topic, exc, str(ref.message_id))
+                backoff = min(backoff * 2, 5.0)
+            except OffloadError as exc:
+                return MessageError(incoming.topic, exc, str(ref.message_id))
+
+    def _fetch_once(self, incoming: Incoming, ref: _placeholder.Placeholder) -> Message:
+        auth = self._auth_for(ref)
+        self._warn_plain_http(ref.url)
+        progress = self._on_fetch_progress
+        # An encrypted / compressed payload is decoded while it arrives; handed out only
+        # after the fetch has checked the stored bytes (client/seal/_unseal.py, Decoding).
+        decoding = None if ref.encoding.plain else self._unsealer.decoding(ref.encoding, ref.size)
+        try:
+            payload = self._transport.fetch(
+                ref.payload_url,
+                expected_sha256=ref.sha256,
+                expected_size=ref.size,
+                max_bytes=self._settings.max_fetch_bytes,
+                spool_threshold=self._settings.spool_threshold,
+                spool_dir=self._settings.spool_dir,
+                auth=auth,
+                redirect_ok=self._redirect_ok,
+                pace=self._pace,
+                topic=incoming.topic,
+                on_bytes=(lambda done, total: progress(incoming.topic, done, total))
+                if progress is not None
+                else None,
+                tap=decoding.feed if decoding is not None else None,
+            )
+        except BaseException:
+            if decoding is not None:
+                decoding.discard()
+            raise
+        sha256 = ref.sha256
+        if decoding is not None:
+            payload, sha256 = decoding.result(payload)
+        return Message(
+            incoming.topic,
+            payload,
+            sha256,
+            incoming.qos,
+            incoming.retain,
+            _placeholder.original_properties(incoming.properties),
+            Route.OFFLOADED,
+            str(ref.message_id),
+        )
+
+    def _redirect_ok(self, origin: Origin) -> bool:
+        """Where a payload redirect may lead: the advertised store, or an allowlisted origin.
+
+        The advertised store is the discovery record's, or with a configured endpoint the
+        one that gateway declares at `GET /` (read when first needed; a failure to read it
+        is a FetchError saying so).
+        """
+        if str(origin) == self._direct_store() or self._settings.allowlisted(origin):
+            return True
+        return self._configured_store is not None and self._configured_store.declares(origin)
+
+    def _auth_for(self, ref: _placeholder.Placeholder) -> httpx.Auth | None:
+        """Whether a placeholder may be fetched, and with which credentials.
+
+        Fetched: the endpoint in force (configured or discovered), with credentials
+        (hop-client's rule); origins in `discovery_allowlist`, without them (e.g. presigned
+        links). Any other origin only with `untrusted_endpoint = "anonymous"`, without
+        them: else a placeholder could make every subscriber send requests to any host and
+        port inside its network.
+
+        Raises:
+            UntrustedEndpoint: the origin is none of those, naming the settings that allow it.
+        """
+        origin = ref.origin
+        trusted = self._endpoint_in_force()
+        if origin == origin_of(trusted):
+            return self._http_auth
+        if self._settings.allowlisted(origin) or self._settings.untrusted_endpoint == "anonymous":
+            return None
+        raise UntrustedEndpoint(
+            ref.url,
+            f"origin {origin} is not the offload endpoint ({trusted or 'none known'}): add it "
+            "to discovery_allowlist, or set untrusted_endpoint=anonymous to fetch from any "
+            "origin without credentials",
+        )
+
+
+def chunk_header_present(props: PublishProperties) -> bool:
+    """Whether a message claims to be an ADR-23 chunk (a malformed value still fails loudly)."""
+    return props.user_property(CHUNK_PROPERTY) is not None

@@ -1,0 +1,364 @@
+"""The receive side of end-to-end encryption and compression: stored bytes back to a payload.
+
+A placeholder's `enc` / `cmp` members (:mod:`client.protocol._encoding`) say what was done;
+the stored bytes are fetched and checked against the placeholder's SHA-256 as for any
+payload, then decrypted with the configured identities and decompressed, in one streaming
+pass into memory (up to `spool_threshold`) or a spool file. The plaintext is never larger
+than `max_fetch_bytes` (a decompression bomb stops there).
+
+`offload fetch URL` has no placeholder: :class:`Decoder` with `sniff=True` recognises an age
+file by its version line and our zstd frames by their leading skippable frame.
+
+Every failure is a :class:`PayloadDecodeError` (no identity matches, naming the key ids;
+truncated or tampered; a bomb), which the receive path hands out as a MessageError.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, BinaryIO
+
+from ..config._keys import load_identities
+from ..config._settings import ClientSettings
+from ..core._exceptions import NoMatchingIdentity
+from ..core._message import Payload
+from ..protocol import PublishProperties
+from ..protocol._encoding import Encoding
+from ..protocol._zstd import MARK, FrameDecompressor, marked
+
+if TYPE_CHECKING:
+    from ..protocol._age import Decryptor
+    from ..protocol._age_keys import Identity
+
+PIECE = 1 << 20
+_AGE_MAGIC = b"age-encryption.org/v1\n"
+_SNIFF = max(len(_AGE_MAGIC), len(MARK))
+
+
+class Decoder:
+    """Stored bytes in, plaintext pieces out (decrypt, then decompress), bounded.
+
+    Args:
+        encoding: what was done (from the placeholder); ignored with `sniff`.
+        identities: tried on an encrypted payload.
+        limit: the most plaintext bytes (`max_fetch_bytes`).
+        sniff: tell age files and our zstd frames by their first bytes (no placeholder).
+    """
+
+    def __init__(
+        self,
+        encoding: Encoding,
+        identities: Sequence[Identity],
+        limit: int,
+        *,
+        sniff: bool = False,
+    ) -> None:
+        self._identities = identities
+        self._key_ids = encoding.key_ids
+        self._limit = limit
+        self._sniff = sniff
+        self._head = b""
+        self._decryptor: Decryptor | None = None
+        self._decompressor: FrameDecompressor | None = None
+        self._inner_head = b""
+        self._compressed = encoding.compressed
+        self.size = 0
+        if not sniff:
+            self._start(encoding.encrypted)
+
+    def _start(self, encrypted: bool) -> None:
+        if encrypted:
+            from ..protocol._age import Decryptor
+
+            if not self._identities:
+                raise NoMatchingIdentity(self._key_ids, (), 0)
+            self._decryptor = Decryptor(self._identities, self._key_ids)
+        if self._compressed and not self._sniff:
+            self._decompressor = FrameDecompressor(self._limit)
+
+    def feed(self, data: bytes | memoryview) -> Iterator[bytes]:
+        """The plaintext `data` completes (no view of `data` is kept or yielded)."""
+        if self._sniff and self._head is not None:
+            self._head += data
+            if len(self._head) < _SNIFF:
+                return
+            data, self._head = self._head, None  # type: ignore[assignment]
+            self._start(data.startswith(_AGE_MAGIC))
+        yield from self._plain(data)
+
+    def _plain(self, data: bytes | memoryview) -> Iterator[bytes]:
+        """Through the decryptor, one 64 KiB chunk at a time, when there is one."""
+        if self._decryptor is None:
+            yield from self._inner(data)
+            return
+        for chunk in self._decryptor.feed_pieces(data):
+            yield from self._inner(chunk)
+
+    def _inner(self, plain: bytes | memoryview) -> Iterator[bytes]:
+        if self._sniff and self._inner_head is not None:
+            self._inner_head += plain
+            if len(self._inner_head) < len(MARK):
+                return
+            plain, self._inner_head = self._inner_head, None  # type: ignore[assignment]
+            if marked(plain):
+                self._decompressor = FrameDecompressor(self._limit)
+        if self._decompressor is not None:
+            for piece in self._decompressor.feed(plain):
+                self.size += len(piece)
+                yield piece
+        elif plain:
+            self.size += len(plain)
+            yield plain if isinstance(plain, bytes) else bytes(plain)
+
+    def finish(self) -> Iterator[bytes]:
+        """The rest; the stream must be complete (else DecryptionFailed / DecompressionFailed)."""
+        if self._sniff and self._head is not None:  # shorter than the sniff
+            head, self._head = self._head, None  # type: ignore[assignment]
+            self._start(head.startswith(_AGE_MAGIC))
+            yield from self._plain(head)
+        if self._decryptor is not None:
+            yield from self._inner(self._decryptor.finish())
+        if self._sniff and self._inner_head is not None:
+            rest, self._inner_head = self._inner_head, None  # type: ignore[assignment]
+            if rest:
+                self.size += len(rest)
+                yield rest
+        if self._decompressor is not None:
+            self._decompressor.finish()
+
+
+def recognised(head: bytes) -> bool:
+    """Whether stored bytes starting with `head` are an age file or our zstd frames."""
+    return head.startswith(_AGE_MAGIC) or marked(head)
+
+
+def decode_stream(source: BinaryIO, decoder: Decoder) -> Iterator[bytes]:
+    """Every plaintext piece of `source` through `decoder`."""
+    while piece := source.read(PIECE):
+        yield from decoder.feed(piece)
+    yield from decoder.finish()
+
+
+def chunk_encoding(properties: PublishProperties) -> Encoding | None:
+    """The encoding an ADR-23 message's tags name (client/seal/_seal.py), None when untagged.
+
+    Raises:
+        MalformedPlaceholder: a tag this client does not know.
+    """
+    from ._seal import CMP_PROPERTY, ENC_PROPERTY
+
+    enc, cmp = properties.user_property(ENC_PROPERTY), properties.user_property(CMP_PROPERTY)
+    if enc is None and cmp is None:
+        return None
+    return Encoding.from_members({"enc": enc, "cmp": cmp})
+
+
+def untagged(properties: PublishProperties) -> PublishProperties:
+    """The properties the producer set, without the encoding's tags."""
+    from ._seal import CMP_PROPERTY, ENC_PROPERTY
+
+    return properties.without_user_properties(ENC_PROPERTY, CMP_PROPERTY)
+
+
+class _Plain:
+    """Plaintext pieces kept in memory up to `spool_threshold`, past it in a spool file.
+
+    Args:
+        settings: `spool_threshold`, `spool_dir`.
+        spool: straight to a file (the stored bytes were spooled: so is their plaintext).
+    """
+
+    def __init__(self, settings: ClientSettings, *, spool: bool = False) -> None:
+        self._settings = settings
+        self._memory: list[bytes] | None = []
+        self._held = 0
+        self._file: BinaryIO | None = None
+        self._path: Path | None = None
+        if spool:
+            self._spill()
+
+    def _spill(self) -> None:
+        fd, name = tempfile.mkstemp(prefix="offload-", dir=self._settings.spool_dir)
+        self._path, self._file = Path(name), os.fdopen(fd, "wb")
+        if self._memory:
+            self._file.writelines(self._memory)
+        self._memory = None
+
+    def write(self, piece: bytes) -> None:
+        if self._memory is not None and self._held + len(piece) > self._settings.spool_threshold:
+            self._spill()
+        if self._memory is not None:
+            self._memory.append(piece)
+            self._held += len(piece)
+        else:
+            assert self._file is not None
+            self._file.write(piece)
+
+    def payload(self) -> Payload:
+        """What was written, as a Payload (the spool file handed over)."""
+        if self._memory is not None:
+            return Payload(b"".join(self._memory))
+        assert self._file is not None
+        self._file.close()
+        return Payload(path=self._path)
+
+    def discard(self) -> None:
+        self._memory = None
+        if self._file is not None:
+            self._file.close()
+        if self._path is not None:
+            self._path.unlink(missing_ok=True)
+
+
+def _detached(exc: Exception) -> Exception:
+    """`exc` without tracebacks down its chain: their frames may hold views of a buffer
+    that must be released before it is handed over (client/http/_fetching.py, `_read_into`)."""
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        link.__traceback__ = None
+        link = link.__cause__ or link.__context__
+    return exc
+
+
+class Decoding:
+    """Stored bytes decoded as a fetch receives them (:meth:`HttpTransport.fetch`'s `tap`).
+
+    :meth:`feed` runs on the fetch's hashing thread and never raises: a failure is kept
+    and raised by :meth:`result`, which the caller calls only after the fetch has checked
+    the stored bytes' SHA-256, so nothing decoded from unverified bytes is handed out.
+
+    Only an encrypted payload is decoded on the way. A payload that is only compressed is
+    decoded from the verified stored bytes in :meth:`result`, as before: its few stored
+    bytes arrive quickly and inflate 4-8 times, and decompressing beside the reader made
+    the 64 MiB JSON round trip slower in 7 of 8 paired runs (bench/RESULTS.md, issue 30).
+
+    Args:
+        settings: `spool_threshold`, `spool_dir`.
+        decoder: the payload's decoder.
+        deferred: decode in :meth:`result`, from the stored bytes (`feed` does nothing).
+        spool: the plaintext goes straight to a spool file (the stored bytes are spooled:
+            holding a first `spool_threshold` of plaintext in memory doubled a client's peak).
+    """
+
+    def __init__(
+        self, settings: ClientSettings, decoder: Decoder, *, deferred: bool, spool: bool
+    ) -> None:
+        self._settings = settings
+        self._decoder = decoder
+        self._digest = hashlib.sha256()
+        self._plain: _Plain | None = None if deferred else _Plain(settings, spool=spool)
+        self._error: Exception | None = None
+
+    def feed(self, batch: Sequence[bytes | memoryview]) -> None:
+        """Decode `batch` (no view of it is kept)."""
+        if self._plain is None or self._error is not None:
+            return
+        try:
+            for piece in batch:
+                for plain in self._decoder.feed(piece):
+                    self._digest.update(plain)
+                    self._plain.write(plain)
+        except Exception as exc:  # raised by result(), on the caller's thread
+            self._error = _detached(exc)
+
+    def result(self, stored: Payload) -> tuple[Payload, str]:
+        """The plaintext and its SHA-256; `stored` (verified by the fetch) is discarded.
+
+        Raises:
+            PayloadDecodeError: see the module's docstring.
+        """
+        if self._plain is None:
+            return _decoded(self._settings, self._decoder, stored)
+        stored.discard()
+        try:
+            if self._error is not None:
+                raise self._error
+            for plain in self._decoder.finish():
+                self._digest.update(plain)
+                self._plain.write(plain)
+        except BaseException:
+            self._plain.discard()
+            raise
+        return self._plain.payload(), self._digest.hexdigest()
+
+    def discard(self) -> None:
+        """Drop what was decoded (the fetch failed)."""
+        if self._plain is not None:
+            self._plain.discard()
+
+
+def _decoded(settings: ClientSettings, decoder: Decoder, stored: Payload) -> tuple[Payload, str]:
+    """`stored` through `decoder` in one pass into memory or a spool file; discarded after."""
+    try:
+        digest = hashlib.sha256()
+        # Spooled stored bytes: the plaintext goes to disk too.
+        plain = _Plain(settings, spool=stored.path is not None)
+        try:
+            with stored.open() as f:
+                for piece in decode_stream(f, decoder):
+                    digest.update(piece)
+                    plain.write(piece)
+        except BaseException:
+            plain.discard()
+            raise
+    finally:
+        stored.discard()
+    return plain.payload(), digest.hexdigest()
+
+
+class Unsealer:
+    """Decodes the payloads of encrypted or compressed placeholders for a client.
+
+    Args:
+        settings: `identity_files` (read once, here), `max_fetch_bytes`, `spool_threshold`,
+            `spool_dir`.
+
+    Raises:
+        ConfigError: an identity file that cannot be read or holds no identity.
+    """
+
+    def __init__(self, settings: ClientSettings) -> None:
+        self._settings = settings
+        self.identities = load_identities(settings.identity_files)
+
+    def decoding(self, encoding: Encoding, size: int) -> Decoding:
+        """A decoder to tap a fetch of `encoding`'s stored bytes with.
+
+        Args:
+            encoding: from the placeholder.
+            size: the stored bytes' size (the placeholder's): past `spool_threshold` the
+                fetch spools them, and the plaintext goes to a spool file from the start.
+
+        Raises:
+            NoMatchingIdentity: an encrypted payload and no identity (before any fetch).
+        """
+        s = self._settings
+        decoder = Decoder(encoding, self.identities, s.max_fetch_bytes)
+        return Decoding(s, decoder, deferred=not encoding.encrypted, spool=size > s.spool_threshold)
+
+    def decode(
+        self, encoding: Encoding, stored: Payload, *, sniff: bool = False
+    ) -> tuple[Payload, str]:
+        """The plaintext payload and its SHA-256 (the stored one is checked already).
+
+        Args:
+            encoding: from the placeholder (ignored with `sniff`).
+            stored: the stored bytes; discarded once decoded.
+            sniff: tell the encoding by the first bytes (no placeholder).
+
+        Raises:
+            PayloadDecodeError: see the module's docstring.
+        """
+        s = self._settings
+        try:
+            decoder = Decoder(encoding, self.identities, s.max_fetch_bytes, sniff=sniff)
+        except BaseException:
+            stored.discard()
+            raise
+        return _decoded(s, decoder, stored)

@@ -1,0 +1,79 @@
+"""What every folder of the gateway stands on: settings, errors, threads, metrics, broker.
+
+`_settings` (`Settings`: the one place the environment is read), `_errors` (the exception
+hierarchy and its one mapping to HTTP responses), `_executors` (worker threads, sized and
+kept apart), `_observability` (Prometheus metrics, request ids, logs), `_mqtt` (the broker
+link), `_cors` (browser uploads' CORS; the settings parse its origins). CORS and metrics are
+middleware kept here, not in `gateway.middleware`, because the settings and the error mapping
+need them. Imports nothing of the gateway but `gateway.storage`.
+
+Other folders use only the names below.
+"""
+
+from ._cors import BrowserUploads, parse_origins
+from ._errors import (
+    COMMON_RESPONSES,
+    BadRequest,
+    BrokerUnavailable,
+    ChecksumMismatch,
+    Conflict,
+    Forbidden,
+    GatewayError,
+    Gone,
+    NotFound,
+    PayloadTooLarge,
+    PreconditionFailed,
+    RangeNotSatisfiable,
+    StorageUnavailable,
+    TooManyRequests,
+    Unauthorized,
+    UnsupportedMediaType,
+    install_error_handlers,
+)
+from ._executors import Slot, Transfers, WorkerPool, Workers, close_at_request_end, request_scope
+from ._mqtt import InvalidPublish, broker_link
+from ._observability import (
+    UPLOADED_BYTES,
+    UPLOADS,
+    ObservabilityMiddleware,
+    configure_logging,
+    metrics_endpoint,
+)
+from ._settings import Settings, get_settings
+
+__all__ = [
+    "COMMON_RESPONSES",
+    "UPLOADED_BYTES",
+    "UPLOADS",
+    "BadRequest",
+    "BrokerUnavailable",
+    "BrowserUploads",
+    "ChecksumMismatch",
+    "Conflict",
+    "Forbidden",
+    "GatewayError",
+    "Gone",
+    "InvalidPublish",
+    "NotFound",
+    "ObservabilityMiddleware",
+    "PayloadTooLarge",
+    "PreconditionFailed",
+    "RangeNotSatisfiable",
+    "Settings",
+    "Slot",
+    "StorageUnavailable",
+    "TooManyRequests",
+    "Transfers",
+    "Unauthorized",
+    "UnsupportedMediaType",
+    "WorkerPool",
+    "Workers",
+    "broker_link",
+    "close_at_request_end",
+    "configure_logging",
+    "get_settings",
+    "install_error_handlers",
+    "metrics_endpoint",
+    "parse_origins",
+    "request_scope",
+]

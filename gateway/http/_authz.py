@@ -1,0 +1,152 @@
+"""Identity and topic rules for each request: the broker's own password and ACL files.
+
+Adapts `gateway.auth.Authenticator` to the routes' `Context.authorize_*` seam: the one HTTP
+adapter of `gateway.auth`. Denials become 401 (with the SCRAM challenge) for anonymous
+callers, who may hold credentials they did not send yet, and 403 for authenticated ones.
+
+``Authentication-Info`` (SCRAM's server-final) must reach the client on every answer to a
+SCRAM final, errors included: hop-client checks it before it even looks at the status, and
+without it reports a broken handshake instead of the route's 403 or 404. `BrokerRules`
+leaves it in ``request.state``, where `AuthenticationInfoMiddleware` adds it to every answer.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from typing import Any
+
+from fastapi import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from client.protocol import Topic
+
+from ..auth import Authenticated, Authenticator, AuthMode, Challenge
+from ..core import Forbidden, Settings, TooManyRequests, Unauthorized, WorkerPool
+
+log = logging.getLogger("gateway.auth")
+
+STATE_KEY = "auth_response_headers"
+# Where `BrokerRules` leaves the authenticated user for the rest of the request.
+_PRINCIPAL = "offload_principal"
+# Where it keeps the whole decision: a SCRAM final is good for one check, so a route that
+# authenticates before it reads its body (to learn the topic) is not asked twice.
+_AUTHENTICATED = "offload_authenticated"
+
+
+def principal_of(request: Request) -> str | None:
+    """The user `BrokerRules.authorize` admitted for this request, None when anonymous."""
+    principal = getattr(request.state, _PRINCIPAL, None)
+    return principal if isinstance(principal, str) else None
+
+
+def build_authenticator(settings: Settings) -> Authenticator:
+    """The authenticator the settings ask for, and one line in the log saying which mode.
+
+    Without a password file and a tokens file it refuses every request, unless
+    `OFFLOAD_ALLOW_ANONYMOUS=true` was set (see `gateway.auth.AuthMode`).
+
+    Raises:
+        AuthConfigError: a file is missing or invalid, or bearer tokens only without TLS.
+    """
+    if settings.auth_secret is not None:
+        secret = settings.auth_secret.get_secret_value().encode("utf-8")
+    else:
+        # Fine for one replica; several need the same secret to finish each other's SCRAM.
+        if settings.password_file is not None:
+            log.warning("OFFLOAD_AUTH_SECRET is not set: SCRAM sessions work on this replica only")
+        secret = secrets.token_bytes(32)
+    authenticator = Authenticator(
+        password_file=settings.password_file,
+        acl_file=settings.acl_file,
+        realm=settings.auth_realm,
+        secret=secret,
+        tls=settings.tls or settings.tls_cert_file is not None,
+        allow_anonymous=settings.allow_anonymous,
+        tokens_file=settings.tokens_file,
+    )
+    mode = authenticator.mode
+    level = logging.WARNING if mode in (AuthMode.CLOSED, AuthMode.ANONYMOUS) else logging.INFO
+    log.log(level, "%s", authenticator.describe())
+    return authenticator
+
+
+def _refuse(challenge: Challenge, client: str = "") -> Unauthorized | TooManyRequests:
+    if challenge.status == 429:
+        log.info("refused %s: %s", client or "a request", challenge.reason)
+        return TooManyRequests(challenge.detail, dict(challenge.headers))
+    return Unauthorized(challenge.detail, dict(challenge.headers))
+
+
+class BrokerRules:
+    """The `Authorizer` the routes call: authenticate, then check the ACL for the topic."""
+
+    def __init__(self, authenticator: Authenticator, *, hashing: WorkerPool) -> None:
+        self.authenticator = authenticator
+        self.hashing = hashing  # its own pool: a login flood never starves store calls
+
+    async def authenticate(self, request: Request) -> str | None:
+        """Who sent `request` (401 with the challenge, or 429, otherwise); decided once.
+
+        Routes whose topic is inside their body (`/direct/commit`) call this before reading
+        it, so SCRAM's body-less first round trip gets its challenge, not a 400.
+        """
+        return (await self._authenticated(request)).user
+
+    async def _authenticated(self, request: Request) -> Authenticated:
+        done = getattr(request.state, _AUTHENTICATED, None)
+        if isinstance(done, Authenticated):
+            return done
+        client = request.client.host if request.client is not None else ""
+        header = request.headers.get("authorization")
+        # Off the event loop: HTTP Basic costs a 4096-round PBKDF2.
+        result = await self.hashing.run(self.authenticator.authenticate, header, client=client)
+        if isinstance(result, Challenge):
+            raise _refuse(result)
+        # Who this is, for resources that belong to a principal (resumable uploads).
+        setattr(request.state, _PRINCIPAL, result.user)
+        setattr(request.state, _AUTHENTICATED, result)
+        if result.response_headers:  # SCRAM's server-final reaches the client on every answer
+            setattr(request.state, STATE_KEY, dict(result.response_headers))
+        return result
+
+    async def authorize(self, request: Request, topic: Topic, *, write: bool) -> None:
+        result = await self._authenticated(request)
+        extra = dict(result.response_headers)
+        check = self.authenticator.can_write if write else self.authenticator.can_read
+        if check(result.user, topic.value):
+            return
+        access = "write" if write else "read"
+        if result.user is None and self.authenticator.enabled:
+            raise _refuse(self.authenticator.challenge(f"anonymous may not {access} {topic}"))
+        # A read is of a stored message, whose topic the caller need not know (it may hold
+        # just the id): the refusal does not name it. A write names the caller's own topic.
+        what = f"topic {topic.value!r}" if write else "this message's topic"
+        raise Forbidden(f"not allowed to {access} {what}", extra)
+
+
+class AuthenticationInfoMiddleware:
+    """Adds the authentication's response headers to answers that lack them (errors)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        # One dict shared with the request, which may be a copy of this scope.
+        state: dict[str, Any] = scope.setdefault("state", {})
+
+        async def send_with_headers(message: Message) -> None:
+            extra = state.get(STATE_KEY)
+            if message["type"] == "http.response.start" and extra:
+                headers = list(message.get("headers", []))
+                present = {name.lower() for name, _ in headers}
+                for name, value in extra.items():
+                    if name.lower().encode("latin-1") not in present:
+                        headers.append((name.encode("latin-1"), value.encode("latin-1")))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)

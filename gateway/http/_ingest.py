@@ -1,0 +1,403 @@
+"""Receiving a payload into the store and announcing it on the broker.
+
+Shared by the hop-client upload (`POST /topic/...+oversized`), `POST /publish/{topic}` and
+the resumable uploads: every path streams the body into the store (never buffering it),
+builds an uncommitted `Manifest`, commits it, and - for the HTTP publish paths - publishes
+the same `_format=external` placeholder the client library publishes
+(`client.protocol.Placeholder.encode`), so subscribers cannot tell who offloaded it.
+
+The ordering rule: commit first, publish second (a subscriber may fetch the moment the
+placeholder arrives), and withdraw the committed message when the publish fails, so no
+stored payload is ever left unannounced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+
+from starlette.requests import ClientDisconnect, Request
+
+from client import ConnectionFailed, PublishRejected
+from client.protocol import (
+    EnvelopeComplete,
+    EnvelopeParser,
+    Manifest,
+    MessageId,
+    PayloadData,
+    PayloadEnd,
+    PayloadStart,
+    Placeholder,
+    Topic,
+    UploadFields,
+    mqtt_text_problem,
+    publish_properties_problem,
+    upload_fields,
+)
+
+from ..core import (
+    BadRequest,
+    BrokerUnavailable,
+    InvalidPublish,
+    PayloadTooLarge,
+    StorageUnavailable,
+)
+from ..ingest import (
+    RESERVED,
+    PublishOptions,
+    Stored,
+    StreamingUpload,
+    manifest_text_problem,
+    message_id_from_headers,
+)
+from ._context import Context, NoBroker
+
+log = logging.getLogger("gateway")
+
+ID_HEADER = "_id"  # the hop header that carries the message id
+
+PUBLISH_TIMEOUT = 30.0  # seconds to wait for the broker's PUBACK/PUBCOMP
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    """A payload stored but not yet described: what every receive path hands on.
+
+    The hop BSON upload, the raw `/publish` body and a completed tus upload each end in
+    one of these; `build_manifest` turns it into the message, the same way for all three.
+    """
+
+    topic: Topic
+    data_key: str
+    sha256: str
+    size: int
+    timestamp: int  # milliseconds since the epoch, when the upload began
+    headers: tuple[tuple[str, bytes], ...] = ()  # the sender's (hop document); else none
+    key: bytes | None = None  # the hop document's `key`
+    message_id: MessageId | None = None  # the id the sender chose; None: a new one
+    crc32c: str | None = None  # taken with the SHA-256 in the same pass (`_pipe`)
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """A message committed and announced: what the publish routes answer with."""
+
+    manifest: Manifest
+    created: bool  # False: an identical earlier message was found (idempotent retry)
+    url: str
+
+
+def build_manifest(
+    ctx: Context,
+    received: Received,
+    *,
+    ttl: int | None,
+    content_type: str | None = None,
+    filename: str | None = None,
+    extra_headers: tuple[tuple[str, bytes], ...] = (),
+) -> Manifest:
+    """The one place a received payload becomes a `Manifest` (not yet committed).
+
+    The id is the sender's when it named one, else new; a message whose headers carry no
+    `_id` gets one, the way the client library stores it. `extra_headers` (user properties)
+    follow the sender's, and `ttl` (seconds, capped by the gateway) sets its expiry.
+    """
+    message_id = received.message_id or MessageId.new()
+    headers = received.headers
+    if not any(name == ID_HEADER for name, _ in headers):
+        headers = (*headers, (ID_HEADER, message_id.bytes))
+    return Manifest(
+        id=message_id,
+        topic=received.topic,
+        timestamp=received.timestamp,
+        size=received.size,
+        sha256=received.sha256,
+        crc32c=received.crc32c,
+        data_key=received.data_key,
+        headers=headers + extra_headers,
+        key=received.key,
+        content_type=content_type,
+        filename=filename,
+        expires=ctx.service.expiry_for(received.timestamp, ttl),
+    )
+
+
+def message_url(ctx: Context, request: Request, message_id: MessageId) -> str:
+    """The URL a placeholder and a `201` name: the public URL when set, else the request's."""
+    base = ctx.public_url or str(request.base_url).rstrip("/")
+    return f"{base}/msg/{message_id}"
+
+
+async def publish(
+    ctx: Context, request: Request, manifest: Manifest, options: PublishOptions, *, kind: str
+) -> Published:
+    """Commit, then announce: the one commit -> URL -> placeholder sequence of every path.
+
+    Args:
+        ctx: the request context.
+        request: gives the message URL when no public URL is set.
+        manifest: from `build_manifest`.
+        options: the placeholder's QoS, retain, expiry and user properties.
+        kind: the upload path, for the metrics (`publish`, `resumable`).
+    """
+    stored = await commit_or_discard(ctx, manifest, kind=kind)
+    url = message_url(ctx, request, stored.manifest.id)
+    await announce(ctx, stored.manifest, url, options, created=stored.created)
+    return Published(stored.manifest, stored.created, url)
+
+
+def check_running_total(total: int, limit: int) -> None:
+    """Stop a body without Content-Length (chunked) once it passes the limit."""
+    if total > limit:
+        raise PayloadTooLarge(f"body exceeds the limit of {limit} bytes")
+
+
+async def receive_raw(
+    ctx: Context,
+    topic: Topic,
+    chunks: AsyncIterator[bytes],
+    *,
+    length: int,
+    content_type: str | None,
+) -> Received:
+    """Stream a raw body into a new payload object.
+
+    Args:
+        ctx: the request context (service, limits).
+        topic: where the payload's key is laid out.
+        chunks: the body.
+        length: declared length, -1 when unknown (chunked transfer encoding).
+        content_type: stored as the object's content type.
+
+    Returns:
+        The stored payload; nothing is stored when this raises.
+    """
+    limit = ctx.settings.max_body_bytes
+    upload, key, stamp = ctx.service.begin_upload(topic, length, content_type=content_type)
+    total = 0
+    try:
+        async for chunk in chunks:
+            total += len(chunk)
+            check_running_total(total, limit)
+            await upload.write(chunk)
+        if length >= 0 and total != length:
+            raise BadRequest(f"body has {total} bytes but Content-Length said {length}")
+        sha256, size = await upload.finish()
+    except BaseException as exc:
+        await upload.abort(exc)
+        if isinstance(exc, ClientDisconnect):
+            raise BadRequest("client disconnected before the body was complete") from exc
+        raise
+    return Received(topic, key, sha256, size, stamp, crc32c=upload.crc32c)
+
+
+async def receive_envelope(
+    ctx: Context,
+    topic: Topic,
+    chunks: AsyncIterator[bytes],
+    *,
+    check_headers: Callable[[Sequence[tuple[str, bytes]]], object] | None = None,
+) -> Received:
+    """Stream a hop-client BSON upload document `{message, headers, key?}` into the store.
+
+    The message id is the `_id` header (16 raw bytes or UUID text); without one,
+    `build_manifest` assigns a new id and adds it to the headers.
+
+    Args:
+        ctx: the request context.
+        topic: the message's topic.
+        chunks: the request body.
+        check_headers: raises when the headers are unacceptable; called as soon as they
+            arrive (before the payload is stored when the document sends them first).
+
+    Returns:
+        The stored payload, its headers and id; nothing is left stored when this raises.
+    """
+    parser = EnvelopeParser(
+        max_document=ctx.settings.max_body_bytes, max_fields=ctx.settings.max_header_bytes
+    )
+    sink = _EnvelopeSink(ctx, topic, check_headers)
+    try:
+        async for chunk in chunks:
+            for event in parser.feed(chunk):
+                await sink.handle(event)
+        parser.end()
+        return sink.received()
+    except BaseException as exc:
+        await sink.abort(exc)
+        if isinstance(exc, ClientDisconnect):
+            raise BadRequest("client disconnected before the body was complete") from exc
+        raise
+
+
+class _EnvelopeSink:
+    """Where a hop upload document's parser events go: the payload into the store."""
+
+    def __init__(
+        self,
+        ctx: Context,
+        topic: Topic,
+        check_headers: Callable[[Sequence[tuple[str, bytes]]], object] | None,
+    ) -> None:
+        self.ctx = ctx
+        self.topic = topic
+        self.check_headers = check_headers
+        self.upload: StreamingUpload | None = None
+        self.stored_key: str | None = None
+        self.fields: UploadFields | None = None
+        self.sha256 = ""
+        self.crc32c: str | None = None
+        self.size = 0
+        self.stamp = 0
+
+    def _check(self, headers: Sequence[tuple[str, bytes]]) -> None:
+        if self.check_headers is not None:
+            self.check_headers(headers)
+
+    async def handle(self, event: object) -> None:
+        if isinstance(event, PayloadData):
+            assert self.upload is not None
+            await self.upload.write(event.data)
+        elif isinstance(event, PayloadStart):
+            if event.fields:  # headers sent first: reject bad ones before storing
+                self._check(upload_fields(event.fields).headers)
+            self.upload, _, self.stamp = self.ctx.service.begin_upload(self.topic, event.length)
+        elif isinstance(event, PayloadEnd):
+            assert self.upload is not None
+            self.sha256, self.size = await self.upload.finish()
+            self.crc32c = self.upload.crc32c
+            self.stored_key, self.upload = self.upload.key, None
+        elif isinstance(event, EnvelopeComplete):
+            self.fields = upload_fields(event.fields)
+            self._check(self.fields.headers)
+
+    def received(self) -> Received:
+        """The stored payload, once the document ended."""
+        fields = self.fields
+        assert fields is not None and self.stored_key is not None
+        return Received(
+            self.topic,
+            self.stored_key,
+            self.sha256,
+            self.size,
+            self.stamp,
+            headers=tuple(fields.headers),
+            key=fields.key,
+            message_id=message_id_from_headers(fields.headers),
+            crc32c=self.crc32c,
+        )
+
+    async def abort(self, exc: BaseException) -> None:
+        """Leave nothing behind: the upload in progress, or a payload stored undescribed."""
+        if self.upload is not None:
+            await self.upload.abort(exc)
+        if self.stored_key is not None:
+            await self.ctx.service.discard(self.stored_key)
+
+
+async def commit_or_discard(ctx: Context, manifest: Manifest, *, kind: str) -> Stored:
+    """Commit a received payload; remove its object when the commit fails.
+
+    Args:
+        ctx: the request context.
+        manifest: the received, uncommitted message.
+        kind: the upload path, for the metrics (`envelope`, `publish`, `resumable`).
+    """
+    try:
+        problem = manifest_text_problem(manifest)  # every path: readable by every reader
+        if problem is not None:
+            raise BadRequest(f"{problem}; nothing was kept")
+        return await ctx.service.commit(manifest, kind=kind)
+    except BaseException:
+        await ctx.service.discard(manifest.data_key)
+        raise
+
+
+def require_broker(ctx: Context) -> None:
+    """Refuse before reading a body when the placeholder could not be published anyway."""
+    if isinstance(ctx.broker, NoBroker):
+        raise BrokerUnavailable("this gateway has no broker configured (OFFLOAD_MQTT_URL)")
+    if not ctx.broker.connected:
+        raise BrokerUnavailable(f"broker unreachable: not connected to {ctx.broker.broker}")
+
+
+async def announce(
+    ctx: Context,
+    manifest: Manifest,
+    url: str,
+    options: PublishOptions,
+    *,
+    created: bool = True,
+) -> None:
+    """Publish the placeholder for a committed message; withdraw the message on failure.
+
+    Args:
+        ctx: the request context (its broker link).
+        manifest: the committed message.
+        url: the message URL the placeholder carries (`.../msg/<id>`).
+        options: QoS, retain, expiry and user properties of the placeholder.
+        created: False when the commit found an identical earlier message: that one is
+            not withdrawn on failure, since an earlier publish may have announced it.
+
+    Raises:
+        BrokerUnavailable: the broker is unreachable or did not acknowledge.
+    """
+    placeholder = Placeholder(url, manifest.size, manifest.sha256, manifest.id)
+    body, props = placeholder.encode(options.properties(manifest.content_type))
+    problem = None if props is None else publish_properties_problem(props)
+    if problem is not None:
+        # Every route validates before storing; this is the last line, never the first.
+        if created:
+            await ctx.service.forget(manifest)
+        raise BadRequest(f"cannot publish this message: {problem}; nothing was kept")
+    try:
+        require_broker(ctx)
+        future = ctx.broker.publish(
+            manifest.topic.value, body, qos=options.qos, retain=options.retain, properties=props
+        )
+        await asyncio.wait_for(asyncio.wrap_future(future), PUBLISH_TIMEOUT)
+    except InvalidPublish as exc:  # unreachable after the check above; never a 5xx
+        if created:
+            await ctx.service.forget(manifest)
+        raise BadRequest(f"cannot publish this message: {exc}; nothing was kept") from exc
+    except (ConnectionFailed, PublishRejected, TimeoutError, BrokerUnavailable) as exc:
+        if created:
+            try:
+                await ctx.service.forget(manifest)
+            except StorageUnavailable as gone:  # the sweeper removes it at expiry instead
+                log.warning("could not withdraw unannounced %s: %s", manifest.id, gone)
+        raise BrokerUnavailable(
+            f"broker unreachable, message not published and not kept: {exc}"
+        ) from exc
+
+
+def placeholder_user_properties(
+    headers: Sequence[tuple[str, bytes]],
+) -> tuple[tuple[str, str], ...]:
+    """Stored headers as the placeholder's MQTT user properties (reserved names skipped).
+
+    A value that is not UTF-8 is a binary hop header with no user-property form and stays
+    only in the stored message. A text header the broker would refuse (control characters
+    such as CR/LF, non-characters, over 65535 bytes) is refused with 400: dropping it would
+    lose it silently, sending it would get the gateway disconnected.
+
+    Raises:
+        BadRequest: a text header cannot travel as an MQTT user property.
+    """
+    out: list[tuple[str, str]] = []
+    for name, value in headers:
+        if name in RESERVED:
+            continue
+        try:
+            text = value.decode("utf-8")
+        except UnicodeDecodeError:
+            continue  # binary hop headers have no MQTT user-property form
+        problem = mqtt_text_problem(name, "header name") or mqtt_text_problem(
+            text, f"header {name!r:.60} value"
+        )
+        if problem is not None:
+            raise BadRequest(f"{problem}: it cannot travel as an MQTT user property")
+        out.append((name, text))
+    return tuple(out)

@@ -1,0 +1,378 @@
+"""The offload service: store a streamed payload and its manifest, find and serve them.
+
+Writes go payload -> sidecar manifest -> id index, so a message is visible by id only once
+everything is durable; a crash in between leaves an unreferenced payload that the sweeper
+removes, never a half-visible message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import ParamSpec, TypeVar
+
+from client.protocol import (
+    Manifest,
+    MessageId,
+    ProtocolError,
+    Topic,
+    data_key,
+    encode_level,
+    index_key,
+    meta_key,
+    topic_prefix,
+)
+
+from ..core import (
+    UPLOADED_BYTES,
+    UPLOADS,
+    BadRequest,
+    Conflict,
+    NotFound,
+    Slot,
+    StorageUnavailable,
+    Workers,
+)
+from ..storage import ObjectStore, StoreError, SupportsAsyncRead
+from ._manifests import ManifestRepository
+from ._payload_stream import PayloadStream, abandon, read_on_loop
+from ._pipe import StreamingUpload
+
+log = logging.getLogger("gateway")
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+OVERSIZED_SUFFIX = "+oversized"
+MAX_KEY_BYTES = 1024  # S3's limit on object keys
+MAX_LEVEL_BYTES = 255  # one file name on the file store (NAME_MAX)
+# After the topic: "date=YYYY-MM-DD/hour=HH/" + 32-hex token + ".meta.json".
+_KEY_TAIL = len("date=2026-01-01/hour=00/") + 32 + len(".meta.json")
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def parse_topic(raw: str, *, max_bytes: int) -> Topic:
+    """A topic from a URL path segment; 400 with a reason when unusable.
+
+    Each level becomes one segment of the object key (percent-encoded, `_layout`), and on
+    the file store one file name: a level longer than 255 bytes once encoded (NAME_MAX on
+    every common file system) is refused on every store, so a topic works on both or
+    neither, and the whole key must fit S3's 1024 bytes.
+    """
+    topic = Topic(raw)  # raises InvalidTopic (400) for empty, wildcards, NUL
+    if topic.value.startswith("$"):
+        raise BadRequest(f"topic {raw!r}: topics starting with '$' are reserved for the broker")
+    if len(topic.value.encode("utf-8")) > max_bytes:
+        raise BadRequest(f"topic longer than {max_bytes} bytes")
+    for number, level in enumerate(topic.levels, 1):
+        encoded = len(encode_level(level))
+        if encoded > MAX_LEVEL_BYTES:
+            raise BadRequest(
+                f"topic level {number} is {encoded} bytes once percent-encoded for the "
+                f"object key; at most {MAX_LEVEL_BYTES}"
+            )
+    if len(topic_prefix(topic)) + _KEY_TAIL > MAX_KEY_BYTES:
+        raise BadRequest(f"topic too long: its object keys would exceed {MAX_KEY_BYTES} bytes")
+    return topic
+
+
+def message_id_from_headers(headers: Sequence[tuple[str, bytes]]) -> MessageId | None:
+    for name, value in headers:
+        if name == "_id":
+            return MessageId.parse(value)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    manifest: Manifest
+    created: bool  # False: an identical earlier upload was found (idempotent retry)
+
+
+class ManifestCache:
+    """Recently read manifests, so a download costs one store request instead of two.
+
+    Manifests never change once written; only deletion matters. Entries live `ttl`
+    seconds, a local delete evicts at once, and a delete by another replica or the sweeper
+    shows as a missing payload (404) when it is read, so a stale entry never serves bytes.
+    Only hits are kept: an unknown id is always looked up again.
+    """
+
+    def __init__(self, size: int = 4096, ttl: float = 10.0) -> None:
+        self._entries: OrderedDict[MessageId, tuple[float, Manifest]] = OrderedDict()
+        self._size = size
+        self._ttl = ttl
+
+    def get(self, message_id: MessageId) -> Manifest | None:
+        entry = self._entries.get(message_id)
+        if entry is None:
+            return None
+        stamp, manifest = entry
+        if time.monotonic() - stamp > self._ttl:
+            del self._entries[message_id]
+            return None
+        self._entries.move_to_end(message_id)
+        return manifest
+
+    def put(self, manifest: Manifest) -> None:
+        self._entries[manifest.id] = (time.monotonic(), manifest)
+        self._entries.move_to_end(manifest.id)
+        while len(self._entries) > self._size:
+            self._entries.popitem(last=False)
+
+    def evict(self, message_id: MessageId) -> None:
+        self._entries.pop(message_id, None)
+
+
+class OffloadService:
+    """Everything the routes do with storage, as async methods.
+
+    Args:
+        store: where payloads and manifests live.
+        default_ttl: seconds a payload is kept when the upload names no expiry (0: forever).
+        max_ttl: cap on any payload's lifetime in seconds, named or default (0: no cap).
+        min_ttl: floor under a named or default lifetime in seconds (0: none); the cap wins.
+        delete_after_fetch: delete a message once its payload was sent whole to a client.
+        workers: the thread pools (store calls, transfers); default: a set with the
+            default sizes, for a service built outside the gateway's lifespan.
+    """
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        *,
+        default_ttl: int = 0,
+        max_ttl: int = 0,
+        min_ttl: int = 0,
+        delete_after_fetch: bool = False,
+        workers: Workers | None = None,
+    ) -> None:
+        self.workers = workers or Workers.defaults()
+        self.store = store
+        self.default_ttl = default_ttl
+        self.max_ttl = max_ttl
+        self.min_ttl = min_ttl
+        self.delete_after_fetch = delete_after_fetch
+        self.manifests = ManifestCache()
+        self.repository = ManifestRepository(store)  # shared with the sweeper's rules
+
+    async def _call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return await self.workers.store.run(fn, *args, **kwargs)
+        except StoreError as exc:
+            raise StorageUnavailable(f"object store unavailable: {exc}") from exc
+
+    def begin_upload(
+        self, topic: Topic, length: int, *, content_type: str | None = None
+    ) -> tuple[StreamingUpload, str, int]:
+        """Start streaming a payload of `length` bytes (-1: unknown) into the store."""
+        stamp = now_ms()
+        key = data_key(topic, stamp, uuid.uuid4().hex)
+        if len(key.encode("utf-8")) + 16 > MAX_KEY_BYTES:
+            raise BadRequest("topic too long: its object key would exceed 1024 bytes")
+        upload = StreamingUpload(
+            self.store, key, length, content_type, transfers=self.workers.transfers
+        )
+        return upload, key, stamp
+
+    async def commit(self, manifest: Manifest, *, kind: str = "envelope") -> Stored:
+        """Make an uploaded payload visible by id, or resolve a retry of the same id.
+
+        The id index is the commit point and is created only where none exists
+        (`ObjectStore.create_bytes`: `If-None-Match: *` on S3, `link(2)` on disk), so of
+        uploads racing for one id exactly one commits. A loser whose content is the same
+        (SHA-256, size and topic) gets the winner's message and `created=False`; any
+        other loser gets 409. Either way the loser's own objects are removed and the
+        winner's are never touched.
+
+        Two store requests for a new id (sidecar, then the conditional index create):
+        the id is not looked up in the store first. Nearly every commit is of a new id
+        (clients make a fresh one per message), so that lookup was one request in four
+        of every small upload (bench/RESULTS.md, "Commit"); a retry of a committed id
+        learns the same from the create's 412 and removes its own sidecar and payload.
+        Only this gateway's manifest cache is consulted first, which costs nothing.
+
+        Raises:
+            Conflict: the id is taken by a message with other content or topic.
+        """
+        cached = self.manifests.get(manifest.id)
+        if cached is not None and (cached.expires is None or cached.expires > now_ms()):
+            return await self._lost(manifest, cached, meta_written=False)
+        if manifest.expires is None:
+            manifest = replace(manifest, expires=self.expiry_for(manifest.timestamp))
+        elif self.max_ttl:  # whoever set it, no payload outlives the cap
+            cap = manifest.timestamp + self.max_ttl * 1000
+            manifest = replace(manifest, expires=min(manifest.expires, cap))
+        body = manifest.to_json()
+        await self._call(self.store.put_bytes, meta_key(manifest.data_key), body)
+        for _attempt in range(3):
+            if await self._call(self.store.create_bytes, index_key(manifest.id), body):
+                self.manifests.put(manifest)
+                UPLOADS.labels(kind).inc()
+                UPLOADED_BYTES.inc(manifest.size)
+                return Stored(manifest, created=True)
+            raw = await self._call(self.store.get_bytes, index_key(manifest.id))
+            if raw is None:
+                continue  # removed meanwhile (expired and swept): try again
+            try:
+                current = Manifest.from_json(raw)
+            except ProtocolError as exc:
+                await self._remove_ours(manifest, meta_written=True)
+                raise Conflict(f"message id {manifest.id} is taken (unreadable index)") from exc
+            if current.data_key == manifest.data_key:
+                # Our own create succeeded and its answer was lost (a retried request).
+                self.manifests.put(manifest)
+                return Stored(manifest, created=True)
+            if current.expires is not None and current.expires <= now_ms():
+                await self.forget(current)  # an expired message frees its id
+                continue
+            return await self._lost(manifest, current, meta_written=True)
+        await self._remove_ours(manifest, meta_written=True)
+        raise Conflict(f"message id {manifest.id} is contended; retry later")
+
+    async def _lost(self, ours: Manifest, winner: Manifest, *, meta_written: bool) -> Stored:
+        """The id is `winner`'s: drop our objects; same content is an idempotent retry."""
+        await self._remove_ours(ours, meta_written=meta_written)
+        if winner.sha256 == ours.sha256 and winner.size == ours.size and winner.topic == ours.topic:
+            return Stored(winner, created=False)
+        raise Conflict(f"message id {ours.id} already exists with different content or topic")
+
+    async def _remove_ours(self, manifest: Manifest, *, meta_written: bool) -> None:
+        if meta_written:
+            await self._call(self.store.delete, meta_key(manifest.data_key))
+        await self._call(self.store.delete, manifest.data_key)
+
+    async def discard(self, key: str) -> None:
+        try:
+            await self.workers.store.run(self.store.delete, key)
+        except StoreError as exc:
+            log.warning("could not remove abandoned payload %s: %s", key, exc)
+
+    async def find(self, message_id: MessageId) -> Manifest | None:
+        """The manifest of a live message, None when unknown or expired."""
+        manifest = self.manifests.get(message_id)
+        if manifest is None:
+            raw = await self._call(self.store.get_bytes, index_key(message_id))
+            manifest = None if raw is None else Manifest.from_json(raw)
+            if manifest is not None:
+                self.manifests.put(manifest)
+        if manifest is not None and manifest.expires is not None and manifest.expires <= now_ms():
+            return None  # expired: never served, whatever the sweeper has done yet
+        return manifest
+
+    async def load(self, message_id: MessageId) -> Manifest:
+        """The manifest of a live message; 404 when unknown or expired."""
+        manifest = await self.find(message_id)
+        if manifest is None:
+            raise NotFound(f"no message with id {message_id}")
+        return manifest
+
+    async def open_payload(
+        self, manifest: Manifest, start: int = 0, length: int | None = None
+    ) -> AsyncIterator[bytes]:
+        """The payload bytes (or a range) as an async stream; 404 when the object is gone.
+
+        Takes a transfer slot (503 `Saturated` when none is free), held until the stream
+        is closed, finished or dropped.
+        """
+        slot = self.workers.transfers.admit()
+        if isinstance(self.store, SupportsAsyncRead):
+            return await self._read_on_loop(self.store, manifest, slot, start, length)
+        job = slot.submit(self.store.open_range, manifest.data_key, start, length)
+        try:
+            pieces = await asyncio.wrap_future(job)
+        except BaseException as exc:
+            if job.done():
+                slot.release()
+            else:  # cancelled while the store call runs: close what it opens, then release
+                job.add_done_callback(lambda done: abandon(done, slot))
+            if isinstance(exc, FileNotFoundError):
+                raise NotFound(f"payload of message {manifest.id} is gone") from exc
+            if isinstance(exc, StoreError):
+                raise StorageUnavailable(f"object store unavailable: {exc}") from exc
+            raise
+        return PayloadStream(pieces, slot)
+
+    async def _read_on_loop(
+        self,
+        store: SupportsAsyncRead,
+        manifest: Manifest,
+        slot: Slot,
+        start: int,
+        length: int | None,
+    ) -> AsyncIterator[bytes]:
+        """`open_payload` on a store the event loop reads (S3): no transfer thread."""
+        try:
+            url = await self._call(store.read_url, manifest.data_key)
+            body = await store.read(url, start, length)
+        except FileNotFoundError as exc:
+            slot.release()
+            raise NotFound(f"payload of message {manifest.id} is gone") from exc
+        except StoreError as exc:
+            slot.release()
+            raise StorageUnavailable(f"object store unavailable: {exc}") from exc
+        except BaseException:
+            slot.release()
+            raise
+        return read_on_loop(body, slot)
+
+    # -- retention (docs/reliability.md) ---------------------------------------------------
+
+    def expiry_for(self, timestamp_ms: int, ttl: int | None = None) -> int | None:
+        """When a payload stored at `timestamp_ms` expires (ms), None when kept forever.
+
+        Args:
+            timestamp_ms: the upload's time, milliseconds since the epoch.
+            ttl: seconds the uploader asked for (the placeholder's Message Expiry
+                Interval); None or 0 takes the default. Raised to `min_ttl` (a consumer's
+                persistent session may get the placeholder later than the uploader
+                thought), then clamped to `max_ttl`, not refused:
+                an uploader cannot know the cap, and a shorter life is the safe side.
+        """
+        seconds = ttl or self.default_ttl
+        if seconds and self.min_ttl:
+            seconds = max(seconds, self.min_ttl)
+        if self.max_ttl:
+            seconds = min(seconds, self.max_ttl) if seconds else self.max_ttl
+        return timestamp_ms + seconds * 1000 if seconds else None
+
+    async def forget(self, manifest: Manifest) -> None:
+        """Delete a message: index first, so it is never visible half-deleted.
+
+        Idempotent (a missing object is no error), so replicas and sweepers may race.
+        The index is only removed while it still names this payload: a later upload that
+        reused the id after expiry keeps its own.
+        """
+        self.manifests.evict(manifest.id)
+        await self._call(self.repository.forget, manifest)
+
+    async def then_forget(
+        self, manifest: Manifest, body: AsyncIterator[bytes], *, handed_topic: str | None
+    ) -> AsyncIterator[bytes]:
+        """`body`, then (with delete_after_fetch) delete the message once it was sent whole.
+
+        The response streamer asks for the next piece only after the previous one was
+        written, so reaching the end means every byte went out; a disconnect cancels the
+        stream before that point and the message stays.
+
+        Only a fetch for the message's own topic deletes it: `handed_topic` is the topic
+        the subscriber received the placeholder on (`X-Offload-Placeholder-Topic`). A
+        placeholder is
+        any publisher's claim, and may name another topic's message the subscriber can
+        read: that fetch is served, and deletes nothing.
+        """
+        async for piece in body:
+            yield piece
+        if self.delete_after_fetch and handed_topic == manifest.topic.value:
+            try:
+                await self.forget(manifest)
+            except StorageUnavailable as exc:  # the sweeper removes it at expiry instead
+                log.warning("delete after fetch of %s failed: %s", manifest.id, exc)

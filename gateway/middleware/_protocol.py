@@ -1,0 +1,136 @@
+"""uvicorn's HTTP protocol with a deadline for every request head (slow loris on headers).
+
+uvicorn has no timeout for receiving a request's head. Its keep-alive timer runs only
+between requests and any byte cancels it, so a client that connects and sends nothing, or
+sends a request line and then a header every few seconds, holds its connection (a file
+descriptor and a protocol object) for as long as it likes: 1,100 such connections to a
+gateway were all still open 32 s later, and enough of them exhaust its descriptors, after
+which it accepts nobody. ASGI middleware cannot help: it runs once the head is complete.
+
+Nor does it bound a head's size with httptools (its h11 protocol has
+`h11_max_incomplete_event_size`): one connection sending header lines at full speed for
+6 s took a gateway to 3.4 GB of memory (VmHWM), all of it kept by the parser's callbacks;
+trailer lines after a chunked body are kept the same way (315 MB sent, 315 MB more held).
+
+Here a connection must deliver each request head (request line and headers) within
+`OFFLOAD_HEADER_TIMEOUT` seconds, counted from the connection for the first request and
+from the head's first byte for the next ones; otherwise it is answered 408 (when a head
+was begun) and closed. A request whose request line, headers and trailers exceed
+`MAX_HEAD_BYTES` is answered 431 (unless its answer has begun) and closed; they are counted
+as the parser hands them over and checked after each read, so at most one read beyond the
+limit is held. Idle time between requests stays uvicorn's keep-alive timeout. A request
+body has its own limits (`gateway/middleware/_limits.py`): this covers what comes before and after.
+
+The timeout reaches the protocol through the lifespan state (`STATE_KEY`, which
+`gateway._app` fills from the settings): uvicorn hands each connection's protocol that
+state, in every worker process, so no global is set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+log = logging.getLogger("gateway")
+
+#: Lifespan state key holding the head timeout in seconds (0: none).
+STATE_KEY = "offload.header_timeout"
+DEFAULT_HEADER_TIMEOUT = 10.0
+#: Largest request head (request line and headers) taken; gateway/cli.py gives h11 the same
+#: (`h11_max_incomplete_event_size`). The client library sends at most 8 KiB of
+#: `X-Offload-Header` fields (client/http/_upload_forms.py), nginx's default total is 32 KiB.
+MAX_HEAD_BYTES = 64 * 1024
+
+
+def _answer(status: str, detail: str) -> bytes:
+    body = json.dumps({"detail": detail}).encode()
+    head = (
+        f"HTTP/1.1 {status}\r\n"
+        "content-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n"
+        "connection: close\r\n\r\n"
+    )
+    return head.encode("ascii") + body
+
+
+class HeadDeadlineProtocol(HttpToolsProtocol):
+    """`HttpToolsProtocol` (uvicorn's default where httptools is installed, as with
+    `uvicorn[standard]`) that closes a connection whose request head does not arrive in time
+    or grows too large."""
+
+    _head_timer: asyncio.TimerHandle | None = None
+    _head_begun = False
+    _head_bytes = 0  # request line, header and trailer bytes of the current request
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
+            self._disarm()
+            detail = f"request line, headers and trailers over {MAX_HEAD_BYTES} bytes"
+            log.info("%s: %s: 431", self.client, detail)
+            if self._may_answer():
+                self.transport.write(_answer("431 Request Header Fields Too Large", detail))
+            self.transport.close()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._head_begun = True
+        self._head_bytes = 0
+        if self._head_timer is None:  # a later request on a kept-alive connection
+            self._arm()
+
+    def on_url(self, url: bytes) -> None:
+        self._head_bytes += len(url)
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._head_bytes += len(name) + len(value) + 4  # ": " and CRLF
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        self._head_begun = False
+        super().on_headers_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _may_answer(self) -> bool:
+        """Whether an error answer would answer the request at hand, not land inside the
+        answer to an earlier one still under way (a pipelined head behind it)."""
+        cycle = self.cycle
+        if cycle is None or cycle.response_complete:
+            return True
+        return not self._head_begun and not cycle.response_started  # its own trailers
+
+    def _timeout(self) -> float:
+        value = self.app_state.get(STATE_KEY, DEFAULT_HEADER_TIMEOUT)
+        return float(value) if isinstance(value, int | float) else DEFAULT_HEADER_TIMEOUT
+
+    def _arm(self) -> None:
+        timeout = self._timeout()
+        if timeout > 0:
+            self._head_timer = self.loop.call_later(timeout, self._expired, timeout)
+
+    def _disarm(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _expired(self, timeout: float) -> None:
+        self._head_timer = None
+        if self.transport.is_closing():
+            return
+        if self._head_begun and self._may_answer():
+            detail = f"request head (request line and headers) not received within {timeout:g} s"
+            log.info("%s: %s: 408", self.client, detail)
+            self.transport.write(_answer("408 Request Timeout", detail))
+        self.transport.close()
