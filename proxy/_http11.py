@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import h11
 import httpx
+
+from client.http._pool import KeptConnections, content_length, keeps_alive
 
 #: Most bytes taken from the socket per body piece (and the stream reader's limit).
 PIECE = 1 << 20
@@ -41,7 +42,6 @@ class _Connection:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader
         self.writer = writer
-        self.idle_since = 0.0
 
     @property
     def usable(self) -> bool:
@@ -126,7 +126,7 @@ class _Body(httpx.AsyncByteStream):
         if conn is None:
             return
         if self._done and self._reusable():
-            self._transport._release(self._origin, conn)
+            self._transport._kept.release(self._origin, conn)
         else:  # not read to its end: the rest is never drained, the connection not reused
             conn.close()
 
@@ -147,7 +147,9 @@ class H11Transport(httpx.AsyncBaseTransport):
     def __init__(self, *, verify: ssl.SSLContext | bool = True) -> None:
         self._verify = verify
         self._ssl: ssl.SSLContext | None = None
-        self._idle: dict[Origin, list[_Connection]] = {}
+        self._kept: KeptConnections[Origin, _Connection] = KeptConnections(
+            size=POOL_SIZE, keep_alive=KEEP_ALIVE
+        )
 
     def _context(self) -> ssl.SSLContext:
         if self._ssl is None:
@@ -157,23 +159,6 @@ class H11Transport(httpx.AsyncBaseTransport):
                 else httpx.create_ssl_context(verify=self._verify)
             )
         return self._ssl
-
-    def _release(self, origin: Origin, conn: _Connection) -> None:
-        idle = self._idle.setdefault(origin, [])
-        if len(idle) >= POOL_SIZE or not conn.usable:
-            conn.close()
-            return
-        conn.idle_since = time.monotonic()
-        idle.append(conn)
-
-    def _take(self, origin: Origin) -> _Connection | None:
-        idle = self._idle.get(origin, [])
-        while idle:
-            conn = idle.pop()
-            if conn.usable and time.monotonic() - conn.idle_since < KEEP_ALIVE:
-                return conn
-            conn.close()
-        return None
 
     async def _connect(self, request: httpx.Request, origin: Origin) -> _Connection:
         scheme, host, port = origin
@@ -197,7 +182,7 @@ class H11Transport(httpx.AsyncBaseTransport):
         replayable = isinstance(request.stream, httpx.ByteStream)  # a body in memory, or none
         # A streamed body (an upload) cannot be sent twice: it gets a fresh connection, never
         # one the server may be closing as it is reused.
-        conn = self._take(origin) if replayable else None
+        conn = self._kept.take(origin) if replayable else None
         if conn is not None:
             try:
                 return await self._exchange(request, origin, conn)
@@ -282,10 +267,7 @@ class H11Transport(httpx.AsyncBaseTransport):
         length = _content_length(event, request)
         # A body framed by its length bypasses h11 (whose parser is not used again): kept
         # alive unless the server says otherwise.
-        keep_alive = event.http_version == b"1.1" and not any(
-            name == b"connection" and b"close" in value.lower() for name, value in event.headers
-        )
-        stream = _Body(self, origin, conn, request, parser, length, keep_alive)
+        stream = _Body(self, origin, conn, request, parser, length, keeps_alive(event))
         extensions: dict[str, Any] = {
             "http_version": b"HTTP/1.1",
             "reason_phrase": bytes(event.reason),
@@ -298,21 +280,12 @@ class H11Transport(httpx.AsyncBaseTransport):
         )
 
     async def aclose(self) -> None:
-        for idle in self._idle.values():
-            for conn in idle:
-                conn.close()
-        self._idle.clear()
+        self._kept.close()
 
 
 def _content_length(response: h11.Response, request: httpx.Request) -> int | None:
-    """The body's length when it is framed by Content-Length alone (h11 has validated the
-    header); None: chunked or until the server closes, read through h11."""
+    """The body's length when it is framed by Content-Length alone; None: chunked or until
+    the server closes, read through h11."""
     if request.method == "HEAD" or response.status_code in (204, 304):
         return 0
-    length = None
-    for name, value in response.headers:
-        if name == b"transfer-encoding":
-            return None
-        if name == b"content-length":
-            length = int(value)
-    return length
+    return content_length(response)

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-import time
 from collections import deque
 from collections.abc import Callable
 from typing import cast
 from urllib.parse import urlsplit
 
 import h11
+
+from client.http._pool import KeptConnections, content_length, keeps_alive
 
 from ._base import StoreError
 
@@ -50,7 +51,6 @@ class _Connection(asyncio.Protocol):
         self._paused = False
         self._waiter: asyncio.Future[None] | None = None
         self._transport: asyncio.Transport | None = None
-        self.idle_since = 0.0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses, only alike.
@@ -206,25 +206,11 @@ class AsyncGets:
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self._ssl: ssl.SSLContext | None = None
-        self._idle: dict[str, list[_Connection]] = {}
+        self._kept = _kept()
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def release(self, origin: str, conn: _Connection) -> None:
-        idle = self._idle.setdefault(origin, [])
-        if len(idle) >= KEEP or not conn.usable:
-            conn.close()
-            return
-        conn.idle_since = time.monotonic()
-        idle.append(conn)
-
-    def _take(self, origin: str) -> _Connection | None:
-        idle = self._idle.get(origin, [])
-        while idle:
-            conn = idle.pop()
-            if conn.usable and time.monotonic() - conn.idle_since < KEEP_ALIVE:
-                return conn
-            conn.close()
-        return None
+        self._kept.release(origin, conn)
 
     async def _connect(self, scheme: str, host: str, port: int) -> _Connection:
         if scheme == "https" and self._ssl is None:
@@ -257,9 +243,9 @@ class AsyncGets:
         request = h11.Request(method="GET", target=target, headers=headers)
         loop = asyncio.get_running_loop()
         if loop is not self._loop:  # connections belong to the loop that made them
-            self._idle, self._loop = {}, loop
+            self._kept, self._loop = _kept(), loop
         for attempt in range(RETRIES + 1):
-            conn = self._take(origin)
+            conn = self._kept.take(origin)
             kept = conn is not None
             if conn is None:
                 conn = await self._connect(scheme, host, port)
@@ -300,20 +286,14 @@ class AsyncGets:
             if status in RETRY_STATUS:
                 raise _Retry(status)
             raise StoreError(f"the store answered {status}")
-        length = _content_length(event)
+        length = content_length(event)
         if length is None:
             conn.close()
             raise StoreError("the store's answer has no Content-Length")
-        keep = event.http_version == b"1.1" and not any(
-            name == b"connection" and b"close" in value.lower() for name, value in event.headers
-        )
-        return Body(self, origin, conn, length, keep=keep)
+        return Body(self, origin, conn, length, keep=keeps_alive(event))
 
     def close(self) -> None:
-        for idle in self._idle.values():
-            for conn in idle:
-                conn.close()
-        self._idle.clear()
+        self._kept.close()
 
 
 class _Retry(Exception):
@@ -322,11 +302,5 @@ class _Retry(Exception):
         self.status = status
 
 
-def _content_length(response: h11.Response) -> int | None:
-    length = None
-    for name, value in response.headers:
-        if name == b"transfer-encoding":
-            return None
-        if name == b"content-length":
-            length = int(value)
-    return length
+def _kept() -> KeptConnections[str, _Connection]:
+    return KeptConnections(size=KEEP, keep_alive=KEEP_ALIVE)
