@@ -403,6 +403,8 @@ def test_healthz_reports_a_worker_pool_that_makes_no_progress() -> None:
             "OFFLOAD_HEALTH_TIMEOUT": "1",
             "OFFLOAD_SWEEP_INTERVAL": "0",
             "OFFLOAD_LOG_LEVEL": "ERROR",
+            # Readers admitted: a caller without credentials is refused before any lookup.
+            "OFFLOAD_ALLOW_ANONYMOUS": "true",
         },
         ready=False,
     )
