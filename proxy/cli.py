@@ -44,6 +44,7 @@ def _settings(argv: list[str] | None) -> ProxySettings:
     parser.add_argument("--broker", help="mqtt://HOST:PORT of the broker")
     parser.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port to listen on (default 1884)")
+    parser.add_argument("--ws-port", type=int, help="also listen for MQTT over WebSocket there")
     parser.add_argument("--endpoint", help="gateway URL (default: the discovery record)")
     parser.add_argument("--metrics-port", type=int, help="port of /metrics and /healthz")
     args = parser.parse_args(argv)

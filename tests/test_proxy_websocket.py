@@ -1,12 +1,14 @@
 """MQTT over WebSocket into offload-proxy (`ws_port`): mqtt.js in Node (20 MiB) and plain
 paho with `transport="websockets"`, unmodified, across a 256 KiB mosquitto; what the
-listener refuses. Real mosquitto, gateway, SeaweedFS."""
+listener refuses; `offload-proxy --ws-port`. Real mosquitto, gateway, SeaweedFS."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,7 +24,7 @@ from websockets.sync.client import connect
 
 from _gateway import GatewayServer
 from _proxy import ProxyServer
-from _servers import Mosquitto, wait_until
+from _servers import Mosquitto, free_port, wait_for_port, wait_until
 
 pytestmark = pytest.mark.servers
 
@@ -103,3 +105,39 @@ def test_the_listener_refuses_what_is_not_mqtt_over_websocket(ws_proxy: ProxySer
         with pytest.raises(ConnectionClosed) as closed:
             ws.recv(timeout=20)
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1003
+
+
+def test_the_ws_port_flag_opens_the_websocket_listener(
+    gateway: GatewayServer, broker: Mosquitto, tmp_path: Path
+) -> None:
+    port, ws_port = free_port(), free_port()
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+        "OFFLOAD_PROXY_BROKER": broker.url,
+        "OFFLOAD_PROXY_ENDPOINT": gateway.url,
+        "OFFLOAD_PROXY_PORT": str(port),
+    }
+    log = tmp_path / "proxy.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "proxy.cli", "--ws-port", str(ws_port)],
+            env=env, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    client = paho.Client(
+        CallbackAPIVersion.VERSION2,
+        f"paho-ws-flag-{uuid.uuid4().hex[:8]}",
+        protocol=paho.MQTTv5,
+        transport="websockets",
+    )
+    try:
+        wait_for_port(ws_port, 30, proc, log)
+        client.ws_set_options(path="/mqtt")
+        client.connect("127.0.0.1", ws_port, keepalive=30)
+        client.loop_start()
+        wait_until(client.is_connected, "paho connected over WebSocket to --ws-port", 20)
+    finally:
+        client.disconnect()
+        client.loop_stop()
+        proc.terminate()
+        proc.wait(30)
