@@ -64,3 +64,28 @@ def test_an_mqtts_broker_without_proxy_broker_fails_the_render(
 ) -> None:
     with pytest.raises(Exception, match=r"proxy\.broker"):
         manifests(chart, {"mqtt": {"url": "mqtts://b:8883"}, **ON})
+
+
+@pytest.mark.parametrize("enabled", [False, True])
+def test_the_websocket_listener_is_opt_in(
+    chart: helm.Chart,  # noqa: F811
+    enabled: bool,
+) -> None:
+    values = {"proxy": {"enabled": True, "websocket": {"enabled": enabled, "port": 443}}}
+    found = _proxy_objects(manifests(chart, values))
+    (container,) = found["Deployment"]["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    container_ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    service_ports = {
+        p["name"]: (p["port"], p["targetPort"]) for p in found["Service"]["spec"]["ports"]
+    }
+    if enabled:
+        assert env["OFFLOAD_PROXY_WS_PORT"] == "8083"
+        assert container_ports["mqtt-ws"] == 8083
+        assert service_ports["mqtt-ws"] == (443, "mqtt-ws")
+        for doc in found.values():
+            assert kubernetes_validate.validate(doc, KUBE_VERSION, strict=True) == "1.30"
+    else:
+        assert "OFFLOAD_PROXY_WS_PORT" not in env
+        assert set(container_ports) == {"mqtt", "metrics"}
+        assert set(service_ports) == {"mqtt"}
