@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pyrage
 import pytest
-from minio import Minio
 
 from _gateway import GatewayServer
-from _servers import Mosquitto, SeaweedFS
+from _servers import Mosquitto
 
 pytestmark = pytest.mark.servers
 
@@ -182,40 +181,3 @@ def test_fetch_range_decrypts_only_the_chunks_it_needs(
     assert refused.returncode == 2 and b"--range" in refused.stderr
     missing = run("fetch", url, "--range", "0-10")
     assert missing.returncode != 0 and b"no identity" in missing.stderr
-
-
-def test_upload_refuses_an_encrypted_topic_and_sends_nothing(
-    gateway: GatewayServer, seaweed: SeaweedFS, bucket_name: str, tmp_path: Path
-) -> None:
-    """tus uploads are published by the gateway, whose placeholder cannot say `enc`: an
-    `encrypt_to` topic's file is refused before any byte leaves, never sent in the clear."""
-    recipient = run("keygen", "-o", str(tmp_path / "key.txt")).stdout.decode().strip()
-    source = tmp_path / "secret.bin"
-    source.write_bytes(MARKER * 1000)
-    before = _objects(seaweed, bucket_name)
-    done = run("upload", "--endpoint", gateway.url, "--topic", "plant/7/secret", "--file",
-               str(source), "--state-dir", str(tmp_path / "state"),
-               env={"OFFLOAD_ENCRYPT_TO": f"plant/+/secret={recipient}"})  # fmt: skip
-    assert done.returncode != 0 and b"does not encrypt" in done.stderr, done.stderr
-    after = _objects(seaweed, bucket_name)
-    assert after == before and not any(MARKER in body for body in after)
-    plain = run("upload", "--endpoint", gateway.url, "--topic", "plant/7/open", "--file",
-                str(source), "--state-dir", str(tmp_path / "state"),
-                env={"OFFLOAD_ENCRYPT_TO": f"plant/+/secret={recipient}"})  # fmt: skip
-    assert plain.returncode == 0, plain.stderr  # other topics upload as before
-
-
-MARKER = b"PLAINTEXT-MARKER-tus-51c2"
-
-
-def _objects(seaweed: SeaweedFS, bucket: str) -> list[bytes]:
-    s3 = Minio(seaweed.endpoint, seaweed.access_key, seaweed.secret_key, secure=False)
-    out = []
-    for obj in s3.list_objects(bucket, recursive=True):
-        response = s3.get_object(bucket, obj.object_name)
-        try:
-            out.append(response.read())
-        finally:
-            response.close()
-            response.release_conn()
-    return sorted(out)

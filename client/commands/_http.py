@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, cast
 
-from ..core._exceptions import ConfigError, UploadError
+from ..core._exceptions import UploadError
 from ._args import settings_from_args
 from ._errors import EXIT_OK, describe, refused
 from ._output import BinaryStdout, emit, message_line, write_bytes
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     import httpx
 
     from ..config._settings import ClientSettings
+    from ..http._upload import Sealing
 
 __all__ = ["fetch_command", "upload_command"]
 
@@ -104,6 +105,46 @@ def fetch_command(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _sealing(settings: ClientSettings, topic: str) -> Sealing | None:
+    """How `offload upload` encrypts a file for `topic`; None when it is not encrypted.
+
+    The file is sealed as `offload publish` seals it (:class:`client.seal._seal.Sealer`,
+    compression included when `compress_encrypted`) into the spool file the uploader names,
+    written under a temporary name and renamed, so a spool file is always whole.
+    """
+    from ..config._keys import recipients_for
+    from ..core._source import PayloadSource
+    from ..http._upload import Sealing
+    from ..seal._seal import SealedStream, Sealer
+
+    sealer = Sealer(settings)
+    if not sealer.encrypts(topic):
+        return None
+    recipients = recipients_for(settings.encrypt_to, topic)
+
+    def write(file: Path, into: Path) -> dict[str, str]:
+        part = into.with_name(into.name + ".part")
+        try:
+            with PayloadSource(file) as source, sealer.seal(topic, source, stream=True) as stored:
+                assert isinstance(stored.source, SealedStream)  # stream, recipients: sealed
+                with part.open("wb") as out:
+                    for piece in stored.source.pieces():
+                        out.write(piece)
+                members = stored.encoding.members()
+            os.replace(part, into)
+        except BaseException:
+            part.unlink(missing_ok=True)  # a full disk or ^C: no half spool left behind
+            raise
+        kid = members.pop("kid", [])
+        return {
+            **{k: str(v) for k, v in members.items()},
+            **({"kid": ",".join(kid)} if kid else {}),
+        }
+
+    ident = ",".join(sorted(r.key_id for r in recipients))
+    return Sealing(f"{ident};compress_encrypted={settings.compress_encrypted}", write)
+
+
 def _gateway_login(settings: ClientSettings) -> httpx.Auth | None:
     """The login every command presents to the gateway, as :class:`client.Client` does: a
     bearer token, else the broker login (`--username`/`--password` over the broker URL's)."""
@@ -171,23 +212,18 @@ def upload_command(args: argparse.Namespace) -> int:
     """`offload upload`: a resumable (tus) upload that the gateway publishes."""
     import httpx
 
-    from ..http._upload import TusUploader, state_path
-    from ..seal._seal import Sealer
+    from ..http._upload import TusUploader, spool_path, state_path
     from ._progress import Progress
 
     settings = settings_from_args(args)
-    if Sealer(settings).encrypts(args.topic):
-        # The gateway publishes a tus upload's placeholder, which cannot say `enc` yet:
-        # never send an encrypted topic's file in the clear instead.
-        raise ConfigError(
-            f"{args.topic!r} is encrypted (encrypt_to) and `offload upload` (tus) does not "
-            "encrypt: use `offload publish -t TOPIC -f FILE` (encrypted, streamed)"
-        )
+    sealing = _sealing(settings, args.topic)  # an encrypt_to topic: sealed, then uploaded
     auth = _gateway_login(settings)
     size = args.file.stat().st_size
     bar = Progress(size, label="upload")
 
     def started(offset: int) -> None:
+        if sealing is not None:  # the sealed bytes are what goes up
+            bar.total = spool_path(remembered()).stat().st_size
         bar.restart_from(offset)
         if offset and args.resume is None:  # resumed by default: say so, and how not to
             print(
@@ -200,6 +236,10 @@ def upload_command(args: argparse.Namespace) -> int:
         uploader = TusUploader(
             http, args.endpoint, state_dir=args.state_dir, segment=args.segment_size
         )
+
+        def remembered() -> Path:
+            return state_path(uploader.state_dir, args.file, uploader.endpoint, args.topic, sealing)
+
         try:
             result = uploader.upload(
                 args.file,
@@ -208,10 +248,10 @@ def upload_command(args: argparse.Namespace) -> int:
                 content_type=args.content_type,
                 on_bytes=bar.update,
                 on_start=started,
+                sealing=sealing,
             )
         except (UploadError, KeyboardInterrupt) as exc:
-            remembered = state_path(uploader.state_dir, args.file, uploader.endpoint, args.topic)
-            if not remembered.exists() or refused(exc):  # nothing to resume, or a login to fix
+            if not remembered().exists() or refused(exc):  # nothing to resume, or a login to fix
                 raise
             bar.close()
             code, line = describe(exc)

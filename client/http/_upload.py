@@ -5,6 +5,14 @@ gateway assembles them server-side), each with `Upload-Checksum: sha256`. The up
 remembered in a small state file (`~/.cache/mqtt-offload/uploads/<key>.json`, keyed by the
 file's path, size, mtime, endpoint and topic), so `--resume` continues from the offset the
 gateway acknowledged last (HEAD) after a dropped connection or a killed process.
+
+A file for an encrypted topic (`encrypt_to`) is sealed first (:class:`Sealing`) into a spool
+file beside its state file (`<key>.sealed`, ciphertext only), and those bytes go up, with the
+placeholder's `enc`, `kid` and `cmp` in `Upload-Metadata`; the gateway copies them into the
+placeholder it publishes. A resumed upload sends the rest of that same spool file, so every
+byte of one upload is under one file key; without its spool (deleted, another machine) an
+encrypted upload is never resumed: it starts over, sealed afresh, as a new upload. The
+recipients are part of the state key, so a change of recipients starts over too.
 """
 
 from __future__ import annotations
@@ -29,6 +37,21 @@ _TUS = {"Tus-Resumable": TUS_VERSION}
 
 
 @dataclass(frozen=True, slots=True)
+class Sealing:
+    """How a file is encrypted before it is uploaded.
+
+    Attributes:
+        ident: names the recipients (and anything else that changes the sealed form); part
+            of the state key, so a remembered upload is resumed only under the same ones.
+        write: seals the file (first argument) into the path given second and returns the
+            `Upload-Metadata` that describes the result (`enc`, `kid`, `cmp`).
+    """
+
+    ident: str
+    write: Callable[[Path, Path], dict[str, str]]
+
+
+@dataclass(frozen=True, slots=True)
 class UploadResult:
     """A completed resumable upload: the published message."""
 
@@ -44,11 +67,20 @@ def default_state_dir() -> Path:
     return Path(base) / "mqtt-offload" / "uploads"
 
 
-def state_path(state_dir: Path, file: Path, endpoint: str, topic: str) -> Path:
-    """Where the upload URL for this (file version, endpoint, topic) is remembered."""
+def state_path(
+    state_dir: Path, file: Path, endpoint: str, topic: str, sealing: Sealing | None = None
+) -> Path:
+    """Where the upload URL for this (file version, endpoint, topic, recipients) is remembered."""
     st = file.stat()
     ident = f"{file.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\0{endpoint}\0{topic}"
+    if sealing is not None:
+        ident += f"\0sealed\0{sealing.ident}"
     return state_dir / (hashlib.sha256(ident.encode()).hexdigest()[:32] + ".json")
+
+
+def spool_path(state: Path) -> Path:
+    """The sealed bytes of the encrypted upload remembered at `state`."""
+    return state.with_suffix(".sealed")
 
 
 def file_sha256(file: Path, on_bytes: Callable[[int], None] | None = None) -> str:
@@ -114,15 +146,13 @@ class TusUploader:
         self.state_dir = state_dir or default_state_dir()
         self.segment = segment
 
-    def _create(self, file: Path, topic: str, sha256: str, content_type: str | None) -> str:
-        meta = {"topic": topic, "filename": file.name, "sha256": sha256}
-        if content_type:
-            meta["content_type"] = content_type
+    def _create(self, body: Path, name: str, topic: str, sha256: str, extra: dict[str, str]) -> str:
+        meta = {"topic": topic, "filename": name, "sha256": sha256, **extra}
         url = f"{self.endpoint}/uploads/"
         try:
             r = self.client.post(
                 url,
-                headers={**_TUS, "Upload-Length": str(file.stat().st_size),
+                headers={**_TUS, "Upload-Length": str(body.stat().st_size),
                          "Upload-Metadata": _meta(meta)},
             )  # fmt: skip
         except httpx.HTTPError as exc:
@@ -174,6 +204,7 @@ class TusUploader:
         content_type: str | None = None,
         on_bytes: Callable[[int], None] | None = None,
         on_start: Callable[[int], None] | None = None,
+        sealing: Sealing | None = None,
     ) -> UploadResult:
         """Upload `file` for `topic`, resuming a remembered upload when `resume` is set.
 
@@ -184,38 +215,59 @@ class TusUploader:
             content_type: the message's content type.
             on_bytes: called with each number of bytes acknowledged (progress).
             on_start: called once with the offset the upload starts from.
+            sealing: encrypt the file first and upload the sealed bytes (see the module).
 
         Raises:
             UploadError: the gateway refused or could not be reached.
         """
-        size = file.stat().st_size
-        remembered = state_path(self.state_dir, file, self.endpoint, topic)
+        remembered = state_path(self.state_dir, file, self.endpoint, topic, sealing)
+        # What goes up: the file, or its sealed form (the same bytes on every resume).
+        body = file if sealing is None else spool_path(remembered)
         location: str | None = None
         offset = 0
         sha256: str | None = None
         saved = _remembered(remembered) if resume else None
+        if saved is not None and sealing is not None and not body.is_file():
+            saved = None  # the ciphertext is gone: never re-encrypt under the same upload
+        size = body.stat().st_size if saved is not None else 0
         if saved is not None:
             known = self._offset(saved["url"])
+            if known is not None and known[1].get("upload-length") != str(size):
+                known = None  # another upload's bytes: start over
             if known is not None:
                 location, offset, sha256 = saved["url"], known[0], saved["sha256"]
                 headers = known[1]
                 if offset == size and "x-offload-url" in headers:  # finished earlier
                     remembered.unlink(missing_ok=True)
+                    if sealing is not None:
+                        body.unlink(missing_ok=True)
                     return UploadResult(
                         headers["x-offload-id"], headers["x-offload-url"], size, sha256, offset
                     )
         if location is None:
-            sha256 = file_sha256(file)
-            location = self._create(file, topic, sha256, content_type)
             remembered.parent.mkdir(parents=True, exist_ok=True)
+            remembered.unlink(missing_ok=True)  # never pair an old upload with a new seal
+            extra = {"content_type": content_type} if content_type else {}
+            if sealing is not None:
+                extra.update(sealing.write(file, body))
+            size = body.stat().st_size
+            sha256 = file_sha256(body)
+            try:
+                location = self._create(body, file.name, topic, sha256, extra)
+            except BaseException:
+                if sealing is not None:
+                    body.unlink(missing_ok=True)  # nothing remembers it
+                raise
             remembered.write_text(json.dumps({"url": location, "sha256": sha256}))
         assert sha256 is not None
         started = offset
         if on_start is not None:
             on_start(offset)
-        with file.open("rb") as f:
+        with body.open("rb") as f:
             response = self._send(f, location, offset, size, on_bytes)
         remembered.unlink(missing_ok=True)
+        if sealing is not None:
+            body.unlink(missing_ok=True)
         return UploadResult(
             response.headers["x-offload-id"],
             response.headers["x-offload-url"],

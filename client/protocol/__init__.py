@@ -45,6 +45,8 @@ if TYPE_CHECKING:
         DISCOVERY_TOPIC,
         DiscoveryRecord,
     )
+    from ._encoding import PLAIN as PLAIN_ENCODING
+    from ._encoding import Encoding
     from ._endpoint_cache import CachedRecord, EndpointCache
     from ._envelope import (
         MAX_BSON_DOCUMENT,
@@ -98,6 +100,8 @@ _LAZY: dict[str, tuple[str, str]] = {
     "DISCOVERY_PROTOCOL_VERSION": ("._discovery", "DISCOVERY_PROTOCOL_VERSION"),
     "DISCOVERY_TOPIC": ("._discovery", "DISCOVERY_TOPIC"),
     "DataKey": ("._layout", "DataKey"),
+    "Encoding": ("._encoding", "Encoding"),
+    "PLAIN_ENCODING": ("._encoding", "PLAIN"),
     "DiscoveryRecord": ("._discovery", "DiscoveryRecord"),
     "DownloadFields": ("._envelope_fields", "DownloadFields"),
     "EndpointCache": ("._endpoint_cache", "EndpointCache"),
@@ -175,6 +179,7 @@ __all__ = [
     "MAX_TOPIC_BYTES",
     "META_SUFFIX",
     "PLACEHOLDER_AWARE",
+    "PLAIN_ENCODING",
     "CachedRecord",
     "ChecksumMismatchError",
     "ChunkBufferOverflow",
@@ -191,6 +196,7 @@ __all__ = [
     "DecryptionFailed",
     "DiscoveryRecord",
     "DownloadFields",
+    "Encoding",
     "EndpointCache",
     "EnvelopeComplete",
     "EnvelopeParser",

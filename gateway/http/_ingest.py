@@ -344,7 +344,7 @@ async def announce(
     Raises:
         BrokerUnavailable: the broker is unreachable or did not acknowledge.
     """
-    placeholder = Placeholder(url, manifest.size, manifest.sha256, manifest.id)
+    placeholder = Placeholder(url, manifest.size, manifest.sha256, manifest.id, options.encoding)
     body, props = placeholder.encode(options.properties(manifest.content_type))
     problem = None if props is None else publish_properties_problem(props)
     if problem is not None:

@@ -14,8 +14,10 @@ expiration, termination, concatenation).
 
 `Upload-Metadata` keys (values base64, as tus wants): `topic` (required, partial uploads
 too: every upload is authorized against its topic), `filename` (or `name`), `content_type`
-(or `filetype`, `type`), `sha256` (whole payload, hex), `qos`, `retain`, `expiry` and
-`prop.<name>` (user properties of the placeholder).
+(or `filetype`, `type`), `sha256` (whole payload, hex), `qos`, `retain`, `expiry`,
+`prop.<name>` (user properties of the placeholder) and, for bytes the uploader compressed
+or encrypted, the placeholder's `cmp`, `enc` and `kid` (key ids joined by commas), checked
+as a consumer's placeholder parser checks them and copied into the placeholder.
 
 Concatenation (tus-js-client's `parallelUploads`): partial uploads are never published;
 the final upload names them, must share their topic and owner, takes its length from

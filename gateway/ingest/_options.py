@@ -18,6 +18,9 @@ from starlette.requests import Request
 from client.protocol import (
     FORMAT_KEY,
     ID_KEY,
+    PLAIN_ENCODING,
+    Encoding,
+    MalformedPlaceholder,
     PublishProperties,
     mqtt_text_problem,
     publish_properties_problem,
@@ -29,6 +32,11 @@ from ._text import text_problem
 MAX_EXPIRY = 2**32 - 1  # MQTT's Message Expiry Interval is a four-byte integer
 MAX_FILENAME_BYTES = 255
 RESERVED = (FORMAT_KEY, ID_KEY)
+#: The placeholder's encoding members a tus upload names in `Upload-Metadata` (its bytes
+#: were compressed and/or encrypted by the uploader; :mod:`client.protocol._encoding`).
+ENCODING_KEYS = ("cmp", "enc", "kid")
+#: `kid` in metadata: comma-separated key ids, at most 64 of 16 hex characters.
+MAX_KID_CHARS = 64 * 17
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +47,7 @@ class PublishOptions:
     retain: bool = False
     expiry: int | None = None  # seconds (Message Expiry Interval); None: never expires
     user_properties: tuple[tuple[str, str], ...] = ()
+    encoding: Encoding = PLAIN_ENCODING  # the stored bytes' (tus `cmp`, `enc`, `kid`)
 
     def __post_init__(self) -> None:
         if self.qos not in (0, 1, 2):
@@ -75,6 +84,7 @@ class PublishOptions:
             retain=self.retain,
             expiry=self.expiry,
             user_properties=properties + self.user_properties,
+            encoding=self.encoding,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -84,6 +94,7 @@ class PublishOptions:
             "retain": self.retain,
             "expiry": self.expiry,
             "user_properties": [list(p) for p in self.user_properties],
+            "encoding": self.encoding.members(),
         }
 
     @classmethod
@@ -94,6 +105,7 @@ class PublishOptions:
             retain=bool(doc.get("retain", False)),
             expiry=doc.get("expiry"),
             user_properties=tuple((str(k), str(v)) for k, v in doc.get("user_properties", [])),
+            encoding=_encoding(doc.get("encoding") or {}),
         )
 
     @classmethod
@@ -118,7 +130,8 @@ class PublishOptions:
 
     @classmethod
     def from_metadata(cls, meta: Mapping[str, str]) -> PublishOptions:
-        """The options of a tus upload: `qos`, `retain`, `expiry`, `prop.<name>` metadata.
+        """The options of a tus upload: `qos`, `retain`, `expiry`, `prop.<name>` metadata,
+        and the stored bytes' encoding (`cmp`, `enc`, `kid`: :func:`encoding_from_metadata`).
 
         Raises:
             BadRequest: an option is malformed.
@@ -129,7 +142,41 @@ class PublishOptions:
             retain=parse_bool(meta["retain"], "retain") if "retain" in meta else False,
             expiry=parse_ascii_int(meta["expiry"], "expiry") if "expiry" in meta else None,
             user_properties=props,
+            encoding=encoding_from_metadata(meta),
         )
+
+
+def encoding_from_metadata(meta: Mapping[str, str]) -> Encoding:
+    """The placeholder's `cmp`, `enc` and `kid` as a tus upload names them (hostile input).
+
+    `cmp` and `enc` are the placeholder's values (`zstd`, `age-v1`), `kid` the key ids
+    joined by commas. The same checks as a consumer's placeholder parser
+    (`Encoding.from_members`): known values only, at most 64 ids of 16 hex characters,
+    no `kid` without `enc`.
+
+    Raises:
+        BadRequest: anything else, before any byte is stored.
+    """
+    kid = meta.get("kid")
+    if kid is not None and len(kid) > MAX_KID_CHARS:
+        raise BadRequest(f"Upload-Metadata kid: at most 64 key ids ({MAX_KID_CHARS} characters)")
+    doc: dict[str, Any] = {k: meta[k] for k in ("cmp", "enc") if k in meta}
+    if kid is not None:
+        doc["kid"] = kid.split(",")
+    try:
+        return Encoding.from_members(doc)
+    except MalformedPlaceholder as exc:
+        raise BadRequest(f"Upload-Metadata: {exc}") from exc
+
+
+def _encoding(doc: Any) -> Encoding:
+    """A stored state's encoding (written by `to_json`, checked again)."""
+    if not isinstance(doc, dict):
+        raise BadRequest("stored encoding is not an object")
+    try:
+        return Encoding.from_members(doc)
+    except MalformedPlaceholder as exc:
+        raise BadRequest(f"stored encoding: {exc}") from exc
 
 
 def parse_ascii_int(raw: str, name: str, *, max_digits: int = 20) -> int:
