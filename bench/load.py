@@ -133,33 +133,36 @@ def _limits(n: int) -> httpx.Limits:
     return httpx.Limits(max_connections=n, max_keepalive_connections=n)
 
 
+async def _upload(http: httpx.AsyncClient, url: str, payload: bytes) -> str:
+    """One hop BSON upload to `url`, streamed in 1 MiB pieces; its message id (201 asserted)."""
+    head, tail = encode_upload(len(payload), headers=[("_id", MessageId.new().bytes)])
+
+    async def body() -> AsyncIterator[bytes]:
+        yield head
+        view = memoryview(payload)
+        for start in range(0, len(payload), MiB):
+            yield bytes(view[start : start + MiB])
+        yield tail
+
+    r = await http.post(
+        url,
+        content=body(),
+        headers={
+            "Content-Type": "application/bson",
+            "Content-Length": str(len(head) + len(payload) + len(tail)),
+        },
+    )
+    assert r.status_code == 201, r.text
+    return str(r.json()["id"])
+
+
 async def gateway_uploads(url: str, n: int, payload: bytes) -> tuple[float, list[str]]:
     """Seconds for n concurrent streamed uploads; the message ids."""
     async with httpx.AsyncClient(timeout=300, limits=_limits(n)) as http:
-
-        async def upload() -> str:
-            head, tail = encode_upload(len(payload), headers=[("_id", MessageId.new().bytes)])
-
-            async def body() -> AsyncIterator[bytes]:
-                yield head
-                view = memoryview(payload)
-                for start in range(0, len(payload), MiB):
-                    yield bytes(view[start : start + MiB])
-                yield tail
-
-            r = await http.post(
-                f"{url}/topic/bench/load+oversized",
-                content=body(),
-                headers={
-                    "Content-Type": "application/bson",
-                    "Content-Length": str(len(head) + len(payload) + len(tail)),
-                },
-            )
-            assert r.status_code == 201, r.text
-            return str(r.json()["id"])
-
         t0 = time.perf_counter()
-        ids = await asyncio.gather(*(upload() for _ in range(n)))
+        ids = await asyncio.gather(
+            *(_upload(http, f"{url}/topic/bench/load+oversized", payload) for _ in range(n))
+        )
         return time.perf_counter() - t0, list(ids)
 
 
@@ -186,26 +189,6 @@ async def mixed(url: str, payload: bytes, ids: list[str], uploads: int) -> None:
     expected = hashlib.sha256(payload).digest()
     async with httpx.AsyncClient(timeout=600, limits=_limits(uploads + len(ids))) as http:
 
-        async def upload() -> None:
-            head, tail = encode_upload(len(payload), headers=[("_id", MessageId.new().bytes)])
-
-            async def body() -> AsyncIterator[bytes]:
-                yield head
-                view = memoryview(payload)
-                for start in range(0, len(payload), MiB):
-                    yield bytes(view[start : start + MiB])
-                yield tail
-
-            r = await http.post(
-                f"{url}/topic/bench/mixed+oversized",
-                content=body(),
-                headers={
-                    "Content-Type": "application/bson",
-                    "Content-Length": str(len(head) + len(payload) + len(tail)),
-                },
-            )
-            assert r.status_code == 201, r.text
-
         async def download(message_id: str) -> None:
             digest = hashlib.sha256()
             async with http.stream("GET", f"{url}/msg/{message_id}/payload") as r:
@@ -214,7 +197,11 @@ async def mixed(url: str, payload: bytes, ids: list[str], uploads: int) -> None:
                     digest.update(piece)
             assert digest.digest() == expected, "a download differs from what was uploaded"
 
-        await asyncio.gather(*(upload() for _ in range(uploads)), *(download(i) for i in ids))
+        target = f"{url}/topic/bench/mixed+oversized"
+        await asyncio.gather(
+            *(_upload(http, target, payload) for _ in range(uploads)),
+            *(download(i) for i in ids),
+        )
 
 
 def memory_per_transfer(
