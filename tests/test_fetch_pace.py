@@ -75,22 +75,32 @@ class _Trickle(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
-def trickle() -> Iterator[tuple[type[_Trickle], str]]:
-    class Trickle(_Trickle):
+@contextlib.contextmanager
+def _serving(base: type[_Trickle]) -> Iterator[tuple[type[_Trickle], str]]:
+    """A slow origin of `base`'s kind with state of its own: the handler class, its URL."""
+
+    class Handler(base):  # type: ignore[valid-type,misc]
         release = threading.Event()
         state = threading.Condition()
         active = 0
         cut = 0
         paths: ClassVar[list[str]] = []
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Trickle)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield Trickle, f"http://127.0.0.1:{server.server_address[1]}"
-    Trickle.release.set()
-    server.shutdown()
-    server.server_close()
+    try:
+        yield Handler, f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        Handler.release.set()
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def trickle() -> Iterator[tuple[type[_Trickle], str]]:
+    with _serving(_Trickle) as served:
+        yield served
 
 
 def _wait(handler: type[_Trickle], predicate: Any, timeout: float = 60) -> None:
@@ -249,36 +259,23 @@ def test_a_head_that_trickles_in_is_cut_off_like_a_body(
     """An origin that never finishes its headers kept every read under the per-read timeout,
     and the pace could not cut it off (it knew the socket only once the head was read)."""
 
-    class Head(_TrickleHead):
-        release = threading.Event()
-        state = threading.Condition()
-        active = 0
-        cut = 0
-        paths: ClassVar[list[str]] = []
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Head)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    origin = f"http://127.0.0.1:{server.server_address[1]}"
     topic = unique_topic("slow-head")
-    try:
-        with Client(
+    with (
+        _serving(_TrickleHead) as (Head, origin),
+        Client(
             broker.url,
             discovery_allowlist=(origin,),
             fetch_deadline=1.0,
             fetch_min_rate=1_000_000,
             fetch_retry_for=0.0,
             http_timeout=60.0,
-        ) as sub:
-            sub.subscribe(topic)
-            stuck = _slow_placeholder(sub, origin, topic)
-            sub.connection.publish(topic, b"after it", qos=1).result(10)
-            first, second = sub.next_message(60), sub.next_message(60)
-            _wait(Head, lambda: Head.cut == 1 and Head.active == 0)  # the client hung up
-    finally:
-        Head.release.set()
-        server.shutdown()
-        server.server_close()
+        ) as sub,
+    ):
+        sub.subscribe(topic)
+        stuck = _slow_placeholder(sub, origin, topic)
+        sub.connection.publish(topic, b"after it", qos=1).result(10)
+        first, second = sub.next_message(60), sub.next_message(60)
+        _wait(Head, lambda: Head.cut == 1 and Head.active == 0)  # the client hung up
     assert isinstance(first, MessageError) and first.message_id == stuck, first
     assert isinstance(first.error, FetchError) and "fetch_min_rate" in str(first.error), first
     assert isinstance(second, Message) and second.payload == b"after it", second
