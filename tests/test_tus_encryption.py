@@ -140,7 +140,7 @@ def test_upload_of_an_encrypted_topic_sends_ciphertext_and_resumes_the_same_one(
     # Without its spool an encrypted upload is never resumed: it starts over, sealed afresh.
     _half_upload(gateway, file, topic, recipient, state_dir)
     next(state_dir.glob("*.sealed")).unlink()
-    again = _run(*args, env=env)
+    again = _run(*args, "--encrypt-to", recipient, env={})  # the flag, as the variable
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["resumed_from"] == 0
     assert _next(reader).payload == payload

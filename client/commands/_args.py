@@ -178,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--content-type", help="the message's content type")
     up.add_argument("--segment-size", type=int, default=8 << 20, metavar="BYTES")
     up.add_argument("--state-dir", type=Path, help="where upload URLs are remembered")
+    crypt.add_encrypt_flag(up)
     login = up.add_argument_group("gateway (flags beat OFFLOAD_* and the config file)")
     login.add_argument(
         "--endpoint", help="gateway base URL; default OFFLOAD_ENDPOINT, else OFFLOAD_PUBLIC_URL"

@@ -36,13 +36,18 @@ def add_keygen(sub: Any) -> None:
     )
 
 
-def add_publish_flags(pub: argparse.ArgumentParser) -> None:
-    pub.add_argument(
+def add_encrypt_flag(parser: argparse.ArgumentParser) -> None:
+    """`--encrypt-to`, for the commands that send a payload (`publish`, `upload`)."""
+    parser.add_argument(
         "--encrypt-to",
         action="append",
         metavar="RECIPIENT",
         help="encrypt the payload to this age1... recipient (repeatable); it is then offloaded",
     )
+
+
+def add_publish_flags(pub: argparse.ArgumentParser) -> None:
+    add_encrypt_flag(pub)
     pub.add_argument(
         "--compress",
         action=argparse.BooleanOptionalAction,
