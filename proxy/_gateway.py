@@ -1,7 +1,9 @@
 """The proxy's HTTP side: the library's raw upload (`PUT /msg/<id>?topic=`) fed from the
 client's socket while it arrives, and the payload fetch for placeholders it resolves.
 
-One pooled `httpx.AsyncClient` for the whole proxy. Credentials are the client's own
+Each transfer runs on a worker thread of its own with the library's blocking clients
+(:mod:`proxy._gateway_calls`); the event loop hands it the client's pieces or takes the
+payload's from it (:mod:`proxy._handoff`). Credentials are the client's own
 (:func:`credentials`): the gateway checks them against the broker's password file and the
 topic against its ACL, so nothing is stored under a topic the client could not publish to.
 """
@@ -10,27 +12,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
-import json
+import os
 import ssl
-import urllib.request
+import sys
+import threading
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 from urllib.parse import quote
 
 import httpx
 
-from client import ScramAuth
-from client.protocol import DiscoveryRecord, MessageId, Origin, Placeholder, http_origin
+from client import HttpTransport, ScramAuth
+from client.protocol import MessageId, Origin, Placeholder
 
 from ._exceptions import TransferFailed
-from ._http11 import H11Transport
+from ._gateway_calls import Fetched, FetchItem, Opened, Upload, declared_store, fetch, upload
+from ._handoff import FromLoop, Stopped, ToLoop
 from .protocol import Connect, Stored
 
 RAW_CONTENT_TYPE = "application/octet-stream"
-MAX_ERROR_BODY = 4096
-#: Largest `GET /` record read from the gateway (a real one is under 1 KiB).
-MAX_RECORD_BYTES = 16384
-REDIRECTS = frozenset({301, 302, 303, 307, 308})
 
 
 def credentials(connect: Connect) -> httpx.Auth | None:
@@ -43,34 +46,6 @@ def credentials(connect: Connect) -> httpx.Auth | None:
     except UnicodeDecodeError:
         return None
     return ScramAuth(connect.username, password)
-
-
-async def _bounded_to(response: httpx.Response, limit: int) -> bytes:
-    """At most `limit` bytes of an answer's body."""
-    body = b""
-    async for piece in response.aiter_raw():
-        body += piece
-        if len(body) >= limit:
-            break
-    return body[:limit]
-
-
-async def _bounded(response: httpx.Response) -> bytes:
-    """At most MAX_ERROR_BODY bytes of an answer's body (the gateway's JSON is far less)."""
-    return await _bounded_to(response, MAX_ERROR_BODY)
-
-
-async def _detail(response: httpx.Response) -> str:
-    text = (await _bounded(response)).decode("utf-8", "replace")
-    return f"HTTP {response.status_code}: {text[:200]}"
-
-
-async def _pieces(response: httpx.Response, url: str) -> AsyncIterator[bytes]:
-    try:
-        async for piece in response.aiter_raw():
-            yield piece
-    except httpx.HTTPError as exc:
-        raise TransferFailed(f"fetch of {url} broke off: {type(exc).__name__}") from exc
 
 
 #: Bytes hashed per hop to a worker thread (hashlib releases the GIL): the event loop serves
@@ -109,49 +84,85 @@ class Hasher:
         return self._digest.hexdigest()
 
 
-def http_client(timeout: float, verify: ssl.SSLContext | bool) -> httpx.AsyncClient:
-    """The gateway link's client: over :class:`H11Transport`, unless a proxy is configured
-    (httpx honours `HTTP(S)_PROXY`/`ALL_PROXY`/`NO_PROXY` only with its own transport)."""
-    if urllib.request.getproxies():
-        return httpx.AsyncClient(timeout=timeout, verify=verify)
-    return httpx.AsyncClient(timeout=timeout, transport=H11Transport(verify=verify))
+#: Pieces a transfer's channel holds (each up to 1 MiB from a fetch, 256 KiB from a client).
+DEPTH = 4
+
+
+class Fetch:
+    """A payload arriving from a worker thread: its pieces (``async for``), then
+    :attr:`sha256` of all of them, taken on the thread."""
+
+    def __init__(self, channel: ToLoop[FetchItem], url: str) -> None:
+        self._channel = channel
+        self._url = url
+        self.sha256: str | None = None  # once every piece is read
+        self.size = 0
+
+    async def _next(self) -> Opened | bytes | Fetched:
+        item = await self._channel.get()
+        if isinstance(item, TransferFailed):
+            raise item
+        return item
+
+    async def opened(self) -> None:
+        item = await self._next()
+        if not isinstance(item, Opened):
+            raise TransferFailed(f"fetch of {self._url}: no answer head")  # pragma: no cover
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        while True:
+            item = await self._next()
+            if isinstance(item, Fetched):
+                self.sha256, self.size = item.sha256, item.size
+                return
+            if not isinstance(item, bytes):  # pragma: no cover - the thread's order
+                raise TransferFailed(f"fetch of {self._url}: out of order")
+            yield item
 
 
 class GatewayLink:
-    """Uploads and fetches against the gateway.
+    """Uploads and fetches against the gateway, each on a worker thread of its own (a
+    blocking transfer: :mod:`proxy._gateway_calls`), the event loop moving only pieces.
 
     Args:
         timeout: seconds for connect and for each read or write.
+        idle: seconds an upload waits for the client's next piece.
+        threads: worker threads (one per transfer under way: the callers' admission limits,
+            `max_uploads` + `max_fetches`, keep transfers within it).
+        nice: niceness the worker threads add to the process's (`transfer_nice`).
     """
 
-    def __init__(self, *, timeout: float, verify: ssl.SSLContext | bool = True) -> None:
-        self._http = http_client(timeout, verify)
+    def __init__(
+        self,
+        *,
+        timeout: float,
+        verify: ssl.SSLContext | bool = True,
+        idle: float = 30.0,
+        threads: int = 128,
+        nice: int = 0,
+    ) -> None:
+        self._http = HttpTransport(timeout=timeout, verify=verify)
+        self._threads = ThreadPoolExecutor(
+            threads,
+            thread_name_prefix="gateway-link",
+            initializer=functools.partial(_lower_priority, nice),
+        )
+        self._idle = idle
         # Per gateway origin: the store origin its `GET /` declares (None: it declares none).
         self._stores: dict[Origin, Origin | None] = {}
 
-    async def _declared_store(self, gateway: Origin) -> Origin | None:
-        """The `DirectStore` of the gateway's own record (`GET /`), read once and kept.
-
-        A payload redirect is followed only there: a placeholder names the gateway, and the
-        gateway alone says where its store is (as the library does, client/http/_store_origin.py).
-        """
-        if gateway in self._stores:
-            return self._stores[gateway]
-        store: Origin | None = None
-        try:
-            async with self._http.stream("GET", f"{gateway}/") as response:
-                body = await _bounded_to(response, MAX_RECORD_BYTES + 1)
-            if response.status_code == 200 and len(body) <= MAX_RECORD_BYTES:
-                record = DiscoveryRecord.from_json(body)
-                if record.direct_store is not None:
-                    store = http_origin(record.direct_store)
-        except (httpx.HTTPError, ValueError):  # MalformedDiscoveryRecord is a ValueError
-            return None  # asked again next time
-        self._stores[gateway] = store
-        return store
+    def _store_of(self, gateway: Origin) -> Origin | None:
+        """(worker thread) The store a payload redirect from `gateway` may lead to."""
+        if gateway not in self._stores:
+            try:
+                self._stores[gateway] = declared_store(self._http.reader, gateway)
+            except TransferFailed:
+                return None  # asked again next time
+        return self._stores[gateway]
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        await asyncio.to_thread(self._threads.shutdown, wait=True, cancel_futures=True)
+        self._http.close()
 
     async def upload(
         self,
@@ -167,8 +178,8 @@ class GatewayLink:
     ) -> Stored:
         """Stream `size` bytes from `pieces` to a new message id; what the gateway stored.
 
-        The SHA-256 is taken while the bytes pass and must equal the one the gateway
-        answers (it takes its CRC-32C in the same pass).
+        The SHA-256 is taken while the bytes pass (on the worker thread) and must equal the
+        one the gateway answers (it takes its CRC-32C in the same pass).
 
         Raises:
             TransferFailed: no answer, a refusal, or a stored payload that is not the bytes
@@ -176,97 +187,89 @@ class GatewayLink:
                 and the gateway, cut off mid-body, keeps nothing.
         """
         message_id = MessageId.new()
-        digest = Hasher()
-        sent = 0
-
-        async def body() -> AsyncIterator[bytes]:
-            nonlocal sent
-            async for piece in pieces:
-                await digest.add(piece)
-                sent += len(piece)
-                on_bytes(len(piece))
-                yield piece
-
         url = f"{endpoint}/msg/{message_id}"
         params: dict[str, str | int] = {"topic": topic}
         if ttl:
             params["ttl"] = ttl
         fields = [f"{quote(k, safe='')}={quote(v, safe='')}" for k, v in headers]
-        request_headers = [
-            ("Content-Type", RAW_CONTENT_TYPE),
-            ("Content-Length", str(size)),
-            *(("X-Offload-Header", field) for field in fields),
-        ]
+        request = Upload(
+            url,
+            params,
+            [
+                ("Content-Type", RAW_CONTENT_TYPE),
+                ("Content-Length", str(size)),
+                *(("X-Offload-Header", field) for field in fields),
+            ],
+            size,
+        )
+        loop = asyncio.get_running_loop()
+        channel: FromLoop[bytes] = FromLoop(loop, DEPTH)
+        job = loop.run_in_executor(
+            self._threads,
+            functools.partial(
+                upload, self._http.client, request, auth=auth, pieces=channel, idle=self._idle
+            ),
+        )
         try:
-            request = self._http.build_request(
-                "PUT", url, params=params, headers=request_headers, content=body()
-            )
-            response = await self._http.send(
-                request, auth=auth or httpx.USE_CLIENT_DEFAULT, stream=True
-            )
             try:
-                if response.status_code != 201:
-                    raise TransferFailed(await _detail(response), response.status_code)
-                answer = json.loads(await _bounded(response))
-            finally:
-                await response.aclose()
-        except httpx.HTTPError as exc:
-            raise TransferFailed(f"upload to {url} failed: {type(exc).__name__}") from exc
-        except ValueError as exc:  # JSONDecodeError, or a body that is not UTF-8
-            raise TransferFailed(f"upload to {url}: the answer is not JSON") from exc
-        sha256 = await digest.hexdigest()
-        if not isinstance(answer, dict) or sent != size or answer.get("sha256") != sha256:
-            raise TransferFailed(f"the gateway stored other bytes than were sent to {url}")
-        if answer.get("size") != size:
-            raise TransferFailed(f"the gateway stored other bytes than were sent to {url}")
-        return Stored(f"{endpoint}/msg/{message_id}", size, sha256, message_id)
+                async for piece in pieces:
+                    await channel.put(piece)
+                    on_bytes(len(piece))
+            except Stopped:
+                pass  # the upload ended early: its own error says why
+            try:
+                sha256 = await job
+            except (Stopped, TimeoutError) as exc:
+                raise TransferFailed(f"upload to {url} broke off: {exc!r}") from exc
+        except BaseException:
+            channel.abort()  # the thread cuts the request off mid-body
+            job.add_done_callback(_retrieved)
+            raise
+        return Stored(url, size, sha256, message_id)
 
     @contextlib.asynccontextmanager
-    async def fetch(
-        self, ref: Placeholder, auth: httpx.Auth | None
-    ) -> AsyncIterator[AsyncIterator[bytes]]:
-        """The payload's bytes as they arrive, once the answer is 200 with the declared size.
+    async def fetch(self, ref: Placeholder, auth: httpx.Auth | None) -> AsyncIterator[Fetch]:
+        """The payload, once the answer is 200 with the declared size.
 
         Raises:
             TransferFailed: another answer, another length, no answer.
         """
-        url = ref.payload_url
-        request = self._http.build_request("GET", url, headers={"Accept-Encoding": "identity"})
+        loop = asyncio.get_running_loop()
+        channel: ToLoop[FetchItem] = ToLoop(loop, DEPTH)
+        job = loop.run_in_executor(
+            self._threads,
+            functools.partial(
+                fetch,
+                self._http.reader,
+                ref.payload_url,
+                size=ref.size,
+                auth=auth,
+                store_of=self._store_of,
+                out=channel,
+            ),
+        )
+        job.add_done_callback(_retrieved)
         try:
-            response = await self._http.send(
-                request, auth=auth or httpx.USE_CLIENT_DEFAULT, stream=True
-            )
-        except httpx.HTTPError as exc:
-            raise TransferFailed(f"fetch of {url} failed: {type(exc).__name__}") from exc
-        try:
-            location = response.headers.get("location")
-            if response.status_code in REDIRECTS and location is not None:
-                # Direct transfers: the gateway sends the bytes' presigned store URL. Followed
-                # once, without credentials, and only to the store the gateway declares.
-                target = response.url.join(location)
-                await response.aclose()
-                response = await self._redirected(url, str(target))
-            if response.status_code != 200:
-                raise TransferFailed(await _detail(response), response.status_code)
-            if response.headers.get("content-length") != str(ref.size):
-                raise TransferFailed(f"{url} does not declare the placeholder's size")
-            if response.headers.get("content-encoding", "identity") != "identity":
-                raise TransferFailed(f"{url} answers with a content coding")
-            yield _pieces(response, url)
+            fetched = Fetch(channel, ref.payload_url)
+            await fetched.opened()
+            yield fetched
         finally:
-            await response.aclose()
+            channel.stop()
 
-    async def _redirected(self, url: str, target: str) -> httpx.Response:
-        """The store's answer for a payload redirect, if it leads to the declared store."""
-        try:
-            origin = http_origin(target)
-        except ValueError as exc:
-            raise TransferFailed(f"fetch of {url}: redirect refused: {exc}") from exc
-        if origin != await self._declared_store(http_origin(url)):
-            raise TransferFailed(f"fetch of {url}: redirect to {origin} refused: not its store")
-        request = self._http.build_request("GET", target, headers={"Accept-Encoding": "identity"})
-        request.headers.pop("Cookie", None)
-        try:
-            return await self._http.send(request, auth=None, stream=True)
-        except httpx.HTTPError as exc:
-            raise TransferFailed(f"fetch of {target} failed: {type(exc).__name__}") from exc
+
+def _lower_priority(nice: int) -> None:
+    """(a new worker thread) Run at `nice` more than the event loop's thread (Linux: a
+    thread's own niceness; raising it needs no privilege)."""
+    if nice and sys.platform == "linux":
+        with contextlib.suppress(OSError):
+            os.setpriority(
+                os.PRIO_PROCESS,
+                threading.get_native_id(),
+                os.getpriority(os.PRIO_PROCESS, 0) + nice,
+            )
+
+
+def _retrieved(job: asyncio.Future[Any]) -> None:
+    """A worker's result nobody awaits any more (its error was someone else's to report)."""
+    if not job.cancelled():
+        job.exception()

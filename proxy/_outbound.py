@@ -26,11 +26,10 @@ from client.protocol import MalformedPlaceholder, Placeholder, http_origin
 
 from ._chunks import answer_pubrel, large_publish, take_chunk
 from ._exceptions import PeerGone, TransferFailed
-from ._gateway import Hasher
 from ._resends import ended
 from ._settings import MQTT_MAX_PACKET
 from ._state import Conn, Services
-from ._stream import drained
+from ._stream import drained, write_piece
 from ._unseal import resolve_encoded
 from .protocol import (
     CONNACK,
@@ -241,36 +240,29 @@ async def _resolve(
     if not ref.encoding.plain:  # encrypted or compressed: decoded whole first
         return await resolve_encoded(conn, services, head, header, ref)
     written = False
-    digest = Hasher()
     async with services.fetches:
         services.metrics.fetches.inc()
         conn.transfers += 1
         try:
-            async with services.gateway.fetch(ref, conn.auth) as pieces:
+            async with services.gateway.fetch(ref, conn.auth) as fetched:
                 writer = conn.client_writer
                 head_bytes = resolved_head(head.first, header, ref.size, v5=conn.connect.v5)
                 held = b""
-                count = 0
-                async for piece in pieces:
+                async for piece in fetched:
                     if not written:  # the head waits for the first byte: a fetch that
                         writer.write(head_bytes)  # fails before it costs the client nothing
                         written = True
                     elif held:
-                        writer.write(held)
-                        await drained(writer)
-                    await digest.add(piece)
-                    count += len(piece)
+                        await write_piece(writer, held)
                     held = piece
                     services.metrics.bytes_down.inc(len(piece))
-                    if count > ref.size:
-                        break
-                if count != ref.size or await digest.hexdigest() != ref.sha256:
+                if fetched.size != ref.size or fetched.sha256 != ref.sha256:
                     services.poisoned.add(str(ref.message_id))
                     raise TransferFailed(f"{ref.payload_url} does not match its placeholder")
                 if not written:
                     writer.write(head_bytes)
                     written = True
-                writer.write(held)
+                await write_piece(writer, held)
                 await writer.drain()
         except TransferFailed as exc:
             if written:

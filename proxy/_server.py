@@ -31,6 +31,10 @@ from ._websocket import HandshakeFailed, WebSocketReader, WebSocketWriter, hands
 
 log = logging.getLogger("proxy")
 
+#: Worker threads beyond the admitted transfers: Wills stored at CONNECT, which no
+#: admission limit counts.
+WILL_THREADS = 8
+
 
 class Proxy:
     """The MQTT offload proxy.
@@ -46,7 +50,13 @@ class Proxy:
         verify = (
             ssl.create_default_context(cafile=str(settings.ca_file)) if settings.ca_file else True
         )
-        self._gateway = GatewayLink(timeout=settings.http_timeout, verify=verify)
+        self._gateway = GatewayLink(
+            timeout=settings.http_timeout,
+            verify=verify,
+            idle=settings.idle_timeout,
+            threads=settings.max_uploads + settings.max_fetches + WILL_THREADS,
+            nice=settings.transfer_nice,
+        )
         self.services = Services(
             settings=settings,
             gateway=self._gateway,

@@ -25,7 +25,6 @@ identity of the proxy's opens it), `too-large` (it decodes past `max_decoded_byt
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import os
 import tempfile
@@ -110,12 +109,9 @@ async def _decode(conn: Conn, services: Services, ref: Placeholder, limit: int) 
     """
     decoder = Decoder(ref.encoding, services.identities, limit)
     plain = Plaintext(limit, services.settings.spool_dir)
-    digest = hashlib.sha256()
-    count = 0
 
     def step(batch: list[bytes], last: bool) -> None:
         for piece in batch:
-            digest.update(piece)
             for out in decoder.feed(piece):
                 plain.write(out)
         if last:
@@ -123,25 +119,20 @@ async def _decode(conn: Conn, services: Services, ref: Placeholder, limit: int) 
                 plain.write(out)
 
     try:
-        async with services.gateway.fetch(ref, conn.auth) as pieces:
+        async with services.gateway.fetch(ref, conn.auth) as fetched:
             batch: list[bytes] = []
             held = 0
-            async for piece in pieces:
-                count += len(piece)
-                if count > ref.size:
-                    break
+            async for piece in fetched:
                 services.metrics.bytes_down.inc(len(piece))
                 batch.append(piece)
                 held += len(piece)
                 if held >= BATCH:
                     await asyncio.to_thread(step, batch, False)
                     batch, held = [], 0
-            if count != ref.size:
-                raise TransferFailed(f"{ref.payload_url} is not the placeholder's size")
+            if fetched.size != ref.size or fetched.sha256 != ref.sha256:
+                services.poisoned.add(str(ref.message_id))
+                raise TransferFailed(f"{ref.payload_url} does not match its placeholder")
             await asyncio.to_thread(step, batch, True)
-        if digest.hexdigest() != ref.sha256:
-            services.poisoned.add(str(ref.message_id))
-            raise TransferFailed(f"{ref.payload_url} does not match its placeholder")
     except BaseException:
         plain.close()
         raise

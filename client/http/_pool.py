@@ -1,6 +1,6 @@
 """HTTP/1.1 connections kept between requests, per origin, and what an answer's head says
-of its framing: the parts two HTTP/1.1-on-asyncio cores share, the gateway's store reads
-(gateway/storage/_async_get.py) and the proxy's gateway link (proxy/_http11.py).
+of its framing, for the gateway's store reads (gateway/storage/_async_get.py), HTTP/1.1 on
+asyncio.
 
 Sans-I/O: the connections are the callers' own (each reads its socket its own way and raises
 its own errors); this module only keeps them and hands them back. It imports neither asyncio

@@ -1,0 +1,240 @@
+"""The gateway link's blocking half: one upload or one fetch, run on a worker thread.
+
+Each function is one transfer from start to end on the calling thread, with the library's
+blocking HTTP clients (:class:`client.HttpTransport`: httpx's own transport for uploads,
+urllib3 under httpx for fetches, the same SCRAM and bearer flows). Payload pieces come from
+or go to the event loop through a :mod:`proxy._handoff` channel; the SHA-256 is taken here,
+in the same pass. Every failure ends as a :class:`TransferFailed` handed to the caller.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import httpx
+
+from client.protocol import DiscoveryRecord, Origin, http_origin
+
+from ._exceptions import TransferFailed
+from ._handoff import FromLoop, Stopped, ToLoop
+
+MAX_ERROR_BODY = 4096
+#: Largest `GET /` record read from the gateway (a real one is under 1 KiB).
+MAX_RECORD_BYTES = 16384
+REDIRECTS = frozenset({301, 302, 303, 307, 308})
+
+
+@dataclass(frozen=True, slots=True)
+class Opened:
+    """A fetch's answer passed its checks: its pieces follow."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fetched:
+    """A fetch's end: every byte handed over, and their SHA-256."""
+
+    size: int
+    sha256: str
+
+
+FetchItem = Opened | bytes | Fetched | TransferFailed
+
+
+def _bounded(response: httpx.Response, limit: int) -> bytes:
+    """At most `limit` bytes of an answer's body."""
+    body = b""
+    for piece in response.iter_raw():
+        body += piece
+        if len(body) >= limit:
+            break
+    return body[:limit]
+
+
+def _detail(response: httpx.Response) -> str:
+    text = _bounded(response, MAX_ERROR_BODY).decode("utf-8", "replace")
+    return f"HTTP {response.status_code}: {text[:200]}"
+
+
+def declared_store(http: httpx.Client, gateway: Origin) -> Origin | None:
+    """The `DirectStore` of the gateway's own record (`GET /`); None: it declares none.
+
+    Raises:
+        TransferFailed: no readable record (asked again next time).
+    """
+    try:
+        with http.stream("GET", f"{gateway}/") as response:
+            body = _bounded(response, MAX_RECORD_BYTES + 1)
+        if response.status_code != 200 or len(body) > MAX_RECORD_BYTES:
+            raise TransferFailed(f"the gateway's record at {gateway}/: HTTP {response.status_code}")
+        record = DiscoveryRecord.from_json(body)  # MalformedDiscoveryRecord is a ValueError
+    except (httpx.HTTPError, ValueError) as exc:
+        raise TransferFailed(f"the gateway's record at {gateway}/: {exc!r}") from exc
+    return None if record.direct_store is None else http_origin(record.direct_store)
+
+
+def fetch(
+    http: httpx.Client,
+    url: str,
+    *,
+    size: int,
+    auth: httpx.Auth | None,
+    store_of: Callable[[Origin], Origin | None],
+    out: ToLoop[FetchItem],
+) -> None:
+    """GET `url` and hand `out` :class:`Opened`, the body's pieces, then :class:`Fetched`
+    (or a :class:`TransferFailed`, the last item). Never more than `size` bytes are read.
+
+    A payload redirect (direct transfers: the gateway answers with a presigned store URL) is
+    followed once, without credentials, and only to the store the gateway declares
+    (`store_of`, as the library does, client/http/_store_origin.py).
+    """
+    try:
+        _fetch(http, url, size=size, auth=auth, store_of=store_of, out=out)
+    except Stopped:
+        return  # the loop side gave up: nobody reads
+    except TransferFailed as exc:
+        failure = exc
+    except Exception as exc:  # an auth flow's own error, a bad URL: never a dead thread
+        failure = TransferFailed(f"fetch of {url} failed: {exc!r}")
+    else:
+        return
+    with contextlib.suppress(Stopped):
+        out.put(failure)
+
+
+def _fetch(
+    http: httpx.Client,
+    url: str,
+    *,
+    size: int,
+    auth: httpx.Auth | None,
+    store_of: Callable[[Origin], Origin | None],
+    out: ToLoop[FetchItem],
+) -> None:
+    request = http.build_request("GET", url, headers={"Accept-Encoding": "identity"})
+    try:
+        response = http.send(request, auth=auth or httpx.USE_CLIENT_DEFAULT, stream=True)
+    except httpx.HTTPError as exc:
+        raise TransferFailed(f"fetch of {url} failed: {type(exc).__name__}") from exc
+    try:
+        location = response.headers.get("location")
+        if response.status_code in REDIRECTS and location is not None:
+            target = response.url.join(location)
+            response.close()
+            response = _redirected(http, url, target, store_of)
+        if response.status_code != 200:
+            raise TransferFailed(_detail(response), response.status_code)
+        if response.headers.get("content-length") != str(size):
+            raise TransferFailed(f"{url} does not declare the placeholder's size")
+        if response.headers.get("content-encoding", "identity") != "identity":
+            raise TransferFailed(f"{url} answers with a content coding")
+        out.put(Opened())
+        digest = hashlib.sha256()
+        count = 0
+        try:
+            for piece in response.iter_raw():
+                count += len(piece)
+                if count > size:
+                    raise TransferFailed(f"{url} sends more than the placeholder's size")
+                digest.update(piece)
+                out.put(piece)
+        except httpx.HTTPError as exc:
+            raise TransferFailed(f"fetch of {url} broke off: {type(exc).__name__}") from exc
+        out.put(Fetched(count, digest.hexdigest()))
+    finally:
+        response.close()
+
+
+def _redirected(
+    http: httpx.Client, url: str, target: httpx.URL, store_of: Callable[[Origin], Origin | None]
+) -> httpx.Response:
+    """The store's answer for a payload redirect, if it leads to the declared store."""
+    try:
+        origin = http_origin(str(target))
+    except ValueError as exc:
+        raise TransferFailed(f"fetch of {url}: redirect refused: {exc}") from exc
+    if origin != store_of(http_origin(url)):
+        raise TransferFailed(f"fetch of {url}: redirect to {origin} refused: not its store")
+    request = http.build_request("GET", target, headers={"Accept-Encoding": "identity"})
+    request.headers.pop("Cookie", None)
+    try:
+        return http.send(request, auth=None, stream=True)
+    except httpx.HTTPError as exc:
+        raise TransferFailed(f"fetch of {target} failed: {type(exc).__name__}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class Upload:
+    """One raw upload (`PUT {url}?topic=`) of `size` bytes."""
+
+    url: str
+    params: dict[str, str | int]
+    headers: list[tuple[str, str]]
+    size: int
+
+
+def upload(
+    http: httpx.Client,
+    request: Upload,
+    *,
+    auth: httpx.Auth | None,
+    pieces: FromLoop[bytes],
+    idle: float,
+) -> str:
+    """Send the pieces as `request`'s body (waiting at most `idle` seconds for each); the
+    SHA-256 of what was sent, which the gateway's answer must carry too.
+
+    Raises:
+        TransferFailed: no answer, a refusal, or an answer for other bytes.
+        Stopped: the loop side aborted (the gateway, cut off mid-body, keeps nothing).
+    """
+    digest = hashlib.sha256()
+    sent = 0
+
+    def body() -> Iterator[bytes]:
+        nonlocal sent
+        while sent < request.size:
+            piece = pieces.get(idle)
+            digest.update(piece)
+            sent += len(piece)
+            yield piece
+
+    try:
+        try:
+            response = http.send(
+                http.build_request(
+                    "PUT",
+                    request.url,
+                    params=request.params,
+                    headers=request.headers,
+                    content=body(),
+                ),
+                auth=auth or httpx.USE_CLIENT_DEFAULT,
+                stream=True,
+            )
+            try:
+                if response.status_code != 201:
+                    raise TransferFailed(_detail(response), response.status_code)
+                answer = json.loads(_bounded(response, MAX_ERROR_BODY))
+            finally:
+                response.close()
+        except httpx.HTTPError as exc:
+            raise TransferFailed(f"upload to {request.url} failed: {type(exc).__name__}") from exc
+        except ValueError as exc:  # JSONDecodeError, or a body that is not UTF-8
+            raise TransferFailed(f"upload to {request.url}: the answer is not JSON") from exc
+        except (Stopped, TimeoutError, TransferFailed):
+            raise
+        except Exception as exc:  # an auth flow's own error: never a dead thread
+            raise TransferFailed(f"upload to {request.url} failed: {exc!r}") from exc
+    finally:
+        pieces.gone()
+    sha256 = digest.hexdigest()
+    if not isinstance(answer, dict) or sent != request.size or answer.get("sha256") != sha256:
+        raise TransferFailed(f"the gateway stored other bytes than were sent to {request.url}")
+    if answer.get("size") != request.size:
+        raise TransferFailed(f"the gateway stored other bytes than were sent to {request.url}")
+    return sha256
