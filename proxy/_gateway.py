@@ -127,8 +127,9 @@ class GatewayLink:
     Args:
         timeout: seconds for connect and for each read or write.
         idle: seconds an upload waits for the client's next piece.
-        threads: worker threads (one per transfer under way: the callers' admission limits,
-            `max_uploads` + `max_fetches`, keep transfers within it).
+        threads: worker threads, one per transfer under way: the callers' admission limits
+            (`max_uploads`, Wills included, and `max_fetches`) keep transfers within it, so
+            none waits for another's thread.
         nice: niceness the worker threads add to the process's (`transfer_nice`).
     """
 

@@ -31,10 +31,6 @@ from ._websocket import HandshakeFailed, WebSocketReader, WebSocketWriter, hands
 
 log = logging.getLogger("proxy")
 
-#: Worker threads beyond the admitted transfers: Wills stored at CONNECT, which no
-#: admission limit counts.
-WILL_THREADS = 8
-
 
 class Proxy:
     """The MQTT offload proxy.
@@ -54,7 +50,7 @@ class Proxy:
             timeout=settings.http_timeout,
             verify=verify,
             idle=settings.idle_timeout,
-            threads=settings.max_uploads + settings.max_fetches + WILL_THREADS,
+            threads=settings.max_uploads + settings.max_fetches,
             nice=settings.transfer_nice,
         )
         self.services = Services(

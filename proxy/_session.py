@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator
 import httpx
 
 from ._chunks import release
-from ._exceptions import PeerGone, PeerTimeout, TransferFailed
+from ._exceptions import QUOTA_EXCEEDED, PeerGone, PeerTimeout, TransferFailed
 from ._gateway import credentials
 from ._inbound import relay_up
 from ._outbound import relay_down
@@ -178,15 +178,19 @@ class Session:
         async def payload() -> AsyncIterator[bytes]:
             yield will.payload
 
-        stored = await self.services.gateway.upload(
-            endpoint,
-            topic=will.topic,
-            size=len(will.payload),
-            pieces=payload(),
-            headers=(),
-            ttl=None,
-            auth=auth,
-        )
+        uploads = self.services.uploads
+        if uploads.locked():  # a Will's upload takes a slot as a PUBLISH's does
+            raise TransferFailed("too many uploads at once", reason=QUOTA_EXCEEDED)
+        async with uploads:
+            stored = await self.services.gateway.upload(
+                endpoint,
+                topic=will.topic,
+                size=len(will.payload),
+                pieces=payload(),
+                headers=(),
+                ttl=None,
+                auth=auth,
+            )
         props, body = placeholder_will(will, stored, v5=connect.v5)
         self.services.metrics.offloaded.inc()
         return connect_with_will(connect, props, body)

@@ -231,6 +231,42 @@ def test_a_will_over_the_broker_limit_is_delivered_when_its_client_dies(
         server.stop()
 
 
+def test_a_will_upload_takes_an_upload_slot_and_is_refused_when_none_is_free(
+    mosquitto_factory: Callable[..., Mosquitto],
+    gateway_factory: Callable[..., GatewayServer],
+    unique_topic: Callable[[str], str],
+) -> None:
+    """Every upload runs on a worker thread of its own, as many as the admission limits:
+    a Will stored at CONNECT counts as an upload, so a CONNECT flood cannot take the
+    threads PUBLISHes and fetches need."""
+    small = mosquitto_factory(max_packet_size=4096)
+    gw = gateway_factory(small)
+    server = start_proxy(small, gw, broker_max_packet_size=4096, max_uploads=1)
+    try:
+        holder = connected(server.port)
+        payload = os.urandom(MiB)
+        topic = _text(unique_topic("held"))
+        body = topic + b"\x00" + payload  # QoS 0, no properties
+        packet = bytes([0x30]) + _varint(len(body)) + body
+        holder.sendall(packet[: 256 * 1024])  # the upload begins, then waits for the rest
+        wait_until(lambda: server.metric("offload_proxy_uploads") == 1, "the upload", 30)
+        will = (unique_topic("will"), os.urandom(8000))
+        refused = dial(server.port)
+        refused.sendall(connect_packet(5, will=will))
+        connack = until_closed(refused)
+        assert connack[:1] == b"\x20" and connack[3] == 0x97  # quota exceeded
+        holder.sendall(packet[256 * 1024 :])
+        wait_until(lambda: server.metric("offload_proxy_offloaded_total") == 1, "stored", 30)
+        admitted = dial(server.port)
+        admitted.sendall(connect_packet(5, will=will))
+        connack = admitted.recv(4)
+        assert connack[:1] == b"\x20" and connack[3] == 0x00  # the slot is free again
+        admitted.close()
+        holder.close()
+    finally:
+        server.stop()
+
+
 def test_client_library_through_the_proxy_gets_placeholders_and_resolves_them(
     proxy: ProxyServer, broker: Mosquitto, unique_topic: Callable[[str], str]
 ) -> None:
