@@ -14,10 +14,7 @@ import asyncio
 import contextlib
 import functools
 import hashlib
-import os
 import ssl
-import sys
-import threading
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -130,7 +127,6 @@ class GatewayLink:
         threads: worker threads, one per transfer under way: the callers' admission limits
             (`max_uploads`, Wills included, and `max_fetches`) keep transfers within it, so
             none waits for another's thread.
-        nice: niceness the worker threads add to the process's (`transfer_nice`).
     """
 
     def __init__(
@@ -140,14 +136,9 @@ class GatewayLink:
         verify: ssl.SSLContext | bool = True,
         idle: float = 30.0,
         threads: int = 128,
-        nice: int = 0,
     ) -> None:
         self._http = HttpTransport(timeout=timeout, verify=verify)
-        self._threads = ThreadPoolExecutor(
-            threads,
-            thread_name_prefix="gateway-link",
-            initializer=functools.partial(_lower_priority, nice),
-        )
+        self._threads = ThreadPoolExecutor(threads, thread_name_prefix="gateway-link")
         self._idle = idle
         # Per gateway origin: the store origin its `GET /` declares (None: it declares none).
         self._stores: dict[Origin, Origin | None] = {}
@@ -256,18 +247,6 @@ class GatewayLink:
             yield fetched
         finally:
             channel.stop()
-
-
-def _lower_priority(nice: int) -> None:
-    """(a new worker thread) Run at `nice` more than the event loop's thread (Linux: a
-    thread's own niceness; raising it needs no privilege)."""
-    if nice and sys.platform == "linux":
-        with contextlib.suppress(OSError):
-            os.setpriority(
-                os.PRIO_PROCESS,
-                threading.get_native_id(),
-                os.getpriority(os.PRIO_PROCESS, 0) + nice,
-            )
 
 
 def _retrieved(job: asyncio.Future[Any]) -> None:

@@ -51,7 +51,6 @@ class Proxy:
             verify=verify,
             idle=settings.idle_timeout,
             threads=settings.max_uploads + settings.max_fetches,
-            nice=settings.transfer_nice,
         )
         self.services = Services(
             settings=settings,

@@ -67,13 +67,6 @@ class ProxySettings(BaseSettings):
     max_connections: int = Field(10_000, gt=0, description="client connections at once")
     max_uploads: int = Field(64, gt=0, description="offloaded PUBLISHes streaming at once")
     max_fetches: int = Field(64, gt=0, description="placeholders being resolved at once")
-    transfer_nice: int = Field(
-        0,
-        ge=0,
-        le=19,
-        description="niceness added to the threads that move payloads to and from the "
-        "gateway (Linux), so that on busy cores the relay of small packets runs first",
-    )
     max_reassembly_bytes: int = Field(
         64 * 1024 * 1024,
         gt=0,
