@@ -11,4 +11,8 @@ echo "==> lint-imports (the layers: docs/development.md)"
 lint-imports --no-cache --no-logo
 echo "==> pytest"
 # The slowest tests are listed: the whole suite must stay under 20 minutes on 2 cores.
-exec python -m pytest -q --durations=30 "$@"
+# Two workers (pytest-xdist): most tests wait on servers, so two fill 2 cores; more would
+# start more servers than the cores can serve. A file runs whole on one worker, and tests
+# marked xdist_group run on one worker together (tests/conftest.py, docs/development.md).
+# Later arguments win: `scripts/test.sh -n 0` runs in one process, `-n auto` a worker per core.
+exec python -m pytest -q -n 2 --dist loadgroup --durations=30 "$@"

@@ -19,6 +19,27 @@ if TYPE_CHECKING:
     from client import Client
 
 
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`-n 2 --dist loadgroup` (scripts/test.sh): a file's tests run on one worker, in order.
+
+    A file's module fixtures (a stack, a wheel, certificates) then start once, not once per
+    worker. Tests marked `@pytest.mark.xdist_group("name")` run on one worker with every test
+    of that group, whichever files they are in (xdist's own loadgroup would spread every
+    unmarked test on its own).
+    """
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class FilesAndGroups(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            group = super()._split_scope(nodeid)  # the nodeid itself when not in a group
+            return nodeid.split("::", 1)[0] if group == nodeid else group
+
+    return FilesAndGroups(config, log)
+
+
 @pytest.fixture(scope="session")
 def seaweed() -> Iterator[SeaweedFS]:
     server = SeaweedFS().start()

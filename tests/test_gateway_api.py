@@ -135,14 +135,18 @@ def test_length_lying_document_is_rejected_and_nothing_is_stored(
     assert [o.object_name for o in s3.list_objects(bucket_name, recursive=True)] == []
 
 
+# A fixed id, not uuid4(): every xdist worker must collect the same test ids.
+UNKNOWN_ID = "6f1c2a9e-4b7d-4e3a-9c5f-0d8e7b6a5c4d"
+
+
 @pytest.mark.parametrize(
     ("path", "status"),
     [
         ("/msg/not-a-uuid", 400),
         ("/msg/../../etc/passwd", 404),
-        (f"/msg/{uuid.uuid4()}", 404),
+        (f"/msg/{UNKNOWN_ID}", 404),
         ("/msg/%2e%2e%2fids", 404),
-        (f"/msg/{uuid.uuid4()}/payload", 404),
+        (f"/msg/{UNKNOWN_ID}/payload", 404),
     ],
 )
 def test_bad_and_unknown_ids(gw: GatewayServer, path: str, status: int) -> None:

@@ -124,8 +124,10 @@ def test_a_payload_that_decodes_past_a_bound_gives_the_placeholder(
     settings: dict[str, Any],
     extra: tuple[str, ...],
     why: str,
+    tmp_path: Path,
 ) -> None:
-    proxy = start_proxy(broker, gateway, **settings)
+    # Its own spool directory: another test's proxy may spool in TMPDIR meanwhile.
+    proxy = start_proxy(broker, gateway, spool_dir=tmp_path, **settings)
     try:
         topic = unique_topic("inflates")
         sub = _sub(broker, proxy.port, topic, 1, *extra)
@@ -134,7 +136,7 @@ def test_a_payload_that_decodes_past_a_bound_gives_the_placeholder(
         placeholder = json.loads(_output(sub))
         assert placeholder["cmp"] == "zstd" and placeholder["size"] < 2 * MiB
         assert proxy.metric("offload_proxy_placeholders_passed_total", why=why) == 1
-        assert not list(Path(os.environ.get("TMPDIR", "/tmp")).glob("offload-proxy-*"))
+        assert list(tmp_path.iterdir()) == []  # what it spooled is gone
     finally:
         proxy.stop()
 

@@ -12,6 +12,7 @@ import base64
 import io
 import os
 import re
+import threading
 
 import google_crc32c
 import pytest
@@ -41,8 +42,35 @@ def store(seaweed: SeaweedFS, bucket: str, **kw: bool) -> S3Store:
     return s3
 
 
+class Trace(io.StringIO):
+    """An SDK trace kept per thread, read back thread after thread.
+
+    Parts go up two at a time, and the SDK writes one request's trace in several calls, so in
+    one shared stream another thread's lines could land inside it.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._threads: dict[int, list[str]] = {}
+
+    def write(self, text: str) -> int:
+        self._threads.setdefault(threading.get_ident(), []).append(text)
+        return len(text)
+
+    def getvalue(self) -> str:
+        return "".join("".join(pieces) for pieces in list(self._threads.values()))
+
+
+def _part_number(request: dict[str, str]) -> int:
+    found = re.search(r"[?&]partNumber=([0-9]+)", request["path"])
+    return int(found.group(1)) if found else 0
+
+
 def body_requests(trace: str) -> list[dict[str, str]]:
-    """The headers of each PUT in an SDK trace (bodies are not traced for PUTs)."""
+    """The headers of each PUT in an SDK trace, in part order (bodies are not traced for PUTs).
+
+    Parts are uploaded in parallel: the order they were sent in is not their order.
+    """
     requests = []
     for block in trace.split("---------START-HTTP---------")[1:]:
         lines = block.strip().splitlines()
@@ -56,7 +84,7 @@ def body_requests(trace: str) -> list[dict[str, str]]:
             headers[name.strip().lower()] = value.strip()
         headers["path"] = lines[0]
         requests.append(headers)
-    return requests
+    return sorted(requests, key=_part_number)
 
 
 @pytest.mark.parametrize("size", [3 * MiB, 11 * MiB + 5])  # one PUT; three parts
@@ -66,7 +94,7 @@ def test_bodies_go_unsigned_with_the_crc32c_the_store_verifies(
     s3 = store(seaweed, bucket_name)
     assert s3.checksums  # SeaweedFS verifies them: the probe at start-up saw it
     data = os.urandom(size)
-    trace = io.StringIO()
+    trace = Trace()
     s3.client.trace_on(trace)
     try:
         s3.put_stream("obj", io.BytesIO(data), size)
@@ -91,7 +119,7 @@ def test_without_checksums_bodies_are_signed_with_their_sha256(
     s3 = store(seaweed, bucket_name, checksums=False)
     assert not s3.checksums
     data = os.urandom(11 * MiB)
-    trace = io.StringIO()
+    trace = Trace()
     s3.client.trace_on(trace)
     try:
         s3.put_stream("obj", io.BytesIO(data), -1)
