@@ -15,9 +15,10 @@ import contextlib
 import functools
 import hashlib
 import ssl
+import threading
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from concurrent.futures import Executor, Future
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import httpx
@@ -31,6 +32,7 @@ from ._handoff import FromLoop, Stopped, ToLoop
 from .protocol import Connect, Stored
 
 RAW_CONTENT_TYPE = "application/octet-stream"
+R = TypeVar("R")
 
 
 def credentials(connect: Connect) -> httpx.Auth | None:
@@ -117,6 +119,29 @@ class Fetch:
             yield item
 
 
+class Threads(Executor):
+    """A daemon thread for each call. A transfer's thread can sit in a read until the HTTP
+    timeout after its connection was given up (a silent gateway at shutdown): a pool's
+    worker would hold the proxy's exit that long (the interpreter joins them), these end
+    with the process."""
+
+    def submit(self, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> Future[R]:
+        future: Future[R] = Future()
+
+        def run() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as exc:
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+
+        threading.Thread(target=run, name="gateway-link", daemon=True).start()
+        return future
+
+
 class GatewayLink:
     """Uploads and fetches against the gateway, each on a worker thread of its own (a
     blocking transfer: :mod:`proxy._gateway_calls`), the event loop moving only pieces.
@@ -124,9 +149,10 @@ class GatewayLink:
     Args:
         timeout: seconds for connect and for each read or write.
         idle: seconds an upload waits for the client's next piece.
-        threads: worker threads, one per transfer under way: the callers' admission limits
-            (`max_uploads`, Wills included, and `max_fetches`) keep transfers within it, so
-            none waits for another's thread.
+
+    A transfer's thread is its own (:class:`Threads`), so none waits for another's; the
+    callers' admission limits (`max_uploads`, Wills included, and `max_fetches`) bound how
+    many there are.
     """
 
     def __init__(
@@ -135,10 +161,9 @@ class GatewayLink:
         timeout: float,
         verify: ssl.SSLContext | bool = True,
         idle: float = 30.0,
-        threads: int = 128,
     ) -> None:
         self._http = HttpTransport(timeout=timeout, verify=verify)
-        self._threads = ThreadPoolExecutor(threads, thread_name_prefix="gateway-link")
+        self._threads = Threads()
         self._idle = idle
         # Per gateway origin: the store origin its `GET /` declares (None: it declares none).
         self._stores: dict[Origin, Origin | None] = {}
@@ -153,7 +178,6 @@ class GatewayLink:
         return self._stores[gateway]
 
     async def aclose(self) -> None:
-        await asyncio.to_thread(self._threads.shutdown, wait=True, cancel_futures=True)
         self._http.close()
 
     async def upload(

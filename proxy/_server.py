@@ -47,10 +47,7 @@ class Proxy:
             ssl.create_default_context(cafile=str(settings.ca_file)) if settings.ca_file else True
         )
         self._gateway = GatewayLink(
-            timeout=settings.http_timeout,
-            verify=verify,
-            idle=settings.idle_timeout,
-            threads=settings.max_uploads + settings.max_fetches,
+            timeout=settings.http_timeout, verify=verify, idle=settings.idle_timeout
         )
         self.services = Services(
             settings=settings,

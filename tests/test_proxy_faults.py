@@ -4,18 +4,21 @@ restarted (clients reconnect through the proxy); /metrics and /healthz of the pr
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from test_proxy import MiB, PahoPeer, proxy  # noqa: F401 - the fixture
+from test_proxy import MiB, PahoPeer, proxy, start_proxy  # noqa: F401 - the fixture
 
 from _gateway import GatewayServer
 from _proxy import ProxyServer
@@ -140,3 +143,47 @@ def test_shutdown_finishes_the_upload_under_way_and_its_ack(
     assert len(watcher.wait(1)) == 1
     watcher.close()
     pub.close()
+
+
+def test_shutdown_is_not_held_by_a_fetch_stalled_on_a_silent_store(
+    gateway_factory: Callable[..., GatewayServer], broker: Mosquitto,
+    unique_topic: Callable[[str], str],
+) -> None:  # fmt: skip
+    """A placeholder's payload comes from a store (the gateway's redirect) that sends the
+    answer's head and a first piece, then nothing. The proxy's fetch thread waits in that
+    read until the HTTP timeout (120 s here); stopping the proxy must not wait for it."""
+    size = 400 * 1024
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def stalling_store() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = listener.accept()
+                conn.recv(65536)
+                head = f"HTTP/1.1 200 OK\r\nContent-Length: {size}\r\n\r\n".encode()
+                conn.sendall(head + bytes(1000))  # then silence
+                held.append(conn)
+
+    threading.Thread(target=stalling_store, daemon=True).start()
+    port = listener.getsockname()[1]
+    gw = gateway_factory(broker, s3_public_url=f"http://127.0.0.1:{port}")
+    server = start_proxy(broker, gw, http_timeout=120, shutdown_timeout=1)
+    try:
+        topic = unique_topic("stalled-store")
+        peer = PahoPeer(server.port)
+        peer.subscribe(broker, topic, qos=1)
+        pub = subprocess.run(
+            ["mosquitto_pub", "-p", str(server.port), "-t", topic, "-s", "-q", "1"],
+            input=os.urandom(size), capture_output=True, timeout=120,
+        )  # fmt: skip
+        assert pub.returncode == 0, pub.stderr.decode()
+        wait_until(lambda: bool(held), "the fetch reached the store", 60)
+        assert server.metric("offload_proxy_fetches") == 1  # under way, stalled
+    finally:
+        thread = server._thread
+        server.stop()  # joins for at most 60 s
+        listener.close()
+        for conn in held:
+            conn.close()
+    assert thread is not None and not thread.is_alive()
