@@ -129,7 +129,8 @@ def test_take_over_stops_a_patch_at_once() -> None:
         return seen, waited
 
     seen, waited = asyncio.run(main())
-    assert seen == ["interrupted"] and waited < 0.2
+    # At once, not after the lock's 5 s wait (the bound leaves room for a loaded machine).
+    assert seen == ["interrupted"] and waited < 2.5
 
 
 def test_a_release_asked_before_the_interruptible_part_stops_it_at_entry() -> None:
