@@ -82,6 +82,70 @@ def test_streaming_any_split_round_trips(size: int, cuts: list[int], decuts: lis
     assert pyrage.decrypt(blob, [pyrage.x25519.Identity.from_str(str(ALICE))]) == data
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    size=st.integers(0, 5 * CHUNK + 3),
+    cuts=st.lists(st.integers(0, 6 * SEALED_CHUNK), max_size=6),
+)
+def test_feed_into_decrypts_in_place_what_feed_pieces_gives(size: int, cuts: list[int]) -> None:
+    """Decryptor.feed_into (the receive path's decryption straight into the payload's
+    buffer) writes the same plaintext, split anywhere, once the header is read."""
+    data = os.urandom(size)
+    blob = encrypt(data, [ALICE.recipient])
+    dec, out, at, last = Decryptor([ALICE]), bytearray(size), 0, 0
+    view = memoryview(out)
+    with pytest.raises(ValueError, match="before the header"):
+        dec.feed_into(blob[:10], view)
+    dec = Decryptor([ALICE])
+    for cut in [*sorted(c % (len(blob) + 1) for c in cuts), len(blob)]:
+        piece, last = blob[last:cut], cut
+        if dec.header_length is None:
+            for plain in dec.feed_pieces(piece):
+                view[at : at + len(plain)] = plain
+                at += len(plain)
+        else:
+            at += dec.feed_into(piece, view[at:])
+    final = dec.finish()
+    view[at : at + len(final)] = final
+    assert at + len(final) == size and bytes(out) == data
+
+
+def test_feed_into_refuses_tampered_chunks_and_chunks_past_its_room() -> None:
+    data = os.urandom(3 * CHUNK + 5)
+    blob = bytearray(encrypt(data, [ALICE.recipient]))
+    start = len(blob) - (3 * SEALED_CHUNK + 5 + 16)  # the payload after header and nonce
+    dec = Decryptor([ALICE])
+    dec.feed(bytes(blob[:start]))
+    with pytest.raises(DecryptionFailed, match="more chunks than its size holds"):
+        dec.feed_into(bytes(blob[start:]), memoryview(bytearray(2 * CHUNK)))
+    blob[start + SEALED_CHUNK + 7] ^= 1  # inside chunk 1
+    dec = Decryptor([ALICE])
+    dec.feed(bytes(blob[:start]))
+    with pytest.raises(DecryptionFailed, match="chunk 1 fails authentication"):
+        dec.feed_into(bytes(blob[start:]), memoryview(bytearray(len(data))))
+
+
+@settings(max_examples=30, deadline=None)
+@given(size=st.integers(0, 4 * CHUNK + 3), cuts=st.lists(st.integers(0, 1 << 19), max_size=6))
+def test_feed_seals_into_one_object_the_bytes_feed_pieces_gives(size: int, cuts: list[int]) -> None:
+    """Encryptor.feed (each chunk sealed straight into one output object) and the join
+    of feed_pieces are the same age payload for the same file key and nonce."""
+    data = os.urandom(size)
+    key, nonce = os.urandom(16), os.urandom(16)
+    one, many = (Encryptor([ALICE.recipient], file_key=key, nonce=nonce) for _ in range(2))
+    a, b, last = [], [], 0
+    for cut in [*sorted(c % (size + 1) for c in cuts), size]:
+        a.append(one.feed(data[last:cut]))
+        b.extend(many.feed_pieces(data[last:cut]))
+        last = cut
+    a.append(one.finish())
+    b.append(many.finish())
+    ours, theirs = b"".join(a), b"".join(b)
+    # Each header wraps the key with a fresh ephemeral share: the payloads must match.
+    assert ours[one.header_length :] == theirs[many.header_length :]
+    assert decrypt(ours, [ALICE]) == data
+
+
 def test_output_is_bounded_while_streaming() -> None:
     enc = Encryptor([ALICE.recipient])
     dec = Decryptor([ALICE])

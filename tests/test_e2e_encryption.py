@@ -30,6 +30,7 @@ from client import (
     Message,
     MessageError,
     NoMatchingIdentity,
+    PayloadChecksumMismatch,
     Route,
 )
 from client.mqtt._paho import Incoming, MqttConnection
@@ -251,6 +252,71 @@ def test_hostile_objects_are_message_errors_and_the_next_message_arrives(
         assert isinstance(item.error, error), item.error
     last = _next(sub)
     assert isinstance(last, Message) and last.payload == b"fine"
+
+
+def test_a_decrypted_fetch_keeps_no_stored_copy_and_spools_by_plaintext_size(
+    clients: Callable[..., Client], unique_topic: Callable[[str], str], tmp_path: Path
+) -> None:
+    """The stored bytes of an encrypted payload are only hashed and decrypted as they
+    arrive, never kept (no spool file for them), and the plaintext is held in memory up to
+    `spool_threshold` of its own size: a payload of exactly the threshold, whose stored
+    bytes are larger, used to be spooled twice (bench/RESULTS.md, issue 30). Sizes span
+    several turns of the fetch's ring of buffers, on the hashing thread."""
+    topic = unique_topic("ring")
+    identity, key_file = _key(tmp_path, "k")
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    threshold = 9 * MiB
+    seen: list[list[str]] = []
+    sub = clients(
+        identity_files=(str(key_file),),
+        spool_threshold=threshold,
+        spool_dir=str(spool),
+        # Called as the bytes arrive: what the spool directory holds meanwhile.
+        on_fetch_progress=lambda *_: seen.append(sorted(p.name for p in spool.iterdir())),
+    )
+    sub.subscribe(topic, qos=1)
+    pub = clients(encrypt_to={topic: [str(identity.recipient)]})
+    exact, over = os.urandom(threshold), os.urandom(threshold + 1)
+    pub.publish(topic, exact, qos=1)
+    msg = _next(sub)
+    assert isinstance(msg, Message), msg
+    assert msg.body.path is None and msg.payload == exact
+    assert msg.sha256 == hashlib.sha256(exact).hexdigest()
+    assert seen and all(names == [] for names in seen)
+    pub.publish(topic, over, qos=1)
+    big = _next(sub)
+    assert isinstance(big, Message), big
+    assert big.body.path is not None and big.body.path.parent == spool
+    assert big.payload == over and big.sha256 == hashlib.sha256(over).hexdigest()
+    assert [p.name for p in spool.iterdir()] == [big.body.path.name]  # the plaintext only
+    big.body.discard()
+
+
+def test_a_decrypted_fetch_still_refuses_stored_bytes_of_another_digest(
+    gateway: GatewayServer,
+    clients: Callable[..., Client],
+    unique_topic: Callable[[str], str],
+    tmp_path: Path,
+) -> None:
+    """Not keeping the stored bytes changes nothing in their check: an age file that
+    decrypts fine but is not the one the placeholder names is a MessageError."""
+    from client.protocol._age import encrypt
+
+    topic = unique_topic("subst")
+    identity, key_file = _key(tmp_path, "k")
+    sub = clients(identity_files=(str(key_file),))
+    sub.subscribe(topic, qos=1)
+    sealed = encrypt(os.urandom(7 * MiB), [identity.recipient])
+    mid = MessageId.new()
+    put = httpx.put(f"{gateway.url}/msg/{mid}", content=sealed, params={"topic": topic})
+    assert put.status_code in (200, 201), put.text
+    other = hashlib.sha256(b"another age file").hexdigest()
+    ref = Placeholder(f"{gateway.url}/msg/{mid}", len(sealed), other, mid, Encoding(encrypted=True))
+    body, props = ref.encode(None)
+    clients().connection.publish(topic, body, qos=1, properties=props).result(10)
+    item = _next(sub)
+    assert isinstance(item, MessageError) and isinstance(item.error, PayloadChecksumMismatch), item
 
 
 def test_compression_pays_on_json_and_is_skipped_on_random_bytes(

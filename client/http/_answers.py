@@ -86,16 +86,21 @@ def _verified(
     actual: str,
     expected_size: int | None,
     expected_sha256: str | None,
+    received: int | None = None,
 ) -> Payload:
-    """The payload when its size and SHA-256 are the declared ones; else discarded, raised."""
-    if expected_size is not None and payload.size < expected_size:
+    """The payload when its size and SHA-256 are the declared ones; else discarded, raised.
+
+    Args:
+        received: the body's size when the payload does not hold it (a fetch that was
+            only tapped); else the payload's size.
+    """
+    got = payload.size if received is None else received
+    if expected_size is not None and got < expected_size:
         payload.discard()  # the connection ended early (a restart): worth another try
-        raise TransientFetchError(
-            url, f"size mismatch: expected {expected_size}, got {payload.size}"
-        )
-    if expected_size is not None and payload.size != expected_size:
+        raise TransientFetchError(url, f"size mismatch: expected {expected_size}, got {got}")
+    if expected_size is not None and got != expected_size:
         payload.discard()
-        raise FetchError(url, f"size mismatch: expected {expected_size}, got {payload.size}")
+        raise FetchError(url, f"size mismatch: expected {expected_size}, got {got}")
     if expected_sha256 is not None and actual != expected_sha256:
         payload.discard()
         raise PayloadChecksumMismatch(url, expected_sha256, actual)

@@ -273,6 +273,49 @@ def _read_into(
     return Payload(buffer.getvalue())
 
 
+def _tapped_only(
+    readinto: Callable[[memoryview], int] | None,
+    stream: Iterator[bytes],
+    hasher: _Hasher,
+    size: int | None,
+    url: str,
+    on_bytes: Callable[[int, int | None], None] | None,
+) -> int:
+    """The body hashed and handed to the hasher's tap, not kept: the number of bytes read.
+
+    For a caller whose tap keeps what it needs (the receive path decrypts as the body
+    arrives and holds only the plaintext): keeping the stored bytes as well cost a copy of
+    every byte, or a spool file written and deleted, past `spool_threshold` (bench/RESULTS.md,
+    "Issue 30"). Over the transport's `readinto` the reads land in a ring of
+    :data:`HASH_QUEUE` + 2 buffers: the hasher's queue holds at most :data:`HASH_QUEUE`
+    batches and it works on one more, so a buffer is filled again only after the hasher
+    is done with the batch it held. A body that goes on past `size` is refused, as in
+    :func:`_read_into`.
+    """
+    got = 0
+    if readinto is None or size is None:
+        for batch, batched in _batches(stream):  # fresh pieces: dropped once fed
+            hasher.feed(batch)
+            got += batched
+        return got
+    step = max(1, min(HASH_BATCH, size))
+    ring = [memoryview(bytearray(step)) for _ in range(min(HASH_QUEUE + 2, size // step + 1))]
+    turn = 0
+    while got < size:
+        view = ring[turn % len(ring)]
+        n = readinto(view[: min(step, size - got)])
+        if not n:
+            break
+        hasher.feed([view[:n]])
+        got += n
+        turn += 1
+        if on_bytes is not None:
+            on_bytes(got, size)
+    if got == size and readinto(memoryview(bytearray(1))):
+        raise FetchError(url, f"body runs past the declared size of {size} bytes: cut off")
+    return got
+
+
 def _spool(
     stream: Iterator[bytes], hasher: _Hasher, spool_dir: str | os.PathLike[str] | None
 ) -> Payload:

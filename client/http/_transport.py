@@ -52,6 +52,7 @@ from ._fetching import (
     _origin,
     _read_into,
     _spool,
+    _tapped_only,
 )
 from ._scram import ScramFailure
 from ._upload_forms import (
@@ -261,6 +262,7 @@ class HttpTransport:
         pace: Pace | None = None,
         topic: str | None = None,
         tap: Callable[[Sequence[bytes | memoryview]], None] | None = None,
+        keep: bool = True,
     ) -> Payload:
         """GET a raw payload, verifying its SHA-256 while it streams in, never reading more.
 
@@ -300,6 +302,8 @@ class HttpTransport:
             tap: sees the body's pieces in order as they are hashed (on the hashing thread
                 for a large payload); must not raise nor keep a piece past the call. What
                 it makes of them is the caller's to discard if this raises.
+            keep: False: the body is only hashed and tapped, never held (the receive path
+                decrypts it on the tap): the payload returned, once verified, is empty.
 
         Raises:
             PayloadNotFound: 404 or 410.
@@ -332,7 +336,11 @@ class HttpTransport:
                     with _Hasher(
                         threaded=threaded, enabled=expected_sha256 is not None, tap=tap
                     ) as hasher:
-                        if size is None or size > spool_threshold:
+                        received = None
+                        if not keep:
+                            payload = Payload(b"")
+                            received = _tapped_only(readinto, stream, hasher, size, url, on_bytes)
+                        elif size is None or size > spool_threshold:
                             payload = _spool(stream, hasher, spool_dir)
                         elif readinto is not None:  # straight into the payload's buffer
                             payload = _read_into(readinto, hasher, size, url, on_bytes)
@@ -345,7 +353,7 @@ class HttpTransport:
                 raise FetchError(url, f"fetch failed: {exc!r}") from exc
             except ScramFailure as exc:
                 raise FetchError(url, str(exc), 401) from exc
-            return _verified(url, payload, digest, expected_size, expected_sha256)
+            return _verified(url, payload, digest, expected_size, expected_sha256, received)
 
     @contextlib.contextmanager
     def _open(

@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import io
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from cryptography.exceptions import InvalidTag
@@ -209,32 +210,54 @@ class Encryptor:
         self._finished = False
 
     def feed(self, data: bytes | bytearray | memoryview) -> bytes:
-        """The age bytes ready after `data` (the header first)."""
-        return b"".join(self.feed_pieces(data))
+        """The age bytes ready after `data` (the header first), as one object.
+
+        Each chunk is sealed straight into it (no object per chunk, no join): for a piece
+        of about 1 MiB, the size a :class:`~client.seal._seal.SealedStream` feeds; a
+        larger one allocates (and page-faults) its whole output at once, which
+        :meth:`feed_pieces` avoids.
+        """
+        pending, self._pending = self._pending, b""
+        view = memoryview(data)
+        chunks = max(0, (len(self._buffer) + len(view) - 1) // CHUNK)
+        out = io.BytesIO(bytes(len(pending) + chunks * SEALED_CHUNK))
+        with out.getbuffer() as target:
+            target[: len(pending)] = pending
+            at = len(pending)
+            for chunk in self._chunks(view):
+                self._cipher.encrypt_into(
+                    _chunk_nonce(self._index, False), chunk, None, target[at : at + SEALED_CHUNK]
+                )
+                self._index += 1
+                at += SEALED_CHUNK
+        return out.getvalue()
 
     def feed_pieces(self, data: bytes | bytearray | memoryview) -> list[bytes]:
         """As :meth:`feed`, one piece per chunk: no large buffer is allocated (and page-
         faulted) per call, which cost streams four times the cipher's own work."""
         out = [self._pending] if self._pending else []
         self._pending = b""
-        view = memoryview(data)
+        out.extend(self._seal(chunk, False) for chunk in self._chunks(memoryview(data)))
+        return out
+
+    def _chunks(self, view: memoryview) -> Iterator[bytes | bytearray | memoryview]:
+        """The whole chunks of plaintext that `view` completes, the buffered bytes first;
+        the rest is buffered. A full chunk waits until a byte follows it, since the last
+        chunk carries a flag: every chunk yielded is not the last."""
         if self._buffer:
             need = CHUNK - len(self._buffer)
             if len(view) <= need:
                 self._buffer += view
-                return out
+                return
             self._buffer += view[:need]
             view = view[need:]
-            out.append(self._seal(self._buffer, False))  # more follows: not the last
+            yield self._buffer
             self._buffer = bytearray()
-        # Sealed straight from the caller's bytes; a full chunk waits until a byte follows
-        # it, since the last chunk carries a flag.
-        start = 0
+        start = 0  # sealed straight from the caller's bytes
         while len(view) - start > CHUNK:
-            out.append(self._seal(view[start : start + CHUNK], False))
+            yield view[start : start + CHUNK]
             start += CHUNK
         self._buffer += view[start:]
-        return out
 
     def finish(self) -> bytes:
         """The last chunk (the header too, for an empty payload)."""
@@ -323,16 +346,45 @@ class OpenedHeader:
         Raises:
             DecryptionFailed: tampered, truncated, or not the last chunk when `last`.
         """
+        self._check(index, sealed, last)
+        try:
+            return self._cipher.decrypt(_chunk_nonce(index, last), sealed, None)
+        except InvalidTag:
+            raise self._failed(index) from None
+
+    def open_chunk_into(
+        self,
+        index: int,
+        sealed: bytes | bytearray | memoryview,
+        last: bool,
+        out: memoryview,
+    ) -> int:
+        """As :meth:`open_chunk`, the plaintext written to the start of `out`: its length.
+
+        On a failure `out` may hold unauthenticated bytes: the caller drops it.
+        """
+        self._check(index, sealed, last)
+        n = len(sealed) - TAG
+        if len(out) < n:
+            raise DecryptionFailed("age payload: more chunks than its size holds")
+        try:
+            self._cipher.decrypt_into(_chunk_nonce(index, last), sealed, None, out[:n])
+        except InvalidTag:
+            raise self._failed(index) from None
+        return n
+
+    @staticmethod
+    def _check(index: int, sealed: bytes | bytearray | memoryview, last: bool) -> None:
         if not TAG <= len(sealed) <= SEALED_CHUNK or (not last and len(sealed) != SEALED_CHUNK):
             raise DecryptionFailed(f"age payload: chunk {index} truncated")
         if last and len(sealed) == TAG and index > 0:
             raise DecryptionFailed("age payload: empty last chunk after data")
-        try:
-            return self._cipher.decrypt(_chunk_nonce(index, last), sealed, None)
-        except InvalidTag:
-            raise DecryptionFailed(
-                f"age payload: chunk {index} fails authentication (tampered or truncated)"
-            ) from None
+
+    @staticmethod
+    def _failed(index: int) -> DecryptionFailed:
+        return DecryptionFailed(
+            f"age payload: chunk {index} fails authentication (tampered or truncated)"
+        )
 
     def open_run(self, first: int, sealed: bytes, layout: Layout) -> bytes:
         """Plaintext of the consecutive chunks from `first` held in `sealed`."""
@@ -379,27 +431,48 @@ class Decryptor:
             if not self._open():
                 return []
             data, self._buffer = bytes(self._buffer), bytearray()
-        assert self._opened is not None
+        opened = self._opened
+        assert opened is not None
         out: list[bytes] = []
+        for sealed in self._chunks(data):
+            out.append(opened.open_chunk(self._index, sealed, False))
+            self._index += 1
+        return out
+
+    def feed_into(self, data: bytes | bytearray | memoryview, out: memoryview) -> int:
+        """As :meth:`feed_pieces` once the header is read (:attr:`header_length` is set),
+        the plaintext decrypted straight into `out`: the bytes written. `out` has room
+        for every whole chunk the buffered and new bytes hold (64 KiB each).
+
+        Saves a fresh object per 64 KiB and a copy of it into the payload's buffer.
+        """
+        opened = self._opened
+        if opened is None:
+            raise ValueError("feed_into before the header was read")
+        written = 0
+        for sealed in self._chunks(data):
+            written += opened.open_chunk_into(self._index, sealed, False, out[written:])
+            self._index += 1
+        return written
+
+    def _chunks(self, data: bytes | bytearray | memoryview) -> Iterator[bytearray | memoryview]:
+        """The whole chunks that `data` completes, each followed by more (so not the last);
+        the rest is buffered. A chunk is valid only until the next is asked for."""
         view = memoryview(data)
         if self._buffer:
             need = SEALED_CHUNK - len(self._buffer)
             if len(view) <= need:
                 self._buffer += view
-                return []
+                return
             self._buffer += view[:need]
             view = view[need:]
-            out.append(self._opened.open_chunk(self._index, self._buffer, False))
-            self._index += 1
+            yield self._buffer
             self._buffer = bytearray()
         start = 0
         while len(view) - start > SEALED_CHUNK:  # a chunk followed by more is not the last
-            sealed = view[start : start + SEALED_CHUNK]
-            out.append(self._opened.open_chunk(self._index, sealed, False))
-            self._index += 1
+            yield view[start : start + SEALED_CHUNK]
             start += SEALED_CHUNK
         self._buffer += view[start:]
-        return out
 
     def _open(self) -> bool:
         header = Header.parse(self._buffer)

@@ -462,6 +462,7 @@ class Receiver:
                 if progress is not None
                 else None,
                 tap=decoding.feed if decoding is not None else None,
+                keep=decoding is None or decoding.keeps_stored,
             )
         except BaseException:
             if decoding is not None:

@@ -150,7 +150,7 @@ class SealedStream:
         sent = 0
         for data in self._source.pieces(piece):
             plain.update(data)
-            out = b"".join(encryptor.feed_pieces(data))
+            out = encryptor.feed(data)
             stored.update(out)
             sent += len(out)
             yield out

@@ -16,9 +16,11 @@ truncated or tampered; a bomb), which the receive path hands out as a MessageErr
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
@@ -69,6 +71,33 @@ class Decoder:
         self.size = 0
         if not sniff:
             self._start(encoding.encrypted)
+
+    def plain_size(self, stored_size: int) -> int | None:
+        """The plaintext's exact size, once the age header has been read, for a payload
+        that is only encrypted (a `stored_size`-byte age file); None otherwise.
+
+        Raises:
+            DecryptionFailed: `stored_size` cannot be an age file behind that header.
+        """
+        decryptor = self._decryptor
+        if decryptor is None or self._compressed or self._sniff:
+            return None
+        if decryptor.header_length is None:
+            return None
+        from ..protocol._age import Layout
+
+        return Layout.of(decryptor.header_length, stored_size).plain_size
+
+    def feed_into(self, data: bytes | memoryview, out: memoryview) -> int | None:
+        """As :meth:`feed`, the plaintext written straight into `out` (room for all of it):
+        its length; None (nothing done) unless the payload is only encrypted and its
+        header has been read."""
+        decryptor = self._decryptor
+        if decryptor is None or self._compressed or self._sniff or decryptor.header_length is None:
+            return None
+        n = decryptor.feed_into(data, out)
+        self.size += n
+        return n
 
     def _start(self, encrypted: bool) -> None:
         if encrypted:
@@ -170,16 +199,28 @@ class _Plain:
     Args:
         settings: `spool_threshold`, `spool_dir`.
         spool: straight to a file (the stored bytes were spooled: so is their plaintext).
+        size: the plaintext's exact size, when known ahead: up to `spool_threshold` the
+            pieces are copied into one buffer of that size, handed over without the copy
+            a join of the pieces makes (and with no list of pieces meanwhile); past it,
+            straight to a file.
     """
 
-    def __init__(self, settings: ClientSettings, *, spool: bool = False) -> None:
+    def __init__(
+        self, settings: ClientSettings, *, spool: bool = False, size: int | None = None
+    ) -> None:
         self._settings = settings
         self._memory: list[bytes] | None = []
         self._held = 0
         self._file: BinaryIO | None = None
         self._path: Path | None = None
-        if spool:
+        self._buffer: io.BytesIO | None = None
+        if spool or (size is not None and size > settings.spool_threshold):
             self._spill()
+        elif size is not None:
+            # calloc'd: untouched until written; getvalue() then hands it over as is.
+            self._buffer = io.BytesIO(bytes(size))
+            self._memory = None
+        self._size = size
 
     def _spill(self) -> None:
         fd, name = tempfile.mkstemp(prefix="offload-", dir=self._settings.spool_dir)
@@ -188,7 +229,23 @@ class _Plain:
             self._file.writelines(self._memory)
         self._memory = None
 
+    def fill(self, fill: Callable[[memoryview], int | None]) -> bool:
+        """Let `fill` write into the buffer at the end of what is written (it returns how
+        much it wrote); False when there is no buffer or `fill` returns None."""
+        if self._buffer is None:
+            return False
+        at = self._buffer.tell()
+        with self._buffer.getbuffer() as view:
+            n = fill(view[at:])
+        if n is None:
+            return False
+        self._buffer.seek(at + n)
+        return True
+
     def write(self, piece: bytes) -> None:
+        if self._buffer is not None:
+            self._buffer.write(piece)
+            return
         if self._memory is not None and self._held + len(piece) > self._settings.spool_threshold:
             self._spill()
         if self._memory is not None:
@@ -200,6 +257,10 @@ class _Plain:
 
     def payload(self) -> Payload:
         """What was written, as a Payload (the spool file handed over)."""
+        if self._buffer is not None:
+            if self._buffer.tell() != self._size:
+                self._buffer.truncate()  # fewer bytes than announced: only what was written
+            return Payload(self._buffer.getvalue())
         if self._memory is not None:
             return Payload(b"".join(self._memory))
         assert self._file is not None
@@ -207,7 +268,7 @@ class _Plain:
         return Payload(path=self._path)
 
     def discard(self) -> None:
-        self._memory = None
+        self._memory = self._buffer = None
         if self._file is not None:
             self._file.close()
         if self._path is not None:
@@ -238,34 +299,64 @@ class Decoding:
     bytes arrive quickly and inflate 4-8 times, and decompressing beside the reader made
     the 64 MiB JSON round trip slower in 7 of 8 paired runs (bench/RESULTS.md, issue 30).
 
+    The stored bytes of an encrypted payload are not kept (:attr:`keeps_stored` is False:
+    the fetch only hashes and taps them), and an encrypted payload that is not compressed
+    has a plaintext size known from its header: up to `spool_threshold` it is decrypted
+    into one buffer of that size, past it straight into a spool file. Keeping the stored
+    bytes too, and deciding by their size, had spooled both to disk for a payload of
+    exactly `spool_threshold` (bench/RESULTS.md, "Issue 30").
+
     Args:
         settings: `spool_threshold`, `spool_dir`.
         decoder: the payload's decoder.
         deferred: decode in :meth:`result`, from the stored bytes (`feed` does nothing).
-        spool: the plaintext goes straight to a spool file (the stored bytes are spooled:
-            holding a first `spool_threshold` of plaintext in memory doubled a client's peak).
+        size: the stored bytes' size (the placeholder's).
     """
 
     def __init__(
-        self, settings: ClientSettings, decoder: Decoder, *, deferred: bool, spool: bool
+        self, settings: ClientSettings, decoder: Decoder, *, deferred: bool, size: int
     ) -> None:
         self._settings = settings
         self._decoder = decoder
+        self._deferred = deferred
+        self._size = size
         self._digest = hashlib.sha256()
-        self._plain: _Plain | None = None if deferred else _Plain(settings, spool=spool)
+        self._plain: _Plain | None = None  # made with the first plaintext
         self._error: Exception | None = None
+
+    @property
+    def keeps_stored(self) -> bool:
+        """Whether :meth:`result` needs the stored bytes (else the fetch need not keep them)."""
+        return self._deferred
+
+    def _sink(self) -> _Plain:
+        if self._plain is None:
+            # A compressed payload's plaintext size is unknown: in memory until it passes
+            # `spool_threshold`, or on disk from the start when the stored bytes alone do.
+            exact = self._decoder.plain_size(self._size)
+            spool = exact is None and self._size > self._settings.spool_threshold
+            self._plain = _Plain(self._settings, spool=spool, size=exact)
+        return self._plain
 
     def feed(self, batch: Sequence[bytes | memoryview]) -> None:
         """Decode `batch` (no view of it is kept)."""
-        if self._plain is None or self._error is not None:
+        if self._deferred or self._error is not None:
             return
         try:
             for piece in batch:
+                if self._plain is not None and self._plain.fill(partial(self._into, piece)):
+                    continue  # decrypted in place (the header was read: the buffer exists)
                 for plain in self._decoder.feed(piece):
                     self._digest.update(plain)
-                    self._plain.write(plain)
+                    self._sink().write(plain)
         except Exception as exc:  # raised by result(), on the caller's thread
             self._error = _detached(exc)
+
+    def _into(self, piece: bytes | memoryview, out: memoryview) -> int | None:
+        n = self._decoder.feed_into(piece, out)
+        if n:
+            self._digest.update(out[:n])
+        return n
 
     def result(self, stored: Payload) -> tuple[Payload, str]:
         """The plaintext and its SHA-256; `stored` (verified by the fetch) is discarded.
@@ -273,7 +364,7 @@ class Decoding:
         Raises:
             PayloadDecodeError: see the module's docstring.
         """
-        if self._plain is None:
+        if self._deferred:
             return _decoded(self._settings, self._decoder, stored)
         stored.discard()
         try:
@@ -281,11 +372,12 @@ class Decoding:
                 raise self._error
             for plain in self._decoder.finish():
                 self._digest.update(plain)
-                self._plain.write(plain)
+                self._sink().write(plain)
+            plain_payload = self._sink().payload()
         except BaseException:
-            self._plain.discard()
+            self.discard()
             raise
-        return self._plain.payload(), self._digest.hexdigest()
+        return plain_payload, self._digest.hexdigest()
 
     def discard(self) -> None:
         """Drop what was decoded (the fetch failed)."""
@@ -332,15 +424,15 @@ class Unsealer:
 
         Args:
             encoding: from the placeholder.
-            size: the stored bytes' size (the placeholder's): past `spool_threshold` the
-                fetch spools them, and the plaintext goes to a spool file from the start.
+            size: the stored bytes' size (the placeholder's): with the header, the
+                plaintext's size, which decides between memory and a spool file.
 
         Raises:
             NoMatchingIdentity: an encrypted payload and no identity (before any fetch).
         """
         s = self._settings
         decoder = Decoder(encoding, self.identities, s.max_fetch_bytes)
-        return Decoding(s, decoder, deferred=not encoding.encrypted, spool=size > s.spool_threshold)
+        return Decoding(s, decoder, deferred=not encoding.encrypted, size=size)
 
     def decode(
         self, encoding: Encoding, stored: Payload, *, sniff: bool = False
