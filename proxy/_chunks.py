@@ -29,7 +29,7 @@ from client.protocol import (
 
 from ._exceptions import PeerGone
 from ._state import Conn, Services
-from ._stream import drained
+from ._stream import drain_within, drained, write_piece
 from ._unseal import decode_chunked, why_not_decoded
 from .protocol import (
     Head,
@@ -123,9 +123,8 @@ async def large_publish(conn: Conn, services: Services, head: Head) -> None:
 
 async def _rest(conn: Conn, pieces: AsyncIterator[bytes]) -> None:
     async for piece in pieces:
-        conn.client_writer.write(piece)
-        await conn.client_writer.drain()
-    await conn.client_writer.drain()
+        await write_piece(conn.client_writer, piece, conn.client.idle)
+    await drain_within(conn.client_writer, conn.client.idle)
 
 
 async def take_chunk(
@@ -186,9 +185,8 @@ async def _deliver(
             writer = conn.client_writer
             writer.write(whole_head(head.first, last, whole.topic, props, size, v5=v5))
             for piece in plain.pieces() if plain is not None else (payload,):
-                writer.write(piece)
-                await drained(writer)
-            await writer.drain()
+                await write_piece(writer, piece, conn.client.idle)
+            await drain_within(writer, conn.client.idle)
     finally:
         if plain is not None:
             plain.close()

@@ -29,7 +29,7 @@ from ._exceptions import PeerGone, TransferFailed
 from ._resends import ended
 from ._settings import MQTT_MAX_PACKET
 from ._state import Conn, Services
-from ._stream import drained, write_piece
+from ._stream import drain_within, drained, write_piece
 from ._unseal import resolve_encoded
 from .protocol import (
     CONNACK,
@@ -134,9 +134,8 @@ async def _stream(conn: Conn, head: Head) -> None:
     async with conn.client_lock:  # pieces across awaits: nothing else in between
         conn.client_writer.write(head.raw)
         async for piece in conn.broker.pieces(head):
-            conn.client_writer.write(piece)
-            await conn.client_writer.drain()
-        await conn.client_writer.drain()
+            await write_piece(conn.client_writer, piece, conn.client.idle)
+        await drain_within(conn.client_writer, conn.client.idle)
 
 
 async def _connack(conn: Conn, services: Services, head: Head) -> None:
@@ -253,7 +252,7 @@ async def _resolve(
                         writer.write(head_bytes)  # fails before it costs the client nothing
                         written = True
                     elif held:
-                        await write_piece(writer, held)
+                        await write_piece(writer, held, conn.client.idle)
                     held = piece
                     services.metrics.bytes_down.inc(len(piece))
                 if fetched.size != ref.size or fetched.sha256 != ref.sha256:
@@ -262,8 +261,8 @@ async def _resolve(
                 if not written:
                     writer.write(head_bytes)
                     written = True
-                await write_piece(writer, held)
-                await writer.drain()
+                await write_piece(writer, held, conn.client.idle)
+                await drain_within(writer, conn.client.idle)
         except TransferFailed as exc:
             if written:
                 log.warning("resolve failed mid-packet; client cut off", extra={"why": str(exc)})

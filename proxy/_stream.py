@@ -115,12 +115,27 @@ async def drained(writer: asyncio.StreamWriter) -> None:
 SLICE = 256 * 1024
 
 
-async def write_piece(writer: asyncio.StreamWriter, piece: bytes) -> None:
-    """Write `piece` in slices of at most :data:`SLICE`, yielding to the loop after each."""
+async def drain_within(writer: asyncio.StreamWriter, idle: float) -> None:
+    """Wait until the client has taken what is buffered, at most `idle` seconds.
+
+    Raises:
+        PeerTimeout: it took too little for `idle` seconds (a client that stops reading
+            would otherwise hold a payload's fetch slot, thread and memory for ever).
+    """
+    try:
+        async with asyncio.timeout(idle):
+            await writer.drain()
+    except TimeoutError as exc:
+        raise PeerTimeout(f"the client took too little of a packet for {idle} s") from exc
+
+
+async def write_piece(writer: asyncio.StreamWriter, piece: bytes, idle: float) -> None:
+    """Write `piece` in slices of at most :data:`SLICE`, yielding to the loop after each;
+    :func:`drain_within` `idle` when the client lags."""
     view = memoryview(piece)
     for start in range(0, len(view), SLICE):
         writer.write(view[start : start + SLICE])
         if writer.transport.get_write_buffer_size() > HIGH_WATER:
-            await writer.drain()
+            await drain_within(writer, idle)
         else:
             await asyncio.sleep(0)

@@ -43,7 +43,7 @@ from client.protocol import (
 
 from ._exceptions import TransferFailed
 from ._state import Conn, Services
-from ._stream import drained
+from ._stream import drain_within, write_piece
 from .protocol import Head, PublishHeader, resolved_head, resolved_size
 
 log = logging.getLogger("proxy")
@@ -212,9 +212,8 @@ async def resolve_encoded(
             writer = conn.client_writer
             writer.write(resolved_head(head.first, header, plain.size, v5=v5))
             for piece in plain.pieces():
-                writer.write(piece)
-                await drained(writer)
-            await writer.drain()
+                await write_piece(writer, piece, conn.client.idle)
+            await drain_within(writer, conn.client.idle)
         finally:
             plain.close()
     finally:

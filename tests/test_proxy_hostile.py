@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -263,6 +264,32 @@ def test_a_will_upload_takes_an_upload_slot_and_is_refused_when_none_is_free(
         assert connack[:1] == b"\x20" and connack[3] == 0x00  # the slot is free again
         admitted.close()
         holder.close()
+    finally:
+        server.stop()
+
+
+def test_a_subscriber_that_stops_reading_is_cut_off_and_frees_its_fetch(
+    gateway: GatewayServer, broker: Mosquitto, unique_topic: Callable[[str], str]
+) -> None:
+    """A payload is written to an unmodified subscriber that takes nothing: after
+    `idle_timeout` seconds without progress the proxy closes it, and the fetch slot (its
+    thread, its gateway connection) is free again, not held for as long as the peer lives."""
+    server = start_proxy(broker, gateway, idle_timeout=1)
+    topic = unique_topic("no-reader")
+    try:
+        reader = connected(server.port)
+        subscribe = (1).to_bytes(2, "big") + b"\x00" + _text(topic) + b"\x01"
+        reader.sendall(_packet(0x82, subscribe))
+        assert reader.recv(1) == b"\x90"  # SUBACK; from here on nothing is read
+        pub = subprocess.run(
+            ["mosquitto_pub", "-p", str(server.port), "-t", topic, "-s", "-q", "1"],
+            input=os.urandom(32 * MiB), capture_output=True, timeout=120,
+        )  # fmt: skip
+        assert pub.returncode == 0, pub.stderr.decode()
+        wait_until(lambda: server.metric("offload_proxy_fetches") == 1, "the fetch", 30)
+        wait_until(lambda: server.metric("offload_proxy_fetches") == 0, "the slot freed", 30)
+        assert server.metric("offload_proxy_resolved_total") == 0
+        reader.close()
     finally:
         server.stop()
 
