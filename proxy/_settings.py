@@ -96,7 +96,10 @@ class ProxySettings(BaseSettings):
     )
     connect_timeout: float = Field(10.0, gt=0, description="seconds for a whole CONNECT")
     idle_timeout: float = Field(
-        30.0, gt=0, description="seconds a packet that has begun may wait for its next byte"
+        30.0,
+        gt=0,
+        description="seconds a packet that has begun may wait for its next byte, and a client "
+        "may take too little of a packet written to it (then it is disconnected)",
     )
     http_timeout: float = Field(60.0, gt=0, description="seconds for each gateway request step")
     max_connect_bytes: int = Field(
