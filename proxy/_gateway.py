@@ -27,7 +27,7 @@ from client import HttpTransport, ScramAuth
 from client.protocol import MessageId, Origin, Placeholder
 
 from ._exceptions import TransferFailed
-from ._gateway_calls import Fetched, FetchItem, Opened, Upload, declared_store, fetch, upload
+from ._gateway_calls import Fetched, FetchItem, Opened, PayloadGet, Upload, declared_store, upload
 from ._handoff import FromLoop, Stopped, ToLoop
 from .protocol import Connect, Stored
 
@@ -252,18 +252,8 @@ class GatewayLink:
         """
         loop = asyncio.get_running_loop()
         channel: ToLoop[FetchItem] = ToLoop(loop, DEPTH)
-        job = loop.run_in_executor(
-            self._threads,
-            functools.partial(
-                fetch,
-                self._http.reader,
-                ref.payload_url,
-                size=ref.size,
-                auth=auth,
-                store_of=self._store_of,
-                out=channel,
-            ),
-        )
+        get = PayloadGet(self._http.reader, ref.payload_url, ref.size, auth, self._store_of)
+        job = loop.run_in_executor(self._threads, functools.partial(get.run, channel))
         job.add_done_callback(_retrieved)
         try:
             fetched = Fetch(channel, ref.payload_url)

@@ -76,77 +76,74 @@ def declared_store(http: httpx.Client, gateway: Origin) -> Origin | None:
     return None if record.direct_store is None else http_origin(record.direct_store)
 
 
-def fetch(
-    http: httpx.Client,
-    url: str,
-    *,
-    size: int,
-    auth: httpx.Auth | None,
-    store_of: Callable[[Origin], Origin | None],
-    out: ToLoop[FetchItem],
-) -> None:
-    """GET `url` and hand `out` :class:`Opened`, the body's pieces, then :class:`Fetched`
-    (or a :class:`TransferFailed`, the last item). Never more than `size` bytes are read.
+@dataclass(frozen=True, slots=True)
+class PayloadGet:
+    """One payload GET, run on a worker thread by :meth:`run`.
 
     A payload redirect (direct transfers: the gateway answers with a presigned store URL) is
     followed once, without credentials, and only to the store the gateway declares
     (`store_of`, as the library does, client/http/_store_origin.py).
     """
-    try:
-        _fetch(http, url, size=size, auth=auth, store_of=store_of, out=out)
-    except Stopped:
-        return  # the loop side gave up: nobody reads
-    except TransferFailed as exc:
-        failure = exc
-    except Exception as exc:  # an auth flow's own error, a bad URL: never a dead thread
-        failure = TransferFailed(f"fetch of {url} failed: {exc!r}")
-    else:
-        return
-    with contextlib.suppress(Stopped):
-        out.put(failure)
 
+    http: httpx.Client
+    url: str
+    size: int  # the placeholder's: never more is read
+    auth: httpx.Auth | None
+    store_of: Callable[[Origin], Origin | None]
 
-def _fetch(
-    http: httpx.Client,
-    url: str,
-    *,
-    size: int,
-    auth: httpx.Auth | None,
-    store_of: Callable[[Origin], Origin | None],
-    out: ToLoop[FetchItem],
-) -> None:
-    request = http.build_request("GET", url, headers={"Accept-Encoding": "identity"})
-    try:
-        response = http.send(request, auth=auth or httpx.USE_CLIENT_DEFAULT, stream=True)
-    except httpx.HTTPError as exc:
-        raise TransferFailed(f"fetch of {url} failed: {type(exc).__name__}") from exc
-    try:
-        location = response.headers.get("location")
-        if response.status_code in REDIRECTS and location is not None:
-            target = response.url.join(location)
+    def run(self, out: ToLoop[FetchItem]) -> None:
+        """Hand `out` :class:`Opened`, the body's pieces, then :class:`Fetched` (or a
+        :class:`TransferFailed`, the last item)."""
+        try:
+            self._exchange(out)
+        except Stopped:
+            return  # the loop side gave up: nobody reads
+        except TransferFailed as exc:
+            failure = exc
+        except Exception as exc:  # an auth flow's own error, a bad URL: never a dead thread
+            failure = TransferFailed(f"fetch of {self.url} failed: {exc!r}")
+        else:
+            return
+        with contextlib.suppress(Stopped):
+            out.put(failure)
+
+    def _exchange(self, out: ToLoop[FetchItem]) -> None:
+        url, http = self.url, self.http
+        request = http.build_request("GET", url, headers={"Accept-Encoding": "identity"})
+        try:
+            response = http.send(request, auth=self.auth or httpx.USE_CLIENT_DEFAULT, stream=True)
+        except httpx.HTTPError as exc:
+            raise TransferFailed(f"fetch of {url} failed: {type(exc).__name__}") from exc
+        try:
+            location = response.headers.get("location")
+            if response.status_code in REDIRECTS and location is not None:
+                target = response.url.join(location)
+                response.close()
+                response = _redirected(http, url, target, self.store_of)
+            if response.status_code != 200:
+                raise TransferFailed(_detail(response), response.status_code)
+            if response.headers.get("content-length") != str(self.size):
+                raise TransferFailed(f"{url} does not declare the placeholder's size")
+            if response.headers.get("content-encoding", "identity") != "identity":
+                raise TransferFailed(f"{url} answers with a content coding")
+            out.put(Opened())
+            self._body(response, out)
+        finally:
             response.close()
-            response = _redirected(http, url, target, store_of)
-        if response.status_code != 200:
-            raise TransferFailed(_detail(response), response.status_code)
-        if response.headers.get("content-length") != str(size):
-            raise TransferFailed(f"{url} does not declare the placeholder's size")
-        if response.headers.get("content-encoding", "identity") != "identity":
-            raise TransferFailed(f"{url} answers with a content coding")
-        out.put(Opened())
+
+    def _body(self, response: httpx.Response, out: ToLoop[FetchItem]) -> None:
         digest = hashlib.sha256()
         count = 0
         try:
             for piece in response.iter_raw():
                 count += len(piece)
-                if count > size:
-                    raise TransferFailed(f"{url} sends more than the placeholder's size")
+                if count > self.size:
+                    raise TransferFailed(f"{self.url} sends more than the placeholder's size")
                 digest.update(piece)
                 out.put(piece)
         except httpx.HTTPError as exc:
-            raise TransferFailed(f"fetch of {url} broke off: {type(exc).__name__}") from exc
+            raise TransferFailed(f"fetch of {self.url} broke off: {type(exc).__name__}") from exc
         out.put(Fetched(count, digest.hexdigest()))
-    finally:
-        response.close()
 
 
 def _redirected(
