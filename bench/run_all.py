@@ -14,6 +14,7 @@ baselines taken in the same run, but 2 cores are easily disturbed.
                                                # ~20 GiB of free disk, several minutes)
     python bench/run_all.py --only clients     # MinIO SDK vs obstore (obstore in /tmp/obstore_pkg)
     python bench/run_all.py --only proxy       # offload-proxy (bench/proxy.py, issue 28)
+    python bench/run_all.py --only encryption spark-encrypted   # issue 30's three rows
     python bench/run_all.py --only 1 mixed     # issue 31's table: gateway / nginx both ways,
                                                # RSS per transfer, the chart's maxTransfers
     python bench/run_all.py --markdown         # the table as Markdown (for RESULTS.md)
@@ -68,6 +69,7 @@ def _cmd(name: str, quick: bool) -> list[str]:
             "8" if quick else "16",
         ],
         "encryption": ["encryption.py", "--runs", "2" if quick else "3"],
+        "spark-encrypted": ["spark_read.py", "--encrypted", "--objects", "16"],
     }[name]
     return [sys.executable, str(HERE / args[0]), *args[1:]]
 
@@ -194,6 +196,7 @@ def main() -> None:
             "clients",
             "proxy",
             "encryption",
+            "spark-encrypted",
         ],
     )
     parser.add_argument("--spark", action="store_true")
@@ -202,7 +205,7 @@ def main() -> None:
     names = args.only or [
         "1", "2", "3", "4", "5", "6", "7", "8", "telemetry", "qos0", "receive",
         "protocol", "direct", "startup", "proxy", "encryption",
-        *(["spark"] if args.spark else []),
+        *(["spark", "spark-encrypted"] if args.spark else []),
     ]  # fmt: skip
     print(f"machine: {machine()}")
     rows: list[dict[str, object]] = []
