@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
 
 from client import untagged
 from client.protocol import (
@@ -29,7 +28,7 @@ from client.protocol import (
 
 from ._exceptions import PeerGone
 from ._state import Conn, Services
-from ._stream import drain_within, drained, write_piece
+from ._stream import drain_within, drained, write_all, write_piece
 from ._unseal import decode_chunked, why_not_decoded
 from .protocol import (
     Head,
@@ -118,13 +117,7 @@ async def large_publish(conn: Conn, services: Services, head: Head) -> None:
             raise PeerGone(f"the broker sent a PUBLISH a 3.1.1 client cannot take: {exc}") from exc
     async with conn.client_lock:  # pieces across awaits: nothing else in between
         conn.client_writer.write(lead)
-        await _rest(conn, pieces)
-
-
-async def _rest(conn: Conn, pieces: AsyncIterator[bytes]) -> None:
-    async for piece in pieces:
-        await write_piece(conn.client_writer, piece, conn.client.idle)
-    await drain_within(conn.client_writer, conn.client.idle)
+        await write_all(conn.client_writer, pieces, conn.client.idle)
 
 
 async def take_chunk(

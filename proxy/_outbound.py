@@ -29,7 +29,7 @@ from ._exceptions import PeerGone, TransferFailed
 from ._resends import ended
 from ._settings import MQTT_MAX_PACKET
 from ._state import Conn, Services
-from ._stream import drain_within, drained, write_piece
+from ._stream import drain_within, drained, write_all, write_piece
 from ._unseal import resolve_encoded
 from .protocol import (
     CONNACK,
@@ -133,9 +133,7 @@ async def _stream(conn: Conn, head: Head) -> None:
     """Relay a packet as it arrives."""
     async with conn.client_lock:  # pieces across awaits: nothing else in between
         conn.client_writer.write(head.raw)
-        async for piece in conn.broker.pieces(head):
-            await write_piece(conn.client_writer, piece, conn.client.idle)
-        await drain_within(conn.client_writer, conn.client.idle)
+        await write_all(conn.client_writer, conn.broker.pieces(head), conn.client.idle)
 
 
 async def _connack(conn: Conn, services: Services, head: Head) -> None:

@@ -9,7 +9,7 @@ closes its side, which ends the relay); once a packet has begun, each read must 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator
 
 from ._exceptions import PeerGone, PeerTimeout
 from .protocol import Body, Framer, Head
@@ -127,6 +127,16 @@ async def drain_within(writer: asyncio.StreamWriter, idle: float) -> None:
             await writer.drain()
     except TimeoutError as exc:
         raise PeerTimeout(f"the client took too little of a packet for {idle} s") from exc
+
+
+async def write_all(
+    writer: asyncio.StreamWriter, pieces: AsyncIterable[bytes], idle: float
+) -> None:
+    """Write every piece as it comes (:func:`write_piece`), then wait until the client has
+    taken them all (:func:`drain_within`)."""
+    async for piece in pieces:
+        await write_piece(writer, piece, idle)
+    await drain_within(writer, idle)
 
 
 async def write_piece(writer: asyncio.StreamWriter, piece: bytes, idle: float) -> None:
