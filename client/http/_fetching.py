@@ -238,6 +238,42 @@ def _in_memory(stream: Iterator[bytes], hasher: _Hasher, size: int) -> Payload:
     return Payload(buffer.getvalue())
 
 
+def _filled(
+    readinto: Callable[[memoryview], int],
+    room: Callable[[int, int], memoryview],
+    size: int,
+    url: str,
+    on_bytes: Callable[[int, int | None], None] | None,
+) -> Iterator[memoryview]:
+    """The body read by `readinto` into the views `room(bytes so far, reads so far)` gives,
+    each filled part as it comes (a short body just ends). A body that goes on past `size`
+    is refused: one more byte is asked for.
+    """
+    got = turn = 0
+    while got < size:
+        view = room(got, turn)
+        n = readinto(view)
+        if not n:
+            break
+        yield view[:n]
+        got += n
+        turn += 1
+        if on_bytes is not None:
+            on_bytes(got, size)
+    if got == size and readinto(memoryview(bytearray(1))):
+        raise FetchError(url, f"body runs past the declared size of {size} bytes: cut off")
+
+
+def _fed(parts: Iterator[memoryview], hasher: _Hasher) -> int:
+    """Hand each part to the hasher; the bytes handed. No view outlives the call (a
+    buffer with live views cannot be resized or handed over without a copy)."""
+    got = 0
+    for part in parts:
+        hasher.feed([part])
+        got += len(part)
+    return got
+
+
 def _read_into(
     readinto: Callable[[memoryview], int],
     hasher: _Hasher,
@@ -255,18 +291,12 @@ def _read_into(
     for); a shorter one is truncated to what arrived, for the size check to refuse.
     """
     buffer = io.BytesIO(bytes(size))
-    got = 0
     with buffer.getbuffer() as view:
-        while got < size:
-            n = readinto(view[got : got + HASH_BATCH])
-            if not n:
-                break
-            hasher.feed([view[got : got + n]])
-            got += n
-            if on_bytes is not None:
-                on_bytes(got, size)
-        if got == size and readinto(memoryview(bytearray(1))):
-            raise FetchError(url, f"body runs past the declared size of {size} bytes: cut off")
+
+        def room(got: int, turn: int) -> memoryview:
+            return view[got : got + HASH_BATCH]
+
+        got = _fed(_filled(readinto, room, size, url, on_bytes), hasher)
     hasher.close()  # its views of the buffer released: getvalue() need not copy
     if got != size:
         buffer.truncate(got)
@@ -300,20 +330,11 @@ def _tapped_only(
         return got
     step = max(1, min(HASH_BATCH, size))
     ring = [memoryview(bytearray(step)) for _ in range(min(HASH_QUEUE + 2, size // step + 1))]
-    turn = 0
-    while got < size:
-        view = ring[turn % len(ring)]
-        n = readinto(view[: min(step, size - got)])
-        if not n:
-            break
-        hasher.feed([view[:n]])
-        got += n
-        turn += 1
-        if on_bytes is not None:
-            on_bytes(got, size)
-    if got == size and readinto(memoryview(bytearray(1))):
-        raise FetchError(url, f"body runs past the declared size of {size} bytes: cut off")
-    return got
+
+    def room(got: int, turn: int) -> memoryview:
+        return ring[turn % len(ring)][: min(step, size - got)]
+
+    return _fed(_filled(readinto, room, size, url, on_bytes), hasher)
 
 
 def _spool(
