@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import ctypes
-import ctypes.util
 import logging
 import os
 import secrets
@@ -12,29 +10,20 @@ import sys
 
 import uvicorn
 
+from client._malloc import tune_malloc
+
 from .core import Settings, configure_logging
 from .middleware import MAX_HEAD_BYTES, HeadDeadlineProtocol
 
 log = logging.getLogger("gateway")
 
-# glibc raises its mmap threshold up to 32 MiB after large frees, so the 4-16 MiB transfer
-# buffers end up in heap arenas that are never given back: a 1 GiB upload left the
-# gateway 70 MiB bigger for good (bench/RESULTS.md). A fixed 1 MiB threshold keeps big
-# buffers in their own mappings, returned on free.
+# Transfer buffers (4-16 MiB) in their own mappings, returned on free: with glibc's moving
+# threshold a 1 GiB upload left the gateway 70 MiB bigger for good. Up to 16 MiB of a
+# heap's free top kept: the default 128 KiB handed it back after nearly every body piece
+# (about 15 % of the CPU per GiB uploaded); what transfers leave is given back once they go
+# idle (`malloc_trim(0)`, gateway/core/_executors.py). bench/RESULTS.md has both measures.
 _MMAP_THRESHOLD = 1024 * 1024
-_M_MMAP_THRESHOLD = -3  # mallopt parameter number (malloc.h)
-
-
-def _fix_mmap_threshold() -> None:
-    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(_MMAP_THRESHOLD))  # for workers
-    name = ctypes.util.find_library("c")
-    if sys.platform != "linux" or name is None:
-        return
-    try:
-        libc = ctypes.CDLL(name)
-        libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
-    except (OSError, AttributeError):  # not glibc (musl has no mallopt): nothing to tune
-        pass
+_TRIM_THRESHOLD = 16 * 1024 * 1024
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8080, help="port to bind (default 8080)")
     parser.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
     args = parser.parse_args(argv)
-    _fix_mmap_threshold()
+    tune_malloc(mmap_threshold=_MMAP_THRESHOLD, trim_threshold=_TRIM_THRESHOLD)
 
     settings = Settings()
     configure_logging(settings.log_level, settings.log_format)

@@ -12,8 +12,17 @@ import sys
 
 from pydantic import ValidationError
 
+from client._malloc import tune_malloc
+
 from ._server import Proxy
 from ._settings import ProxySettings
+
+# Pieces of up to 1 MiB (fetches) and 256 KiB (client reads) stay on the heaps, and up to
+# 4 MiB of a heap's free top is kept (one transfer's pieces in flight): with glibc's defaults
+# the top went back to the kernel after nearly every piece, 5-10 % of the proxy's CPU per
+# transfer (bench/RESULTS.md, "The heap's free top").
+_MMAP_THRESHOLD = 4 * 1024 * 1024
+_TRIM_THRESHOLD = 4 * 1024 * 1024
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message"}
 
@@ -70,6 +79,7 @@ async def _run(settings: ProxySettings) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     settings = _settings(argv)
+    tune_malloc(mmap_threshold=_MMAP_THRESHOLD, trim_threshold=_TRIM_THRESHOLD)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
     logging.basicConfig(level=settings.log_level.upper(), handlers=[handler])
