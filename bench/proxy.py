@@ -60,6 +60,10 @@ def _proxy(
 ) -> tuple[subprocess.Popen[bytes], int]:
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(root), "OFFLOAD_PROXY_LOG_LEVEL": "WARNING"}
+    # Experiments: BENCH_PROXY_ENV="MALLOC_ARENA_MAX=2,OFFLOAD_PROXY_LOOP=asyncio".
+    env.update(
+        item.split("=", 1) for item in os.environ.get("BENCH_PROXY_ENV", "").split(",") if item
+    )
     proc = subprocess.Popen(
         [sys.executable, "-m", "proxy.cli", "--broker", broker.url, "--port", str(port),
          "--endpoint", endpoint], env=env, stdout=subprocess.DEVNULL, cwd=root,
