@@ -157,6 +157,15 @@ def row(
     }
 
 
+def info_row(
+    bench: str, metric: str, baseline: float, candidate: float, unit: str
+) -> dict[str, object]:
+    """A ratio shown beside the targets (a floor, a cost), with no target of its own."""
+    result = row(bench, metric, baseline, candidate, unit, "info", higher_is_better=False, limit=0)
+    result["met"] = None
+    return result
+
+
 def absolute_row(
     bench: str, metric: str, value: float, unit: str, target: str, met: bool
 ) -> dict[str, object]:

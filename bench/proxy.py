@@ -41,6 +41,7 @@ from _harness import (
     absolute_row,
     emit,
     gateway_process,
+    info_row,
     make_bucket,
     reset_hwm,
     row,
@@ -196,10 +197,10 @@ def _p99_rows(
             higher_is_better=False, limit=2.0),
         # The machine's own contention while the flow runs (info): a message through any
         # proxy takes at least the straight path, so the first row cannot beat this one.
-        row("proxy", "small p99 floor: proxy idle -> straight while 16 MiB flow", idle, floor,
-            "ms", "info", higher_is_better=False, limit=1e9),
-        row("proxy", "small p99 while 16 MiB flow, straight -> via proxy", floor, loaded, "ms",
-            "info", higher_is_better=False, limit=1e9),
+        info_row("proxy", "small p99 floor: proxy idle -> straight while 16 MiB flow", idle,
+                 floor, "ms"),
+        info_row("proxy", "small p99 while 16 MiB flow, straight -> via proxy", floor, loaded,
+                 "ms"),
     ]  # fmt: skip
 
 
@@ -238,10 +239,10 @@ def _e2e_rows(
     return [
         row("proxy", metric, c, p, "s", "<= 1.2", higher_is_better=False, limit=1.2),
         # The floor of any proxy with these tools: the library's time plus the tools' own.
-        row("proxy", "64 MiB floor: Client e2e -> Client e2e + the tools' own cost", c, c + own,
-            "s", "info", higher_is_better=False, limit=1e9),
-        row("proxy", "64 MiB: Client e2e -> via proxy less the tools' own cost", c, p - own,
-            "s", "info", higher_is_better=False, limit=1e9),
+        info_row("proxy", "64 MiB floor: Client e2e -> Client e2e + the tools' own cost", c,
+                 c + own, "s"),
+        info_row("proxy", "64 MiB: Client e2e -> via proxy less the tools' own cost", c, p - own,
+                 "s"),
     ]  # fmt: skip
 
 
