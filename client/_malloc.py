@@ -24,17 +24,27 @@ def tune_malloc(*, mmap_threshold: int, trim_threshold: int) -> None:
     `mmap_threshold`: blocks from this size up get their own mapping, returned on free (a
     fixed value also stops glibc from raising it after large frees, which moved 4-16 MiB
     transfer buffers into heaps that were never given back). `trim_threshold`: the free top
-    a heap keeps before it is handed back. Does nothing where there is no glibc (musl has
-    no `mallopt`).
+    a heap keeps before it is handed back. A threshold already set in the environment
+    (`MALLOC_MMAP_THRESHOLD_`, `MALLOC_TRIM_THRESHOLD_`: glibc applied it at start) is the
+    operator's and is left alone. Does nothing where there is no glibc (musl has no
+    `mallopt`).
     """
-    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(mmap_threshold))  # for workers
-    os.environ.setdefault("MALLOC_TRIM_THRESHOLD_", str(trim_threshold))
+    wanted = [
+        (variable, parameter, value)
+        for variable, parameter, value in (
+            ("MALLOC_MMAP_THRESHOLD_", _M_MMAP_THRESHOLD, mmap_threshold),
+            ("MALLOC_TRIM_THRESHOLD_", _M_TRIM_THRESHOLD, trim_threshold),
+        )
+        if variable not in os.environ
+    ]
+    for variable, _, value in wanted:
+        os.environ[variable] = str(value)  # for worker processes
     name = ctypes.util.find_library("c")
-    if sys.platform != "linux" or name is None:
+    if not wanted or sys.platform != "linux" or name is None:
         return
     try:
-        libc = ctypes.CDLL(name)
-        libc.mallopt(_M_MMAP_THRESHOLD, mmap_threshold)
-        libc.mallopt(_M_TRIM_THRESHOLD, trim_threshold)
+        mallopt = ctypes.CDLL(name).mallopt
+        for _, parameter, value in wanted:
+            mallopt(parameter, value)
     except (OSError, AttributeError):
         pass
