@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import uuid
 from collections.abc import Callable, Iterator
@@ -176,3 +177,23 @@ def test_manifest_without_crc32c_still_parses_and_bad_ones_are_refused() -> None
     for bad in ("0A1B2C3D", "123", 12345678, "0a1b2c3g"):
         with pytest.raises(ProtocolError):
             Manifest.from_json(json.dumps(doc | {"crc32c": bad}).encode())
+
+
+def test_crc32c_of_a_concatenation_from_its_parts() -> None:
+    """`crc32c_combine` (a part's CRC-32C extends the object's: one pass over each byte)
+    against google_crc32c over the whole, for splits of every kind."""
+    from gateway.storage import crc32c_combine
+
+    rng = random.Random(7)
+    for _ in range(200):
+        a = rng.randbytes(rng.randrange(0, 3000))
+        b = rng.randbytes(rng.choice([0, 1, 2, 3, 7, 8, rng.randrange(0, 70000)]))
+        combined = crc32c_combine(google_crc32c.value(a), google_crc32c.value(b), len(b))
+        assert combined == google_crc32c.value(a + b), (len(a), len(b))
+    # An object in parts of 5 MiB and a short last one, as a multipart upload takes them.
+    whole = rng.randbytes(2 * 5 * MiB + 12345)
+    crc = 0
+    for start in range(0, len(whole), 5 * MiB):
+        part = whole[start : start + 5 * MiB]
+        crc = crc32c_combine(crc, google_crc32c.value(part), len(part))
+    assert crc == google_crc32c.value(whole)

@@ -35,7 +35,13 @@ from typing import BinaryIO, cast
 
 from ..core import StorageUnavailable, Transfers
 from ..middleware import RequestTimeout
-from ..storage import ObjectStore, StoreError, crc32c_available, crc32c_extend
+from ..storage import (
+    ObjectStore,
+    StoreError,
+    crc32c_available,
+    crc32c_combine,
+    crc32c_extend,
+)
 
 PIECE = 1024 * 1024
 FLUSH_INTERVAL = 1.0  # seconds: a slow body still reaches the store at least this often
@@ -149,11 +155,17 @@ class PipeReader:
         return data
 
     def readinto(self, buffer: bytearray | memoryview) -> int:
-        """Fill `buffer` (blocking until it is full or the body ends); the bytes written.
+        """Fill `buffer` (blocking until it is full or the body ends); the bytes written."""
+        return self.readinto_crc32c(buffer)[0]
 
-        The store's part buffers are filled here without the join `read` makes, and the
-        digests are taken over the filled block (`gateway.storage.crc32c_extend` checksums
-        a writable buffer in place).
+    def readinto_crc32c(self, buffer: bytearray | memoryview) -> tuple[int, int | None]:
+        """Fill `buffer` (blocking until it is full or the body ends); the bytes written and
+        their CRC-32C (None without the C implementation).
+
+        The store's part buffers are filled here without the join `read` makes. The digests
+        are taken over the filled block, one pass each: the block's CRC-32C extends the
+        object's by `crc32c_combine` and goes on as the part's own (its request header), so
+        no byte is checksummed twice.
         """
         target = memoryview(buffer).cast("B")
         wanted = len(target)
@@ -173,12 +185,14 @@ class PipeReader:
                 piece = memoryview(piece)[:take]
             target[got : got + take] = piece
             got += take
-        # Both digests over the filled block at once: one call each per part.
         filled = target[:got]
         self.sha256.update(filled)
-        self.crc32c = crc32c_update(self.crc32c, filled)
         self.count += got
-        return got
+        if not _CRC_IN_C:
+            return got, None
+        crc = crc32c_update(0, filled)
+        self.crc32c = crc32c_combine(self.crc32c, crc, got)
+        return got, crc
 
     def _next_batch(self) -> Batch:
         deadline = time.monotonic() + self._idle_timeout

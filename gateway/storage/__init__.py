@@ -15,7 +15,7 @@ from ._base import (
     SupportsDirect,
 )
 from ._crc import available as crc32c_available
-from ._crc import crc32c_extend
+from ._crc import crc32c_combine, crc32c_extend
 from ._file import FileStore
 from ._s3 import S3Store
 
@@ -30,6 +30,7 @@ __all__ = [
     "SupportsAsyncRead",
     "SupportsDirect",
     "crc32c_available",
+    "crc32c_combine",
     "crc32c_extend",
     "open_store",
 ]

@@ -34,9 +34,11 @@ ALGORITHM: DictType = {"x-amz-checksum-algorithm": "CRC32C"}
 _PROBE_PREFIX = "probes/checksum-"
 
 
-def crc32c_header(data: bytes | bytearray | memoryview) -> DictType:
-    """The header that asks the store to verify `data`'s CRC-32C (base64, big-endian)."""
-    crc = crc32c_extend(0, data)
+def crc32c_header(data: bytes | bytearray | memoryview, crc: int | None = None) -> DictType:
+    """The header that asks the store to verify `data`'s CRC-32C (base64, big-endian);
+    `crc`, when the caller has already taken it, saves a pass over `data`."""
+    if crc is None:
+        crc = crc32c_extend(0, data)
     return {HEADER: base64.b64encode(crc.to_bytes(4, "big")).decode("ascii")}
 
 

@@ -56,3 +56,44 @@ def crc32c_extend(crc: int, data: bytes | bytearray | memoryview) -> int:
         block = (ctypes.c_char * n).from_buffer(view)
         return int(_extend_pointer(crc, ctypes.addressof(block), n))
     return int(google_crc32c.extend(crc, view.tobytes()))
+
+
+# CRC-32C of a concatenation from the CRC-32Cs of its parts (zlib's crc32_combine, with the
+# Castagnoli polynomial): the CRC of `b` is appended to that of `a` by multiplying the
+# first by x^(8 len(b)) modulo the polynomial. A few dozen integer steps per call, so a part's
+# CRC-32C, taken once for its request, also extends the whole object's.
+_POLY = 0x82F63B78  # reflected
+
+
+def _multiply(a: int, b: int) -> int:
+    """a * b modulo the polynomial (reflected bit order)."""
+    product, bit = 0, 1 << 31
+    while True:
+        if a & bit:
+            product ^= b
+            if not a & (bit - 1):
+                return product
+        bit >>= 1
+        b = (b >> 1) ^ _POLY if b & 1 else b >> 1
+
+
+def _powers() -> list[int]:
+    """x^(2^k) modulo the polynomial, k = 0..31."""
+    table = [1 << 30]  # x^1
+    for _ in range(31):
+        table.append(_multiply(table[-1], table[-1]))
+    return table
+
+
+_X2N = _powers()
+
+
+def crc32c_combine(crc_a: int, crc_b: int, length_b: int) -> int:
+    """The CRC-32C of `a + b` from `a`'s, `b`'s and `b`'s length in bytes."""
+    shift, n, k = 1 << 31, length_b, 3  # x^0; 8 bits per byte is 2^3
+    while n:
+        if n & 1:
+            shift = _multiply(_X2N[k & 31], shift)
+        n >>= 1
+        k += 1
+    return _multiply(shift, crc_a) ^ crc_b

@@ -23,7 +23,7 @@ import concurrent.futures
 import contextlib
 from collections import deque
 from collections.abc import Callable
-from typing import BinaryIO
+from typing import BinaryIO, Protocol, runtime_checkable
 
 from minio import Minio
 from minio.datatypes import Part
@@ -36,6 +36,14 @@ MAX_PARTS = 10_000  # S3's limit on the parts of one multipart upload
 MAX_PART_SIZE = 5 * 1024**3  # S3's limit on one part
 _GROWTH_STEP = 1_000  # parts of one size before an unknown-length upload doubles it
 _MiB = 1024 * 1024
+
+
+@runtime_checkable
+class SupportsCrc32c(Protocol):
+    """A reader that fills a buffer whole (or to the end of its stream) in one call and
+    tells the CRC-32C of what it wrote (None: it took none)."""
+
+    def readinto_crc32c(self, buffer: bytearray) -> tuple[int, int | None]: ...
 
 
 def part_size_for(number: int, length: int, base: int) -> int:
@@ -55,12 +63,17 @@ def part_size_for(number: int, length: int, base: int) -> int:
     return min(size, MAX_PART_SIZE)
 
 
-def _fill(reader: BinaryIO, buffer: bytearray) -> int:
-    """Fill `buffer` from `reader`; the bytes read (fewer only at the end of the stream).
+def _fill(reader: BinaryIO, buffer: bytearray) -> tuple[int, int | None]:
+    """Fill `buffer` from `reader`; the bytes read (fewer only at the end of the stream),
+    and their CRC-32C when the reader took it on the way (None: not taken).
 
-    A reader with `readinto` (the gateway's pipe, `io.BytesIO`) writes straight into the
-    buffer; any other is read and copied.
+    The gateway's pipe fills the whole buffer in one `readinto_crc32c` (`SupportsCrc32c`),
+    with the CRC-32C it takes anyway for the object: the part's header then costs no second
+    pass. A reader with `readinto` (`io.BytesIO`) writes straight into the buffer; any other
+    is read and copied.
     """
+    if isinstance(reader, SupportsCrc32c):
+        return reader.readinto_crc32c(buffer)
     view = memoryview(buffer)
     got = 0
     readinto = getattr(reader, "readinto", None)
@@ -74,7 +87,7 @@ def _fill(reader: BinaryIO, buffer: bytearray) -> int:
         if not n:
             break
         got += n
-    return got
+    return got, None
 
 
 def _send_part(
@@ -82,12 +95,13 @@ def _send_part(
     bucket: str,
     key: str,
     body: memoryview,
+    crc: int | None,
     upload_id: str,
     number: int,
     checksums: bool,
 ) -> tuple[str, str]:
     """UploadPart in a part thread; its ETag and CRC-32C header value ("" without)."""
-    headers = crc32c_header(body) if checksums else None
+    headers = crc32c_header(body, crc) if checksums else None
     etag = client._upload_part(bucket, key, body, headers, upload_id, number)  # type: ignore[arg-type]
     return etag, "" if headers is None else str(headers[HEADER])
 
@@ -129,14 +143,14 @@ def put_parallel(
     buffer = buffers.take(size) if pooled else bytearray(length + 1)
     single = True
     try:
-        n = _fill(reader, buffer)
+        n, crc = _fill(reader, buffer)
         single = n < len(buffer) or n == length or not pooled
         if single:
             _check(n, length)
             body = memoryview(buffer)[:n]
             headers: DictType = {"Content-Type": content_type}
             if checksums:
-                headers.update(crc32c_header(body))
+                headers.update(crc32c_header(body, crc))
             client._put_object(bucket, key, body, headers)  # type: ignore[arg-type]
             return
     finally:
@@ -154,7 +168,7 @@ def put_parallel(
             total += n
             view = memoryview(buffer)[:n]
             future = pool.submit(
-                _send_part, client, bucket, key, view, upload_id, number, checksums
+                _send_part, client, bucket, key, view, crc, upload_id, number, checksums
             )
             etags.append(future)
             in_flight.append((future, buffer))
@@ -169,7 +183,7 @@ def put_parallel(
                 buffers.give(used)
             size = part_size_for(number, length, part_size)
             buffer = held = buffers.take(size)
-            n = _fill(reader, buffer)
+            n, crc = _fill(reader, buffer)
         _check(total, length)
         sent = [etag.result() for etag in etags]
         if checksums:
