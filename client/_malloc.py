@@ -2,9 +2,9 @@
 
 The gateway and the proxy call :func:`tune_malloc` at start (the library never does: the
 allocator belongs to the application that embeds it). Payload bytes cross them in pieces of
-up to 1 MiB, allocated on one thread and freed on another; with glibc's defaults the free
-top of a heap was handed back to the kernel after nearly every piece and faulted in, zeroed,
-again for the next (bench/RESULTS.md, "The heap's free top").
+up to 1 MiB, allocated on one thread and freed on another; with glibc's thresholds left as
+they were, the free top of a heap was handed back to the kernel after nearly every piece
+and faulted in, zeroed, again for the next (bench/RESULTS.md, "The heap's free top").
 """
 
 from __future__ import annotations

@@ -19,9 +19,11 @@ log = logging.getLogger("gateway")
 
 # Transfer buffers (4-16 MiB) in their own mappings, returned on free: with glibc's moving
 # threshold a 1 GiB upload left the gateway 70 MiB bigger for good. Up to 16 MiB of a
-# heap's free top kept: the default 128 KiB handed it back after nearly every body piece
-# (about 15 % of the CPU per GiB uploaded); what transfers leave is given back once they go
-# idle (`malloc_trim(0)`, gateway/core/_executors.py). bench/RESULTS.md has both measures.
+# heap's free top kept: left where fixing the mmap threshold froze it (128 KiB, glibc's
+# default, unless a larger free had raised it), the trim threshold handed the top back after
+# nearly every body piece (about 15 % of the CPU per GiB uploaded). What transfers leave is
+# given back once they go idle (`malloc_trim(0)`, gateway/core/_executors.py).
+# bench/RESULTS.md has both measures.
 _MMAP_THRESHOLD = 1024 * 1024
 _TRIM_THRESHOLD = 16 * 1024 * 1024
 
