@@ -107,7 +107,7 @@ async def relay_down(conn: Conn, services: Services) -> None:
             body = conn.broker.whole_body(head)
             if body is not None:  # one write, no await inside: needs no lock
                 conn.client_writer.write(head.raw + body)
-                await drained(conn.client_writer)
+                await drained(conn.client_writer, conn.client.idle)
                 continue
             await _stream(conn, head)
 
@@ -125,7 +125,7 @@ async def _to_client(conn: Conn, head: Head, body: bytes) -> bool:
             return False
         packet = downgraded
     conn.client_writer.write(packet)  # one write, no await inside: needs no lock
-    await drained(conn.client_writer)
+    await drained(conn.client_writer, conn.client.idle)
     return True
 
 
@@ -202,7 +202,7 @@ async def _publish(conn: Conn, services: Services, head: Head) -> None:
         conn.client_writer.write(payload)
     else:
         conn.client_writer.write(head.raw + body)
-    await drained(conn.client_writer)
+    await drained(conn.client_writer, conn.client.idle)
 
 
 def _why_not(conn: Conn, services: Services, header: PublishHeader, ref: Placeholder) -> str | None:

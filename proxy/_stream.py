@@ -103,10 +103,15 @@ class PacketStream:
 HIGH_WATER = 64 * 1024
 
 
-async def drained(writer: asyncio.StreamWriter) -> None:
-    """Wait only when the peer is not keeping up: the per-packet fast path."""
+async def drained(writer: asyncio.StreamWriter, idle: float | None = None) -> None:
+    """Wait only when the peer is not keeping up: the per-packet fast path. With `idle`
+    (toward a client), one that takes too little for that long is cut off
+    (:func:`drain_within`), as it is while a payload is written to it."""
     if writer.transport.get_write_buffer_size() > HIGH_WATER:
-        await writer.drain()
+        if idle is None:
+            await writer.drain()
+        else:
+            await drain_within(writer, idle)
 
 
 #: The most of a payload written to a client in one loop step: a large piece goes out in

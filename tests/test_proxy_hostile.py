@@ -294,6 +294,39 @@ def test_a_subscriber_that_stops_reading_is_cut_off_and_frees_its_fetch(
         server.stop()
 
 
+def test_a_subscriber_that_stops_reading_small_messages_is_cut_off(
+    gateway: GatewayServer, broker: Mosquitto, unique_topic: Callable[[str], str]
+) -> None:
+    """Messages under the broker's limit, relayed as they are, pile up for a subscriber
+    that takes nothing: after `idle_timeout` seconds without progress the proxy closes it
+    (and its broker link), as it does while a payload is written; others are served."""
+    server = start_proxy(broker, gateway, idle_timeout=1)
+    topic = unique_topic("no-reader-small")
+    try:
+        reader = connected(server.port)
+        subscribe = (1).to_bytes(2, "big") + b"\x00" + _text(topic) + b"\x00"  # QoS 0
+        reader.sendall(_packet(0x82, subscribe))
+        assert reader.recv(1) == b"\x90"  # SUBACK; from here on nothing is read
+        wait_until(lambda: server.metric("offload_proxy_connections") == 1, "subscribed", 10)
+        publisher = PahoPeer(broker.port)  # straight to the broker
+        # Small enough to be read whole before it is relayed (a larger one is streamed to
+        # the client, with the same cut-off); 8 MiB in all, more than the buffers hold.
+        piece = os.urandom(1024)
+        for _ in range(8 * 1024):
+            publisher.client.publish(topic, piece, qos=0)
+        wait_until(lambda: server.metric("offload_proxy_connections") == 0, "cut off", 30)
+        assert until_closed(reader)  # the proxy closed it (what it had sent still arrives)
+        # The proxy goes on serving others.
+        other = PahoPeer(server.port)
+        other.subscribe(broker, topic)
+        publisher.client.publish(topic, b"after", qos=1).wait_for_publish(10)
+        assert [m.payload for m in other.wait(1)] == [b"after"]
+        other.close()
+        publisher.close()
+    finally:
+        server.stop()
+
+
 def test_client_library_through_the_proxy_gets_placeholders_and_resolves_them(
     proxy: ProxyServer, broker: Mosquitto, unique_topic: Callable[[str], str]
 ) -> None:
