@@ -7,7 +7,7 @@ GET|HEAD /msg/{id}/payload      raw payload bytes, Range, ETag
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any
 from urllib.parse import quote, unquote
 
@@ -167,6 +167,15 @@ def handed_topic(request: Request) -> str | None:
         return None
 
 
+def still_connected(request: Request) -> Callable[[], Awaitable[bool]]:
+    """Whether the client of `request` is still connected (`OffloadService.then_forget`)."""
+
+    async def connected() -> bool:
+        return not await request.is_disconnected()
+
+    return connected
+
+
 def _etag_matches(request: Request, manifest: Manifest) -> bool:
     header = request.headers.get("if-none-match")
     if not header:
@@ -215,7 +224,10 @@ async def download_envelope(
     body = await service.open_payload(manifest)
     return StreamingResponse(
         service.then_forget(
-            manifest, _stream(head, body, tail), handed_topic=handed_topic(request)
+            manifest,
+            _stream(head, body, tail),
+            handed_topic=handed_topic(request),
+            connected=still_connected(request),
         ),
         headers=headers,
         media_type="application/bson",
@@ -274,5 +286,7 @@ async def download_payload(
     body = await service.open_payload(manifest, start, length if byte_range else None)
     stream = _stream(b"", body, b"")
     if byte_range is None:  # only a whole payload counts as fetched (delete-after-fetch)
-        stream = service.then_forget(manifest, stream, handed_topic=handed_topic(request))
+        stream = service.then_forget(
+            manifest, stream, handed_topic=handed_topic(request), connected=still_connected(request)
+        )
     return StreamingResponse(stream, status_code=status, headers=headers, media_type=media_type)

@@ -12,7 +12,7 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import ParamSpec, TypeVar
 
@@ -355,13 +355,21 @@ class OffloadService:
         await self._call(self.repository.forget, manifest)
 
     async def then_forget(
-        self, manifest: Manifest, body: AsyncIterator[bytes], *, handed_topic: str | None
+        self,
+        manifest: Manifest,
+        body: AsyncIterator[bytes],
+        *,
+        handed_topic: str | None,
+        connected: Callable[[], Awaitable[bool]],
     ) -> AsyncIterator[bytes]:
         """`body`, then (with delete_after_fetch) delete the message once it was sent whole.
 
         The response streamer asks for the next piece only after the previous one was
-        written, so reaching the end means every byte went out; a disconnect cancels the
-        stream before that point and the message stays.
+        sent, but a send does not prove the bytes went out: uvicorn (ASGI spec 2.3) turns
+        every send after a disconnect into a no-op, and the disconnect does not always
+        cancel the stream in time (a store that keeps the stream fed lets it run to the
+        end). So the end of `body` deletes nothing unless `connected()` still holds then:
+        the connection only ever goes from up to down, so every piece was written to it.
 
         Only a fetch for the message's own topic deletes it: `handed_topic` is the topic
         the subscriber received the placeholder on (`X-Offload-Placeholder-Topic`). A
@@ -371,8 +379,12 @@ class OffloadService:
         """
         async for piece in body:
             yield piece
-        if self.delete_after_fetch and handed_topic == manifest.topic.value:
-            try:
-                await self.forget(manifest)
-            except StorageUnavailable as exc:  # the sweeper removes it at expiry instead
-                log.warning("delete after fetch of %s failed: %s", manifest.id, exc)
+        if not (self.delete_after_fetch and handed_topic == manifest.topic.value):
+            return
+        if not await connected():
+            log.info("%s: the client left before the whole payload; kept", manifest.id)
+            return
+        try:
+            await self.forget(manifest)
+        except StorageUnavailable as exc:  # the sweeper removes it at expiry instead
+            log.warning("delete after fetch of %s failed: %s", manifest.id, exc)
