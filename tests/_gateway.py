@@ -32,6 +32,7 @@ class GatewayServer:
     certfile: str | None = None
     keyfile: str | None = None
     client_ca: str | None = None  # HTTPS asks every client for a certificate signed by it
+    send_buffer: int = 0  # SO_SNDBUF of its connections (fixed, not autotuned); 0: the kernel's
 
     @property
     def url(self) -> str:
@@ -46,6 +47,8 @@ class GatewayServer:
         # can take the port between choosing it and serving on it.
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if self.send_buffer:  # accepted connections inherit it from the listening socket
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.send_buffer)
         sock.bind(("127.0.0.1", self.port))
         self.port = sock.getsockname()[1]
         self.app = create_app(self.settings, store=self.store, public_url=self.url)

@@ -101,7 +101,9 @@ def gateway_factory(seaweed: SeaweedFS, bucket_name: str) -> Iterator[Callable[.
 
     started: list[GatewayServer] = []
 
-    def start(broker: Mosquitto | None = None, **overrides: object) -> GatewayServer:
+    def start(
+        broker: Mosquitto | None = None, *, send_buffer: int = 0, **overrides: object
+    ) -> GatewayServer:
         values: dict[str, object] = {
             "storage_url": seaweed.storage_url(bucket_name),
             "s3_access_key": seaweed.access_key,
@@ -114,7 +116,8 @@ def gateway_factory(seaweed: SeaweedFS, bucket_name: str) -> Iterator[Callable[.
         if "password_file" not in overrides and "tokens_file" not in overrides:
             values["allow_anonymous"] = True
         values.update(overrides)
-        server = GatewayServer(Settings(**values)).start()  # type: ignore[arg-type]
+        settings = Settings(**values)  # type: ignore[arg-type]
+        server = GatewayServer(settings, send_buffer=send_buffer).start()
         server.mqtt_url = broker.url if broker else None
         started.append(server)
         return server

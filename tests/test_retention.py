@@ -30,6 +30,7 @@ from client.protocol import (
 from gateway._sweeper import Sweeper, partition_end_ms
 from gateway.ingest._service import OffloadService
 from gateway.storage import S3Store
+from gateway.storage._async_get import LIMIT as STORE_READ_AHEAD
 
 from _gateway import GatewayServer
 from _servers import Mosquitto, SeaweedFS, wait_until
@@ -400,6 +401,33 @@ def test_an_interrupted_fetch_keeps_the_message(once: GatewayServer, store: S3St
         _fetch_64k_and_close(once, msg_id, "r/cut")
         assert len(keys(store)) == 3  # payload, sidecar and index
     with httpx.Client(base_url=once.url, timeout=60, headers=handed("r/cut")) as http:
+        again = http.get(f"/msg/{msg_id}/payload")
+        assert again.status_code == 200 and again.content == payload
+        assert http.get(f"/msg/{msg_id}/payload").status_code == 404
+
+
+def test_a_client_gone_while_the_gateway_holds_the_rest_keeps_the_message(
+    gateway_factory: Callable[..., GatewayServer], store: S3Store
+) -> None:
+    """The rest of the payload is in the gateway's memory when its client leaves.
+
+    The gateway's send buffer is fixed at 64 KiB and the client's receive buffer small:
+    of a payload the size of what the gateway buffers from the store, far from all can
+    leave the gateway before the client reads 64 KiB and closes, and the store has sent
+    the rest by then. The response then runs to its end without waiting on anything,
+    every send after the disconnect a no-op in uvicorn: that must not count as a fetch.
+    Dropped ten times: without the gateway's check, a drop deletes the message only when
+    the delete's store call starts before the cancellation that follows the disconnect.
+    """
+    gw = gateway_factory(None, sweep_interval=0, delete_after_fetch=True, send_buffer=65536)
+    msg_id = uuid.uuid4()
+    payload = os.urandom(STORE_READ_AHEAD)
+    with httpx.Client(base_url=gw.url, timeout=60) as http:
+        assert http.post("/topic/r/held+oversized", content=upload_doc(payload, msg_id)).is_success
+    for _ in range(10):
+        _fetch_64k_and_close(gw, msg_id, "r/held")
+        assert len(keys(store)) == 3  # payload, sidecar and index
+    with httpx.Client(base_url=gw.url, timeout=60, headers=handed("r/held")) as http:
         again = http.get(f"/msg/{msg_id}/payload")
         assert again.status_code == 200 and again.content == payload
         assert http.get(f"/msg/{msg_id}/payload").status_code == 404
