@@ -145,7 +145,9 @@ class Settings(BaseSettings):
         3600.0, ge=0, description="seconds before an unreferenced payload counts as abandoned"
     )
     delete_after_fetch: bool = Field(
-        False, description="delete a message once one client fetched its payload whole"
+        False,
+        description="delete a message once its whole payload was written to one client's "
+        "connection",
     )
     max_uploads_per_client: int = Field(
         16, ge=0, description="concurrent uploads per client address (429 beyond); 0: no limit"
