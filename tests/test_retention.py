@@ -383,6 +383,24 @@ def _fetch_64k_and_close(gw: GatewayServer, msg_id: uuid.UUID, topic: str) -> No
     wait_until(lambda: _payloads_served() > served, "the end of the interrupted fetch", 60)
 
 
+def _dropped_fetches_keep_the_message(
+    gw: GatewayServer, store: S3Store, topic: str, payload: bytes, *, drops: int
+) -> None:
+    """Upload `payload`, drop its fetch after 64 KiB `drops` times (the message stays
+    each time), then fetch it whole: the message is served, then gone."""
+    msg_id = uuid.uuid4()
+    with httpx.Client(base_url=gw.url, timeout=60) as http:
+        posted = http.post(f"/topic/{topic}+oversized", content=upload_doc(payload, msg_id))
+        assert posted.is_success, posted.text
+    for _ in range(drops):
+        _fetch_64k_and_close(gw, msg_id, topic)
+        assert len(keys(store)) == 3  # payload, sidecar and index
+    with httpx.Client(base_url=gw.url, timeout=60, headers=handed(topic)) as http:
+        again = http.get(f"/msg/{msg_id}/payload")
+        assert again.status_code == 200 and again.content == payload
+        assert http.get(f"/msg/{msg_id}/payload").status_code == 404
+
+
 def test_an_interrupted_fetch_keeps_the_message(once: GatewayServer, store: S3Store) -> None:
     """A client gone after 64 KiB: the gateway cannot have handed the payload over whole.
 
@@ -393,17 +411,8 @@ def test_an_interrupted_fetch_keeps_the_message(once: GatewayServer, store: S3St
     """
     with open("/proc/sys/net/ipv4/tcp_wmem") as f:
         send_buffer_max = int(f.read().split()[2])
-    msg_id = uuid.uuid4()
     payload = os.urandom(max(32 << 20, 2 * send_buffer_max + (8 << 20)))
-    with httpx.Client(base_url=once.url, timeout=60) as http:
-        assert http.post("/topic/r/cut+oversized", content=upload_doc(payload, msg_id)).is_success
-    for _ in range(3):
-        _fetch_64k_and_close(once, msg_id, "r/cut")
-        assert len(keys(store)) == 3  # payload, sidecar and index
-    with httpx.Client(base_url=once.url, timeout=60, headers=handed("r/cut")) as http:
-        again = http.get(f"/msg/{msg_id}/payload")
-        assert again.status_code == 200 and again.content == payload
-        assert http.get(f"/msg/{msg_id}/payload").status_code == 404
+    _dropped_fetches_keep_the_message(once, store, "r/cut", payload, drops=3)
 
 
 def test_a_client_gone_while_the_gateway_holds_the_rest_keeps_the_message(
@@ -420,17 +429,8 @@ def test_a_client_gone_while_the_gateway_holds_the_rest_keeps_the_message(
     the delete's store call starts before the cancellation that follows the disconnect.
     """
     gw = gateway_factory(None, sweep_interval=0, delete_after_fetch=True, send_buffer=65536)
-    msg_id = uuid.uuid4()
     payload = os.urandom(STORE_READ_AHEAD)
-    with httpx.Client(base_url=gw.url, timeout=60) as http:
-        assert http.post("/topic/r/held+oversized", content=upload_doc(payload, msg_id)).is_success
-    for _ in range(10):
-        _fetch_64k_and_close(gw, msg_id, "r/held")
-        assert len(keys(store)) == 3  # payload, sidecar and index
-    with httpx.Client(base_url=gw.url, timeout=60, headers=handed("r/held")) as http:
-        again = http.get(f"/msg/{msg_id}/payload")
-        assert again.status_code == 200 and again.content == payload
-        assert http.get(f"/msg/{msg_id}/payload").status_code == 404
+    _dropped_fetches_keep_the_message(gw, store, "r/held", payload, drops=10)
 
 
 def test_by_default_messages_survive_being_fetched(gw: GatewayServer) -> None:
