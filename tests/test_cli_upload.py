@@ -10,6 +10,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +26,15 @@ pytestmark = pytest.mark.servers
 
 OFFLOAD = shutil.which("offload") or "offload"
 MiB = 1024 * 1024
+
+
+#: Runs its arguments with SIGINT's default action: Python keeps an ignored SIGINT ignored
+#: (no KeyboardInterrupt), and a background job starts with SIGINT ignored.
+WITH_DEFAULT_SIGINT = [
+    sys.executable, "-c",
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execvp(sys.argv[1], sys.argv[1:])",
+]  # fmt: skip
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
@@ -251,8 +261,10 @@ def test_an_interrupted_upload_says_how_to_resume(
         args = [OFFLOAD, "upload", "--endpoint", f"http://127.0.0.1:{gate.port}", "--topic",
                 unique_topic("ctrl-c"), "--file", str(file), "--segment-size", str(MiB),
                 "--state-dir", str(state_dir)]  # fmt: skip
-        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, env=_env(tmp_path))  # fmt: skip
+        # As from a terminal: Ctrl-C's default action, whatever this run inherited (a suite
+        # started in the background, e.g. under nohup, ignores SIGINT, and so would the CLI).
+        proc = subprocess.Popen([*WITH_DEFAULT_SIGINT, *args], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=_env(tmp_path))  # fmt: skip
         assert gate.held.wait(120), "the upload never sent 8 MiB"
         assert proc.poll() is None
         proc.send_signal(signal.SIGINT)  # Ctrl-C
