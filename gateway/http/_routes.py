@@ -7,7 +7,7 @@ GET|HEAD /msg/{id}/payload      raw payload bytes, Range, ETag
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Annotated, Any
 from urllib.parse import quote, unquote
 
@@ -167,15 +167,6 @@ def handed_topic(request: Request) -> str | None:
         return None
 
 
-def still_connected(request: Request) -> Callable[[], Awaitable[bool]]:
-    """Whether the client of `request` is still connected (`OffloadService.then_forget`)."""
-
-    async def connected() -> bool:
-        return not await request.is_disconnected()
-
-    return connected
-
-
 def _etag_matches(request: Request, manifest: Manifest) -> bool:
     header = request.headers.get("if-none-match")
     if not header:
@@ -227,7 +218,7 @@ async def download_envelope(
             manifest,
             _stream(head, body, tail),
             handed_topic=handed_topic(request),
-            connected=still_connected(request),
+            disconnected=request.is_disconnected,
         ),
         headers=headers,
         media_type="application/bson",
@@ -287,6 +278,9 @@ async def download_payload(
     stream = _stream(b"", body, b"")
     if byte_range is None:  # only a whole payload counts as fetched (delete-after-fetch)
         stream = service.then_forget(
-            manifest, stream, handed_topic=handed_topic(request), connected=still_connected(request)
+            manifest,
+            stream,
+            handed_topic=handed_topic(request),
+            disconnected=request.is_disconnected,
         )
     return StreamingResponse(stream, status_code=status, headers=headers, media_type=media_type)

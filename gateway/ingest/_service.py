@@ -360,7 +360,7 @@ class OffloadService:
         body: AsyncIterator[bytes],
         *,
         handed_topic: str | None,
-        connected: Callable[[], Awaitable[bool]],
+        disconnected: Callable[[], Awaitable[bool]],
     ) -> AsyncIterator[bytes]:
         """`body`, then (with delete_after_fetch) delete the message once it was sent whole.
 
@@ -381,7 +381,7 @@ class OffloadService:
             yield piece
         if not (self.delete_after_fetch and handed_topic == manifest.topic.value):
             return
-        if not await connected():
+        if await disconnected():
             log.info("%s: the client left before the whole payload; kept", manifest.id)
             return
         try:
