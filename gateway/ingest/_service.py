@@ -368,8 +368,9 @@ class OffloadService:
         sent, but a send does not prove the bytes went out: uvicorn (ASGI spec 2.3) turns
         every send after a disconnect into a no-op, and the disconnect does not always
         cancel the stream in time (a store that keeps the stream fed lets it run to the
-        end). So the end of `body` deletes nothing unless `connected()` still holds then:
-        the connection only ever goes from up to down, so every piece was written to it.
+        end). So the end of `body` deletes nothing if `disconnected()` holds then: the
+        connection only ever goes from up to down, so while it is up every piece was
+        written to it.
 
         Only a fetch for the message's own topic deletes it: `handed_topic` is the topic
         the subscriber received the placeholder on (`X-Offload-Placeholder-Topic`). A
