@@ -294,6 +294,34 @@ def test_a_subscriber_that_stops_reading_is_cut_off_and_frees_its_fetch(
         server.stop()
 
 
+def _after_suback_publishes(data: bytes, topic: str) -> tuple[list[bytes], bytes]:
+    """The payloads of the whole MQTT 5 QoS 0 PUBLISHes on `topic` in `data` (the rest of a
+    SUBACK whose first byte was read, then PUBLISHes), and the packet cut short at its end."""
+    at = 1 + data[0]  # the SUBACK's remaining length, then its body
+    payloads: list[bytes] = []
+    while at < len(data):
+        start, length, shift = at, 0, 0
+        assert data[at] == 0x30, f"not a QoS 0 PUBLISH at {at}: {data[at]:#x}"
+        at += 1
+        while at < len(data):
+            byte = data[at]
+            at += 1
+            length |= (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                break
+        else:
+            return payloads, data[start:]
+        if at + length > len(data):
+            return payloads, data[start:]
+        body = data[at : at + length]
+        head = _text(topic) + b"\x00"  # topic, no properties
+        assert body.startswith(head), body[:40]
+        payloads.append(body[len(head) :])
+        at += length
+    return payloads, b""
+
+
 def test_a_subscriber_that_stops_reading_small_messages_is_cut_off(
     gateway: GatewayServer, broker: Mosquitto, unique_topic: Callable[[str], str]
 ) -> None:
@@ -315,7 +343,13 @@ def test_a_subscriber_that_stops_reading_small_messages_is_cut_off(
         for _ in range(8 * 1024):
             publisher.client.publish(topic, piece, qos=0)
         wait_until(lambda: server.metric("offload_proxy_connections") == 0, "cut off", 30)
-        assert until_closed(reader)  # the proxy closed it (what it had sent still arrives)
+        sent = until_closed(reader)  # the proxy closed it (what it had sent still arrives)
+        # Every message that reached it arrived whole and as published, the last perhaps
+        # cut short by the close; far from all of them: the rest went nowhere.
+        payloads, tail = _after_suback_publishes(sent, topic)
+        assert payloads and all(p == piece for p in payloads)
+        assert len(payloads) < 8 * 1024, len(payloads)
+        assert len(tail) < len(_packet(0x30, _text(topic) + b"\x00" + piece)), len(tail)
         # The proxy goes on serving others.
         other = PahoPeer(server.port)
         other.subscribe(broker, topic)
