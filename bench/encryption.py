@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -100,6 +101,7 @@ def main() -> None:
     finally:
         broker.close()
         seaweed.close()
+        shutil.rmtree(key.parent, ignore_errors=True)  # the age identity
     mib = args.size / MiB
     rate = {k: mib / v for k, v in med.items()}
     enc_ratio, zstd_ratio = rate["enc"] / rate["plain"], med["zstd"] / med["json"]

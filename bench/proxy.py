@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -312,6 +313,7 @@ def main() -> None:
     finally:
         broker.close()
         seaweed.close()
+        shutil.rmtree(work, ignore_errors=True)  # 80 MiB of payload files
     print(f"load average at end: {_load()}")
     emit(rows)
 

@@ -278,6 +278,15 @@ class SeaweedFS(_OwnWorkdir):
     def endpoint(self) -> str:
         return f"127.0.0.1:{self.s3_port}"
 
+    def close(self) -> None:
+        """Stop, remove the working directory, and the unix sockets weed leaves behind in
+        /tmp (`seaweedfs-<service>[-grpc]-<port>.sock`, four or more per start)."""
+        super().close()
+        ports = {port + d for port in self.ports.values() for d in (0, GRPC_OFFSET)}
+        for port in ports:
+            for sock in Path("/tmp").glob(f"seaweedfs-*-{port}.sock"):
+                sock.unlink(missing_ok=True)
+
     def storage_url(self, bucket: str) -> str:
         return f"s3://{self.endpoint}/{bucket}?secure=false"
 

@@ -44,9 +44,9 @@ BASE = os.urandom(MiB)  # payloads: a unique 16-byte prefix, then this block rep
 class GatewayProcess:
     """`python -m gateway.cli` on a free loopback port with the given settings."""
 
-    def __init__(self, env: dict[str, str], *, ready: bool = True) -> None:
+    def __init__(self, env: dict[str, str], log_dir: Path, *, ready: bool = True) -> None:
         self.port = free_port()
-        self.log = Path(tempfile.mkstemp(prefix="gw-load-", suffix=".log")[1])
+        self.log = Path(tempfile.mkstemp(prefix="gw-load-", suffix=".log", dir=log_dir)[1])
         full = {k: v for k, v in os.environ.items() if not k.startswith("OFFLOAD_")}
         full.update(env)
         full["PYTHONPATH"] = str(ROOT)
@@ -93,7 +93,10 @@ class GatewayProcess:
 
 @pytest.fixture
 def start_gateway(
-    seaweed: SeaweedFS, bucket_name: str, mosquitto_factory: Callable[..., Mosquitto]
+    seaweed: SeaweedFS,
+    bucket_name: str,
+    mosquitto_factory: Callable[..., Mosquitto],
+    tmp_path: Path,
 ) -> Iterator[Callable[..., GatewayProcess]]:
     broker = mosquitto_factory()
     started: list[GatewayProcess] = []
@@ -112,7 +115,7 @@ def start_gateway(
         env.update({f"OFFLOAD_{k.upper()}": str(v) for k, v in settings.items()})
         if "password_file" not in settings and "tokens_file" not in settings:
             env["OFFLOAD_ALLOW_ANONYMOUS"] = "true"  # no credentials files: opt in by name
-        gw = GatewayProcess(env)
+        gw = GatewayProcess(env, tmp_path)
         started.append(gw)
         return gw
 
@@ -390,7 +393,7 @@ def tarpit(port: int) -> Iterator[None]:
         listener.close()
 
 
-def test_healthz_reports_a_worker_pool_that_makes_no_progress() -> None:
+def test_healthz_reports_a_worker_pool_that_makes_no_progress(tmp_path: Path) -> None:
     """A store that accepts and never answers holds the store workers: /healthz says so
     (503, naming the pool) while it lasts, and is green again once they are free."""
     port = free_port()  # nothing listens yet: the start-up bucket check fails fast
@@ -406,6 +409,7 @@ def test_healthz_reports_a_worker_pool_that_makes_no_progress() -> None:
             # Readers admitted: a caller without credentials is refused before any lookup.
             "OFFLOAD_ALLOW_ANONYMOUS": "true",
         },
+        tmp_path,
         ready=False,
     )
     lookups: list[subprocess.Popen[bytes]] = []
