@@ -33,6 +33,7 @@ from ._errors import (
 from ._executors import Slot, Transfers, WorkerPool, Workers, close_at_request_end, request_scope
 from ._mqtt import InvalidPublish, broker_link
 from ._observability import (
+    DOWNLOADS_ABANDONED,
     UPLOADED_BYTES,
     UPLOADS,
     ObservabilityMiddleware,
@@ -43,6 +44,7 @@ from ._settings import Settings, get_settings
 
 __all__ = [
     "COMMON_RESPONSES",
+    "DOWNLOADS_ABANDONED",
     "UPLOADED_BYTES",
     "UPLOADS",
     "BadRequest",

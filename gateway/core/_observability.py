@@ -37,6 +37,10 @@ BYTES_IN = Counter("offload_http_received_bytes_total", "Request body bytes", ["
 BYTES_OUT = Counter("offload_http_sent_bytes_total", "Response body bytes", ["route"])
 UPLOADS = Counter("offload_uploads_total", "Payloads stored", ["kind"])
 UPLOADED_BYTES = Counter("offload_uploaded_bytes_total", "Payload bytes stored")
+DOWNLOADS_ABANDONED = Counter(
+    "offload_downloads_abandoned_total",
+    "Downloads stopped before their end because the client had gone",
+)
 STORAGE_ERRORS = Counter("offload_storage_errors_total", "Failed object store operations")
 BROKER_ERRORS = Counter("offload_broker_errors_total", "Failed broker publishes")
 AUTH_FAILURES = Counter("offload_auth_failures_total", "Refused requests", ["status"])
