@@ -30,7 +30,16 @@ from ._errors import (
     UnsupportedMediaType,
     install_error_handlers,
 )
-from ._executors import Slot, Transfers, WorkerPool, Workers, close_at_request_end, request_scope
+from ._executors import (
+    RequestEnd,
+    Slot,
+    Transfers,
+    WorkerPool,
+    Workers,
+    close_at_request_end,
+    current_request,
+    request_scope,
+)
 from ._mqtt import InvalidPublish, broker_link
 from ._observability import (
     DOWNLOADS_ABANDONED,
@@ -61,6 +70,7 @@ __all__ = [
     "PayloadTooLarge",
     "PreconditionFailed",
     "RangeNotSatisfiable",
+    "RequestEnd",
     "Settings",
     "Slot",
     "StorageUnavailable",
@@ -73,6 +83,7 @@ __all__ = [
     "broker_link",
     "close_at_request_end",
     "configure_logging",
+    "current_request",
     "get_settings",
     "install_error_handlers",
     "metrics_endpoint",

@@ -41,6 +41,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
+from starlette.types import Message, Receive
+
 from ._errors import GatewayError
 from ._settings import Settings
 
@@ -250,34 +252,62 @@ def _give_back_memory() -> None:
         _malloc_trim(0)
 
 
-_closers: contextvars.ContextVar[list[Callable[[], None]] | None] = contextvars.ContextVar(
-    "offload_request_closers", default=None
+class RequestEnd:
+    """What the current request leaves to its end: closers to run, and whether its client
+    is known to have gone (an `http.disconnect` came out of its `receive`)."""
+
+    __slots__ = ("closers", "gone")
+
+    def __init__(self) -> None:
+        self.closers: list[Callable[[], None]] = []
+        self.gone = False
+
+    def watch(self, receive: Receive) -> Receive:
+        """`receive`, noting the disconnect: Starlette's streaming responses listen for it
+        in a task of their own, so a stream learns of it by reading `gone`, not awaiting."""
+
+        async def watched() -> Message:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                self.gone = True
+            return message
+
+        return watched
+
+
+_request: contextvars.ContextVar[RequestEnd | None] = contextvars.ContextVar(
+    "offload_request_end", default=None
 )
 
 
 @contextlib.contextmanager
-def request_scope() -> Iterator[None]:
+def request_scope() -> Iterator[RequestEnd]:
     """Run what `close_at_request_end` registered when the request ends, however it ends.
 
     A response stream abandoned half way (client gone, send timed out) is otherwise only
     closed when the garbage collector finds it, which holds its transfer slot and store
     connection for an unbounded time.
     """
-    closers: list[Callable[[], None]] = []
-    token = _closers.set(closers)
+    end = RequestEnd()
+    token = _request.set(end)
     try:
-        yield
+        yield end
     finally:
-        _closers.reset(token)
-        for closer in closers:
+        _request.reset(token)
+        for closer in end.closers:
             closer()
 
 
 def close_at_request_end(closer: Callable[[], None]) -> None:
     """Register `closer` (idempotent, never raising) with the current request, if any."""
-    closers = _closers.get()
-    if closers is not None:
-        closers.append(closer)
+    end = _request.get()
+    if end is not None:
+        end.closers.append(closer)
+
+
+def current_request() -> RequestEnd | None:
+    """The current request's `RequestEnd` (None outside `request_scope`)."""
+    return _request.get()
 
 
 @dataclass

@@ -18,7 +18,14 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response, Streamin
 
 from client.protocol import Manifest, MessageId, encode_download
 
-from ..core import COMMON_RESPONSES, DOWNLOADS_ABANDONED, BadRequest, PayloadTooLarge
+from ..core import (
+    COMMON_RESPONSES,
+    DOWNLOADS_ABANDONED,
+    BadRequest,
+    PayloadTooLarge,
+    RequestEnd,
+    current_request,
+)
 from ..ingest import (
     OVERSIZED_SUFFIX,
     PAYLOAD_SECURITY_HEADERS,
@@ -125,10 +132,6 @@ async def upload_envelope(
     return created_response(ctx, request, stored.manifest, stored.created)
 
 
-#: Bytes sent between two looks at whether the client is still connected (`_stream`).
-DISCONNECT_CHECK_BYTES = 1 << 20
-
-
 async def _stream(
     request: Request, head: bytes, body: AsyncIterator[bytes], tail: bytes
 ) -> AsyncIterator[bytes]:
@@ -137,27 +140,25 @@ async def _stream(
     uvicorn (ASGI spec 2.3) turns every send after a disconnect into a no-op, and the
     disconnect does not always cancel the response (a store that keeps the stream fed
     never lets it wait): left alone, a download its client dropped at once reads the whole
-    object from the store (tests/test_abandoned_downloads.py). So every
-    `DISCONNECT_CHECK_BYTES` sent, the connection is looked at (`is_disconnected`: one
-    receive that does not wait); once it is gone the stream ends there, and the request's
-    end closes the store read and gives back its transfer slot (`close_at_request_end`).
-    The end of a stream cut short is never a whole fetch: `then_forget` looks at the same
-    connection. Counted in `offload_downloads_abandoned_total`, as is a stream the
-    disconnect cancelled.
+    object from the store (tests/test_abandoned_downloads.py). So after each piece the
+    stream looks at whether the request's `receive` has handed out the disconnect
+    (`RequestEnd.gone`: Starlette's response listens for it; an attribute read, no
+    await); once it has, the stream ends there, and the request's end closes the store
+    read and gives back its transfer slot (`close_at_request_end`). The end of a stream
+    cut short is never a whole fetch: `then_forget` looks at the same connection.
+    Counted in `offload_downloads_abandoned_total`, as is a stream the disconnect
+    cancelled.
     """
+    end = current_request() or RequestEnd()  # outside the middleware: never gone
     if head:
         yield head
-    unchecked = 0
     try:
         async for piece in body:
             yield piece
-            unchecked += len(piece)
-            if unchecked >= DISCONNECT_CHECK_BYTES:
-                unchecked = 0
-                if await request.is_disconnected():
-                    DOWNLOADS_ABANDONED.inc()
-                    log.info("%s: the client has gone; download stopped", request.url.path)
-                    return
+            if end.gone:
+                DOWNLOADS_ABANDONED.inc()
+                log.info("%s: the client has gone; download stopped", request.url.path)
+                return
     except asyncio.CancelledError:  # Starlette saw the disconnect first (or shutdown)
         DOWNLOADS_ABANDONED.inc()
         raise

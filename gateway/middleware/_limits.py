@@ -88,7 +88,9 @@ class UploadLimits:
             await self.app(scope, receive, send)
             return
         try:
-            with request_scope():
+            with request_scope() as end:
+                if scope["method"] not in _BODY_METHODS:  # a download notes its disconnect
+                    receive = end.watch(receive)
                 await self._limited(scope, receive, self._bounded_send(send))
         except _ResponseStalled as exc:
             # Returning with the response incomplete makes the server close the connection.
