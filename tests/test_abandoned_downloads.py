@@ -75,14 +75,15 @@ def test_an_abandoned_download_stops_reading_the_store(
     status: str,
     headers: str,
 ) -> None:
-    """Each drop: the request ends having sent far less than the object, and is counted
-    as abandoned; the object is still served whole afterwards.
+    """Each drop: the request ends having sent far less than the object, is counted as
+    abandoned and gives its transfer slot back; the object is still served whole afterwards.
 
     On SeaweedFS, read by the event loop: a store that keeps the stream fed lets it run on
     past the disconnect. (The file store's reads hop to a thread, which lets the
     disconnect's cancellation in after one batch of read-ahead, 2 MiB, even unchecked.)
     """
-    gw = gateway_factory(None, send_buffer=65536, sweep_interval=0)
+    # One transfer slot: each download after a drop finds the dropped one's slot given back.
+    gw = gateway_factory(None, send_buffer=65536, sweep_interval=0, max_transfers=1)
     payload, msg_id = os.urandom(SIZE), uuid.uuid4()
     with httpx.Client(base_url=gw.url, timeout=60) as http:
         put = http.put(f"/msg/{msg_id}", params={"topic": "dl/drop"}, content=payload)
