@@ -147,7 +147,8 @@ async def _stream(
     read and gives back its transfer slot (`close_at_request_end`). The end of a stream
     cut short is never a whole fetch: `then_forget` looks at the same connection.
     Counted in `offload_downloads_abandoned_total`, as is a stream the disconnect
-    cancelled.
+    cancelled (the listener notes `gone` before it cancels; a shutdown's cancellation is
+    not counted).
     """
     end = current_request() or RequestEnd()  # outside the middleware: never gone
     if head:
@@ -159,8 +160,9 @@ async def _stream(
                 DOWNLOADS_ABANDONED.inc()
                 log.info("%s: the client has gone; download stopped", request.url.path)
                 return
-    except asyncio.CancelledError:  # Starlette saw the disconnect first (or shutdown)
-        DOWNLOADS_ABANDONED.inc()
+    except asyncio.CancelledError:
+        if end.gone:  # Starlette's listener saw the disconnect and cancelled us (not shutdown)
+            DOWNLOADS_ABANDONED.inc()
         raise
     if tail:
         yield tail
