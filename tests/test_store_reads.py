@@ -14,10 +14,11 @@ from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
+import uvloop
 
 from client.protocol import MessageId
 from gateway.storage import S3Store, StoreError
-from gateway.storage._async_get import AsyncGets
+from gateway.storage._async_get import READ_BUFFER, AsyncGets
 
 from _gateway import GatewayServer
 from _hostile import RawRequest, accept_each
@@ -81,6 +82,36 @@ def test_whole_objects_and_ranges_come_intact_over_one_kept_connection(
     got, connections = asyncio.run(reads())
     assert got == [data, data[MiB - 1 : 3 * MiB + 2], data[-7:]]
     assert connections == 1  # each read left the connection for the next one
+
+
+def test_pieces_are_views_as_large_as_the_socket_holds_and_stay_intact(
+    store: S3Store, writer: S3Store, relay: Relay
+) -> None:
+    """The store's bytes are read into the connection's own buffers and handed over as
+    views of them: a piece is as large as what waited in the socket (up to READ_BUFFER),
+    not cut at the event loop's read size (256 KiB), and a view stays intact while later
+    reads, and the next answer on the kept connection, fill the buffers after it."""
+    first, second = os.urandom(6 * MiB + 3), os.urandom(3 * MiB)
+    writer.put_bytes("reads/views-1", first, "application/octet-stream")
+    writer.put_bytes("reads/views-2", second, "application/octet-stream")
+
+    async def reads() -> tuple[list[memoryview], list[memoryview]]:
+        held = []
+        for key in ("reads/views-1", "reads/views-2"):
+            body = await store.read(store.read_url(key))
+            pieces = []
+            async for piece in body:
+                pieces.append(piece)  # kept as it is, never copied
+                await asyncio.sleep(0.02)  # a slow client: the store's bytes pile up
+            held.append(pieces)
+        return held[0], held[1]
+
+    pieces, after = uvloop.run(reads())
+    assert relay.accepted == 1  # the second answer came on the same connection
+    assert b"".join(pieces) == first and b"".join(after) == second
+    assert all(isinstance(piece, memoryview) for piece in pieces)
+    assert max(map(len, pieces)) > 512 * 1024, sorted(map(len, pieces))[-3:]
+    assert max(map(len, pieces)) <= READ_BUFFER
 
 
 def test_a_read_closed_half_way_closes_its_connection_and_the_next_read_is_intact(

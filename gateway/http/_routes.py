@@ -133,8 +133,8 @@ async def upload_envelope(
 
 
 async def _stream(
-    request: Request, head: bytes, body: AsyncIterator[bytes], tail: bytes
-) -> AsyncIterator[bytes]:
+    request: Request, head: bytes, body: AsyncIterator[bytes | memoryview], tail: bytes
+) -> AsyncIterator[bytes | memoryview]:
     """`head`, the object's `body` from the store, `tail`; stopped once the client has gone.
 
     uvicorn (ASGI spec 2.3) turns every send after a disconnect into a no-op, and the

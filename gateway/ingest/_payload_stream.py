@@ -124,7 +124,7 @@ class PayloadStream:
         self._close()
 
 
-def read_on_loop(body: AsyncBody, slot: Slot) -> AsyncIterator[bytes]:
+def read_on_loop(body: AsyncBody, slot: Slot) -> AsyncIterator[bytes | memoryview]:
     """A body the event loop reads itself (`SupportsAsyncRead`): each piece marks the
     slot's progress; closed at its end, on a store error, or when the request ends (a
     client gone mid-download), which gives back the store connection and then the slot."""

@@ -277,7 +277,7 @@ class OffloadService:
 
     async def open_payload(
         self, manifest: Manifest, start: int = 0, length: int | None = None
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncIterator[bytes | memoryview]:
         """The payload bytes (or a range) as an async stream; 404 when the object is gone.
 
         Takes a transfer slot (503 `Saturated` when none is free), held until the stream
@@ -308,7 +308,7 @@ class OffloadService:
         slot: Slot,
         start: int,
         length: int | None,
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncIterator[bytes | memoryview]:
         """`open_payload` on a store the event loop reads (S3): no transfer thread."""
         try:
             url = await self._call(store.read_url, manifest.data_key)
@@ -357,11 +357,11 @@ class OffloadService:
     async def then_forget(
         self,
         manifest: Manifest,
-        body: AsyncIterator[bytes],
+        body: AsyncIterator[bytes | memoryview],
         *,
         handed_topic: str | None,
         disconnected: Callable[[], Awaitable[bool]],
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncIterator[bytes | memoryview]:
         """`body`, then (with delete_after_fetch) delete the message once it was sent whole.
 
         The response streamer asks for the next piece only after the previous one was

@@ -41,7 +41,9 @@ _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 #: large): they close the connection (RFC 9110, 15.5.9 and 15.5.14) instead of leaving
 #: the server to drain the body or to hold the socket until the keep-alive timeout.
 _CLOSE_AFTER = frozenset({408, 413})
-SEND_SLICE = 256 * 1024  # bytes per body message handed to the server
+#: Bytes per body message handed to the server, at most: a download's piece from the store
+#: (up to 1 MiB, `gateway.storage._async_get.READ_BUFFER`) goes in one.
+SEND_SLICE = 1024 * 1024
 
 
 class RequestTimeout(GatewayError):
@@ -61,7 +63,8 @@ class UploadLimits:
         app: the application to wrap.
         max_per_client: uploads one client address may have in progress (0: no limit).
         body_idle_timeout: seconds to wait for the next piece of a request body.
-        send_idle_timeout: seconds to wait for the client to take the next response piece.
+        send_idle_timeout: seconds to wait for the client to take the next response piece
+            (up to SEND_SLICE bytes).
         min_body_rate: bytes per second a body must average over each `body_idle_timeout`
             of waiting for it (0: no minimum).
     """

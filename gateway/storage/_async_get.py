@@ -30,6 +30,11 @@ from ._base import StoreError
 
 #: Unread bytes a connection buffers before it stops reading the store's socket.
 LIMIT = 1 << 20
+#: Bytes of each read buffer: a download's pieces are up to this large. Just under 1 MiB,
+#: gateway/cli.py's mmap threshold, so that it comes from the heap (no page faults).
+READ_BUFFER = (1 << 20) - 4096
+#: A buffer with less room than this left is not read into again.
+MIN_ROOM = 64 * 1024
 #: Largest answer head accepted.
 MAX_HEAD = 65536
 #: Idle connections kept per store, and for how long (under common keep-alive timeouts).
@@ -40,13 +45,22 @@ RETRY_STATUS = frozenset({500, 502, 503, 504})
 RETRIES = 2
 
 
-class _Connection(asyncio.Protocol):
-    """One connection's bytes as the event loop hands them over (no copy), reading paused
-    while more than LIMIT bytes wait to be taken."""
+class _Connection(asyncio.BufferedProtocol):
+    """One connection's bytes, read by the event loop straight into buffers of its own
+    (READ_BUFFER each) and handed over as views of them: no copy in user space, and as
+    much as the socket holds per piece (uvloop's own read buffer would cut each piece at
+    256,000 bytes). Reading pauses while more than LIMIT bytes wait to be taken.
+
+    A view handed out keeps its buffer alive; the connection never writes into a part of
+    a buffer it has handed out (each read goes after the last), and starts a new buffer
+    when less than MIN_ROOM is left."""
 
     def __init__(self) -> None:
-        self._chunks: deque[bytes] = deque()
-        self._size = 0
+        self._full: deque[memoryview] = deque()  # unread bytes of earlier buffers
+        self._buffer = memoryview(b"")  # the buffer being filled
+        self._start = 0  # its first unread byte
+        self._end = 0  # its first free byte
+        self._size = 0  # unread bytes in all
         self._eof = False
         self._paused = False
         self._waiter: asyncio.Future[None] | None = None
@@ -56,9 +70,17 @@ class _Connection(asyncio.Protocol):
         # uvloop's transports are not asyncio.Transport subclasses, only alike.
         self._transport = cast(asyncio.Transport, transport)
 
-    def data_received(self, data: bytes) -> None:
-        self._chunks.append(data)
-        self._size += len(data)
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if len(self._buffer) - self._end < MIN_ROOM:
+            if self._end > self._start:
+                self._full.append(self._buffer[self._start : self._end])
+            self._buffer = memoryview(bytearray(READ_BUFFER))
+            self._start = self._end = 0
+        return self._buffer[self._end :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._end += nbytes
+        self._size += nbytes
         if self._size > LIMIT and not self._paused and self._transport is not None:
             self._transport.pause_reading()
             self._paused = True
@@ -96,35 +118,47 @@ class _Connection(asyncio.Protocol):
         assert self._transport is not None
         self._transport.write(data)
 
-    async def read(self, size: int, timeout: float) -> bytes:
-        """Up to `size` bytes as they came; b"" at the end."""
-        while not self._chunks and not self._eof:
-            await self._wait(timeout)
-        if not self._chunks:
-            return b""
-        chunk = self._chunks.popleft()
-        if len(chunk) > size:
-            self._chunks.appendleft(chunk[size:])
-            chunk = chunk[:size]
-        self._size -= len(chunk)
+    def _take(self, size: int) -> memoryview:
+        """Up to `size` unread bytes, in order, as one view (of one buffer)."""
+        if self._full:
+            piece = self._full.popleft()
+            if len(piece) > size:
+                self._full.appendleft(piece[size:])
+                piece = piece[:size]
+        else:
+            stop = min(self._end, self._start + size)
+            piece = self._buffer[self._start : stop]
+            self._start = stop
+        self._size -= len(piece)
         if self._paused and self._size <= LIMIT and self._transport is not None:
             self._paused = False
             self._transport.resume_reading()
-        return chunk
+        return piece
+
+    async def read(self, size: int, timeout: float) -> memoryview:
+        """Up to `size` bytes as they came; empty at the end."""
+        while not self._size and not self._eof:
+            await self._wait(timeout)
+        return self._take(size) if self._size else memoryview(b"")
+
+    def _peek(self, limit: int) -> bytes:
+        """A copy of the first `limit` unread bytes (fewer when fewer are unread)."""
+        parts: list[memoryview] = []
+        for piece in (*self._full, self._buffer[self._start : self._end]):
+            parts.append(piece[: limit - sum(map(len, parts))])
+        return b"".join(parts)
 
     async def head(self, timeout: float) -> bytes:
         """The bytes up to and with the first blank line."""
         while True:
-            if len(self._chunks) > 1:
-                self._chunks = deque([b"".join(self._chunks)])
-            data = self._chunks[0] if self._chunks else b""
-            end = data.find(b"\r\n\r\n", 0, MAX_HEAD)
+            unread = self._peek(MAX_HEAD + 4)
+            end = unread.find(b"\r\n\r\n")
             if end >= 0:
-                rest = data[end + 4 :]
-                self._chunks = deque([rest] if rest else [])
-                self._size = len(rest)
-                return data[: end + 4]
-            if len(data) > MAX_HEAD:
+                left = end + 4
+                while left:
+                    left -= len(self._take(left))
+                return unread[: end + 4]
+            if len(unread) > MAX_HEAD:
                 raise StoreError(f"the store's answer head is over {MAX_HEAD} bytes")
             if self._eof:
                 raise ConnectionResetError("the store closed the connection before answering")
@@ -160,7 +194,7 @@ class Body:
     def __aiter__(self) -> Body:
         return self
 
-    async def __anext__(self) -> bytes:
+    async def __anext__(self) -> memoryview:
         conn = self._conn
         if conn is None or not self._remaining:
             self.close()
