@@ -2,9 +2,10 @@
 
 `gateway/middleware/_protocol.py` subclasses uvicorn's httptools protocol to give every request
 head a deadline and a size limit (a timer armed and cancelled per request, the request line
-and headers counted as the parser hands them over). Two uvicorn servers in this process
+and headers counted as the parser hands them over), and serves it through a buffered-read
+wrapper. Two uvicorn servers in this process
 serve the same trivial ASGI app, one with `http="httptools"` (the baseline) and one with
-`HeadDeadlineProtocol`; a keep-alive `http.client` connection sends sequential GETs with
+`GatewayHttpProtocol`; a keep-alive `http.client` connection sends sequential GETs with
 eight 20-byte headers to each in turn, and the ratio is the protocol's median rate over
 the baseline's (1.0: free).
 
@@ -68,9 +69,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=3000, help="per round and server")
     parser.add_argument("--rounds", type=int, default=12)
     args = parser.parse_args()
-    from gateway.middleware._protocol import HeadDeadlineProtocol  # after _harness set sys.path
+    from gateway.middleware._protocol import GatewayHttpProtocol  # after _harness set sys.path
 
-    ports = {"httptools": serve("httptools"), "head deadline": serve(HeadDeadlineProtocol)}
+    ports = {"httptools": serve("httptools"), "head deadline": serve(GatewayHttpProtocol)}
     rates: dict[str, list[float]] = {name: [] for name in ports}
     for port in ports.values():
         rate(port, 500)  # warm-up
@@ -80,9 +81,9 @@ def main() -> None:
     base, ours = (statistics.median(rates[name]) for name in ports)
     print(
         f"sequential GETs, {args.rounds} x {args.requests}: uvicorn httptools {base:.0f} req/s, "
-        f"HeadDeadlineProtocol {ours:.0f} req/s, ratio {ours / base:.2f}"
+        f"GatewayHttpProtocol {ours:.0f} req/s, ratio {ours / base:.2f}"
     )
-    emit_rate("protocol", "GET rate, HeadDeadlineProtocol / httptools", base, ours, "req/s")
+    emit_rate("protocol", "GET rate, GatewayHttpProtocol / httptools", base, ours, "req/s")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import uvicorn
 from client._malloc import tune_malloc
 
 from .core import Settings, configure_logging
-from .middleware import MAX_HEAD_BYTES, HeadDeadlineProtocol
+from .middleware import MAX_HEAD_BYTES, GatewayHttpProtocol
 
 log = logging.getLogger("gateway")
 
@@ -70,7 +70,10 @@ def main(argv: list[str] | None = None) -> int:
         timeout_graceful_shutdown=int(settings.shutdown_timeout),
         log_config=None,  # keep our handlers (JSON when asked)
         h11_max_incomplete_event_size=MAX_HEAD_BYTES,  # h11's head limit, as ours
-        http=HeadDeadlineProtocol,  # a deadline for each request head (OFFLOAD_HEADER_TIMEOUT)
+        # A deadline for each request head (OFFLOAD_HEADER_TIMEOUT), buffered reads.
+        # uvicorn only calls the class (its type names asyncio.Protocol, which uvloop would
+        # not read into a buffer of ours).
+        http=GatewayHttpProtocol,  # type: ignore[arg-type]
     )
     return 0
 

@@ -41,7 +41,7 @@ class GatewayServer:
 
     def start(self) -> GatewayServer:
         from gateway import create_app
-        from gateway.middleware._protocol import HeadDeadlineProtocol
+        from gateway.middleware._protocol import GatewayHttpProtocol
 
         # Bind here and hand uvicorn the socket: port 0 lets the kernel choose, and nothing
         # can take the port between choosing it and serving on it.
@@ -62,7 +62,7 @@ class GatewayServer:
             ssl_keyfile=self.keyfile,
             ssl_ca_certs=self.client_ca,
             ssl_cert_reqs=ssl.CERT_REQUIRED if self.client_ca else ssl.CERT_NONE,
-            http=HeadDeadlineProtocol,  # as `offload-gateway` serves
+            http=GatewayHttpProtocol,  # as `offload-gateway` serves
         )
         self._server = uvicorn.Server(config)
         server = self._server

@@ -11,13 +11,14 @@ Other folders use only the names below.
 
 from ._drain import DrainBeforeEarlyAnswer
 from ._limits import RequestTimeout, UploadLimits
-from ._protocol import MAX_HEAD_BYTES, STATE_KEY, HeadDeadlineProtocol
+from ._protocol import MAX_HEAD_BYTES, STATE_KEY, GatewayHttpProtocol, HeadDeadlineProtocol
 from ._target import Utf8Target
 
 __all__ = [
     "MAX_HEAD_BYTES",
     "STATE_KEY",
     "DrainBeforeEarlyAnswer",
+    "GatewayHttpProtocol",
     "HeadDeadlineProtocol",
     "RequestTimeout",
     "UploadLimits",

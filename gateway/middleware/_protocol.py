@@ -31,6 +31,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
+from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -43,6 +45,20 @@ DEFAULT_HEADER_TIMEOUT = 10.0
 #: (`h11_max_incomplete_event_size`). The client library sends at most 8 KiB of
 #: `X-Offload-Header` fields (client/http/_upload_forms.py), nginx's default total is 32 KiB.
 MAX_HEAD_BYTES = 64 * 1024
+
+
+#: Bytes read from a client's socket at a time, at most: a request body comes to the app
+#: in pieces up to this large (uvloop's own reads stop at 256,000 bytes). Just under
+#: gateway/cli.py's mmap threshold, so the buffer comes from the heap.
+READ_SIZE = (1 << 20) - 4096
+_buffers = threading.local()  # each event loop's thread: one read buffer for all its sockets
+
+
+def _read_buffer() -> memoryview:
+    buffer: memoryview | None = getattr(_buffers, "buffer", None)
+    if buffer is None:
+        buffer = _buffers.buffer = memoryview(bytearray(READ_SIZE))
+    return buffer
 
 
 def _answer(status: str, detail: str) -> bytes:
@@ -145,3 +161,43 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
             log.info("%s: %s: 408", self.client, detail)
             self.transport.write(_answer("408 Request Timeout", detail))
         self.transport.close()
+
+
+class GatewayHttpProtocol(asyncio.BufferedProtocol):
+    """What `offload-gateway` serves HTTP/1.1 with: a :class:`HeadDeadlineProtocol` whose
+    socket is read as a buffered protocol (uvicorn's `http=`; it takes the same arguments).
+
+    Each read goes into one buffer of READ_SIZE that all the connections of an event loop
+    share: a read is parsed at once, and the parser copies what it keeps (httptools hands
+    over each body piece as a new `bytes`). So a request body reaches the app in pieces of
+    up to 1 MiB rather than uvloop's 256,000 bytes, with one copy fewer (uvloop's own
+    `bytes` of each read) and a quarter of the passes through the ASGI receive chain
+    (bench/RESULTS.md, "Round 14"). A wrapper, not a subclass: uvloop reads into a
+    protocol's buffer only when the protocol is no `asyncio.Protocol`, and uvicorn's is.
+    """
+
+    __slots__ = ("http",)
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.http = HeadDeadlineProtocol(**kwargs)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.http.connection_made(transport)  # type: ignore[arg-type]
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return _read_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.http.data_received(_read_buffer()[:nbytes])  # type: ignore[arg-type]
+
+    def eof_received(self) -> None:
+        self.http.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.http.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.http.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.http.resume_writing()
