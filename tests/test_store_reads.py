@@ -90,7 +90,8 @@ def test_pieces_are_views_as_large_as_the_socket_holds_and_stay_intact(
     """The store's bytes are read into the connection's own buffers and handed over as
     views of them: a piece is as large as what waited in the socket (up to READ_BUFFER),
     not cut at the event loop's read size (256 KiB), and a view stays intact while later
-    reads, and the next answer on the kept connection, fill the buffers after it."""
+    reads, and the next answer on the kept connection, fill the buffers after it. A kept
+    connection lets go of its buffer while it waits."""
     first, second = os.urandom(6 * MiB + 3), os.urandom(3 * MiB)
     writer.put_bytes("reads/views-1", first, "application/octet-stream")
     writer.put_bytes("reads/views-2", second, "application/octet-stream")
@@ -104,6 +105,9 @@ def test_pieces_are_views_as_large_as_the_socket_holds_and_stay_intact(
                 pieces.append(piece)  # kept as it is, never copied
                 await asyncio.sleep(0.02)  # a slow client: the store's bytes pile up
             held.append(pieces)
+        kept = store._reads._kept.take(f"http://127.0.0.1:{relay.port}")
+        assert kept is not None and not kept._buffer  # kept idle without a read buffer
+        kept.close()
         return held[0], held[1]
 
     pieces, after = uvloop.run(reads())

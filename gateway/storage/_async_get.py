@@ -118,6 +118,14 @@ class _Connection(asyncio.BufferedProtocol):
         assert self._transport is not None
         self._transport.write(data)
 
+    def shed(self) -> None:
+        """Let go of the read buffer when nothing in it is unread (a kept connection
+        waiting for its next request holds no buffer; views handed out keep theirs)."""
+        if not self._size:
+            self._full.clear()
+            self._buffer = memoryview(b"")
+            self._start = self._end = 0
+
     def _take(self, size: int) -> memoryview:
         """Up to `size` unread bytes, in order, as one view (of one buffer)."""
         if self._full:
@@ -222,6 +230,7 @@ class Body:
         if self._remaining or not self._keep:  # not read to the end: never drained
             conn.close()
         else:
+            conn.shed()
             self._reads.release(self._origin, conn)
         callbacks, self._on_close = self._on_close, []
         for callback in callbacks:
