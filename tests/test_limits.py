@@ -241,6 +241,37 @@ def test_trailers_that_never_end_are_refused_and_nothing_is_stored(
     assert stored() == []
 
 
+ENDLESS = {
+    "request line": "GET /",
+    "header name": "GET /healthz HTTP/1.1\r\nHost: gw\r\n",
+    "header value": "GET /healthz HTTP/1.1\r\nHost: gw\r\nX-A: ",
+    "trailer value": "PUT /msg/{id}?topic=l/endless HTTP/1.1\r\nHost: gw\r\n"
+    "Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nX-T: ",
+    "chunk extension": "PUT /msg/{id}?topic=l/endless HTTP/1.1\r\nHost: gw\r\n"
+    "Transfer-Encoding: chunked\r\n\r\n5;e=",
+}
+
+
+@pytest.mark.parametrize("part", list(ENDLESS))
+def test_a_head_part_that_never_ends_is_refused_and_nothing_is_stored(
+    part: str,
+    gateway_factory: Callable[..., GatewayServer],
+    raw_uploads: list[RawRequest],
+    stored: Callable[[], list[str]],
+) -> None:
+    """One request line, header or trailer without end: the parser hands none of it over
+    (so the head counts never saw it) and kept copying what it had, 150-350 MB in the
+    10 s of the header timeout; it is counted raw now, and refused at MAX_HEAD_BYTES."""
+    gw = gateway_factory(None)
+    endless = RawRequest(gw.port, ENDLESS[part].format(id=uuid.uuid4()))
+    raw_uploads.append(endless)
+    started = time.monotonic()
+    _refused_line_flood(endless, b"a" * 8000)
+    assert time.monotonic() - started < 5  # long before the header timeout (10 s)
+    assert stored() == []
+    assert httpx.get(f"{gw.url}/healthz", timeout=10).status_code == 200
+
+
 def test_the_header_timeout_is_per_request_head_not_per_connection(
     gateway_factory: Callable[..., GatewayServer], raw_uploads: list[RawRequest]
 ) -> None:

@@ -18,7 +18,11 @@ from the head's first byte for the next ones; otherwise it is answered 408 (when
 was begun) and closed. A request whose request line, headers and trailers exceed
 `MAX_HEAD_BYTES` is answered 431 (unless its answer has begun) and closed; they are counted
 as the parser hands them over and checked after each read, so at most one read beyond the
-limit is held. Idle time between requests stays uvicorn's keep-alive timeout. A request
+limit is held. The parser hands a request line, header value or trailer over only once it
+ends, and keeps what it has so far (one endless header value took a gateway to 150-350 MB
+in 10 s, the parser copying it over and over): so the reads inside a request that bring
+neither a head's end nor body bytes are counted too, raw, against the same limit. Idle
+time between requests stays uvicorn's keep-alive timeout. A request
 body has its own limits (`gateway/middleware/_limits.py`): this covers what comes before and after.
 
 The timeout reaches the protocol through the lifespan state (`STATE_KEY`, which
@@ -80,14 +84,26 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
     _head_timer: asyncio.TimerHandle | None = None
     _head_begun = False
     _head_bytes = 0  # request line, header and trailer bytes of the current request
+    _in_message = False  # between a request's first byte and its end
+    _moved = False  # the read being parsed began or ended a head, or brought body bytes
+    _quiet_bytes = 0  # bytes of the reads since the last that did, inside a message
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._arm()
 
     def data_received(self, data: bytes) -> None:
+        self._moved = False
         super().data_received(data)
-        if self._head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
+        # A read that neither began nor ended a head nor brought body bytes, inside a
+        # message: the parser keeps what it got (an unfinished request line, header value
+        # or trailer, or a chunk extension) and hands it over only when it ends, so the
+        # head counts (`on_url`, `on_header`) never see it. Counted here, raw.
+        self._quiet_bytes = (
+            self._quiet_bytes + len(data) if self._in_message and not self._moved else 0
+        )
+        over = max(self._head_bytes, self._quiet_bytes)
+        if over > MAX_HEAD_BYTES and not self.transport.is_closing():
             self._disarm()
             detail = f"request line, headers and trailers over {MAX_HEAD_BYTES} bytes"
             log.info("%s: %s: 431", self.client, detail)
@@ -99,6 +115,7 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
         super().on_message_begin()
         self._head_begun = True
         self._head_bytes = 0
+        self._in_message = self._moved = True
         if self._head_timer is None:  # a later request on a kept-alive connection
             self._arm()
 
@@ -113,6 +130,7 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._disarm()
         self._head_begun = False
+        self._moved = True
         super().on_headers_complete()
 
     def on_body(self, body: bytes) -> None:
@@ -121,10 +139,15 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
         # piece goes as it is instead (`b"" + piece` is the piece, `bytes(piece)` too);
         # pieces that arrive before the app asks are still joined (bench/RESULTS.md, "The
         # body's copies").
+        self._moved = True
         cycle = self.cycle
         if not cycle.body:
             cycle.body = b""  # type: ignore[assignment]
         super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        self._in_message = False
+        super().on_message_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
