@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import ssl
 import subprocess
 import tempfile
@@ -135,5 +136,44 @@ def test_offload_over_mqtts_and_https(
             got = consumer.next_message(timeout=30)
         assert isinstance(got, Message), got
         assert got.payload == payload
+    finally:
+        gw.stop()
+
+
+def test_a_connection_refused_over_tls_is_dropped_whatever_the_peer_keeps_sending(
+    pki: Path, seaweed: SeaweedFS, bucket_name: str
+) -> None:
+    """A head over MAX_HEAD_BYTES is answered 431 and closed; over TLS, `close()` alone
+    waits for the peer's close_notify (the TLS shutdown timeout, 30 s) while it reads,
+    decrypts and discards whatever the peer goes on sending. The gateway drops it
+    CLOSE_GRACE after the answer instead."""
+    from gateway import Settings
+
+    gw = GatewayServer(
+        Settings(
+            storage_url=seaweed.storage_url(bucket_name),
+            s3_access_key=seaweed.access_key,
+            s3_secret_key=seaweed.secret_key,
+            tls=True,
+            allow_anonymous=True,
+        ),
+        certfile=str(pki / "server.pem"),
+        keyfile=str(pki / "server.key"),
+    ).start()
+    trust = ssl.create_default_context(cafile=str(pki / "ca.pem"))
+    try:
+        raw = socket.create_connection(("127.0.0.1", gw.port))
+        with trust.wrap_socket(raw, server_hostname="127.0.0.1") as conn:
+            conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: gw\r\nX-A: ")
+            flood, started, dropped = b"a" * 65536, time.monotonic(), False
+            while time.monotonic() - started < 12:
+                try:
+                    conn.sendall(flood)
+                except OSError:  # reset or broken pipe: the gateway let go
+                    dropped = True
+                    break
+            assert dropped, "still taken after 12 s"
+            assert time.monotonic() - started < 6
+        assert httpx.get(f"{gw.url}/healthz", verify=trust, timeout=10).status_code == 200
     finally:
         gw.stop()

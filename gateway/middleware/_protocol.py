@@ -49,6 +49,8 @@ DEFAULT_HEADER_TIMEOUT = 10.0
 #: (`h11_max_incomplete_event_size`). The client library sends at most 8 KiB of
 #: `X-Offload-Header` fields (client/http/_upload_forms.py), nginx's default total is 32 KiB.
 MAX_HEAD_BYTES = 64 * 1024
+#: Seconds a refused connection (408, 431) has to take its answer before it is dropped.
+CLOSE_GRACE = 1.0
 
 
 #: Bytes read from a client's socket at a time, at most: a request body comes to the app
@@ -109,7 +111,7 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
             log.info("%s: %s: 431", self.client, detail)
             if self._may_answer():
                 self.transport.write(_answer("431 Request Header Fields Too Large", detail))
-            self.transport.close()
+            self._close_refused()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -183,7 +185,16 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
             detail = f"request head (request line and headers) not received within {timeout:g} s"
             log.info("%s: %s: 408", self.client, detail)
             self.transport.write(_answer("408 Request Timeout", detail))
-        self.transport.close()
+        self._close_refused()
+
+    def _close_refused(self) -> None:
+        """Close after the refusal has gone out, and drop the connection CLOSE_GRACE
+        seconds later whatever the peer does: over TLS, `close()` waits for the peer's
+        close_notify (up to the TLS shutdown timeout, 30 s) and meanwhile reads, decrypts
+        and discards all the peer keeps sending (16 GB in 12 s from one client)."""
+        transport = self.transport
+        transport.close()
+        self.loop.call_later(CLOSE_GRACE, transport.abort)
 
 
 class GatewayHttpProtocol(asyncio.BufferedProtocol):
