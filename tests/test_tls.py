@@ -11,6 +11,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -83,13 +84,32 @@ def pki() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def https_gateway(
+    pki: Path, seaweed: SeaweedFS, bucket_name: str, **settings: Any
+) -> GatewayServer:
+    """A gateway on https:// with the test CA's certificate, started."""
+    from gateway import Settings
+
+    return GatewayServer(
+        Settings(
+            storage_url=seaweed.storage_url(bucket_name),
+            s3_access_key=seaweed.access_key,
+            s3_secret_key=seaweed.secret_key,
+            tls=True,
+            allow_anonymous=True,
+            **settings,
+        ),
+        certfile=str(pki / "server.pem"),
+        keyfile=str(pki / "server.key"),
+    ).start()
+
+
 def test_offload_over_mqtts_and_https(
     pki: Path,
     mosquitto_factory: Callable[..., Mosquitto],
     seaweed: SeaweedFS,
     bucket_name: str,
 ) -> None:
-    from gateway import Settings
 
     broker = mosquitto_factory(
         max_packet_size=262144,
@@ -97,20 +117,14 @@ def test_offload_over_mqtts_and_https(
         f"keyfile {pki / 'server.key'}\n",
     )
     mqtts = f"mqtts://127.0.0.1:{broker.port}"
-    gw = GatewayServer(
-        Settings(
-            storage_url=seaweed.storage_url(bucket_name),
-            s3_access_key=seaweed.access_key,
-            s3_secret_key=seaweed.secret_key,
-            mqtt_url=mqtts,
-            mqtt_ca_file=pki / "ca.pem",
-            discovery_interval=5.0,
-            tls=True,
-            allow_anonymous=True,
-        ),
-        certfile=str(pki / "server.pem"),
-        keyfile=str(pki / "server.key"),
-    ).start()
+    gw = https_gateway(
+        pki,
+        seaweed,
+        bucket_name,
+        mqtt_url=mqtts,
+        mqtt_ca_file=pki / "ca.pem",
+        discovery_interval=5.0,
+    )
     try:
         assert gw.url.startswith("https://")
         # The gateway reached the TLS broker with the private CA.
@@ -147,19 +161,7 @@ def test_a_connection_refused_over_tls_is_dropped_whatever_the_peer_keeps_sendin
     waits for the peer's close_notify (the TLS shutdown timeout, 30 s) while it reads,
     decrypts and discards whatever the peer goes on sending. The gateway drops it
     CLOSE_GRACE after the answer instead."""
-    from gateway import Settings
-
-    gw = GatewayServer(
-        Settings(
-            storage_url=seaweed.storage_url(bucket_name),
-            s3_access_key=seaweed.access_key,
-            s3_secret_key=seaweed.secret_key,
-            tls=True,
-            allow_anonymous=True,
-        ),
-        certfile=str(pki / "server.pem"),
-        keyfile=str(pki / "server.key"),
-    ).start()
+    gw = https_gateway(pki, seaweed, bucket_name)
     trust = ssl.create_default_context(cafile=str(pki / "ca.pem"))
     try:
         raw = socket.create_connection(("127.0.0.1", gw.port))
