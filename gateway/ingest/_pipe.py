@@ -43,11 +43,10 @@ from ..storage import (
     crc32c_extend,
 )
 
-PIECE = 1024 * 1024
 #: Bytes that make a batch: one body piece as the gateway reads it (up to 1 MiB - 4 KiB,
 #: `gateway.middleware.READ_SIZE`) or several smaller ones, about 1 MiB in all, never two
 #: whole reads (a pipe's `depth` counts batches).
-BATCH = PIECE - 64 * 1024
+BATCH = 960 * 1024
 FLUSH_INTERVAL = 1.0  # seconds: a slow body still reaches the store at least this often
 QUIET_TRANSFERS = 4  # at most this many in flight: an upload's pipe holds 4 batches, else 2
 _EOF: list[bytes | memoryview] = []  # an empty batch ends the stream
