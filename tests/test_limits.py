@@ -272,6 +272,20 @@ def test_a_head_part_that_never_ends_is_refused_and_nothing_is_stored(
     assert httpx.get(f"{gw.url}/healthz", timeout=10).status_code == 200
 
 
+@pytest.mark.parametrize("part", ["request line", "header value"])
+def test_an_oversized_head_part_in_one_read_is_refused_at_once(
+    part: str, gateway_factory: Callable[..., GatewayServer], raw_uploads: list[RawRequest]
+) -> None:
+    """100 KB of an unfinished head part sent at once and then nothing: it came in the
+    same read as the request's first byte, which the raw count used to skip, so it waited
+    for the header timeout (a 408 after 10 s) instead of its 431."""
+    gw = gateway_factory(None)
+    conn = RawRequest(gw.port, ENDLESS[part] + "a" * 100_000)
+    raw_uploads.append(conn)
+    head = conn.response_head(timeout=5)
+    assert head.startswith(b"HTTP/1.1 431"), head
+
+
 def test_the_header_timeout_is_per_request_head_not_per_connection(
     gateway_factory: Callable[..., GatewayServer], raw_uploads: list[RawRequest]
 ) -> None:

@@ -87,7 +87,7 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
     _head_begun = False
     _head_bytes = 0  # request line, header and trailer bytes of the current request
     _in_message = False  # between a request's first byte and its end
-    _moved = False  # the read being parsed began or ended a head, or brought body bytes
+    _moved = False  # the read being parsed ended a head or brought body bytes
     _quiet_bytes = 0  # bytes of the reads since the last that did, inside a message
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -97,10 +97,10 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         self._moved = False
         super().data_received(data)
-        # A read that neither began nor ended a head nor brought body bytes, inside a
-        # message: the parser keeps what it got (an unfinished request line, header value
-        # or trailer, or a chunk extension) and hands it over only when it ends, so the
-        # head counts (`on_url`, `on_header`) never see it. Counted here, raw.
+        # A read that neither ended a head nor brought body bytes, inside a message (its
+        # first read too): the parser keeps what it got (an unfinished request line,
+        # header value or trailer, or a chunk extension) and hands it over only when it
+        # ends, so the head counts (`on_url`, `on_header`) never see it. Counted here, raw.
         self._quiet_bytes = (
             self._quiet_bytes + len(data) if self._in_message and not self._moved else 0
         )
@@ -117,7 +117,7 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
         super().on_message_begin()
         self._head_begun = True
         self._head_bytes = 0
-        self._in_message = self._moved = True
+        self._in_message = True
         if self._head_timer is None:  # a later request on a kept-alive connection
             self._arm()
 
