@@ -43,6 +43,7 @@ from .http._routes_publish import router as publish_router
 from .http._routes_raw import router as raw_router
 from .http._routes_tus import router as resumable_router
 from .ingest import OffloadService, Quotas
+from .middleware import STALL_KEY as CLOSE_STALL_KEY
 from .middleware import STATE_KEY as HEADER_TIMEOUT_KEY
 from .middleware import DrainBeforeEarlyAnswer, UploadLimits, Utf8Target
 from .storage import ObjectStore, StoreError, open_store
@@ -185,10 +186,12 @@ def make_lifespan(
         )
         sweeper.start(workers.store)
         try:
-            # The HTTP protocol reads its head deadline here (gateway/middleware/_protocol.py).
+            # The HTTP protocol reads its head deadline and how long a closing connection's
+            # peer may leave its answer untaken here (gateway/middleware/_protocol.py).
             yield {
                 "ctx": ctx,
                 HEADER_TIMEOUT_KEY: settings.header_timeout,
+                CLOSE_STALL_KEY: settings.send_idle_timeout,
                 # what `GET /` advertises (gateway/http/_routes_info.py)
                 MECHANISMS_KEY: mechanisms,
             }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import socket
@@ -9,17 +10,19 @@ import ssl
 import subprocess
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 
 from client import Client, Message, Route
 
 from _gateway import GatewayServer
-from _servers import Mosquitto, SeaweedFS
+from _servers import Mosquitto, SeaweedFS, wait_until
 
 pytestmark = pytest.mark.servers
 
@@ -85,7 +88,7 @@ def pki() -> Iterator[Path]:
 
 
 def https_gateway(
-    pki: Path, seaweed: SeaweedFS, bucket_name: str, **settings: Any
+    pki: Path, seaweed: SeaweedFS, bucket_name: str, send_buffer: int = 0, **settings: Any
 ) -> GatewayServer:
     """A gateway on https:// with the test CA's certificate, started."""
     from gateway import Settings
@@ -101,6 +104,7 @@ def https_gateway(
         ),
         certfile=str(pki / "server.pem"),
         keyfile=str(pki / "server.key"),
+        send_buffer=send_buffer,
     ).start()
 
 
@@ -154,28 +158,134 @@ def test_offload_over_mqtts_and_https(
         gw.stop()
 
 
+def _status(conn: ssl.SSLSocket) -> bytes:
+    """The status line of the answer coming in on `conn`."""
+    got = b""
+    while b"\r\n" not in got:
+        piece = conn.recv(4096)
+        assert piece, f"closed before an answer: {got!r}"
+        got += piece
+    return got.partition(b"\r\n")[0]
+
+
+def _flood_until_dropped(conn: ssl.SSLSocket, seconds: float) -> float | None:
+    """Send 64 KiB records until the peer lets go; how long that took, or None."""
+    flood, started = b"a" * 65536, time.monotonic()
+    while time.monotonic() - started < seconds:
+        try:
+            conn.sendall(flood)
+        except OSError:  # reset or broken pipe: the gateway let go
+            return time.monotonic() - started
+    return None
+
+
+@pytest.mark.parametrize(
+    ("request_head", "status"),
+    [
+        # A header value without end: over MAX_HEAD_BYTES, the protocol's 431.
+        (b"GET /healthz HTTP/1.1\r\nHost: gw\r\nX-A: " + b"a" * 131072, b"431"),
+        # A body over the upload limit: the middleware's 413, Connection: close.
+        (
+            b"PUT /msg/5f0c1b9e-4f4e-4b8e-9a57-6d9b0c3a2e11?topic=t HTTP/1.1\r\n"
+            b"Host: gw\r\nContent-Length: 10000000000000\r\n\r\n",
+            b"413",
+        ),
+        # Not HTTP: uvicorn's own 400.
+        (b"\x00\x01 nonsense\r\n\r\n", b"400"),
+    ],
+    ids=["431-endless-header", "413-body-limit", "400-not-http"],
+)
 def test_a_connection_refused_over_tls_is_dropped_whatever_the_peer_keeps_sending(
-    pki: Path, seaweed: SeaweedFS, bucket_name: str
+    pki: Path, seaweed: SeaweedFS, bucket_name: str, request_head: bytes, status: bytes
 ) -> None:
-    """A head over MAX_HEAD_BYTES is answered 431 and closed; over TLS, `close()` alone
-    waits for the peer's close_notify (the TLS shutdown timeout, 30 s) while it reads,
-    decrypts and discards whatever the peer goes on sending. The gateway drops it
-    CLOSE_GRACE after the answer instead."""
+    """Whoever refuses a request and closes (the head protocol, the body limits, uvicorn),
+    over TLS `close()` alone waits for the peer's close_notify (the TLS shutdown timeout,
+    30 s) while it reads, decrypts and discards whatever the peer goes on sending (11.8 GB
+    in 12 s after a 413). The gateway drops a peer that has its answer and sends on within
+    two CLOSE_GRACE periods."""
     gw = https_gateway(pki, seaweed, bucket_name)
     trust = ssl.create_default_context(cafile=str(pki / "ca.pem"))
     try:
-        raw = socket.create_connection(("127.0.0.1", gw.port))
+        raw = socket.create_connection(("127.0.0.1", gw.port), timeout=20)
         with trust.wrap_socket(raw, server_hostname="127.0.0.1") as conn:
-            conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: gw\r\nX-A: ")
-            flood, started, dropped = b"a" * 65536, time.monotonic(), False
-            while time.monotonic() - started < 12:
-                try:
-                    conn.sendall(flood)
-                except OSError:  # reset or broken pipe: the gateway let go
-                    dropped = True
-                    break
-            assert dropped, "still taken after 12 s"
-            assert time.monotonic() - started < 6
+            conn.sendall(request_head)
+            assert _status(conn).startswith(b"HTTP/1.1 " + status)
+            dropped = _flood_until_dropped(conn, 12)
+            assert dropped is not None, "still taken after 12 s"
+            assert dropped < 6
         assert httpx.get(f"{gw.url}/healthz", verify=trust, timeout=10).status_code == 200
+    finally:
+        gw.stop()
+
+
+def _server_side_state(port: int, client_port: int) -> str | None:
+    """The TCP state of the gateway's end of the connection from `client_port`."""
+    for conn in psutil.net_connections(kind="tcp4"):
+        if conn.laddr and conn.laddr.port == port and conn.raddr and conn.raddr.port == client_port:
+            return str(conn.status)
+    return None
+
+
+def test_a_slow_reader_gets_all_of_an_answer_that_closes_its_connection(
+    pki: Path, seaweed: SeaweedFS, bucket_name: str
+) -> None:
+    """`Connection: close` over TLS: uvicorn closes once the last piece is written, with
+    over a megabyte still on its way to a client taking 800 kB/s (16 KiB records, 20 ms
+    apart). The gateway keeps the connection while the client takes it all (a drop a fixed
+    time after the close would cut the answer short). A client that stops taking it before
+    the end is let go after the send idle timeout (5 s here; over TLS `close()` alone
+    would hold the connection for the TLS shutdown timeout, 30 s), and one that stops
+    taking it but sends on, within two CLOSE_GRACE periods."""
+    gw = https_gateway(pki, seaweed, bucket_name, send_buffer=262144, send_idle_timeout=5.0)
+    trust = ssl.create_default_context(cafile=str(pki / "ca.pem"))
+    payload, msg_id = os.urandom(4 << 20), uuid.uuid4()
+    request = f"GET /msg/{msg_id}/payload HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n"
+    most = len(payload) - (128 << 10)  # by then the whole answer is written and closed
+
+    def read(conn: ssl.SSLSocket, until: int, pause: float) -> bytes:
+        got = bytearray()
+        while len(got) < until and (piece := conn.recv(65536)):
+            got += piece
+            time.sleep(pause)
+        return bytes(got)
+
+    def connect() -> ssl.SSLSocket:
+        raw = socket.socket()
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32768)  # no autotuning
+        raw.settimeout(20)
+        raw.connect(("127.0.0.1", gw.port))
+        conn = trust.wrap_socket(raw, server_hostname="127.0.0.1")
+        conn.sendall(request.encode())
+        return conn
+
+    def let_go_after(conn: ssl.SSLSocket, flood: bool) -> float:
+        """Seconds from the client's last read until the gateway lets go of its end."""
+        client_port = conn.getsockname()[1]
+        assert len(read(conn, most, 0)) >= most
+        stopped = time.monotonic()
+        assert _server_side_state(gw.port, client_port) == "ESTABLISHED"
+        if flood:
+            assert _flood_until_dropped(conn, 20) is not None, "still taken after 20 s"
+        wait_until(
+            lambda: _server_side_state(gw.port, client_port) != "ESTABLISHED",
+            "the gateway letting go of a client that stopped reading",
+            30,
+        )
+        return time.monotonic() - stopped
+
+    try:
+        with httpx.Client(base_url=gw.url, verify=trust, timeout=60) as http:
+            put = http.put(f"/msg/{msg_id}", params={"topic": "tls/slow"}, content=payload)
+            assert put.status_code == 201, put.text
+        with connect() as conn:
+            head, _, body = read(conn, len(payload) + 4096, 0.02).partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200"), head
+        assert hashlib.sha256(body).digest() == hashlib.sha256(payload).digest(), len(body)
+        with connect() as conn:
+            quiet = let_go_after(conn, flood=False)
+        assert 4 < quiet < 9, quiet
+        with connect() as conn:
+            flooding = let_go_after(conn, flood=True)
+        assert flooding < 3.5, flooding
     finally:
         gw.stop()

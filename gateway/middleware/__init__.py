@@ -2,7 +2,8 @@
 
 `_limits` (uploads per client, stalled bodies and readers), `_drain` (read the rest of a body
 before an early refusal), `_target` (refuse a target that is not UTF-8), `_protocol` (a
-deadline for every request head). Two middlewares live elsewhere because lower layers need
+deadline for every request head), `_closing` (a closed connection ends once its peer has
+its answer). Two middlewares live elsewhere because lower layers need
 them: CORS (`gateway.core._cors`, whose origins the settings parse) and metrics and request logs
 (`gateway.core._observability`, whose counters the error mapping uses).
 
@@ -11,11 +12,18 @@ Other folders use only the names below.
 
 from ._drain import DrainBeforeEarlyAnswer
 from ._limits import RequestTimeout, UploadLimits
-from ._protocol import MAX_HEAD_BYTES, STATE_KEY, GatewayHttpProtocol, HeadDeadlineProtocol
+from ._protocol import (
+    MAX_HEAD_BYTES,
+    STALL_KEY,
+    STATE_KEY,
+    GatewayHttpProtocol,
+    HeadDeadlineProtocol,
+)
 from ._target import Utf8Target
 
 __all__ = [
     "MAX_HEAD_BYTES",
+    "STALL_KEY",
     "STATE_KEY",
     "DrainBeforeEarlyAnswer",
     "GatewayHttpProtocol",

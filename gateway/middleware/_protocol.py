@@ -25,9 +25,13 @@ neither a head's end nor body bytes are counted too, raw, against the same limit
 time between requests stays uvicorn's keep-alive timeout. A request
 body has its own limits (`gateway/middleware/_limits.py`): this covers what comes before and after.
 
-The timeout reaches the protocol through the lifespan state (`STATE_KEY`, which
-`gateway._app` fills from the settings): uvicorn hands each connection's protocol that
-state, in every worker process, so no global is set.
+A connection the server closes, for any of these reasons or uvicorn's own, is watched until
+its peer has taken the answer (gateway/middleware/_closing.py): over TLS `close()` alone
+would read and decrypt all a peer sends for up to 30 s.
+
+The timeouts reach the protocol through the lifespan state (`STATE_KEY` and `STALL_KEY`,
+which `gateway._app` fills from the settings): uvicorn hands each connection's protocol
+that state, in every worker process, so no global is set.
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from ._closing import ClosingTransport
+
 log = logging.getLogger("gateway")
 
 #: Lifespan state key holding the head timeout in seconds (0: none).
@@ -49,8 +55,10 @@ DEFAULT_HEADER_TIMEOUT = 10.0
 #: (`h11_max_incomplete_event_size`). The client library sends at most 8 KiB of
 #: `X-Offload-Header` fields (client/http/_upload_forms.py), nginx's default total is 32 KiB.
 MAX_HEAD_BYTES = 64 * 1024
-#: Seconds a refused connection (408, 431) has to take its answer before it is dropped.
-CLOSE_GRACE = 1.0
+#: Lifespan state key holding the seconds a closing connection's peer may take none of its
+#: answer (the send idle timeout, gateway/middleware/_closing.py).
+STALL_KEY = "offload.send_idle_timeout"
+DEFAULT_STALL = 60.0
 
 
 #: Bytes read from a client's socket at a time, at most: a request body comes to the app
@@ -89,9 +97,12 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
     _in_message = False  # between a request's first byte and its end
     _moved = False  # the read being parsed ended a head or brought body bytes
     _quiet_bytes = 0  # bytes of the reads since the last that did, inside a message
+    _closing: ClosingTransport  # the transport as uvicorn's protocol is handed it
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        stall = self._seconds(STALL_KEY, DEFAULT_STALL)
+        self._closing = ClosingTransport(transport, self.loop, stall)
+        super().connection_made(self._closing)
         self._arm()
 
     def data_received(self, data: bytes) -> None:
@@ -111,7 +122,7 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
             log.info("%s: %s: 431", self.client, detail)
             if self._may_answer():
                 self.transport.write(_answer("431 Request Header Fields Too Large", detail))
-            self._close_refused()
+            self.transport.close()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -153,6 +164,7 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._closing.lost()
         super().connection_lost(exc)
 
     def _may_answer(self) -> bool:
@@ -163,12 +175,12 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
             return True
         return not self._head_begun and not cycle.response_started  # its own trailers
 
-    def _timeout(self) -> float:
-        value = self.app_state.get(STATE_KEY, DEFAULT_HEADER_TIMEOUT)
-        return float(value) if isinstance(value, int | float) else DEFAULT_HEADER_TIMEOUT
+    def _seconds(self, key: str, default: float) -> float:
+        value = self.app_state.get(key, default)
+        return float(value) if isinstance(value, int | float) else default
 
     def _arm(self) -> None:
-        timeout = self._timeout()
+        timeout = self._seconds(STATE_KEY, DEFAULT_HEADER_TIMEOUT)
         if timeout > 0:
             self._head_timer = self.loop.call_later(timeout, self._expired, timeout)
 
@@ -185,16 +197,7 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
             detail = f"request head (request line and headers) not received within {timeout:g} s"
             log.info("%s: %s: 408", self.client, detail)
             self.transport.write(_answer("408 Request Timeout", detail))
-        self._close_refused()
-
-    def _close_refused(self) -> None:
-        """Close after the refusal has gone out, and drop the connection CLOSE_GRACE
-        seconds later whatever the peer does: over TLS, `close()` waits for the peer's
-        close_notify (up to the TLS shutdown timeout, 30 s) and meanwhile reads, decrypts
-        and discards all the peer keeps sending (16 GB in 12 s from one client)."""
-        transport = self.transport
-        transport.close()
-        self.loop.call_later(CLOSE_GRACE, transport.abort)
+        self.transport.close()
 
 
 class GatewayHttpProtocol(asyncio.BufferedProtocol):
