@@ -27,6 +27,10 @@ import tempfile
 import time
 from pathlib import Path
 
+import _harness  # noqa: F401  (puts the repository on sys.path)
+
+from proxy.protocol import encode_varint
+
 MiB = 1 << 20
 CONNACK_V5 = b"\x20\x03\x00\x00\x00"  # session present 0, success, no properties
 
@@ -49,15 +53,6 @@ def _remaining_length(sock: socket.socket) -> int:
         if not byte & 0x80:
             return value
         shift += 7
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
 
 
 def _packet(sock: socket.socket) -> tuple[int, bytes]:
@@ -120,7 +115,7 @@ def subscriber_cost(path: Path) -> float:
             assert first >> 4 == 8, f"expected SUBSCRIBE, got {first:#x}"
             conn.sendall(b"\x90\x04" + body[:2] + b"\x00\x01")  # SUBACK: QoS 1 granted
             variable = b"\x00\x01t" + b"\x00"  # topic "t", QoS 0, no properties
-            conn.sendall(b"\x30" + _varint(len(variable) + size) + variable)
+            conn.sendall(b"\x30" + encode_varint(len(variable) + size) + variable)
             conn.sendfile(payload)
             sent = time.perf_counter()
             proc.wait(60)
