@@ -198,7 +198,7 @@ async def _answer(conn: Conn, qos: int, packet_id: int | None) -> None:
         conn.kept_rel.add(packet_id)  # its PUBREL is ours to answer
     async with conn.broker_lock:
         conn.broker_writer.write(packet)
-        await drained(conn.broker_writer)
+        await drained(conn.broker_writer, conn.broker.idle)
 
 
 async def answer_pubrel(conn: Conn, packet_id: int) -> bool:
@@ -208,5 +208,5 @@ async def answer_pubrel(conn: Conn, packet_id: int) -> bool:
     conn.kept_rel.discard(packet_id)
     async with conn.broker_lock:
         conn.broker_writer.write(pubcomp(packet_id))
-        await drained(conn.broker_writer)
+        await drained(conn.broker_writer, conn.broker.idle)
     return True

@@ -22,7 +22,7 @@ from client.protocol import MessageId
 from ._exceptions import QUOTA_EXCEEDED, PeerGone, TransferFailed
 from ._resends import remember, resent
 from ._state import Conn, Services
-from ._stream import drained
+from ._stream import drain_within, drained
 from .protocol import (
     CONNECT,
     DISCONNECT,
@@ -68,14 +68,14 @@ async def relay_up(conn: Conn, services: Services) -> None:
             if head.length > MAX_PUBLISH_HEADER:
                 raise PacketTooLarge(f"a SUBSCRIBE over {MAX_PUBLISH_HEADER} bytes")
             conn.broker_writer.write(upgrade_packet(head.first, await conn.client.body(head)))
-            await drained(conn.broker_writer)
+            await drained(conn.broker_writer, conn.broker.idle)
         else:
             body = conn.client.whole_body(head)
             if body is None:
                 await forward(conn, head)
             else:  # the common case: the whole packet is in hand, one write
                 conn.broker_writer.write(head.raw + body)
-                await drained(conn.broker_writer)
+                await drained(conn.broker_writer, conn.broker.idle)
             if head.type == DISCONNECT:
                 return
 
@@ -87,8 +87,8 @@ async def forward(conn: Conn, head: Head, prefix: bytes = b"") -> None:
         writer.write(head.raw + prefix)
         async for piece in conn.client.pieces(head):
             writer.write(piece)
-            await writer.drain()
-        await writer.drain()
+            await drain_within(writer, conn.broker.idle)
+        await drain_within(writer, conn.broker.idle)
 
 
 async def _read_header(
@@ -141,8 +141,8 @@ async def _publish(conn: Conn, services: Services, head: Head) -> None:
                 conn.broker_writer.write(head.raw + prefix)
                 async for piece in pieces:
                     conn.broker_writer.write(piece)
-                    await conn.broker_writer.drain()
-        await drained(conn.broker_writer)
+                    await drain_within(conn.broker_writer, conn.broker.idle)
+        await drained(conn.broker_writer, conn.broker.idle)
         return
     size = head.length - header.size
 
@@ -169,7 +169,7 @@ async def _publish(conn: Conn, services: Services, head: Head) -> None:
         conn.unacked.add(header.packet_id)
         remember(conn, services, head, header, stored)
     conn.broker_writer.write(packet)
-    await conn.broker_writer.drain()
+    await drain_within(conn.broker_writer, conn.broker.idle)
     services.metrics.offloaded.inc()
     log.info(
         "offloaded",

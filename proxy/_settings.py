@@ -99,7 +99,8 @@ class ProxySettings(BaseSettings):
         30.0,
         gt=0,
         description="seconds a packet that has begun may wait for its next byte, and a client "
-        "may take too little of a packet written to it (then it is disconnected)",
+        "or the broker may take too little of a packet written to it (then the client is "
+        "disconnected)",
     )
     http_timeout: float = Field(60.0, gt=0, description="seconds for each gateway request step")
     max_connect_bytes: int = Field(

@@ -103,15 +103,12 @@ class PacketStream:
 HIGH_WATER = 64 * 1024
 
 
-async def drained(writer: asyncio.StreamWriter, idle: float | None = None) -> None:
-    """Wait only when the peer is not keeping up: the per-packet fast path. With `idle`
-    (toward a client), one that takes too little for that long is cut off
-    (:func:`drain_within`), as it is while a payload is written to it."""
+async def drained(writer: asyncio.StreamWriter, idle: float) -> None:
+    """Wait only when the peer is not keeping up: the per-packet fast path. A peer that
+    takes too little for `idle` seconds is cut off (:func:`drain_within`), as it is while a
+    payload is written to it."""
     if writer.transport.get_write_buffer_size() > HIGH_WATER:
-        if idle is None:
-            await writer.drain()
-        else:
-            await drain_within(writer, idle)
+        await drain_within(writer, idle)
 
 
 #: The most of a payload written to a client in one loop step: a large piece goes out in
@@ -121,17 +118,19 @@ SLICE = 256 * 1024
 
 
 async def drain_within(writer: asyncio.StreamWriter, idle: float) -> None:
-    """Wait until the client has taken what is buffered, at most `idle` seconds.
+    """Wait until the peer (client or broker) has taken what is buffered, at most `idle`
+    seconds.
 
     Raises:
         PeerTimeout: it took too little for `idle` seconds (a client that stops reading
-            would otherwise hold a payload's fetch slot, thread and memory for ever).
+            would otherwise hold a payload's fetch slot, thread and memory for ever, and a
+            broker that does the same the connection and the PUBLISH it is relaying).
     """
     try:
         async with asyncio.timeout(idle):
             await writer.drain()
     except TimeoutError as exc:
-        raise PeerTimeout(f"the client took too little of a packet for {idle} s") from exc
+        raise PeerTimeout(f"the peer took too little of a packet for {idle} s") from exc
 
 
 async def write_all(

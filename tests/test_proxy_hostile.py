@@ -3,10 +3,12 @@ broker's limit, and our own `client.Client` through it. Real mosquitto, gateway,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -443,3 +445,70 @@ def test_a_long_upload_keeps_the_clients_broker_session_alive(
     assert rest[:1] in (b"", b"\x00", b"\x10")  # ... Success (or "no subscribers")
     sock.close()
     assert "ka-1 has exceeded timeout" not in broker.log()
+
+
+class StalledBroker:
+    """An MQTT 5 endpoint that answers each CONNECT with a CONNACK and then reads nothing
+    more (a wedged broker), its receive buffer small so the proxy's writes back up fast."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        self.port = self.listener.getsockname()[1]
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = self.listener.accept()
+                self.held.append(conn)
+                first, length = conn.recv(1), 0
+                for shift in range(0, 28, 7):  # the remaining length, then the CONNECT
+                    byte = conn.recv(1)[0]
+                    length |= (byte & 0x7F) << shift
+                    if not byte & 0x80:
+                        break
+                while length:
+                    length -= len(conn.recv(min(length, 65536)))
+                assert first == b"\x10"
+                conn.sendall(b"\x20\x03\x00\x00\x00")  # CONNACK: success, no properties
+
+    def close(self) -> None:
+        self.listener.close()
+        for conn in self.held:
+            conn.close()
+
+
+def test_a_broker_that_stops_reading_ends_the_session_at_the_idle_timeout() -> None:
+    """The relay toward the broker waited on `drain()` without a deadline: a broker that
+    stopped reading held the client's connection, and the PUBLISH being relayed, for ever.
+    Now a broker that takes too little for the idle timeout ends the session as a client
+    that does so does."""
+    from proxy import ProxySettings
+
+    broker = StalledBroker()
+    server = ProxyServer(
+        ProxySettings(broker=f"mqtt://127.0.0.1:{broker.port}", port=0, idle_timeout=1.0)
+    ).start()
+    try:
+        sock = connected(server.port)
+        publish = _packet(0x30, _text("wedged/topic") + b"\x00" + bytes(64 * 1024))
+
+        def flood() -> None:
+            with contextlib.suppress(OSError):
+                for _ in range(2000):  # 128 MiB: far more than the buffers on the way hold
+                    sock.sendall(publish)
+
+        threading.Thread(target=flood, daemon=True).start()
+        started = time.monotonic()
+        sock.settimeout(20)
+        with contextlib.suppress(ConnectionResetError):
+            while sock.recv(65536):
+                pass
+        assert time.monotonic() - started < 10  # closed, not a recv timeout (20 s)
+        sock.close()
+        connected(server.port).close()  # the proxy serves the next client
+    finally:
+        server.stop()
+        broker.close()
