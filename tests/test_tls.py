@@ -234,8 +234,9 @@ def test_a_slow_reader_gets_all_of_an_answer_that_closes_its_connection(
     apart). The gateway keeps the connection while the client takes it all (a drop a fixed
     time after the close would cut the answer short). A client that stops taking it before
     the end is let go after the send idle timeout (5 s here; over TLS `close()` alone
-    would hold the connection for the TLS shutdown timeout, 30 s), and one that stops
-    taking it but sends on, within two CLOSE_GRACE periods."""
+    would hold the connection for the TLS shutdown timeout, 30 s), and one that sends on,
+    whether it stops taking its answer or takes a little to keep the connection, within
+    two CLOSE_GRACE periods."""
     gw = https_gateway(pki, seaweed, bucket_name, send_buffer=262144, send_idle_timeout=5.0)
     trust = ssl.create_default_context(cafile=str(pki / "ca.pem"))
     payload, msg_id = os.urandom(4 << 20), uuid.uuid4()
@@ -287,5 +288,18 @@ def test_a_slow_reader_gets_all_of_an_answer_that_closes_its_connection(
         with connect() as conn:
             flooding = let_go_after(conn, flood=True)
         assert flooding < 3.5, flooding
+        # Taking 1 KiB of the answer every 20 ms (8 s for the last 384 KiB) keeps it
+        # taking, but sending 64 KiB each time is a flood all the same.
+        with connect() as conn:
+            assert len(read(conn, len(payload) - (384 << 10), 0)) > 0
+            started, dropped = time.monotonic(), False
+            while not dropped and time.monotonic() - started < 20:
+                try:
+                    dropped = not conn.recv(1024)
+                    conn.sendall(b"a" * 65536)
+                    time.sleep(0.02)
+                except OSError:
+                    dropped = True
+            assert dropped and time.monotonic() - started < 3.5, time.monotonic() - started
     finally:
         gw.stop()

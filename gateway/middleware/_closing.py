@@ -13,6 +13,9 @@ kernel's TCP counters (`TCP_INFO`, Linux), and dropped (`abort()`) when:
   without closing its side;
 - the peer took none of the answer in the last period but sent more: it is not reading
   what it is sent (a flood after a refusal);
+- the peer sent more than FLOOD_BYTES in the last period, whatever it took: a client
+  waiting for its answer has no more to say, so reading a little to keep the connection
+  while it floods does not buy 30 s of decryption;
 - the peer took none of the answer, quietly, for the stall limit (the send idle timeout):
   a client that stopped reading.
 
@@ -33,6 +36,8 @@ from typing import Any
 
 #: Seconds between two looks at a closing connection.
 CLOSE_GRACE = 1.0
+#: Bytes a peer may send in one such period after the close (see the module).
+FLOOD_BYTES = 1 << 20
 #: `struct tcp_info` (linux/tcp.h): tcpi_bytes_acked, tcpi_bytes_received (Linux 4.1+).
 _COUNTERS = struct.Struct("=QQ")
 _COUNTERS_AT = 120
@@ -87,6 +92,9 @@ class ClosingTransport(asyncio.Transport):
             acked, received, queued = now
             if not queued and not self._transport.get_write_buffer_size():
                 self._transport.abort()  # the peer has it all: a grace to close was enough
+                return
+            if received - before[1] > FLOOD_BYTES:
+                self._transport.abort()  # floods a connection that is closing
                 return
             if acked != before[0]:
                 stalled = 0.0  # still taking its answer
