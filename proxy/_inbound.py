@@ -22,7 +22,7 @@ from client.protocol import MessageId
 from ._exceptions import QUOTA_EXCEEDED, PeerGone, TransferFailed
 from ._resends import remember, resent
 from ._state import Conn, Services
-from ._stream import drain_within, drained
+from ._stream import drained
 from .protocol import (
     CONNECT,
     DISCONNECT,
@@ -87,8 +87,8 @@ async def forward(conn: Conn, head: Head, prefix: bytes = b"") -> None:
         writer.write(head.raw + prefix)
         async for piece in conn.client.pieces(head):
             writer.write(piece)
-            await drain_within(writer, conn.broker.idle)
-        await drain_within(writer, conn.broker.idle)
+            await drained(writer, conn.broker.idle)
+        await drained(writer, conn.broker.idle)
 
 
 async def _read_header(
@@ -141,7 +141,7 @@ async def _publish(conn: Conn, services: Services, head: Head) -> None:
                 conn.broker_writer.write(head.raw + prefix)
                 async for piece in pieces:
                     conn.broker_writer.write(piece)
-                    await drain_within(conn.broker_writer, conn.broker.idle)
+                    await drained(conn.broker_writer, conn.broker.idle)
         await drained(conn.broker_writer, conn.broker.idle)
         return
     size = head.length - header.size
@@ -169,7 +169,7 @@ async def _publish(conn: Conn, services: Services, head: Head) -> None:
         conn.unacked.add(header.packet_id)
         remember(conn, services, head, header, stored)
     conn.broker_writer.write(packet)
-    await drain_within(conn.broker_writer, conn.broker.idle)
+    await drained(conn.broker_writer, conn.broker.idle)
     services.metrics.offloaded.inc()
     log.info(
         "offloaded",

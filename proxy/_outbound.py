@@ -166,7 +166,7 @@ async def _connack(conn: Conn, services: Services, head: Head) -> None:
     conn.connack_seen.set()
     async with conn.client_lock:
         conn.client_writer.write(packet)
-        await drain_within(conn.client_writer, conn.client.idle)
+        await drained(conn.client_writer, conn.client.idle)
 
 
 async def _publish(conn: Conn, services: Services, head: Head) -> None:

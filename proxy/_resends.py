@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator, Callable
 from ._exceptions import PeerGone
 from ._gateway import Hasher
 from ._state import Conn, FlowKey, Services
-from ._stream import drain_within
+from ._stream import drained
 from .protocol import Head, PublishHeader, Stored, placeholder_packet
 
 _QOS2 = 0x04
@@ -98,6 +98,6 @@ async def resent(
     conn.unacked.add(header.packet_id)
     conn.stored_flows.add(header.packet_id)
     conn.broker_writer.write(placeholder_packet(head.first, header, stored, v5=conn.broker_v5))
-    await drain_within(conn.broker_writer, conn.broker.idle)
+    await drained(conn.broker_writer, conn.broker.idle)
     services.metrics.resends.inc()
     return True
