@@ -42,6 +42,28 @@ def _packet(first: int, body: bytes) -> bytes:
     return bytes([first]) + _varint(len(body)) + body
 
 
+def _exactly(sock: socket.socket, n: int) -> bytes:
+    out = b""
+    while len(out) < n:
+        piece = sock.recv(n - len(out))
+        assert piece, "the peer closed the connection"
+        out += piece
+    return out
+
+
+def _read(sock: socket.socket) -> tuple[int, bytes]:
+    """One whole MQTT packet off `sock`: its first byte and its body."""
+    first = _exactly(sock, 1)[0]
+    length, shift = 0, 0
+    while True:
+        byte = _exactly(sock, 1)[0]
+        length |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            break
+    return first, _exactly(sock, length)
+
+
 def connect_packet(level: int = 5, *, will: tuple[str, bytes] | None = None) -> bytes:
     flags = 0x02 | (0x0C if will else 0)  # clean, will with QoS 1
     body = _text("MQTT") + bytes([level, flags]) + (0).to_bytes(2, "big")
@@ -463,15 +485,8 @@ class StalledBroker:
             while True:
                 conn, _ = self.listener.accept()
                 self.held.append(conn)
-                first, length = conn.recv(1), 0
-                for shift in range(0, 28, 7):  # the remaining length, then the CONNECT
-                    byte = conn.recv(1)[0]
-                    length |= (byte & 0x7F) << shift
-                    if not byte & 0x80:
-                        break
-                while length:
-                    length -= len(conn.recv(min(length, 65536)))
-                assert first == b"\x10"
+                first, _ = _read(conn)  # the CONNECT, whole
+                assert first == 0x10
                 conn.sendall(b"\x20\x03\x00\x00\x00")  # CONNACK: success, no properties
 
     def close(self) -> None:

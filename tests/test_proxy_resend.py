@@ -7,14 +7,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import socket
 import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
 from minio import Minio
 from test_proxy import MiB, PahoPeer, start_proxy
-from test_proxy_hostile import _packet, _text, _varint, dial, until_closed
+from test_proxy_hostile import _packet, _read, _text, _varint, dial, until_closed
 
 from _gateway import GatewayServer
 from _proxy import ProxyServer
@@ -30,27 +29,6 @@ def proxy(gateway: GatewayServer, broker: Mosquitto) -> Iterator[ProxyServer]:
     server = start_proxy(broker, gateway)
     yield server
     server.stop()
-
-
-def _exactly(sock: socket.socket, n: int) -> bytes:
-    out = b""
-    while len(out) < n:
-        piece = sock.recv(n - len(out))
-        assert piece, "the proxy closed the connection"
-        out += piece
-    return out
-
-
-def _read(sock: socket.socket) -> tuple[int, bytes]:
-    first = _exactly(sock, 1)[0]
-    length, shift = 0, 0
-    while True:
-        byte = _exactly(sock, 1)[0]
-        length |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            break
-    return first, _exactly(sock, length)
 
 
 class RawClient:
