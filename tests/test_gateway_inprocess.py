@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import AsyncIterator
+import inspect
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
+from fastapi.dependencies.models import Dependant
+from fastapi.routing import APIRoute
 from starlette.types import Receive, Scope, Send
 
 from client.protocol import encode_upload
@@ -65,3 +69,33 @@ def test_a_broker_less_gateway_stores_and_serves_but_refuses_to_publish(tmp_path
     # Refused before the body was read: the only payload on disk is the hop upload's.
     data = [p for p in (tmp_path / "data").rglob("*") if p.is_file() and p.suffix != ".json"]
     assert len(data) == 1
+
+
+def test_no_route_hands_its_endpoint_or_a_dependency_to_a_thread(tmp_path: Path) -> None:
+    """FastAPI runs a plain `def` endpoint or dependency in its thread pool: a thread hop,
+    two GIL hand-overs and a task per request, and per dependency (they were a third of a
+    small download's gateway CPU, bench/RESULTS.md "Round 16"). Every one is `async def`."""
+    app = create_app(Settings(storage_url=f"file://{tmp_path}", allow_anonymous=True))
+    synchronous: list[str] = []
+
+    def visit(dependant: Dependant, where: str) -> None:
+        call = dependant.call
+        if call is not None and not inspect.iscoroutinefunction(call):
+            synchronous.append(f"{where}: {getattr(call, '__qualname__', call)}")
+        for sub in dependant.dependencies:
+            visit(sub, where)
+
+    def routes(table: list[Any]) -> Iterator[APIRoute]:
+        for route in table:
+            if isinstance(route, APIRoute):
+                yield route
+            included = getattr(route, "original_router", None)  # FastAPI's include_router
+            if included is not None:
+                assert not route.include_context.dependencies, "walk these too"
+                yield from routes(included.routes)
+
+    seen = list(routes(app.routes))
+    assert len(seen) > 20
+    for route in seen:
+        visit(route.dependant, f"{sorted(route.methods)} {route.path}")
+    assert synchronous == []

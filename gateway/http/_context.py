@@ -129,7 +129,7 @@ class Context:
         return await self.authorizer.authenticate(request)
 
 
-def get_context(request: Request) -> Context:
+async def get_context(request: Request) -> Context:
     ctx: Context = request.state.ctx
     return ctx
 

@@ -64,27 +64,27 @@ class TopicAccess:
         return principal_of(self.request)
 
 
-def _settings(ctx: Ctx) -> Settings:
+async def _settings(ctx: Ctx) -> Settings:
     return ctx.settings
 
 
-def _service(ctx: Ctx) -> OffloadService:
+async def _service(ctx: Ctx) -> OffloadService:
     return ctx.service
 
 
-def _uploads(ctx: Ctx) -> ResumableUploads:
+async def _uploads(ctx: Ctx) -> ResumableUploads:
     return ctx.uploads
 
 
-def _broker(ctx: Ctx) -> Broker:
+async def _broker(ctx: Ctx) -> Broker:
     return ctx.broker
 
 
-def _direct(ctx: Ctx) -> Direct:
+async def _direct(ctx: Ctx) -> Direct:
     return ctx.direct
 
 
-def _access(request: Request, ctx: Ctx) -> TopicAccess:
+async def _access(request: Request, ctx: Ctx) -> TopicAccess:
     return TopicAccess(request, ctx.authorizer)
 
 
