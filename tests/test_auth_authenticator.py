@@ -21,6 +21,7 @@ from gateway.auth import (
     token_digest,
 )
 from gateway.auth._limits import FailureLimiter, ReplayGuard
+from gateway.auth._scram import parse_authorization
 
 SECRET = b"0123456789abcdef0123456789abcdef"
 
@@ -382,3 +383,27 @@ def test_any_authorization_text_is_a_challenge_never_an_error(
     # The boundary's catch-all logs "unexpected error": parsing must never get that far.
     assert isinstance(result, Challenge) and result.status in (401, 429)
     assert result.reason != "malformed credentials"
+
+
+@pytest.mark.parametrize(
+    ("header", "hashes"),
+    [
+        (None, False), ("", False), ("Bearer abc", False), ("SCRAM-SHA-512 data=eA==", False),
+        ("Digest username=x", False), ("Basically x", False), ("Basic\tdXNlcjpwdw==", False),
+        ("Basic", False), ("x" * 70_000, False),
+        ("Basic dXNlcjpwdw==", True), ("basic dXNlcjpwdw==", True), ("  BASIC  dXNlcjpwdw==", True),
+    ],
+)  # fmt: skip
+def test_only_what_may_hash_a_password_goes_to_the_hashing_threads(
+    header: str | None, hashes: bool
+) -> None:
+    """The gateway decides on the event loop unless `hashes` says the header may cost a
+    PBKDF2. Whatever the parser reads as a Basic credential must say so; SCRAM, Bearer and
+    junk are a few HMACs at most."""
+    assert Authenticator.hashes(header) is hashes
+    try:
+        parsed = parse_authorization(header or "")
+        basic = parsed.scheme == "BASIC" and bool(parsed.token68)
+    except ValueError:
+        basic = False
+    assert not basic or hashes

@@ -223,6 +223,19 @@ class Authenticator:
             return Challenge(401, {}, reason, CLOSED_DETAIL)
         return Challenge(401, {"WWW-Authenticate": self._www_authenticate}, reason)
 
+    @staticmethod
+    def hashes(authorization: str | None) -> bool:
+        """Whether deciding about `authorization` may take a password hash (HTTP Basic: a
+        PBKDF2 of thousands of rounds), so belongs off the event loop. Everything else
+        (none, Bearer, SCRAM, anything malformed) is a few HMACs or a lookup at most.
+
+        Args:
+            authorization: the ``Authorization`` header, None when absent.
+        """
+        if not authorization:
+            return False
+        return authorization.lstrip(" \t")[:6].lower() == "basic "
+
     def authenticate(self, authorization: str | None, *, client: str) -> Authenticated | Challenge:
         """Decide about one request's credentials. Never raises.
 

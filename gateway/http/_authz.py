@@ -99,8 +99,13 @@ class BrokerRules:
             return done
         client = request.client.host if request.client is not None else ""
         header = request.headers.get("authorization")
-        # Off the event loop: HTTP Basic costs a 4096-round PBKDF2.
-        result = await self.hashing.run(self.authenticator.authenticate, header, client=client)
+        # Off the event loop only when it may hash a password (HTTP Basic: a 4096-round
+        # PBKDF2). Anything else decides in microseconds, less than a thread hop costs.
+        authenticate = self.authenticator.authenticate
+        if self.authenticator.hashes(header):
+            result = await self.hashing.run(authenticate, header, client=client)
+        else:
+            result = authenticate(header, client=client)
         if isinstance(result, Challenge):
             raise _refuse(result)
         # Who this is, for resources that belong to a principal (resumable uploads).
