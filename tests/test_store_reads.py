@@ -18,7 +18,7 @@ import uvloop
 
 from client.protocol import MessageId
 from gateway.storage import S3Store, StoreError
-from gateway.storage._async_get import READ_BUFFER, AsyncGets
+from gateway.storage._async_http import MIN_ROOM, READ_BUFFER, AsyncStoreHttp
 
 from _gateway import GatewayServer
 from _hostile import RawRequest, accept_each
@@ -244,7 +244,7 @@ def test_the_stores_busy_and_unframed_answers(
     answers: list[bytes], outcome: bytes | str, requests: int
 ) -> None:
     server = ScriptedStore(answers)
-    reads = AsyncGets(connect_timeout=3, read_timeout=10)
+    reads = AsyncStoreHttp(connect_timeout=3, read_timeout=10)
     url = f"http://127.0.0.1:{server.port}/bucket/key?X-Amz-Signature=0"
 
     async def twice() -> bytes:
@@ -260,5 +260,27 @@ def test_the_stores_busy_and_unframed_answers(
             with pytest.raises(StoreError, match=outcome):
                 asyncio.run(twice())
         assert server.requests == requests
+    finally:
+        server.close()
+
+
+def test_a_small_answer_is_read_into_a_buffer_of_its_size() -> None:
+    """A fresh read buffer is zeroed: a 1 MiB one for every small object was most of a
+    small download's read. The head's buffer is MIN_ROOM, a body's no larger than it."""
+    big = b"x" * (300 * 1024)
+    server = ScriptedStore([OK, b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(big) + big])
+    reads = AsyncStoreHttp(connect_timeout=3, read_timeout=10)
+    url = f"http://127.0.0.1:{server.port}/bucket/key?X-Amz-Signature=0"
+
+    async def read() -> list[memoryview]:
+        return [piece async for piece in await reads.get(url)]
+
+    try:
+        small = asyncio.run(read())
+        assert b"".join(small) == b"hello"
+        assert {len(piece.obj) for piece in small} == {MIN_ROOM}  # type: ignore[arg-type]
+        pieces = asyncio.run(read())
+        assert b"".join(pieces) == big
+        assert max(len(piece.obj) for piece in pieces) <= len(big)  # type: ignore[arg-type]
     finally:
         server.close()

@@ -11,7 +11,7 @@ the gateway for good. Now:
   (`Transfers.admit`) or refused at once with 503 and `Retry-After`; an admitted transfer
   never waits for a thread, and nothing else runs in this pool. The event loop feeds an
   upload without a thread hop (`gateway.ingest._pipe`), so no transfer needs a second thread, and
-  reads a download from S3 itself (`gateway.storage._async_get`): that one takes a slot
+  reads a download from S3 itself (`gateway.storage._async_http`): that one takes a slot
   and leaves its thread idle.
 * `WorkerPool("store")`: short object-store calls (manifests, index, deletes, pings,
   resumable-upload state), each bounded by the store client's own timeouts; it never waits

@@ -38,7 +38,7 @@ from ..core import (
     StorageUnavailable,
     Workers,
 )
-from ..storage import ObjectStore, StoreError, SupportsAsyncRead
+from ..storage import ObjectStore, StoreError, SupportsAsyncRead, SupportsAsyncWrite
 from ._manifests import ManifestRepository
 from ._payload_stream import PayloadStream, abandon, read_on_loop
 from ._pipe import StreamingUpload
@@ -170,6 +170,20 @@ class OffloadService:
         except StoreError as exc:
             raise StorageUnavailable(f"object store unavailable: {exc}") from exc
 
+    async def _write(self, key: str, data: bytes, *, only_new: bool = False) -> bool:
+        """`put_bytes` (True) or `create_bytes`: on the event loop where the store can
+        (`SupportsAsyncWrite`: two per upload, no thread hop), else in a store thread."""
+        store = self.store
+        if isinstance(store, SupportsAsyncWrite) and store.writes_now():
+            try:
+                return await store.write(key, data, only_new=only_new)
+            except StoreError as exc:
+                raise StorageUnavailable(f"object store unavailable: {exc}") from exc
+        if only_new:
+            return await self._call(store.create_bytes, key, data)
+        await self._call(store.put_bytes, key, data)
+        return True
+
     def begin_upload(
         self, topic: Topic, length: int, *, content_type: str | None = None
     ) -> tuple[StreamingUpload, str, int]:
@@ -212,9 +226,9 @@ class OffloadService:
             cap = manifest.timestamp + self.max_ttl * 1000
             manifest = replace(manifest, expires=min(manifest.expires, cap))
         body = manifest.to_json()
-        await self._call(self.store.put_bytes, meta_key(manifest.data_key), body)
+        await self._write(meta_key(manifest.data_key), body)
         for _attempt in range(3):
-            if await self._call(self.store.create_bytes, index_key(manifest.id), body):
+            if await self._write(index_key(manifest.id), body, only_new=True):
                 self.manifests.put(manifest)
                 UPLOADS.labels(kind).inc()
                 UPLOADED_BYTES.inc(manifest.size)
@@ -311,7 +325,9 @@ class OffloadService:
     ) -> AsyncIterator[bytes | memoryview]:
         """`open_payload` on a store the event loop reads (S3): no transfer thread."""
         try:
-            url = await self._call(store.read_url, manifest.data_key)
+            url = store.read_url_now(manifest.data_key)  # signing alone: no thread hop
+            if url is None:
+                url = await self._call(store.read_url, manifest.data_key)
             body = await store.read(url, start, length)
         except FileNotFoundError as exc:
             slot.release()

@@ -12,6 +12,7 @@ from ._base import (
     ObjectStore,
     StoreError,
     SupportsAsyncRead,
+    SupportsAsyncWrite,
     SupportsDirect,
 )
 from ._crc import available as crc32c_available
@@ -28,6 +29,7 @@ __all__ = [
     "S3Store",
     "StoreError",
     "SupportsAsyncRead",
+    "SupportsAsyncWrite",
     "SupportsDirect",
     "crc32c_available",
     "crc32c_combine",

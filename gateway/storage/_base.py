@@ -102,12 +102,35 @@ class SupportsAsyncRead(Protocol):
     def read_url(self, key: str) -> str:
         """A URL to read `key` from (blocking: run it in a store thread)."""
 
+    def read_url_now(self, key: str) -> str | None:
+        """`read_url` when it needs no network call (only signing: the event loop may call
+        it, sparing a thread hop per download); None when it would."""
+
     async def read(self, url: str, start: int = 0, length: int | None = None) -> AsyncBody:
         """The object at `url`, or `length` bytes of it from `start`.
 
         Raises:
             FileNotFoundError: no such object.
             StoreError: the store is unreachable or failed.
+        """
+
+
+@runtime_checkable
+class SupportsAsyncWrite(Protocol):
+    """A store whose small objects the event loop writes itself (S3: presigned PUTs); the
+    file store's are written in a store thread (`ObjectStore.put_bytes`, `create_bytes`)."""
+
+    def writes_now(self) -> bool:
+        """Whether `write` needs no blocking call first (S3: the bucket's region known)."""
+
+    async def write(
+        self, key: str, data: bytes, content_type: str = "application/json", *, only_new: bool
+    ) -> bool:
+        """Store `data` under `key`: `put_bytes`, or with `only_new` `create_bytes` (False:
+        an object was there, and stays).
+
+        Raises:
+            StoreError: the store is unreachable, failed or refused.
         """
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime
 import io
@@ -18,11 +19,12 @@ from minio.credentials.credentials import Credentials
 from minio.error import MinioException, S3Error
 from minio.helpers import MAX_MULTIPART_COUNT, MAX_PART_SIZE, MIN_PART_SIZE, DictType
 
-from ._async_get import AsyncGets, Body
+from ._async_http import AsyncStoreHttp, Body
 from ._base import ObjectInfo, StoreError
 from ._buffers import Load, PartBuffers, Plan, part_size_under_load, plan
 from ._chain import concat_by_streaming
 from ._checksums import HEADER as CHECKSUM_HEADER
+from ._checksums import crc32c_header
 from ._checksums import probe as probe_checksums
 from ._http import pool_manager
 from ._multipart import put_parallel
@@ -132,7 +134,7 @@ class S3Store:
         )
         self._http = http
         # Downloads: read on the event loop through presigned GETs (`read_url`, `read`).
-        self._reads = AsyncGets(connect_timeout=min(timeout, 3.0), read_timeout=timeout)
+        self._reads = AsyncStoreHttp(connect_timeout=min(timeout, 3.0), read_timeout=timeout)
         self._client = _Minio(
             endpoint,
             access_key=access_key,
@@ -322,6 +324,58 @@ class S3Store:
             )
         except _UNAVAILABLE as exc:
             raise StoreError(f"cannot sign a read of {key!r}: {exc}") from exc
+
+    def writes_now(self) -> bool:
+        """Whether signing (a write's or a read's) needs no store call first: the bucket's
+        region is known (from start-up's `ensure_bucket`, or the first call after it that
+        reached the store)."""
+        client = self._client
+        return bool(client._base_url.region or client._region_map.get(self.bucket))
+
+    async def write(
+        self, key: str, data: bytes, content_type: str = "application/json", *, only_new: bool
+    ) -> bool:
+        """`put_bytes` or `create_bytes` on the event loop, through a presigned PUT.
+
+        Signed on the caller's thread (no store call once `writes_now`). The CRC-32C the
+        store verifies travels as a signed query parameter (an unsigned `x-amz-*` header
+        is refused, `gateway.storage._s3_direct`); `If-None-Match` and the content type are
+        plain headers, which a presigned PUT may add. A create is not retried on 5xx (as
+        `create_bytes`): the commit that calls it tells its own lost answer from a rival.
+        """
+        query: DictType = {}
+        if self._checksums:
+            query.update(crc32c_header(data))
+        headers = [("Content-Type", content_type)]
+        if only_new:
+            headers.append(("If-None-Match", "*"))
+        for _attempt in range(5):
+            try:
+                url = self._client.get_presigned_url(
+                    "PUT",
+                    self.bucket,
+                    key,
+                    expires=datetime.timedelta(minutes=5),
+                    extra_query_params=query or None,
+                )
+            except _UNAVAILABLE as exc:
+                raise StoreError(f"cannot sign a write of {key!r}: {exc}") from exc
+            status, answer = await self._reads.put(url, data, headers, retry=not only_new)
+            if 200 <= status < 300:
+                return True
+            if only_new and status == 412:
+                return False
+            if only_new and status == 409:  # AWS: a racing conditional write is in flight
+                await asyncio.sleep(0.05)
+                continue
+            detail = answer[:300].decode("utf-8", "replace")
+            raise StoreError(f"write of {key!r} failed: HTTP {status} {detail}")
+        raise StoreError(f"create of {key!r} kept conflicting with concurrent writes")
+
+    def read_url_now(self, key: str) -> str | None:
+        """`read_url` once the bucket's region is known (signing alone, on the caller's
+        thread); None before that, when signing would first ask the store."""
+        return self.read_url(key) if self.writes_now() else None
 
     async def read(self, url: str, start: int = 0, length: int | None = None) -> Body:
         """The object at `url` (from `read_url`), or a range of it, read on the event loop.

@@ -1,16 +1,20 @@
-"""An object's bytes read on the event loop: a presigned GET over asyncio, h11 for the head.
+"""The store's HTTP on the event loop: presigned GETs of objects, presigned PUTs of small
+ones, over asyncio, h11 for the heads.
 
 Why: read in a transfer thread (urllib3 under the MinIO SDK), every piece of a proxied
 download crossed from that thread to the event loop, and the two threads took the GIL from
 each other for each batch; on two cores shared with the store that was the gateway's cost
 over nginx (bench/RESULTS.md, "Issue 31"). Here the store's socket is one more connection of
 the event loop: each piece goes from the store's socket to the client's in one callback and
-one task step, with no thread.
+one task step, with no thread. The small writes of every upload's commit (its sidecar and
+its id index, a few hundred bytes of JSON each) go the same way: through the SDK in a store
+thread they cost a thread hop and urllib3's, http.client's and the SDK's Python each, about
+a fifth of a small upload's gateway CPU (bench/RESULTS.md, "Round 16").
 
-Only what a download needs: GET, HTTP/1.1, a Content-Length framed answer (S3's GetObject
-always is), idle connections kept for the next read. Signing is the presigned URL's
-(standard SigV4 query signing, on every S3 store); TLS is the default context's (the system's
-CAs, `SSL_CERT_FILE` / `SSL_CERT_DIR` as for the store's other requests).
+Only what those need: GET and PUT, HTTP/1.1, Content-Length framed answers (S3's always
+are), idle connections kept for the next request. Signing is the presigned URL's (standard
+SigV4 query signing, on every S3 store); TLS is the default context's (the system's CAs,
+`SSL_CERT_FILE` / `SSL_CERT_DIR` as for the store's other requests).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import cast
 from urllib.parse import urlsplit
 
@@ -40,6 +44,9 @@ MAX_HEAD = 65536
 #: Idle connections kept per store, and for how long (under common keep-alive timeouts).
 KEEP = 16
 KEEP_ALIVE = 4.0
+#: Most of an answer's body a PUT reads (S3's answers to one are empty, or an error
+#: document); a longer one is not read, and its connection not kept.
+MAX_ANSWER = 64 * 1024
 #: Answers retried (as the store's other requests are, `gateway.storage._s3`).
 RETRY_STATUS = frozenset({500, 502, 503, 504})
 RETRIES = 2
@@ -65,22 +72,32 @@ class _Connection(asyncio.BufferedProtocol):
         self._paused = False
         self._waiter: asyncio.Future[None] | None = None
         self._transport: asyncio.Transport | None = None
+        self._due = 0  # bytes still to arrive, as far as known (`expect`)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses, only alike.
         self._transport = cast(asyncio.Transport, transport)
 
+    def expect(self, size: int) -> None:
+        """An answer's body of `size` bytes is due, its unread bytes included: the next
+        buffers are no larger than the rest of it needs."""
+        self._due = max(0, size - self._size)
+
     def get_buffer(self, sizehint: int) -> memoryview:
         if len(self._buffer) - self._end < MIN_ROOM:
             if self._end > self._start:
                 self._full.append(self._buffer[self._start : self._end])
-            self._buffer = memoryview(bytearray(READ_BUFFER))
+            # A fresh buffer is zeroed: for a small answer, 1 MiB of it was most of the
+            # read's cost (a head or a small body needs MIN_ROOM at most).
+            size = min(READ_BUFFER, max(MIN_ROOM, self._due))
+            self._buffer = memoryview(bytearray(size))
             self._start = self._end = 0
         return self._buffer[self._end :]
 
     def buffer_updated(self, nbytes: int) -> None:
         self._end += nbytes
         self._size += nbytes
+        self._due = max(0, self._due - nbytes)
         if self._size > LIMIT and not self._paused and self._transport is not None:
             self._transport.pause_reading()
             self._paused = True
@@ -178,7 +195,7 @@ class Body:
     idempotent) gives the connection back when read to the end, else drops it."""
 
     def __init__(
-        self, reads: AsyncGets, origin: str, conn: _Connection, length: int, *, keep: bool
+        self, reads: AsyncStoreHttp, origin: str, conn: _Connection, length: int, *, keep: bool
     ) -> None:
         self._reads = reads
         self._origin = origin
@@ -237,8 +254,9 @@ class Body:
             callback()
 
 
-class AsyncGets:
-    """GETs of presigned URLs on the running event loop, connections kept per origin.
+class AsyncStoreHttp:
+    """GETs and PUTs of presigned URLs on the running event loop, connections kept per
+    origin.
 
     Args:
         connect_timeout: seconds to connect (and for TLS to set up).
@@ -303,6 +321,91 @@ class AsyncGets:
                     raise StoreError(f"read from the store failed: {exc!r}") from exc
         raise StoreError("the store's kept connections all failed")
 
+    async def put(
+        self,
+        url: str,
+        body: bytes,
+        headers: Sequence[tuple[str, str]] = (),
+        *,
+        retry: bool = True,
+    ) -> tuple[int, bytes]:
+        """PUT `body` (a small one: it is sent whole) at a presigned PUT URL.
+
+        Returns the store's status and the start of its answer's body (an error document),
+        for any status but those retried. With `retry`, 500, 502, 503 and 504 are tried
+        again (RETRIES times); a kept connection that the store closed meanwhile is
+        always replaced by a new one.
+
+        Raises:
+            StoreError: the store is unreachable, failed, or answered malformed.
+        """
+        parts = urlsplit(url)
+        scheme, host = parts.scheme, parts.hostname or ""
+        port = parts.port or (443 if scheme == "https" else 80)
+        origin = f"{scheme}://{parts.netloc}"
+        target = parts.path + (f"?{parts.query}" if parts.query else "")
+        fields = [("Host", parts.netloc), ("Content-Length", str(len(body))), *headers]
+        request = h11.Request(method="PUT", target=target, headers=fields)
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # connections belong to the loop that made them
+            self._kept, self._loop = _kept(), loop
+        for attempt in range(RETRIES + 1):
+            conn = self._kept.take(origin)
+            kept = conn is not None
+            if conn is None:
+                conn = await self._connect(scheme, host, port)
+            try:
+                status, answer = await self._put(request, body, origin, conn)
+            except (ConnectionError, TimeoutError) as exc:
+                if not kept:  # else: the store closed a kept connection meanwhile
+                    raise StoreError(f"write to the store failed: {exc!r}") from exc
+                continue
+            if retry and status in RETRY_STATUS and attempt < RETRIES:
+                await asyncio.sleep(0.2 * 2**attempt)
+                continue
+            return status, answer
+        raise StoreError("the store's kept connections all failed")
+
+    async def _put(
+        self, request: h11.Request, body: bytes, origin: str, conn: _Connection
+    ) -> tuple[int, bytes]:
+        try:
+            parser = h11.Connection(h11.CLIENT)
+            conn.write(parser.send(request) or b"")
+            conn.write(parser.send(h11.Data(data=body)) or b"")
+            conn.write(parser.send(h11.EndOfMessage()) or b"")
+            while True:
+                parser.receive_data(await conn.head(self.connect_timeout + self.read_timeout))
+                event = parser.next_event()
+                if isinstance(event, h11.Response):
+                    break
+                if not isinstance(event, h11.InformationalResponse):
+                    raise StoreError("a malformed answer head from the store")
+            length = content_length(event)
+            if length is None or length > MAX_ANSWER:
+                conn.close()  # not read: the connection is not reused
+                return event.status_code, b""
+            conn.expect(length)
+            pieces: list[bytes] = []
+            while length:
+                piece = await conn.read(length, self.read_timeout)
+                if not piece:
+                    raise ConnectionResetError("the store's answer was cut short")
+                pieces.append(bytes(piece))
+                length -= len(piece)
+        except h11.RemoteProtocolError as exc:
+            conn.close()
+            raise StoreError(f"a malformed answer from the store: {exc}") from exc
+        except BaseException:
+            conn.close()
+            raise
+        if keeps_alive(event):
+            conn.shed()
+            self.release(origin, conn)
+        else:
+            conn.close()
+        return event.status_code, b"".join(pieces)
+
     async def _exchange(self, request: h11.Request, origin: str, conn: _Connection) -> Body:
         try:
             parser = h11.Connection(h11.CLIENT)
@@ -333,6 +436,7 @@ class AsyncGets:
         if length is None:
             conn.close()
             raise StoreError("the store's answer has no Content-Length")
+        conn.expect(length)
         return Body(self, origin, conn, length, keep=keeps_alive(event))
 
     def close(self) -> None:

@@ -1,0 +1,145 @@
+"""Small writes on the event loop (`S3Store.write`: a presigned PUT over asyncio), the
+commit's sidecar and id index; and when the loop may sign at all.
+
+Against the real SeaweedFS, and a scripted store for the answers SeaweedFS does not give
+on demand (503, a kept connection it closed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+
+from gateway.storage import S3Store, StoreError
+from gateway.storage import _s3 as s3_module
+from gateway.storage._async_http import AsyncStoreHttp
+
+from _hostile import accept_each
+from _servers import SeaweedFS
+
+pytestmark = pytest.mark.servers
+
+
+def _store(seaweed: SeaweedFS, bucket: str, region: str | None = None) -> S3Store:
+    return S3Store(
+        seaweed.endpoint, bucket, region=region,
+        access_key=seaweed.access_key, secret_key=seaweed.secret_key,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def store(seaweed: SeaweedFS, bucket_name: str) -> S3Store:
+    store = _store(seaweed, bucket_name)
+    store.ensure_bucket()  # learns the region, probes checksums
+    assert store.checksums, "SeaweedFS verifies CRC-32C: the checked path is the one tested"
+    return store
+
+
+def test_puts_and_creates_land_and_a_create_never_overwrites(store: S3Store) -> None:
+    async def writes() -> list[bool]:
+        return [
+            await store.write("w/put", b'{"n": 1}', only_new=False),
+            await store.write("w/put", b'{"n": 2}', only_new=False),  # a put replaces
+            await store.write("w/new", b'{"n": 3}', only_new=True),
+            await store.write("w/new", b'{"n": 4}', only_new=True),  # taken: refused
+        ]
+
+    assert asyncio.run(writes()) == [True, True, True, False]
+    assert store.get_bytes("w/put") == b'{"n": 2}'
+    assert store.get_bytes("w/new") == b'{"n": 3}'
+
+
+def test_a_write_whose_checksum_does_not_match_is_refused_by_the_store(
+    store: S3Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CRC-32C rides in the signed query, and the store checks the body against it:
+    bytes damaged on the way are refused, not stored."""
+    real = s3_module.crc32c_header
+    monkeypatch.setattr(s3_module, "crc32c_header", lambda data: real(b"other bytes"))
+    for only_new in (False, True):
+        with pytest.raises(StoreError, match="HTTP 400"):
+            asyncio.run(store.write(f"w/bad-{only_new}", b'{"n": 1}', only_new=only_new))
+        assert store.get_bytes(f"w/bad-{only_new}") is None
+
+
+def test_the_loop_signs_only_once_the_region_is_known(seaweed: SeaweedFS, bucket_name: str) -> None:
+    """Signing needs the bucket's region; learning it is a store call, which the event loop
+    must not make: until then, writes and reads go through a store thread."""
+    _store(seaweed, bucket_name).ensure_bucket()
+    fresh = _store(seaweed, bucket_name)
+    assert not fresh.writes_now() and fresh.read_url_now("k") is None
+    fresh.put_bytes("w/learn", b"{}")  # any SDK call on the bucket learns it
+    assert fresh.writes_now() and fresh.read_url_now("k") is not None
+    named = _store(seaweed, bucket_name, region="us-east-1")
+    assert named.writes_now()
+
+
+class ScriptedStore:
+    """Answers each request (keep-alive) with the next of `answers`, after reading its
+    head and its Content-Length body; `b""` closes the connection instead."""
+
+    def __init__(self, answers: list[bytes]) -> None:
+        self.answers = answers
+        self.requests = 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        accept_each(self.listener, self._serve)
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            data = b""
+            while True:
+                while b"\r\n\r\n" not in data:
+                    piece = conn.recv(65536)
+                    if not piece:
+                        return
+                    data += piece
+                head, data = data.split(b"\r\n\r\n", 1)
+                length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+                while len(data) < length:
+                    data += conn.recv(65536)
+                data = data[length:]
+                answer = self.answers[min(self.requests, len(self.answers) - 1)]
+                self.requests += 1
+                if not answer:
+                    return
+                conn.sendall(answer)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+OK = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+BUSY = b"HTTP/1.1 503 Slow Down\r\nContent-Length: 9\r\n\r\nSlow Down"
+TAKEN = b"HTTP/1.1 412 Precondition Failed\r\nContent-Length: 0\r\n\r\n"
+CLOSED = b""
+
+
+@pytest.mark.parametrize(
+    ("answers", "retry", "outcome", "requests"),
+    [
+        ([OK, BUSY, BUSY, OK], True, (200, b""), 4),  # a busy store: tried again, twice
+        ([OK, BUSY, BUSY, BUSY], True, (503, b"Slow Down"), 4),  # then its answer
+        ([OK, BUSY], False, (503, b"Slow Down"), 2),  # a create: never repeated
+        ([OK, TAKEN], False, (412, b""), 2),
+        ([OK, CLOSED, OK], False, (200, b""), 3),  # the kept connection was closed: anew
+    ],
+)
+def test_a_put_after_a_kept_one_retries_only_what_it_may(
+    answers: list[bytes], retry: bool, outcome: tuple[int, bytes], requests: int
+) -> None:
+    server = ScriptedStore(answers)
+    http = AsyncStoreHttp(connect_timeout=3, read_timeout=10)
+    url = f"http://127.0.0.1:{server.port}/bucket/key?X-Amz-Signature=0"
+
+    async def twice() -> tuple[int, bytes]:
+        assert await http.put(url, b"first") == (200, b"")
+        return await http.put(url, b"second", retry=retry)  # on the kept connection first
+
+    try:
+        assert asyncio.run(twice()) == outcome
+        assert server.requests == requests
+    finally:
+        server.close()
