@@ -135,6 +135,10 @@ class _Connection(asyncio.BufferedProtocol):
         assert self._transport is not None
         self._transport.write(data)
 
+    def writelines(self, pieces: list[bytes]) -> None:
+        assert self._transport is not None
+        self._transport.writelines(pieces)
+
     def shed(self) -> None:
         """Let go of the read buffer when nothing in it is unread (a kept connection
         waiting for its next request holds no buffer; views handed out keep theirs)."""
@@ -371,9 +375,11 @@ class AsyncStoreHttp:
     ) -> tuple[int, bytes]:
         try:
             parser = h11.Connection(h11.CLIENT)
-            conn.write(parser.send(request) or b"")
-            conn.write(parser.send(h11.Data(data=body)) or b"")
-            conn.write(parser.send(h11.EndOfMessage()) or b"")
+            # One vectored write of head and body, the body not copied (h11's `send` joins
+            # what it frames): each write to the store's socket also wakes the store.
+            head = parser.send(request) or b""
+            framed = parser.send_with_data_passthrough(h11.Data(data=body)) or []
+            conn.writelines([head, *framed, parser.send(h11.EndOfMessage()) or b""])
             while True:
                 parser.receive_data(await conn.head(self.connect_timeout + self.read_timeout))
                 event = parser.next_event()
