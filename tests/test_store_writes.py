@@ -66,14 +66,24 @@ def test_a_write_whose_checksum_does_not_match_is_refused_by_the_store(
 
 def test_the_loop_signs_only_once_the_region_is_known(seaweed: SeaweedFS, bucket_name: str) -> None:
     """Signing needs the bucket's region; learning it is a store call, which the event loop
-    must not make: until then, writes and reads go through a store thread."""
+    must not make: until then, reads and writes go through a store thread. Writes also
+    wait for start-up's probe to see the store verify CRC-32C, which is all that protects
+    a presigned PUT's body (the SDK signs the body's SHA-256 where the store does not)."""
     _store(seaweed, bucket_name).ensure_bucket()
     fresh = _store(seaweed, bucket_name)
     assert not fresh.writes_now() and fresh.read_url_now("k") is None
     fresh.put_bytes("w/learn", b"{}")  # any SDK call on the bucket learns it
-    assert fresh.writes_now() and fresh.read_url_now("k") is not None
+    assert fresh.read_url_now("k") is not None and not fresh.writes_now()
+    fresh.ensure_bucket()  # the probe
+    assert fresh.writes_now()
     named = _store(seaweed, bucket_name, region="us-east-1")
-    assert named.writes_now()
+    assert named.read_url_now("k") is not None and not named.writes_now()
+    unverified = S3Store(
+        seaweed.endpoint, bucket_name, region="us-east-1", checksums=False,
+        access_key=seaweed.access_key, secret_key=seaweed.secret_key,
+    )  # fmt: skip
+    unverified.ensure_bucket()
+    assert not unverified.writes_now()
 
 
 class ScriptedStore:

@@ -11,14 +11,16 @@ the gateway for good. Now:
   (`Transfers.admit`) or refused at once with 503 and `Retry-After`; an admitted transfer
   never waits for a thread, and nothing else runs in this pool. The event loop feeds an
   upload without a thread hop (`gateway.ingest._pipe`), so no transfer needs a second thread, and
-  reads a download from S3 itself (`gateway.storage._async_http`): that one takes a slot
-  and leaves its thread idle.
-* `WorkerPool("store")`: short object-store calls (manifests, index, deletes, pings,
+  reads a download from S3 itself (`gateway.storage._async_http`), as it stores a small
+  upload (`gateway.ingest._small`): those take a slot and leave its thread idle.
+* `WorkerPool("store")`: short object-store calls (manifest reads, deletes, pings,
   resumable-upload state), each bounded by the store client's own timeouts; it never waits
-  on a transfer. A retention sweep also runs here (one thread while it lasts), so that
-  /healthz sees every store call the gateway makes.
-* `WorkerPool("hash")`: password hashing (PBKDF2 for Basic and SCRAM); it can queue only
-  so much (`max_waiting`) before it answers 503, so a login flood cannot grow memory.
+  on a transfer. A retention sweep also runs here (one thread while it lasts). An S3
+  store's manifest and index writes go from the event loop instead, once it can sign them
+  there (`S3Store.writes_now`), each bounded by the same timeouts.
+* `WorkerPool("hash")`: password hashing (HTTP Basic's PBKDF2; SCRAM and tokens are
+  decided on the event loop); it can queue only so much (`max_waiting`) before it answers
+  503, so a login flood cannot grow memory.
 
 Each pool remembers when its queued jobs were submitted, so `/healthz` can tell a pool that
 makes progress from one that does not (`Workers.health`) without waiting on it.

@@ -48,7 +48,7 @@ from ..ingest import (
     RESERVED,
     PublishOptions,
     Stored,
-    StreamingUpload,
+    Upload,
     manifest_text_problem,
     message_id_from_headers,
 )
@@ -244,7 +244,7 @@ class _EnvelopeSink:
         self.ctx = ctx
         self.topic = topic
         self.check_headers = check_headers
-        self.upload: StreamingUpload | None = None
+        self.upload: Upload | None = None
         self.stored_key: str | None = None
         self.fields: UploadFields | None = None
         self.sha256 = ""

@@ -2,11 +2,12 @@
 
 `OffloadService` (`_service`) stores a payload, then its manifest, then the id index, and
 serves them back; `_pipe` hands a request body from the event loop to the store's upload
-thread, `_payload_stream` a stored payload back to a response, `_manifests` keeps the index
-and sidecars. Beside them the values every upload route parses the same way: publish options
-(`_options`), content types (`_media`), text that must be UTF-8 (`_text`), and the per-user
-caps on open uploads (`_quotas`). The HTTP half of ingest (receive a request body, commit,
-announce on the broker) is `gateway.http._ingest`; it takes the request context.
+thread (`_small` takes a small one whole on the loop), `_payload_stream` a stored payload
+back to a response, `_manifests` keeps the index and sidecars. Beside them the values every
+upload route parses the same way: publish options (`_options`), content types (`_media`),
+text that must be UTF-8 (`_text`), and the per-user caps on open uploads (`_quotas`). The
+HTTP half of ingest (receive a request body, commit, announce on the broker) is
+`gateway.http._ingest`; it takes the request context.
 
 Other folders use only the names below.
 """
@@ -27,6 +28,7 @@ from ._service import (
     OVERSIZED_SUFFIX,
     OffloadService,
     Stored,
+    Upload,
     message_id_from_headers,
     now_ms,
     parse_topic,
@@ -45,6 +47,7 @@ __all__ = [
     "Quotas",
     "Stored",
     "StreamingUpload",
+    "Upload",
     "abandoned_grant",
     "check_filename",
     "crc32c_text",

@@ -42,6 +42,10 @@ from ..storage import ObjectStore, StoreError, SupportsAsyncRead, SupportsAsyncW
 from ._manifests import ManifestRepository
 from ._payload_stream import PayloadStream, abandon, read_on_loop
 from ._pipe import StreamingUpload
+from ._small import SMALL_PAYLOAD, SmallUpload
+
+#: What `begin_upload` hands back: both take the body with `write`, then `finish` or `abort`.
+Upload = StreamingUpload | SmallUpload
 
 log = logging.getLogger("gateway")
 
@@ -186,15 +190,21 @@ class OffloadService:
 
     def begin_upload(
         self, topic: Topic, length: int, *, content_type: str | None = None
-    ) -> tuple[StreamingUpload, str, int]:
-        """Start streaming a payload of `length` bytes (-1: unknown) into the store."""
+    ) -> tuple[Upload, str, int]:
+        """Start storing a payload of `length` bytes (-1: unknown): taken whole on the
+        event loop when it is known to be small and the store can take it from there
+        (`SmallUpload`), else streamed through a transfer thread as it arrives."""
         stamp = now_ms()
         key = data_key(topic, stamp, uuid.uuid4().hex)
         if len(key.encode("utf-8")) + 16 > MAX_KEY_BYTES:
             raise BadRequest("topic too long: its object key would exceed 1024 bytes")
-        upload = StreamingUpload(
-            self.store, key, length, content_type, transfers=self.workers.transfers
-        )
+        store, transfers = self.store, self.workers.transfers
+        upload: Upload
+        small = 0 <= length <= SMALL_PAYLOAD
+        if small and isinstance(store, SupportsAsyncWrite) and store.writes_now():
+            upload = SmallUpload(store, key, length, content_type, transfers=transfers)
+        else:
+            upload = StreamingUpload(store, key, length, content_type, transfers=transfers)
         return upload, key, stamp
 
     async def commit(self, manifest: Manifest, *, kind: str = "envelope") -> Stored:

@@ -325,12 +325,17 @@ class S3Store:
         except _UNAVAILABLE as exc:
             raise StoreError(f"cannot sign a read of {key!r}: {exc}") from exc
 
-    def writes_now(self) -> bool:
-        """Whether signing (a write's or a read's) needs no store call first: the bucket's
-        region is known (from start-up's `ensure_bucket`, or the first call after it that
-        reached the store)."""
+    def _signs_now(self) -> bool:
+        """Whether signing needs no store call first: the bucket's region is known (from
+        start-up's `ensure_bucket`, or the first call after it that reached the store)."""
         client = self._client
         return bool(client._base_url.region or client._region_map.get(self.bucket))
+
+    def writes_now(self) -> bool:
+        """Whether `write` may run: signing needs no store call, and the store verifies
+        the CRC-32C that protects a presigned PUT's body (the SDK's own requests sign
+        the body's SHA-256 where it does not)."""
+        return self._signs_now() and bool(self._checksums)
 
     async def write(
         self, key: str, data: bytes, content_type: str = "application/json", *, only_new: bool
@@ -343,9 +348,7 @@ class S3Store:
         plain headers, which a presigned PUT may add. A create is not retried on 5xx (as
         `create_bytes`): the commit that calls it tells its own lost answer from a rival.
         """
-        query: DictType = {}
-        if self._checksums:
-            query.update(crc32c_header(data))
+        query = crc32c_header(data)  # `writes_now`: the store verifies it
         headers = [("Content-Type", content_type)]
         if only_new:
             headers.append(("If-None-Match", "*"))
@@ -356,7 +359,7 @@ class S3Store:
                     self.bucket,
                     key,
                     expires=datetime.timedelta(minutes=5),
-                    extra_query_params=query or None,
+                    extra_query_params=query,
                 )
             except _UNAVAILABLE as exc:
                 raise StoreError(f"cannot sign a write of {key!r}: {exc}") from exc
@@ -375,7 +378,7 @@ class S3Store:
     def read_url_now(self, key: str) -> str | None:
         """`read_url` once the bucket's region is known (signing alone, on the caller's
         thread); None before that, when signing would first ask the store."""
-        return self.read_url(key) if self.writes_now() else None
+        return self.read_url(key) if self._signs_now() else None
 
     async def read(self, url: str, start: int = 0, length: int | None = None) -> Body:
         """The object at `url` (from `read_url`), or a range of it, read on the event loop.
