@@ -15,6 +15,7 @@ time). With `--profile DIR` and `py-spy` on PATH, each path is also sampled on i
     python bench/proxy_cost.py                                # 6 x 32 MiB per path
     python bench/proxy_cost.py --profile /tmp/prof --runs 8
     python bench/proxy_cost.py --env OFFLOAD_S3_UNSIGNED_PAYLOAD=false
+    python bench/proxy_cost.py --size 262144 --runs 600   # a small transfer's fixed cost
 """
 
 from __future__ import annotations
@@ -137,10 +138,12 @@ def main() -> None:
                     for _ in range(args.runs):
                         steps[name]()
                     wall, spent = time.perf_counter() - t0, meter.spent(before, meter.read())
+                per_transfer = 1000 * spent["gateway"] / args.runs
                 print(
                     f"{name}: {args.runs} x {args.size / MiB:g} MiB, "
                     f"{args.runs * args.size / MiB / wall:.0f} MiB/s wall (indicative); "
                     + cpu_text(spent, gib, "GiB")
+                    + f"; gateway {per_transfer:.2f} ms CPU per transfer"
                 )
                 if out is not None and out.exists():
                     print(summary(out, args.top))
