@@ -394,9 +394,9 @@ class OffloadService:
         sent, but a send does not prove the bytes went out: uvicorn (ASGI spec 2.3) turns
         every send after a disconnect into a no-op, and the disconnect does not always
         cancel the stream in time (a store that keeps the stream fed lets it run to the
-        end). So the end of `body` deletes nothing if `disconnected()` holds then: the
-        connection only ever goes from up to down, so while it is up every piece was
-        written to it.
+        end). So the end of `body` deletes nothing if `disconnected()` holds once the
+        transport's buffer has drained: the connection only ever goes from up to down, so
+        while it is up every piece was written to it.
 
         Only a fetch for the message's own topic deletes it: `handed_topic` is the topic
         the subscriber received the placeholder on (`X-Offload-Placeholder-Topic`). A
@@ -408,6 +408,11 @@ class OffloadService:
             yield piece
         if not (self.delete_after_fetch and handed_topic == manifest.topic.value):
             return
+        # The last piece was handed to the transport, not sent: up to a whole piece (1
+        # MiB) may still wait in its buffer for a client that never takes it. An empty
+        # send waits until that buffer drains (uvicorn's flow control), or the client
+        # leaves (which `disconnected` then tells).
+        yield b""
         if await disconnected():
             log.info("%s: the client left before the whole payload; kept", manifest.id)
             return
