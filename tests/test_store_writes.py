@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 
 import pytest
 
@@ -115,6 +116,9 @@ class ScriptedStore:
                 self.requests += 1
                 if not answer:
                     return
+                if answer == STALL:
+                    conn.recv(1)  # answers nothing until the client gives up
+                    return
                 conn.sendall(answer)
 
     def close(self) -> None:
@@ -125,6 +129,7 @@ OK = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
 BUSY = b"HTTP/1.1 503 Slow Down\r\nContent-Length: 9\r\n\r\nSlow Down"
 TAKEN = b"HTTP/1.1 412 Precondition Failed\r\nContent-Length: 0\r\n\r\n"
 CLOSED = b""
+STALL = b"stall"
 
 
 @pytest.mark.parametrize(
@@ -151,5 +156,26 @@ def test_a_put_after_a_kept_one_retries_only_what_it_may(
     try:
         assert asyncio.run(twice()) == outcome
         assert server.requests == requests
+    finally:
+        server.close()
+
+
+def test_a_store_that_does_not_answer_a_put_is_not_asked_again() -> None:
+    """A stall is not a closed kept connection: the write fails after the timeouts,
+    once (a create the store did take must not be sent twice)."""
+    server = ScriptedStore([OK, STALL, OK])
+    http = AsyncStoreHttp(connect_timeout=0.5, read_timeout=0.5)
+    url = f"http://127.0.0.1:{server.port}/bucket/key?X-Amz-Signature=0"
+
+    async def twice() -> None:
+        assert await http.put(url, b"first") == (200, b"")
+        await http.put(url, b"second", retry=False)
+
+    try:
+        started = time.monotonic()
+        with pytest.raises(StoreError, match="did not answer"):
+            asyncio.run(twice())
+        assert time.monotonic() - started < 5
+        assert server.requests == 2
     finally:
         server.close()

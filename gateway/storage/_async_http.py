@@ -338,7 +338,8 @@ class AsyncStoreHttp:
         Returns the store's status and the start of its answer's body (an error document),
         for any status but those retried. With `retry`, 500, 502, 503 and 504 are tried
         again (RETRIES times); a kept connection that the store closed meanwhile is
-        always replaced by a new one.
+        always replaced by a new one. A store that does not answer within the timeouts is
+        not asked again.
 
         Raises:
             StoreError: the store is unreachable, failed, or answered malformed.
@@ -360,7 +361,9 @@ class AsyncStoreHttp:
                 conn = await self._connect(scheme, host, port)
             try:
                 status, answer = await self._put(request, body, origin, conn)
-            except (ConnectionError, TimeoutError) as exc:
+            except TimeoutError as exc:  # a store that stalls: not asked again
+                raise StoreError("the store did not answer a write in time") from exc
+            except ConnectionError as exc:
                 if not kept:  # else: the store closed a kept connection meanwhile
                     raise StoreError(f"write to the store failed: {exc!r}") from exc
                 continue
