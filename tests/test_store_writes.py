@@ -35,6 +35,7 @@ def store(seaweed: SeaweedFS, bucket_name: str) -> S3Store:
     store = _store(seaweed, bucket_name)
     store.ensure_bucket()  # learns the region, probes checksums
     assert store.checksums, "SeaweedFS verifies CRC-32C: the checked path is the one tested"
+    assert store.writes_now(), "and in a presigned PUT's query too (start-up's probe)"
     return store
 
 
@@ -179,3 +180,16 @@ def test_a_store_that_does_not_answer_a_put_is_not_asked_again() -> None:
         assert server.requests == 2
     finally:
         server.close()
+
+
+def test_writes_stay_in_threads_where_a_presigned_puts_checksum_is_not_checked(
+    seaweed: SeaweedFS, bucket_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Start-up's probe sends a wrong CRC-32C, then a right one: a store that takes both
+    (here: the wrong one never sent, as if the store had ignored it) gets no loop writes."""
+    real = s3_module.crc32c_header
+    monkeypatch.setattr(s3_module, "crc32c_header", lambda data: real(b"query checksum probe"))
+    store = _store(seaweed, bucket_name)
+    store.ensure_bucket()
+    assert store.checksums and not store.writes_now()
+    assert [info.key for info in store.list("probes/")] == []  # the probe left nothing

@@ -54,7 +54,8 @@ RETRIES = 2
 
 class _Connection(asyncio.BufferedProtocol):
     """One connection's bytes, read by the event loop straight into buffers of its own
-    (READ_BUFFER each) and handed over as views of them: no copy in user space, and as
+    (READ_BUFFER each at most, and no larger than what is still due of an answer whose
+    length is known: `expect`) and handed over as views of them: no copy in user space, and as
     much as the socket holds per piece (uvloop's own read buffer would cut each piece at
     256,000 bytes). Reading pauses while more than LIMIT bytes wait to be taken.
 

@@ -121,7 +121,9 @@ class SupportsAsyncWrite(Protocol):
     file store's are written in a store thread (`ObjectStore.put_bytes`, `create_bytes`)."""
 
     def writes_now(self) -> bool:
-        """Whether `write` needs no blocking call first (S3: the bucket's region known)."""
+        """Whether `write` may run now: it needs no blocking call first and its body is
+        protected (S3: the bucket's region known, and the store seen to verify a presigned
+        PUT's CRC-32C)."""
 
     async def write(
         self, key: str, data: bytes, content_type: str = "application/json", *, only_new: bool
