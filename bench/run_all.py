@@ -6,7 +6,7 @@ gateway) and prints a `RESULT <json>` line (bench/_harness.py), or, for the olde
 parsed here. Nothing else may run on the machine meanwhile: the numbers are ratios against
 baselines taken in the same run, but 2 cores are easily disturbed.
 
-    python bench/run_all.py                    # about 8 minutes on 2 cores
+    python bench/run_all.py                    # about 9 minutes on 2 cores
     python bench/run_all.py --quick            # fewer runs, smaller memory test
     python bench/run_all.py --only 1 6         # benchmarks by number (or name: startup)
     python bench/run_all.py --spark            # also bench/spark_read.py (needs pyspark)
@@ -17,6 +17,7 @@ baselines taken in the same run, but 2 cores are easily disturbed.
     python bench/run_all.py --only encryption spark-encrypted   # issue 30's three rows
     python bench/run_all.py --only 1 mixed     # issue 31's table: gateway / nginx both ways,
                                                # RSS per transfer, the chart's maxTransfers
+    python bench/run_all.py --only small       # 256 KiB transfers at once: the fixed cost
     python bench/run_all.py --markdown         # the table as Markdown (for RESULTS.md)
 """
 
@@ -61,6 +62,7 @@ def _cmd(name: str, quick: bool) -> list[str]:
         "spark": ["spark_read.py", "--store", "both", "--objects", "16" if quick else "64"],
         "huge": ["huge.py", "--size-gib", "1" if quick else "10"],
         "clients": ["store_clients.py", "--runs", "3" if quick else "6"],
+        "small": ["small_transfers.py", "--seconds", "5" if quick else "10"],
         "proxy": [
             "proxy.py",
             "--rounds",
@@ -194,6 +196,7 @@ def main() -> None:
             "spark",
             "huge",
             "clients",
+            "small",
             "proxy",
             "encryption",
             "spark-encrypted",
@@ -204,7 +207,7 @@ def main() -> None:
     args = parser.parse_args()
     names = args.only or [
         "1", "2", "3", "4", "5", "6", "7", "8", "telemetry", "qos0", "receive",
-        "protocol", "direct", "startup", "proxy", "encryption",
+        "protocol", "direct", "startup", "small", "proxy", "encryption",
         *(["spark", "spark-encrypted"] if args.spark else []),
     ]  # fmt: skip
     print(f"machine: {machine()}")
