@@ -20,9 +20,11 @@ SigV4 query signing, on every S3 store); TLS is the default context's (the syste
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import cast
 from urllib.parse import urlsplit
 
@@ -195,6 +197,28 @@ class _Connection(asyncio.BufferedProtocol):
             await self._wait(timeout)
 
 
+@dataclass(frozen=True, slots=True)
+class _Where:
+    """Where a presigned URL points: its connection's origin, and the request target."""
+
+    scheme: str
+    host: str
+    port: int
+    netloc: str
+    target: str
+
+    @property
+    def origin(self) -> str:
+        return f"{self.scheme}://{self.netloc}"
+
+    @classmethod
+    def of(cls, url: str) -> _Where:
+        parts = urlsplit(url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        target = parts.path + (f"?{parts.query}" if parts.query else "")
+        return cls(parts.scheme, parts.hostname or "", port, parts.netloc, target)
+
+
 class Body:
     """An answer's body: an async iterator of the pieces as they arrive; `close` (sync,
     idempotent) gives the connection back when read to the end, else drops it."""
@@ -278,6 +302,16 @@ class AsyncStoreHttp:
     def release(self, origin: str, conn: _Connection) -> None:
         self._kept.release(origin, conn)
 
+    async def _open(self, where: _Where) -> tuple[_Connection, bool]:
+        """A connection to `where`'s origin: a kept one (True) or a new one (False)."""
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # connections belong to the loop that made them
+            self._kept, self._loop = _kept(), loop
+        conn = self._kept.take(where.origin)
+        if conn is not None:
+            return conn, True
+        return await self._connect(where.scheme, where.host, where.port), False
+
     async def _connect(self, scheme: str, host: str, port: int) -> _Connection:
         if scheme == "https" and self._ssl is None:
             self._ssl = ssl.create_default_context()
@@ -297,26 +331,16 @@ class AsyncStoreHttp:
             FileNotFoundError: the store answered 404.
             StoreError: the store is unreachable, failed, or answered something else.
         """
-        parts = urlsplit(url)
-        scheme, host = parts.scheme, parts.hostname or ""
-        port = parts.port or (443 if scheme == "https" else 80)
-        origin = f"{scheme}://{parts.netloc}"
-        target = parts.path + (f"?{parts.query}" if parts.query else "")
-        headers = [("Host", parts.netloc), ("Accept-Encoding", "identity")]
+        where = _Where.of(url)
+        headers = [("Host", where.netloc), ("Accept-Encoding", "identity")]
         if start or length is not None:
             end = "" if length is None else str(start + length - 1)
             headers.append(("Range", f"bytes={start}-{end}"))
-        request = h11.Request(method="GET", target=target, headers=headers)
-        loop = asyncio.get_running_loop()
-        if loop is not self._loop:  # connections belong to the loop that made them
-            self._kept, self._loop = _kept(), loop
+        request = h11.Request(method="GET", target=where.target, headers=headers)
         for attempt in range(RETRIES + 1):
-            conn = self._kept.take(origin)
-            kept = conn is not None
-            if conn is None:
-                conn = await self._connect(scheme, host, port)
+            conn, kept = await self._open(where)
             try:
-                return await self._exchange(request, origin, conn)
+                return await self._exchange(request, where.origin, conn)
             except _Retry as exc:
                 if attempt == RETRIES:
                     raise StoreError(f"the store answered {exc.status}") from None
@@ -345,23 +369,13 @@ class AsyncStoreHttp:
         Raises:
             StoreError: the store is unreachable, failed, or answered malformed.
         """
-        parts = urlsplit(url)
-        scheme, host = parts.scheme, parts.hostname or ""
-        port = parts.port or (443 if scheme == "https" else 80)
-        origin = f"{scheme}://{parts.netloc}"
-        target = parts.path + (f"?{parts.query}" if parts.query else "")
-        fields = [("Host", parts.netloc), ("Content-Length", str(len(body))), *headers]
-        request = h11.Request(method="PUT", target=target, headers=fields)
-        loop = asyncio.get_running_loop()
-        if loop is not self._loop:  # connections belong to the loop that made them
-            self._kept, self._loop = _kept(), loop
+        where = _Where.of(url)
+        fields = [("Host", where.netloc), ("Content-Length", str(len(body))), *headers]
+        request = h11.Request(method="PUT", target=where.target, headers=fields)
         for attempt in range(RETRIES + 1):
-            conn = self._kept.take(origin)
-            kept = conn is not None
-            if conn is None:
-                conn = await self._connect(scheme, host, port)
+            conn, kept = await self._open(where)
             try:
-                status, answer = await self._put(request, body, origin, conn)
+                status, answer = await self._put(request, body, where.origin, conn)
             except TimeoutError as exc:  # a store that stalls: not asked again
                 raise StoreError("the store did not answer a write in time") from exc
             except ConnectionError as exc:
@@ -377,20 +391,14 @@ class AsyncStoreHttp:
     async def _put(
         self, request: h11.Request, body: bytes, origin: str, conn: _Connection
     ) -> tuple[int, bytes]:
-        try:
+        with _dropped_on_error(conn):
             parser = h11.Connection(h11.CLIENT)
             # One vectored write of head and body, the body not copied (h11's `send` joins
             # what it frames): each write to the store's socket also wakes the store.
             head = parser.send(request) or b""
             framed = parser.send_with_data_passthrough(h11.Data(data=body)) or []
             conn.writelines([head, *framed, parser.send(h11.EndOfMessage()) or b""])
-            while True:
-                parser.receive_data(await conn.head(self.connect_timeout + self.read_timeout))
-                event = parser.next_event()
-                if isinstance(event, h11.Response):
-                    break
-                if not isinstance(event, h11.InformationalResponse):
-                    raise StoreError("a malformed answer head from the store")
+            event = await self._answer_head(parser, conn)
             length = content_length(event)
             if length is None or length > MAX_ANSWER:
                 conn.close()  # not read: the connection is not reused
@@ -403,12 +411,6 @@ class AsyncStoreHttp:
                     raise ConnectionResetError("the store's answer was cut short")
                 pieces.append(bytes(piece))
                 length -= len(piece)
-        except h11.RemoteProtocolError as exc:
-            conn.close()
-            raise StoreError(f"a malformed answer from the store: {exc}") from exc
-        except BaseException:
-            conn.close()
-            raise
         if keeps_alive(event):
             conn.shed()
             self.release(origin, conn)
@@ -416,24 +418,22 @@ class AsyncStoreHttp:
             conn.close()
         return event.status_code, b"".join(pieces)
 
+    async def _answer_head(self, parser: h11.Connection, conn: _Connection) -> h11.Response:
+        """The store's answer to the request just sent (1xx answers skipped)."""
+        while True:
+            parser.receive_data(await conn.head(self.connect_timeout + self.read_timeout))
+            event = parser.next_event()
+            if isinstance(event, h11.Response):
+                return event
+            if not isinstance(event, h11.InformationalResponse):
+                raise StoreError("a malformed answer head from the store")
+
     async def _exchange(self, request: h11.Request, origin: str, conn: _Connection) -> Body:
-        try:
+        with _dropped_on_error(conn):
             parser = h11.Connection(h11.CLIENT)
             conn.write(parser.send(request) or b"")
             conn.write(parser.send(h11.EndOfMessage()) or b"")
-            while True:
-                parser.receive_data(await conn.head(self.connect_timeout + self.read_timeout))
-                event = parser.next_event()
-                if isinstance(event, h11.Response):
-                    break
-                if not isinstance(event, h11.InformationalResponse):
-                    raise StoreError("a malformed answer head from the store")
-        except h11.RemoteProtocolError as exc:
-            conn.close()
-            raise StoreError(f"a malformed answer from the store: {exc}") from exc
-        except BaseException:
-            conn.close()
-            raise
+            event = await self._answer_head(parser, conn)
         status = event.status_code
         if status not in (200, 206):
             conn.close()  # an error body is not read: the connection is not reused
@@ -451,6 +451,20 @@ class AsyncStoreHttp:
 
     def close(self) -> None:
         self._kept.close()
+
+
+@contextlib.contextmanager
+def _dropped_on_error(conn: _Connection) -> Iterator[None]:
+    """Close `conn` when the block fails (a half-done exchange leaves it unusable); a
+    malformed answer becomes a StoreError."""
+    try:
+        yield
+    except h11.RemoteProtocolError as exc:
+        conn.close()
+        raise StoreError(f"a malformed answer from the store: {exc}") from exc
+    except BaseException:
+        conn.close()
+        raise
 
 
 class _Retry(Exception):
