@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import time
 from collections.abc import Callable, Iterator
 
@@ -21,8 +20,9 @@ from gateway.storage import S3Store, StoreError
 from gateway.storage._async_http import MIN_ROOM, READ_BUFFER, AsyncStoreHttp
 
 from _gateway import GatewayServer
-from _hostile import RawRequest, accept_each
+from _hostile import RawRequest
 from _relay import Relay
+from _scripted_store import ScriptedStore
 from _servers import SeaweedFS, free_port
 
 pytestmark = pytest.mark.servers
@@ -197,34 +197,6 @@ def test_a_download_cut_short_frees_its_slot_and_store_connection(
         reader.close()
     again = httpx.get(f"{gw.url}/msg/{message_id}/payload", timeout=60)
     assert again.status_code == 200 and again.content == payload
-
-
-class ScriptedStore:
-    """Answers each GET (keep-alive) with the next of `answers`; counts the requests."""
-
-    def __init__(self, answers: list[bytes]) -> None:
-        self.answers = answers
-        self.requests = 0
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        accept_each(self.listener, self._serve)
-
-    def _serve(self, conn: socket.socket) -> None:
-        with conn:
-            data = b""
-            while True:
-                while b"\r\n\r\n" not in data:
-                    piece = conn.recv(65536)
-                    if not piece:
-                        return
-                    data += piece
-                data = data.split(b"\r\n\r\n", 1)[1]
-                answer = self.answers[min(self.requests, len(self.answers) - 1)]
-                self.requests += 1
-                conn.sendall(answer)
-
-    def close(self) -> None:
-        self.listener.close()
 
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"

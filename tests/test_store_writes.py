@@ -8,7 +8,6 @@ on demand (503, a kept connection it closed).
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 
 import pytest
@@ -17,7 +16,7 @@ from gateway.storage import S3Store, StoreError
 from gateway.storage import _s3 as s3_module
 from gateway.storage._async_http import AsyncStoreHttp
 
-from _hostile import accept_each
+from _scripted_store import CLOSED, STALL, ScriptedStore
 from _servers import SeaweedFS
 
 pytestmark = pytest.mark.servers
@@ -88,49 +87,9 @@ def test_the_loop_signs_only_once_the_region_is_known(seaweed: SeaweedFS, bucket
     assert not unverified.writes_now()
 
 
-class ScriptedStore:
-    """Answers each request (keep-alive) with the next of `answers`, after reading its
-    head and its Content-Length body; `b""` closes the connection instead."""
-
-    def __init__(self, answers: list[bytes]) -> None:
-        self.answers = answers
-        self.requests = 0
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        accept_each(self.listener, self._serve)
-
-    def _serve(self, conn: socket.socket) -> None:
-        with conn:
-            data = b""
-            while True:
-                while b"\r\n\r\n" not in data:
-                    piece = conn.recv(65536)
-                    if not piece:
-                        return
-                    data += piece
-                head, data = data.split(b"\r\n\r\n", 1)
-                length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
-                while len(data) < length:
-                    data += conn.recv(65536)
-                data = data[length:]
-                answer = self.answers[min(self.requests, len(self.answers) - 1)]
-                self.requests += 1
-                if not answer:
-                    return
-                if answer == STALL:
-                    conn.recv(1)  # answers nothing until the client gives up
-                    return
-                conn.sendall(answer)
-
-    def close(self) -> None:
-        self.listener.close()
-
-
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
 BUSY = b"HTTP/1.1 503 Slow Down\r\nContent-Length: 9\r\n\r\nSlow Down"
 TAKEN = b"HTTP/1.1 412 Precondition Failed\r\nContent-Length: 0\r\n\r\n"
-CLOSED = b""
-STALL = b"stall"
 
 
 @pytest.mark.parametrize(
