@@ -126,8 +126,8 @@ def _send_part_and_hang_up(port: int, head: bytes, body: bytes) -> None:
 def test_a_client_that_sends_less_than_it_announced_leaves_nothing_and_no_slot(
     gateway: GatewayServer, store: CountingStore, how: str
 ) -> None:
-    """Two transfer slots: three uploads cut short, then two whole ones side by side. A
-    slot held by a cut upload would refuse one of the two with 503."""
+    """Two transfer slots: three uploads cut short give theirs back (`/healthz` counts
+    none active), then two whole ones side by side both get one."""
     for _ in range(3):
         if how == "raw":
             head = (
@@ -144,6 +144,14 @@ def test_a_client_that_sends_less_than_it_announced_leaves_nothing_and_no_slot(
             ).encode()
             _send_part_and_hang_up(gateway.port, head, body)
     with httpx.Client(base_url=gateway.url, timeout=60) as http:
+
+        def active() -> int:
+            return int(http.get("/healthz").json()["workers"]["transfers"]["active"])
+
+        deadline = time.monotonic() + 10  # each slot goes once its hang-up is read
+        while active() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert active() == 0
         answers: list[int] = []
 
         def upload() -> None:
