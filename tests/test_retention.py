@@ -30,7 +30,7 @@ from client.protocol import (
 from gateway._sweeper import Sweeper, partition_end_ms
 from gateway.ingest._service import OffloadService
 from gateway.storage import S3Store
-from gateway.storage._async_http import LIMIT as STORE_READ_AHEAD
+from gateway.storage._store_connection import LIMIT as STORE_READ_AHEAD
 
 from _gateway import GatewayServer
 from _servers import Mosquitto, SeaweedFS, wait_until

@@ -17,7 +17,8 @@ import uvloop
 
 from client.protocol import MessageId
 from gateway.storage import S3Store, StoreError
-from gateway.storage._async_http import MIN_ROOM, READ_BUFFER, AsyncStoreHttp
+from gateway.storage._async_http import AsyncStoreHttp
+from gateway.storage._store_connection import MIN_ROOM, READ_BUFFER
 
 from _gateway import GatewayServer
 from _hostile import RawRequest

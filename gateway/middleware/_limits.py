@@ -42,7 +42,7 @@ _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 #: the server to drain the body or to hold the socket until the keep-alive timeout.
 _CLOSE_AFTER = frozenset({408, 413})
 #: Bytes per body message handed to the server, at most: a download's piece from the store
-#: (up to 1 MiB, `gateway.storage._async_http.READ_BUFFER`) goes in one.
+#: (up to 1 MiB, `gateway.storage._store_connection.READ_BUFFER`) goes in one.
 SEND_SLICE = 1024 * 1024
 
 
