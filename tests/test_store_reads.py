@@ -106,7 +106,7 @@ def test_pieces_are_views_as_large_as_the_socket_holds_and_stay_intact(
                 pieces.append(piece)  # kept as it is, never copied
                 await asyncio.sleep(0.02)  # a slow client: the store's bytes pile up
             held.append(pieces)
-        kept = store._reads._kept.take(f"http://127.0.0.1:{relay.port}")
+        kept = store._on_loop._kept.take(f"http://127.0.0.1:{relay.port}")
         assert kept is not None and not kept._buffer  # kept idle without a read buffer
         kept.close()
         return held[0], held[1]

@@ -133,8 +133,9 @@ class S3Store:
             ),
         )
         self._http = http
-        # Downloads: read on the event loop through presigned GETs (`read_url`, `read`).
-        self._reads = AsyncStoreHttp(connect_timeout=min(timeout, 3.0), read_timeout=timeout)
+        # Downloads and small writes on the event loop: presigned GETs (`read_url`, `read`)
+        # and PUTs (`write`).
+        self._on_loop = AsyncStoreHttp(connect_timeout=min(timeout, 3.0), read_timeout=timeout)
         self._client = _Minio(
             endpoint,
             access_key=access_key,
@@ -394,7 +395,7 @@ class S3Store:
                 )
             except _UNAVAILABLE as exc:
                 raise StoreError(f"cannot sign a write of {key!r}: {exc}") from exc
-            status, answer = await self._reads.put(url, data, headers, retry=not only_new)
+            status, answer = await self._on_loop.put(url, data, headers, retry=not only_new)
             if 200 <= status < 300:
                 return True
             if only_new and status == 412:
@@ -418,7 +419,7 @@ class S3Store:
             FileNotFoundError: no such object.
             StoreError: the store is unreachable or failed.
         """
-        body = await self._reads.get(url, start=start, length=length)
+        body = await self._on_loop.get(url, start=start, length=length)
         counted = contextlib.ExitStack()  # a download in flight counts against the part budget
         counted.enter_context(self._load.one())
         body.on_close(counted.close)
