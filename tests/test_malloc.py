@@ -121,5 +121,5 @@ def test_the_running_gateway_keeps_its_heap_top(gateway_env: dict[str, str]) -> 
     default = upload_faults({**gateway_env, "MALLOC_TRIM_THRESHOLD_": str(128 * 1024)})
     print(f"minor faults over 2 x 32 MiB: {tuned} kept top, {default} with the default")
     # Over CI runs: 17-733 kept, 6,202-10,125 with the default (of the 16,384 pages two
-    # uploads touch). Untuned, the two are alike; a tenth failed one run in about ten.
+    # uploads touch). Untuned, the two are alike; 733 failed a tenth in one CI run.
     assert tuned * 4 < default, (tuned, default)
