@@ -116,10 +116,63 @@ def test_a_hop_document_with_a_small_payload_takes_the_same_path(
     assert len(store.whole) == 1 and store.streamed == []
 
 
-def _send_part_and_hang_up(port: int, head: bytes, body: bytes) -> None:
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall(head + body)
-        time.sleep(0.3)  # the gateway has read it
+def _half_an_upload(how: str) -> bytes:
+    """A request announcing a 100,000-byte payload, with half of it sent."""
+    if how == "raw":
+        head = (
+            f"PUT /msg/{uuid.uuid4()}?topic=small/cut HTTP/1.1\r\nHost: gw\r\n"
+            "Content-Length: 100000\r\n\r\n"
+        ).encode()
+        return head + b"x" * 50_000
+    doc_head, doc_tail = encode_upload(100_000, headers=[])
+    head = (
+        "POST /topic/small/cut+oversized HTTP/1.1\r\nHost: gw\r\n"
+        f"Content-Length: {len(doc_head) + 100_000 + len(doc_tail)}\r\n\r\n"
+    ).encode()
+    return head + doc_head + b"x" * 50_000
+
+
+def _active(gateway: GatewayServer) -> int:
+    answer = httpx.get(f"{gateway.url}/healthz", timeout=10).json()
+    return int(answer["workers"]["transfers"]["active"])
+
+
+def _status(sock: socket.socket) -> int:
+    """The status of the answer on `sock` (0: closed without one)."""
+    got = b""
+    while b"\r\n" not in got:
+        piece = sock.recv(65536)
+        if not piece:
+            return 0
+        got += piece
+    return int(got.split(b" ", 2)[1])
+
+
+@pytest.mark.parametrize("how", ["raw", "hop"])
+def test_uploads_that_stall_are_each_answered_and_leave_nothing(
+    gateway: GatewayServer, store: CountingStore, how: str
+) -> None:
+    """Two transfer slots, three uploads that stop half way: the two admitted get 408 once
+    the body idle timeout (3 s) passes, the third 503 at once; nothing is stored and no
+    slot stays taken."""
+    socks = [socket.create_connection(("127.0.0.1", gateway.port), timeout=20) for _ in range(3)]
+    try:
+        for sock in socks[:2]:
+            sock.sendall(_half_an_upload(how))
+        deadline = time.monotonic() + 10
+        while _active(gateway) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        socks[2].sendall(_half_an_upload(how))
+        started = time.monotonic()
+        assert _status(socks[2]) == 503
+        assert time.monotonic() - started < 2
+        assert [_status(sock) for sock in socks[:2]] == [408, 408]
+    finally:
+        for sock in socks:
+            sock.close()
+    assert _active(gateway) == 0
+    assert [info.key for info in store.list("data/small/cut")] == []
+    assert (store.whole, store.streamed) == ([], [])
 
 
 @pytest.mark.parametrize("how", ["raw", "hop"])
@@ -129,20 +182,9 @@ def test_a_client_that_sends_less_than_it_announced_leaves_nothing_and_no_slot(
     """Two transfer slots: three uploads cut short give theirs back (`/healthz` counts
     none active), then two whole ones side by side both get one."""
     for _ in range(3):
-        if how == "raw":
-            head = (
-                f"PUT /msg/{uuid.uuid4()}?topic=small/cut HTTP/1.1\r\nHost: gw\r\n"
-                "Content-Length: 100000\r\n\r\n"
-            ).encode()
-            _send_part_and_hang_up(gateway.port, head, b"x" * 50_000)
-        else:
-            doc_head, doc_tail = encode_upload(100_000, headers=[])
-            body = doc_head + b"x" * 50_000
-            head = (
-                "POST /topic/small/cut+oversized HTTP/1.1\r\nHost: gw\r\n"
-                f"Content-Length: {len(doc_head) + 100_000 + len(doc_tail)}\r\n\r\n"
-            ).encode()
-            _send_part_and_hang_up(gateway.port, head, body)
+        with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as sock:
+            sock.sendall(_half_an_upload(how))
+            time.sleep(0.3)  # the gateway has read it; then the client hangs up
     with httpx.Client(base_url=gateway.url, timeout=60) as http:
 
         def active() -> int:
