@@ -148,6 +148,27 @@ def _status(sock: socket.socket) -> int:
     return int(got.split(b" ", 2)[1])
 
 
+def test_bytes_past_the_content_length_do_not_take_the_place_of_its_answer(
+    gateway: GatewayServer, store: CountingStore
+) -> None:
+    """A whole upload, then 500 bytes that are no request, in one write: the upload gets
+    its own 201 and the connection closes after it (uvicorn's 400 for the junk came first
+    and was taken for the upload's answer, the payload stored all the same)."""
+    message_id = str(uuid.uuid4())
+    head = (
+        f"PUT /msg/{message_id}?topic=small/extra HTTP/1.1\r\nHost: gw\r\n"
+        "Content-Length: 1000\r\n\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=20) as sock:
+        sock.sendall(head + b"z" * 1000 + b"junk " * 100)
+        answers = []
+        while status := _status(sock):
+            answers.append(status)
+            sock.recv(65536)  # the rest of that answer, then the close
+    assert answers == [201]
+    assert httpx.get(f"{gateway.url}/msg/{message_id}/payload").content == b"z" * 1000
+
+
 @pytest.mark.parametrize("how", ["raw", "hop"])
 def test_uploads_that_stall_are_each_answered_and_leave_nothing(
     gateway: GatewayServer, store: CountingStore, how: str

@@ -162,6 +162,18 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
         self._in_message = False
         super().on_message_complete()
 
+    def send_400_response(self, msg: str) -> None:
+        if not self._may_answer():
+            # Bytes that are no request came behind one whose answer is still to come
+            # (more than its Content-Length): uvicorn's 400 now would be taken for that
+            # answer, its upload stored and its client told it failed. That request gets
+            # its own answer, the connection closes after it, and nothing more is read.
+            log.info("%s: %s (after a request still being answered)", self.client, msg)
+            self.cycle.keep_alive = False
+            self.transport.pause_reading()
+            return
+        super().send_400_response(msg)
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         self._closing.lost()
@@ -173,7 +185,8 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
         cycle = self.cycle
         if cycle is None or cycle.response_complete:
             return True
-        return not self._head_begun and not cycle.response_started  # its own trailers
+        # Its own trailers: inside its message, no new head begun behind it.
+        return self._in_message and not self._head_begun and not cycle.response_started
 
     def _seconds(self, key: str, default: float) -> float:
         value = self.app_state.get(key, default)
