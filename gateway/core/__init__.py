@@ -49,7 +49,7 @@ from ._observability import (
     configure_logging,
     metrics_endpoint,
 )
-from ._settings import Settings, get_settings
+from ._settings import IPNetwork, Settings, get_settings
 
 __all__ = [
     "COMMON_RESPONSES",
@@ -64,6 +64,7 @@ __all__ = [
     "Forbidden",
     "GatewayError",
     "Gone",
+    "IPNetwork",
     "InvalidPublish",
     "NotFound",
     "ObservabilityMiddleware",
