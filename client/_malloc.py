@@ -1,7 +1,8 @@
 """glibc's allocator thresholds for a long-running process that moves large payloads.
 
-The gateway and the proxy call :func:`tune_malloc` at start (the library never does: the
-allocator belongs to the application that embeds it). Payload bytes cross them in pieces of
+The gateway and the proxy call :func:`tune_malloc` at start, and the proxy :func:`trim_malloc`
+after a burst of connections (the library never does: the allocator belongs to the
+application that embeds it). Payload bytes cross them in pieces of
 up to 1 MiB, allocated on one thread and freed on another; with glibc's thresholds left as
 they were, the free top of a heap was handed back to the kernel after nearly every piece
 and faulted in, zeroed, again for the next (bench/RESULTS.md, "The heap's free top").
@@ -9,6 +10,7 @@ and faulted in, zeroed, again for the next (bench/RESULTS.md, "The heap's free t
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import os
@@ -48,3 +50,18 @@ def tune_malloc(*, mmap_threshold: int, trim_threshold: int) -> None:
             mallopt(parameter, value)
     except (OSError, AttributeError):
         pass
+
+
+def trim_malloc() -> None:
+    """Hand the free pages of every heap back to the kernel (glibc's `malloc_trim(0)`).
+
+    Memory freed in small blocks stays in the process's heaps, kept for reuse: after a
+    burst (many connections' buffers, then gone) the resident size stays at its peak until
+    the next burst. Costs a walk of the heaps; call it after a burst, not per free. Does
+    nothing where there is no glibc.
+    """
+    name = ctypes.util.find_library("c")
+    if sys.platform != "linux" or name is None:
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(name).malloc_trim(0)

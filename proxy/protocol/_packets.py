@@ -11,7 +11,14 @@ from dataclasses import dataclass, field
 from client.protocol import PLACEHOLDER_AWARE
 
 from ._errors import MalformedPacket
-from ._properties import MAXIMUM_PACKET_SIZE, Prop, encode_properties, first, parse_properties
+from ._properties import (
+    AUTHENTICATION_METHOD,
+    MAXIMUM_PACKET_SIZE,
+    Prop,
+    encode_properties,
+    first,
+    parse_properties,
+)
 from ._wire import decode_varint, encode_varint, read_binary, read_text, read_u16, text
 
 _PROTOCOLS = {(b"MQTT", 4), (b"MQTT", 5), (b"MQIsdp", 3)}
@@ -54,6 +61,11 @@ class Connect:
         """The client's Maximum Packet Size (MQTT 5), None when it declared none."""
         value = first(self.properties, MAXIMUM_PACKET_SIZE)
         return value if isinstance(value, int) else None
+
+    @property
+    def authenticates(self) -> bool:
+        """Whether it asks for MQTT 5 enhanced authentication (AUTH packets before CONNACK)."""
+        return first(self.properties, AUTHENTICATION_METHOD) is not None
 
     @property
     def handles_placeholders(self) -> bool:

@@ -1,0 +1,253 @@
+"""A fleet behind one offload-proxy: what connections that never log in may cost, the
+descriptor limit, and the log under attack (issue 42, with tests/test_proxy_fleet.py).
+
+The memory and descriptor tests run `offload-proxy` as its own process (its resident size
+and its open-file limit are the process's); the log test runs it in this process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import resource
+import socket
+import struct
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from test_proxy import MiB, PahoPeer, start_proxy
+from test_proxy_fleet import acknowledged, delivered, device, publish_head
+from test_proxy_hostile import _packet, _read, _text, _varint, connect_packet, until_closed
+
+from _gateway import GatewayServer
+from _servers import Mosquitto, free_port, wait_for_port, wait_until
+
+pytestmark = pytest.mark.servers
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class ProxyProcess:
+    """`offload-proxy` as its own process, its JSON log lines in a file."""
+
+    def __init__(
+        self,
+        broker: Mosquitto,
+        endpoint: str,
+        log: Path,
+        nofile: tuple[int, int] | None = None,
+        **env: str,
+    ) -> None:
+        self.port = free_port()
+        self.log = log
+        variables = {k: v for k, v in os.environ.items() if not k.startswith("OFFLOAD_")}
+        variables.update({f"OFFLOAD_PROXY_{k.upper()}": v for k, v in env.items()})
+        variables["PYTHONPATH"] = str(ROOT)
+
+        def limit() -> None:
+            if nofile is not None:  # (soft, hard)
+                resource.setrlimit(resource.RLIMIT_NOFILE, nofile)
+
+        command = [sys.executable, "-m", "proxy.cli", "--broker", broker.url]
+        command += ["--port", str(self.port), "--endpoint", endpoint]
+        with log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                command, env=variables, stdout=subprocess.DEVNULL, stderr=out, preexec_fn=limit
+            )
+        wait_for_port(self.port, 30, self.proc)
+        self.process = psutil.Process(self.proc.pid)
+
+    @property
+    def rss(self) -> int:
+        return int(self.process.memory_info().rss)
+
+    def lines(self) -> list[dict[str, object]]:
+        return [json.loads(line) for line in self.log.read_text().splitlines() if line]
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+
+
+@pytest.fixture
+def proxy_process(
+    broker: Mosquitto, gateway: GatewayServer, tmp_path: Path
+) -> Iterator[Callable[..., ProxyProcess]]:
+    started: list[ProxyProcess] = []
+
+    def start(nofile: tuple[int, int] | None = None, **env: str) -> ProxyProcess:
+        log = tmp_path / f"proxy-{len(started)}.log"
+        proxy = ProxyProcess(broker, gateway.url, log, nofile, **env)
+        started.append(proxy)
+        return proxy
+
+    yield start
+    for proxy in started:
+        proxy.stop()
+
+
+class Peak:
+    """The largest resident size of a process, sampled every 20 ms until stopped."""
+
+    def __init__(self, proxy: ProxyProcess) -> None:
+        self.most = proxy.rss
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(proxy,), daemon=True)
+        self._thread.start()
+
+    def _run(self, proxy: ProxyProcess) -> None:
+        while not self._done.wait(0.02):
+            self.most = max(self.most, proxy.rss)
+
+    def stop(self) -> int:
+        self._done.set()
+        self._thread.join(5)
+        return self.most
+
+
+def stalled_connects(port: int, sources: list[str], size: int, count: int) -> list[socket.socket]:
+    """`count` connections round the `sources`, each announcing a CONNECT of `size` bytes
+    and sending all of it but the last byte."""
+    socks = []
+    for i in range(count):
+        sock = socket.socket()
+        sock.bind((sources[i % len(sources)], 0))
+        sock.connect(("127.0.0.1", port))
+        with contextlib.suppress(OSError):  # refused at once: reset while sending
+            sock.sendall(b"\x10" + _varint(size) + bytes(size - 1))
+        socks.append(sock)
+    return socks
+
+
+def test_connects_that_never_log_in_hold_a_bounded_budget_freed_at_the_timeout(
+    proxy_process: Callable[..., ProxyProcess],
+    broker: Mosquitto,
+    unique_topic: Callable[[str], str],
+) -> None:
+    """400 CONNECTs of 1 MiB, no login: before, the proxy went from 95 to 510 MiB and
+    stayed there after the CONNECT timeout. Now a CONNECT is at most `max_connect_bytes`
+    (128 KiB); what all the connections waiting for their login hold is counted against
+    `max_login_bytes` (16 MiB here), one address at most an eighth; the heaps are trimmed
+    once they are gone; the rest of the fleet logs in meanwhile."""
+    budget = 16 * MiB
+    proxy = proxy_process(connect_timeout="3", max_login_bytes=str(budget))
+    warm = PahoPeer(proxy.port)  # one whole session first: the baseline has its code paged in
+    warm.close()
+    base = proxy.rss
+    sampler = Peak(proxy)
+    big = stalled_connects(proxy.port, ["127.0.3.1"], MiB, 400)
+    most = stalled_connects(proxy.port, [f"127.0.3.{i}" for i in range(10, 30)], 128 * 1024, 400)
+    sub = PahoPeer(proxy.port, bind_address="127.0.3.200")  # logins from elsewhere go on
+    pub = PahoPeer(proxy.port, bind_address="127.0.3.201")
+    try:
+        topic = unique_topic("during")
+        sub.subscribe(broker, topic, qos=1)
+        payload = os.urandom(2 * MiB)
+        assert acknowledged(pub, topic, payload) == 0
+        assert delivered(sub)[0].payload == payload
+        peak = sampler.stop()
+        # Bounded: the budget (counted twice over what the CONNECTs hold) and slack for the
+        # sessions above and the allocator.
+        assert peak - base < budget + 24 * MiB, (base, peak)
+        refused = [
+            line for line in proxy.lines() if "no room for a CONNECT" in str(line.get("why"))
+        ]
+        assert refused  # the budget said no, at once
+        assert sum(until_closed(sock) == b"" for sock in big) == 400  # 1 MiB: refused at once
+        # Freed at the CONNECT timeout: the stalled ones are closed, the heaps trimmed.
+        wait_until(lambda: proxy.rss - base < 12 * MiB, "memory given back", 20)
+    finally:
+        for sock in big + most:
+            sock.close()
+        sub.close()
+        pub.close()
+
+
+def test_the_descriptor_limit_is_checked_at_start_so_the_0x89_holds(
+    proxy_process: Callable[..., ProxyProcess],
+) -> None:
+    """A hard open-file limit below 2 x `max_connections`: before, connections beyond what
+    fitted got 0x88 or a reset instead of the documented 0x89. Now `max_connections` is
+    lowered to fit at start, with a warning, and the next connection gets 0x89."""
+    proxy = proxy_process(nofile=(400, 400))
+    lowered = [line for line in proxy.lines() if "max_connections lowered" in str(line["message"])]
+    assert len(lowered) == 1 and lowered[0]["level"] == "WARNING"
+    fitted = int(str(lowered[0]["max_connections"]))
+    assert 0 < fitted < 200
+    socks = [device(proxy.port, "127.0.0.1") for _ in range(fitted)]
+    try:
+        over = socket.create_connection(("127.0.0.1", proxy.port), timeout=30)
+        over.sendall(connect_packet(5))
+        assert until_closed(over) == b"\x20\x03\x00\x89\x00"  # CONNACK, Server busy
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def test_the_soft_descriptor_limit_is_raised_toward_the_hard_one(
+    proxy_process: Callable[..., ProxyProcess],
+) -> None:
+    """A soft limit below what `max_connections` needs and a hard one above: raised."""
+    proxy = proxy_process(nofile=(256, 4096), max_connections="1000")
+    assert not [line for line in proxy.lines() if line["level"] in ("WARNING", "ERROR")]
+    raised = [line for line in proxy.lines() if line["message"] == "open-file limit raised"]
+    assert len(raised) == 1 and raised[0]["from"] == 256
+    soft, hard = proxy.process.rlimit(psutil.RLIMIT_NOFILE)
+    assert 2 * 1000 < soft <= hard == 4096
+
+
+def _reset(sock: socket.socket) -> None:
+    """Close with a TCP reset (SO_LINGER 0)."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
+def test_expected_disconnects_are_one_info_line_never_a_traceback(
+    gateway: GatewayServer,
+    broker: Mosquitto,
+    unique_topic: Callable[[str], str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Connections that stall or reset at every stage: before, each stalled CONNECT body
+    was an ERROR traceback in the log (862 in one run). Now each is an INFO line."""
+    proxy = start_proxy(broker, gateway, connect_timeout=1.0, idle_timeout=1.0)
+    caplog.set_level(logging.INFO, logger="proxy")
+    topic = unique_topic("logs")
+    try:
+        head_only = socket.create_connection(("127.0.0.1", proxy.port))
+        head_only.sendall(b"\x10")  # a CONNECT's first byte, then nothing
+        body_stalls = socket.create_connection(("127.0.0.1", proxy.port))
+        body_stalls.sendall(connect_packet(5)[:8])  # its length and part of its body
+        reset_in_connect = socket.create_connection(("127.0.0.1", proxy.port))
+        reset_in_connect.sendall(connect_packet(5)[:8])
+        publish_stalls = device(proxy.port, "127.0.0.1")
+        publish_stalls.sendall(publish_head(topic, 2 * MiB) + bytes(MiB))  # then nothing
+        reset_in_publish = device(proxy.port, "127.0.0.1")
+        reset_in_publish.sendall(publish_head(topic, 2 * MiB) + bytes(MiB))
+        reader = device(proxy.port, "127.0.0.1", rcvbuf=4096)  # resets while it is written to
+        reader.sendall(_packet(0x82, b"\x00\x01\x00" + _text(topic) + b"\x00"))
+        assert _read(reader)[0] == 0x90
+        pub = PahoPeer(proxy.port)
+        pub.client.publish(topic, os.urandom(4 * MiB), qos=1).wait_for_publish(30)
+        wait_until(lambda: proxy.metric("offload_proxy_fetches") == 1, "the payload written", 20)
+        _reset(reader)
+        _reset(reset_in_connect)
+        _reset(reset_in_publish)
+        pub.close()
+        for sock in (head_only, body_stalls, publish_stalls):
+            until_closed(sock)  # each closed by the proxy at its deadline
+        wait_until(lambda: proxy.metric("offload_proxy_connections") == 0, "all ended", 20)
+        records = [r for r in caplog.records if r.name == "proxy"]
+        assert [r for r in records if r.levelno >= logging.ERROR or r.exc_info] == []
+        ended = [r for r in records if r.getMessage().startswith(("connection", "protocol"))]
+        # One line for each of the six (the publisher said DISCONNECT: none for it).
+        assert len(ended) == 6, [r.getMessage() for r in records]
+    finally:
+        proxy.stop()
