@@ -87,8 +87,12 @@ class Hasher:
         return self._digest.hexdigest()
 
 
-#: Pieces a transfer's channel holds (each up to 1 MiB from a fetch, 256 KiB from a client).
+#: Pieces an upload's channel holds (each up to 256 KiB, as the client's socket gives them).
 DEPTH = 4
+#: Pieces a fetch's channel holds (each up to 1 MiB, as the gateway's socket gives them):
+#: with a subscriber that reads slowly, this much waits here, one more on the thread and
+#: two on the loop (the piece being written, the one held back until the digest is known).
+FETCH_DEPTH = 2
 
 
 class Fetch:
@@ -263,7 +267,7 @@ class GatewayLink:
             TransferFailed: another answer, another length, no answer.
         """
         loop = asyncio.get_running_loop()
-        channel: ToLoop[FetchItem] = ToLoop(loop, DEPTH)
+        channel: ToLoop[FetchItem] = ToLoop(loop, FETCH_DEPTH)
         get = PayloadGet(self._http.reader, ref.payload_url, ref.size, auth, self._store_of, peer)
         job = loop.run_in_executor(self._threads, functools.partial(get.run, channel))
         job.add_done_callback(_retrieved)
