@@ -70,8 +70,11 @@ async def relay_up(conn: Conn, services: Services) -> None:
         head = await conn.client.head()
         if head is None:  # the broker publishes the Will: worth the log's one line
             raise PeerGone("the client closed without DISCONNECT")
-        if not conn.connack_seen.is_set() and head.type != AUTH and not await _logged_in(conn):
-            return
+        if not conn.connack_seen.is_set() and head.type != AUTH:
+            if conn.connect.authenticates and head.type != DISCONNECT:
+                raise ProxyProtocolError("only AUTH or DISCONNECT before this login's CONNACK")
+            if not await _logged_in(conn):
+                return
         if head.type == PUBLISH:
             await _publish(conn, services, head)
         elif head.type == CONNECT:

@@ -17,6 +17,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -251,3 +252,107 @@ def test_expected_disconnects_are_one_info_line_never_a_traceback(
         assert len(ended) == 6, [r.getMessage() for r in records]
     finally:
         proxy.stop()
+
+
+class LoginBroker:
+    """An MQTT 5 endpoint for one connection that records the type of every packet it
+    gets, in order. To a CONNECT with an Authentication Method it answers AUTH (Continue),
+    and to the client's AUTH CONNACK 0; to one without, CONNACK 0 after `delay` seconds,
+    noting whether anything came meanwhile."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.got: list[int] = []
+        self.before_connack: bytes | None = None
+        self._delay = delay
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        with contextlib.suppress(OSError, AssertionError):
+            conn, _ = self.listener.accept()
+            first, body = _read(conn)
+            self.got.append(first >> 4)
+            if b"\x15\x00\x06X-TEST" in body:
+                method = b"\x15" + _text("X-TEST")
+                conn.sendall(_packet(0xF0, b"\x18" + _varint(len(method)) + method))
+            else:
+                time.sleep(self._delay)
+                conn.setblocking(False)
+                try:
+                    self.before_connack = conn.recv(65536)
+                except BlockingIOError:
+                    self.before_connack = b""
+                conn.setblocking(True)
+                conn.sendall(b"\x20\x03\x00\x00\x00")
+            while True:
+                first, _ = _read(conn)
+                self.got.append(first >> 4)
+                if first >> 4 == 15:  # the client's AUTH: accepted
+                    conn.sendall(b"\x20\x03\x00\x00\x00")
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+@contextlib.contextmanager
+def proxy_for(broker: LoginBroker) -> Iterator[int]:
+    from proxy import ProxySettings
+
+    from _proxy import ProxyServer
+
+    settings = ProxySettings(  # an endpoint: no discovery link takes the broker's connection
+        broker=f"mqtt://127.0.0.1:{broker.port}", port=0, endpoint="http://127.0.0.1:9"
+    )
+    server = ProxyServer(settings).start()
+    try:
+        yield server.port
+    finally:
+        server.stop()
+        broker.close()
+
+
+EARLY = _packet(0x30, _text("login/early") + b"\x00" + b"sent before the CONNACK")
+
+
+def test_what_a_client_sends_after_its_connect_waits_for_the_login() -> None:
+    """A client may send packets right after its CONNECT: they wait until the broker has
+    accepted the login (nothing is relayed, and nothing uploaded, on credentials the broker
+    has not accepted), then go through in order."""
+    broker = LoginBroker(delay=0.5)
+    with proxy_for(broker) as port:
+        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        sock.sendall(connect_packet(5) + EARLY)
+        first, connack = _read(sock)
+        assert first == 0x20 and connack[1] == 0
+        wait_until(lambda: len(broker.got) == 2, "the early PUBLISH, after the login", 10)
+        assert broker.before_connack == b"" and broker.got == [1, 3]
+        sock.close()
+
+
+def test_enhanced_authentication_passes_both_ways_before_the_connack() -> None:
+    """MQTT 5 AUTH packets pass both ways before the CONNACK; any other packet from a client
+    that asked for enhanced authentication is a protocol error there (MQTT-3.1.2-30)."""
+    method = b"\x15" + _text("X-TEST")
+    body = _text("MQTT") + bytes([5, 0x02]) + (0).to_bytes(2, "big")
+    connect = _packet(0x10, body + _varint(len(method)) + method + _text("auth-client"))
+    auth = _packet(0xF0, b"\x18" + _varint(len(method)) + method)
+    broker = LoginBroker()
+    with proxy_for(broker) as port:
+        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        sock.sendall(connect)
+        assert _read(sock)[0] == 0xF0  # the broker's AUTH, relayed
+        sock.sendall(auth)
+        first, connack = _read(sock)
+        assert first == 0x20 and connack[1] == 0
+        sock.sendall(EARLY)
+        wait_until(lambda: len(broker.got) == 3, "the PUBLISH", 10)
+        assert broker.got == [1, 15, 3]  # CONNECT, AUTH, then the PUBLISH
+        sock.close()
+    broker = LoginBroker()
+    with proxy_for(broker) as port:
+        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        sock.sendall(connect + EARLY)
+        # (the broker's AUTH perhaps first, as the two directions raced)
+        assert until_closed(sock).endswith(b"\xe0\x01\x82")  # DISCONNECT, Protocol Error
+        assert broker.got == [1]
