@@ -31,7 +31,7 @@ from ._exceptions import PeerGone, PeerTimeout
 from ._gateway import credentials
 from ._inbound import relay_up
 from ._outbound import relay_down
-from ._shares import Holder, PoolFull, Taken
+from ._shares import Holder, PoolFull, Taken, address_key
 from ._state import Conn, Services
 from ._stream import READ_SIZE, PacketStream
 from ._will import prepare
@@ -147,7 +147,8 @@ class Session:
                     raise ProxyProtocolError(f"a CONNECT of {head.length} bytes")
                 try:
                     cost = login_cost(head.length)
-                    self._login = self.services.logins.take_now(Holder(self.peer), cost)
+                    who = Holder(address_key(self.peer))
+                    self._login = self.services.logins.take_now(who, cost)
                 except PoolFull as exc:
                     self.services.metrics.refused.labels(why="login-budget").inc()
                     raise PeerGone(f"no room for a CONNECT of {head.length} bytes: {exc}") from exc

@@ -16,7 +16,7 @@ from client.protocol import Placeholder, Reassembler
 from ._gateway import GatewayLink
 from ._metrics import Metrics
 from ._settings import MQTT_MAX_PACKET, ProxySettings
-from ._shares import Holder, Pool, Taken
+from ._shares import Holder, Pool, Taken, address_key
 from ._stream import PacketStream
 from .protocol import AliasMap, Connect, Stored, Will
 
@@ -152,7 +152,7 @@ class Conn:
     def holder(self) -> Holder:
         """Who takes from the shared pools: the device's address, and its account once the
         broker accepted it (before, a user name is only a claim)."""
-        return Holder(self.peer, self.connect.username if self.accepted else None)
+        return Holder(address_key(self.peer), self.connect.username if self.accepted else None)
 
     @property
     def busy(self) -> bool:
