@@ -28,7 +28,7 @@ from ._gateway import GatewayLink
 from ._metrics import Metrics, serve_metrics
 from ._session import Session
 from ._settings import ProxySettings
-from ._shares import Limits, Pool
+from ._shares import Holder, Limits, Pool, PoolFull, Taken, address_key
 from ._state import Services
 from ._stream import READ_SIZE
 from ._websocket import HandshakeFailed, WebSocketReader, WebSocketWriter, handshake
@@ -67,15 +67,7 @@ class Proxy:
             timeout=settings.http_timeout, verify=verify, idle=settings.idle_timeout
         )
         metrics = self.metrics
-
-        def pool(name: str, limits: Limits, gauge: Callable[[int], None] | None = None) -> Pool:
-            full = metrics.shares_full
-            return Pool(
-                limits,
-                on_full=lambda share: full.labels(pool=name, share=share).inc(),
-                on_change=gauge or (lambda used: None),
-            )
-
+        pool = self._pool
         self.services = Services(
             settings=settings,
             gateway=self._gateway,
@@ -96,6 +88,17 @@ class Proxy:
         self._ws_server: asyncio.Server | None = None
         self.metrics_port = settings.metrics_port
         self.max_connections = settings.max_connections  # lowered at start to fit the fds
+        self._connections = self._pool("connections", settings.connection_shares(None))
+        self._refusing = 0  # connections over a limit waiting for their CONNECT (0x89)
+
+    def _pool(self, name: str, limits: Limits, gauge: Callable[[int], None] | None = None) -> Pool:
+        """A pool whose refusals and waits are counted (`offload_proxy_shares_full`)."""
+        full = self.metrics.shares_full
+        return Pool(
+            limits,
+            on_full=lambda share: full.labels(pool=name, share=share).inc(),
+            on_change=gauge or (lambda used: None),
+        )
 
     def _endpoint(self) -> str | None:
         if self.settings.endpoint:
@@ -112,6 +115,7 @@ class Proxy:
     async def start(self) -> None:
         s = self.settings
         self.max_connections = fit_connections(s)
+        self._connections = self._pool("connections", s.connection_shares(self.max_connections))
         # A reader buffers up to twice its limit while the relay waits to write: with 256 KiB
         # (one read) a connection holds at most ~0.5 MiB per direction.
         self._server = await asyncio.start_server(
@@ -172,24 +176,33 @@ class Proxy:
         # The one place the device's address is learnt (a PROXY protocol header would say
         # it here too): every per-address rule, the gateway's X-Forwarded-For and the logs
         # use Session.peer, handed on as Conn.peer.
-        session = Session(self.services, reader, writer, peer_address(writer))
+        peer = peer_address(writer)
+        session = Session(self.services, reader, writer, peer)
         task = asyncio.current_task()
         assert task is not None
-        admitted = len(self._sessions) < self.max_connections
-        if len(self._sessions) >= self.max_connections + REFUSING:
-            # Beyond even the connections waiting for their 0x89: no descriptor to spare.
-            self.metrics.refused.labels(why="max-connections").inc()
-            writer.close()
-            return
+        try:  # each address at most its share of the connections
+            slot: Taken | None = self._connections.take_now(Holder(address_key(peer)))
+        except PoolFull as exc:
+            slot = None
+            why = "max-connections" if exc.share == "total" else "max-connections-per-address"
+            self.metrics.refused.labels(why=why).inc()
+            if self._refusing >= REFUSING:
+                writer.close()  # beyond even those waiting for their 0x89: none to spare
+                return
+            self._refusing += 1
         self._sessions[task] = session
         self.metrics.connections.set(len(self._sessions))
         try:
-            await session.run(admitted)
+            await session.run(admitted=slot is not None)
         except asyncio.CancelledError:
             pass  # shutdown: ends here (asyncio's stream callback must not see it raised)
         except Exception:  # never a proxy crash: one connection's bug ends that connection
             log.exception("connection failed", extra={"peer": session.peer})
         finally:
+            if slot is None:
+                self._refusing -= 1
+            else:
+                slot.give_back()
             del self._sessions[task]
             self.metrics.connections.set(len(self._sessions))
             writer.close()

@@ -100,8 +100,7 @@ class Session:
             why = {"why": str(exc), "peer": self.peer}
             log.info("connection refused before CONNECT", extra=why)
             return
-        if not admitted:
-            self.services.metrics.refused.labels(why="max-connections").inc()
+        if not admitted:  # (counted when it was accepted)
             await self._answer(connack_refusal(v5=connect.v5, reason=SERVER_BUSY))
             return
         try:

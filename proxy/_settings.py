@@ -79,6 +79,12 @@ class ProxySettings(BaseSettings):
         description="client connections at once (lowered at start to what the file "
         "descriptor limit allows, with a warning)",
     )
+    max_connections_per_address: int | None = Field(
+        None,
+        gt=0,
+        description="client connections from one address at once (beyond: CONNACK 0x89); "
+        "default: an eighth of max_connections",
+    )
     max_uploads: int = Field(64, gt=0, description="offloaded PUBLISHes streaming at once")
     max_uploads_per_user: int | None = Field(
         None,
@@ -175,6 +181,13 @@ class ProxySettings(BaseSettings):
     def fetch_shares(self) -> Limits:
         """`max_fetches` and each account's and address's share of it."""
         return _shares(self.max_fetches, self.max_fetches_per_user, self.max_fetches_per_address)
+
+    def connection_shares(self, total: int | None) -> Limits:
+        """`total` connections (`max_connections`, or what the descriptors allow) and each
+        address's share (no account is known when a connection is accepted)."""
+        total = total or self.max_connections
+        per_address = self.max_connections_per_address or max(1, total // SHARE)
+        return Limits(total, total, min(per_address, total))
 
     @property
     def login_shares(self) -> Limits:

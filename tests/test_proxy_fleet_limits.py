@@ -182,9 +182,11 @@ def test_the_descriptor_limit_is_checked_at_start_so_the_0x89_holds(
     assert len(lowered) == 1 and lowered[0]["level"] == "WARNING"
     fitted = int(str(lowered[0]["max_connections"]))
     assert 0 < fitted < 200
-    socks = [device(proxy.port, "127.0.0.1") for _ in range(fitted)]
+    socks = [device(proxy.port, f"127.0.7.{i + 1}") for i in range(fitted)]
     try:
-        over = socket.create_connection(("127.0.0.1", proxy.port), timeout=30)
+        over = socket.socket()
+        over.bind(("127.0.8.1", 0))
+        over.connect(("127.0.0.1", proxy.port))
         over.sendall(connect_packet(5))
         assert until_closed(over) == b"\x20\x03\x00\x89\x00"  # CONNACK, Server busy
     finally:
@@ -202,6 +204,28 @@ def test_the_soft_descriptor_limit_is_raised_toward_the_hard_one(
     assert len(raised) == 1 and raised[0]["from"] == 256
     soft, hard = proxy.process.rlimit(psutil.RLIMIT_NOFILE)
     assert 2 * 1000 < soft <= hard == 4096
+
+
+def test_one_address_holds_at_most_its_share_of_the_connections(
+    gateway: GatewayServer, broker: Mosquitto
+) -> None:
+    """One address opening connections without end: beyond its share (an eighth of
+    `max_connections` by default) it gets CONNACK 0x89; other addresses connect."""
+    proxy = start_proxy(broker, gateway, max_connections=16)  # 2 per address
+    held = [device(proxy.port, "127.0.9.1") for _ in range(2)]
+    try:
+        over = socket.socket()
+        over.bind(("127.0.9.1", 0))
+        over.connect(("127.0.0.1", proxy.port))
+        over.sendall(connect_packet(5))
+        assert until_closed(over) == b"\x20\x03\x00\x89\x00"  # CONNACK, Server busy
+        device(proxy.port, "127.0.9.2").close()  # another address: served
+        why = "max-connections-per-address"
+        assert proxy.metric("offload_proxy_refused_connections_total", why=why) == 1
+    finally:
+        for sock in held:
+            sock.close()
+        proxy.stop()
 
 
 def _reset(sock: socket.socket) -> None:

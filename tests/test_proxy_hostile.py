@@ -157,7 +157,7 @@ def test_hostile_connections_get_the_mqtt_answer_and_leave_others_unaffected(
 def test_a_connection_over_max_connections_gets_server_busy(
     gateway: GatewayServer, broker: Mosquitto
 ) -> None:
-    server = start_proxy(broker, gateway, max_connections=2)
+    server = start_proxy(broker, gateway, max_connections=2, max_connections_per_address=2)
     try:
         first, second = connected(server.port), connected(server.port)
         third = dial(server.port)
