@@ -135,10 +135,10 @@ def test_connects_that_never_log_in_hold_a_bounded_budget_freed_at_the_timeout(
     """400 CONNECTs of 1 MiB, no login: before, the proxy went from 95 to 510 MiB and
     stayed there after the CONNECT timeout. Now a CONNECT is at most `max_connect_bytes`
     (128 KiB); what all the connections waiting for their login hold is counted against
-    `max_login_bytes` (16 MiB here), one address at most an eighth; the heaps are trimmed
-    once they are gone; the rest of the fleet logs in meanwhile."""
-    budget = 16 * MiB
-    proxy = proxy_process(connect_timeout="3", max_login_bytes=str(budget))
+    `max_login_bytes` (64 MiB), one address at most an eighth; the heaps are trimmed once
+    they are gone; the rest of the fleet logs in meanwhile."""
+    budget = 64 * MiB  # the default
+    proxy = proxy_process(connect_timeout="3")
     warm = PahoPeer(proxy.port)  # one whole session first: the baseline has its code paged in
     warm.close()
     base = proxy.rss

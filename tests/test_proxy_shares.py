@@ -152,3 +152,29 @@ def test_many_waiters_of_one_account_cost_a_release_a_few_steps() -> None:
         return checks
 
     assert 1 <= run(main()) <= 4
+
+
+def test_an_address_at_its_share_never_holds_up_its_accounts_other_addresses() -> None:
+    async def main() -> list[str]:
+        pool = Pool(Limits(total=4, per_user=4, per_address=1))
+        first = await pool.take(Holder("10.0.0.1", "alice"))
+        order: list[str] = []
+
+        async def wait(who: Holder) -> None:
+            taken = await pool.take(who)
+            order.append(who.address)
+            await asyncio.sleep(3600)
+            taken.give_back()
+
+        same = asyncio.create_task(wait(Holder("10.0.0.1", "alice")))  # its address is full
+        await asyncio.sleep(0)
+        other = asyncio.create_task(wait(Holder("10.0.0.2", "alice")))  # queued behind it
+        await asyncio.sleep(0.01)
+        assert order == ["10.0.0.2"]
+        first.give_back()
+        await asyncio.sleep(0.01)
+        for task in (same, other):
+            task.cancel()
+        return order
+
+    assert run(main()) == ["10.0.0.2", "10.0.0.1"]
