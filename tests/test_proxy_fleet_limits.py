@@ -185,6 +185,7 @@ def test_the_descriptor_limit_is_checked_at_start_so_the_0x89_holds(
     socks = [device(proxy.port, f"127.0.7.{i + 1}") for i in range(fitted)]
     try:
         over = socket.socket()
+        over.settimeout(30)
         over.bind(("127.0.8.1", 0))
         over.connect(("127.0.0.1", proxy.port))
         over.sendall(connect_packet(5))
@@ -215,6 +216,7 @@ def test_one_address_holds_at_most_its_share_of_the_connections(
     held = [device(proxy.port, "127.0.9.1") for _ in range(2)]
     try:
         over = socket.socket()
+        over.settimeout(30)
         over.bind(("127.0.9.1", 0))
         over.connect(("127.0.0.1", proxy.port))
         over.sendall(connect_packet(5))
