@@ -223,7 +223,12 @@ class Listener:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             async with asyncio.timeout_at(deadline):
                 if lb:
-                    peer = await _proxied(loop, conn, address)
+                    proxied = await _proxied(loop, conn, address)
+                    if proxied is None:  # a TCP health check: connected, closed, said nothing
+                        log.debug("closed before its first byte", extra={"from": address})
+                        conn.close()
+                        return
+                    peer = proxied
                 elif looks_like_proxy_header(await _peek(loop, conn)):
                     raise BadProxyHeader("a PROXY header from an address not trusted")
                 else:
@@ -262,16 +267,21 @@ def _why(exc: BaseException, lb: bool) -> str:
     return "tls-handshake" if isinstance(exc, ssl.SSLError) else "closed"
 
 
-async def _proxied(loop: asyncio.AbstractEventLoop, conn: socket.socket, lb: str) -> str:
+async def _proxied(loop: asyncio.AbstractEventLoop, conn: socket.socket, lb: str) -> str | None:
     """The device's address from the PROXY header `conn` starts with (`lb`'s own when the
-    header names no client: LOCAL, UNKNOWN, AF_UNSPEC).
+    header names no client: LOCAL, UNKNOWN, AF_UNSPEC); None when `conn` closed before
+    its first byte.
 
     Raises:
         BadProxyHeader: none, a malformed one, or the connection closed inside it.
     """
     reader = ProxyHeaderReader()
+    first = True
     while True:
         data = await loop.sock_recv(conn, reader.wanted)  # never past the header
+        if not data and first:
+            return None
+        first = False
         if not data:
             raise BadProxyHeader("closed before its PROXY header was whole")
         header = reader.feed(data)

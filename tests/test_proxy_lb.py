@@ -168,6 +168,7 @@ def test_a_header_split_across_reads_is_read_and_a_stalled_or_huge_one_is_refuse
     assert 1.5 < time.monotonic() - start < 8
     assert refused(proxy, "proxy-header-timeout") == before + 1
     before = refused(proxy, "proxy-header")
+    socket.create_connection(("127.0.0.1", proxy.port), 10).close()  # a health check: quiet
     with socket.create_connection(("127.0.0.1", proxy.port), 10) as raw:
         raw.sendall(b"PROXY TCP4 " + b"1" * 200)  # no end of line within 107 bytes
         assert _connack(raw) == b""
