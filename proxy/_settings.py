@@ -120,7 +120,7 @@ class ProxySettings(BaseSettings):
     loop: Literal["uvloop", "asyncio"] = Field(
         "uvloop", description="event loop (bench/RESULTS.md, 'Proxy: codec and event loop')"
     )
-    # Load balancers (docs/proxy.md, "Behind a load balancer").
+    # Load balancers and processes (docs/proxy.md, "Behind a load balancer", "Processes").
     trusted_lbs: Annotated[tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...], NoDecode] = (
         Field(
             (),
@@ -128,6 +128,13 @@ class ProxySettings(BaseSettings):
             "a PROXY protocol header (v1 or v2) on both listeners: its source address is the "
             "device's; from any other address a PROXY header is refused; none by default",
         )
+    )
+    workers: int = Field(
+        1,
+        ge=1,
+        le=256,
+        description="processes serving the listeners, each with its own event loop, "
+        "connections, limits and memories (docs/proxy.md, 'Processes')",
     )
 
     @field_validator("identity_files", mode="before")
