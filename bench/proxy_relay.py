@@ -14,7 +14,8 @@ CPU each relay spent per message (utime + stime from /proc, children included).
 
 `--fleet` adds the paths of a fleet larger than one process: HAProxy sending PROXY v2 to
 one offload-proxy, the same HAProxy balancing over two offload-proxy processes, and one
-`offload-proxy --workers 2` straight.
+`offload-proxy --workers 2` straight (against the single process straight); `--only-fleet`
+measures those, straight and the single process only.
 
 Real programs only: mosquitto 2 (256 KiB limit, TCP_NODELAY, no per-packet logging),
 HAProxy 2.6 (Debian's `haproxy`; scripts/_bootstrap.sh installs it with the test peers),
@@ -42,6 +43,8 @@ from pathlib import Path
 
 from _harness import ROOT, CpuMeter, emit, info_row, row
 
+from _haproxy import HAProxy
+from _haproxy import Route as HaRoute
 from _servers import free_port, mqtt_answers, wait_for_port, wait_until
 
 PAIRS = 4
@@ -92,44 +95,18 @@ def broker(work: Path) -> Iterator[Broker]:
         proc.wait(10)
 
 
-_HAPROXY = """\
-global
-    maxconn 4096
-defaults
-    mode tcp
-    timeout connect 5s
-    timeout client 300s
-    timeout server 300s
-frontend mqtt
-    bind 127.0.0.1:{port}
-    default_backend upstream
-backend upstream
-    balance {balance}
-{servers}
-"""
-
-
 @contextmanager
 def haproxy(
-    work: Path, upstreams: list[int], *, send_proxy: str = ""
+    upstreams: list[int], *, send_proxy: str = ""
 ) -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
     """HAProxy in TCP mode in front of `upstreams` (round robin); `send_proxy` is
     `send-proxy` or `send-proxy-v2` (a PROXY header to each upstream) or empty."""
-    port = free_port()
-    servers = "\n".join(
-        f"    server u{i} 127.0.0.1:{up} {send_proxy}" for i, up in enumerate(upstreams)
-    )
-    cfg = work / f"haproxy-{port}.cfg"
-    cfg.write_text(_HAPROXY.format(port=port, balance="roundrobin", servers=servers))
-    proc = subprocess.Popen(
-        ["haproxy", "-db", "-f", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
+    lb = HAProxy({"relay": HaRoute(tuple(upstreams), send_proxy)}).start()
     try:
-        wait_for_port(port, 20, proc)
-        yield port, proc
+        assert lb.proc is not None
+        yield lb.ports["relay"], lb.proc
     finally:
-        proc.terminate()
-        proc.wait(10)
+        lb.close()
 
 
 @contextmanager
@@ -151,12 +128,12 @@ def offload_proxy(
     if workers > 1:
         args += ["--workers", str(workers)]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "proxy.cli", *args], env=env, stdout=subprocess.DEVNULL, cwd=root
+        [sys.executable, "-m", "proxy.cli", *args], env=env, stdout=subprocess.PIPE, cwd=root
     )
     try:
+        assert proc.stdout is not None
+        proc.stdout.readline()  # "listening": printed once every worker listens
         wait_for_port(port, 60, proc)
-        if workers > 1:
-            time.sleep(2.0)  # the parent binds first; its workers then start accepting
         yield port, proc
     finally:
         proc.terminate()
@@ -283,17 +260,17 @@ def main() -> None:
             brk = stack.enter_context(broker(work))
             paths = [Route("straight", brk.port, {"mosquitto": brk.proc.pid})]
             if not args.only_fleet:
-                lb, lb_proc = stack.enter_context(haproxy(work, [brk.port]))
+                lb, lb_proc = stack.enter_context(haproxy([brk.port]))
                 paths.append(Route("haproxy", lb, {"haproxy": lb_proc.pid}))
-                port, proc = stack.enter_context(offload_proxy(brk.port))
-                paths.append(Route("proxy", port, {"proxy": proc.pid}))
-                if args.against is not None:
-                    port, proc = stack.enter_context(
-                        offload_proxy(brk.port, root=args.against.resolve())
-                    )
-                    paths.append(Route(f"proxy@{args.against.name}", port, {"proxy": proc.pid}))
+            port, proc = stack.enter_context(offload_proxy(brk.port))
+            paths.append(Route("proxy", port, {"proxy": proc.pid}))
+            if not args.only_fleet and args.against is not None:
+                port, proc = stack.enter_context(
+                    offload_proxy(brk.port, root=args.against.resolve())
+                )
+                paths.append(Route(f"proxy@{args.against.name}", port, {"proxy": proc.pid}))
             if args.fleet or args.only_fleet:
-                paths += _fleet(stack, work, brk.port)
+                paths += _fleet(stack, brk.port)
             for qos in (int(q) for q in args.qos.split(",")):
                 runs: dict[str, list[Run]] = {p.name: [] for p in paths}
                 for r in range(args.rounds):
@@ -312,14 +289,14 @@ def main() -> None:
     emit(rows)
 
 
-def _fleet(stack: ExitStack, work: Path, broker_port: int) -> list[Route]:
+def _fleet(stack: ExitStack, broker_port: int) -> list[Route]:
     """HAProxy with PROXY v2 in front of one proxy and of two; one proxy with 2 workers."""
     trusted = "127.0.0.1"
     one, one_proc = stack.enter_context(offload_proxy(broker_port, trusted=trusted))
-    lb1, lb1_proc = stack.enter_context(haproxy(work, [one], send_proxy="send-proxy-v2"))
+    lb1, lb1_proc = stack.enter_context(haproxy([one], send_proxy="send-proxy-v2"))
     a, a_proc = stack.enter_context(offload_proxy(broker_port, trusted=trusted))
     b, b_proc = stack.enter_context(offload_proxy(broker_port, trusted=trusted))
-    lb2, lb2_proc = stack.enter_context(haproxy(work, [a, b], send_proxy="send-proxy-v2"))
+    lb2, lb2_proc = stack.enter_context(haproxy([a, b], send_proxy="send-proxy-v2"))
     w2, w2_proc = stack.enter_context(offload_proxy(broker_port, workers=2))
     return [
         Route("lb+1 proxy", lb1, {"haproxy": lb1_proc.pid, "proxy": one_proc.pid}),
@@ -386,9 +363,9 @@ def _report(qos: int, runs: dict[str, list[Run]], n: int) -> list[dict[str, obje
         one, two = best["lb+1 proxy"].rate, best["lb+2 proxies"].rate
         rows.append(info_row("proxy fleet", f"QoS {qos}: HAProxy+1 proxy -> HAProxy+2 proxies",
                              one, two, "msg/s"))  # fmt: skip
-        if "--workers 2" in best:
-            rows.append(info_row("proxy fleet", f"QoS {qos}: HAProxy+1 proxy -> --workers 2",
-                                 one, best["--workers 2"].rate, "msg/s"))  # fmt: skip
+    if "proxy" in best and "--workers 2" in best:
+        rows.append(info_row("proxy fleet", f"QoS {qos}: 1 process -> --workers 2",
+                             best["proxy"].rate, best["--workers 2"].rate, "msg/s"))  # fmt: skip
     return rows
 
 
