@@ -137,6 +137,8 @@ class Listener:
         trusted_lbs: load balancers that must send a PROXY header; empty: no gate.
         tls: the listener's TLS context, None for plain TCP.
         timeout: seconds for the PROXY header and the TLS handshake (`connect_timeout`).
+        max_pending: connections at the gate at once (`max_connections`); beyond, a new
+            one is closed at once (`refused("gate-full")`).
         refused: called with a short reason for each connection the gate refuses.
     """
 
@@ -148,6 +150,7 @@ class Listener:
         trusted_lbs: Sequence[Network] = (),
         tls: ssl.SSLContext | None = None,
         timeout: float = 10.0,
+        max_pending: int = 10_000,
         refused: Callable[[str], None] = lambda why: None,
     ) -> None:
         self._sockets = list(sockets)
@@ -156,6 +159,7 @@ class Listener:
         self._tls = tls
         self._timeout = timeout
         self._refused = refused
+        self._max_pending = max_pending
         self._servers: list[asyncio.Server] = []
         self._accepting: list[asyncio.Task[None]] = []
         self._gated: set[asyncio.Task[None]] = set()
@@ -209,6 +213,10 @@ class Listener:
                 log.warning("accept failed", extra={"why": repr(exc)})
                 await asyncio.sleep(0.1)
                 continue
+            if len(self._gated) >= self._max_pending:  # silent connections would pile up
+                self._refused("gate-full")
+                conn.close()
+                continue
             task = asyncio.create_task(self._gate(conn, device_address(address)))
             self._gated.add(task)
             task.add_done_callback(self._gated.discard)
@@ -248,6 +256,10 @@ class Listener:
         except asyncio.CancelledError:  # the listener closed while this one was at the gate
             conn.close()
             raise
+        except Exception:  # never the listener's end: one connection's bug ends that one
+            log.exception("connection failed at the gate", extra={"from": address})
+            conn.close()
+            return
         if lb:
             log.debug("PROXY header", extra={"from": address, "peer": peer})
         task = asyncio.current_task()

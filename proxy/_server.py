@@ -141,6 +141,7 @@ class Proxy:
             trusted_lbs=s.trusted_lbs,
             tls=s.listener_tls(),
             timeout=s.connect_timeout,
+            max_pending=s.max_connections,
             refused=lambda why: refused.labels(why=why).inc(),
         )
 

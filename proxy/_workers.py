@@ -101,8 +101,9 @@ def worker_settings(settings: ProxySettings) -> ProxySettings:
 @dataclass
 class _Running:
     proc: subprocess.Popen[bytes]
-    ready: int  # the read end of its ready pipe, -1 once it said so
+    ready: int  # the read end of its ready pipe, -1 once read (or closed unread)
     started: float
+    listening: bool = False  # it said so on that pipe
 
 
 class Supervisor:
@@ -144,26 +145,25 @@ class Supervisor:
         deadline = time.monotonic() + timeout
         for running in self.workers:
             assert running is not None
-            while running.ready >= 0:
-                if running.proc.poll() is not None or time.monotonic() > deadline:
-                    return False
-                if self._said_ready(running, 0.1):
-                    break
+            while running.ready >= 0 and time.monotonic() < deadline:
+                self._heard(running, 0.1)
+            if not running.listening:
+                return False  # it exited (its pipe closed unwritten) or took too long
         return True
 
     @staticmethod
-    def _said_ready(running: _Running, wait: float) -> bool:
+    def _heard(running: _Running, wait: float) -> None:
+        """Read the worker's ready pipe if it has spoken (or closed: it exited first)."""
         readable, _, _ = select.select([running.ready], [], [], wait)
         if not readable:
-            return False
-        said = os.read(running.ready, 1)
+            return
+        running.listening = os.read(running.ready, 1) == b"1"
         os.close(running.ready)
         running.ready = -1
-        return said == b"1"
 
     def healthy(self) -> tuple[bool, str]:
         alive = sum(
-            1 for w in self.workers if w is not None and w.ready < 0 and w.proc.poll() is None
+            1 for w in self.workers if w is not None and w.listening and w.proc.poll() is None
         )
         ok = alive == len(self.workers) and not self.stopping
         return ok, f"{'ok' if ok else 'degraded'} ({alive} of {len(self.workers)} workers)"
@@ -182,10 +182,12 @@ class Supervisor:
                 if running is None:
                     continue
                 if running.ready >= 0:
-                    self._said_ready(running, 0)
+                    self._heard(running, 0)
                 if running.proc.poll() is None or self.stopping:
                     continue
                 if running.ready >= 0:
+                    self._heard(running, 0)  # it may have spoken just before it exited
+                if not running.listening:
                     log.error("worker exited before it listened", extra={"worker": index})
                     return 1
                 multiprocess.mark_process_dead(running.proc.pid, self.metrics_dir)  # type: ignore[no-untyped-call]
