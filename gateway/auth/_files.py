@@ -25,7 +25,9 @@ class WatchedFile(Generic[T]):
     At construction an unreadable or invalid file raises, so a gateway does not start with
     it (as mosquitto does not). Later, when it turns unreadable or invalid, the error is
     logged once and ``fallback`` is used until the file is fixed: fail closed, never on
-    an older copy that an administrator meant to replace.
+    an older copy that an administrator meant to replace. With ``keep_last_good`` the last
+    version that parsed stays in force instead (for a file a program rewrites, where a bad
+    version is a mishap, not an administrator's intent); :attr:`problem` then says why.
     """
 
     def __init__(
@@ -35,6 +37,7 @@ class WatchedFile(Generic[T]):
         *,
         fallback: T,
         on_load: Callable[[T], None] | None = None,
+        keep_last_good: bool = False,
     ) -> None:
         """Read and parse the file now.
 
@@ -43,6 +46,7 @@ class WatchedFile(Generic[T]):
             parse: text to value; raises AuthConfigError or ValueError when invalid.
             fallback: the value while the file is broken (deny everything).
             on_load: called with every freshly parsed value (to log about it).
+            keep_last_good: when the file turns bad, keep serving the last good value.
 
         Raises:
             AuthConfigError: the file cannot be read or parsed.
@@ -51,6 +55,8 @@ class WatchedFile(Generic[T]):
         self._parse = parse
         self._fallback = fallback
         self._on_load = on_load
+        self._keep_last_good = keep_last_good
+        self.problem: str | None = None  # why the file in force is not the file on disk
         self._lock = threading.Lock()
         self._signature: tuple[int, int, int] | None = None
         self._broken: tuple[int, int, int] | None = None
@@ -88,21 +94,24 @@ class WatchedFile(Generic[T]):
             if signature is not None and signature == self._signature:
                 return self._value
             if signature is None:
-                if self._broken != (0, 0, 0):
-                    log.error(
-                        "%s: cannot read the file any more; refusing all until fixed", self.path
-                    )
-                    self._broken = (0, 0, 0)
+                self._failed(f"{self.path}: cannot read the file any more", (0, 0, 0))
                 self._signature = None
-                self._value = self._fallback
                 return self._value
             try:
                 self._value = self._load(signature)
                 self._broken = None
+                self.problem = None
             except AuthConfigError as exc:
-                if self._broken != signature:
-                    log.error("%s; refusing all until fixed", exc)
-                    self._broken = signature
+                self._failed(str(exc), signature)
                 self._signature = signature
-                self._value = self._fallback
             return self._value
+
+    def _failed(self, why: str, signature: tuple[int, int, int]) -> None:
+        """Log a bad version once, and put the fallback or the last good value in force."""
+        then = "keeping the last good version" if self._keep_last_good else "refusing all"
+        if self._broken != signature:
+            log.error("%s; %s until fixed", why, then)
+            self._broken = signature
+        self.problem = f"{why}; {then} until fixed"
+        if not self._keep_last_good:
+            self._value = self._fallback
