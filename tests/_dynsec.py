@@ -35,9 +35,9 @@ class DynsecBroker:
 
     def ctrl(self, *args: str) -> str:
         """`mosquitto_ctrl dynsec <args>` as the admin; its output (it fails on an error)."""
+        login = ["-h", "127.0.0.1", "-p", str(self.port), "-u", ADMIN, "-P", ADMIN_PASSWORD]
         done = subprocess.run(
-            ["mosquitto_ctrl", "-h", "127.0.0.1", "-p", str(self.port)]
-            + ["-u", ADMIN, "-P", ADMIN_PASSWORD, "dynsec", *args],
+            ["mosquitto_ctrl", *login, "dynsec", *args],
             capture_output=True,
             text=True,
             timeout=20,

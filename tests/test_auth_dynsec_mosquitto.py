@@ -21,8 +21,9 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.properties import Properties
 
-from _dynsec import DynsecBroker, dynsec_dir, plugin_path, remove, start_dynsec_broker
 from gateway.auth import Authenticated, Authenticator
+
+from _dynsec import DynsecBroker, dynsec_dir, plugin_path, remove, start_dynsec_broker
 
 pytestmark = [
     pytest.mark.servers,
@@ -64,14 +65,23 @@ ROLES = {
         ("subscribePattern", "sensors/#", "allow", 0),
         ("publishClientReceive", "sensors/private", "deny", 0),  # subscribed, not received
     ],
-    "lo": [("publishClientSend", "shared/#", "deny", 0), ("subscribePattern", "shared/#", "deny", 0)],
+    "lo": [
+        ("publishClientSend", "shared/#", "deny", 0),
+        ("subscribePattern", "shared/#", "deny", 0),
+    ],
     "hi": [
         ("publishClientSend", "shared/#", "allow", 0),
         ("subscribePattern", "shared/#", "allow", 0),
         ("publishClientSend", "ops/alice", "allow", 0),
     ],
-    "opsrole": [("publishClientSend", "ops/#", "allow", 0), ("subscribePattern", "ops/#", "allow", 0)],
-    "mutedrole": [("publishClientSend", "ops/#", "deny", 0), ("subscribePattern", "ops/#", "deny", 0)],
+    "opsrole": [
+        ("publishClientSend", "ops/#", "allow", 0),
+        ("subscribePattern", "ops/#", "allow", 0),
+    ],
+    "mutedrole": [
+        ("publishClientSend", "ops/#", "deny", 0),
+        ("subscribePattern", "ops/#", "deny", 0),
+    ],
     "lit": [
         ("subscribeLiteral", "lit/a", "allow", 0),  # a role's literal ACL before its patterns
         ("subscribePattern", "lit/#", "deny", 9),
