@@ -205,8 +205,11 @@ class UrlKeys:
             self._wake.clear()
             if self._stop.is_set():
                 return
-            if self._clock() - self._last_fetch < self._min_interval:
-                continue
+            # Asked too soon after the last fetch: fetch once the interval is over, so a
+            # flood of unknown key ids costs the identity provider one fetch per interval.
+            too_soon = self._last_fetch + self._min_interval - self._clock()
+            if too_soon > 0 and self._stop.wait(too_soon):
+                return
             self._fetch()
 
     def _fetch(self) -> None:
