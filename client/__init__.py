@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from .config._keys import load_identities
     from .config._settings import ClientSettings, load_settings
     from .core._message import Message, MessageError, Payload, PublishResult, Route
-    from .http._scram import BearerAuth, ScramAuth
+    from .http._scram import BearerAuth, ScramAuth, gateway_auth
     from .http._transport import HttpTransport
     from .mqtt._acks import InvalidPublish
     from .mqtt._broker import BrokerUrl
@@ -77,6 +77,7 @@ _LAZY = {
     "MqttConnection": ".mqtt._paho",
     "ScramAuth": ".http._scram",
     "BearerAuth": ".http._scram",
+    "gateway_auth": ".http._scram",
     "SpoolingChunkStore": ".receive._chunkstore",
     "TlsFiles": ".mqtt._tls",
     "Decoder": ".seal._unseal",
@@ -144,6 +145,7 @@ __all__ = [
     "UntrustedEndpoint",
     "UploadError",
     "chunk_encoding",
+    "gateway_auth",
     "load_identities",
     "load_settings",
     "untagged",
