@@ -55,7 +55,11 @@ def dynsec_dir() -> Path:
 
 
 def start_dynsec_broker(
-    mosquitto_factory: Callable[..., Any], directory: Path, *, extra_config: str = ""
+    mosquitto_factory: Callable[..., Any],
+    directory: Path,
+    *,
+    extra_config: str = "",
+    max_packet_size: int | None = None,
 ) -> DynsecBroker:
     """`mosquitto_ctrl dynsec init` a file in `directory`, then a broker loading it."""
     plugin = plugin_path()
@@ -68,7 +72,8 @@ def start_dynsec_broker(
     )
     file.chmod(0o666)
     broker = mosquitto_factory(
-        extra_config=f"plugin {plugin}\nplugin_opt_config_file {file}\n{extra_config}"
+        max_packet_size=max_packet_size,
+        extra_config=f"plugin {plugin}\nplugin_opt_config_file {file}\n{extra_config}",
     )
     return DynsecBroker(broker, file)
 
