@@ -116,7 +116,9 @@ def parse_claim_acl(value: Any) -> ClaimAcl:
             if not isinstance(entry, Mapping):
                 raise ValueError("each rule must be an object")
             permission, action = entry.get("permission"), entry.get("action", "all")
-            if permission not in ("allow", "deny") or action not in _ACTIONS:
+            if permission not in ("allow", "deny") or not isinstance(action, str):
+                raise ValueError("a rule needs permission allow|deny and an action")
+            if action not in _ACTIONS:
                 raise ValueError(
                     "a rule needs permission allow|deny and action publish|subscribe|all"
                 )

@@ -32,6 +32,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -99,7 +100,7 @@ def _password(user: str, entry: Mapping[str, Any], problems: list[str]) -> Passw
     iterations = _get(entry, "iterations")
     if not (isinstance(salt, str) and isinstance(digest, str) and _number(iterations)):
         return None  # a client without a password: only other plugins could log it in
-    count = int(iterations) if iterations == iterations else 0
+    count = int(iterations) if math.isfinite(iterations) else 0
     if count < 1 or count > MAX_ITERATIONS:
         problems.append(f"client {user!r}: iterations {iterations!r} out of range, skipped")
         raise _Skip
