@@ -270,3 +270,26 @@ def test_jwks_url_rotation_garbage_and_a_hang(
         assert verdict(new)
     finally:
         auth.close()
+
+
+def test_a_disabled_dynsec_client_is_refused_whatever_its_token_says(
+    tmp_path: Path, keys: dict[str, SigningKey]
+) -> None:
+    dynsec = tmp_path / "dynsec.json"
+    doc = {"clients": [{"username": "cam", "disabled": True}, {"username": "ok"}]}
+    dynsec.write_text(json.dumps(doc))
+    auth = Authenticator(
+        password_file=None,
+        acl_file=None,
+        dynsec_file=dynsec,
+        realm="t",
+        secret=b"s" * 32,
+        tls=True,
+        allow_anonymous=False,
+        jwt=verifier(tmp_path, jwks(keys["ES256"])),
+    )
+    everything = {"all": ["#"]}
+    cam = keys["ES256"].sign(claims("cam", acl=everything))
+    assert isinstance(auth.authenticate(bearer(cam), client="a"), Challenge)
+    ok = auth.authenticate(bearer(keys["ES256"].sign(claims("ok", acl=everything))), client="a")
+    assert isinstance(ok, Authenticated) and auth.allows(ok, "any/topic", write=True)

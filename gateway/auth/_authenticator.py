@@ -418,6 +418,10 @@ class Authenticator:
             # expired tokens behind one proxy address must not lock the others out.
             log.info("refused a JWT from %s: %s", client, exc)
             return self.challenge(f"JWT: {exc}")
+        if self._credentials.disabled(identity.user):
+            # Disabling a client in the dynamic security file shuts it out whoever vouches.
+            log.info("refused a JWT from %s: client %r is disabled", client, identity.user)
+            return self.challenge("JWT: disabled client")
         return Authenticated(
             identity.user, {}, "Bearer", acl=identity.acl, client_id=identity.client_id
         )

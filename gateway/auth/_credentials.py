@@ -128,6 +128,17 @@ class Credentials:
     def has_tokens(self) -> bool:
         return self._tokens is not None
 
+    def disabled(self, user: str) -> bool:
+        """Whether the dynamic security file holds ``user`` as a disabled client.
+
+        Args:
+            user: a user some other login (a JWT) vouches for.
+        """
+        if self._dynsec is None:
+            return False
+        client = self._dynsec.get().clients.get(user)
+        return client is not None and client.disabled
+
     def problems(self) -> list[str]:
         """Why a file in force is not the one on disk (a dynamic security file gone bad)."""
         return [self._dynsec.problem] if self._dynsec and self._dynsec.problem else []
