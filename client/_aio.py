@@ -18,7 +18,8 @@ from typing import Unpack
 import httpx
 
 from ._client import Client, unfinished_errors
-from .config._settings import ClientSettings, SettingsOverrides, load_settings
+from .config._load import load_settings
+from .config._settings import ClientSettings, SettingsOverrides
 from .core._message import Message, PublishResult
 from .core._source import PayloadLike
 from .http._transport import HttpTransport

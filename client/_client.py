@@ -46,7 +46,8 @@ from typing import Unpack
 import httpx
 
 from ._discovery import DiscoveryView
-from .config._settings import ClientSettings, SettingsOverrides, load_settings, merge_settings
+from .config._load import load_settings, merge_settings
+from .config._settings import ClientSettings, SettingsOverrides
 from .core._exceptions import FetchError
 from .core._message import Message, MessageError, PublishResult
 from .core._source import PayloadLike
@@ -186,7 +187,7 @@ class Client:
         """A client configured from keyword arguments > environment > config file > defaults.
 
         This is the edge that reads `OFFLOAD_*` from `os.environ`
-        (see :mod:`client.config._settings`).
+        (see :mod:`client.config._load`).
 
         Args:
             broker: broker URL; falls back to `OFFLOAD_BROKER` / the config file.

@@ -205,7 +205,7 @@ _SETTING_FLAGS = (
 
 def settings_from_args(args: argparse.Namespace) -> ClientSettings:
     """Flags > environment > config file > defaults."""
-    from ..config._settings import load_settings  # not for `--help`: tomllib and friends
+    from ..config._load import load_settings  # not for `--help`: tomllib and friends
 
     flags: dict[str, object] = {name: getattr(args, name, None) for name in _SETTING_FLAGS}
     flags.update(crypt.setting_flags(args))
