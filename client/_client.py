@@ -30,7 +30,7 @@ own module: the MQTT connection (:mod:`client.mqtt._paho`, injectable as `connec
 publisher (:mod:`client.publish._publish`), the receiver with its worker
 (:mod:`client.receive._receive`) and the discovery watcher (:mod:`client._discovery`). The
 credential-origin rule is :func:`client.http._scram.gateway_auth` plus
-:meth:`client.receive._receive.Receiver._auth_for`.
+:meth:`client.receive._fetcher.PlaceholderFetcher.auth_for`.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from .config._settings import ClientSettings, SettingsOverrides
 from .core._exceptions import FetchError
 from .core._message import Message, MessageError, PublishResult
 from .core._source import PayloadLike
-from .http._range import RangeReader, as_placeholder, payload_range
+from .http._range import as_placeholder
 from .http._scram import gateway_auth
 from .http._store_origin import ConfiguredStore
 from .http._transport import HttpTransport
@@ -61,7 +61,8 @@ from .protocol import DiscoveryRecord, MessageId, Placeholder, PublishProperties
 from .publish._publish import Publisher, wait_ack
 from .publish._will import Will
 from .publish._will import arm as arm_will
-from .receive._receive import Delivery, FetchProgress, PlainHttpWarner, Receiver
+from .receive._fetcher import FetchProgress, PlainHttpWarner
+from .receive._receive import Delivery, Receiver
 
 log = logging.getLogger("client")
 
@@ -436,16 +437,7 @@ class Client:
         """
         if start < 0 or end < start or end - start > self.settings.max_fetch_bytes:
             raise ValueError(f"range [{start}, {end}) is not 0 <= start <= end, max_fetch_bytes")
-        ref = as_placeholder(placeholder)
-        receiver = self._receiver
-        reader = RangeReader(
-            self._transport.reader,
-            ref.payload_url,
-            ref.size,
-            auth=receiver._auth_for(ref),
-            redirect_ok=receiver._redirect_ok,
-        )
-        return payload_range(reader, ref, start, end, receiver._unsealer.identities)
+        return self._receiver.fetcher.fetch_range(as_placeholder(placeholder), start, end)
 
     def messages(
         self, timeout: float | None = None, *, report_unfinished: bool = False
