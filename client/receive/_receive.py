@@ -32,8 +32,6 @@ import threading
 import time
 from collections.abc import Callable
 
-import httpx
-
 from ..config._settings import ClientSettings
 from ..core._exceptions import (
     MalformedPlaceholder,
@@ -42,8 +40,6 @@ from ..core._exceptions import (
     ReceiveError,
 )
 from ..core._message import Message, MessageError, Payload, Route
-from ..http._store_origin import ConfiguredStore
-from ..http._transport import HttpTransport
 from ..mqtt._paho import Incoming, MqttConnection
 from ..protocol import PublishProperties, _placeholder
 from ..protocol._chunk import CHUNK_PROPERTY
@@ -51,7 +47,7 @@ from ..protocol._reassembly import Error, Pending, Reassembler, chunk_bounds
 from ..protocol._size import MAX_PACKET_SIZE
 from ..seal._unseal import Unsealer, chunk_encoding, untagged
 from ._chunkstore import SpoolingChunkStore
-from ._fetcher import FetchProgress, PlaceholderFetcher, PlainHttpWarner
+from ._fetcher import PlaceholderFetcher
 from ._inbound import InboundQueue
 from ._ordering import FetchPool, Sequencer, Slot
 from ._session_acks import ChunkAcks, acknowledge_taken, combined
@@ -68,50 +64,27 @@ class Receiver:
 
     Args:
         settings: the client's settings.
-        transport: the HTTP transport used to fetch placeholders' payloads.
-        http_auth: credentials for the endpoint in force.
         conn: the MQTT connection (for the periodic discovery re-subscription).
-        endpoint_in_force: the configured or discovered endpoint (may wait briefly for the
-            retained discovery record after a (re)subscription).
-        warn_plain_http: the client's plain-http warner.
+        fetcher: resolves placeholders (on the fetch pool's threads).
+        unsealer: decodes the payloads of encrypted or compressed chunked messages.
         use_discovery: whether the discovery topic is followed.
-        on_fetch_progress: called as `(topic, bytes received, total)` while fetching.
-        direct_store: the store origin the discovery record advertises: a fetch may follow
-            the gateway's redirect there (without credentials), or to an allowlisted origin.
-        configured_store: with a configured endpoint, the store that gateway declares at
-            `GET /` (:mod:`client.http._store_origin`): a redirect may lead there too.
     """
 
     def __init__(
         self,
         *,
         settings: ClientSettings,
-        transport: HttpTransport,
-        http_auth: httpx.Auth | None,
         conn: MqttConnection,
-        endpoint_in_force: Callable[[], str | None],
-        warn_plain_http: PlainHttpWarner,
+        fetcher: PlaceholderFetcher,
+        unsealer: Unsealer,
         use_discovery: bool,
-        on_fetch_progress: FetchProgress | None = None,
-        direct_store: Callable[[], str | None] = lambda: None,
-        configured_store: ConfiguredStore | None = None,
     ) -> None:
         s = settings
         self._settings = s
         self._conn = conn
         self._use_discovery = use_discovery
-        self._unsealer = Unsealer(s)  # reads identity_files once: a bad one fails here
-        self.fetcher = PlaceholderFetcher(
-            settings=s,
-            transport=transport,
-            http_auth=http_auth,
-            unsealer=self._unsealer,
-            endpoint_in_force=endpoint_in_force,
-            warn_plain_http=warn_plain_http,
-            on_fetch_progress=on_fetch_progress,
-            direct_store=direct_store,
-            configured_store=configured_store,
-        )
+        self._unsealer = unsealer
+        self.fetcher = fetcher
         self.inbound: InboundQueue[Incoming] = InboundQueue(
             s.max_pending_deliveries, s.max_pending_bytes
         )
