@@ -48,7 +48,8 @@ if TYPE_CHECKING:
     from ._aio import AsyncClient
     from ._client import Client
     from .config._keys import load_identities
-    from .config._settings import ClientSettings, load_settings
+    from .config._load import load_settings
+    from .config._settings import ClientSettings
     from .core._message import Message, MessageError, Payload, PublishResult, Route
     from .http._scram import BearerAuth, ScramAuth, gateway_auth
     from .http._transport import HttpTransport
@@ -65,7 +66,7 @@ _LAZY = {
     "Client": "._client",
     "BrokerUrl": ".mqtt._broker",
     "ClientSettings": ".config._settings",
-    "load_settings": ".config._settings",
+    "load_settings": ".config._load",
     "HttpTransport": ".http._transport",
     "Message": ".core._message",
     "MessageError": ".core._message",

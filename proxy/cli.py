@@ -12,7 +12,7 @@ import sys
 
 from pydantic import ValidationError
 
-from client._malloc import tune_malloc
+from client.malloc import tune_malloc
 
 from ._server import Proxy
 from ._settings import ProxySettings
