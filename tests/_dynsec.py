@@ -5,10 +5,12 @@ from __future__ import annotations
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 PLUGIN = Path("/usr/lib/x86_64-linux-gnu/mosquitto_dynamic_security.so")
 ADMIN, ADMIN_PASSWORD = "admin", "admin-password"
@@ -47,11 +49,13 @@ class DynsecBroker:
         return out
 
 
-def dynsec_dir() -> Path:
+@pytest.fixture
+def directory() -> Iterator[Path]:
     """A directory the plugin can write after mosquitto drops root (it renames into it)."""
     path = Path(tempfile.mkdtemp(prefix="dynsec-"))
     path.chmod(0o777)
-    return path
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def start_dynsec_broker(
@@ -76,7 +80,3 @@ def start_dynsec_broker(
         extra_config=f"plugin {plugin}\nplugin_opt_config_file {file}\n{extra_config}",
     )
     return DynsecBroker(broker, file)
-
-
-def remove(directory: Path) -> None:
-    shutil.rmtree(directory, ignore_errors=True)

@@ -11,19 +11,18 @@ the message or not), must equal the gateway's, logging in with the same password
 from __future__ import annotations
 
 import base64
-import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
-import paho.mqtt.client as mqtt
 import pytest
-from paho.mqtt.enums import CallbackAPIVersion
-from paho.mqtt.properties import Properties
 
 from gateway.auth import Authenticated, Authenticator
 
-from _dynsec import DynsecBroker, dynsec_dir, plugin_path, remove, start_dynsec_broker
+from _dynsec import DynsecBroker, directory, plugin_path, start_dynsec_broker
+from _mqtt_session import Session
+
+__all__ = ["directory"]  # the shared fixture
 
 pytestmark = [
     pytest.mark.servers,
@@ -136,60 +135,10 @@ def administer(broker: DynsecBroker) -> None:
     ctrl("disableClient", "frank")
 
 
-class Session:
-    """One MQTT 5 client: PUBACK codes of its publishes, the topics delivered to it."""
-
-    def __init__(self, port: int, user: str | None) -> None:
-        self.client = mqtt.Client(
-            CallbackAPIVersion.VERSION2, client_id=f"t-{uuid.uuid4().hex[:8]}", protocol=mqtt.MQTTv5
-        )
-        if user is not None:
-            self.client.username_pw_set(user, PASSWORDS[user])
-        self.acks: dict[int, int] = {}
-        self.received: set[str] = set()
-        self.synced = threading.Event()
-        self.subscribed = threading.Event()
-        self.answered = threading.Event()
-        self.refused = False
-        self.client.on_connect = self._on_connect
-        self.client.on_publish = self._on_publish
-        self.client.on_message = self._on_message
-        self.client.on_subscribe = lambda c, u, mid, codes, p: self.subscribed.set()
-        self.client.connect("127.0.0.1", port)
-        self.client.loop_start()
-        assert self.answered.wait(10)
-
-    def _on_connect(
-        self, c: mqtt.Client, u: object, f: object, rc: mqtt.ReasonCode, p: object
-    ) -> None:
-        self.refused = rc.is_failure
-        self.answered.set()
-
-    def _on_publish(
-        self, c: mqtt.Client, u: object, mid: int, reason: mqtt.ReasonCode, p: Properties
-    ) -> None:
-        self.acks[mid] = reason.value
-
-    def _on_message(self, c: mqtt.Client, u: object, message: mqtt.MQTTMessage) -> None:
-        if message.topic.startswith("sync/"):
-            self.synced.set()
-        else:
-            self.received.add(message.topic)
-
-    def publish_all(self, topics: list[str]) -> dict[str, int]:
-        infos = {t: self.client.publish(t, b"x", qos=1) for t in topics}
-        for info in infos.values():
-            info.wait_for_publish(10)
-        return {t: self.acks[info.mid] for t, info in infos.items()}
-
-    def close(self) -> None:
-        self.client.disconnect()
-        self.client.loop_stop()
-
-
 def observe(port: int, user: str | None, feeder: Session) -> tuple[set[str], set[str]]:
     """What mosquitto lets `user` publish, and which topics reach it as a subscriber."""
-    publisher = Session(port, user)
+    login = None if user is None else (user, PASSWORDS[user])
+    publisher = Session(port, login)
     if publisher.refused:  # a disabled or unknown client: no login, nothing at all
         publisher.close()
         return set(), set()
@@ -197,7 +146,7 @@ def observe(port: int, user: str | None, feeder: Session) -> tuple[set[str], set
     publisher.close()
     assert set(codes.values()) <= {0x00, 0x10, 0x87}, codes
     written = {topic for topic, code in codes.items() if code < 0x80}
-    subscriber = Session(port, user)
+    subscriber = Session(port, login)
     sync = f"sync/{uuid.uuid4().hex[:8]}"
     subscriber.client.subscribe([(t, 1) for t in [*TOPICS, sync]])
     assert subscriber.subscribed.wait(10)
@@ -220,13 +169,6 @@ def gateway_decides(auth: Authenticator, user: str | None) -> tuple[set[str], se
     return written, read
 
 
-@pytest.fixture
-def directory() -> Iterator[Path]:
-    path = dynsec_dir()
-    yield path
-    remove(path)
-
-
 def test_gateway_decides_as_the_dynsec_plugin(
     directory: Path, mosquitto_factory: Callable[..., object]
 ) -> None:
@@ -245,7 +187,7 @@ def test_gateway_decides_as_the_dynsec_plugin(
     early = auth.authenticate("Basic " + base64.b64encode(b"alice:pw-alice").decode(), client="x")
     assert not isinstance(early, Authenticated)  # alice does not exist yet
     administer(broker)
-    feeder = Session(broker.port, "feeder")
+    feeder = Session(broker.port, ("feeder", PASSWORDS["feeder"]))
     rows: list[str] = []
     mismatches: list[str] = []
     counts = {"allowed": 0, "denied": 0}

@@ -10,7 +10,7 @@ import json
 import os
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,20 +22,15 @@ from paho.mqtt.enums import CallbackAPIVersion
 from client import ScramAuth
 from client.http._scram import ScramFailure
 
-from _dynsec import DynsecBroker, dynsec_dir, plugin_path, remove, start_dynsec_broker
+from _dynsec import DynsecBroker, directory, plugin_path, start_dynsec_broker
 from _gateway import GatewayServer
+
+__all__ = ["directory"]  # the shared fixture
 
 pytestmark = [
     pytest.mark.servers,
     pytest.mark.skipif(plugin_path() is None, reason="mosquitto's dynsec plugin missing"),
 ]
-
-
-@pytest.fixture
-def directory() -> Iterator[Path]:
-    path = dynsec_dir()
-    yield path
-    remove(path)
 
 
 @pytest.fixture

@@ -12,28 +12,23 @@ import hashlib
 import os
 import subprocess
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from test_proxy import MiB, PahoPeer, start_proxy
 
-from _dynsec import dynsec_dir, plugin_path, remove, start_dynsec_broker
+from _dynsec import directory, plugin_path, start_dynsec_broker
 from _gateway import GatewayServer
 from _servers import Mosquitto, wait_until
+
+__all__ = ["directory"]  # the shared fixture
 
 pytestmark = [
     pytest.mark.servers,
     pytest.mark.skipif(plugin_path() is None, reason="mosquitto's dynsec plugin missing"),
 ]
-
-
-@pytest.fixture
-def directory() -> Iterator[Path]:
-    path = dynsec_dir()
-    yield path
-    remove(path)
 
 
 def test_dynsec_devices_through_the_proxy(
