@@ -7,7 +7,7 @@ reads the claims the gateway needs. What is checked, in order:
   one the keys verify: HS256 only with the secret file, the others only with the JWKS
   key that names them (``none`` never, an HS256 token never against a public key);
 * the signature, with the key of the header's ``kid`` (without a ``kid``: each key of the
-  header's algorithm);
+  header's algorithm, when there are at most three);
 * ``exp`` (required unless told otherwise), ``nbf``, ``iat``, and ``iss`` / ``aud`` when the
   gateway is given an issuer / audience (a token with an ``aud`` is refused by a gateway
   given none), all with ``leeway`` seconds of clock skew;
@@ -30,6 +30,8 @@ from ._claim_acl import ClaimAcl, parse_claim_acl
 from ._jwks import KeySet, KeySource, merged
 
 MAX_USER = 1024
+#: Keys of one algorithm tried for a token without ``kid`` (a key set in rotation holds 2-3).
+MAX_KIDLESS = 3
 
 
 class JwtRefused(ValueError):
@@ -130,6 +132,11 @@ class JwtVerifier:
                         source.unknown_kid()
                     raise JwtRefused(f"no key {kid!r} for {alg} (keys are fetched again soon)")
                 raise JwtRefused(f"algorithm {alg!r} is not accepted with these keys")
+            if kid is None and len(found) > MAX_KIDLESS:
+                # Each try is a signature check on the event loop: bounded per request.
+                raise JwtRefused(
+                    f"no kid, and {len(found)} keys for {alg}: the token must name one"
+                )
             candidates = tuple(key.key for key in found)
         error: jwt.PyJWTError | None = None
         for key in candidates:
