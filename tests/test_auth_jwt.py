@@ -89,6 +89,10 @@ def test_valid_tokens_of_each_algorithm(tmp_path: Path, keys: dict[str, SigningK
         who = auth.authenticate(bearer(key.sign(claims("dev-1"))), client="a")
         assert isinstance(who, Authenticated) and who.user == "dev-1", key.alg
         assert who.mechanism == "Bearer"
+    # Without kid: the one key of its algorithm.
+    kidless = jwt.encode(claims("dev-4"), keys["RS256"].private, algorithm="RS256")
+    who = auth.authenticate(bearer(kidless), client="a")
+    assert isinstance(who, Authenticated) and who.user == "dev-4"
     hs = jwt.encode(claims("dev-2"), SECRET, algorithm="HS256")
     who = auth.authenticate(bearer(hs), client="a")
     assert isinstance(who, Authenticated) and who.user == "dev-2"
