@@ -13,7 +13,7 @@ import sys
 
 from pydantic import ValidationError
 
-from client._malloc import tune_malloc
+from client.malloc import tune_malloc
 
 from ._server import Proxy
 from ._settings import ProxySettings
