@@ -223,3 +223,17 @@ def test_silent_connections_at_the_gate_are_bounded_by_max_connections(
         for raw in silent:
             raw.close()
         proxy.stop()
+
+
+def test_without_trusted_balancers_a_proxy_header_is_refused_as_the_mqtt_it_is_not(
+    broker: Mosquitto,
+) -> None:
+    proxy = start_proxy(broker, None)  # OFFLOAD_PROXY_TRUSTED_LBS unset: no gate
+    try:
+        for header in (b"PROXY TCP4 6.6.6.6 127.0.0.1 1 1883\r\n", v2_header("6.6.6.6", 1)):
+            with socket.create_connection(("127.0.0.1", proxy.port), 10) as raw:
+                raw.sendall(header + MQTT5_CONNECT)
+                assert _connack(raw) == b""
+        assert peers(proxy) == []
+    finally:
+        proxy.stop()
