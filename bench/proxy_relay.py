@@ -11,6 +11,8 @@ CPU each relay spent per message (utime + stime from /proc, children included).
     python bench/proxy_relay.py --against /tmp/base   # also the proxy of another tree
     python bench/proxy_relay.py --fleet                # also the fleet paths below
     python bench/proxy_relay.py --profile /tmp/prof    # py-spy of offload-proxy, per QoS
+    python bench/proxy_relay.py --connects 500 --qos ""   # CPU per connect, with a PROXY
+                                                          # header (the gate) and without
 
 `--fleet` adds the paths of a fleet larger than one process: HAProxy sending PROXY v2 to
 one offload-proxy, the same HAProxy balancing over two offload-proxy processes, and one
@@ -249,6 +251,9 @@ def main() -> None:
     parser.add_argument("--fleet", action="store_true", help="also the multi-process paths")
     parser.add_argument("--only-fleet", action="store_true", help="the fleet paths alone")
     parser.add_argument("--profile", type=Path, help="py-spy the proxy into this directory")
+    parser.add_argument(
+        "--connects", type=int, default=0, help="also CPU per connect: plain and gated"
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-relay-"))
     lines = _lines(work, args.lines)
@@ -271,7 +276,9 @@ def main() -> None:
                 paths.append(Route(f"proxy@{args.against.name}", port, {"proxy": proc.pid}))
             if args.fleet or args.only_fleet:
                 paths += _fleet(stack, brk.port)
-            for qos in (int(q) for q in args.qos.split(",")):
+            if args.connects:
+                rows += connect_cost(stack, brk.port, args.connects, args.rounds)
+            for qos in (int(q) for q in args.qos.split(",") if q):
                 runs: dict[str, list[Run]] = {p.name: [] for p in paths}
                 for r in range(args.rounds):
                     for p in paths:
@@ -287,6 +294,47 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     print(f"load average at end: {_load()}")
     emit(rows)
+
+
+_CONNECT = bytes([0x10, 13, 0, 4, *b"MQTT", 5, 0x02, 0, 60, 0, 0, 0])  # MQTT 5, clean
+
+
+def _v2_header() -> bytes:
+    """PROXY v2, TCP over IPv4, from 198.51.100.7:4000 (what HAProxy's send-proxy-v2 sends)."""
+    block = bytes([198, 51, 100, 7, 127, 0, 0, 1]) + (4000).to_bytes(2, "big")
+    block += (1883).to_bytes(2, "big")
+    return b"\r\n\r\n\x00\r\nQUIT\n\x21\x11" + len(block).to_bytes(2, "big") + block
+
+
+def connect_cost(
+    stack: ExitStack, broker_port: int, n: int, rounds: int
+) -> list[dict[str, object]]:
+    """The proxy's CPU per connection (CONNECT, CONNACK, DISCONNECT, one after the other):
+    the plain listener against the gate reading a PROXY v2 header first."""
+    import socket
+
+    plain, plain_proc = stack.enter_context(offload_proxy(broker_port))
+    gated, gated_proc = stack.enter_context(offload_proxy(broker_port, trusted="127.0.0.1"))
+    cost: dict[str, list[float]] = {"plain": [], "gate": []}
+    for r in range(rounds):
+        for name, port, proc, header in (
+            ("plain", plain, plain_proc, b""),
+            ("gate", gated, gated_proc, _v2_header()),
+        ):
+            meter = CpuMeter(proxy=proc.pid)
+            before = meter.read()
+            for _ in range(n):
+                with socket.create_connection(("127.0.0.1", port), 10) as conn:
+                    conn.sendall(header + _CONNECT)
+                    assert conn.recv(64)[:1] == b"\x20", "no CONNACK"
+                    conn.sendall(b"\xe0\x00")  # DISCONNECT
+            cost[name].append(CpuMeter.spent(before, meter.read())["proxy"] / n * 1e3)
+            print(f"  connects round {r + 1}: {name:>5} {cost[name][-1]:.3f} ms CPU each"
+                  f" (load {_load()})", flush=True)  # fmt: skip
+    plain_ms, gate_ms = statistics.median(cost["plain"]), statistics.median(cost["gate"])
+    print(f"CPU per connect: plain {plain_ms:.3f} ms, with a PROXY v2 header {gate_ms:.3f} ms")
+    return [info_row("proxy relay", "CPU per connect, plain -> PROXY v2 gate", plain_ms, gate_ms,
+                     "ms")]  # fmt: skip
 
 
 def _fleet(stack: ExitStack, broker_port: int) -> list[Route]:
