@@ -72,11 +72,18 @@ class Worker:
             [socket.socket(fileno=fd) for fd in self.ws],
         )
 
-    def served(self) -> None:
-        """Tell the parent this worker listens."""
+    def served(self, stop: asyncio.Event) -> None:
+        """Tell the parent this worker listens; set `stop` when the parent is gone."""
         with contextlib.suppress(OSError):
             os.write(self.ready, b"1")
         os.close(self.ready)
+        loop = asyncio.get_running_loop()
+
+        def orphaned() -> None:
+            loop.remove_reader(self.lifeline)  # end of file stays readable: once is enough
+            stop.set()
+
+        loop.add_reader(self.lifeline, orphaned)
 
     def encode(self) -> str:
         return json.dumps(
@@ -102,7 +109,6 @@ def worker_settings(settings: ProxySettings) -> ProxySettings:
 class _Running:
     proc: subprocess.Popen[bytes]
     ready: int  # the read end of its ready pipe, -1 once read (or closed unread)
-    started: float
     listening: bool = False  # it said so on that pipe
 
 
@@ -137,7 +143,7 @@ class Supervisor:
             stdout=subprocess.DEVNULL,
         )
         os.close(ready_write)
-        self.workers[index] = _Running(proc, ready_read, time.monotonic())
+        self.workers[index] = _Running(proc, ready_read)
         log.info("worker started", extra={"worker": index, "pid": proc.pid})
 
     def wait_ready(self, timeout: float = START_TIMEOUT) -> bool:

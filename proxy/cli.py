@@ -80,8 +80,7 @@ async def _run(settings: ProxySettings, worker: Worker | None = None) -> None:
     if worker is None:
         print(f"offload-proxy listening on {settings.host}:{proxy.port}", flush=True)
     else:  # the parent prints; a parent gone closes the lifeline: stop as at SIGTERM
-        loop.add_reader(worker.lifeline, stop.set)
-        worker.served()
+        worker.served(stop)
     await stop.wait()
     await proxy.close()
 

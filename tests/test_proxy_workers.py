@@ -146,3 +146,11 @@ def test_a_worker_that_cannot_start_stops_the_parent(broker: Mosquitto) -> None:
         if workers.proc.poll() is None:
             workers.proc.kill()
             workers.proc.wait()
+
+
+def test_workers_stop_when_their_parent_is_killed(two: Workers) -> None:
+    pids = [w.pid for w in two.workers()]
+    assert len(pids) == 2
+    two.proc.kill()  # SIGKILL: no chance to pass anything on
+    two.proc.wait(10)
+    wait_until(lambda: not any(_running(pid) for pid in pids), "workers gone", 20)
