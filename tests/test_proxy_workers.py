@@ -74,13 +74,18 @@ def two(broker: Mosquitto) -> Iterator[Workers]:
     assert workers.proc.stdout is not None
     line = workers.proc.stdout.readline().decode()  # printed once both listen
     assert f":{workers.port} (2 workers)" in line, line
-    yield workers
-    if workers.proc.poll() is None:
-        workers.proc.kill()
-        workers.proc.wait(30)
-    for child in psutil.Process().children(recursive=True):
-        if "proxy.cli" in " ".join(child.cmdline()):
-            child.kill()
+    seen: set[int] = set()
+    try:
+        seen.update(w.pid for w in workers.workers())
+        yield workers
+    finally:
+        if workers.proc.poll() is None:
+            seen.update(w.pid for w in workers.workers())  # restarted ones too
+            workers.proc.kill()
+            workers.proc.wait(30)
+        for pid in seen:  # a failed test may leave a worker behind: never past the test
+            if _running(pid):
+                psutil.Process(pid).kill()
 
 
 def _subscriber(port: int, topic: str) -> subprocess.Popen[bytes]:
