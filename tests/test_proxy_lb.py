@@ -72,6 +72,16 @@ def pub(port: int, topic: str, source: str, *extra: str) -> subprocess.Completed
     )  # fmt: skip
 
 
+def delivered(
+    sub: subprocess.Popen[bytes], port: int, topic: str, source: str, *extra: str
+) -> None:
+    """`mosquitto_pub` from `source` through `port`; `sub` (`-C 1`) gets its message."""
+    sent = pub(port, topic, source, *extra)
+    assert sent.returncode == 0, sent.stderr
+    out, _ = sub.communicate(timeout=30)
+    assert out == b"hello\n"
+
+
 def _connack(raw: socket.socket) -> bytes:
     """The first bytes the proxy answers; b"" when it closed (a reset: it left bytes unread)."""
     raw.settimeout(10)
@@ -102,10 +112,7 @@ def test_behind_haproxy_the_device_address_is_the_proxy_headers(
     try:
         wait_until(ws.is_connected, "WebSocket client connected", 20)
         assert peers(proxy) == ["127.0.0.3", "127.0.0.4"]  # not HAProxy's 127.0.0.1
-        sent = pub(lb.ports["v2"], topic, "127.0.0.2")
-        assert sent.returncode == 0, sent.stderr
-        out, _ = sub.communicate(timeout=30)
-        assert out == b"hello\n"
+        delivered(sub, lb.ports["v2"], topic, "127.0.0.2")
     finally:
         ws.disconnect()
         ws.loop_stop()
@@ -193,10 +200,7 @@ def test_tls_listener_behind_haproxy_send_proxy_v2(
         )  # fmt: skip
         wait_until(lambda: "Sending SUBACK to lbtls-sub" in broker.log(), "subscribed", 20)
         assert peers(proxy) == ["127.0.0.6"]
-        sent = pub(lb.ports["tls"], topic, "127.0.0.7", *tls)
-        assert sent.returncode == 0, sent.stderr
-        out, _ = sub.communicate(timeout=30)
-        assert out == b"hello\n"
+        delivered(sub, lb.ports["tls"], topic, "127.0.0.7", *tls)
     finally:
         lb.close()
         proxy.stop()
