@@ -48,9 +48,10 @@ if TYPE_CHECKING:
     from ._aio import AsyncClient
     from ._client import Client
     from .config._keys import load_identities
-    from .config._settings import ClientSettings, load_settings
+    from .config._load import load_settings
+    from .config._settings import ClientSettings
     from .core._message import Message, MessageError, Payload, PublishResult, Route
-    from .http._scram import BearerAuth, ScramAuth
+    from .http._scram import BearerAuth, ScramAuth, gateway_auth
     from .http._transport import HttpTransport
     from .mqtt._acks import InvalidPublish
     from .mqtt._broker import BrokerUrl
@@ -65,7 +66,7 @@ _LAZY = {
     "Client": "._client",
     "BrokerUrl": ".mqtt._broker",
     "ClientSettings": ".config._settings",
-    "load_settings": ".config._settings",
+    "load_settings": ".config._load",
     "HttpTransport": ".http._transport",
     "Message": ".core._message",
     "MessageError": ".core._message",
@@ -77,6 +78,7 @@ _LAZY = {
     "MqttConnection": ".mqtt._paho",
     "ScramAuth": ".http._scram",
     "BearerAuth": ".http._scram",
+    "gateway_auth": ".http._scram",
     "SpoolingChunkStore": ".receive._chunkstore",
     "TlsFiles": ".mqtt._tls",
     "Decoder": ".seal._unseal",
@@ -144,6 +146,7 @@ __all__ = [
     "UntrustedEndpoint",
     "UploadError",
     "chunk_encoding",
+    "gateway_auth",
     "load_identities",
     "load_settings",
     "untagged",

@@ -18,13 +18,15 @@ from typing import Unpack
 import httpx
 
 from ._client import Client, unfinished_errors
-from .config._settings import ClientSettings, SettingsOverrides, load_settings
+from .config._load import load_settings
+from .config._settings import ClientSettings, SettingsOverrides
 from .core._message import Message, PublishResult
 from .core._source import PayloadLike
 from .http._transport import HttpTransport
 from .mqtt._paho import MqttConnection
 from .protocol import DiscoveryRecord, MessageId, Placeholder, PublishProperties
-from .receive._receive import Delivery, FetchProgress
+from .receive._fetcher import FetchProgress
+from .receive._receive import Delivery
 
 # How long one executor thread waits for a delivery before checking back with the event
 # loop: bounds how long a cancelled `async for` keeps a thread busy.

@@ -28,9 +28,10 @@ raise out of paho's thread or stop the worker.
 This class is a facade: it merges the settings and wires four parts it owns, each in its
 own module: the MQTT connection (:mod:`client.mqtt._paho`, injectable as `connection=`), the
 publisher (:mod:`client.publish._publish`), the receiver with its worker
-(:mod:`client.receive._receive`) and the discovery watcher (:mod:`client._discovery`). The
-credential-origin rule is :func:`client.http._scram.gateway_auth` plus
-:meth:`client.receive._receive.Receiver._auth_for`.
+(:mod:`client.receive._receive`) and the discovery watcher (:mod:`client._discovery`); what
+they are made with by default is :mod:`client._parts`. The credential-origin rule is
+:func:`client.http._scram.gateway_auth` plus
+:meth:`client.receive._fetcher.PlaceholderFetcher.auth_for`.
 """
 
 from __future__ import annotations
@@ -46,44 +47,27 @@ from typing import Unpack
 import httpx
 
 from ._discovery import DiscoveryView
-from .config._settings import ClientSettings, SettingsOverrides, load_settings, merge_settings
+from ._parts import default_connection, default_transport, placeholder_fetcher
+from .config._load import load_settings, merge_settings
+from .config._settings import ClientSettings, SettingsOverrides
 from .core._exceptions import FetchError
 from .core._message import Message, MessageError, PublishResult
 from .core._source import PayloadLike
-from .http._range import RangeReader, as_placeholder, payload_range
+from .http._range import as_placeholder
 from .http._scram import gateway_auth
-from .http._store_origin import ConfiguredStore
 from .http._transport import HttpTransport
 from .mqtt._paho import Incoming, MqttConnection
-from .mqtt._websocket import websocket_headers
 from .protocol import DiscoveryRecord, MessageId, Placeholder, PublishProperties, TopicFilter
 from .publish._publish import Publisher, wait_ack
 from .publish._will import Will
 from .publish._will import arm as arm_will
-from .receive._receive import Delivery, FetchProgress, PlainHttpWarner, Receiver
+from .receive._fetcher import FetchProgress, PlainHttpWarner
+from .receive._receive import Delivery, Receiver
+from .seal._unseal import Unsealer
 
 log = logging.getLogger("client")
 
 _CLOSED = object()
-
-
-def _default_transport(s: ClientSettings) -> HttpTransport:
-    return HttpTransport(timeout=s.http_timeout, verify=s.tls_files.http_verify())
-
-
-def _default_connection(s: ClientSettings) -> MqttConnection:
-    return MqttConnection(
-        s.broker_url,
-        client_id=s.client_id,
-        protocol=s.protocol,
-        keepalive=s.keepalive,
-        tls=s.tls_files,
-        websocket_headers=websocket_headers(s.websocket_headers),
-        # Flow control: QoS 1/2 messages are acknowledged as the receive worker takes them
-        # (`client/receive/_inbound.py`), so the hand-off holds at most this many.
-        receive_maximum=min(s.max_pending_deliveries, 65535),
-        session_expiry=s.session_expiry,
-    )
 
 
 class Client:
@@ -131,12 +115,15 @@ class Client:
         s = merge_settings(settings, broker, dict(overrides))
         self.settings = s
         self._owns_transport = transport is None
-        self._transport = transport or _default_transport(s)
-        self._conn = connection or _default_connection(s)
+        self._transport = transport or default_transport(s)
+        self._conn = connection or default_connection(s)
         self._conn.set_message_handler(self._on_message)
         login = self._conn.broker
         self._http_auth = http_auth or gateway_auth(
-            username=login.username, password=login.password, token=s.http_token
+            username=login.username,
+            password=login.password,
+            token=s.http_token,
+            scheme=s.http_login,
         )
         self._filters: dict[str, TopicFilter] = {}
         self._discovery = DiscoveryView(s)
@@ -152,19 +139,23 @@ class Client:
             warn_plain_http=warner,
             direct_store=self._discovery.direct_store,
         )
-        self._receiver = Receiver(
-            settings=s,
+        unsealer = Unsealer(s)  # reads identity_files once: a bad one fails here
+        fetcher = placeholder_fetcher(
+            s,
             transport=self._transport,
             http_auth=self._http_auth,
-            conn=self._conn,
+            unsealer=unsealer,
             endpoint_in_force=self._discovery.settled_endpoint,
             direct_store=self._discovery.direct_store,
-            configured_store=None
-            if s.endpoint is None
-            else ConfiguredStore(s.endpoint, self._transport.reader),
             warn_plain_http=warner,
-            use_discovery=self._use_discovery,
             on_fetch_progress=on_fetch_progress,
+        )
+        self._receiver = Receiver(
+            settings=s,
+            conn=self._conn,
+            fetcher=fetcher,
+            unsealer=unsealer,
+            use_discovery=self._use_discovery,
         )
         self._will = Will.from_settings(s)
         self._worker: threading.Thread | None = None
@@ -186,7 +177,7 @@ class Client:
         """A client configured from keyword arguments > environment > config file > defaults.
 
         This is the edge that reads `OFFLOAD_*` from `os.environ`
-        (see :mod:`client.config._settings`).
+        (see :mod:`client.config._load`).
 
         Args:
             broker: broker URL; falls back to `OFFLOAD_BROKER` / the config file.
@@ -435,16 +426,7 @@ class Client:
         """
         if start < 0 or end < start or end - start > self.settings.max_fetch_bytes:
             raise ValueError(f"range [{start}, {end}) is not 0 <= start <= end, max_fetch_bytes")
-        ref = as_placeholder(placeholder)
-        receiver = self._receiver
-        reader = RangeReader(
-            self._transport.reader,
-            ref.payload_url,
-            ref.size,
-            auth=receiver._auth_for(ref),
-            redirect_ok=receiver._redirect_ok,
-        )
-        return payload_range(reader, ref, start, end, receiver._unsealer.identities)
+        return self._receiver.fetcher.fetch_range(as_placeholder(placeholder), start, end)
 
     def messages(
         self, timeout: float | None = None, *, report_unfinished: bool = False

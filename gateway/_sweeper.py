@@ -118,8 +118,26 @@ class Sweeper:
             StoreError: the store could not be listed at all.
         """
         now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+        live, expired, kept, errors = self._sweep_index(now)
+        data_expired, orphans, suspects, data_errors = self._sweep_data(live, now)
+        uploads, upload_errors = self._sweep_uploads(now)
+        report = SweepReport(
+            expired + data_expired,
+            orphans,
+            kept,
+            suspects,
+            errors + data_errors + upload_errors,
+            uploads,
+        )
+        if report.expired or orphans or report.errors or uploads:
+            log.info("sweep: %s", report)
+        return report
+
+    def _sweep_index(self, now: int) -> tuple[dict[str, str], int, int, int]:
+        """The id index: expired messages deleted. The live payloads (payload key ->
+        message id), and how many were expired, kept and skipped."""
         expired = kept = errors = 0
-        live: dict[str, str] = {}  # payload key -> message id, from the index
+        live: dict[str, str] = {}
         for info in self.store.list(INDEX_PREFIX):
             if self._stopping.is_set():
                 break
@@ -136,7 +154,11 @@ class Sweeper:
             except (StoreError, ProtocolError) as exc:
                 errors += 1
                 log.warning("sweep: skipping %s: %s", info.key, exc)
+        return live, expired, kept, errors
 
+    def _sweep_data(self, live: dict[str, str], now: int) -> tuple[int, int, int, int]:
+        """Payloads and sidecars no index names: expired ones deleted, orphans deleted at
+        their second sighting. How many were expired, orphans, new suspects and skipped."""
         payloads: set[str] = set()
         sidecars: set[str] = set()
         for info in self.store.list(DATA_PREFIX):
@@ -144,8 +166,7 @@ class Sweeper:
                 sidecars.add(info.key[: -len(META_SUFFIX)])
             else:
                 payloads.add(info.key)
-
-        orphans = 0
+        expired = orphans = errors = 0
         suspects: set[str] = set()
         for key in sorted(payloads | sidecars):
             if self._stopping.is_set():
@@ -167,7 +188,12 @@ class Sweeper:
                 else:
                     suspects.add(key)
         self._suspects = suspects
-        uploads = 0
+        return expired, orphans, len(suspects), errors
+
+    def _sweep_uploads(self, now: int) -> tuple[int, int]:
+        """Abandoned resumable uploads, grant claims and open-upload records: how many
+        uploads were removed, and how many parts were skipped."""
+        uploads = errors = 0
         if not self._stopping.is_set():
             try:
                 uploads = cleanup_expired_uploads(self.store, now / 1000)
@@ -181,10 +207,7 @@ class Sweeper:
             except StoreError as exc:
                 errors += 1
                 log.warning("sweep: grant claims or open-upload records skipped: %s", exc)
-        report = SweepReport(expired, orphans, kept, len(suspects), errors, uploads)
-        if expired or orphans or errors or uploads:
-            log.info("sweep: %s", report)
-        return report
+        return uploads, errors
 
     def _sweep_claims(self, now: int) -> None:
         """Delete direct-upload grant claims (`gateway.direct._transfers`) long past expiry.

@@ -10,7 +10,7 @@ import sys
 
 import uvicorn
 
-from client._malloc import tune_malloc
+from client.malloc import tune_malloc
 
 from .core import Settings, configure_logging
 from .middleware import MAX_HEAD_BYTES, GatewayHttpProtocol

@@ -203,7 +203,7 @@ async def _connack(conn: Conn, services: Services, head: Head) -> bool:
                 props += (u32_property(MAXIMUM_PACKET_SIZE, settings.max_packet_size),)
             packet = connack_packet(connack, props)
     if connack.reason != 0:
-        log.info("login refused by the broker", extra={"reason": connack.reason, "peer": conn.peer})
+        log.info("login refused by the broker", extra={"reason": connack.reason})
     else:
         conn.accepted = True
         will, conn.will = conn.will, None

@@ -8,7 +8,9 @@
     await proxy.close()            # stop accepting; transfers under way get shutdown_timeout
 
 No state is shared between proxies: each client connection has its own broker connection,
-so any number of replicas can stand behind one Service.
+so any number of replicas can stand behind one Service. The listening sockets are bound
+here, or handed in already bound (`offload-proxy --workers N`: :mod:`proxy._workers`), and
+served by :class:`proxy._listen.Listener` (a PROXY header from a trusted load balancer first).
 """
 
 from __future__ import annotations
@@ -16,21 +18,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import ssl
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 
 from client import load_identities
-from client._malloc import trim_malloc
+from client.malloc import trim_malloc
 
 from ._descriptors import REFUSING, fit_connections
 from ._discovery import Discovery
 from ._gateway import GatewayLink
+from ._listen import PEER, Listener, bind, peer_in_logs
 from ._metrics import Metrics, serve_metrics
 from ._session import Session
 from ._settings import ProxySettings
 from ._shares import Holder, Limits, Pool, PoolFull, Taken, address_key
 from ._state import Services
-from ._stream import READ_SIZE
 from ._websocket import HandshakeFailed, WebSocketReader, WebSocketWriter, handshake
 
 log = logging.getLogger("proxy")
@@ -41,12 +45,18 @@ TRIM_EVERY = 2.0
 TRIM_AFTER = 8 * 1024 * 1024
 
 
-def peer_address(writer: asyncio.StreamWriter) -> str:
-    """The device's address as the accepted socket sees it (an IPv4-mapped IPv6 address as
-    IPv4): what every per-address rule keys on and what the gateway is told it is."""
-    peer = writer.get_extra_info("peername")
-    host = peer[0] if isinstance(peer, tuple) and peer else str(peer or "unknown")
-    return host.removeprefix("::ffff:") if host.count(".") == 3 else host
+@dataclass(frozen=True)
+class Sockets:
+    """Listening sockets bound before the proxy starts (a `--workers` parent's)."""
+
+    mqtt: list[socket.socket]
+    ws: list[socket.socket] = field(default_factory=list)
+
+    @classmethod
+    def bind(cls, settings: ProxySettings) -> Sockets:
+        mqtt = bind(settings.host, settings.port)
+        ws = bind(settings.host, settings.ws_port) if settings.ws_port is not None else []
+        return cls(mqtt, ws)
 
 
 class Proxy:
@@ -54,10 +64,14 @@ class Proxy:
 
     Args:
         settings: every knob (:class:`proxy.ProxySettings`).
+        sockets: listening sockets already bound (default: bound at :meth:`start` from
+            `host`, `port` and `ws_port`).
     """
 
-    def __init__(self, settings: ProxySettings) -> None:
+    def __init__(self, settings: ProxySettings, sockets: Sockets | None = None) -> None:
         self.settings = settings
+        self._sockets = sockets
+        peer_in_logs(log)
         self.metrics = Metrics()
         self._discovery = None if settings.endpoint else Discovery(settings)
         verify = (
@@ -66,8 +80,7 @@ class Proxy:
         self._gateway = GatewayLink(
             timeout=settings.http_timeout, verify=verify, idle=settings.idle_timeout
         )
-        metrics = self.metrics
-        pool = self._pool
+        metrics, pool = self.metrics, self._pool
         self.services = Services(
             settings=settings,
             gateway=self._gateway,
@@ -80,12 +93,13 @@ class Proxy:
             identities=tuple(load_identities(settings.identity_files)),  # a bad file: fails now
         )
         self._sessions: dict[asyncio.Task[None], Session] = {}
-        self._server: asyncio.Server | None = None
+        self._server: Listener | None = None
         self._metrics_server: asyncio.Server | None = None
         self._background: list[asyncio.Task[None]] = []
         self.port = settings.port
         self.ws_port = settings.ws_port
-        self._ws_server: asyncio.Server | None = None
+        self._ws_server: Listener | None = None
+        self._closed = asyncio.Event()
         self.metrics_port = settings.metrics_port
         self.max_connections = settings.max_connections  # lowered at start to fit the fds
         self._connections = self._pool("connections", settings.connection_shares(None))
@@ -116,27 +130,16 @@ class Proxy:
         s = self.settings
         self.max_connections = fit_connections(s)
         self._connections = self._pool("connections", s.connection_shares(self.max_connections))
+        sockets = self._sockets or Sockets.bind(s)
         # A reader buffers up to twice its limit while the relay waits to write: with 256 KiB
         # (one read) a connection holds at most ~0.5 MiB per direction.
-        self._server = await asyncio.start_server(
-            self._accept,
-            s.host,
-            s.port,
-            limit=READ_SIZE,
-            ssl=s.listener_tls(),
-            ssl_handshake_timeout=s.connect_timeout if s.tls_cert_file else None,
-        )
-        self.port = self._server.sockets[0].getsockname()[1]
-        if s.ws_port is not None:
-            self._ws_server = await asyncio.start_server(
-                self._accept_ws,
-                s.host,
-                s.ws_port,
-                limit=READ_SIZE,
-                ssl=s.listener_tls(),
-                ssl_handshake_timeout=s.connect_timeout if s.tls_cert_file else None,
-            )
-            self.ws_port = self._ws_server.sockets[0].getsockname()[1]
+        self._server = self._listener(sockets.mqtt, self._accept)
+        await self._server.start()
+        self.port = self._server.port
+        if sockets.ws:
+            self._ws_server = self._listener(sockets.ws, self._accept_ws)
+            await self._ws_server.start()
+            self.ws_port = self._ws_server.port
         if self._discovery is not None:
             self._background.append(asyncio.create_task(self._discovery.run()))
         self._background.append(asyncio.create_task(self._give_back_memory()))
@@ -150,6 +153,23 @@ class Proxy:
             extra={"host": s.host, "port": self.port, "ws_port": self.ws_port, "broker": s.broker},
         )
 
+    def _listener(
+        self,
+        sockets: list[socket.socket],
+        handle: Callable[[asyncio.StreamReader, asyncio.StreamWriter, str], Awaitable[None]],
+    ) -> Listener:
+        s = self.settings
+        refused = self.metrics.refused
+        return Listener(
+            sockets,
+            handle,
+            trusted_lbs=s.trusted_lbs,
+            tls=s.listener_tls(),
+            timeout=s.connect_timeout,
+            max_pending=self.max_connections,
+            refused=lambda why: refused.labels(why=why).inc(),
+        )
+
     async def _give_back_memory(self) -> None:
         """Hand what a burst of logins left in the heaps back to the kernel once it has
         gone (at the CONNECT timeout at the latest): glibc keeps freed blocks for reuse,
@@ -160,8 +180,11 @@ class Proxy:
             if logins.reset_peak() - logins.used >= TRIM_AFTER:
                 await asyncio.to_thread(trim_malloc)
 
-    async def _accept_ws(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _accept_ws(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str
+    ) -> None:
         """A WebSocket upgrade, then the MQTT connection inside it as any other."""
+        PEER.set(peer)
         try:
             ws = await handshake(reader, writer, self.settings.connect_timeout)
         except HandshakeFailed as exc:
@@ -170,14 +193,16 @@ class Proxy:
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
             return
-        await self._accept(WebSocketReader(ws, reader, writer), WebSocketWriter(ws, reader, writer))
+        await self._accept(
+            WebSocketReader(ws, reader, writer), WebSocketWriter(ws, reader, writer), peer
+        )
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        # The one place the device's address is learnt (a PROXY protocol header would say
-        # it here too): every per-address rule, the gateway's X-Forwarded-For and the logs
-        # use Session.peer, handed on as Conn.peer.
-        peer = peer_address(writer)
-        session = Session(self.services, reader, writer, peer)
+    async def _accept(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str
+    ) -> None:
+        PEER.set(peer)  # this connection's log lines name its device (proxy._listen)
+        log.debug("connection accepted")
+        session = Session(self.services, reader, writer, peer=peer)
         task = asyncio.current_task()
         assert task is not None
         try:  # each address at most its share of the connections
@@ -197,7 +222,7 @@ class Proxy:
         except asyncio.CancelledError:
             pass  # shutdown: ends here (asyncio's stream callback must not see it raised)
         except Exception:  # never a proxy crash: one connection's bug ends that connection
-            log.exception("connection failed", extra={"peer": session.peer})
+            log.exception("connection failed")
         finally:
             if slot is None:
                 self._refusing -= 1
@@ -215,6 +240,7 @@ class Proxy:
         for server in (self._server, self._ws_server):
             if server is not None:
                 server.close()
+        self._closed.set()
         self.services.closing.set()  # new offloads are refused from here on
         for task in self._background:
             task.cancel()
@@ -238,5 +264,5 @@ class Proxy:
         await self._gateway.aclose()
 
     async def serve_forever(self) -> None:
-        assert self._server is not None
-        await self._server.serve_forever()
+        """Wait until :meth:`close`."""
+        await self._closed.wait()

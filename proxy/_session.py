@@ -69,11 +69,12 @@ class Session:
         services: Services,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
+        *,
         peer: str,
     ) -> None:
         self.services = services
         self.writer = writer
-        self.peer = peer  # the device's address (proxy._server.peer_address)
+        self.peer = peer  # the device's address (proxy._listen: a PROXY header's, or the peer's)
         self._login: Taken | None = None
         settings = services.settings
         self.client = PacketStream(
@@ -97,8 +98,7 @@ class Session:
         try:
             connect, packet = await self._read_connect()
         except (ProxyProtocolError, PeerTimeout, PeerGone) as exc:
-            why = {"why": str(exc), "peer": self.peer}
-            log.info("connection refused before CONNECT", extra=why)
+            log.info("connection refused before CONNECT", extra={"why": str(exc)})
             return
         if not admitted:  # (counted when it was accepted)
             await self._answer(connack_refusal(v5=connect.v5, reason=SERVER_BUSY))
@@ -107,12 +107,11 @@ class Session:
             await self._serve(connect, packet)
         except ProxyProtocolError as exc:
             self.services.metrics.protocol_errors.inc()
-            detail = {"why": str(exc), "reason": exc.reason, "peer": self.peer}
-            log.info("protocol error", extra=detail)
+            log.info("protocol error", extra={"why": str(exc), "reason": exc.reason})
             if connect.v5:
                 await self._answer(disconnect(exc.reason))
         except (PeerGone, PeerTimeout, OSError) as exc:
-            log.info("connection ended", extra={"why": str(exc) or repr(exc), "peer": self.peer})
+            log.info("connection ended", extra={"why": str(exc) or repr(exc)})
 
     def _end_login(self) -> None:
         """What the login held is free (its CONNACK is out, or the connection ended)."""
@@ -158,7 +157,7 @@ class Session:
 
     async def _serve(self, connect: Connect, packet: bytes) -> None:
         settings = self.services.settings
-        auth = credentials(connect)
+        auth = credentials(connect, settings.gateway_login)
         upstream = connect  # the CONNECT the broker gets
         if not connect.v5 and settings.upgrade_v311:
             if keeps_session_without_id(connect):

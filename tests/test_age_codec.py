@@ -21,17 +21,15 @@ from hypothesis import strategies as st
 
 from client.protocol._age import (
     CHUNK,
-    MAX_HEADER,
-    MAX_STANZAS,
     SEALED_CHUNK,
     Decryptor,
     Encryptor,
-    Header,
     Layout,
     OpenedHeader,
     decrypt,
     encrypt,
 )
+from client.protocol._age_header import MAX_HEADER, MAX_STANZAS, Header
 from client.protocol._age_keys import Identity, Recipient, parse_identities
 from client.protocol._bech32 import decode as bech32_decode
 from client.protocol._errors import DecryptionFailed, NoMatchingIdentity

@@ -10,7 +10,8 @@ from collections.abc import Callable
 import pytest
 
 from client import Client, ConfigError, Message, Route
-from client.config._settings import ClientSettings, load_settings
+from client.config._load import load_settings
+from client.config._settings import ClientSettings
 from client.protocol import MessageId, Placeholder
 
 from _gateway import GatewayServer

@@ -8,19 +8,25 @@ what the core raises.
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
 import client
 import client.core._exceptions
+import client.malloc
 import client.protocol
 import client.protocol._errors
 import discovery
 
-PACKAGES = [client, client.protocol, discovery]
+PACKAGES = [client, client.malloc, client.protocol, discovery]
+#: What other packages may import of `client` (the contract public-names-only says the same).
+CLIENT_PUBLIC = {"client", "client.malloc", "client.protocol"}
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("package", PACKAGES, ids=lambda p: p.__name__)
@@ -82,3 +88,24 @@ def test_the_protocol_core_loads_no_io_library() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
     assert out.strip() == "[]"
+
+
+def test_other_packages_import_only_clients_public_modules() -> None:
+    """gateway/, proxy/ and discovery/ name no private module of `client` (issue 43: three
+    did, `client._malloc` and `client.http._pool`), lazily imported ones included."""
+    private = []
+    for package in ("gateway", "proxy", "discovery"):
+        for path in sorted((ROOT / package).glob("**/*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names = [node.module]
+                elif isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                else:
+                    continue
+                private += [
+                    f"{path.relative_to(ROOT)}:{node.lineno} {name}"
+                    for name in names
+                    if name.split(".")[0] == "client" and name not in CLIENT_PUBLIC
+                ]
+    assert private == []

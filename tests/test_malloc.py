@@ -1,4 +1,4 @@
-"""The allocator thresholds of the gateway's and the proxy's processes (client/_malloc.py).
+"""The allocator thresholds of the gateway's and the proxy's processes (client/malloc.py).
 
 Payload pieces are allocated on one thread and freed on another; with glibc's 128 KiB trim
 threshold the heap's free top went back to the kernel after nearly every piece and was
@@ -36,7 +36,7 @@ CHURN_PAGES = 100 * 8 * 256 * 1024 // 4096
 CHURN = """
 import resource, sys
 if sys.argv[1] == "tuned":
-    from client._malloc import tune_malloc
+    from client.malloc import tune_malloc
     tune_malloc(mmap_threshold=1 << 20, trim_threshold=16 << 20)
 def churn():
     for _ in range(100):

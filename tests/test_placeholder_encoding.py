@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from client import ConfigError
-from client.config._settings import load_settings
+from client.config._load import load_settings
 from client.protocol import MessageId, Placeholder, PublishProperties
 from client.protocol._age_keys import Identity
 from client.protocol._encoding import MAX_KEY_IDS, Encoding

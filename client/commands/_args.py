@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from ..core._exceptions import ConfigError, InvalidTopic
@@ -19,6 +19,8 @@ from ._errors import EXIT_CODES_EPILOG, Parser, UsageError
 
 if TYPE_CHECKING:
     from ..config._settings import ClientSettings
+
+_ONOFF = argparse.BooleanOptionalAction
 
 
 class _Version(argparse.Action):
@@ -106,18 +108,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action=_Version)
     _add_global(parser, sub=False)
     sub = parser.add_subparsers(dest="command", required=True)
-    onoff = argparse.BooleanOptionalAction
+    for add in (_add_publish, _add_subscribe, _add_fetch, _add_upload, _add_discover):
+        add(sub)
+    crypt.add_keygen(sub)
+    return parser
 
+
+def _add_publish(sub: Any) -> None:
     pub = sub.add_parser("publish", help="publish a file or a text message")
     _add_global(pub, sub=True)
     group = _add_broker(pub)
     _add_gateway(group)
     group.add_argument("--offload-threshold", type=int, metavar="BYTES")
-    group.add_argument("--automatic-offload", action=onoff, default=None)
-    group.add_argument("--chunking", action=onoff, default=None)
+    group.add_argument("--automatic-offload", action=_ONOFF, default=None)
+    group.add_argument("--chunking", action=_ONOFF, default=None)
     group.add_argument(
         "--fallback-on-auth-failure",
-        action=onoff,
+        action=_ONOFF,
         default=None,
         help="chunk or publish directly when the gateway refuses the login (default: exit 6)",
     )
@@ -129,12 +136,14 @@ def build_parser() -> argparse.ArgumentParser:
     pub.add_argument("--retain", "-r", action="store_true")
     crypt.add_publish_flags(pub)
 
+
+def _add_subscribe(sub: Any) -> None:
     subs = sub.add_parser("subscribe", help="print one JSON line per message")
     _add_global(subs, sub=True)
     group = _add_broker(subs)
     _add_gateway(group)
     group.add_argument("--chunk-timeout", type=float, metavar="SECONDS")
-    group.add_argument("--fetch-external", action=onoff, default=None)
+    group.add_argument("--fetch-external", action=_ONOFF, default=None)
     subs.add_argument("--topic", "-t", required=True, action="append", help="filter (repeatable)")
     subs.add_argument("--qos", "-q", type=int, choices=[0, 1, 2], default=1)
     subs.add_argument("--count", "-c", type=int, help="stop after N messages (errors count)")
@@ -151,6 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     subs.add_argument("--fetch-concurrency", type=int, metavar="N", help="fetches at once (4)")
     crypt.add_identity_flags(subs)
 
+
+def _add_fetch(sub: Any) -> None:
     fetch = sub.add_parser("fetch", help="download an offloaded payload")
     _add_global(fetch, sub=True)
     fetch.add_argument(
@@ -165,13 +176,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_login(login, gateway_only=True)
     crypt.add_identity_flags(fetch, raw=True)
 
+
+def _add_upload(sub: Any) -> None:
     up = sub.add_parser("upload", help="resumable upload of a file (tus); the gateway publishes it")
     _add_global(up, sub=True)
     up.add_argument("--topic", "-t", required=True)
     up.add_argument("--file", "-f", type=Path, required=True)
     up.add_argument(
         "--resume",
-        action=onoff,
+        action=_ONOFF,
         default=None,
         help="continue this file's unfinished upload (default); --no-resume starts over",
     )
@@ -185,12 +198,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_login(login, gateway_only=True)
 
+
+def _add_discover(sub: Any) -> None:
     disc = sub.add_parser("discover", help="print the advertised discovery record")
     _add_global(disc, sub=True)
     _add_broker(disc)
     disc.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS")
-    crypt.add_keygen(sub)
-    return parser
 
 
 _SETTING_FLAGS = (
@@ -205,7 +218,7 @@ _SETTING_FLAGS = (
 
 def settings_from_args(args: argparse.Namespace) -> ClientSettings:
     """Flags > environment > config file > defaults."""
-    from ..config._settings import load_settings  # not for `--help`: tomllib and friends
+    from ..config._load import load_settings  # not for `--help`: tomllib and friends
 
     flags: dict[str, object] = {name: getattr(args, name, None) for name in _SETTING_FLAGS}
     flags.update(crypt.setting_flags(args))

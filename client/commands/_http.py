@@ -13,7 +13,8 @@ import contextlib
 import errno
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager as ContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, cast
 
@@ -28,18 +29,16 @@ if TYPE_CHECKING:
     import httpx
 
     from ..config._settings import ClientSettings
-    from ..http._upload import Sealing
+    from ..core._message import Payload
+    from ..http._transport import HttpTransport
+    from ..http._upload import Sealing, UploadResult
 
 __all__ = ["fetch_command", "upload_command"]
 
 
 def fetch_command(args: argparse.Namespace) -> int:
     """`offload fetch URL|ID`: the payload to `-o FILE` (and a message line) or stdout."""
-    import hashlib
-
     from ..http._transport import HttpTransport
-    from ..protocol import MessageId
-    from ._progress import CountingWriter, Progress
 
     if args.output is not None and args.output.is_dir():
         # Before any download: a directory cannot become the file.
@@ -48,15 +47,7 @@ def fetch_command(args: argparse.Namespace) -> int:
     # Credentials go to the URL named, as `curl -u` sends them, and never follow a redirect.
     auth = _gateway_login(settings)
     shown: str = args.url.rstrip("/")  # validated: a URL, or a message id made into one
-    url = shown
-    levels = url.split("/")
-    raw = levels[-1] == "payload"  # {endpoint}/msg/<id>/payload
-    try:
-        message_id: str | None = str(MessageId.parse(levels[-2 if raw else -1]))
-    except ValueError:
-        message_id = None
-    if message_id is not None and not raw and levels[-2] == "msg":
-        url += "/payload"  # the raw bytes, not the BSON document
+    url, message_id = _payload_url(shown)
     if args.range is not None:  # client/commands/_range.py: only the chunks the range needs
         from ._crypt import fetch_range
 
@@ -67,29 +58,9 @@ def fetch_command(args: argparse.Namespace) -> int:
     decoded, decoding = decoding_hooks(args, settings)
     with HttpTransport(timeout=settings.http_timeout, verify=_verify(settings)) as transport:
         if args.sha256:  # verified and spooled inside the transport: no bar to feed
-            sha256 = args.sha256.lower()
-            payload = transport.fetch(url, expected_sha256=sha256, auth=auth, redirect_ok=_anywhere)
-            payload = decoded(payload)  # after the stored bytes' SHA-256 was checked
-            if args.output is not None:
-                payload.save(args.output)
-            else:
-                with payload.open() as f:
-                    while piece := f.read(1 << 20):
-                        write_bytes(piece)
-            size = payload.size
+            size, sha256 = _fetch_verified(transport, url, args, auth, decoded)
         else:
-            digest = hashlib.sha256()
-            # The bar goes to stderr, so `offload fetch URL > file` on a terminal shows it too.
-            with Progress(_content_length(url, auth), label="fetch") as bar:
-                if args.output is not None:
-                    with _replacing(args.output) as stored, decoding(stored) as out:
-                        sink = cast(BinaryIO, CountingWriter(out, bar, digest))
-                        size = transport.fetch_to(url, sink, auth=auth, redirect_ok=_anywhere)
-                else:
-                    with decoding(cast(BinaryIO, BinaryStdout())) as out:
-                        sink = cast(BinaryIO, CountingWriter(out, bar, digest))
-                        size = transport.fetch_to(url, sink, auth=auth, redirect_ok=_anywhere)
-            sha256 = digest.hexdigest()
+            size, sha256 = _fetch_streamed(transport, url, args, auth, decoding)
     if args.output is not None:
         emit(
             message_line(
@@ -103,6 +74,71 @@ def fetch_command(args: argparse.Namespace) -> int:
             )
         )
     return EXIT_OK
+
+
+def _payload_url(url: str) -> tuple[str, str | None]:
+    """The URL of the raw bytes `url` names, and its message id when it names one.
+
+    `{endpoint}/msg/<id>` is the BSON document: its `/payload` is fetched instead.
+    """
+    from ..protocol import MessageId
+
+    levels = url.split("/")
+    raw = levels[-1] == "payload"  # {endpoint}/msg/<id>/payload
+    try:
+        message_id: str | None = str(MessageId.parse(levels[-2 if raw else -1]))
+    except ValueError:
+        message_id = None
+    if message_id is not None and not raw and levels[-2] == "msg":
+        url += "/payload"  # the raw bytes, not the BSON document
+    return url, message_id
+
+
+def _fetch_verified(
+    transport: HttpTransport,
+    url: str,
+    args: argparse.Namespace,
+    auth: httpx.Auth | None,
+    decoded: Callable[[Payload], Payload],
+) -> tuple[int, str]:
+    """`--sha256`: the stored bytes checked (and spooled) before a byte is written."""
+    sha256 = args.sha256.lower()
+    payload = transport.fetch(url, expected_sha256=sha256, auth=auth, redirect_ok=_anywhere)
+    payload = decoded(payload)  # after the stored bytes' SHA-256 was checked
+    if args.output is not None:
+        payload.save(args.output)
+    else:
+        with payload.open() as f:
+            while piece := f.read(1 << 20):
+                write_bytes(piece)
+    return payload.size, sha256
+
+
+def _fetch_streamed(
+    transport: HttpTransport,
+    url: str,
+    args: argparse.Namespace,
+    auth: httpx.Auth | None,
+    decoding: Callable[[BinaryIO], ContextManager[BinaryIO]],
+) -> tuple[int, str]:
+    """The bytes written as they arrive (to a file renamed into place at the end), with a
+    progress bar on a terminal."""
+    import hashlib
+
+    from ._progress import CountingWriter, Progress
+
+    digest = hashlib.sha256()
+    # The bar goes to stderr, so `offload fetch URL > file` on a terminal shows it too.
+    with Progress(_content_length(url, auth), label="fetch") as bar:
+        if args.output is not None:
+            with _replacing(args.output) as stored, decoding(stored) as out:
+                sink = cast(BinaryIO, CountingWriter(out, bar, digest))
+                size = transport.fetch_to(url, sink, auth=auth, redirect_ok=_anywhere)
+        else:
+            with decoding(cast(BinaryIO, BinaryStdout())) as out:
+                sink = cast(BinaryIO, CountingWriter(out, bar, digest))
+                size = transport.fetch_to(url, sink, auth=auth, redirect_ok=_anywhere)
+    return size, digest.hexdigest()
 
 
 def _sealing(settings: ClientSettings, topic: str) -> Sealing | None:
@@ -147,11 +183,17 @@ def _sealing(settings: ClientSettings, topic: str) -> Sealing | None:
 
 def _gateway_login(settings: ClientSettings) -> httpx.Auth | None:
     """The login every command presents to the gateway, as :class:`client.Client` does: a
-    bearer token, else the broker login (`--username`/`--password` over the broker URL's)."""
+    bearer token (its own, or a broker password that is a JWT), else the broker login
+    (`--username`/`--password` over the broker URL's); `http_login` picks by name."""
     from ..http._scram import gateway_auth
 
     login = settings.broker_url
-    return gateway_auth(username=login.username, password=login.password, token=settings.http_token)
+    return gateway_auth(
+        username=login.username,
+        password=login.password,
+        token=settings.http_token,
+        scheme=settings.http_login,
+    )
 
 
 def _verify(settings: ClientSettings) -> ssl.SSLContext | bool:
@@ -257,6 +299,12 @@ def upload_command(args: argparse.Namespace) -> int:
             code, line = describe(exc)
             print(f"{line}; the same command with --resume continues", file=sys.stderr)
             return code
+    _uploaded_line(args, result)
+    return EXIT_OK
+
+
+def _uploaded_line(args: argparse.Namespace, result: UploadResult) -> None:
+    """The message line of a finished upload."""
     extra = {"content_type": args.content_type} if args.content_type else {}
     emit(
         message_line(
@@ -270,4 +318,3 @@ def upload_command(args: argparse.Namespace) -> int:
             **extra,
         )
     )
-    return EXIT_OK

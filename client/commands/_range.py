@@ -19,7 +19,8 @@ import httpx
 
 from ..core._exceptions import FetchError, PayloadDecodeError
 from ..http._range import age_range
-from ..protocol._age import NONCE, SEALED_CHUNK, Header, Layout, OpenedHeader
+from ..protocol._age import NONCE, SEALED_CHUNK, Layout, OpenedHeader
+from ..protocol._age_header import Header
 from ..protocol._age_keys import Identity
 from ..protocol._zstd import MARK, marked
 

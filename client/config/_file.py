@@ -1,7 +1,7 @@
 """The config-file layer of the client settings: which TOML file, and its table of values.
 
 Kept apart from the settings' declaration because it is I/O (the one place the library
-reads a file of its own accord, and only through :func:`client.config._settings.load_settings`,
+reads a file of its own accord, and only through :func:`client.config._load.load_settings`,
 which the CLI and :meth:`Client.from_config` call) and because its errors must name the
 file: a typo in `config.toml` is reported with the path, not as a bad keyword argument.
 """

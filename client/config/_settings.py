@@ -1,9 +1,9 @@
-"""Client settings, declared once, and the environment / config-file layer.
+"""Client settings, declared once, and what makes a set of them usable.
 
 Library classes take these as keyword arguments and never read the environment themselves.
-:func:`load_settings` is the edge that does, used by the CLI and :meth:`Client.from_config`;
-precedence, highest first: explicit keyword argument / CLI flag > environment variable
-(`OFFLOAD_<NAME>`) > config file (TOML: `$OFFLOAD_CONFIG`, else
+:func:`client.config._load.load_settings` is the edge that does, used by the CLI and
+:meth:`Client.from_config`; precedence, highest first: explicit keyword argument / CLI flag >
+environment variable (`OFFLOAD_<NAME>`) > config file (TOML: `$OFFLOAD_CONFIG`, else
 `~/.config/mqtt-offload/config.toml`, flat `name = value` keys or a `[client]` table) >
 defaults.
 
@@ -11,12 +11,13 @@ Every setting is declared once, as a field of :class:`ClientSettings` whose meta
 its meaning and its parser: the keyword arguments, the `OFFLOAD_*` environment variables, the
 config-file keys and the settings table of docs/settings.md (:func:`settings_table`, checked by
 `tests/test_client_units.py`) all come from those fields. Print the table with
-`python -m client.config._settings`. The field parsers, the allow-list matching and the config-file
-reading are in `_parsers`, `_allowlist` and `_file`.
+`python -m client.config._settings`. The layers are read in `_load`; the field parsers, the
+allow-list matching and the config-file reading are in `_parsers`, `_allowlist` and `_file`.
 
-Gateway credentials: with `http_token` the client sends `Authorization: Bearer`; otherwise,
-when the broker login has a user name and password, it authenticates to the gateway with
-SCRAM-SHA-512 as that same user (the gateway reads the broker's password file). Either goes
+Gateway credentials: with `http_token`, or a broker password that is a JWT, the client sends
+`Authorization: Bearer`; otherwise, when the broker login has a user name and password, it
+authenticates to the gateway with SCRAM-SHA-512 as that same user (the gateway reads the
+broker's password file); `http_login` picks one by name. Either goes
 only to the endpoint in force (configured, or advertised on the discovery topic) and to
 origins in `discovery_allowlist`. Placeholders are fetched only from those origins unless
 `untrusted_endpoint = "anonymous"` opts in to fetching any other origin without credentials.
@@ -26,9 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal, TypedDict, get_args
 from urllib.parse import urlsplit
 
@@ -39,7 +38,7 @@ from ..mqtt._tls import TlsFiles
 from ..mqtt._websocket import parse_header_lines, websocket_headers
 from ..protocol._bounded import Origin
 from ._allowlist import origin_listed, parse_origin, url_listed
-from ._file import DEFAULT_CONFIG_FILE, ENV_PREFIX, config_file_path, read_settings_table
+from ._file import DEFAULT_CONFIG_FILE, ENV_PREFIX
 from ._keys import EncryptTo, normalise_encrypt_to, parse_encrypt_to
 
 # Under the names the field declarations below have always used (parallel branches add fields).
@@ -57,14 +56,13 @@ __all__ = [
     "Ordering",
     "SettingsOverrides",
     "UntrustedPolicy",
-    "load_settings",
-    "merge_settings",
     "setting",
     "settings_table",
 ]
 
 UntrustedPolicy = Literal["anonymous", "refuse"]
 Ordering = Literal["topic", "arrival"]
+GatewayAuth = Literal["auto", "scram", "bearer", "basic"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +146,14 @@ class ClientSettings:
         "bearer token for the gateway instead of SCRAM (the gateway accepts tokens only over TLS)",
         _OPT_STR,
         secret=True,
+    )
+    http_login: GatewayAuth = setting(  # noqa: RUF009
+        "auto",
+        "how the gateway login is presented: `auto` (default): `http_token` as a bearer token, "
+        "else a broker password that is a JWT as a bearer token (the device's own token, "
+        "docs/authentication.md), else SCRAM-SHA-512 with the broker login; `scram`; "
+        "`bearer` (`http_token`, else the broker password); `basic` (the broker login in "
+        "clear: HTTPS only, for users whose password hash cannot do SCRAM)",
     )
     ignore_payload_not_found: bool = setting(
         False,
@@ -319,45 +325,15 @@ class ClientSettings:
             raise ConfigError("untrusted_endpoint must be 'anonymous' or 'refuse'")
         if self.ordering not in get_args(Ordering):
             raise ConfigError("ordering must be 'topic' or 'arrival'")
-        for name in (
-            "max_partial_messages",
-            "max_buffered_bytes",
-            "spool_threshold",
-            "max_fetch_bytes",
-            "fetch_concurrency",
-            "max_pending_deliveries",
-            "max_pending_bytes",
-            "fetch_min_rate",
-            "max_spool_bytes",
-        ):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        _check_numbers(self)
         object.__setattr__(self, "encrypt_to", normalise_encrypt_to(self.encrypt_to))
-        for name in ("identity_files", "no_compress"):
+        for name in ("identity_files", "no_compress", "discovery_allowlist"):
             value = getattr(self, name)
             object.__setattr__(
                 self, name, _split_list(value) if isinstance(value, str) else tuple(value)
             )
-        if isinstance(self.discovery_allowlist, str):
-            object.__setattr__(self, "discovery_allowlist", _split_list(self.discovery_allowlist))
-        object.__setattr__(self, "discovery_allowlist", tuple(self.discovery_allowlist))
         for entry in self.discovery_allowlist:
             parse_origin(entry)
-        for name in ("max_packet_size", "offload_threshold", "fetch_per_origin"):
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise ConfigError(f"{name} must be positive, got {value}")
-        for name in (
-            "discovery_wait",
-            "discovery_refresh",
-            "chunk_timeout",
-            "http_timeout",
-            "max_chunk_timeout",
-            "fetch_retry_for",
-            "fetch_deadline",
-        ):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must not be negative")
         if self.spool_dir is not None and not os.path.isdir(self.spool_dir):
             raise ConfigError(f"spool_dir is not a directory: {self.spool_dir!r}")
         if self.endpoint is not None:
@@ -403,22 +379,43 @@ class ClientSettings:
         return BrokerUrl.parse(self.broker).with_login(self.username, self.password)
 
 
-_FIELDS = {f.name: f for f in dataclasses.fields(ClientSettings)}
+#: Settings that must be at least 1; those that may be None but are positive when set; and
+#: durations that must not be negative.
+_POSITIVE = (
+    "max_partial_messages",
+    "max_buffered_bytes",
+    "spool_threshold",
+    "max_fetch_bytes",
+    "fetch_concurrency",
+    "max_pending_deliveries",
+    "max_pending_bytes",
+    "fetch_min_rate",
+    "max_spool_bytes",
+)
+_POSITIVE_WHEN_SET = ("max_packet_size", "offload_threshold", "fetch_per_origin")
+_NOT_NEGATIVE = (
+    "discovery_wait",
+    "discovery_refresh",
+    "chunk_timeout",
+    "http_timeout",
+    "max_chunk_timeout",
+    "fetch_retry_for",
+    "fetch_deadline",
+)
 
 
-def _coerce(name: str, value: object) -> object:
-    """An environment string or TOML value as the field's type, by the field's own parser."""
-    parse = _FIELDS[name].metadata["parse"]
-    if isinstance(value, list) and name in ("discovery_allowlist", "identity_files", "no_compress"):
-        return tuple(str(v) for v in value)
-    if not isinstance(value, str):  # TOML already typed it: only a bool must be a bool
-        if parse is _parse_bool and not isinstance(value, bool):
-            raise ConfigError(f"{name} must be a boolean, got {value!r}")
-        return value
-    try:
-        return parse(value.strip())
-    except (KeyError, ValueError) as exc:
-        raise ConfigError(f"{name}: cannot use {value!r}") from exc
+def _check_numbers(settings: ClientSettings) -> None:
+    """ConfigError for the first count, size or duration out of its range."""
+    for name in _POSITIVE:
+        if getattr(settings, name) < 1:
+            raise ConfigError(f"{name} must be positive, got {getattr(settings, name)}")
+    for name in _POSITIVE_WHEN_SET:
+        value = getattr(settings, name)
+        if value is not None and value <= 0:
+            raise ConfigError(f"{name} must be positive, got {value}")
+    for name in _NOT_NEGATIVE:
+        if getattr(settings, name) < 0:
+            raise ConfigError(f"{name} must not be negative")
 
 
 def settings_table() -> str:
@@ -428,69 +425,6 @@ def settings_table() -> str:
         env = ENV_PREFIX + f.name.upper()
         rows.append(f"| `{f.name}` | `{env}` | {f.metadata['meaning']} |")
     return "\n".join(rows) + "\n"
-
-
-def merge_settings(
-    settings: ClientSettings | None, broker: str | None, overrides: Mapping[str, object]
-) -> ClientSettings:
-    """`settings` (default: the defaults) with `broker` and keyword overrides applied.
-
-    Raises:
-        TypeError: an unknown setting, as for any unknown keyword argument.
-        ConfigError: a value that cannot be used.
-    """
-    changes = dict(overrides)
-    if broker is not None:
-        changes["broker"] = broker
-    return dataclasses.replace(settings or ClientSettings(), **changes)  # type: ignore[arg-type]
-
-
-def _read_config_file(path: Path) -> dict[str, object]:
-    """The settings a TOML file sets (flat keys or a `[client]` table), parsed."""
-    values: dict[str, object] = {}
-    for key, value in read_settings_table(path).items():
-        if key not in _FIELDS:
-            raise ConfigError(f"config file {path}: unknown setting {key!r}")
-        values[key] = _coerce(key, value)
-    return values
-
-
-def load_settings(
-    overrides: Mapping[str, object] | None = None,
-    *,
-    environ: Mapping[str, str] | None = None,
-    config_file: str | os.PathLike[str] | None = None,
-) -> ClientSettings:
-    """Build settings from keyword overrides > environment > config file > defaults.
-
-    Args:
-        overrides: explicit values (e.g. CLI flags); None values are ignored so that an
-            unset flag falls through to the lower layers.
-        environ: the environment to read `OFFLOAD_*` from (pass `os.environ`); None reads none.
-        config_file: TOML file; default `$OFFLOAD_CONFIG` from `environ`, else
-            `~/.config/mqtt-offload/config.toml` when it exists.
-
-    Raises:
-        ConfigError: an unknown key, a value of the wrong type, or an unreadable file.
-    """
-    env = dict(environ or {})
-    values: dict[str, object] = {}
-    path = config_file_path(env, config_file)
-    if path is not None:
-        values.update(_read_config_file(path))
-    for name in _FIELDS:
-        raw = env.get(ENV_PREFIX + name.upper())
-        if raw is not None:
-            values[name] = _coerce(name, raw)
-    for key, value in (overrides or {}).items():
-        if key not in _FIELDS:
-            raise ConfigError(f"unknown setting {key!r}")
-        if value is not None:
-            values[key] = value
-    try:
-        return ClientSettings(**values)  # type: ignore[arg-type]
-    except TypeError as exc:
-        raise ConfigError(str(exc)) from exc
 
 
 class SettingsOverrides(TypedDict, total=False):
@@ -518,6 +452,7 @@ class SettingsOverrides(TypedDict, total=False):
     keepalive: int
     fallback_on_auth_failure: bool
     http_token: str | None
+    http_login: GatewayAuth
     ignore_payload_not_found: bool
     discovery_allowlist: tuple[str, ...]
     max_partial_messages: int

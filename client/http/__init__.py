@@ -6,8 +6,6 @@ and bearer auth; `client.ScramAuth`, `client.BearerAuth`), `_store_origin` (whic
 gateway may redirect to), `_range` (a range of an offloaded payload, decrypting only the age
 chunks it needs: `Client.fetch_range`, `offload fetch --range`), `_answers` and `_deadline`
 (reading answers, pacing a fetch, for the receive path), `_upload` (tus uploads, for
-`offload upload`), `_pool` (kept HTTP/1.1 connections and an answer head's framing, for
-the gateway's store reads: the one module of client.http that other packages import,
-standard library only). Internal: `_fetching`, `_upload_forms`,
-`_urllib3`. Exports nothing here, so that httpx loads on first use.
+`offload upload`). Internal: `_fetching`, `_upload_forms`, `_urllib3`. Exports nothing
+here, so that httpx loads on first use.
 """

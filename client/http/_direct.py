@@ -120,17 +120,10 @@ class DirectUploader:
             whole = pool.submit(reader.whole_sha256, source)
             hashes = list(pool.map(lambda span: reader.sha256(*span), spans))
             sha256 = whole.result()
-            levels = topic_path(topic)
-            request: dict[str, Any] = {
-                "size": source.size,
-                "sha256": sha256,
-                "part_size": part,
-                "parts": hashes,
-                "id": str(message_id),
-            }
-            if ttl:
-                request["ttl"] = ttl
-            grant = self._post(f"{base}/direct/grant/{levels}", request, auth, grant=True)
+            request = _grant_request(source.size, sha256, part, hashes, message_id, ttl)
+            grant = self._post(
+                f"{base}/direct/grant/{topic_path(topic)}", request, auth, grant=True
+            )
             urls = _urls(grant, len(spans), store, base)
             try:
                 jobs = zip(urls, spans, strict=True)
@@ -139,16 +132,27 @@ class DirectUploader:
                 pool.shutdown(cancel_futures=True)  # no more parts after the first failure
                 self._abandon(base, grant["grant"], auth)
                 raise
-        body = {"grant": grant["grant"], "etags": etags, "headers": [list(h) for h in headers]}
+        self._commit(base, grant["grant"], etags, headers, auth)
+        return UploadReceipt(message_id, f"{base}/msg/{message_id}", source.size, sha256)
+
+    def _commit(
+        self,
+        base: str,
+        grant: str,
+        etags: list[str],
+        headers: Sequence[tuple[str, str]],
+        auth: httpx.Auth | None,
+    ) -> None:
+        """Commit the stored parts; abandon the grant when the commit fails."""
+        body = {"grant": grant, "etags": etags, "headers": [list(h) for h in headers]}
         try:
             self._post(f"{base}/direct/commit", body, auth, grant=False)
         except UploadError:
             # The parts stay in the store until aborted. Safe even when the commit went
             # through and only its answer was lost: a grant has one commit or abandon, and
             # an abandon after the commit answers the committed message (gateway side).
-            if self._abandon(base, grant["grant"], auth) is None:
+            if self._abandon(base, grant, auth) is None:
                 raise
-        return UploadReceipt(message_id, f"{base}/msg/{message_id}", source.size, sha256)
 
     def _post(
         self, url: str, body: dict[str, Any], auth: httpx.Auth | None, *, grant: bool
@@ -273,3 +277,24 @@ def _urls(grant: dict[str, Any], count: int, store: str, endpoint: str) -> list[
 def _redacted(url: str) -> str:
     """A presigned URL without its signature, for error messages and logs."""
     return url.split("?", 1)[0]
+
+
+def _grant_request(
+    size: int,
+    sha256: str,
+    part_size: int,
+    parts: list[str],
+    message_id: MessageId,
+    ttl: int | None,
+) -> dict[str, Any]:
+    """The body of `POST /direct/grant/{topic}`."""
+    request: dict[str, Any] = {
+        "size": size,
+        "sha256": sha256,
+        "part_size": part_size,
+        "parts": parts,
+        "id": str(message_id),
+    }
+    if ttl:
+        request["ttl"] = ttl
+    return request

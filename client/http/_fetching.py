@@ -28,6 +28,7 @@ import httpx
 from ..core._exceptions import FetchError
 from ..core._message import Payload
 from ..protocol import Origin, http_origin
+from ._urllib3 import READINTO
 
 
 def _counted(
@@ -124,6 +125,44 @@ HASH_QUEUE = 4
 #: Payloads of at least this many bytes are hashed on a second thread; smaller ones
 #: inline (starting a thread costs ~0.1 ms, hashing 4 MiB ~2.5 ms).
 THREADED_HASH_FROM = 4 << 20
+
+
+def read_body(
+    response: httpx.Response,
+    url: str,
+    size: int | None,
+    limit: int | None,
+    *,
+    hashed: bool,
+    tap: Callable[[Sequence[bytes | memoryview]], None] | None,
+    keep: bool,
+    spool_threshold: int,
+    spool_dir: str | os.PathLike[str] | None,
+    on_bytes: Callable[[int, int | None], None] | None,
+) -> tuple[Payload, str, int | None]:
+    """An answer's body, held where its size says (nowhere, a spool file, memory), hashed as
+    it comes; with its SHA-256 ("" when not `hashed`) and, when not kept, the bytes received
+    (see :meth:`client.http._transport.HttpTransport.fetch`)."""
+    # The SHA-256 on a second thread while the reader waits on the socket (or the disk):
+    # hashlib and the socket read both release the GIL.
+    threaded = size is None or size >= THREADED_HASH_FROM
+    readinto = response.extensions.get(READINTO)
+    # iter_raw() without a size: the transport's reads as they come, no re-chunking copy
+    # (bench/RESULTS.md, "Client fetch"). A generator: nothing is read unless a branch below
+    # iterates it.
+    stream = _counted(_capped(response.iter_raw(), limit, url), size, on_bytes)
+    with _Hasher(threaded=threaded, enabled=hashed, tap=tap) as hasher:
+        received = None
+        if not keep:
+            payload = Payload(b"")
+            received = _tapped_only(readinto, stream, hasher, size, url, on_bytes)
+        elif size is None or size > spool_threshold:
+            payload = _spool(stream, hasher, spool_dir)
+        elif readinto is not None:  # straight into the payload's buffer
+            payload = _read_into(readinto, hasher, size, url, on_bytes)
+        else:
+            payload = _in_memory(stream, hasher, size)
+        return payload, hasher.hexdigest(), received
 
 
 def _batches(pieces: Iterator[bytes]) -> Iterator[tuple[list[bytes], int]]:

@@ -34,7 +34,8 @@ from ..core._exceptions import (
 )
 from ..core._message import Message
 from ..protocol import Origin
-from ..protocol._age import CHUNK, MAX_HEADER, NONCE, Header, Layout, OpenedHeader
+from ..protocol._age import CHUNK, NONCE, Layout, OpenedHeader
+from ..protocol._age_header import MAX_HEADER, Header
 from ..protocol._age_keys import Identity
 from ..protocol._placeholder import MAX_PLACEHOLDER_BYTES, Placeholder, is_tagged, parse
 from ._answers import _detail

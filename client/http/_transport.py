@@ -43,16 +43,9 @@ from ._fetching import (
     _NO_AUTH,
     MAX_REDIRECTS,
     REDIRECTS,
-    THREADED_HASH_FROM,
-    _capped,
     _checked_length,
-    _counted,
-    _Hasher,
-    _in_memory,
     _origin,
-    _read_into,
-    _spool,
-    _tapped_only,
+    read_body,
 )
 from ._scram import ScramFailure
 from ._upload_forms import (
@@ -71,7 +64,7 @@ from ._upload_forms import (
 from ._upload_forms import (
     upload_url as upload_url,  # re-exported: its home was here
 )
-from ._urllib3 import READINTO, reader_client
+from ._urllib3 import reader_client
 
 log = logging.getLogger("client")
 
@@ -163,32 +156,9 @@ class HttpTransport:
             UploadError: no answer, a non-201 answer, or no wire form can carry the payload.
         """
         base = endpoint.rstrip("/")
-        fields = header_fields(headers)
-        reason = None
-        raw = self._raw_support.get(base)
-        if raw is None and source.size > PROBE_ABOVE:
-            raw = self._probe_raw(base, message_id)
-        if raw is False:
-            reason = f"the gateway at {base} has no raw upload route (PUT /msg/<id>)"
-        elif not fits_headers(fields):
-            reason = f"the stored headers exceed {HEADER_BUDGET} bytes as HTTP header fields"
-        else:
-            try:
-                request = raw_request(base, topic, source, message_id, fields, ttl)
-                answer = self._send(request, auth)
-            except UploadError as exc:
-                if exc.status not in UNSUPPORTED:
-                    raise
-                self._raw_support[base] = False
-                reason = f"the gateway at {base} has no raw upload route ({exc.status})"
-                log.info("%s: uploading as a BSON document instead", reason)
-            else:
-                self._raw_support[base] = True
-                if isinstance(source, SealedStream):  # no X-Offload-Sha256 was sent ahead
-                    _same_digest(request.url, answer, source.sha256)
-                return UploadReceipt(
-                    message_id, raw_upload_url(base, message_id), source.size, source.sha256
-                )
+        reason = self._raw_upload(base, topic, source, message_id, headers, auth, ttl)
+        if isinstance(reason, UploadReceipt):
+            return reason
         if source.size > self._bson_limit:
             raise UploadError(
                 raw_upload_url(base, message_id),
@@ -197,6 +167,43 @@ class HttpTransport:
             )
         self._send(bson_request(base, topic, source, message_id, headers, ttl), auth)
         # hop-client ignores the body and builds the URL from the id it sent; so do we.
+        return UploadReceipt(
+            message_id, raw_upload_url(base, message_id), source.size, source.sha256
+        )
+
+    def _raw_upload(
+        self,
+        base: str,
+        topic: str,
+        source: PayloadSource | SealedStream,
+        message_id: MessageId,
+        headers: Sequence[tuple[str, bytes]],
+        auth: httpx.Auth | None,
+        ttl: int | None,
+    ) -> UploadReceipt | str:
+        """The upload in the raw form (`PUT /msg/<id>`), or why it cannot be (for the BSON
+        form to say, if it cannot carry the payload either)."""
+        fields = header_fields(headers)
+        raw = self._raw_support.get(base)
+        if raw is None and source.size > PROBE_ABOVE:
+            raw = self._probe_raw(base, message_id)
+        if raw is False:
+            return f"the gateway at {base} has no raw upload route (PUT /msg/<id>)"
+        if not fits_headers(fields):
+            return f"the stored headers exceed {HEADER_BUDGET} bytes as HTTP header fields"
+        try:
+            request = raw_request(base, topic, source, message_id, fields, ttl)
+            answer = self._send(request, auth)
+        except UploadError as exc:
+            if exc.status not in UNSUPPORTED:
+                raise
+            self._raw_support[base] = False
+            reason = f"the gateway at {base} has no raw upload route ({exc.status})"
+            log.info("%s: uploading as a BSON document instead", reason)
+            return reason
+        self._raw_support[base] = True
+        if isinstance(source, SealedStream):  # no X-Offload-Sha256 was sent ahead
+            _same_digest(request.url, answer, source.sha256)
         return UploadReceipt(
             message_id, raw_upload_url(base, message_id), source.size, source.sha256
         )
@@ -325,28 +332,18 @@ class HttpTransport:
                     # Named by `url`, never `response.url`: after a redirect that is a
                     # presigned store URL, whose signature must not reach errors and logs.
                     size = _checked_length(url, response, expected_size, limit)
-                    # The SHA-256 on a second thread while the reader waits on the socket (or
-                    # the disk): hashlib and the socket read both release the GIL.
-                    threaded = size is None or size >= THREADED_HASH_FROM
-                    readinto = response.extensions.get(READINTO)
-                    # iter_raw() without a size: the transport's reads as they come, no
-                    # re-chunking copy (bench/RESULTS.md, "Client fetch"). A generator: nothing
-                    # is read unless a branch below iterates it.
-                    stream = _counted(_capped(response.iter_raw(), limit, url), size, on_bytes)
-                    with _Hasher(
-                        threaded=threaded, enabled=expected_sha256 is not None, tap=tap
-                    ) as hasher:
-                        received = None
-                        if not keep:
-                            payload = Payload(b"")
-                            received = _tapped_only(readinto, stream, hasher, size, url, on_bytes)
-                        elif size is None or size > spool_threshold:
-                            payload = _spool(stream, hasher, spool_dir)
-                        elif readinto is not None:  # straight into the payload's buffer
-                            payload = _read_into(readinto, hasher, size, url, on_bytes)
-                        else:
-                            payload = _in_memory(stream, hasher, size)
-                        digest = hasher.hexdigest()
+                    payload, digest, received = read_body(
+                        response,
+                        url,
+                        size,
+                        limit,
+                        hashed=expected_sha256 is not None,
+                        tap=tap,
+                        keep=keep,
+                        spool_threshold=spool_threshold,
+                        spool_dir=spool_dir,
+                        on_bytes=on_bytes,
+                    )
             except httpx.TransportError as exc:  # refused, reset, timed out, cut short
                 raise TransientFetchError(url, f"fetch failed: {exc!r}") from exc
             except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as exc:

@@ -223,43 +223,16 @@ class TusUploader:
         remembered = state_path(self.state_dir, file, self.endpoint, topic, sealing)
         # What goes up: the file, or its sealed form (the same bytes on every resume).
         body = file if sealing is None else spool_path(remembered)
-        location: str | None = None
-        offset = 0
-        sha256: str | None = None
-        saved = _remembered(remembered) if resume else None
-        if saved is not None and sealing is not None and not body.is_file():
-            saved = None  # the ciphertext is gone: never re-encrypt under the same upload
-        size = body.stat().st_size if saved is not None else 0
-        if saved is not None:
-            known = self._offset(saved["url"])
-            if known is not None and known[1].get("upload-length") != str(size):
-                known = None  # another upload's bytes: start over
-            if known is not None:
-                location, offset, sha256 = saved["url"], known[0], saved["sha256"]
-                headers = known[1]
-                if offset == size and "x-offload-url" in headers:  # finished earlier
-                    remembered.unlink(missing_ok=True)
-                    if sealing is not None:
-                        body.unlink(missing_ok=True)
-                    return UploadResult(
-                        headers["x-offload-id"], headers["x-offload-url"], size, sha256, offset
-                    )
-        if location is None:
-            remembered.parent.mkdir(parents=True, exist_ok=True)
-            remembered.unlink(missing_ok=True)  # never pair an old upload with a new seal
-            extra = {"content_type": content_type} if content_type else {}
-            if sealing is not None:
-                extra.update(sealing.write(file, body))
-            size = body.stat().st_size
-            sha256 = file_sha256(body)
-            try:
-                location = self._create(body, file.name, topic, sha256, extra)
-            except BaseException:
-                if sealing is not None:
-                    body.unlink(missing_ok=True)  # nothing remembers it
-                raise
-            remembered.write_text(json.dumps({"url": location, "sha256": sha256}))
-        assert sha256 is not None
+        found = self._resumed(remembered, body, sealing) if resume else None
+        if isinstance(found, UploadResult):
+            return found
+        if found is None:
+            location, size, sha256 = self._created(
+                file, body, topic, remembered, content_type, sealing
+            )
+            offset = 0
+        else:
+            location, offset, size, sha256 = found
         started = offset
         if on_start is not None:
             on_start(offset)
@@ -275,6 +248,56 @@ class TusUploader:
             sha256,
             started,
         )
+
+    def _resumed(
+        self, remembered: Path, body: Path, sealing: Sealing | None
+    ) -> tuple[str, int, int, str] | UploadResult | None:
+        """Where the upload remembered in `remembered` stands: its URL, offset, size and
+        SHA-256; its result when it finished earlier; None when there is none to continue."""
+        saved = _remembered(remembered)
+        if saved is None or (sealing is not None and not body.is_file()):
+            return None  # none, or the ciphertext is gone: never re-encrypt under it
+        size = body.stat().st_size
+        known = self._offset(saved["url"])
+        if known is None or known[1].get("upload-length") != str(size):
+            return None  # gone, or another upload's bytes: start over
+        offset, headers = known
+        sha256 = saved["sha256"]
+        if offset == size and "x-offload-url" in headers:  # finished earlier
+            remembered.unlink(missing_ok=True)
+            if sealing is not None:
+                body.unlink(missing_ok=True)
+            return UploadResult(
+                headers["x-offload-id"], headers["x-offload-url"], size, sha256, offset
+            )
+        return saved["url"], offset, size, sha256
+
+    def _created(
+        self,
+        file: Path,
+        body: Path,
+        topic: str,
+        remembered: Path,
+        content_type: str | None,
+        sealing: Sealing | None,
+    ) -> tuple[str, int, str]:
+        """A new upload of `body` (sealed from `file` first): its URL, size and SHA-256,
+        remembered in `remembered` for a resume."""
+        remembered.parent.mkdir(parents=True, exist_ok=True)
+        remembered.unlink(missing_ok=True)  # never pair an old upload with a new seal
+        extra = {"content_type": content_type} if content_type else {}
+        if sealing is not None:
+            extra.update(sealing.write(file, body))
+        size = body.stat().st_size
+        sha256 = file_sha256(body)
+        try:
+            location = self._create(body, file.name, topic, sha256, extra)
+        except BaseException:
+            if sealing is not None:
+                body.unlink(missing_ok=True)  # nothing remembers it
+            raise
+        remembered.write_text(json.dumps({"url": location, "sha256": sha256}))
+        return location, size, sha256
 
     def _send(
         self,

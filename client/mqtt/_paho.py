@@ -20,30 +20,26 @@ call for that: `_paho_session` reaches into its queue).
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import socket
-import ssl
 import threading
-import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
 import paho.mqtt.client as mqtt
-from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
-from ..core._exceptions import ConnectionFailed, PublishRejected
-from ..protocol import PLACEHOLDER_AWARE, PublishProperties
-from ._acks import Acks, InvalidPublish, publish_problem
+from ..core._exceptions import ConnectionFailed
+from ..protocol import PublishProperties
 from ._broker import BrokerUrl
-from ._paho_session import forget_outgoing, take_unacknowledged
+from ._paho_publishes import PahoPublishes
+from ._paho_setup import connect_properties, linger, new_paho_client
+from ._paho_subscriptions import PahoSubscriptions
 from ._props import from_paho_properties, to_paho_properties
-from ._session import Subscriptions, session_flags
+from ._session import session_flags
 from ._tls import TlsFiles, handshake_refusal
 
 log = logging.getLogger("client.mqtt")
@@ -124,56 +120,34 @@ class MqttConnection:
             self._connect_callbacks.append(on_connect)
         self.protocol = protocol
         self._keepalive = keepalive
-        self._resend = resend_unacknowledged
         self._connected = threading.Event()
         self._connack_error: ConnectionFailed | None = None
         self._first = threading.Event()
         self._caller_waits = False  # connect(): the caller gets the first refusal raised
-        self._subscriptions = Subscriptions()
-        self._pubacks = Acks()
-        self._subacks = Acks()
         #: Maximum Packet Size from the latest CONNACK, None when the broker stated none.
         self.max_packet_size: int | None = None
         #: Incremented on every successful CONNACK.
         self.connections = 0
-        version = mqtt.MQTTv5 if protocol == 5 else mqtt.MQTTv311
-        self._paho = mqtt.Client(
-            CallbackAPIVersion.VERSION2,
+        self._paho = new_paho_client(
+            self.broker,
             client_id=client_id,
-            protocol=version,
-            clean_session=None if protocol == 5 else session.clean,
-            transport="websockets" if self.broker.websocket else "tcp",
+            protocol=protocol,
+            clean=session.clean,
+            tls=tls,
+            ca_file=ca_file,
+            websocket_headers=websocket_headers,
         )
-        if self.broker.ws_path is not None:
-            self._paho.ws_set_options(self.broker.ws_path, dict(websocket_headers or {}))
-        if self.broker.username is not None:
-            self._paho.username_pw_set(self.broker.username, self.broker.password)
-        if self.broker.tls:
-            self._paho.tls_set_context((tls or TlsFiles(ca_file=ca_file)).context())
-        # A quarter second first (paho's hint says int; it only does time arithmetic with it,
-        # paho-mqtt 2.x): closing a link that just dropped waits out this sleep.
-        self._paho.reconnect_delay_set(min_delay=0.25, max_delay=10)  # type: ignore[arg-type]
+        self._publishes = PahoPublishes(self._paho, protocol=protocol, resend=resend_unacknowledged)
+        self._subscriptions = PahoSubscriptions(self._paho)
         self._paho.on_connect = self._on_connect
         self._paho.on_disconnect = self._on_disconnect
         self._paho.on_message = self._on_message
         self._paho.on_publish = self._on_publish
         self._paho.on_subscribe = self._on_subscribe
-        self._paho.on_socket_open = _no_delay  # every (re)connect
-        self._connect_properties: Properties | None = None
-        if protocol == 5:
-            self._connect_properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
-            # Says "I resolve placeholders myself" to an offload-proxy between us and the
-            # broker (docs/proxy.md); a broker ignores user properties it does not know.
-            self._connect_properties.UserProperty = [PLACEHOLDER_AWARE]
-            if session.expiry:
-                self._connect_properties.SessionExpiryInterval = session.expiry
+        self._connect_properties = connect_properties(protocol, session.expiry, receive_maximum)
         self._manual_ack = receive_maximum is not None
-        if receive_maximum is not None:
-            if not 1 <= receive_maximum <= 65535:
-                raise ValueError(f"receive_maximum must be 1-65535, not {receive_maximum}")
+        if self._manual_ack:
             self._paho.manual_ack_set(True)
-            if self._connect_properties is not None:  # 3.1.1 has none: the broker's inflight
-                self._connect_properties.ReceiveMaximum = receive_maximum
         self._closing = False
         self._paho.on_socket_close = self._on_socket_close
 
@@ -287,7 +261,7 @@ class MqttConnection:
     def close(self) -> None:
         """Disconnect and stop the loop thread; pending acks fail with ConnectionFailed.
 
-        The connection ends with a lingering close (`_linger`): at most `CLOSE_LINGER`
+        The connection ends with a lingering close (`_paho_setup.linger`): at most `CLOSE_LINGER`
         seconds for the broker to read what was sent, so nothing written is lost.
         """
         self._closing = True
@@ -295,8 +269,8 @@ class MqttConnection:
         self._paho.loop_stop()
         self._connected.clear()
         closed = ConnectionFailed("connection closed")
-        self._pubacks.fail_all(closed)
-        self._subacks.fail_all(closed)
+        self._publishes.fail_all(closed)
+        self._subscriptions.fail_all(closed)
 
     def ack(self, incoming: Incoming) -> None:
         """Acknowledge a QoS 1/2 message (with `receive_maximum` set; else a no-op).
@@ -349,28 +323,15 @@ class MqttConnection:
         and :class:`ConnectionFailed` when it cannot be delivered (see
         `resend_unacknowledged`).
         """
-        future: Future[None] = Future()
-        problem = publish_problem(topic, payload, qos, properties)
-        if problem is not None:
-            future.set_exception(InvalidPublish(problem))
-            return future
-        if not self._resend and not self.connected:
-            future.set_exception(ConnectionFailed(f"not connected to broker {self.broker}"))
-            return future
-        paho_props = to_paho_properties(properties) if self.protocol == 5 else None
-        info = self._paho.publish(topic, payload, qos, retain, paho_props)
-        if info.rc == MQTTErrorCode.MQTT_ERR_NO_CONN and (qos == 0 or not self._resend):
-            # QoS 0 is not kept for a reconnect by paho: it is simply lost, so say so; a
-            # QoS>0 one paho keeps must not go out later when the caller was told it failed.
-            forget_outgoing(self._paho, info.mid)
-            future.set_exception(ConnectionFailed(f"not connected: publish to {topic!r} not sent"))
-            return future
-        if info.rc not in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN):
-            forget_outgoing(self._paho, info.mid)
-            future.set_exception(PublishRejected(topic, mqtt.error_string(info.rc)))
-            return future
-        self._pubacks.register(info.mid, future, qos0=qos == 0)
-        return future
+        return self._publishes.publish(
+            topic,
+            payload,
+            qos,
+            retain,
+            properties,
+            connected=self.connected,
+            where=str(self.broker),
+        )
 
     def subscribe(self, topic_filter: str, qos: int = 1) -> Future[None]:
         """Subscribe now (if connected) and again after every reconnect.
@@ -379,37 +340,15 @@ class MqttConnection:
             topic_filter: MQTT topic filter.
             qos: maximum QoS.
         """
-        self._subscriptions.add(topic_filter, qos)
-        return self._send_subscribe(topic_filter, qos)
+        return self._subscriptions.subscribe(topic_filter, qos)
 
     def resubscribe(self, topic_filter: str) -> Future[None]:
         """Subscribe again to an existing subscription (the broker re-sends retained)."""
-        return self._send_subscribe(topic_filter, self._subscriptions.qos(topic_filter))
+        return self._subscriptions.resubscribe(topic_filter)
 
     def unsubscribe(self, topic_filter: str) -> None:
         """Stop receiving `topic_filter`, also after reconnects."""
-        self._subscriptions.remove(topic_filter)
-        self._paho.unsubscribe(topic_filter)
-
-    def _send_subscribe(self, topic_filter: str, qos: int) -> Future[None]:
-        future: Future[None] = Future()
-        rc, mid = self._paho.subscribe(topic_filter, qos)
-        if rc != MQTTErrorCode.MQTT_ERR_SUCCESS or mid is None:
-            # Not connected: on_connect subscribes everything recorded.
-            future.set_result(None)
-            return future
-        self._subscriptions.sent(mid, topic_filter)
-        self._subacks.register(mid, future)
-        return future
-
-    def _fail_unacknowledged(self) -> int:
-        """Fail every unacknowledged publish, taken out of paho's session; how many."""
-        lost = take_unacknowledged(self._paho)
-        for mid in lost:
-            self._pubacks.settle(
-                mid, ConnectionFailed("connection lost before the acknowledgement")
-            )
-        return len(lost)
+        self._subscriptions.unsubscribe(topic_filter)
 
     # -- paho callbacks (paho's thread: never block) --------------------------------------
 
@@ -444,12 +383,7 @@ class MqttConnection:
             self.max_packet_size,
             ", session resumed" if self.session_present else "",
         )
-        for topic_filter, qos in self._subscriptions.to_restore(self.session_present):
-            rc, mid = client.subscribe(topic_filter, qos)
-            if rc == MQTTErrorCode.MQTT_ERR_SUCCESS and mid is not None:
-                self._subscriptions.sent(mid, topic_filter)
-                # Nobody waits on these SUBACKs; registering keeps the mid from lingering.
-                self._subacks.register(mid, Future())
+        self._subscriptions.restore(self.session_present)
         self._connected.set()
         for callback in list(self._connect_callbacks):
             try:
@@ -471,19 +405,7 @@ class MqttConnection:
         if self._connected.is_set():
             log.info("lost broker %s: %s", self.broker, reason)
         self._connected.clear()
-        # QoS 0 messages still queued are lost (at most once): say so instead of leaving
-        # their futures pending for ever.
-        lost = self._pubacks.fail_unwritten(
-            ConnectionFailed("connection lost before the QoS 0 message was written")
-        )
-        if lost:
-            log.info("%d QoS 0 message(s) not written before the disconnect: lost", lost)
-        if not self._resend:
-            dropped = self._fail_unacknowledged()
-            if dropped:
-                log.warning(
-                    "%d publish(es) unacknowledged at the disconnect: failed, not resent", dropped
-                )
+        self._publishes.disconnected()
 
     def _on_handshake_log(self, client: mqtt.Client, userdata: Any, level: int, buf: str) -> None:
         # Under TLS 1.3 a broker checks the client certificate after the client finished its
@@ -499,7 +421,7 @@ class MqttConnection:
 
     def _on_socket_close(self, client: mqtt.Client, userdata: Any, sock: object) -> None:
         if self._closing:  # our DISCONNECT was written; a dropped link has nothing to save
-            _linger(sock, CLOSE_LINGER)
+            linger(sock, CLOSE_LINGER)
 
     def _on_message(self, client: mqtt.Client, userdata: Any, msg: mqtt.MQTTMessage) -> None:
         # paho re-raises a callback's exception and its loop thread dies with it: one odd
@@ -542,10 +464,7 @@ class MqttConnection:
         reason: ReasonCode,
         properties: Properties | None,
     ) -> None:
-        if reason.is_failure:
-            self._pubacks.settle(mid, PublishRejected(f"mid {mid}", str(reason)))
-        else:
-            self._pubacks.settle(mid, None)
+        self._publishes.acknowledged(mid, reason)
 
     def _on_subscribe(
         self,
@@ -555,45 +474,4 @@ class MqttConnection:
         reasons: list[ReasonCode],
         properties: Properties | None,
     ) -> None:
-        failed = [r for r in reasons if r.is_failure]
-        self._subscriptions.acknowledged(mid, not failed)
-        if failed:
-            self._subacks.settle(mid, ConnectionFailed(f"subscription refused: {failed[0]}"))
-        else:
-            self._subacks.settle(mid, None)
-
-
-def _linger(sock: object, timeout: float) -> None:
-    """End a connection without a reset: send FIN, then read until the broker closes.
-
-    Closing a socket with received bytes unread (a retained message, any message in flight
-    to a subscriber) makes the kernel send RST instead of FIN and discard what it had not
-    sent yet: the last QoS 0 PUBLISHes and the DISCONNECT itself (a broker then also sends
-    the Will). So, as HTTP servers do, half-close and drain until the broker has read
-    everything and closed its side (mosquitto does so at once on DISCONNECT), for at most
-    `timeout` seconds; what is read is discarded.
-    """
-    if not isinstance(sock, socket.socket):  # e.g. paho's WebSocket wrapper: left as is
-        return
-    deadline = time.monotonic() + timeout
-    with contextlib.suppress(OSError, ValueError):  # reset, timed out, TLS closed: done
-        if not isinstance(sock, ssl.SSLSocket):  # TLS: the broker closes on DISCONNECT
-            sock.shutdown(socket.SHUT_WR)
-        while (remaining := deadline - time.monotonic()) > 0:
-            sock.settimeout(remaining)
-            if not sock.recv(65536):
-                return
-
-
-def _no_delay(client: mqtt.Client, userdata: object, sock: object) -> None:
-    """TCP_NODELAY on the broker connection (paho leaves Nagle's algorithm on).
-
-    With Nagle on, a small PUBLISH written while the previous one is still unacknowledged
-    waits for the broker's delayed ACK: the second message after connecting arrived 31-33 ms
-    late every time, against ~1 ms for the others (bench/RESULTS.md, "Telemetry: Nagle").
-    paho writes each packet whole, so nothing is sent in needless small pieces.
-    """
-    setsockopt = getattr(sock, "setsockopt", None)
-    if setsockopt is not None:
-        with contextlib.suppress(OSError):  # not a TCP socket: nothing to do
-            setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._subscriptions.acknowledged(mid, reasons)

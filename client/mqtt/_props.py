@@ -1,7 +1,7 @@
 """MQTT 5 PUBLISH properties between the project's frozen value and paho's mutable one.
 
-Used only by :mod:`client.mqtt._paho`, the module that owns the paho client; no paho type leaves
-these two modules.
+Used only by :mod:`client.mqtt._paho`, the module that owns the paho client, and its parts
+(`_paho_publishes`); no paho type leaves the adapter.
 """
 
 from __future__ import annotations

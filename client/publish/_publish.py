@@ -40,7 +40,7 @@ from ..mqtt._paho import MqttConnection
 from ..protocol import MessageId, PublishProperties, Topic, _placeholder
 from ..protocol._chunk import plan_chunks
 from ..protocol._size import MAX_PACKET_SIZE, publish_packet_size
-from ..receive._receive import PlainHttpWarner
+from ..receive._fetcher import PlainHttpWarner
 from ..seal._seal import SealedStream, Sealer, tagged
 from ._router import choose_route
 

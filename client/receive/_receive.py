@@ -4,11 +4,8 @@ Everything it reads is untrusted: anyone who may publish on a subscribed topic w
 message, its `__chunk` value and its placeholder. So a message can only ever become one
 :class:`Message` or one :class:`MessageError` (an unexpected failure included, as a
 :class:`ReceiveError` with its traceback logged), and the next message is always delivered.
-A placeholder is fetched only from the endpoint in force (with credentials, hop-client's
-rule) or an origin in `discovery_allowlist`; other origins need `untrusted_endpoint =
-"anonymous"` (and get no credentials), else a placeholder could make every subscriber send
-requests to any host and port inside its network. The transport never reads more than the
-placeholder's declared size (:meth:`client.http._transport.HttpTransport.fetch`).
+Which origins a placeholder may be fetched from, and with which credentials, is
+:class:`client.receive._fetcher.PlaceholderFetcher`'s rule.
 
 Placeholders are fetched by a pool of `fetch_concurrency` threads, and deliveries leave
 in order per topic (or in strict arrival order with `ordering = "arrival"`) through a
@@ -35,29 +32,22 @@ import threading
 import time
 from collections.abc import Callable
 
-import httpx
-
 from ..config._settings import ClientSettings
 from ..core._exceptions import (
     MalformedPlaceholder,
     OffloadError,
     PayloadNotFound,
     ReceiveError,
-    UntrustedEndpoint,
 )
 from ..core._message import Message, MessageError, Payload, Route
-from ..http._answers import TransientFetchError
-from ..http._deadline import Pace
-from ..http._store_origin import ConfiguredStore
-from ..http._transport import HttpTransport
 from ..mqtt._paho import Incoming, MqttConnection
 from ..protocol import PublishProperties, _placeholder
-from ..protocol._bounded import Origin, http_origin
 from ..protocol._chunk import CHUNK_PROPERTY
 from ..protocol._reassembly import Error, Pending, Reassembler, chunk_bounds
 from ..protocol._size import MAX_PACKET_SIZE
 from ..seal._unseal import Unsealer, chunk_encoding, untagged
 from ._chunkstore import SpoolingChunkStore
+from ._fetcher import PlaceholderFetcher
 from ._inbound import InboundQueue
 from ._ordering import FetchPool, Sequencer, Slot
 from ._session_acks import ChunkAcks, acknowledge_taken, combined
@@ -67,49 +57,6 @@ log = logging.getLogger("client")
 Delivery = Message | MessageError
 #: seconds between two warnings about shed QoS 0 messages.
 SHED_WARNING_EVERY = 10.0
-#: on_fetch_progress(topic, bytes received, total or None), from the fetching thread.
-FetchProgress = Callable[[str, int, int | None], None]
-
-
-def origin_of(url: str | None) -> Origin | None:
-    """The origin of a URL, None when there is none or it is not a usable http(s) URL."""
-    if url is None:
-        return None
-    try:
-        return http_origin(url)
-    except ValueError:
-        return None
-
-
-def _loopback(host: str) -> bool:
-    return host == "localhost" or host.startswith("127.") or host in ("::1", "[::1]")
-
-
-class PlainHttpWarner:
-    """Warns once per origin that payloads travel over plain http (a bounded set of them).
-
-    Never for loopback, where nothing travels over a network.
-    """
-
-    def __init__(self, limit: int = 64) -> None:
-        self._warned: set[Origin] = set()
-        self._limit = limit
-        self._lock = threading.Lock()
-
-    def __call__(self, url: str) -> None:
-        origin = origin_of(url)
-        if origin is None or origin.scheme != "http" or _loopback(origin.host):
-            return
-        with self._lock:
-            # Origins may come from placeholders (with the anonymous opt-in): keep it bounded.
-            if origin in self._warned or len(self._warned) >= self._limit:
-                return
-            self._warned.add(origin)
-        log.warning(
-            "offload endpoint %s:%s uses plain http: payloads travel unencrypted",
-            origin.host,
-            origin.port,
-        )
 
 
 class Receiver:
@@ -117,46 +64,27 @@ class Receiver:
 
     Args:
         settings: the client's settings.
-        transport: the HTTP transport used to fetch placeholders' payloads.
-        http_auth: credentials for the endpoint in force.
         conn: the MQTT connection (for the periodic discovery re-subscription).
-        endpoint_in_force: the configured or discovered endpoint (may wait briefly for the
-            retained discovery record after a (re)subscription).
-        warn_plain_http: the client's plain-http warner.
+        fetcher: resolves placeholders (on the fetch pool's threads).
+        unsealer: decodes the payloads of encrypted or compressed chunked messages.
         use_discovery: whether the discovery topic is followed.
-        on_fetch_progress: called as `(topic, bytes received, total)` while fetching.
-        direct_store: the store origin the discovery record advertises: a fetch may follow
-            the gateway's redirect there (without credentials), or to an allowlisted origin.
-        configured_store: with a configured endpoint, the store that gateway declares at
-            `GET /` (:mod:`client.http._store_origin`): a redirect may lead there too.
     """
 
     def __init__(
         self,
         *,
         settings: ClientSettings,
-        transport: HttpTransport,
-        http_auth: httpx.Auth | None,
         conn: MqttConnection,
-        endpoint_in_force: Callable[[], str | None],
-        warn_plain_http: PlainHttpWarner,
+        fetcher: PlaceholderFetcher,
+        unsealer: Unsealer,
         use_discovery: bool,
-        on_fetch_progress: FetchProgress | None = None,
-        direct_store: Callable[[], str | None] = lambda: None,
-        configured_store: ConfiguredStore | None = None,
     ) -> None:
         s = settings
-        self._direct_store = direct_store
-        self._configured_store = configured_store
         self._settings = s
-        self._transport = transport
-        self._http_auth = http_auth
         self._conn = conn
-        self._endpoint_in_force = endpoint_in_force
-        self._warn_plain_http = warn_plain_http
         self._use_discovery = use_discovery
-        self._on_fetch_progress = on_fetch_progress
-        self._unsealer = Unsealer(s)  # reads identity_files once: a bad one fails here
+        self._unsealer = unsealer
+        self.fetcher = fetcher
         self.inbound: InboundQueue[Incoming] = InboundQueue(
             s.max_pending_deliveries, s.max_pending_bytes
         )
@@ -170,7 +98,6 @@ class Receiver:
             arrival_order=s.ordering == "arrival",
         )
         self._stop = threading.Event()
-        self._pace = Pace(s.fetch_deadline, s.fetch_min_rate)
         # The ack of the message being processed, for its delivery's slot (_session_acks).
         self._ack: Callable[[], None] | None = None
         # Held chunk acks: at most half the broker's window (Receive Maximum), so that it
@@ -357,7 +284,7 @@ class Receiver:
             self.sequencer.fill(slot, None)
             return
         try:
-            delivery: Delivery | None = self._resolve(incoming, ref)
+            delivery: Delivery | None = self.fetcher.resolve(incoming, ref, self._stop)
         except Exception as exc:  # a bug or the disk: still one message, not the client
             log.exception("could not fetch a message on %r", incoming.topic)
             failure = ReceiveError(f"could not handle the message: {exc!r}"[:500])
@@ -415,108 +342,6 @@ class Receiver:
                     outcome.message_id,
                 ),
             )
-
-    def _resolve(self, incoming: Incoming, ref: _placeholder.Placeholder) -> Delivery:
-        """Fetch a placeholder's payload, retrying transient failures; errors become MessageError.
-
-        A transient failure (see :class:`client.http._answers.TransientFetchError`) is retried with
-        exponential backoff (0.25 s doubling to 5 s) until `fetch_retry_for` seconds have
-        passed since the first attempt, or the client closes.
-        """
-        retry_until = time.monotonic() + self._settings.fetch_retry_for
-        backoff = 0.25
-        while True:
-            try:
-                return self._fetch_once(incoming, ref)
-            except TransientFetchError as exc:
-                left = retry_until - time.monotonic()
-                if left <= 0 or self._stop.is_set():
-                    return MessageError(incoming.topic, exc, str(ref.message_id))
-                log.info("fetch of %s failed (%s): retrying", ref.message_id, exc)
-                if self._stop.wait(min(backoff, left)):
-                    return MessageError(incoming.topic, exc, str(ref.message_id))
-                backoff = min(backoff * 2, 5.0)
-            except OffloadError as exc:
-                return MessageError(incoming.topic, exc, str(ref.message_id))
-
-    def _fetch_once(self, incoming: Incoming, ref: _placeholder.Placeholder) -> Message:
-        auth = self._auth_for(ref)
-        self._warn_plain_http(ref.url)
-        progress = self._on_fetch_progress
-        # An encrypted / compressed payload is decoded while it arrives; handed out only
-        # after the fetch has checked the stored bytes (client/seal/_unseal.py, Decoding).
-        decoding = None if ref.encoding.plain else self._unsealer.decoding(ref.encoding, ref.size)
-        try:
-            payload = self._transport.fetch(
-                ref.payload_url,
-                expected_sha256=ref.sha256,
-                expected_size=ref.size,
-                max_bytes=self._settings.max_fetch_bytes,
-                spool_threshold=self._settings.spool_threshold,
-                spool_dir=self._settings.spool_dir,
-                auth=auth,
-                redirect_ok=self._redirect_ok,
-                pace=self._pace,
-                topic=incoming.topic,
-                on_bytes=(lambda done, total: progress(incoming.topic, done, total))
-                if progress is not None
-                else None,
-                tap=decoding.feed if decoding is not None else None,
-                keep=decoding is None or decoding.keeps_stored,
-            )
-        except BaseException:
-            if decoding is not None:
-                decoding.discard()
-            raise
-        sha256 = ref.sha256
-        if decoding is not None:
-            payload, sha256 = decoding.result(payload)
-        return Message(
-            incoming.topic,
-            payload,
-            sha256,
-            incoming.qos,
-            incoming.retain,
-            _placeholder.original_properties(incoming.properties),
-            Route.OFFLOADED,
-            str(ref.message_id),
-        )
-
-    def _redirect_ok(self, origin: Origin) -> bool:
-        """Where a payload redirect may lead: the advertised store, or an allowlisted origin.
-
-        The advertised store is the discovery record's, or with a configured endpoint the
-        one that gateway declares at `GET /` (read when first needed; a failure to read it
-        is a FetchError saying so).
-        """
-        if str(origin) == self._direct_store() or self._settings.allowlisted(origin):
-            return True
-        return self._configured_store is not None and self._configured_store.declares(origin)
-
-    def _auth_for(self, ref: _placeholder.Placeholder) -> httpx.Auth | None:
-        """Whether a placeholder may be fetched, and with which credentials.
-
-        Fetched: the endpoint in force (configured or discovered), with credentials
-        (hop-client's rule); origins in `discovery_allowlist`, without them (e.g. presigned
-        links). Any other origin only with `untrusted_endpoint = "anonymous"`, without
-        them: else a placeholder could make every subscriber send requests to any host and
-        port inside its network.
-
-        Raises:
-            UntrustedEndpoint: the origin is none of those, naming the settings that allow it.
-        """
-        origin = ref.origin
-        trusted = self._endpoint_in_force()
-        if origin == origin_of(trusted):
-            return self._http_auth
-        if self._settings.allowlisted(origin) or self._settings.untrusted_endpoint == "anonymous":
-            return None
-        raise UntrustedEndpoint(
-            ref.url,
-            f"origin {origin} is not the offload endpoint ({trusted or 'none known'}): add it "
-            "to discovery_allowlist, or set untrusted_endpoint=anonymous to fetch from any "
-            "origin without credentials",
-        )
 
 
 def chunk_header_present(props: PublishProperties) -> bool:

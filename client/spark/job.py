@@ -269,25 +269,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if args.follow and not args.checkpoint:
-        print("error: --follow needs --checkpoint DIR", file=sys.stderr)
+    problem = _flags_problem(args)
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
-    if args.follow and args.until:
-        print("error: --follow runs without an end; drop --until", file=sys.stderr)
-        return 2
-    if args.max_files_per_trigger is not None and args.max_files_per_trigger < 1:
-        print("error: --max-files-per-trigger must be at least 1", file=sys.stderr)
-        return 2
-    if not args.trigger_seconds > 0:
-        print("error: --trigger-seconds must be positive", file=sys.stderr)
-        return 2
-    credentials = {}
-    if args.access_key:
-        credentials["accessKey"] = args.access_key
-    if args.secret_key:
-        credentials["secretKey"] = args.secret_key
-    if args.identity:  # the data source's option (client/spark/_read.py decodes)
-        credentials["identity_files"] = ",".join(args.identity)
+    credentials = _credentials(args)
     spark = _session(args.master)
     skipped = register(spark)
     skipped.reset()
@@ -324,6 +310,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     if skipped.count:
         print(format_skipped(skipped), file=sys.stderr)
     return 0
+
+
+def _flags_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with a combination of flags, None when nothing is."""
+    if args.follow and not args.checkpoint:
+        return "--follow needs --checkpoint DIR"
+    if args.follow and args.until:
+        return "--follow runs without an end; drop --until"
+    if args.max_files_per_trigger is not None and args.max_files_per_trigger < 1:
+        return "--max-files-per-trigger must be at least 1"
+    if not args.trigger_seconds > 0:
+        return "--trigger-seconds must be positive"
+    return None
+
+
+def _credentials(args: argparse.Namespace) -> dict[str, str]:
+    """The data source's credential options the flags give."""
+    credentials = {}
+    if args.access_key:
+        credentials["accessKey"] = args.access_key
+    if args.secret_key:
+        credentials["secretKey"] = args.secret_key
+    if args.identity:  # the data source's option (client/spark/_read.py decodes)
+        credentials["identity_files"] = ",".join(args.identity)
+    return credentials
 
 
 def format_skipped(skipped: BadObjects, limit: int = 20) -> str:

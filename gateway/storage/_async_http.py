@@ -28,9 +28,8 @@ from urllib.parse import urlsplit
 
 import h11
 
-from client.http._pool import KeptConnections, content_length, keeps_alive
-
 from ._base import StoreError
+from ._pool import KeptConnections, content_length, keeps_alive
 from ._store_connection import StoreConnection
 
 #: Idle connections kept per store, and for how long (under common keep-alive timeouts).

@@ -1,8 +1,9 @@
 """glibc's allocator thresholds for a long-running process that moves large payloads.
 
-The gateway and the proxy call :func:`tune_malloc` at start, and the proxy :func:`trim_malloc`
-after a burst of connections (the library never does: the allocator belongs to the
-application that embeds it). Payload bytes cross them in pieces of
+Public (`client.malloc`), for the processes that embed the library: the gateway and the
+proxy call :func:`tune_malloc` at start, and the proxy :func:`trim_malloc` after a burst of
+connections (the library never does: the allocator belongs to the application that embeds
+it). Payload bytes cross them in pieces of
 up to 1 MiB, allocated on one thread and freed on another; with glibc's thresholds left as
 they were, the free top of a heap was handed back to the kernel after nearly every piece
 and faulted in, zeroed, again for the next (bench/RESULTS.md, "The heap's free top").
@@ -15,6 +16,8 @@ import ctypes
 import ctypes.util
 import os
 import sys
+
+__all__ = ["trim_malloc", "tune_malloc"]
 
 _M_TRIM_THRESHOLD = -1  # mallopt parameter numbers (malloc.h)
 _M_MMAP_THRESHOLD = -3

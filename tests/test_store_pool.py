@@ -1,10 +1,10 @@
-"""client/http/_pool.py: the kept connections of the gateway's store reads (its own tests,
+"""gateway/storage/_pool.py: the kept connections of the gateway's store reads (its own tests,
 test_store_reads.py, cover reuse over real sockets); here the bounds: how many are kept, for
 how long, and which are never handed back."""
 
 from __future__ import annotations
 
-from client.http._pool import KeptConnections
+from gateway.storage._pool import KeptConnections
 
 
 class Conn:

@@ -1,6 +1,5 @@
 """HTTP/1.1 connections kept between requests, per origin, and what an answer's head says
-of its framing, for the gateway's store requests (gateway/storage/_async_http.py), HTTP/1.1 on
-asyncio.
+of its framing, for the store's requests on the event loop (_async_http.py).
 
 Sans-I/O: the connections are the callers' own (each reads its socket its own way and raises
 its own errors); this module only keeps them and hands them back. It imports neither asyncio

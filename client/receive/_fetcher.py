@@ -1,0 +1,238 @@
+"""Resolving placeholders: which origin may be fetched, with which credentials, and the fetch.
+
+Every placeholder is untrusted: anyone who may publish on a subscribed topic wrote it. So a
+placeholder is fetched only from the endpoint in force (with credentials, hop-client's rule)
+or an origin in `discovery_allowlist`; other origins need `untrusted_endpoint = "anonymous"`
+(and get no credentials), else a placeholder could make every subscriber send requests to
+any host and port inside its network. The transport never reads more than the placeholder's
+declared size (:meth:`client.http._transport.HttpTransport.fetch`). A transient failure (no
+connection, a reset, a timeout, a 5xx) is retried with backoff for `fetch_retry_for` seconds.
+
+Used by the receive worker's fetch pool (:mod:`client.receive._receive`) for whole payloads
+and by :meth:`client.Client.fetch_range` for ranges, under the same rules.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import httpx
+
+from ..config._settings import ClientSettings
+from ..core._exceptions import OffloadError, UntrustedEndpoint
+from ..core._message import Message, MessageError, Route
+from ..http._answers import TransientFetchError
+from ..http._deadline import Pace
+from ..http._range import RangeReader, payload_range
+from ..http._store_origin import ConfiguredStore
+from ..http._transport import HttpTransport
+from ..mqtt._paho import Incoming
+from ..protocol import _placeholder
+from ..protocol._bounded import Origin, http_origin
+from ..seal._unseal import Unsealer
+
+log = logging.getLogger("client")
+
+#: on_fetch_progress(topic, bytes received, total or None), from the fetching thread.
+FetchProgress = Callable[[str, int, int | None], None]
+
+
+def origin_of(url: str | None) -> Origin | None:
+    """The origin of a URL, None when there is none or it is not a usable http(s) URL."""
+    if url is None:
+        return None
+    try:
+        return http_origin(url)
+    except ValueError:
+        return None
+
+
+def _loopback(host: str) -> bool:
+    return host == "localhost" or host.startswith("127.") or host in ("::1", "[::1]")
+
+
+class PlainHttpWarner:
+    """Warns once per origin that payloads travel over plain http (a bounded set of them).
+
+    Never for loopback, where nothing travels over a network.
+    """
+
+    def __init__(self, limit: int = 64) -> None:
+        self._warned: set[Origin] = set()
+        self._limit = limit
+        self._lock = threading.Lock()
+
+    def __call__(self, url: str) -> None:
+        origin = origin_of(url)
+        if origin is None or origin.scheme != "http" or _loopback(origin.host):
+            return
+        with self._lock:
+            # Origins may come from placeholders (with the anonymous opt-in): keep it bounded.
+            if origin in self._warned or len(self._warned) >= self._limit:
+                return
+            self._warned.add(origin)
+        log.warning(
+            "offload endpoint %s:%s uses plain http: payloads travel unencrypted",
+            origin.host,
+            origin.port,
+        )
+
+
+class PlaceholderFetcher:
+    """Fetches a placeholder's payload (whole, or a range) under the origin rules.
+
+    Args:
+        settings: the client's settings.
+        transport: the HTTP transport the payloads are fetched with.
+        http_auth: credentials for the endpoint in force.
+        unsealer: decodes encrypted and compressed payloads (the client's identities).
+        endpoint_in_force: the configured or discovered endpoint.
+        warn_plain_http: the client's plain-http warner.
+        on_fetch_progress: called as `(topic, bytes received, total)` while fetching.
+        direct_store: the store origin the discovery record advertises: a fetch may follow
+            the gateway's redirect there (without credentials), or to an allowlisted origin.
+        configured_store: with a configured endpoint, the store that gateway declares at
+            `GET /` (:mod:`client.http._store_origin`): a redirect may lead there too.
+    """
+
+    def __init__(
+        self,
+        *,
+        settings: ClientSettings,
+        transport: HttpTransport,
+        http_auth: httpx.Auth | None,
+        unsealer: Unsealer,
+        endpoint_in_force: Callable[[], str | None],
+        warn_plain_http: PlainHttpWarner,
+        on_fetch_progress: FetchProgress | None = None,
+        direct_store: Callable[[], str | None] = lambda: None,
+        configured_store: ConfiguredStore | None = None,
+    ) -> None:
+        self._settings = settings
+        self._transport = transport
+        self._http_auth = http_auth
+        self._unsealer = unsealer
+        self._endpoint_in_force = endpoint_in_force
+        self._warn_plain_http = warn_plain_http
+        self._on_fetch_progress = on_fetch_progress
+        self._direct_store = direct_store
+        self._configured_store = configured_store
+        self._pace = Pace(settings.fetch_deadline, settings.fetch_min_rate)
+
+    def resolve(
+        self, incoming: Incoming, ref: _placeholder.Placeholder, stop: threading.Event
+    ) -> Message | MessageError:
+        """Fetch a placeholder's payload, retrying transient failures; errors become MessageError.
+
+        A transient failure (see :class:`client.http._answers.TransientFetchError`) is retried with
+        exponential backoff (0.25 s doubling to 5 s) until `fetch_retry_for` seconds have
+        passed since the first attempt, or `stop` is set (the client closes).
+        """
+        retry_until = time.monotonic() + self._settings.fetch_retry_for
+        backoff = 0.25
+        while True:
+            try:
+                return self._fetch_once(incoming, ref)
+            except TransientFetchError as exc:
+                left = retry_until - time.monotonic()
+                if left <= 0 or stop.is_set():
+                    return MessageError(incoming.topic, exc, str(ref.message_id))
+                log.info("fetch of %s failed (%s): retrying", ref.message_id, exc)
+                if stop.wait(min(backoff, left)):
+                    return MessageError(incoming.topic, exc, str(ref.message_id))
+                backoff = min(backoff * 2, 5.0)
+            except OffloadError as exc:
+                return MessageError(incoming.topic, exc, str(ref.message_id))
+
+    def fetch_range(self, ref: _placeholder.Placeholder, start: int, end: int) -> bytes:
+        """Bytes `[start, end)` of a placeholder's payload (:meth:`client.Client.fetch_range`)."""
+        reader = RangeReader(
+            self._transport.reader,
+            ref.payload_url,
+            ref.size,
+            auth=self.auth_for(ref),
+            redirect_ok=self.redirect_ok,
+        )
+        return payload_range(reader, ref, start, end, self._unsealer.identities)
+
+    def _fetch_once(self, incoming: Incoming, ref: _placeholder.Placeholder) -> Message:
+        auth = self.auth_for(ref)
+        self._warn_plain_http(ref.url)
+        progress = self._on_fetch_progress
+        # An encrypted / compressed payload is decoded while it arrives; handed out only
+        # after the fetch has checked the stored bytes (client/seal/_unseal.py, Decoding).
+        decoding = None if ref.encoding.plain else self._unsealer.decoding(ref.encoding, ref.size)
+        try:
+            payload = self._transport.fetch(
+                ref.payload_url,
+                expected_sha256=ref.sha256,
+                expected_size=ref.size,
+                max_bytes=self._settings.max_fetch_bytes,
+                spool_threshold=self._settings.spool_threshold,
+                spool_dir=self._settings.spool_dir,
+                auth=auth,
+                redirect_ok=self.redirect_ok,
+                pace=self._pace,
+                topic=incoming.topic,
+                on_bytes=(lambda done, total: progress(incoming.topic, done, total))
+                if progress is not None
+                else None,
+                tap=decoding.feed if decoding is not None else None,
+                keep=decoding is None or decoding.keeps_stored,
+            )
+        except BaseException:
+            if decoding is not None:
+                decoding.discard()
+            raise
+        sha256 = ref.sha256
+        if decoding is not None:
+            payload, sha256 = decoding.result(payload)
+        return Message(
+            incoming.topic,
+            payload,
+            sha256,
+            incoming.qos,
+            incoming.retain,
+            _placeholder.original_properties(incoming.properties),
+            Route.OFFLOADED,
+            str(ref.message_id),
+        )
+
+    def redirect_ok(self, origin: Origin) -> bool:
+        """Where a payload redirect may lead: the advertised store, or an allowlisted origin.
+
+        The advertised store is the discovery record's, or with a configured endpoint the
+        one that gateway declares at `GET /` (read when first needed; a failure to read it
+        is a FetchError saying so).
+        """
+        if str(origin) == self._direct_store() or self._settings.allowlisted(origin):
+            return True
+        return self._configured_store is not None and self._configured_store.declares(origin)
+
+    def auth_for(self, ref: _placeholder.Placeholder) -> httpx.Auth | None:
+        """Whether a placeholder may be fetched, and with which credentials.
+
+        Fetched: the endpoint in force (configured or discovered), with credentials
+        (hop-client's rule); origins in `discovery_allowlist`, without them (e.g. presigned
+        links). Any other origin only with `untrusted_endpoint = "anonymous"`, without
+        them: else a placeholder could make every subscriber send requests to any host and
+        port inside its network.
+
+        Raises:
+            UntrustedEndpoint: the origin is none of those, naming the settings that allow it.
+        """
+        origin = ref.origin
+        trusted = self._endpoint_in_force()
+        if origin == origin_of(trusted):
+            return self._http_auth
+        if self._settings.allowlisted(origin) or self._settings.untrusted_endpoint == "anonymous":
+            return None
+        raise UntrustedEndpoint(
+            ref.url,
+            f"origin {origin} is not the offload endpoint ({trusted or 'none known'}): add it "
+            "to discovery_allowlist, or set untrusted_endpoint=anonymous to fetch from any "
+            "origin without credentials",
+        )
