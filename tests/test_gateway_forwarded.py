@@ -9,7 +9,6 @@ per client address, the failed-login limits. One user holds at most
 from __future__ import annotations
 
 import contextlib
-import shutil
 import socket
 import threading
 import uuid
@@ -25,7 +24,7 @@ from test_auth_hardening import _scram_status
 
 from gateway.middleware._forwarded import client_address
 
-from _auth import AUTH_SECRET, broker_readable_dir, write_acl_file, write_password_file
+from _auth import AUTH_SECRET, credential_files
 from _gateway import GatewayProcess, GatewayServer
 from _servers import Mosquitto, SeaweedFS, wait_until
 
@@ -170,11 +169,8 @@ def test_uvicorns_own_trust_of_its_host_is_off(seaweed: SeaweedFS, bucket_name: 
 
 @pytest.fixture
 def files() -> Iterator[Path]:
-    path = broker_readable_dir("offload-forwarded-")
-    write_password_file(path / "passwd", [(u, p, 4096) for u, p in USERS.items()])
-    write_acl_file(path / "acl", ACL)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    with credential_files("offload-forwarded-", USERS, ACL) as path:
+        yield path
 
 
 def secured(

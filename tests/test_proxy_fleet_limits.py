@@ -171,6 +171,19 @@ def test_connects_that_never_log_in_hold_a_bounded_budget_freed_at_the_timeout(
         pub.close()
 
 
+SERVER_BUSY = b"\x20\x03\x00\x89\x00"  # CONNACK, Server busy
+
+
+def refused_from(port: int, source: str) -> bytes:
+    """All the proxy answers a CONNECT from `source` with before it closes (30 s at most)."""
+    sock = socket.socket()
+    sock.settimeout(30)
+    sock.bind((source, 0))
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(connect_packet(5))
+    return until_closed(sock)
+
+
 def test_the_descriptor_limit_is_checked_at_start_so_the_0x89_holds(
     proxy_process: Callable[..., ProxyProcess],
 ) -> None:
@@ -184,12 +197,7 @@ def test_the_descriptor_limit_is_checked_at_start_so_the_0x89_holds(
     assert 0 < fitted < 200
     socks = [device(proxy.port, f"127.0.7.{i + 1}") for i in range(fitted)]
     try:
-        over = socket.socket()
-        over.settimeout(30)
-        over.bind(("127.0.8.1", 0))
-        over.connect(("127.0.0.1", proxy.port))
-        over.sendall(connect_packet(5))
-        assert until_closed(over) == b"\x20\x03\x00\x89\x00"  # CONNACK, Server busy
+        assert refused_from(proxy.port, "127.0.8.1") == SERVER_BUSY
     finally:
         for sock in socks:
             sock.close()
@@ -215,12 +223,7 @@ def test_one_address_holds_at_most_its_share_of_the_connections(
     proxy = start_proxy(broker, gateway, max_connections=16)  # 2 per address
     held = [device(proxy.port, "127.0.9.1") for _ in range(2)]
     try:
-        over = socket.socket()
-        over.settimeout(30)
-        over.bind(("127.0.9.1", 0))
-        over.connect(("127.0.0.1", proxy.port))
-        over.sendall(connect_packet(5))
-        assert until_closed(over) == b"\x20\x03\x00\x89\x00"  # CONNACK, Server busy
+        assert refused_from(proxy.port, "127.0.9.1") == SERVER_BUSY
         device(proxy.port, "127.0.9.2").close()  # another address: served
         why = "max-connections-per-address"
         assert proxy.metric("offload_proxy_refused_connections_total", why=why) == 1
