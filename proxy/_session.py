@@ -38,6 +38,7 @@ from ._will import prepare
 from .protocol import (
     CONNECT,
     Connect,
+    Head,
     ProxyProtocolError,
     connack_refusal,
     disconnect,
@@ -51,14 +52,9 @@ log = logging.getLogger("proxy")
 SERVER_BUSY = 0x89
 SERVER_UNAVAILABLE = 0x88
 IDENTIFIER_REJECTED = b"\x20\x02\x00\x02"  # 3.1.1's CONNACK
-#: Bytes a login is charged beyond twice its CONNECT (read in pieces, then joined and
-#: parsed): the objects around it.
+#: Bytes a login is charged beyond twice what its CONNECT sent (read in pieces, then joined
+#: and parsed): the objects around it.
 LOGIN_OVERHEAD = 4096
-
-
-def login_cost(connect_length: int) -> int:
-    """What a connection is charged against `max_login_bytes` for a CONNECT this long."""
-    return 2 * connect_length + LOGIN_OVERHEAD
 
 
 class Session:
@@ -143,17 +139,30 @@ class Session:
                     raise ProxyProtocolError(f"packet type {head.type} before CONNECT")
                 if head.length > settings.max_connect_bytes:
                     raise ProxyProtocolError(f"a CONNECT of {head.length} bytes")
-                try:
-                    cost = login_cost(head.length)
-                    who = Holder(address_key(self.peer))
-                    self._login = self.services.logins.take_now(who, cost)
-                except PoolFull as exc:
-                    self.services.metrics.refused.labels(why="login-budget").inc()
-                    raise PeerGone(f"no room for a CONNECT of {head.length} bytes: {exc}") from exc
-                body = await self.client.body(head)
+                body = await self._read_counted(head)
         except TimeoutError as exc:
             raise PeerTimeout(f"no whole CONNECT within {settings.connect_timeout} s") from exc
         return parse_connect(body), head.raw + body
+
+    async def _read_counted(self, head: Head) -> bytes:
+        """The CONNECT's body, each piece counted against the login budget as it arrives
+        (twice: it is held in pieces, then joined), so that a connection holds what it sent,
+        not what it announced: announcing 128 KiB and sending 10 bytes costs 4 KiB.
+
+        Raises:
+            PeerGone: no room left in the budget (the total, or the address's share).
+        """
+        logins = self.services.logins
+        try:
+            self._login = logins.take_now(Holder(address_key(self.peer)), LOGIN_OVERHEAD)
+            pieces = []
+            async for piece in self.client.pieces(head):
+                self._login.more(2 * len(piece))
+                pieces.append(piece)
+        except PoolFull as exc:
+            self.services.metrics.refused.labels(why="login-budget").inc()
+            raise PeerGone(f"no room for a CONNECT of {head.length} bytes: {exc}") from exc
+        return b"".join(pieces)
 
     async def _serve(self, connect: Connect, packet: bytes) -> None:
         settings = self.services.settings

@@ -217,7 +217,8 @@ class ProxySettings(BaseSettings):
     def login_shares(self) -> Limits:
         """`max_login_bytes` and each address's share (no account is known before a login)."""
         total = self.max_login_bytes
-        return Limits(total, total, max(self.max_connect_bytes, total // SHARE))
+        one = 2 * self.max_connect_bytes + 65536  # what the largest CONNECT is counted
+        return Limits(total, total, min(total, max(one, total // SHARE)))
 
     @field_validator("identity_files", mode="before")
     @classmethod

@@ -244,6 +244,16 @@ class Taken:
         self._who = who
         self._amount = amount
 
+    def more(self, amount: int) -> None:
+        """Take `amount` more for the same holder (given back with the rest).
+
+        Raises:
+            PoolFull: no room for it (what was held stays held).
+        """
+        assert self._pool is not None, "given back already"
+        self._pool.take_now(self._who, amount)
+        self._amount += amount
+
     def give_back(self) -> None:
         pool, self._pool = self._pool, None
         if pool is not None:

@@ -98,7 +98,11 @@ async def settle(conn: Conn, services: Services, pending: PendingWill) -> bool:
     both sides were told (the broker's link ended without its Will, the client refused)."""
     try:
         await _store(conn, services, pending)
-    except TransferFailed as exc:
+    except (asyncio.CancelledError, Exception) as exc:
+        if not isinstance(exc, TransferFailed):  # the session ends meanwhile (shutdown)
+            with contextlib.suppress(OSError):  # its Will would point at nothing: dropped
+                conn.broker_writer.write(DISCONNECT_NORMAL)
+            raise
         log.warning("Will not stored; CONNECT refused", extra={"why": str(exc)})
         services.metrics.failed.labels(why=str(exc.status or exc.reason)).inc()
         with contextlib.suppress(OSError):

@@ -113,16 +113,18 @@ class Peak:
         return self.most
 
 
-def stalled_connects(port: int, sources: list[str], size: int, count: int) -> list[socket.socket]:
+def stalled_connects(
+    port: int, sources: list[str], size: int, count: int, send: int | None = None
+) -> list[socket.socket]:
     """`count` connections round the `sources`, each announcing a CONNECT of `size` bytes
-    and sending all of it but the last byte."""
+    and sending `send` bytes of it (all but the last by default)."""
     socks = []
     for i in range(count):
         sock = socket.socket()
         sock.bind((sources[i % len(sources)], 0))
         sock.connect(("127.0.0.1", port))
         with contextlib.suppress(OSError):  # refused at once: reset while sending
-            sock.sendall(b"\x10" + _varint(size) + bytes(size - 1))
+            sock.sendall(b"\x10" + _varint(size) + bytes(size - 1 if send is None else send))
         socks.append(sock)
     return socks
 
@@ -169,6 +171,31 @@ def test_connects_that_never_log_in_hold_a_bounded_budget_freed_at_the_timeout(
             sock.close()
         sub.close()
         pub.close()
+
+
+def test_the_login_budget_counts_what_a_connect_sent_not_what_it_announced(
+    gateway: GatewayServer, broker: Mosquitto
+) -> None:
+    """Announcing a large CONNECT and sending a few bytes of it costs the budget those bytes
+    (and 4 KiB), not what was announced: 40 such connections from one address fit in its
+    share, one that really sends its 64 KiB CONNECT does not."""
+    proxy = start_proxy(
+        broker, gateway, connect_timeout=3.0, max_connect_bytes=65536, max_login_bytes=1 << 20
+    )  # the address's share: 2 x 64 KiB + 64 KiB
+    share = proxy.proxy.settings.login_shares.per_address
+    assert share == 196608
+    try:
+        announced = stalled_connects(proxy.port, ["127.0.10.1"], 65536, 40, send=10)
+        wait_until(lambda: proxy.call(lambda: proxy.proxy.services.logins.used) >= 40 * 4096,
+                   "40 logins counted", 10)  # fmt: skip
+        assert proxy.metric("offload_proxy_refused_connections_total", why="login-budget") == 0
+        (sent,) = stalled_connects(proxy.port, ["127.0.10.1"], 65536, 1)
+        assert until_closed(sent) == b""  # closed at once: no room left in its share
+        assert proxy.metric("offload_proxy_refused_connections_total", why="login-budget") == 1
+        for sock in announced:
+            sock.close()
+    finally:
+        proxy.stop()
 
 
 SERVER_BUSY = b"\x20\x03\x00\x89\x00"  # CONNACK, Server busy
