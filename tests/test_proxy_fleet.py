@@ -372,6 +372,7 @@ def test_one_accounts_slow_subscribers_hold_only_its_share_of_the_fetches(
         # (its own slot goes back once the proxy saw the last byte taken: a moment later)
         wait_until(lambda: proxy.metric("offload_proxy_fetches") == per_user, "the rest", 10)
         # The share's readers still take their payload, slowly; the account's others wait.
+        wait_until(lambda: sum(1 for got in readers.received if got) == per_user, "read", 10)
         assert sum(1 for got in readers.received if got) == per_user, readers.received
     finally:
         writer.close()
