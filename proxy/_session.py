@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 
 from ._chunks import release
@@ -44,6 +43,7 @@ from .protocol import (
     disconnect,
     keeps_session_without_id,
     parse_connect,
+    slim,
     upgrade_connect,
 )
 
@@ -72,6 +72,7 @@ class Session:
         self.writer = writer
         self.peer = peer  # the device's address (proxy._listen: a PROXY header's, or the peer's)
         self._login: Taken | None = None
+        self._connect: tuple[Connect, bytes] | None = None  # as read, until served
         settings = services.settings
         self.client = PacketStream(
             reader, max_length=settings.max_packet_size - 5, idle=settings.idle_timeout
@@ -92,19 +93,20 @@ class Session:
 
     async def _run(self, admitted: bool) -> None:
         try:
-            connect, packet = await self._read_connect()
+            self._connect = await self._read_connect()
         except (ProxyProtocolError, PeerTimeout, PeerGone) as exc:
             log.info("connection refused before CONNECT", extra={"why": str(exc)})
             return
+        v5 = self._connect[0].v5
         if not admitted:  # (counted when it was accepted)
-            await self._answer(connack_refusal(v5=connect.v5, reason=SERVER_BUSY))
+            await self._answer(connack_refusal(v5=v5, reason=SERVER_BUSY))
             return
         try:
-            await self._serve(connect, packet)
+            await self._serve()
         except ProxyProtocolError as exc:
             self.services.metrics.protocol_errors.inc()
             log.info("protocol error", extra={"why": str(exc), "reason": exc.reason})
-            if connect.v5:
+            if v5:
                 await self._answer(disconnect(exc.reason))
         except (PeerGone, PeerTimeout, OSError) as exc:
             log.info("connection ended", extra={"why": str(exc) or repr(exc)})
@@ -164,7 +166,12 @@ class Session:
             raise PeerGone(f"no room for a CONNECT of {head.length} bytes: {exc}") from exc
         return b"".join(pieces)
 
-    async def _serve(self, connect: Connect, packet: bytes) -> None:
+    async def _serve(self) -> None:
+        """Serve the session of the CONNECT read (taken out of `self._connect`: the relays
+        keep what they need of it, and a CONNECT of up to `max_connect_bytes` is not held
+        for the connection's life)."""
+        assert self._connect is not None
+        (connect, packet), self._connect = self._connect, None
         settings = self.services.settings
         auth = credentials(connect, settings.gateway_login)
         upstream = connect  # the CONNECT the broker gets
@@ -195,7 +202,7 @@ class Session:
         conn = Conn(
             # What the relays need of the CONNECT; its body, Will and password stay no longer
             # than the login (`auth` keeps the credentials the gateway gets).
-            connect=dataclasses.replace(connect, body=b"", will=None, password=None),
+            connect=slim(connect),
             peer=self.peer,
             client=self.client,
             client_writer=self.writer,

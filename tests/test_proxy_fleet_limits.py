@@ -412,3 +412,22 @@ def test_enhanced_authentication_passes_both_ways_before_the_connack() -> None:
         # (the broker's AUTH perhaps first, as the two directions raced)
         assert until_closed(sock).endswith(b"\xe0\x01\x82")  # DISCONNECT, Protocol Error
         assert broker.got == [1]
+
+
+def test_a_session_keeps_little_of_a_large_connect() -> None:
+    """A CONNECT of up to `max_connect_bytes` (a 60 KB user property, a password, a Will)
+    is not held for the connection's life: 500 such logins held 152 MiB more, 38 after."""
+    from proxy.protocol import parse_connect, slim
+
+    props = b"\x27" + (1 << 20).to_bytes(4, "big")  # Maximum Packet Size
+    props += b"\x26" + _text("_offload") + _text("placeholders")
+    props += b"\x26" + _text("big") + _text("v" * 60000)
+    body = _text("MQTT") + bytes([5, 0xC6]) + (60).to_bytes(2, "big")  # user, password, Will
+    body += _varint(len(props)) + props + _text("client")
+    body += b"\x00" + _text("will/topic") + _text(b"w" * 30000) + _text("user") + _text("pw")
+    connect = parse_connect(body)
+    kept = slim(connect)
+    assert (kept.client_id, kept.username, kept.v5, kept.keepalive) == ("client", "user", True, 60)
+    assert kept.max_packet_size == 1 << 20 and kept.handles_placeholders
+    assert kept.will is None and kept.password is None and kept.body == b""
+    assert sum(len(p.raw) for p in kept.properties) < 100

@@ -70,6 +70,7 @@ from ._packets import (
     parse_connack,
     parse_connect,
     publish_header,
+    slim,
     subscribe_packet,
 )
 from ._properties import (
@@ -158,6 +159,7 @@ __all__ = [
     "read_placeholder",
     "resolved_head",
     "resolved_size",
+    "slim",
     "stored_headers",
     "subscribe_packet",
     "u32_property",

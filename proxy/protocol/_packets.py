@@ -6,7 +6,7 @@ Everything else passes through as the bytes it came as (STYLE 20).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from client.protocol import PLACEHOLDER_AWARE
 
@@ -118,6 +118,18 @@ def parse_connect(body: bytes) -> Connect:
     return Connect(
         level, keepalive, props, client_id, will, username, password, body, (will_start, will_end)
     )
+
+
+def slim(connect: Connect) -> Connect:
+    """What a session keeps of its CONNECT for the connection's life: no body, Will or
+    password, and only the properties read later (Maximum Packet Size, Authentication
+    Method, the placeholder-aware tag); a CONNECT may be `max_connect_bytes` of them."""
+    kept = tuple(
+        p
+        for p in connect.properties
+        if p.id in (MAXIMUM_PACKET_SIZE, AUTHENTICATION_METHOD) or p.value == PLACEHOLDER_AWARE
+    )
+    return replace(connect, properties=kept, body=b"", will=None, password=None)
 
 
 def connect_with_will(connect: Connect, properties: tuple[Prop, ...], payload: bytes) -> bytes:
