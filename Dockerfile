@@ -33,6 +33,7 @@ asn1crypto==1.5.1
 certifi==2026.5.20
 cffi==2.0.0
 click==8.4.0
+cryptography==50.0.2
 dnspython==2.9.2
 fastapi==0.165.0
 fastapi-offline==1.7.7
@@ -51,6 +52,7 @@ pycryptodome==4.4.0
 pydantic==2.13.4
 pydantic-core==2.46.4
 pydantic-settings==2.14.1
+PyJWT==2.15.1
 pymongo==4.20.0
 python-dotenv==1.2.2
 pyyaml==6.0.3

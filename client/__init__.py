@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from .config._load import load_settings
     from .config._settings import ClientSettings
     from .core._message import Message, MessageError, Payload, PublishResult, Route
-    from .http._scram import BearerAuth, ScramAuth
+    from .http._scram import BearerAuth, ScramAuth, gateway_auth
     from .http._transport import HttpTransport
     from .mqtt._acks import InvalidPublish
     from .mqtt._broker import BrokerUrl
@@ -78,6 +78,7 @@ _LAZY = {
     "MqttConnection": ".mqtt._paho",
     "ScramAuth": ".http._scram",
     "BearerAuth": ".http._scram",
+    "gateway_auth": ".http._scram",
     "SpoolingChunkStore": ".receive._chunkstore",
     "TlsFiles": ".mqtt._tls",
     "Decoder": ".seal._unseal",
@@ -145,6 +146,7 @@ __all__ = [
     "UntrustedEndpoint",
     "UploadError",
     "chunk_encoding",
+    "gateway_auth",
     "load_identities",
     "load_settings",
     "untagged",

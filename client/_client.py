@@ -120,7 +120,10 @@ class Client:
         self._conn.set_message_handler(self._on_message)
         login = self._conn.broker
         self._http_auth = http_auth or gateway_auth(
-            username=login.username, password=login.password, token=s.http_token
+            username=login.username,
+            password=login.password,
+            token=s.http_token,
+            scheme=s.http_login,
         )
         self._filters: dict[str, TopicFilter] = {}
         self._discovery = DiscoveryView(s)

@@ -19,6 +19,7 @@ from client.protocol import PublishProperties
 from discovery import Advertiser
 
 from ._sweeper import Sweeper
+from .auth import Authenticator
 from .core import (
     BrowserUploads,
     ObservabilityMiddleware,
@@ -32,6 +33,7 @@ from .core import (
 from .direct import Direct
 from .http._authz import AuthenticationInfoMiddleware, BrokerRules, build_authenticator
 from .http._context import Broker, Context, NoBroker
+from .http._ops import AUTH_PROBLEMS_KEY
 from .http._ops import router as ops_router
 from .http._presign import SignedUrls, UrlSigner
 from .http._presign import router as presign_router
@@ -84,8 +86,9 @@ def build_broker(settings: Settings) -> Broker:
 
 def build_context(
     settings: Settings, store: ObjectStore, workers: Workers, broker: Broker, public_url: str
-) -> tuple[Context, tuple[str, ...]]:
-    """The services every handler gets, and the SASL mechanisms the gateway offers."""
+) -> tuple[Context, Authenticator]:
+    """The services every handler gets, and the authenticator (its mechanisms are
+    advertised, its problems shown on /healthz, and it is closed with the lifespan)."""
     # Always one authenticator: without credentials files it refuses everyone unless
     # anonymous access was asked for by name, and it logs which of those modes it is in.
     authenticator = build_authenticator(settings)
@@ -129,7 +132,7 @@ def build_context(
         ),
         quotas=quotas,
     )
-    return ctx, tuple(authenticator.mechanisms)
+    return ctx, authenticator
 
 
 def build_advertiser(ctx: Context, mechanisms: tuple[str, ...]) -> Advertiser | None:
@@ -171,9 +174,10 @@ def make_lifespan(
         workers = Workers.from_settings(settings)
         workers.start()
         await open_bucket(the_store, workers)
-        ctx, mechanisms = build_context(
+        ctx, authenticator = build_context(
             settings, the_store, workers, build_broker(settings), public_url
         )
+        mechanisms = tuple(authenticator.mechanisms)
         advertiser = build_advertiser(ctx, mechanisms)
         ctx.broker.start()
         if advertiser is not None:
@@ -194,12 +198,15 @@ def make_lifespan(
                 CLOSE_STALL_KEY: settings.send_idle_timeout,
                 # what `GET /` advertises (gateway/http/_routes_info.py)
                 MECHANISMS_KEY: mechanisms,
+                # rules or keys gone stale, for /healthz (gateway/http/_ops.py)
+                AUTH_PROBLEMS_KEY: authenticator.problems,
             }
         finally:
             await sweeper.stop()
             if advertiser is not None:
                 advertiser.stop()
             ctx.broker.close()
+            authenticator.close()
             workers.shutdown()
 
     return lifespan

@@ -23,7 +23,7 @@ from urllib.parse import quote
 
 import httpx
 
-from client import HttpTransport, ScramAuth
+from client import HttpTransport, gateway_auth
 from client.protocol import MessageId, Origin, Placeholder
 
 from ._exceptions import TransferFailed
@@ -35,16 +35,19 @@ RAW_CONTENT_TYPE = "application/octet-stream"
 R = TypeVar("R")
 
 
-def credentials(connect: Connect) -> httpx.Auth | None:
-    """SCRAM with the CONNECT's user name and password; None without both (anonymous, or a
-    certificate login: the gateway then serves only if it allows anonymous uploads)."""
-    if connect.username is None or connect.password is None:
+def credentials(connect: Connect, scheme: str = "auto") -> httpx.Auth | None:
+    """The device's own login for the gateway: a CONNECT password that is a JWT as a bearer
+    token (the device's claims then decide what the gateway stores and serves for it), else
+    SCRAM with the user name and password; ``scheme`` names one instead (`gateway_auth`).
+    None without a password (anonymous, or a certificate login: the gateway then serves only
+    if it allows anonymous uploads), or without a user name where one is needed."""
+    if connect.password is None:
         return None
     try:
         password = connect.password.decode("utf-8")
     except UnicodeDecodeError:
         return None
-    return ScramAuth(connect.username, password)
+    return gateway_auth(username=connect.username, password=password, token=None, scheme=scheme)
 
 
 #: Bytes hashed per hop to a worker thread (hashlib releases the GIL): the event loop serves

@@ -106,7 +106,7 @@ class Session:
 
     async def _serve(self, connect: Connect, packet: bytes) -> None:
         settings = self.services.settings
-        auth = credentials(connect)
+        auth = credentials(connect, settings.gateway_login)
         upstream = connect  # the CONNECT the broker gets
         if not connect.v5 and settings.upgrade_v311:
             if keeps_session_without_id(connect):

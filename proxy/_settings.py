@@ -103,6 +103,13 @@ class ProxySettings(BaseSettings):
         "disconnected)",
     )
     http_timeout: float = Field(60.0, gt=0, description="seconds for each gateway request step")
+    gateway_login: Literal["auto", "scram", "bearer", "basic"] = Field(
+        "auto",
+        description="how a device's CONNECT login reaches the gateway: `auto`: a password that "
+        "is a JWT as a bearer token, else SCRAM-SHA-512; or `scram`, `bearer`, `basic` (the "
+        "password in clear: only to an https:// gateway or one behind TLS, for users whose hash "
+        "cannot do SCRAM)",
+    )
     max_connect_bytes: int = Field(
         1 << 20, gt=0, description="largest CONNECT read (a Will payload is at most 64 KiB)"
     )

@@ -12,8 +12,10 @@ as a deployment keeps its store, index and logs (each log's earlier runs as `<lo
 first runs (a lock held for the stack's lifetime).
 
 Protected as a deployment is (scripts/_stack_state.py): a password file and ACL shared by
-mosquitto and the gateway, the user `demo` with a password generated for this stack (in the
-env file, mode 0600), the gateway on HTTPS with a certificate from the stack's own CA.
+mosquitto and the gateway (with STACK_AUTH=dynsec, mosquitto's dynamic security plugin and
+its file instead: scripts/_stack_dynsec.py), the user `demo` with a password generated for
+this stack (in the env file, mode 0600), the gateway on HTTPS with a certificate from the
+stack's own CA.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from typing import IO
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+import _stack_dynsec as dynsec  # noqa: E402
 from _stack_proxy import proxy_check, start_proxy, stop_proxy  # noqa: E402
 from _stack_state import GATEWAY_USER, USER, Files, rotate_logs, write_env  # noqa: E402
 
@@ -127,8 +130,14 @@ def start_gateway(
             "OFFLOAD_MQTT_USERNAME": GATEWAY_USER,
             "OFFLOAD_MQTT_PASSWORD": files.made.gateway_password,
             "OFFLOAD_PUBLIC_URL": f"https://127.0.0.1:{port}",
-            "OFFLOAD_PASSWORD_FILE": str(files.passwd),
-            "OFFLOAD_ACL_FILE": str(files.acl),
+            **(
+                dynsec.gateway_env(files)
+                if dynsec.enabled()
+                else {
+                    "OFFLOAD_PASSWORD_FILE": str(files.passwd),
+                    "OFFLOAD_ACL_FILE": str(files.acl),
+                }
+            ),
             "OFFLOAD_AUTH_SECRET": files.made.auth_secret,
             "OFFLOAD_TLS_CERT_FILE": str(files.cert),
             "OFFLOAD_TLS_KEY_FILE": str(files.key),
@@ -367,7 +376,7 @@ def run(args: argparse.Namespace) -> int:
             max_packet_size=MAX_PACKET,
             port=mqtt_port,
             workdir=state / "mosquitto",
-            extra_config=files.broker_config(),
+            extra_config=dynsec.broker_config(files) if dynsec.enabled() else files.broker_config(),
         )
         broker.workdir.mkdir(exist_ok=True)
         gateway: subprocess.Popen[bytes] | None = None

@@ -113,7 +113,8 @@ def gateway_factory(seaweed: SeaweedFS, bucket_name: str) -> Iterator[Callable[.
         }
         # A gateway without credentials files serves nobody unless anonymous access is asked
         # for by name: these tests do ask, explicitly, unless they configure credentials.
-        if "password_file" not in overrides and "tokens_file" not in overrides:
+        credentials = ("password_file", "tokens_file", "dynsec_file", "jwks_file", "jwks_url")
+        if not any(name in overrides for name in (*credentials, "jwt_secret_file")):
             values["allow_anonymous"] = True
         values.update(overrides)
         settings = Settings(**values)  # type: ignore[arg-type]

@@ -10,17 +10,15 @@ from __future__ import annotations
 import shutil
 import subprocess
 import tempfile
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import paho.mqtt.client as mqtt
 import pytest
-from paho.mqtt.enums import CallbackAPIVersion
-from paho.mqtt.properties import Properties
 
 from gateway.auth import Authenticator, parse_acl
 from gateway.auth._acl import READ, WRITE
+
+from _mqtt_session import Session
 
 pytestmark = pytest.mark.servers
 
@@ -98,54 +96,15 @@ def make_password_file(path: Path, users: dict[str, str]) -> None:
         )
 
 
-class Session:
-    """One MQTT 5 client as a given user, recording PUBACK codes and deliveries."""
+def sync_topic(user: str | None) -> str:
+    """A topic each user may read: its message ends that user's batch of deliveries."""
+    return "sync/anon" if user is None else f"sync/{user.replace('+', '')}"
 
-    def __init__(self, port: int, user: str | None, client_id: str) -> None:
-        self.client = mqtt.Client(
-            CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5
-        )
-        if user is not None:
-            self.client.username_pw_set(user, USERS[user])
-        self.acks: dict[int, int] = {}
-        self.received: list[str] = []
-        self.synced = threading.Event()
-        self.sync_topic = "sync/anon" if user is None else f"sync/{user.replace('+', '')}"
-        self.connected = threading.Event()
-        self.subscribed = threading.Event()
-        self.client.on_subscribe = lambda c, u, mid, codes, p: self.subscribed.set()
-        self.client.on_connect = lambda c, u, f, rc, p: self.connected.set()
-        self.client.on_publish = self._on_publish
-        self.client.on_message = self._on_message
-        self.client.connect("127.0.0.1", port)
-        self.client.loop_start()
-        assert self.connected.wait(10)
 
-    def _on_publish(
-        self,
-        client: mqtt.Client,
-        userdata: object,
-        mid: int,
-        reason: mqtt.ReasonCode,
-        props: Properties,
-    ) -> None:
-        self.acks[mid] = reason.value
-
-    def _on_message(self, client: mqtt.Client, userdata: object, message: mqtt.MQTTMessage) -> None:
-        if message.topic == self.sync_topic:
-            self.synced.set()
-        else:
-            self.received.append(message.topic)
-
-    def publish_all(self, topics: list[str]) -> dict[str, int]:
-        infos = {t: self.client.publish(t, b"x", qos=1) for t in topics}
-        for info in infos.values():
-            info.wait_for_publish(10)
-        return {t: self.acks[info.mid] for t, info in infos.items()}
-
-    def close(self) -> None:
-        self.client.disconnect()
-        self.client.loop_stop()
+def session(port: int, user: str | None, client_id: str) -> Session:
+    login = None if user is None else (user, USERS[user])
+    mine = sync_topic(user)
+    return Session(port, login, client_id, is_sync=lambda topic: topic == mine)
 
 
 @pytest.fixture
@@ -175,14 +134,14 @@ def broker_with_acl(
 def test_acl_matches_mosquitto(broker_with_acl: tuple[int, Path, Path]) -> None:
     port, passwords, acl_path = broker_with_acl
     acl = parse_acl(acl_path.read_text())
-    admin = Session(port, "admin", "admin")
+    admin = session(port, "admin", "admin")
     mismatches: list[str] = []
     checked = {"read": 0, "write": 0, "allowed": 0, "denied": 0}
     try:
         for user in CLIENTS:
             name = user or "anon"
             # Writes: the broker's PUBACK reason code says whether it took the message.
-            publisher = Session(port, user, f"pub-{name}")
+            publisher = session(port, user, f"pub-{name}")
             codes = publisher.publish_all(TOPICS)
             publisher.close()
             for topic, code in codes.items():
@@ -195,10 +154,10 @@ def test_acl_matches_mosquitto(broker_with_acl: tuple[int, Path, Path]) -> None:
                     mismatches.append(f"write {name} {topic}: mosquitto={broker_says}")
             # Reads: subscribe to everything, admin publishes each topic, then a sync
             # message on a topic this user may read; deliveries before it are complete.
-            subscriber = Session(port, user, f"sub-{name}")
+            subscriber = session(port, user, f"sub-{name}")
             subscriber.client.subscribe("#", 1)
             assert subscriber.subscribed.wait(10)
-            admin.publish_all([*TOPICS, subscriber.sync_topic])
+            admin.publish_all([*TOPICS, sync_topic(user)])
             assert subscriber.synced.wait(10)
             subscriber.close()
             for topic in TOPICS:
@@ -237,11 +196,11 @@ def test_empty_acl_file_refuses_everything(
     acl_path = shared_dir / "acl"
     acl_path.write_text("# nothing granted\n")
     broker = mosquitto_factory(extra_config=f"acl_file {acl_path}\nallow_anonymous true\n")
-    session = Session(broker.port, None, "anon-empty")  # type: ignore[attr-defined]
+    anonymous = session(broker.port, None, "anon-empty")  # type: ignore[attr-defined]
     try:
-        codes = session.publish_all(["x", "y/z"])
+        codes = anonymous.publish_all(["x", "y/z"])
     finally:
-        session.close()
+        anonymous.close()
     assert codes == {"x": 0x87, "y/z": 0x87}
     acl = parse_acl(acl_path.read_text())
     assert not acl.allows(None, "x", WRITE) and not acl.allows(None, "y/z", WRITE)

@@ -284,11 +284,17 @@ def _sealing(settings: ClientSettings, topic: str) -> Sealing | None:
 
 def _gateway_login(settings: ClientSettings) -> httpx.Auth | None:
     """The login every command presents to the gateway, as :class:`client.Client` does: a
-    bearer token, else the broker login (`--username`/`--password` over the broker URL's)."""
+    bearer token (its own, or a broker password that is a JWT), else the broker login
+    (`--username`/`--password` over the broker URL's); `http_login` picks by name."""
     from ..http._scram import gateway_auth
 
     login = settings.broker_url
-    return gateway_auth(username=login.username, password=login.password, token=settings.http_token)
+    return gateway_auth(
+        username=login.username,
+        password=login.password,
+        token=settings.http_token,
+        scheme=settings.http_login,
+    )
 
 
 def _anywhere(origin: object) -> bool:

@@ -14,9 +14,10 @@ config-file keys and the settings table of docs/settings.md (:func:`settings_tab
 `python -m client.config._settings`. The layers are read in `_load`; the field parsers, the
 allow-list matching and the config-file reading are in `_parsers`, `_allowlist` and `_file`.
 
-Gateway credentials: with `http_token` the client sends `Authorization: Bearer`; otherwise,
-when the broker login has a user name and password, it authenticates to the gateway with
-SCRAM-SHA-512 as that same user (the gateway reads the broker's password file). Either goes
+Gateway credentials: with `http_token`, or a broker password that is a JWT, the client sends
+`Authorization: Bearer`; otherwise, when the broker login has a user name and password, it
+authenticates to the gateway with SCRAM-SHA-512 as that same user (the gateway reads the
+broker's password file); `http_login` picks one by name. Either goes
 only to the endpoint in force (configured, or advertised on the discovery topic) and to
 origins in `discovery_allowlist`. Placeholders are fetched only from those origins unless
 `untrusted_endpoint = "anonymous"` opts in to fetching any other origin without credentials.
@@ -61,6 +62,7 @@ __all__ = [
 
 UntrustedPolicy = Literal["anonymous", "refuse"]
 Ordering = Literal["topic", "arrival"]
+GatewayAuth = Literal["auto", "scram", "bearer", "basic"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +146,14 @@ class ClientSettings:
         "bearer token for the gateway instead of SCRAM (the gateway accepts tokens only over TLS)",
         _OPT_STR,
         secret=True,
+    )
+    http_login: GatewayAuth = setting(  # noqa: RUF009
+        "auto",
+        "how the gateway login is presented: `auto` (default): `http_token` as a bearer token, "
+        "else a broker password that is a JWT as a bearer token (the device's own token, "
+        "docs/authentication.md), else SCRAM-SHA-512 with the broker login; `scram`; "
+        "`bearer` (`http_token`, else the broker password); `basic` (the broker login in "
+        "clear: HTTPS only, for users whose password hash cannot do SCRAM)",
     )
     ignore_payload_not_found: bool = setting(
         False,
@@ -442,6 +452,7 @@ class SettingsOverrides(TypedDict, total=False):
     keepalive: int
     fallback_on_auth_failure: bool
     http_token: str | None
+    http_login: GatewayAuth
     ignore_payload_not_found: bool
     discovery_allowlist: tuple[str, ...]
     max_partial_messages: int

@@ -1,4 +1,5 @@
-"""HTTP authentication to the offload gateway: SCRAM (RFC 7804) and bearer tokens.
+"""HTTP authentication to the offload gateway: SCRAM (RFC 7804) and bearer tokens (a token
+of its own, or a broker password that is a JWT: :mod:`._bearer`).
 
 :class:`ScramAuth` speaks RFC 7804 with hop-client's shortcut (client-first goes out with the
 first request, without waiting for a challenge)::
@@ -32,6 +33,8 @@ from collections.abc import Generator
 from typing import TYPE_CHECKING
 
 import httpx
+
+from ._bearer import looks_like_jwt
 
 if TYPE_CHECKING:
     from scramp import ScramClient
@@ -193,7 +196,7 @@ class BearerAuth(httpx.Auth):
 
 
 def gateway_auth(
-    *, username: str | None, password: str | None, token: str | None
+    *, username: str | None, password: str | None, token: str | None, scheme: str = "auto"
 ) -> httpx.Auth | None:
     """The credentials a client presents to its gateway: a token, else its broker login.
 
@@ -201,9 +204,18 @@ def gateway_auth(
         username: the broker user name.
         password: the broker password.
         token: a bearer token; wins over the user name and password.
+        scheme: ``auto``: ``token``, else a ``password`` that is a JWT, as a bearer token,
+            else SCRAM; ``scram``, ``bearer`` (``token``, else ``password``) or ``basic``
+            (the login in clear: for HTTPS only) by name.
     """
-    if token:
+    if scheme not in ("auto", "scram", "bearer", "basic"):
+        raise ValueError(f"unknown gateway auth scheme {scheme!r}")
+    if scheme in ("auto", "bearer") and token:
         return BearerAuth(token)
-    if username and password is not None:
-        return ScramAuth(username, password)
-    return None
+    if scheme == "bearer" or (scheme == "auto" and looks_like_jwt(password)):
+        return BearerAuth(password) if password else None
+    if not username or password is None:
+        return None
+    if scheme == "basic":
+        return httpx.BasicAuth(username, password)
+    return ScramAuth(username, password)

@@ -18,10 +18,16 @@ Schemes:
   crosses the wire, which plain HTTP must not carry. Works for every user in the file and is
   the only way in for the users SCRAM cannot serve. Sent over plain HTTP it is refused with a
   ``detail`` saying why and what to do instead (``PLAIN_HTTP_DETAIL``), not checked.
-* ``Bearer``, only over TLS and with a tokens file (see ``_tokens.py``); with a tokens file
-  and no password file it is the only scheme ("tokens only").
+* ``Bearer``, only over TLS and with a tokens file (see ``_tokens.py``) or JWT keys (see
+  ``_jwt.py``: a credential shaped like a JWT goes to the verifier, anything else to the
+  tokens file); with those and no password source it is the only scheme ("tokens only").
 
-Without a password file and without a tokens file nobody is served, unless anonymous
+The passwords come from mosquitto's ``password_file`` or from the dynamic security
+plugin's file (``_dynsec.py``), never both; the topic rules from its ``acl_file`` or the
+same dynamic security file. A JWT with an ``acl`` claim carries its own rules, which then
+decide alone.
+
+Without a password source and without tokens nobody is served, unless anonymous
 access was asked for by name (``allow_anonymous``): a gateway that publishes with its own
 broker account must not become an open door to the broker's topics by omission.
 """
@@ -33,10 +39,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ._acl import READ, WRITE
+from ._acl import READ, WRITE, base_topic
 from ._credentials import Credentials
 from ._decisions import CLOSED_DETAIL, Authenticated, AuthMode, Challenge
 from ._exceptions import AuthConfigError
+from ._jwt import JwtRefused, JwtVerifier, looks_like_jwt
 from ._limits import ReplayGuard
 from ._scram import MECHANISM, b64decode_text, parse_authorization
 from ._scram_exchange import SCRAM_PARAMS, ScramExchange
@@ -60,19 +67,35 @@ PLAIN_HTTP_DETAIL = {
 
 
 def _check_options(
-    *, realm: str, secret: bytes, tls: bool, password_file: Path | None, tokens_file: Path | None
+    *,
+    realm: str,
+    secret: bytes,
+    tls: bool,
+    password_file: Path | None,
+    tokens_file: Path | None,
+    dynsec_file: Path | None,
+    acl_file: Path | None,
+    jwt: bool,
 ) -> None:
     """Refuse, before any file is read, a configuration that could not work as written."""
     if '"' in realm or "\\" in realm or not realm.isprintable():
         raise ValueError("realm must be printable and hold no quote or backslash")
-    if password_file is not None and len(secret) < MIN_SECRET_BYTES:
+    if dynsec_file is not None and (password_file is not None or acl_file is not None):
+        raise AuthConfigError(
+            "the dynamic security file holds the users and the rules: set it alone, not "
+            "with OFFLOAD_PASSWORD_FILE or OFFLOAD_ACL_FILE",
+            path=dynsec_file,
+        )
+    passwords = password_file is not None or dynsec_file is not None
+    if passwords and len(secret) < MIN_SECRET_BYTES:
         raise ValueError(f"the secret must be at least {MIN_SECRET_BYTES} bytes")
-    if tokens_file is not None and password_file is None and not tls:
+    if (tokens_file is not None or jwt) and not passwords and not tls:
         # Bearer tokens never cross plain HTTP, so this gateway could serve nobody.
         raise AuthConfigError(
-            "a tokens file without a password file takes bearer tokens only, and those "
-            "are refused without TLS: set OFFLOAD_TLS=true (HTTPS proxy in front) or "
-            "OFFLOAD_TLS_CERT_FILE, or add OFFLOAD_PASSWORD_FILE for SCRAM",
+            "bearer tokens (a tokens file, JWT keys) without a password source are the only "
+            "way in, and those are refused without TLS: set OFFLOAD_TLS=true (HTTPS proxy "
+            "in front) or OFFLOAD_TLS_CERT_FILE, or add OFFLOAD_PASSWORD_FILE or "
+            "OFFLOAD_DYNSEC_FILE for SCRAM",
             path=tokens_file,
         )
 
@@ -112,6 +135,9 @@ class Authenticator:
         tls: bool,
         allow_anonymous: bool,
         tokens_file: Path | None = None,
+        dynsec_file: Path | None = None,
+        dynsec_substitute: bool = False,
+        jwt: JwtVerifier | None = None,
         clock: Callable[[], float] = time.time,
         sid_lifetime: float = 60.0,
         max_failures_per_user: int = 10,
@@ -135,6 +161,11 @@ class Authenticator:
                 anonymous rules apply); the only way to serve without credentials files.
             tokens_file: bearer tokens (``user:<sha256 hex>``); alone, the gateway takes
                 bearer tokens only, which needs ``tls``.
+            dynsec_file: the dynamic security plugin's file: users and rules (instead of
+                ``password_file`` and ``acl_file``).
+            dynsec_substitute: expand ``%c``/``%u`` in its ACLs (mosquitto 2.1).
+            jwt: verifies JWT bearer tokens; like a tokens file, it needs ``tls``. Closed
+                with the authenticator (:meth:`close`).
             clock: wall-clock seconds, common to the replicas (sid expiry crosses them).
             sid_lifetime: seconds a client has between server-first and client-final.
             max_failures_per_user: failures per (user, address) and window before 429.
@@ -153,13 +184,23 @@ class Authenticator:
             tls=tls,
             password_file=password_file,
             tokens_file=tokens_file,
+            dynsec_file=dynsec_file,
+            acl_file=acl_file,
+            jwt=jwt is not None,
         )
         self.realm = realm
         self.tls = tls
         self.allow_anonymous = allow_anonymous
+        self._jwt = jwt
         self._credentials = Credentials(
-            password_file=password_file, acl_file=acl_file, tokens_file=tokens_file, secret=secret
+            password_file=password_file,
+            acl_file=acl_file,
+            tokens_file=tokens_file,
+            secret=secret,
+            dynsec_file=dynsec_file,
+            dynsec_substitute=dynsec_substitute,
         )
+        self._source = "dynamic security file" if dynsec_file is not None else "ACL file"
         self._throttle = Throttle(
             challenge=self.challenge,
             max_failures_per_user=max_failures_per_user,
@@ -177,7 +218,10 @@ class Authenticator:
             clock=clock,
             sid_lifetime=sid_lifetime,
         )
-        files = {"passwords": password_file is not None, "tokens": tokens_file is not None}
+        files = {
+            "passwords": password_file is not None or dynsec_file is not None,
+            "tokens": tokens_file is not None or jwt is not None,
+        }
         self.mechanisms: tuple[str, ...] = _offered_schemes(**files, tls=tls)
         # Offered over TLS but not here: refused with a reason that says so.
         self._tls_only = set(_offered_schemes(**files, tls=True)) - set(self.mechanisms)
@@ -208,8 +252,19 @@ class Authenticator:
             )
         schemes = ", ".join(self.mechanisms) or "none over plain HTTP"
         anonymous = "allowed" if self.allow_anonymous else "refused"
-        acl = "ACL file" if has_acl else "no ACL file (full access when in)"
-        return f"authentication: {self.mode.value} ({schemes}); anonymous {anonymous}; {acl}"
+        acl = self._source if has_acl else "no ACL file (full access when in)"
+        jwt = "; JWT bearer tokens" if self._jwt is not None else ""
+        return f"authentication: {self.mode.value} ({schemes}); anonymous {anonymous}; {acl}{jwt}"
+
+    def problems(self) -> list[str]:
+        """Why rules or keys in force are not those on disk or at the URL (for /healthz)."""
+        jwt = self._jwt.problems() if self._jwt is not None else []
+        return self._credentials.problems() + jwt
+
+    def close(self) -> None:
+        """Stop fetching JWT keys (a JWKS URL's thread)."""
+        for source in self._jwt.sources if self._jwt is not None else ():
+            source.close()
 
     # -- the public API ------------------------------------------------------------------
 
@@ -275,6 +330,21 @@ class Authenticator:
         """
         return self._credentials.allows(user, topic, WRITE)
 
+    def allows(self, who: Authenticated, topic: str, *, write: bool) -> bool:
+        """Whether the caller ``authenticate`` admitted may upload (``write``) or fetch ``topic``.
+
+        A JWT's ``acl`` claim decides alone; without one, the rules in force.
+
+        Args:
+            who: the decision for this request.
+            topic: the MQTT topic (``+oversized`` is ignored).
+            write: upload rather than fetch.
+        """
+        if who.acl is not None and who.user is not None:
+            return who.acl.allows(who.user, base_topic(topic), write=write, client_id=who.client_id)
+        access = WRITE if write else READ
+        return self._credentials.allows(who.user, topic, access, client_id=who.client_id)
+
     # -- schemes -------------------------------------------------------------------------
 
     def _authenticate(self, authorization: str, client: str) -> Authenticated | Challenge:
@@ -331,7 +401,27 @@ class Authenticator:
         return Authenticated(user, {}, "Basic")
 
     def _bearer(self, token: str, client: str) -> Authenticated | Challenge:
+        if self._jwt is not None and (looks_like_jwt(token) or not self._credentials.has_tokens):
+            return self._verify_jwt(self._jwt, token, client)
         user = self._credentials.token_user(token)
         if user is None:
             return self._throttle.refuse("Bearer: unknown token", client=client)
         return Authenticated(user, {}, "Bearer")
+
+    def _verify_jwt(
+        self, verifier: JwtVerifier, token: str, client: str
+    ) -> Authenticated | Challenge:
+        try:
+            identity = verifier.verify(token)
+        except JwtRefused as exc:
+            # Not counted as a failed attempt: a signature cannot be guessed, and a fleet's
+            # expired tokens behind one proxy address must not lock the others out.
+            log.info("refused a JWT from %s: %s", client, exc)
+            return self.challenge(f"JWT: {exc}")
+        if self._credentials.disabled(identity.user):
+            # Disabling a client in the dynamic security file shuts it out whoever vouches.
+            log.info("refused a JWT from %s: client %r is disabled", client, identity.user)
+            return self.challenge("JWT: disabled client")
+        return Authenticated(
+            identity.user, {}, "Bearer", acl=identity.acl, client_id=identity.client_id
+        )

@@ -11,12 +11,15 @@ those belong to the authenticator and its throttle.
 
 from __future__ import annotations
 
+import functools
 import hmac
 import logging
 from collections.abc import Mapping
 from pathlib import Path
 
-from ._acl import Acl, AclSyntaxError, base_topic, parse_acl
+from ._acl import READ, WRITE, Acl, AclSyntaxError, base_topic, parse_acl
+from ._dynsec import DynamicSecurity, Event
+from ._dynsec_parse import parse_dynsec
 from ._exceptions import AuthConfigError
 from ._files import WatchedFile
 from ._passwd import (
@@ -33,6 +36,12 @@ log = logging.getLogger("gateway.auth")
 
 # Hashed when a Basic user does not exist, so that the answer takes as long as for one who does.
 _DUMMY = PasswordEntry("-", "sha512-pbkdf2", b"\0" * 12, b"\0" * 64, SCRAM_MIN_ITERATIONS)
+# What a dynamic security client that cannot do SCRAM is told to do instead.
+DYNSEC_HINT = (
+    "mosquitto 2.0's mosquitto_ctrl hashes passwords with 101 iterations, too few for "
+    "SCRAM-SHA-512 (clients refuse fewer than 4096): such clients log in with HTTP Basic "
+    "over TLS, or a JWT"
+)
 
 
 def _parse_acl_file(text: str) -> Acl:
@@ -43,7 +52,8 @@ def _parse_acl_file(text: str) -> Acl:
 
 
 class Credentials:
-    """The password, ACL and tokens files (each optional), re-read when they change.
+    """The password or dynamic security, ACL and tokens files (each optional), re-read when
+    they change.
 
     Thread-safe: each file is a `WatchedFile`; the set of users already warned about is only
     ever added to or cleared whole.
@@ -56,6 +66,8 @@ class Credentials:
         acl_file: Path | None,
         tokens_file: Path | None,
         secret: bytes,
+        dynsec_file: Path | None = None,
+        dynsec_substitute: bool = False,
     ) -> None:
         """Load the files that are set.
 
@@ -64,6 +76,9 @@ class Credentials:
             acl_file: mosquitto's ``acl_file``, or None (everything allowed).
             tokens_file: bearer tokens (``user:<sha256 hex>``), or None.
             secret: seeds the decoy SCRAM keys (the authenticator's sid secret).
+            dynsec_file: the dynamic security plugin's JSON file (users and rules), or None;
+                not with ``password_file`` or ``acl_file``.
+            dynsec_substitute: expand ``%c``/``%u`` in its ACLs, as mosquitto 2.1 does.
 
         Raises:
             AuthConfigError: a file is missing or invalid.
@@ -83,6 +98,20 @@ class Credentials:
         self._acl = (
             WatchedFile(acl_file, _parse_acl_file, fallback=Acl()) if acl_file is not None else None
         )
+        self._dynsec_substitute = dynsec_substitute
+        # Rewritten by the plugin at every change: a bad version is a mishap, so the last
+        # good one stays in force (and /healthz says so).
+        self._dynsec = (
+            WatchedFile(
+                dynsec_file,
+                parse_dynsec,
+                fallback=DynamicSecurity(),
+                on_load=self._loaded_dynsec,
+                keep_last_good=True,
+            )
+            if dynsec_file is not None
+            else None
+        )
         no_tokens: Mapping[str, str] = {}
         self._tokens = (
             WatchedFile(tokens_file, parse_tokens_file, fallback=no_tokens)
@@ -92,20 +121,61 @@ class Credentials:
 
     @property
     def has_acl(self) -> bool:
-        """Whether an ACL file restricts topics (without one, everyone in may do anything)."""
-        return self._acl is not None
+        """Whether rules restrict topics (without, everyone in may do anything)."""
+        return self._acl is not None or self._dynsec is not None
 
-    def allows(self, user: str | None, topic: str, access: int) -> bool:
-        """The ACL's answer for ``user`` and ``topic`` (``+oversized`` ignored); True without one.
+    @property
+    def has_tokens(self) -> bool:
+        return self._tokens is not None
+
+    def disabled(self, user: str) -> bool:
+        """Whether the dynamic security file holds ``user`` as a disabled client.
+
+        Args:
+            user: a user some other login (a JWT) vouches for.
+        """
+        if self._dynsec is None:
+            return False
+        client = self._dynsec.get().clients.get(user)
+        return client is not None and client.disabled
+
+    def problems(self) -> list[str]:
+        """Why a file in force is not the one on disk (a dynamic security file gone bad)."""
+        return [self._dynsec.problem] if self._dynsec and self._dynsec.problem else []
+
+    def allows(
+        self, user: str | None, topic: str, access: int, *, client_id: str | None = None
+    ) -> bool:
+        """The rules' answer for ``user`` and ``topic`` (``+oversized`` ignored); True without.
+
+        With dynamic security a write is a PUBLISH (``publishClientSend``), a read what a
+        subscriber of exactly the topic needs: the SUBSCRIBE allowed, then
+        ``publishClientReceive``.
 
         Args:
             user: None for anonymous.
             topic: the MQTT topic.
             access: ``_acl.READ`` or ``_acl.WRITE``.
+            client_id: the client id, when the credentials name one (a JWT's claim).
         """
+        topic = base_topic(topic)
+        if self._dynsec is not None:
+            rules = self._dynsec.get()  # one version for the whole decision
+            check = functools.partial(
+                rules.allows, user, topic, client_id=client_id, substitute=self._dynsec_substitute
+            )
+            if access == WRITE:
+                return check(Event.PUBLISH_SEND)
+            return access == READ and check(Event.SUBSCRIBE) and check(Event.PUBLISH_RECEIVE)
         if self._acl is None:
             return True
-        return self._acl.get().allows(user, base_topic(topic), access)
+        return self._acl.get().allows(user, topic, access)
+
+    def _entry(self, user: str) -> PasswordEntry | None:
+        if self._dynsec is not None:
+            return self._dynsec.get().password(user)
+        assert self._passwords is not None  # passwords are only asked for with a source
+        return self._passwords.get().get(user)
 
     def check_password(self, user: str, password: str) -> bool | None:
         """Whether ``password`` is ``user``'s; None for an unknown user (at the same cost).
@@ -114,8 +184,7 @@ class Credentials:
             user: the Basic user name.
             password: the Basic password.
         """
-        assert self._passwords is not None  # Basic is only offered with a password file
-        entry = self._passwords.get().get(user)
+        entry = self._entry(user)
         if entry is None:
             _DUMMY.verify(password)
             return None
@@ -140,9 +209,7 @@ class Credentials:
         Args:
             user: from the client-first message.
         """
-        assert self._passwords is not None  # SCRAM is only offered with a password file
-        passwords = self._passwords.get()
-        entry = passwords.get(user)
+        entry = self._entry(user)
         keys = entry.scram_keys() if entry is not None else None
         if keys is not None:
             return keys
@@ -154,10 +221,26 @@ class Credentials:
                 user,
                 entry.scheme,
                 entry.iterations,
-                UPGRADE_HINT,
+                DYNSEC_HINT if self._dynsec is not None else UPGRADE_HINT,
             )
         seed = hmac.digest(self._secret, b"decoy\0" + user.encode("utf-8"), "sha512")
-        return ScramKeys(seed[:12], passwords.typical_iterations, seed, seed[::-1])
+        return ScramKeys(seed[:12], self._typical_iterations(), seed, seed[::-1])
+
+    def _typical_iterations(self) -> int:
+        if self._dynsec is None:
+            assert self._passwords is not None
+            return self._passwords.get().typical_iterations
+        return self._dynsec.get().typical_iterations
+
+    def _loaded_dynsec(self, rules: DynamicSecurity) -> None:
+        self._warned.clear()
+        for problem in rules.problems:
+            log.warning("dynamic security file: %s", problem)
+        log.info(
+            "dynamic security file: %d client(s), anonymous group %s",
+            len(rules.clients),
+            repr(rules.anonymous.name) if rules.anonymous else "none",
+        )
 
     def _loaded_passwords(self, passwords: PasswordFile) -> None:
         # Each load says once what is wrong with it, and who cannot use SCRAM and why.

@@ -65,6 +65,33 @@ class Settings(BaseSettings):
         7 * 24 * 3600, gt=0, description="longest validity of a presigned download URL, seconds"
     )
     tokens_file: Path | None = None
+    # Identity beyond mosquitto's files (docs/authentication.md): dynamic security and JWT.
+    dynsec_file: Path | None = Field(
+        None,
+        description="mosquitto's dynamic security plugin file: users, groups, roles "
+        "(instead of password_file and acl_file); re-read when it changes",
+    )
+    dynsec_substitute: bool = Field(
+        False,
+        description="expand ACL levels that are exactly %c / %u, as mosquitto 2.1 does "
+        "(2.0 compares them as text)",
+    )
+    jwks_file: Path | None = Field(None, description="JWKS file with JWT verification keys")
+    jwks_url: str | None = Field(None, description="JWKS URL, fetched and refreshed")
+    jwks_refresh: float = Field(300.0, ge=10, description="seconds between fetches of the JWKS URL")
+    jwt_secret_file: Path | None = Field(
+        None, description="file holding the HS256 secret (32 bytes or more)"
+    )
+    jwt_issuer: str | None = Field(None, description="the iss every JWT must carry")
+    jwt_audience: str | None = Field(None, description="an aud every JWT must name")
+    jwt_leeway: float = Field(
+        30.0, ge=0, le=600, description="seconds of clock skew allowed on exp, nbf, iat"
+    )
+    jwt_username_claim: str = Field("sub", min_length=1, description="claim naming the user")
+    jwt_acl_claim: str = Field(
+        "acl", min_length=1, description="claim with topic permissions (EMQX's form)"
+    )
+    jwt_require_exp: bool = Field(True, description="refuse JWTs without exp")
     # Direct transfers (docs/http-api.md): bytes go between clients and the store.
     s3_public_url: str | None = Field(
         None,

@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from client.protocol import Topic
 
-from ..auth import Authenticated, Authenticator, AuthMode, Challenge
+from ..auth import Authenticated, Authenticator, AuthMode, Challenge, JwtVerifier, key_sources
 from ..core import Forbidden, Settings, TooManyRequests, Unauthorized, WorkerPool
 
 log = logging.getLogger("gateway.auth")
@@ -64,11 +64,39 @@ def build_authenticator(settings: Settings) -> Authenticator:
         tls=settings.tls or settings.tls_cert_file is not None,
         allow_anonymous=settings.allow_anonymous,
         tokens_file=settings.tokens_file,
+        dynsec_file=settings.dynsec_file,
+        dynsec_substitute=settings.dynsec_substitute,
+        jwt=build_jwt_verifier(settings),
     )
     mode = authenticator.mode
     level = logging.WARNING if mode in (AuthMode.CLOSED, AuthMode.ANONYMOUS) else logging.INFO
     log.log(level, "%s", authenticator.describe())
     return authenticator
+
+
+def build_jwt_verifier(settings: Settings) -> JwtVerifier | None:
+    """The JWT verifier the settings ask for; None without any key source.
+
+    Raises:
+        AuthConfigError: a key file cannot be read or parsed, or the URL is not http(s).
+    """
+    sources = key_sources(
+        jwks_file=settings.jwks_file,
+        jwks_url=settings.jwks_url,
+        secret_file=settings.jwt_secret_file,
+        refresh=settings.jwks_refresh,
+    )
+    if not sources:
+        return None
+    return JwtVerifier(
+        sources,
+        issuer=settings.jwt_issuer,
+        audience=settings.jwt_audience,
+        leeway=settings.jwt_leeway,
+        username_claim=settings.jwt_username_claim,
+        acl_claim=settings.jwt_acl_claim,
+        require_exp=settings.jwt_require_exp,
+    )
 
 
 def _refuse(challenge: Challenge, client: str = "") -> Unauthorized | TooManyRequests:
@@ -118,8 +146,7 @@ class BrokerRules:
     async def authorize(self, request: Request, topic: Topic, *, write: bool) -> None:
         result = await self._authenticated(request)
         extra = dict(result.response_headers)
-        check = self.authenticator.can_write if write else self.authenticator.can_read
-        if check(result.user, topic.value):
+        if self.authenticator.allows(result, topic.value, write=write):
             return
         access = "write" if write else "read"
         if result.user is None and self.authenticator.enabled:

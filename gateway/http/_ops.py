@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from ..core import Settings, metrics_endpoint
@@ -16,6 +17,10 @@ from ._deps import AppSettings, BrokerLink, Service
 from ._responses import Health, Ready
 
 router = APIRouter(tags=["operations"])
+
+#: Lifespan state key: a callable listing why auth rules or keys in force are stale (a
+#: dynamic security file or JWKS gone bad: the last good ones serve meanwhile).
+AUTH_PROBLEMS_KEY = "offload_auth_problems"
 
 router.add_api_route(
     "/metrics",
@@ -42,20 +47,21 @@ def worker_health(settings: Settings, service: OffloadService) -> tuple[bool, di
     response_model=Health,
     responses={503: {"description": "wedged: the event loop or a worker pool is stuck"}},
 )
-async def healthz(settings: AppSettings, service: Service) -> JSONResponse:
+async def healthz(request: Request, settings: AppSettings, service: Service) -> JSONResponse:
     """The process is alive: its event loop turns and every worker pool makes progress.
 
     Answers at once (it never waits on a pool): a job that waited longer than
     `OFFLOAD_HEALTH_TIMEOUT` for a thread, or every transfer slot taken with no byte
     moved for longer than any timeout allows, is a wedge that only a restart cures.
     Saturation (all transfers busy and moving) is not: that answers 503 to new
-    transfers, and stays alive.
+    transfers, and stays alive. Nor is a dynamic security file or JWKS gone bad: the last
+    good version serves and `auth` says what is wrong (a restart would not fix it).
     """
     ok, detail = worker_health(settings, service)
-    return JSONResponse(
-        {"status": "ok" if ok else "wedged", "workers": detail},
-        status_code=200 if ok else 503,
-    )
+    problems: Callable[[], list[str]] | None = getattr(request.state, AUTH_PROBLEMS_KEY, None)
+    body: dict[str, Any] = {"status": "ok" if ok else "wedged", "workers": detail}
+    body["auth"] = {"problems": problems() if problems is not None else []}
+    return JSONResponse(body, status_code=200 if ok else 503)
 
 
 @router.get(

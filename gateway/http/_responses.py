@@ -69,6 +69,11 @@ class Health(BaseModel):
 
     status: str = Field(description="`ok` (200) or `wedged` (503)")
     workers: dict[str, Any] = Field(description="per pool: threads, queued and running jobs")
+    auth: dict[str, Any] = Field(
+        {},
+        description="`problems`: why a dynamic security file or JWKS in force is an older "
+        "good version (the current one is unreadable or invalid); empty when all is current",
+    )
 
 
 class Ready(BaseModel):

@@ -111,7 +111,7 @@ Rendered as a YAML list of {name, env, secret, key, path} for the rows that are 
 {{- define "mqtt-offload.files" -}}
 {{- $own := include "mqtt-offload.secretName" . }}
 {{- $rows := list }}
-{{- range $name, $env := dict "passwordFile" "OFFLOAD_PASSWORD_FILE" "aclFile" "OFFLOAD_ACL_FILE" "tokensFile" "OFFLOAD_TOKENS_FILE" }}
+{{- range $name, $env := dict "passwordFile" "OFFLOAD_PASSWORD_FILE" "aclFile" "OFFLOAD_ACL_FILE" "tokensFile" "OFFLOAD_TOKENS_FILE" "dynsecFile" "OFFLOAD_DYNSEC_FILE" "jwksFile" "OFFLOAD_JWKS_FILE" "jwtSecretFile" "OFFLOAD_JWT_SECRET_FILE" }}
 {{- $f := index $.Values.auth $name }}
 {{- if $f.existingSecret }}
 {{- $rows = append $rows (dict "name" $name "env" $env "secret" $f.existingSecret "key" $f.existingSecretKey "path" (snakecase $name)) }}
@@ -137,18 +137,23 @@ Rendered as a YAML list of {name, env, secret, key, path} for the rows that are 
 {{- if and .Values.auth.existingSecret .Values.auth.secret }}
 {{- fail "auth: set either secret or existingSecret, not both" }}
 {{- end }}
-{{- range $name := list "passwordFile" "aclFile" "tokensFile" }}
+{{- range $name := list "passwordFile" "aclFile" "tokensFile" "dynsecFile" "jwksFile" "jwtSecretFile" }}
 {{- $f := index $.Values.auth $name }}
 {{- if and $f.existingSecret $f.content }}
 {{- fail (printf "auth.%s: set either content or existingSecret, not both" $name) }}
 {{- end }}
 {{- end }}
 {{- $a := .Values.auth }}
-{{- $passwords := or $a.passwordFile.content $a.passwordFile.existingSecret }}
-{{- $tokens := or $a.tokensFile.content $a.tokensFile.existingSecret }}
+{{- $dynsec := or $a.dynsecFile.content $a.dynsecFile.existingSecret }}
+{{- $passwords := or $a.passwordFile.content $a.passwordFile.existingSecret $dynsec }}
+{{- $jwt := or $a.jwksFile.content $a.jwksFile.existingSecret $a.jwtSecretFile.content $a.jwtSecretFile.existingSecret $a.jwt.jwksUrl }}
+{{- $tokens := or $a.tokensFile.content $a.tokensFile.existingSecret $jwt }}
 {{- $https := or .Values.tls.enabled (hasPrefix "https://" (include "mqtt-offload.publicUrl" .)) }}
+{{- if and $dynsec (or $a.passwordFile.content $a.passwordFile.existingSecret $a.aclFile.content $a.aclFile.existingSecret) }}
+{{- fail "auth.dynsecFile holds the users and the rules: set it without auth.passwordFile and auth.aclFile" }}
+{{- end }}
 {{- if and $tokens (not $passwords) (not $https) }}
-{{- fail "auth.tokensFile without auth.passwordFile takes bearer tokens only, which the gateway refuses over plain HTTP (it would not start): enable tls, an Ingress with tls, an https gateway.publicUrl, or add auth.passwordFile" }}
+{{- fail "auth.tokensFile without auth.passwordFile (or JWT keys without auth.passwordFile or auth.dynsecFile) takes bearer tokens only, which the gateway refuses over plain HTTP (it would not start): enable tls, an Ingress with tls, an https gateway.publicUrl, or add auth.passwordFile" }}
 {{- end }}
 {{- if and .Values.tls.enabled (not .Values.tls.existingSecret) }}
 {{- fail "tls.enabled needs tls.existingSecret (a kubernetes.io/tls Secret)" }}
