@@ -236,22 +236,17 @@ def fetch_payload(
     topic: str | None = None,
     on_bytes: Callable[[int, int | None], None] | None = None,
 ) -> tuple[Payload, str]:
-    """A placeholder's payload and its SHA-256: the stored bytes checked against the
-    placeholder's `size` and `sha256` as they stream in (never more read), then decoded as
-    its `enc` and `cmp` say. Used by every fetch of a placeholder (the receive path,
-    `offload fetch --placeholder`).
+    """A placeholder's payload and its SHA-256 (the receive path's, `offload fetch
+    --placeholder`'s): the stored bytes checked against the placeholder's `size` and
+    `sha256` as they stream in (never more read), then decoded as its `enc` and `cmp` say.
 
     Args:
-        transport: the HTTP transport.
+        transport: the HTTP transport; `auth`, `redirect_ok`, `pace`, `topic` and
+            `on_bytes` are its :meth:`HttpTransport.fetch`'s.
         ref: the placeholder.
         settings: `max_fetch_bytes`, `spool_threshold` and `spool_dir`.
         unsealer: decodes an encrypted or compressed payload; None: the stored bytes.
-        auth: credentials, only when the URL may receive them.
-        redirect_ok: which other origins a redirect may lead to.
         url: where the stored bytes are (default: the placeholder's `/payload`).
-        pace: how slow the fetch may be (see :meth:`HttpTransport.fetch`).
-        topic: the topic the placeholder came on, told to the gateway.
-        on_bytes: called with (stored bytes received, total) as they arrive.
 
     Raises:
         FetchError: as :meth:`HttpTransport.fetch` (a checksum mismatch included).
