@@ -29,18 +29,6 @@ _AGE_MAGIC = b"age-encryption.org/v1\n"
 _COMPRESSED = "--range of a compressed payload: fetch it whole, or --raw"
 
 
-def parse_range(text: str) -> tuple[int, int]:
-    """`START-END` (inclusive, as HTTP writes it) as a half-open `(start, end)`.
-
-    Raises:
-        ValueError: not two non-negative integers with START <= END.
-    """
-    start, sep, end = text.partition("-")
-    if not sep or not start.isdigit() or not end.isdigit() or int(start) > int(end):
-        raise ValueError(f"--range must be START-END (bytes, inclusive), got {text!r}")
-    return int(start), int(end) + 1
-
-
 def fetch_range(
     reader: RangeReader, start: int, end: int, identities: Sequence[Identity], *, raw: bool
 ) -> tuple[bytes, int]:
