@@ -49,8 +49,11 @@ def fetch_command(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     auth = _gateway_login(settings)
     ref: Placeholder | None = args.placeholder  # validated: parsed from --placeholder FILE
-    # Validated: a URL, or a message id made into one; else the placeholder's.
-    shown: str = args.url.rstrip("/") if args.url is not None else ref.url  # type: ignore[union-attr]
+    if args.url is not None:  # validated: a URL, or a message id made into one
+        shown: str = args.url.rstrip("/")
+    else:  # validated: then there is a placeholder
+        assert ref is not None
+        shown = ref.url
     url, message_id = _payload_url(shown)
     if message_id is None and ref is not None:
         message_id = str(ref.message_id)
