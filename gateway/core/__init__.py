@@ -1,9 +1,10 @@
 """What every folder of the gateway stands on: settings, errors, threads, metrics, broker.
 
 `_settings` (`Settings`: the one place the environment is read), `_errors` (the exception
-hierarchy and its one mapping to HTTP responses), `_executors` (worker threads, sized and
-kept apart), `_observability` (Prometheus metrics, request ids, logs), `_mqtt` (the broker
-link), `_cors` (browser uploads' CORS; the settings parse its origins). CORS and metrics are
+hierarchy and its one mapping to HTTP responses), `_json` (JSON answers, newline-ended),
+`_executors` (worker threads, sized and kept apart), `_observability` (Prometheus metrics,
+request ids, logs), `_mqtt` (the broker link), `_cors` (browser uploads' CORS; the settings
+parse its origins). CORS and metrics are
 middleware kept here, not in `gateway.middleware`, because the settings and the error mapping
 need them. Imports nothing of the gateway but `gateway.storage`.
 
@@ -40,6 +41,7 @@ from ._executors import (
     current_request,
     request_scope,
 )
+from ._json import JSONAnswer
 from ._mqtt import InvalidPublish, broker_link
 from ._observability import (
     DOWNLOADS_ABANDONED,
@@ -66,6 +68,7 @@ __all__ = [
     "Gone",
     "IPNetwork",
     "InvalidPublish",
+    "JSONAnswer",
     "NotFound",
     "ObservabilityMiddleware",
     "PayloadTooLarge",
