@@ -86,9 +86,30 @@ class Metrics:
             ["pool", "share"],
             registry=r,
         )
+        # Small messages pass in runs, as they came; a packet is framed one by one only when
+        # the proxy must read it (direction: up, client to broker; down, broker to client).
+        self.packets_decoded = Counter(
+            "offload_proxy_packets_decoded",
+            "packets the relay framed and read one by one",
+            ["direction"],
+            registry=r,
+        )
+        self.packets_relayed = Counter(
+            "offload_proxy_packets_relayed",
+            "packets relayed in runs as they came, not framed one by one",
+            ["direction"],
+            registry=r,
+        )
         self.protocol_errors = Counter(
             "offload_proxy_protocol_errors", "connections ended for malformed input", registry=r
         )
+
+    def counting(self, direction: str) -> dict[str, Callable[[float], None]]:
+        """What a :class:`proxy._stream.PacketStream` of one `direction` reports to."""
+        return {
+            "on_heads": self.packets_decoded.labels(direction=direction).inc,
+            "on_run": self.packets_relayed.labels(direction=direction).inc,
+        }
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -20,9 +20,10 @@ placeholder instead. An encrypted or compressed payload is decoded whole first
 
 from __future__ import annotations
 
+import functools
 import logging
 
-from client.protocol import MalformedPlaceholder, Placeholder, http_origin
+from client.protocol import FORMAT_KEY, MalformedPlaceholder, Placeholder, http_origin
 
 from ._chunks import answer_pubrel, large_publish, take_chunk
 from ._exceptions import PeerGone, PeerTimeout, TransferFailed
@@ -35,6 +36,7 @@ from ._will import settle
 from .protocol import (
     AUTH,
     CONNACK,
+    EVERY,
     MAXIMUM_PACKET_SIZE,
     PINGRESP,
     PUBACK,
@@ -43,9 +45,11 @@ from .protocol import (
     PUBREC,
     PUBREL,
     TOPIC_ALIAS_MAXIMUM,
+    USER_PROPERTY,
     Head,
     ProxyProtocolError,
     PublishHeader,
+    RunRule,
     connack_packet,
     connack_refusal,
     downgrade_connack,
@@ -57,6 +61,7 @@ from .protocol import (
     read_placeholder,
     resolved_head,
     resolved_size,
+    type_mask,
     u32_property,
 )
 
@@ -71,10 +76,19 @@ UNAVAILABLE = 0x88  # CONNACK: Server unavailable (3.1.1: 3)
 
 
 async def relay_down(conn: Conn, services: Services) -> None:
-    """Relay until the broker closes (or refuses the login)."""
+    """Relay until the broker closes (or refuses the login); what the proxy need not read
+    goes to the client in runs, as it came (:func:`run_rule`, :func:`_stop`)."""
     if not await _login(conn, services):
         return
+    rule, stop = run_rule(conn), functools.partial(_stop, conn)
     while True:
+        run = await conn.broker.run(rule, stop)
+        if run is None:
+            return
+        if run:
+            conn.client_writer.write(run)  # whole packets, no await inside: no lock
+            await drained(conn.client_writer, conn.client.idle)
+            continue
         head = await conn.broker.head()
         if head is None:
             return
@@ -114,6 +128,45 @@ async def relay_down(conn: Conn, services: Services) -> None:
                 await drained(conn.client_writer, conn.client.idle)
                 continue
             await _stream(conn, head)
+
+
+#: A placeholder's JSON names its format (the library's rule: a PUBLISH without the user
+#: property is still one when its payload is such JSON; MQTT 3.1.1 has no properties).
+FORMAT_MARK = b'"' + FORMAT_KEY.encode() + b'"'
+
+
+def run_rule(conn: Conn) -> RunRule:
+    """What the client gets as it came: for a client that resolves placeholders itself,
+    every PUBLISH; for any other, a PUBLISH without a user property (a placeholder's
+    `_format`, a chunk's `__chunk`) whose payload does not name `_format` (a placeholder's
+    JSON). Whatever the broker sends a 3.1.1 client on an upgraded link is translated
+    (:func:`_stop`)."""
+    if conn.connect.handles_placeholders:
+        return RunRule(MQTT_MAX_PACKET, conn.broker_v5)
+    users = bytes([USER_PROPERTY]) if conn.broker_v5 else b""
+    return RunRule(MQTT_MAX_PACKET, conn.broker_v5, properties=users, payload_mark=FORMAT_MARK)
+
+
+def _stop(conn: Conn) -> int:
+    """The packet types the proxy must read now: the answers to what it sent the broker
+    itself (a PINGREQ, a placeholder's PUBLISH, a kept chunk's PUBREC) while they are due,
+    the end of a QoS 2 flow it stored; on an upgraded link every one."""
+    if conn.upgraded:
+        return EVERY
+    mask = 0
+    if conn.pings_in_flight:
+        mask |= _PINGRESP
+    if conn.unacked:
+        mask |= _ANSWERS
+    if conn.kept_rel:
+        mask |= _PUBREL
+    if conn.stored_flows:
+        mask |= _PUBCOMP
+    return mask
+
+
+_PINGRESP, _PUBREL, _PUBCOMP = type_mask(PINGRESP), type_mask(PUBREL), type_mask(PUBCOMP)
+_ANSWERS = type_mask(PUBACK, PUBREC)
 
 
 async def _to_client(conn: Conn, head: Head, body: bytes) -> bool:
