@@ -144,7 +144,7 @@ def run_rule(conn: Conn) -> RunRule:
     if conn.connect.handles_placeholders:
         return RunRule(MQTT_MAX_PACKET, conn.broker_v5)
     users = bytes([USER_PROPERTY]) if conn.broker_v5 else b""
-    return RunRule(MQTT_MAX_PACKET, conn.broker_v5, properties=users, payload_mark=FORMAT_MARK)
+    return RunRule(MQTT_MAX_PACKET, conn.broker_v5, properties=users, json_mark=FORMAT_MARK)
 
 
 def _stop(conn: Conn) -> int:

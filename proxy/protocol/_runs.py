@@ -13,7 +13,7 @@ What stops a run is the relay's to say, in two parts:
   broker's PUBACK while the proxy waits for one to a placeholder it sent, say);
 * a :class:`RunRule` for PUBLISH, fixed for a connection's direction: over a size (a
   PUBLISH the broker would refuse), or holding one of a few property identifiers (a Topic
-  Alias, a user property), or a mark in its payload (the JSON of a placeholder).
+  Alias, a user property), or a JSON object naming a key in its payload (a placeholder).
 
 The rule errs one way only: a packet it cannot read to the end of its property block
 (a length that lies, QoS 3, no topic) stops the run, so the relay's own parser sees it
@@ -34,6 +34,8 @@ RUN_WAIT = 64 * 1024
 
 PUBLISH = 3
 _RESERVED = 1  # type 0: the framer refuses it
+#: What a JSON object may begin with: `{`, or what `bytes.lstrip()` strips before it.
+_JSON_START = frozenset(b"{ \t\n\r\x0b\x0c")
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,13 +47,15 @@ class RunRule:
         v5: PUBLISHes carry a property block (MQTT 5).
         properties: property identifiers (one byte each) of which any in a PUBLISH's
             property block stops a run.
-        payload_mark: bytes that, anywhere in a PUBLISH's payload, stop a run (b"": none).
+        json_mark: a payload that may be a JSON object (its first byte `{` or blank, as the
+            library's placeholder rule reads it) and holds these bytes stops a run (b"":
+            none).
     """
 
     publish_limit: int
     v5: bool
     properties: bytes = b""
-    payload_mark: bytes = b""
+    json_mark: bytes = b""
     _marks: tuple[int, ...] = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -81,8 +85,11 @@ def scan(data: bytes, at: int, stop: int, rule: RunRule, max_length: int) -> tup
     `rule`, it is longer than `max_length` or :data:`RUN_WAIT` and not whole, or it is
     malformed (the caller's framer says how).
     """
+    # One loop, locals only: this runs for every packet relayed (bench/RESULTS.md, Round 18).
     size = len(data)
     stop |= _RESERVED
+    limit, v5, marks, mark = rule.publish_limit, rule.v5, rule._marks, rule.json_mark
+    find = data.find
     count = 0
     while at < size:
         first = data[at]
@@ -113,48 +120,40 @@ def scan(data: bytes, at: int, stop: int, rule: RunRule, max_length: int) -> tup
             return at, count, True
         if end > size:
             return at, count, end - at > RUN_WAIT
-        if kind == PUBLISH and not _publish_passes(data, first, i, end, end - at, rule):
-            return at, count, True
+        if kind == PUBLISH:  # whole: may it pass as it came?
+            qos = (first >> 1) & 0x03
+            if end - at > limit or qos == 3 or length < 2:
+                return at, count, True
+            topic = (data[i] << 8) | data[i + 1]
+            if topic == 0:  # a Topic Alias stands for it, or malformed: the relay's to read
+                return at, count, True
+            i += 2 + topic + (2 if qos else 0)
+            if v5:
+                if i >= end:
+                    return at, count, True
+                byte = data[i]
+                i += 1
+                props = byte & 0x7F
+                shift = 7
+                while byte & 0x80:
+                    if i >= end or shift == 28:
+                        return at, count, True
+                    byte = data[i]
+                    i += 1
+                    props |= (byte & 0x7F) << shift
+                    shift += 7
+                props_end = i + props
+                if props_end > end:
+                    return at, count, True
+                if props:
+                    for m in marks:
+                        if find(m, i, props_end) >= 0:
+                            return at, count, True
+                i = props_end
+            elif i > end:
+                return at, count, True
+            if mark and i < end and data[i] in _JSON_START and find(mark, i, end) >= 0:
+                return at, count, True
         at = end
         count += 1
     return at, count, False
-
-
-def _publish_passes(
-    data: bytes, first: int, body: int, end: int, total: int, rule: RunRule
-) -> bool:
-    """Whether the whole PUBLISH in data[body:end] may pass as it came."""
-    if total > rule.publish_limit:
-        return False
-    qos = (first >> 1) & 0x03
-    if qos == 3 or end - body < 2:
-        return False
-    topic = (data[body] << 8) | data[body + 1]
-    if topic == 0:  # a Topic Alias stands for it, or it is malformed: the relay's to read
-        return False
-    at = body + 2 + topic + (2 if qos else 0)
-    if rule.v5:
-        if at >= end:
-            return False
-        byte = data[at]
-        at += 1
-        length = byte & 0x7F
-        shift = 7
-        while byte & 0x80:
-            if at >= end or shift == 28:
-                return False
-            byte = data[at]
-            at += 1
-            length |= (byte & 0x7F) << shift
-            shift += 7
-        props_end = at + length
-        if props_end > end:
-            return False
-        if length:
-            for mark in rule._marks:
-                if data.find(mark, at, props_end) >= 0:
-                    return False
-        at = props_end
-    elif at > end:
-        return False
-    return not rule.payload_mark or data.find(rule.payload_mark, at, end) < 0
