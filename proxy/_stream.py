@@ -19,6 +19,9 @@ from ._exceptions import PeerGone, PeerTimeout
 from .protocol import Body, Framer, Head, RunRule
 
 READ_SIZE = 256 * 1024
+#: Reads a packet may take to arrive whole and still join a run: one that trickles in is
+#: framed and streamed one by one instead (held, it would be copied whole at every read).
+RUN_READS = 4
 
 
 def _uncounted(amount: float) -> None:
@@ -51,14 +54,16 @@ class PacketStream:
     async def run(self, rule: RunRule, stop: Callable[[], int]) -> bytes | None:
         """The next run of whole packets that `rule` and `stop()` (asked again after each
         read: what stops a run may change while this waits) let pass, as they came; b""
-        when the next packet is the caller's (:meth:`head` has it without a read); None
-        when the peer closed between packets.
+        when the next packet is the caller's to frame (:meth:`head`): one it must read, or
+        one not whole after :data:`RUN_READS` reads; None when the peer closed between
+        packets.
 
         Raises:
             PeerGone: closed inside a packet.
             PeerTimeout: no byte for `idle` seconds inside a packet.
         """
         framer = self._framer
+        reads = 0
         while True:
             passed = framer.passed
             run = framer.passable(stop(), rule)
@@ -67,12 +72,16 @@ class PacketStream:
             if run:
                 self._on_run(framer.passed - passed)
                 return run
+            if reads == RUN_READS:  # a packet that comes in pieces is streamed as they come
+                return b""
             try:
                 await self._fill(self.idle if framer.in_packet else None)
             except PeerGone:
                 if framer.in_packet:
                     raise
                 return None
+            if framer.in_packet:
+                reads += 1
 
     async def _fill(self, timeout: float | None) -> None:
         try:

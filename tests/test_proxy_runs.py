@@ -4,6 +4,7 @@ however a property block is written."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 import pytest
@@ -11,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from client.protocol import PublishProperties, is_placeholder
+from proxy._stream import RUN_READS, PacketStream
 from proxy.protocol import (
     CONNECT,
     DISCONNECT,
@@ -320,3 +322,32 @@ def test_a_run_never_holds_a_packet_the_slow_path_would_read(
             assert must_see(one, rule, stop) is not True, one
     for one in got.seen:  # and what was framed one by one is a whole packet of the stream
         assert one in stream_packets
+
+
+def test_a_packet_that_trickles_in_is_framed_and_streamed_not_held_whole() -> None:
+    """A small PUBLISH arriving a byte per read would be copied whole at every read while a
+    run waited for it: after RUN_READS reads it is the relay's to stream, piece by piece."""
+    whole = publish(payload=bytes(2000))
+
+    async def relayed() -> tuple[bytes, bytes]:
+        reader = asyncio.StreamReader()
+        stream = PacketStream(reader, max_length=2**20, idle=5)
+        reader.feed_data(publish())  # a whole one first: a run
+
+        async def trickle() -> None:
+            for byte in whole:
+                await asyncio.sleep(0)
+                reader.feed_data(bytes([byte]))
+
+        task = asyncio.create_task(trickle())
+        run = await stream.run(UP, lambda: STOP)
+        assert await stream.run(UP, lambda: STOP) == b""  # not whole after RUN_READS reads
+        head = await stream.head()
+        assert head is not None
+        body = b"".join([piece async for piece in stream.pieces(head)])
+        await task
+        return run or b"", head.raw + body
+
+    run, streamed = asyncio.run(relayed())
+    assert (run, streamed) == (publish(), whole)
+    assert len(whole) > RUN_READS
