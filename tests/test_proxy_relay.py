@@ -22,6 +22,7 @@ from test_proxy_fleet import device
 from test_proxy_fleet_limits import ProxyProcess
 from test_proxy_hostile import _packet as packet
 from test_proxy_hostile import _read as read
+from test_proxy_hostile import until_closed
 
 from _gateway import GatewayServer
 from _proxy import ProxyServer
@@ -202,4 +203,30 @@ def test_an_idle_connection_costs_the_proxy_at_most_48_kib(
     finally:
         for sock in socks:
             sock.close()
+        proxy.stop()
+
+
+@pytest.mark.parametrize(
+    ("case", "body", "reason"),
+    [
+        ("a wildcard in the topic", b"\x00\x03a/#\x00\x01\x00x", 0x82),
+        ("packet id 0", b"\x00\x01a\x00\x00\x00x", 0x82),
+        ("a topic that is not UTF-8", b"\x00\x01\xff\x00\x01\x00x", 0x81),
+        ("an unknown property", b"\x00\x01a\x00\x01\x02\x00\x00x", 0x81),
+    ],
+)
+def test_a_malformed_publish_passed_unread_is_refused_by_the_broker(
+    broker: Mosquitto, case: str, body: bytes, reason: int
+) -> None:
+    """A PUBLISH whose fixed header and property block the run reads, but whose strings it
+    does not, goes to the broker as it came; the broker refuses it, and the client gets the
+    broker's DISCONNECT and its connection ends at once (before runs, the proxy's own
+    0x81): nothing is left open, and nothing but the CONNECT was framed one by one."""
+    proxy = start_proxy(broker, None)
+    try:
+        sock = device(proxy.port, "127.0.0.1")
+        sock.sendall(packet(0x32, body))
+        assert until_closed(sock) == bytes([0xE0, 1, reason]), case
+        assert proxy.metric("offload_proxy_packets_decoded_total", direction="up") == 1
+    finally:
         proxy.stop()
