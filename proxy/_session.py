@@ -25,12 +25,14 @@ import asyncio
 import contextlib
 import logging
 
+from client.protocol import address_key
+
 from ._chunks import release
 from ._exceptions import PeerGone, PeerTimeout
 from ._gateway import credentials
 from ._inbound import relay_up
 from ._outbound import relay_down
-from ._shares import Holder, PoolFull, Taken, address_key
+from ._shares import Holder, PoolFull, Taken
 from ._state import Conn, Services
 from ._stream import READ_SIZE, PacketStream
 from ._will import prepare

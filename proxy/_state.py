@@ -11,12 +11,12 @@ from typing import Any
 
 import httpx
 
-from client.protocol import Placeholder, Reassembler
+from client.protocol import Placeholder, Reassembler, address_key
 
 from ._gateway import GatewayLink
 from ._metrics import Metrics
 from ._settings import MQTT_MAX_PACKET, ProxySettings
-from ._shares import Holder, Pool, Taken, address_key
+from ._shares import Holder, Pool, Taken
 from ._stream import PacketStream
 from .protocol import AliasMap, Connect, Stored, Will
 
