@@ -27,6 +27,7 @@ import logging
 
 from client.protocol import address_key
 
+from ._account import account
 from ._chunks import release
 from ._exceptions import PeerGone, PeerTimeout
 from ._gateway import credentials
@@ -205,6 +206,7 @@ class Session:
             # What the relays need of the CONNECT; its body, Will and password stay no longer
             # than the login (`auth` keeps the credentials the gateway gets).
             connect=slim(connect),
+            account=account(connect, auth, settings.jwt_username_claim),
             peer=self.peer,
             client=self.client,
             client_writer=self.writer,
