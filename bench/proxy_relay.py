@@ -277,7 +277,7 @@ def main() -> None:
             if args.fleet or args.only_fleet:
                 paths += _fleet(stack, brk.port)
             if args.connects:
-                rows += connect_cost(stack, brk.port, args.connects, args.rounds)
+                rows += connect_cost(stack, brk.port, args.connects, args.rounds, args.against)
             for qos in (int(q) for q in args.qos.split(",") if q):
                 runs: dict[str, list[Run]] = {p.name: [] for p in paths}
                 for r in range(args.rounds):
@@ -307,20 +307,22 @@ def _v2_header() -> bytes:
 
 
 def connect_cost(
-    stack: ExitStack, broker_port: int, n: int, rounds: int
+    stack: ExitStack, broker_port: int, n: int, rounds: int, against: Path | None = None
 ) -> list[dict[str, object]]:
     """The proxy's CPU per connection (CONNECT, CONNACK, DISCONNECT, one after the other):
-    the plain listener against the gate reading a PROXY v2 header first."""
+    the plain listener against the gate reading a PROXY v2 header first (and the plain
+    listener of `against`'s proxy, when given)."""
     import socket
 
     plain, plain_proc = stack.enter_context(offload_proxy(broker_port))
     gated, gated_proc = stack.enter_context(offload_proxy(broker_port, trusted="127.0.0.1"))
-    cost: dict[str, list[float]] = {"plain": [], "gate": []}
+    paths = [("plain", plain, plain_proc, b""), ("gate", gated, gated_proc, _v2_header())]
+    if against is not None:
+        other, other_proc = stack.enter_context(offload_proxy(broker_port, root=against.resolve()))
+        paths.append((f"plain@{against.name}", other, other_proc, b""))
+    cost: dict[str, list[float]] = {name: [] for name, *_ in paths}
     for r in range(rounds):
-        for name, port, proc, header in (
-            ("plain", plain, plain_proc, b""),
-            ("gate", gated, gated_proc, _v2_header()),
-        ):
+        for name, port, proc, header in paths:
             meter = CpuMeter(proxy=proc.pid)
             before = meter.read()
             for _ in range(n):
@@ -331,10 +333,14 @@ def connect_cost(
             cost[name].append(CpuMeter.spent(before, meter.read())["proxy"] / n * 1e3)
             print(f"  connects round {r + 1}: {name:>5} {cost[name][-1]:.3f} ms CPU each"
                   f" (load {_load()})", flush=True)  # fmt: skip
-    plain_ms, gate_ms = statistics.median(cost["plain"]), statistics.median(cost["gate"])
-    print(f"CPU per connect: plain {plain_ms:.3f} ms, with a PROXY v2 header {gate_ms:.3f} ms")
-    return [info_row("proxy relay", "CPU per connect, plain -> PROXY v2 gate", plain_ms, gate_ms,
-                     "ms")]  # fmt: skip
+    medians = {name: statistics.median(values) for name, values in cost.items()}
+    print("CPU per connect (median): " + ", ".join(f"{k} {v:.3f} ms" for k, v in medians.items()))
+    rows = [info_row("proxy relay", "CPU per connect, plain -> PROXY v2 gate", medians["plain"],
+                     medians["gate"], "ms")]  # fmt: skip
+    if against is not None:
+        rows.append(info_row("proxy relay", f"CPU per connect, {against.name} -> this tree",
+                             medians[f"plain@{against.name}"], medians["plain"], "ms"))  # fmt: skip
+    return rows
 
 
 def _fleet(stack: ExitStack, broker_port: int) -> list[Route]:

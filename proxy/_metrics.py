@@ -103,13 +103,18 @@ class Metrics:
         self.protocol_errors = Counter(
             "offload_proxy_protocol_errors", "connections ended for malformed input", registry=r
         )
+        self._counting: dict[str, dict[str, Callable[[float], None]]] = {  # made once
+            direction: {
+                "on_heads": self.packets_decoded.labels(direction=direction).inc,
+                "on_run": self.packets_relayed.labels(direction=direction).inc,
+            }
+            for direction in ("up", "down")
+        }
 
     def counting(self, direction: str) -> dict[str, Callable[[float], None]]:
-        """What a :class:`proxy._stream.PacketStream` of one `direction` reports to."""
-        return {
-            "on_heads": self.packets_decoded.labels(direction=direction).inc,
-            "on_run": self.packets_relayed.labels(direction=direction).inc,
-        }
+        """What a :class:`proxy._stream.PacketStream` of one `direction` (`up`: client to
+        broker, `down`) reports to."""
+        return self._counting[direction]
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
