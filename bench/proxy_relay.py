@@ -398,8 +398,13 @@ def _report(qos: int, runs: dict[str, list[Run]], n: int) -> list[dict[str, obje
                for k in b.cpu}  # fmt: skip
         ratio_lb = f", {b.rate / lb:.2f} x HAProxy" if lb else ""
         cpu_text = ", ".join(f"{k} {v:.0f}" for k, v in cpu.items())
+        # The medians beside the best: one round of a path can be 1.5 x another on a
+        # shared machine, and the medians say whether the best is typical.
+        mid = {n: statistics.median(r.rate for r in rs) for n, rs in runs.items()}
+        mid_lb = f", {mid[name] / mid['haproxy']:.2f}" if "haproxy" in mid else ""
         print(f"QoS {qos} {name:>14}: best {b.rate:8,.0f} msg/s = {b.rate / straight:.2f} x"
-              f" straight{ratio_lb}; median CPU per message: {cpu_text} us")  # fmt: skip
+              f" straight{ratio_lb}; median CPU per message: {cpu_text} us; median"
+              f" {mid[name]:,.0f} msg/s ({mid[name] / mid['straight']:.2f}{mid_lb})")  # fmt: skip
     if "proxy" in best:
         proxy = best["proxy"].rate
         rows.append(row("proxy relay", f"QoS {qos}: straight -> offload-proxy", straight, proxy,
