@@ -13,6 +13,7 @@ from collections.abc import Callable
 import httpx
 
 from .config._settings import ClientSettings
+from .core._tracing import DISABLED, Tracing
 from .http._store_origin import ConfiguredStore
 from .http._transport import HttpTransport
 from .mqtt._paho import MqttConnection
@@ -52,6 +53,7 @@ def placeholder_fetcher(
     direct_store: Callable[[], str | None],
     warn_plain_http: PlainHttpWarner,
     on_fetch_progress: FetchProgress | None,
+    tracing: Tracing = DISABLED,
 ) -> PlaceholderFetcher:
     """The fetcher of a client's placeholders (see :class:`PlaceholderFetcher`); with a
     configured endpoint, the store that gateway declares may be redirected to as well."""
@@ -67,4 +69,5 @@ def placeholder_fetcher(
         configured_store=None
         if s.endpoint is None
         else ConfiguredStore(s.endpoint, transport.reader),
+        tracing=tracing,
     )

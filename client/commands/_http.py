@@ -30,8 +30,10 @@ if TYPE_CHECKING:
 
     from ..config._settings import ClientSettings
     from ..core._message import Payload
+    from ..core._tracing import Span, Tracing
     from ..http._transport import HttpTransport
     from ..http._upload import Sealing, UploadResult
+    from ..protocol._tracecontext import TraceContext
 
 __all__ = ["fetch_command", "upload_command"]
 
@@ -56,11 +58,14 @@ def fetch_command(args: argparse.Namespace) -> int:
     from ._crypt import decoding_hooks
 
     decoded, decoding = decoding_hooks(args, settings)
-    with HttpTransport(timeout=settings.http_timeout, verify=_verify(settings)) as transport:
+    with (
+        HttpTransport(timeout=settings.http_timeout, verify=_verify(settings)) as transport,
+        _fetch_span(args.tracing, url, message_id) as span,
+    ):
         if args.sha256:  # verified and spooled inside the transport: no bar to feed
-            size, sha256 = _fetch_verified(transport, url, args, auth, decoded)
+            size, sha256 = _fetch_verified(transport, url, args, auth, decoded, span.context)
         else:
-            size, sha256 = _fetch_streamed(transport, url, args, auth, decoding)
+            size, sha256 = _fetch_streamed(transport, url, args, auth, decoding, span.context)
     if args.output is not None:
         emit(
             message_line(
@@ -94,16 +99,32 @@ def _payload_url(url: str) -> tuple[str, str | None]:
     return url, message_id
 
 
+def _fetch_span(tracing: Tracing, url: str, message_id: str | None) -> Span:
+    """`fetch`: a CLIENT span, a child of the caller's trace (`TRACEPARENT`)."""
+    from ..protocol import http_origin
+
+    attributes: dict[str, str | int] = {"messaging.system": "mqtt"}
+    attributes["messaging.operation.name"] = "fetch"
+    if message_id is not None:
+        attributes["messaging.message.id"] = message_id
+    with contextlib.suppress(ValueError):
+        attributes["server.address"] = http_origin(url).host
+    return tracing.start("fetch", "client", use_ambient=True, attributes=attributes)
+
+
 def _fetch_verified(
     transport: HttpTransport,
     url: str,
     args: argparse.Namespace,
     auth: httpx.Auth | None,
     decoded: Callable[[Payload], Payload],
+    trace: TraceContext | None,
 ) -> tuple[int, str]:
     """`--sha256`: the stored bytes checked (and spooled) before a byte is written."""
     sha256 = args.sha256.lower()
-    payload = transport.fetch(url, expected_sha256=sha256, auth=auth, redirect_ok=_anywhere)
+    payload = transport.fetch(
+        url, expected_sha256=sha256, auth=auth, redirect_ok=_anywhere, trace=trace
+    )
     payload = decoded(payload)  # after the stored bytes' SHA-256 was checked
     if args.output is not None:
         payload.save(args.output)
@@ -120,6 +141,7 @@ def _fetch_streamed(
     args: argparse.Namespace,
     auth: httpx.Auth | None,
     decoding: Callable[[BinaryIO], ContextManager[BinaryIO]],
+    trace: TraceContext | None,
 ) -> tuple[int, str]:
     """The bytes written as they arrive (to a file renamed into place at the end), with a
     progress bar on a terminal."""
@@ -133,11 +155,11 @@ def _fetch_streamed(
         if args.output is not None:
             with _replacing(args.output) as stored, decoding(stored) as out:
                 sink = cast(BinaryIO, CountingWriter(out, bar, digest))
-                size = transport.fetch_to(url, sink, auth=auth, redirect_ok=_anywhere)
+                size = transport.fetch_to(url, sink, auth=auth, redirect_ok=_anywhere, trace=trace)
         else:
             with decoding(cast(BinaryIO, BinaryStdout())) as out:
                 sink = cast(BinaryIO, CountingWriter(out, bar, digest))
-                size = transport.fetch_to(url, sink, auth=auth, redirect_ok=_anywhere)
+                size = transport.fetch_to(url, sink, auth=auth, redirect_ok=_anywhere, trace=trace)
     return size, digest.hexdigest()
 
 
@@ -254,6 +276,7 @@ def upload_command(args: argparse.Namespace) -> int:
     """`offload upload`: a resumable (tus) upload that the gateway publishes."""
     import httpx
 
+    from ..core._tracing import message_attributes
     from ..http._upload import TusUploader, spool_path, state_path
     from ._progress import Progress
 
@@ -274,7 +297,16 @@ def upload_command(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
 
-    with httpx.Client(auth=auth, timeout=120, verify=_verify(settings)) as http, bar:
+    attributes = message_attributes(args.topic, size, "upload", "send")
+    span = args.tracing.start(
+        f"upload {args.topic}", "client", use_ambient=True, attributes=attributes
+    )
+    traced = dict(span.context.pairs()) if span.context is not None else None
+    with (
+        span,
+        httpx.Client(auth=auth, timeout=120, verify=_verify(settings), headers=traced) as http,
+        bar,
+    ):
         uploader = TusUploader(
             http, args.endpoint, state_dir=args.state_dir, segment=args.segment_size
         )

@@ -1,0 +1,155 @@
+"""One trace from publisher to subscriber, as a collector receives it (issue 46).
+
+Every process exports to a real OTLP/HTTP receiver (tests/_otlp.py, decoding
+`opentelemetry-proto`'s ExportTraceServiceRequest) the standard way: the gateway as its own
+`offload-gateway` process and the publishing `offload` CLI through `OTEL_*` variables, the
+subscribing `client.Client` through the SDK provider it is given. Hostile `traceparent`
+values from HTTP clients and publishers are in test_tracing_hostile.py.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+from client import Client, Message
+
+from _gateway import GatewayProcess
+from _otlp import OtlpReceiver, ReceivedSpan
+from _servers import Mosquitto, SeaweedFS
+
+pytestmark = pytest.mark.servers
+
+OFFLOAD = shutil.which("offload") or "offload"
+CALLER = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+CALLER_TRACE = "0af7651916cd43dd8448eb211c80319c"
+
+
+def exporting_provider(otlp: OtlpReceiver, service: str) -> TracerProvider:
+    """An application's own SDK provider, exporting to the receiver."""
+    provider = TracerProvider(resource=Resource({"service.name": service}))
+    exporter = OTLPSpanExporter(endpoint=f"{otlp.endpoint}/v1/traces")
+    provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=100))
+    return provider
+
+
+def gateway_env(seaweed: SeaweedFS, bucket: str, broker: Mosquitto) -> dict[str, str]:
+    return {
+        "OFFLOAD_STORAGE_URL": seaweed.storage_url(bucket),
+        "OFFLOAD_S3_ACCESS_KEY": seaweed.access_key,
+        "OFFLOAD_S3_SECRET_KEY": seaweed.secret_key,
+        "OFFLOAD_MQTT_URL": broker.url,
+        "OFFLOAD_ALLOW_ANONYMOUS": "true",
+        "OFFLOAD_SWEEP_INTERVAL": "0",
+        "OFFLOAD_LOG_LEVEL": "WARNING",
+    }
+
+
+def cli_env(otlp: OtlpReceiver, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OFFLOAD_", "OTEL_"))}
+    env["OFFLOAD_CONFIG"] = os.devnull
+    return {**env, **otlp.environment("offload-cli"), **extra}
+
+
+def one(spans: list[ReceivedSpan], service: str, name: str) -> ReceivedSpan:
+    found = [s for s in spans if s.service == service and s.name == name]
+    assert len(found) == 1, (service, name, [(s.service, s.name) for s in spans])
+    return found[0]
+
+
+def test_one_trace_covers_publish_upload_store_placeholder_and_fetch(
+    seaweed: SeaweedFS,
+    bucket_name: str,
+    broker: Mosquitto,
+    unique_topic: Callable[[str], str],
+    tmp_path: Path,
+) -> None:
+    topic = unique_topic("traced")
+    payload = os.urandom(300_000)  # over the broker's 256 KiB: offloaded
+    source = tmp_path / "payload.bin"
+    source.write_bytes(payload)
+    with OtlpReceiver() as otlp:
+        env = {**gateway_env(seaweed, bucket_name, broker), **otlp.environment("offload-gateway")}
+        gw = GatewayProcess(env).start()
+        subscriber = exporting_provider(otlp, "subscriber")
+        try:
+            with Client(broker.url, endpoint=gw.url, tracer_provider=subscriber) as sub:
+                sub.subscribe(topic, 1)
+                # The caller's trace reaches the CLI the way OpenTelemetry hands one to a
+                # process: TRACEPARENT in its environment.
+                published = subprocess.run(
+                    [OFFLOAD, "publish", "--broker", broker.url, "--endpoint", gw.url,
+                     "--topic", topic, "--file", str(source), "--qos", "1"],
+                    capture_output=True, text=True, timeout=120,
+                    env=cli_env(otlp, TRACEPARENT=CALLER),
+                )  # fmt: skip
+                assert published.returncode == 0, published.stderr
+                received = sub.next_message(timeout=60)
+            assert isinstance(received, Message), received
+            assert received.payload == payload
+            subscriber.force_flush()
+
+            def complete(spans: list[ReceivedSpan]) -> bool:
+                names = {(s.service, s.name) for s in spans}
+                return {
+                    ("offload-cli", f"publish {topic}"),
+                    ("offload-gateway", "PUT /msg/{message_id}"),
+                    ("offload-gateway", "GET /msg/{message_id}/payload"),
+                    ("subscriber", f"fetch {topic}"),
+                    ("subscriber", f"receive {topic}"),
+                } <= names
+
+            spans = otlp.wait_for(complete)
+        finally:
+            gw.kill()
+            subscriber.shutdown()
+
+    publish = one(spans, "offload-cli", f"publish {topic}")
+    upload = one(spans, "offload-cli", f"upload {topic}")
+    put = one(spans, "offload-gateway", "PUT /msg/{message_id}")
+    write = one(spans, "offload-gateway", "store write")
+    commit = one(spans, "offload-gateway", "store commit")
+    fetch = one(spans, "subscriber", f"fetch {topic}")
+    get = one(spans, "offload-gateway", "GET /msg/{message_id}/payload")
+    read = one(spans, "offload-gateway", "store read")
+    receive = one(spans, "subscriber", f"receive {topic}")
+
+    # One trace: the caller's, continued by every hop.
+    ours = [publish, upload, put, write, commit, fetch, get, read, receive]
+    assert {s.trace_id for s in ours} == {CALLER_TRACE}
+    # Who is whose child: the CLI's publish under its caller, the upload under the
+    # publish, the gateway's request under the upload, the store's work under the request.
+    assert publish.parent_span_id == CALLER.split("-")[2]
+    assert (publish.kind, upload.kind, put.kind) == ("producer", "client", "server")
+    assert upload.parent_span_id == publish.span_id
+    assert put.parent_span_id == upload.span_id
+    assert write.parent_span_id == put.span_id and commit.parent_span_id == put.span_id
+    # The placeholder carried the publish span's context (the creation context): the
+    # subscriber's fetch is its child, the gateway's GET and store read the fetch's.
+    creation = received.trace_context
+    assert creation is not None and creation.span_id_hex == publish.span_id
+    assert fetch.parent_span_id == publish.span_id
+    assert get.parent_span_id == fetch.span_id and read.parent_span_id == get.span_id
+    assert receive.links == ((CALLER_TRACE, publish.span_id),)
+
+    message_id = received.message_id
+    assert publish.attributes["messaging.system"] == "mqtt"
+    assert publish.attributes["messaging.destination.name"] == topic
+    assert publish.attributes["messaging.message.id"] == message_id
+    assert publish.attributes["messaging.message.body.size"] == len(payload)
+    assert fetch.attributes["messaging.message.id"] == message_id
+    assert put.attributes["http.response.status_code"] == 201
+    # What a span holds is metadata: no payload byte run, no password.
+    sample = payload[:64].hex()
+    for span in spans:
+        for value in span.attributes.values():
+            assert sample not in str(value) and "secret" not in str(value)
