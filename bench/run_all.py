@@ -14,6 +14,9 @@ baselines taken in the same run, but 2 cores are easily disturbed.
                                                # ~20 GiB of free disk, several minutes)
     python bench/run_all.py --only clients     # MinIO SDK vs obstore (obstore in /tmp/obstore_pkg)
     python bench/run_all.py --only proxy       # offload-proxy (bench/proxy.py, issue 28)
+    python bench/run_all.py --only relay       # small messages: straight, HAProxy, offload-proxy
+                                               # (bench/proxy_relay.py, issue 44; needs haproxy)
+    python bench/run_all.py --only fleet       # HAProxy + PROXY v2 to 1 or 2 proxies, --workers 2
     python bench/run_all.py --only encryption spark-encrypted   # issue 30's three rows
     python bench/run_all.py --only 1 mixed     # issue 31's table: gateway / nginx both ways,
                                                # RSS per transfer, the chart's maxTransfers
@@ -70,6 +73,8 @@ def _cmd(name: str, quick: bool) -> list[str]:
             "--concurrent",
             "8" if quick else "16",
         ],
+        "relay": ["proxy_relay.py", "--rounds", "1" if quick else "3"],
+        "fleet": ["proxy_relay.py", "--only-fleet", "--rounds", "1" if quick else "3"],
         "encryption": ["encryption.py", "--runs", "2" if quick else "3"],
         "spark-encrypted": ["spark_read.py", "--encrypted", "--objects", "16"],
     }[name]
@@ -198,6 +203,8 @@ def main() -> None:
             "clients",
             "small",
             "proxy",
+            "relay",
+            "fleet",
             "encryption",
             "spark-encrypted",
         ],
@@ -207,7 +214,7 @@ def main() -> None:
     args = parser.parse_args()
     names = args.only or [
         "1", "2", "3", "4", "5", "6", "7", "8", "telemetry", "qos0", "receive",
-        "protocol", "direct", "startup", "small", "proxy", "encryption",
+        "protocol", "direct", "startup", "small", "proxy", "relay", "encryption",
         *(["spark", "spark-encrypted"] if args.spark else []),
     ]  # fmt: skip
     print(f"machine: {machine()}")

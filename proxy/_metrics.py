@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
@@ -21,11 +22,22 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.connections = Gauge("offload_proxy_connections", "client connections", registry=r)
+        # Gauges of several workers (offload-proxy --workers) add up over the living ones.
+        self.connections = Gauge(
+            "offload_proxy_connections",
+            "client connections",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
         self.refused = Counter(
             "offload_proxy_refused_connections", "connections refused", ["why"], registry=r
         )
-        self.uploads = Gauge("offload_proxy_uploads", "offloaded PUBLISHes streaming", registry=r)
+        self.uploads = Gauge(
+            "offload_proxy_uploads",
+            "offloaded PUBLISHes streaming",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
         self.offloaded = Counter(
             "offload_proxy_offloaded", "PUBLISHes stored and replaced by a placeholder", registry=r
         )
@@ -35,7 +47,12 @@ class Metrics:
         self.bytes_up = Counter(
             "offload_proxy_uploaded_bytes", "payload bytes streamed to the gateway", registry=r
         )
-        self.fetches = Gauge("offload_proxy_fetches", "placeholders being resolved", registry=r)
+        self.fetches = Gauge(
+            "offload_proxy_fetches",
+            "placeholders being resolved",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
         self.resolved = Counter(
             "offload_proxy_resolved", "placeholders replaced by their payload", registry=r
         )
@@ -70,8 +87,15 @@ class Metrics:
         return generate_latest(self.registry)
 
 
+class Renders(Protocol):
+    """What `/metrics` shows: one proxy's :class:`Metrics`, or the sum of several workers'
+    (:class:`proxy._workers.Supervisor`)."""
+
+    def render(self) -> bytes: ...
+
+
 async def serve_metrics(
-    metrics: Metrics, healthy: Callable[[], tuple[bool, str]], host: str, port: int
+    metrics: Renders, healthy: Callable[[], tuple[bool, str]], host: str, port: int
 ) -> asyncio.Server:
     """`GET /metrics` and `GET /healthz` on `host:port`."""
 

@@ -8,7 +8,9 @@
     await proxy.close()            # stop accepting; transfers under way get shutdown_timeout
 
 No state is shared between proxies: each client connection has its own broker connection,
-so any number of replicas can stand behind one Service.
+so any number of replicas can stand behind one Service. The listening sockets are bound
+here, or handed in already bound (`offload-proxy --workers N`: :mod:`proxy._workers`), and
+served by :class:`proxy._listen.Listener` (a PROXY header from a trusted load balancer first).
 """
 
 from __future__ import annotations
@@ -16,20 +18,37 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import ssl
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 
 from client import load_identities
 
 from ._discovery import Discovery
 from ._gateway import GatewayLink
+from ._listen import PEER, Listener, bind, peer_in_logs
 from ._metrics import Metrics, serve_metrics
 from ._session import Session
 from ._settings import ProxySettings
 from ._state import Services
-from ._stream import READ_SIZE
 from ._websocket import HandshakeFailed, WebSocketReader, WebSocketWriter, handshake
 
 log = logging.getLogger("proxy")
+
+
+@dataclass(frozen=True)
+class Sockets:
+    """Listening sockets bound before the proxy starts (a `--workers` parent's)."""
+
+    mqtt: list[socket.socket]
+    ws: list[socket.socket] = field(default_factory=list)
+
+    @classmethod
+    def bind(cls, settings: ProxySettings) -> Sockets:
+        mqtt = bind(settings.host, settings.port)
+        ws = bind(settings.host, settings.ws_port) if settings.ws_port is not None else []
+        return cls(mqtt, ws)
 
 
 class Proxy:
@@ -37,10 +56,14 @@ class Proxy:
 
     Args:
         settings: every knob (:class:`proxy.ProxySettings`).
+        sockets: listening sockets already bound (default: bound at :meth:`start` from
+            `host`, `port` and `ws_port`).
     """
 
-    def __init__(self, settings: ProxySettings) -> None:
+    def __init__(self, settings: ProxySettings, sockets: Sockets | None = None) -> None:
         self.settings = settings
+        self._sockets = sockets
+        peer_in_logs(log)
         self.metrics = Metrics()
         self._discovery = None if settings.endpoint else Discovery(settings)
         verify = (
@@ -60,12 +83,13 @@ class Proxy:
             identities=tuple(load_identities(settings.identity_files)),  # a bad file: fails now
         )
         self._sessions: dict[asyncio.Task[None], Session] = {}
-        self._server: asyncio.Server | None = None
+        self._server: Listener | None = None
         self._metrics_server: asyncio.Server | None = None
         self._background: list[asyncio.Task[None]] = []
         self.port = settings.port
         self.ws_port = settings.ws_port
-        self._ws_server: asyncio.Server | None = None
+        self._ws_server: Listener | None = None
+        self._closed = asyncio.Event()
         self.metrics_port = settings.metrics_port
 
     def _endpoint(self) -> str | None:
@@ -82,27 +106,16 @@ class Proxy:
 
     async def start(self) -> None:
         s = self.settings
+        sockets = self._sockets or Sockets.bind(s)
         # A reader buffers up to twice its limit while the relay waits to write: with 256 KiB
         # (one read) a connection holds at most ~0.5 MiB per direction.
-        self._server = await asyncio.start_server(
-            self._accept,
-            s.host,
-            s.port,
-            limit=READ_SIZE,
-            ssl=s.listener_tls(),
-            ssl_handshake_timeout=s.connect_timeout if s.tls_cert_file else None,
-        )
-        self.port = self._server.sockets[0].getsockname()[1]
-        if s.ws_port is not None:
-            self._ws_server = await asyncio.start_server(
-                self._accept_ws,
-                s.host,
-                s.ws_port,
-                limit=READ_SIZE,
-                ssl=s.listener_tls(),
-                ssl_handshake_timeout=s.connect_timeout if s.tls_cert_file else None,
-            )
-            self.ws_port = self._ws_server.sockets[0].getsockname()[1]
+        self._server = self._listener(sockets.mqtt, self._accept)
+        await self._server.start()
+        self.port = self._server.port
+        if sockets.ws:
+            self._ws_server = self._listener(sockets.ws, self._accept_ws)
+            await self._ws_server.start()
+            self.ws_port = self._ws_server.port
         if self._discovery is not None:
             self._background.append(asyncio.create_task(self._discovery.run()))
         if s.metrics_port is not None:
@@ -115,8 +128,28 @@ class Proxy:
             extra={"host": s.host, "port": self.port, "ws_port": self.ws_port, "broker": s.broker},
         )
 
-    async def _accept_ws(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _listener(
+        self,
+        sockets: list[socket.socket],
+        handle: Callable[[asyncio.StreamReader, asyncio.StreamWriter, str], Awaitable[None]],
+    ) -> Listener:
+        s = self.settings
+        refused = self.metrics.refused
+        return Listener(
+            sockets,
+            handle,
+            trusted_lbs=s.trusted_lbs,
+            tls=s.listener_tls(),
+            timeout=s.connect_timeout,
+            max_pending=s.max_connections,
+            refused=lambda why: refused.labels(why=why).inc(),
+        )
+
+    async def _accept_ws(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str
+    ) -> None:
         """A WebSocket upgrade, then the MQTT connection inside it as any other."""
+        PEER.set(peer)
         try:
             ws = await handshake(reader, writer, self.settings.connect_timeout)
         except HandshakeFailed as exc:
@@ -125,10 +158,16 @@ class Proxy:
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
             return
-        await self._accept(WebSocketReader(ws, reader, writer), WebSocketWriter(ws, reader, writer))
+        await self._accept(
+            WebSocketReader(ws, reader, writer), WebSocketWriter(ws, reader, writer), peer
+        )
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        session = Session(self.services, reader, writer)
+    async def _accept(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str
+    ) -> None:
+        PEER.set(peer)  # this connection's log lines name its device (proxy._listen)
+        log.debug("connection accepted")
+        session = Session(self.services, reader, writer, peer=peer)
         task = asyncio.current_task()
         assert task is not None
         admitted = len(self._sessions) < self.settings.max_connections
@@ -153,6 +192,7 @@ class Proxy:
         for server in (self._server, self._ws_server):
             if server is not None:
                 server.close()
+        self._closed.set()
         self.services.closing.set()  # new offloads are refused from here on
         for task in self._background:
             task.cancel()
@@ -176,5 +216,5 @@ class Proxy:
         await self._gateway.aclose()
 
     async def serve_forever(self) -> None:
-        assert self._server is not None
-        await self._server.serve_forever()
+        """Wait until :meth:`close`."""
+        await self._closed.wait()

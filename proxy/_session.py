@@ -51,10 +51,16 @@ class Session:
     """Serves one accepted client connection (:meth:`run`)."""
 
     def __init__(
-        self, services: Services, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self,
+        services: Services,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        *,
+        peer: str,
     ) -> None:
         self.services = services
         self.writer = writer
+        self.peer = peer  # the device's address (proxy._listen: a PROXY header's, or the peer's)
         settings = services.settings
         self.client = PacketStream(
             reader, max_length=settings.max_packet_size - 5, idle=settings.idle_timeout

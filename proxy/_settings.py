@@ -6,6 +6,7 @@ broker, host, port and endpoint (`offload-proxy --help`); docs/proxy.md lists th
 
 from __future__ import annotations
 
+import ipaddress
 import ssl
 from pathlib import Path
 from typing import Annotated, Literal
@@ -126,6 +127,22 @@ class ProxySettings(BaseSettings):
     loop: Literal["uvloop", "asyncio"] = Field(
         "uvloop", description="event loop (bench/RESULTS.md, 'Proxy: codec and event loop')"
     )
+    # Load balancers and processes (docs/proxy.md, "Behind a load balancer", "Processes").
+    trusted_lbs: Annotated[tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...], NoDecode] = (
+        Field(
+            (),
+            description="load balancers (addresses and CIDRs, comma-separated) that must send "
+            "a PROXY protocol header (v1 or v2) on both listeners: its source address is the "
+            "device's; from any other address a PROXY header is refused; none by default",
+        )
+    )
+    workers: int = Field(
+        1,
+        ge=1,
+        le=256,
+        description="processes serving the listeners, each with its own event loop, "
+        "connections, limits and memories (docs/proxy.md, 'Processes')",
+    )
 
     @field_validator("identity_files", mode="before")
     @classmethod
@@ -175,3 +192,14 @@ class ProxySettings(BaseSettings):
         parts = urlsplit(self.broker)
         assert parts.hostname is not None and parts.port is not None
         return parts.hostname, parts.port
+
+    @field_validator("trusted_lbs", mode="before")
+    @classmethod
+    def _networks(cls, value: object) -> object:
+        parts = value.replace(",", " ").split() if isinstance(value, str) else value
+        if not isinstance(parts, list | tuple):
+            return value
+        try:  # strict: 10.0.0.1/8 (host bits set) is a typo, not 10.0.0.0/8
+            return tuple(ipaddress.ip_network(str(part).strip()) for part in parts)
+        except ValueError as exc:
+            raise ValueError(f"trusted_lbs: {exc}") from exc

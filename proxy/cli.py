@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 
@@ -16,6 +17,7 @@ from client.malloc import tune_malloc
 
 from ._server import Proxy
 from ._settings import ProxySettings
+from ._workers import Worker, supervise, worker_settings
 
 # Pieces of up to 1 MiB (fetches) and 256 KiB (client reads) stay on the heaps, and up to
 # 4 MiB of a heap's free top is kept (one transfer's pieces in flight): with glibc's defaults
@@ -56,6 +58,9 @@ def _settings(argv: list[str] | None) -> ProxySettings:
     parser.add_argument("--ws-port", type=int, help="also listen for MQTT over WebSocket there")
     parser.add_argument("--endpoint", help="gateway URL (default: the discovery record)")
     parser.add_argument("--metrics-port", type=int, help="port of /metrics and /healthz")
+    parser.add_argument(
+        "--workers", type=int, help="processes serving the listeners (default 1; docs/proxy.md)"
+    )
     args = parser.parse_args(argv)
     flags = {k: v for k, v in vars(args).items() if v is not None}
     try:
@@ -65,25 +70,33 @@ def _settings(argv: list[str] | None) -> ProxySettings:
         raise  # unreachable: error() exits
 
 
-async def _run(settings: ProxySettings) -> None:
-    proxy = Proxy(settings)
+async def _run(settings: ProxySettings, worker: Worker | None = None) -> None:
+    proxy = Proxy(settings, worker.sockets() if worker is not None else None)
     await proxy.start()
-    print(f"offload-proxy listening on {settings.host}:{proxy.port}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if worker is None:
+        print(f"offload-proxy listening on {settings.host}:{proxy.port}", flush=True)
+    else:  # the parent prints; a parent gone closes the lifeline: stop as at SIGTERM
+        worker.served(stop)
     await stop.wait()
     await proxy.close()
 
 
 def main(argv: list[str] | None = None) -> int:
     settings = _settings(argv)
+    worker = Worker.from_environment(os.environ)  # started by a --workers parent
+    if worker is not None:
+        settings = worker_settings(settings)
     tune_malloc(mmap_threshold=_MMAP_THRESHOLD, trim_threshold=_TRIM_THRESHOLD)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
     logging.basicConfig(level=settings.log_level.upper(), handlers=[handler])
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    if settings.workers > 1:
+        return supervise(settings, sys.argv[1:] if argv is None else argv)
     with contextlib.suppress(KeyboardInterrupt):
         if settings.loop == "uvloop":
             try:
@@ -91,9 +104,9 @@ def main(argv: list[str] | None = None) -> int:
             except ImportError:
                 logging.getLogger("proxy").warning("uvloop is not installed: asyncio's loop")
             else:
-                uvloop.run(_run(settings))
+                uvloop.run(_run(settings, worker))
                 return 0
-        asyncio.run(_run(settings))
+        asyncio.run(_run(settings, worker))
     return 0
 
 

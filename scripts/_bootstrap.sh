@@ -21,7 +21,8 @@ fi
 # Peers only the tests use (scripts/test.sh sets BOOTSTRAP_TEST_PEERS=1; up.sh does not):
 # nginx in front of the gateway (tests/test_auth_refusal_drain.py), Node and npm for
 # tus-js-client, the distribution's chromium for the browser tests (Playwright drives it
-# by path; no browser is downloaded), and `age` (tests/test_age_codec.py reads and writes with it).
+# by path; no browser is downloaded), `age` (tests/test_age_codec.py reads and writes with it),
+# and HAProxy (PROXY protocol in front of offload-proxy: tests/test_proxy_lb.py, bench/proxy_relay.py).
 if [ "${BOOTSTRAP_TEST_PEERS:-0}" = 1 ]; then
     need_peers=()
     command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need_peers+=(nginx openssl)
@@ -29,6 +30,7 @@ if [ "${BOOTSTRAP_TEST_PEERS:-0}" = 1 ]; then
     command -v npm >/dev/null 2>&1 || need_peers+=(npm)
     [ -x /usr/bin/chromium ] || need_peers+=(chromium)
     command -v age >/dev/null 2>&1 || need_peers+=(age)
+    command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || need_peers+=(haproxy)
     if [ "${#need_peers[@]}" -gt 0 ]; then
         echo "==> apt-get install ${need_peers[*]}"
         export DEBIAN_FRONTEND=noninteractive
@@ -40,6 +42,7 @@ fi
 if command -v systemctl >/dev/null 2>&1; then
     systemctl disable --now mosquitto >/dev/null 2>&1 || true
     systemctl disable --now nginx >/dev/null 2>&1 || true
+    systemctl disable --now haproxy >/dev/null 2>&1 || true
 fi
 
 if [ ! -x .venv/bin/python ]; then

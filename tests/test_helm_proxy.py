@@ -89,3 +89,47 @@ def test_the_websocket_listener_is_opt_in(
         assert "OFFLOAD_PROXY_WS_PORT" not in env
         assert set(container_ports) == {"mqtt", "metrics"}
         assert set(service_ports) == {"mqtt"}
+
+
+def test_workers_and_trusted_load_balancers_reach_the_proxy(
+    chart: helm.Chart,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Several processes per pod and PROXY protocol from the named balancers, as settings
+    the proxy reads; a writable /tmp for the workers' metrics files on a read-only root."""
+    values = {
+        "proxy": {
+            "enabled": True,
+            "replicaCount": 3,
+            "workers": 4,
+            "trustedLoadBalancers": ["10.0.0.0/16", "2001:db8::/64", "192.0.2.7"],
+        }
+    }
+    found = _proxy_objects(manifests(chart, values))
+    for doc in found.values():
+        assert kubernetes_validate.validate(doc, KUBE_VERSION, strict=True) == "1.30"
+    deployment = found["Deployment"]
+    assert deployment["spec"]["replicas"] == 3
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    from proxy import ProxySettings
+
+    settings = ProxySettings()
+    assert settings.workers == 4
+    assert [str(n) for n in settings.trusted_lbs] == [
+        "10.0.0.0/16",
+        "2001:db8::/64",
+        "192.0.2.7/32",
+    ]
+    (mount,) = container["volumeMounts"]
+    assert mount["mountPath"] == "/tmp"
+    assert any(v["name"] == mount["name"] and "emptyDir" in v for v in pod["volumes"])
+    default = _proxy_objects(manifests(chart, ON))["Deployment"]
+    (plain,) = default["spec"]["template"]["spec"]["containers"]
+    names = {e["name"]: e["value"] for e in plain["env"]}
+    assert names["OFFLOAD_PROXY_WORKERS"] == "1" and "OFFLOAD_PROXY_TRUSTED_LBS" not in names
+    with pytest.raises(Exception, match="trustedLoadBalancers"):
+        manifests(chart, {"proxy": {"enabled": True, "trustedLoadBalancers": ["lb.example"]}})

@@ -7,7 +7,9 @@ Bytes in, events and bytes out, as :mod:`client.protocol` (and h11): the asyncio
 * :func:`parse_connect`, :func:`parse_connack`, :func:`publish_header`: the packets read;
 * :func:`placeholder_packet`, :func:`resolved_head`, :func:`ack`, :func:`disconnect`: the
   packets written; :class:`AliasMap` the client's topic aliases;
-* its errors, :class:`ProxyProtocolError` and subclasses, each with an MQTT 5 reason code.
+* its errors, :class:`ProxyProtocolError` and subclasses, each with an MQTT 5 reason code;
+* :class:`ProxyHeaderReader`: the PROXY protocol header (v1, v2) a load balancer sends first,
+  read without reading past it (:class:`BadProxyHeader` when it is not one).
 """
 
 from client.protocol import PLACEHOLDER_AWARE
@@ -17,6 +19,7 @@ from ._errors import (
     MALFORMED_PACKET,
     PACKET_TOO_LARGE,
     PROTOCOL_ERROR,
+    BadProxyHeader,
     MalformedPacket,
     PacketTooLarge,
     ProxyProtocolError,
@@ -77,6 +80,7 @@ from ._properties import (
     first,
     u32_property,
 )
+from ._proxy_header import ProxyHeader, ProxyHeaderReader
 from ._v311 import (
     downgrade_connack,
     downgrade_packet,
@@ -114,6 +118,7 @@ __all__ = [
     "UNSUBACK",
     "UNSUBSCRIBE",
     "AliasMap",
+    "BadProxyHeader",
     "Body",
     "ChunkPublish",
     "Connack",
@@ -123,6 +128,8 @@ __all__ = [
     "MalformedPacket",
     "PacketTooLarge",
     "Prop",
+    "ProxyHeader",
+    "ProxyHeaderReader",
     "ProxyProtocolError",
     "PublishHeader",
     "Stored",

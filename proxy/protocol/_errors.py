@@ -5,6 +5,9 @@ Hierarchy::
     ProxyProtocolError          bytes that break MQTT; carries the MQTT 5 reason code
     |-- MalformedPacket         0x81: a varint, length, string or property that cannot be read
     |-- PacketTooLarge          0x95: more than a limit the proxy or a peer set
+
+    BadProxyHeader              a PROXY protocol header (a load balancer's) that cannot be
+                                read, or none where one is required; not MQTT: no reason code
 """
 
 from __future__ import annotations
@@ -34,3 +37,8 @@ class PacketTooLarge(ProxyProtocolError):
     """A packet, or a part the proxy must hold, larger than its limit (reason 0x95)."""
 
     reason = PACKET_TOO_LARGE
+
+
+class BadProxyHeader(Exception):
+    """A connection's first bytes are not the PROXY protocol header they must be (or are one
+    that breaks the specification)."""

@@ -1,0 +1,243 @@
+"""offload-proxy behind a real HAProxy (TCP mode) that sends PROXY protocol headers
+(`send-proxy-v2`, `send-proxy`): the device's address is the header's, on the MQTT and the
+WebSocket listener and over TLS; a header from an address not in `OFFLOAD_PROXY_TRUSTED_LBS`
+is refused, and so is a trusted peer that sends none. Devices are told apart by their
+loopback source address (127.0.0.2, .3, ...: `mosquitto_pub -A`)."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import paho.mqtt.client as paho
+import pytest
+from paho.mqtt.enums import CallbackAPIVersion
+from test_proxy import start_proxy
+from test_tls import pki  # noqa: F401 - the fixture
+
+from _haproxy import HAProxy, Route
+from _proxy import ProxyServer
+from _servers import Mosquitto, wait_until
+
+pytestmark = pytest.mark.servers
+
+SIG = b"\r\n\r\n\x00\r\nQUIT\n"
+MQTT5_CONNECT = bytes([0x10, 13, 0, 4, *b"MQTT", 5, 0x02, 0, 60, 0, 0, 0])
+
+
+def v2_header(source: str, port: int) -> bytes:
+    block = ipaddress.ip_address(source).packed + bytes([127, 0, 0, 1])
+    block += port.to_bytes(2, "big") + (1883).to_bytes(2, "big")
+    return SIG + b"\x21\x11" + len(block).to_bytes(2, "big") + block
+
+
+@pytest.fixture
+def fleet(broker: Mosquitto) -> Iterator[tuple[ProxyServer, HAProxy]]:
+    """The proxy trusting 127.0.0.1 only, and HAProxy routes to it from 127.0.0.1 (v2, v1,
+    no header, WebSocket) and from 127.0.0.5 (v2: an address the proxy does not trust)."""
+    proxy = start_proxy(broker, None, trusted_lbs="127.0.0.1", ws_port=0, connect_timeout=2)
+    lb = HAProxy(
+        {
+            "v2": Route((proxy.port,), "send-proxy-v2"),
+            "v1": Route((proxy.port,), "send-proxy"),
+            "none": Route((proxy.port,)),
+            "spoof": Route((proxy.port,), "send-proxy-v2 source 127.0.0.5"),
+            "ws": Route((proxy.proxy.ws_port,), "send-proxy-v2"),
+        }
+    ).start()
+    yield proxy, lb
+    lb.close()
+    proxy.stop()
+
+
+def peers(proxy: ProxyServer) -> list[str]:
+    return sorted(proxy.call(lambda: [s.peer for s in proxy.proxy._sessions.values()]))
+
+
+def refused(proxy: ProxyServer, why: str) -> float:
+    return proxy.metric("offload_proxy_refused_connections_total", why=why)
+
+
+def pub(port: int, topic: str, source: str, *extra: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        ["mosquitto_pub", "-h", "127.0.0.1", "-p", str(port), "-A", source, "-t", topic,
+         "-m", "hello", "-q", "1", "-V", "5", *extra],
+        capture_output=True, timeout=30,
+    )  # fmt: skip
+
+
+def delivered(
+    sub: subprocess.Popen[bytes], port: int, topic: str, source: str, *extra: str
+) -> None:
+    """`mosquitto_pub` from `source` through `port`; `sub` (`-C 1`) gets its message."""
+    sent = pub(port, topic, source, *extra)
+    assert sent.returncode == 0, sent.stderr
+    out, _ = sub.communicate(timeout=30)
+    assert out == b"hello\n"
+
+
+def _connack(raw: socket.socket) -> bytes:
+    """The first bytes the proxy answers; b"" when it closed (a reset: it left bytes unread)."""
+    raw.settimeout(10)
+    try:
+        return raw.recv(4)
+    except ConnectionResetError:
+        return b""
+
+
+def test_behind_haproxy_the_device_address_is_the_proxy_headers(
+    fleet: tuple[ProxyServer, HAProxy],
+    broker: Mosquitto,
+    unique_topic: Callable[[str], str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="proxy")
+    proxy, lb = fleet
+    topic = unique_topic("lb")
+    sub = subprocess.Popen(
+        ["mosquitto_sub", "-h", "127.0.0.1", "-p", str(lb.ports["v1"]), "-A", "127.0.0.3",
+         "-t", topic, "-C", "1", "-q", "1", "-V", "5", "-i", "lb-sub"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    wait_until(lambda: "Sending SUBACK to lb-sub" in broker.log(), "subscribed", 20)
+    ws = paho.Client(CallbackAPIVersion.VERSION2, "lb-ws", transport="websockets")
+    ws.connect("127.0.0.1", lb.ports["ws"], bind_address="127.0.0.4")
+    ws.loop_start()
+    try:
+        wait_until(ws.is_connected, "WebSocket client connected", 20)
+        assert peers(proxy) == ["127.0.0.3", "127.0.0.4"]  # not HAProxy's 127.0.0.1
+        delivered(sub, lb.ports["v2"], topic, "127.0.0.2")
+    finally:
+        ws.disconnect()
+        ws.loop_stop()
+        if sub.poll() is None:
+            sub.kill()
+    accepted = [r for r in caplog.records if r.getMessage() == "connection accepted"]
+    assert sorted(getattr(r, "peer", "") for r in accepted) == [
+        "127.0.0.2",
+        "127.0.0.3",
+        "127.0.0.4",
+    ]  # fmt: skip: never HAProxy's own 127.0.0.1
+
+
+def test_a_header_from_an_untrusted_address_and_a_trusted_peer_without_one_are_refused(
+    fleet: tuple[ProxyServer, HAProxy], unique_topic: Callable[[str], str]
+) -> None:
+    proxy, lb = fleet
+    topic = unique_topic("lb")
+    before = refused(proxy, "proxy-header-untrusted"), refused(proxy, "proxy-header")
+    spoofed = pub(lb.ports["spoof"], topic, "127.0.0.2")  # HAProxy from 127.0.0.5, header v2
+    assert spoofed.returncode != 0
+    bare = pub(lb.ports["none"], topic, "127.0.0.2")  # HAProxy from 127.0.0.1, no header
+    assert bare.returncode != 0
+    # At least once each: HAProxy retries a server that closes before taking its bytes
+    # (retry-on conn-failure), and the proxy counts each refusal before it closes.
+    assert refused(proxy, "proxy-header-untrusted") >= before[0] + 1
+    assert refused(proxy, "proxy-header") >= before[1] + 1
+    untrusted = refused(proxy, "proxy-header-untrusted")
+    # A device straight on the proxy (no balancer, no header) is served as before ...
+    direct = pub(proxy.port, topic, "127.0.0.2")
+    assert direct.returncode == 0, direct.stderr
+    # ... and may not say it is someone else.
+    with socket.create_connection(
+        ("127.0.0.1", proxy.port), 10, source_address=("127.0.0.2", 0)
+    ) as raw:
+        raw.sendall(b"PROXY TCP4 6.6.6.6 127.0.0.1 1 1883\r\n" + MQTT5_CONNECT)
+        assert _connack(raw) == b""  # closed, no CONNACK
+    assert refused(proxy, "proxy-header-untrusted") == untrusted + 1
+
+
+def test_a_header_split_across_reads_is_read_and_a_stalled_or_huge_one_is_refused(
+    fleet: tuple[ProxyServer, HAProxy],
+) -> None:
+    proxy, _ = fleet
+    header = v2_header("198.51.100.7", 40000)
+    with socket.create_connection(("127.0.0.1", proxy.port), 10) as raw:  # from 127.0.0.1
+        for piece in (header[:5], header[5:17], header[17:], MQTT5_CONNECT):
+            raw.sendall(piece)
+            time.sleep(0.05)
+        assert _connack(raw)[:1] == b"\x20"
+        assert "198.51.100.7" in peers(proxy)
+    before = refused(proxy, "proxy-header-timeout")
+    start = time.monotonic()
+    with socket.create_connection(("127.0.0.1", proxy.port), 10) as raw:
+        raw.sendall(header[:20])  # then nothing: connect_timeout is 2 s
+        assert _connack(raw) == b""
+    assert 1.5 < time.monotonic() - start < 8
+    assert refused(proxy, "proxy-header-timeout") == before + 1
+    before = refused(proxy, "proxy-header")
+    socket.create_connection(("127.0.0.1", proxy.port), 10).close()  # a health check: quiet
+    with socket.create_connection(("127.0.0.1", proxy.port), 10) as raw:
+        raw.sendall(b"PROXY TCP4 " + b"1" * 200)  # no end of line within 107 bytes
+        assert _connack(raw) == b""
+    assert refused(proxy, "proxy-header") == before + 1
+
+
+def test_tls_listener_behind_haproxy_send_proxy_v2(
+    pki: Path,  # noqa: F811
+    broker: Mosquitto,
+    unique_topic: Callable[[str], str],
+) -> None:
+    """HAProxy passes TLS through; the proxy reads the header, then does the handshake."""
+    proxy = start_proxy(
+        broker, None, trusted_lbs="127.0.0.1", tls_cert_file=pki / "server.pem",
+        tls_key_file=pki / "server.key",
+    )  # fmt: skip
+    lb = HAProxy({"tls": Route((proxy.port,), "send-proxy-v2")}).start()
+    try:
+        topic = unique_topic("lbtls")
+        tls: list[Any] = ["--cafile", str(pki / "ca.pem")]
+        sub = subprocess.Popen(
+            ["mosquitto_sub", "-h", "127.0.0.1", "-p", str(lb.ports["tls"]), *tls, "-A",
+             "127.0.0.6", "-t", topic, "-C", "1", "-q", "1", "-V", "5", "-i", "lbtls-sub"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        wait_until(lambda: "Sending SUBACK to lbtls-sub" in broker.log(), "subscribed", 20)
+        assert peers(proxy) == ["127.0.0.6"]
+        delivered(sub, lb.ports["tls"], topic, "127.0.0.7", *tls)
+    finally:
+        lb.close()
+        proxy.stop()
+
+
+def test_silent_connections_at_the_gate_are_bounded_by_max_connections(
+    broker: Mosquitto,
+) -> None:
+    """Connections that say nothing wait at the gate (at most connect_timeout); no more than
+    max_connections at once: the next is closed at once, not queued behind them."""
+    proxy = start_proxy(broker, None, trusted_lbs="127.0.0.1", max_connections=3)
+    silent = [
+        socket.create_connection(("127.0.0.1", proxy.port), 10, source_address=("127.0.0.2", 0))
+        for _ in range(3)
+    ]
+    try:
+        wait_until(lambda: proxy.call(lambda: len(proxy.proxy._server._gated)) == 3, "3 held", 10)
+        with socket.create_connection(
+            ("127.0.0.1", proxy.port), 10, source_address=("127.0.0.2", 0)
+        ) as extra:
+            assert _connack(extra) == b""
+        assert refused(proxy, "gate-full") == 1
+    finally:
+        for raw in silent:
+            raw.close()
+        proxy.stop()
+
+
+def test_without_trusted_balancers_a_proxy_header_is_refused_as_the_mqtt_it_is_not(
+    broker: Mosquitto,
+) -> None:
+    proxy = start_proxy(broker, None)  # OFFLOAD_PROXY_TRUSTED_LBS unset: no gate
+    try:
+        for header in (b"PROXY TCP4 6.6.6.6 127.0.0.1 1 1883\r\n", v2_header("6.6.6.6", 1)):
+            with socket.create_connection(("127.0.0.1", proxy.port), 10) as raw:
+                raw.sendall(header + MQTT5_CONNECT)
+                assert _connack(raw) == b""
+        assert peers(proxy) == []
+    finally:
+        proxy.stop()
