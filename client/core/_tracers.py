@@ -8,10 +8,13 @@ functions here, and only when they decide to.
 from __future__ import annotations
 
 import importlib.util
+import logging
 from collections.abc import Mapping
 from typing import Any
 
 from ._tracing import DISABLED, TracerProviderLike, Tracing
+
+log = logging.getLogger("client")
 
 
 def otel_installed() -> bool:
@@ -50,7 +53,13 @@ def exporting_from_environment(service_name: str, environ: Mapping[str, str]) ->
         service_name: the default `service.name`.
         environ: the process's environment.
     """
-    if not _asks_for_traces(environ) or not otel_installed():
+    if not _asks_for_traces(environ):
+        return None
+    if not otel_installed():
+        log.warning(
+            "OTEL_* asks for traces but OpenTelemetry is not installed "
+            "(pip install 'mqtt-offload[otel]'): none are exported"
+        )
         return None
     from ._otel import exporting_from_environment as exporting
 
