@@ -395,10 +395,11 @@ class Client:
     def next_message(self, timeout: float | None = None) -> Delivery | None:
         """The next delivery, or None when `timeout` passes first or the client closed.
 
-        With tracing, a message the library resolved (offloaded, chunked) or that carries
-        a creation context is handed over in a `receive {topic}` span: a child of the
-        caller's current span, else of the message's creation context, and linked to the
-        latter (docs/tracing.md). :attr:`Message.trace_context` is that creation context.
+        With tracing, a message the library resolved (offloaded, chunked) is handed over in
+        a `receive {topic}` span: a child of the caller's current span, else of the
+        message's creation context, and linked to the latter (docs/tracing.md). A direct
+        message gets none (it is a plain PUBLISH); :attr:`Message.trace_context` is the
+        creation context of either.
 
         Args:
             timeout: seconds to wait; None waits until a delivery or close.
@@ -497,9 +498,9 @@ class Client:
 def received(tracing: Tracing, message: Message) -> None:
     """The `receive {topic}` span of a message handed to the application (see
     :meth:`Client.next_message`)."""
+    if message.route is Route.DIRECT:
+        return  # a plain PUBLISH: nothing of the library's (client/publish/_spans.py)
     creation = message.trace_context
-    if creation is None and message.route is Route.DIRECT:
-        return  # a plain PUBLISH that nobody traced: nothing to continue
     attributes = message_attributes(
         message.topic, message.size, "receive", "receive", message.message_id
     )

@@ -202,6 +202,7 @@ class Publisher:
             tracing, topic=send.topic, size=source.size, route=route, ambient=ambient, custom=custom
         )
         if span is None:
+            send = replace(send, trace=_spans.direct_context(route, ambient, custom))
             return self._routed(send, source, message_id, route, endpoint, packet, encrypted)
         with span:
             send = replace(send, span=span, trace=None if custom else span.context)

@@ -14,9 +14,11 @@ A message whose publisher set a `traceparent` user property itself carries that 
 unchanged (the conventions' custom creation context): the publish span is then CLIENT, a
 child of the caller's span (else of that context) and links to it.
 
-A message that goes straight to the broker (it fits, no offload) is one PUBLISH: it gets a
-span and a context only under a caller's span. Without one, nothing is added: a 1 KB
-message then costs no span (bench/tracing.py).
+A message that goes straight to the broker (it fits, no offload) is one PUBLISH, nothing
+of the library's own: it gets no span, and carries the caller's current context when there
+is one (that span is then its creation context). A span of the SDK, with its export, costs
+more than 5 % of a 1 KB message's round trip (bench/RESULTS.md, "Issue 46"), so the
+library spends spans on the work it adds (uploads, chunks, fetches), not on a PUBLISH.
 """
 
 from __future__ import annotations
@@ -47,9 +49,9 @@ def start_publish(
     ambient: TraceContext | None,
     custom: TraceContext | bool,
 ) -> Span | None:
-    """The publish span, or None when there is nothing to trace (a direct message without
-    a caller's span, or no tracing)."""
-    if route is Route.DIRECT and ambient is None:
+    """The publish span, or None when there is none to make: a direct message (it carries
+    the caller's context as it is, see :func:`direct_context`), or no tracing."""
+    if route is Route.DIRECT:
         return None
     if not tracing.enabled and ambient is None:
         return None
@@ -64,6 +66,14 @@ def start_publish(
         links=(own,) if own is not None else (),
         attributes=attributes,
     )
+
+
+def direct_context(
+    route: Route, ambient: TraceContext | None, custom: TraceContext | bool
+) -> TraceContext | None:
+    """What a message sent without a span carries: the caller's context, on a direct
+    message whose publisher set none itself."""
+    return ambient if route is Route.DIRECT and not custom else None
 
 
 def injected(
