@@ -1,0 +1,149 @@
+"""What `client.Client` puts on the wire for a trace, and which spans it makes (issue 46).
+
+Against a real mosquitto (256 KiB limit), the library tracing into an in-memory exporter:
+the context rides on the message itself (a direct PUBLISH, an ADR-23 message's first
+chunk only), a publisher's own `traceparent` user property is kept as it is, and a
+subscriber's receive continues the publisher's trace.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+
+import paho.mqtt.client as mqtt
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from paho.mqtt.enums import CallbackAPIVersion
+
+from client import Client, Message
+from client.protocol import PublishProperties, TraceContext
+
+from _servers import Mosquitto
+
+pytestmark = pytest.mark.servers
+
+CUSTOM = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+@pytest.fixture
+def traced() -> tuple[TracerProvider, InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider, exporter
+
+
+class Raw:
+    """A plain paho subscriber that keeps every PUBLISH's user properties."""
+
+    def __init__(self, broker: Mosquitto, topic: str) -> None:
+        self.props: list[list[tuple[str, str]]] = []
+        subscribed = threading.Event()
+        self._paho = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+        self._paho.on_message = self._on_message
+        self._paho.on_subscribe = lambda *args: subscribed.set()
+        self._paho.connect("127.0.0.1", broker.port)
+        self._paho.loop_start()
+        self._paho.subscribe(topic, 1)
+        assert subscribed.wait(10)
+
+    def _on_message(self, client: object, userdata: object, msg: mqtt.MQTTMessage) -> None:
+        self.props.append(list(getattr(msg.properties, "UserProperty", [])))
+
+    def wait(self, count: int, timeout: float = 30) -> list[list[tuple[str, str]]]:
+        deadline = time.monotonic() + timeout
+        while len(self.props) < count:
+            assert time.monotonic() < deadline, f"{len(self.props)} of {count} messages"
+            time.sleep(0.05)
+        return self.props
+
+    def close(self) -> None:
+        self._paho.loop_stop()
+        self._paho.disconnect()
+
+
+def test_a_direct_message_carries_the_callers_context_and_no_span_of_its_own(
+    broker: Mosquitto,
+    unique_topic: Callable[[str], str],
+    traced: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    provider, exporter = traced
+    tracer = provider.get_tracer("app")
+    topic = unique_topic("direct")
+    with Client(broker.url, tracer_provider=provider) as pub, Client(broker.url) as sub:
+        sub.subscribe(topic, 1)
+        pub.publish(topic, b"untraced", qos=1)  # no caller span: nothing added
+        with tracer.start_as_current_span("work") as work:
+            pub.publish(topic, b"traced", qos=1)
+        first, second = sub.next_message(timeout=10), sub.next_message(timeout=10)
+    assert isinstance(first, Message) and isinstance(second, Message)
+    assert first.trace_context is None
+    ctx = second.trace_context
+    assert ctx is not None
+    assert (ctx.trace_id, ctx.span_id) == (
+        work.get_span_context().trace_id,
+        work.get_span_context().span_id,
+    )
+    assert [s.name for s in exporter.get_finished_spans()] == ["work"]
+
+
+def test_a_chunked_message_carries_its_publish_spans_context_on_the_first_chunk(
+    mosquitto_factory: Callable[..., Mosquitto],
+    unique_topic: Callable[[str], str],
+    traced: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    provider, exporter = traced
+    broker = mosquitto_factory(max_packet_size=65536)
+    topic = unique_topic("chunked")
+    raw = Raw(broker, topic)
+    payload = os.urandom(200_000)  # four chunks of at most 64 KiB, no gateway
+    try:
+        with (
+            Client(broker.url, tracer_provider=provider) as pub,
+            Client(broker.url, tracer_provider=provider) as sub,
+        ):
+            sub.subscribe(topic, 1)
+            result = pub.publish(topic, payload, qos=1)
+            got = sub.next_message(timeout=30)
+        chunks = raw.wait(result.packets)
+    finally:
+        raw.close()
+    assert result.packets >= 4
+    assert isinstance(got, Message) and got.payload == payload
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    publish, receive = spans[f"publish {topic}"], spans[f"receive {topic}"]
+    carried = [TraceContext.from_pairs(p) for p in chunks]
+    # The first chunk only (ADR 23 carries the original's properties on chunk 0).
+    assert carried[0] is not None and carried[0].span_id == publish.context.span_id
+    assert all(c is None for c in carried[1:])
+    assert got.trace_context == carried[0]
+    assert publish.attributes["offload.route"] == "chunked"
+    # The subscriber's receive continues the publisher's trace, and links its creation.
+    assert receive.parent is not None and receive.parent.span_id == publish.context.span_id
+    assert [link.context.span_id for link in receive.links] == [publish.context.span_id]
+
+
+def test_a_publishers_own_traceparent_is_kept_and_linked(
+    mosquitto_factory: Callable[..., Mosquitto],
+    unique_topic: Callable[[str], str],
+    traced: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    provider, exporter = traced
+    broker = mosquitto_factory(max_packet_size=65536)
+    topic = unique_topic("custom")
+    props = PublishProperties(user_properties=(("traceparent", CUSTOM),))
+    with Client(broker.url, tracer_provider=provider) as pub, Client(broker.url) as sub:
+        sub.subscribe(topic, 1)
+        pub.publish(topic, os.urandom(100_000), qos=1, properties=props)
+        got = sub.next_message(timeout=30)
+    assert isinstance(got, Message)
+    assert got.properties.user_properties.count(("traceparent", CUSTOM)) == 1
+    (publish,) = [s for s in exporter.get_finished_spans() if s.name == f"publish {topic}"]
+    assert publish.kind.name == "CLIENT"  # not the creation context: the custom one is
+    assert f"{publish.context.trace_id:032x}" == CUSTOM.split("-")[1]
+    assert [f"{ln.context.span_id:016x}" for ln in publish.links] == [CUSTOM.split("-")[2]]
