@@ -24,7 +24,7 @@ from urllib.parse import quote
 import httpx
 
 from client import HttpTransport, gateway_auth
-from client.protocol import MessageId, Origin, Placeholder
+from client.protocol import MessageId, Origin, Placeholder, TraceContext
 
 from ._exceptions import TransferFailed
 from ._gateway_calls import Fetched, FetchItem, Opened, PayloadGet, Upload, declared_store, upload
@@ -194,6 +194,7 @@ class GatewayLink:
         ttl: int | None,
         auth: httpx.Auth | None,
         on_bytes: Callable[[int], None] = lambda n: None,
+        trace: TraceContext | None = None,
     ) -> Stored:
         """Stream `size` bytes from `pieces` to a new message id; what the gateway stored.
 
@@ -218,6 +219,7 @@ class GatewayLink:
                 ("Content-Type", RAW_CONTENT_TYPE),
                 ("Content-Length", str(size)),
                 *(("X-Offload-Header", field) for field in fields),
+                *(trace.pairs() if trace is not None else ()),  # W3C Trace Context
             ],
             size,
         )
@@ -247,15 +249,25 @@ class GatewayLink:
         return Stored(url, size, sha256, message_id)
 
     @contextlib.asynccontextmanager
-    async def fetch(self, ref: Placeholder, auth: httpx.Auth | None) -> AsyncIterator[Fetch]:
-        """The payload, once the answer is 200 with the declared size.
+    async def fetch(
+        self, ref: Placeholder, auth: httpx.Auth | None, trace: TraceContext | None = None
+    ) -> AsyncIterator[Fetch]:
+        """The payload, once the answer is 200 with the declared size; `trace` goes with
+        the GET as `traceparent` / `tracestate` (not with a redirect to the store).
 
         Raises:
             TransferFailed: another answer, another length, no answer.
         """
         loop = asyncio.get_running_loop()
         channel: ToLoop[FetchItem] = ToLoop(loop, DEPTH)
-        get = PayloadGet(self._http.reader, ref.payload_url, ref.size, auth, self._store_of)
+        get = PayloadGet(
+            self._http.reader,
+            ref.payload_url,
+            ref.size,
+            auth,
+            self._store_of,
+            trace.pairs() if trace is not None else (),
+        )
         job = loop.run_in_executor(self._threads, functools.partial(get.run, channel))
         job.add_done_callback(_retrieved)
         try:

@@ -90,6 +90,7 @@ class PayloadGet:
     size: int  # the placeholder's: never more is read
     auth: httpx.Auth | None
     store_of: Callable[[Origin], Origin | None]
+    traced: tuple[tuple[str, str], ...] = ()  # `traceparent` / `tracestate`, to the gateway
 
     def run(self, out: ToLoop[FetchItem]) -> None:
         """Hand `out` :class:`Opened`, the body's pieces, then :class:`Fetched` (or a
@@ -109,7 +110,8 @@ class PayloadGet:
 
     def _exchange(self, out: ToLoop[FetchItem]) -> None:
         url, http = self.url, self.http
-        request = http.build_request("GET", url, headers={"Accept-Encoding": "identity"})
+        headers = {"Accept-Encoding": "identity", **dict(self.traced)}
+        request = http.build_request("GET", url, headers=headers)
         try:
             response = http.send(request, auth=self.auth or httpx.USE_CLIENT_DEFAULT, stream=True)
         except httpx.HTTPError as exc:

@@ -17,12 +17,13 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 
-from client.protocol import MessageId
+from client.protocol import MessageId, TraceContext
 
 from ._exceptions import QUOTA_EXCEEDED, PeerGone, TransferFailed
 from ._resends import remember, resent
 from ._state import Conn, Services
 from ._stream import drained
+from ._tracing import start_offload
 from .protocol import (
     CONNECT,
     DISCONNECT,
@@ -155,16 +156,23 @@ async def _publish(conn: Conn, services: Services, head: Head) -> None:
     if await resent(conn, services, head, header, size, payload):  # a QoS 2 resend
         return
     conn.transfers += 1
+    # The placeholder's header: the device's, with the trace context when it set none.
+    span, announced = start_offload(
+        services.tracing, services.metrics.offload_seconds,
+        topic=topic, size=size, header=header, properties=conn.broker_v5,
+    )  # fmt: skip
     try:
-        stored = await _upload(conn, services, topic, header, size, payload())
+        stored = await _upload(conn, services, topic, announced, size, payload(), span.context)
     except TransferFailed as exc:
+        span.fail(exc)
         async for _ in pieces:  # the rest of the refused PUBLISH, so the stream stays framed
             pass
         await _refuse(conn, services, head, header, exc)
         return
     finally:
         conn.transfers -= 1
-    packet = placeholder_packet(head.first, header, stored, v5=conn.broker_v5)
+        span.end()
+    packet = placeholder_packet(head.first, announced, stored, v5=conn.broker_v5)
     if header.packet_id is not None:
         conn.unacked.add(header.packet_id)
         remember(conn, services, head, header, stored)
@@ -184,6 +192,7 @@ async def _upload(
     header: PublishHeader,
     size: int,
     payload: AsyncIterator[bytes],
+    trace: TraceContext | None = None,
 ) -> Stored:
     endpoint = services.endpoint()
     if endpoint is None:
@@ -210,6 +219,7 @@ async def _upload(
                 ttl=expiry if isinstance(expiry, int) else None,
                 auth=conn.auth,
                 on_bytes=services.metrics.bytes_up.inc,
+                trace=trace,
             )
         finally:
             pinger.cancel()

@@ -30,6 +30,7 @@ from ._resends import ended
 from ._settings import MQTT_MAX_PACKET
 from ._state import Conn, Services
 from ._stream import drain_within, drained, write_all, write_piece
+from ._tracing import start_fetch
 from ._unseal import resolve_encoded
 from .protocol import (
     CONNACK,
@@ -237,11 +238,15 @@ async def _resolve(
     if not ref.encoding.plain:  # encrypted or compressed: decoded whole first
         return await resolve_encoded(conn, services, head, header, ref)
     written = False
+    span = start_fetch(
+        services.tracing, services.metrics.fetch_seconds,
+        header=header, ref=ref, topic=header.topic_text,
+    )  # fmt: skip
     async with services.fetches:
         services.metrics.fetches.inc()
         conn.transfers += 1
         try:
-            async with services.gateway.fetch(ref, conn.auth) as fetched:
+            async with services.gateway.fetch(ref, conn.auth, span.context) as fetched:
                 writer = conn.client_writer
                 head_bytes = resolved_head(head.first, header, ref.size, v5=conn.connect.v5)
                 held = b""
@@ -262,6 +267,7 @@ async def _resolve(
                 await write_piece(writer, held, conn.client.idle)
                 await drain_within(writer, conn.client.idle)
         except TransferFailed as exc:
+            span.fail(exc)
             if written:
                 log.warning("resolve failed mid-packet; client cut off", extra={"why": str(exc)})
                 raise PeerGone(str(exc)) from exc
@@ -271,5 +277,6 @@ async def _resolve(
         finally:
             conn.transfers -= 1
             services.metrics.fetches.dec()
+            span.end()
     services.metrics.resolved.inc()
     return True

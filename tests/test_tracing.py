@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,11 +27,12 @@ from client import Client, Message
 
 from _gateway import GatewayProcess
 from _otlp import OtlpReceiver, ReceivedSpan
-from _servers import Mosquitto, SeaweedFS
+from _servers import Mosquitto, SeaweedFS, free_port, wait_for_port, wait_until
 
 pytestmark = pytest.mark.servers
 
 OFFLOAD = shutil.which("offload") or "offload"
+ROOT = Path(__file__).resolve().parents[1]
 CALLER = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 CALLER_TRACE = "0af7651916cd43dd8448eb211c80319c"
 
@@ -153,3 +156,96 @@ def test_one_trace_covers_publish_upload_store_placeholder_and_fetch(
     for span in spans:
         for value in span.attributes.values():
             assert sample not in str(value) and "secret" not in str(value)
+
+
+def _mosquitto_sub(broker: Mosquitto, port: int, topic: str) -> subprocess.Popen[bytes]:
+    """`mosquitto_sub -C 1` through the proxy, printing the user properties, then the
+    payload's length; returned once the broker has its subscription."""
+    client_id = f"sub-{uuid.uuid4().hex[:8]}"
+    proc = subprocess.Popen(
+        ["mosquitto_sub", "-p", str(port), "-t", topic, "-C", "1", "-V", "5", "-q", "1",
+         "-i", client_id, "-F", "%P|%l", "-W", "120"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    wait_until(lambda: f"Sending SUBACK to {client_id}" in broker.log(), "subscribed", 20, proc)
+    return proc
+
+
+def test_through_the_proxy_a_devices_traceparent_reaches_the_subscriber_and_the_gateway(
+    seaweed: SeaweedFS,
+    bucket_name: str,
+    broker: Mosquitto,
+    unique_topic: Callable[[str], str],
+    tmp_path: Path,
+) -> None:
+    continued, started = unique_topic("device"), unique_topic("untraced")
+    source = tmp_path / "payload.bin"
+    source.write_bytes(os.urandom(300_000))  # over the broker's 256 KiB: offloaded
+    port = free_port()
+    with OtlpReceiver() as otlp:
+        env = {**gateway_env(seaweed, bucket_name, broker), **otlp.environment("offload-gateway")}
+        gw = GatewayProcess(env).start()
+        environ = {k: v for k, v in os.environ.items() if not k.startswith(("OFFLOAD_", "OTEL_"))}
+        proxy = subprocess.Popen(
+            [sys.executable, "-m", "proxy.cli", "--broker", broker.url, "--port", str(port),
+             "--endpoint", gw.url],
+            env={**environ, "PYTHONPATH": str(ROOT), **otlp.environment("offload-proxy")},
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT,
+        )  # fmt: skip
+        try:
+            wait_for_port(port, 30, proxy)
+            got = {}
+            for topic, device in (
+                (continued, ["-D", "publish", "user-property", "traceparent", CALLER]),
+                (started, []),
+            ):
+                sub = _mosquitto_sub(broker, port, topic)
+                pub = subprocess.run(
+                    ["mosquitto_pub", "-p", str(port), "-t", topic, "-V", "5", "-q", "1",
+                     "-f", str(source), *device],
+                    capture_output=True, timeout=120,
+                )  # fmt: skip
+                assert pub.returncode == 0, pub.stderr
+                out, err = sub.communicate(timeout=150)
+                assert sub.returncode == 0, err
+                got[topic] = out.decode().strip()
+
+            def complete(spans: list[ReceivedSpan]) -> bool:
+                names = {(s.service, s.name) for s in spans}
+                wanted = {("offload-proxy", f"{verb} {t}") for verb in ("publish", "fetch")
+                          for t in (continued, started)}  # fmt: skip
+                return (
+                    wanted <= names
+                    and sum(s.name == "GET /msg/{message_id}/payload" for s in spans) >= 2
+                )
+
+            spans = otlp.wait_for(complete)
+        finally:
+            proxy.terminate()
+            proxy.wait(30)
+            gw.kill()
+
+    # The device's context: kept on the placeholder as it came, so mosquitto_sub (served the
+    # payload by the proxy) gets the device's own traceparent user property.
+    props, length = got[continued].rsplit("|", 1)
+    assert int(length) == 300_000
+    assert f"traceparent:{CALLER}" in props
+    publish = one(spans, "offload-proxy", f"publish {continued}")
+    fetch = one(spans, "offload-proxy", f"fetch {continued}")
+    assert publish.trace_id == CALLER_TRACE and publish.kind == "client"
+    assert publish.parent_span_id == CALLER.split("-")[2]
+    assert publish.links == ((CALLER_TRACE, CALLER.split("-")[2]),)
+    puts = [s for s in spans if s.name == "PUT /msg/{message_id}" and s.trace_id == CALLER_TRACE]
+    assert [p.parent_span_id for p in puts] == [publish.span_id]  # the gateway's, continued
+    assert fetch.trace_id == CALLER_TRACE and fetch.parent_span_id == CALLER.split("-")[2]
+    gets = [s for s in spans if s.name == "GET /msg/{message_id}/payload"]
+    assert [g.parent_span_id for g in gets if g.trace_id == CALLER_TRACE] == [fetch.span_id]
+
+    # No context from the device: the proxy's span begins the trace, and its context is the
+    # one the placeholder carries to the subscriber.
+    props, length = got[started].rsplit("|", 1)
+    first = one(spans, "offload-proxy", f"publish {started}")
+    assert int(length) == 300_000 and first.kind == "producer" and first.parent_span_id == ""
+    assert f"traceparent:00-{first.trace_id}-{first.span_id}-0" in props  # sampled (, random)
+    resolved = one(spans, "offload-proxy", f"fetch {started}")
+    assert resolved.trace_id == first.trace_id and resolved.parent_span_id == first.span_id

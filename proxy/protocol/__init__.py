@@ -54,6 +54,8 @@ from ._offload import (
     resolved_head,
     resolved_size,
     stored_headers,
+    trace_context,
+    with_trace,
 )
 from ._packets import (
     PINGREQ_PACKET,
@@ -160,10 +162,12 @@ __all__ = [
     "resolved_size",
     "stored_headers",
     "subscribe_packet",
+    "trace_context",
     "u32_property",
     "upgrade_connect",
     "upgrade_packet",
     "upgrade_publish",
     "whole_head",
     "whole_size",
+    "with_trace",
 ]
