@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import pytest
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
@@ -181,14 +182,14 @@ def test_through_the_proxy_a_devices_traceparent_reaches_the_subscriber_and_the_
     continued, started = unique_topic("device"), unique_topic("untraced")
     source = tmp_path / "payload.bin"
     source.write_bytes(os.urandom(300_000))  # over the broker's 256 KiB: offloaded
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     with OtlpReceiver() as otlp:
         env = {**gateway_env(seaweed, bucket_name, broker), **otlp.environment("offload-gateway")}
         gw = GatewayProcess(env).start()
         environ = {k: v for k, v in os.environ.items() if not k.startswith(("OFFLOAD_", "OTEL_"))}
         proxy = subprocess.Popen(
             [sys.executable, "-m", "proxy.cli", "--broker", broker.url, "--port", str(port),
-             "--endpoint", gw.url],
+             "--endpoint", gw.url, "--metrics-port", str(metrics_port)],
             env={**environ, "PYTHONPATH": str(ROOT), **otlp.environment("offload-proxy")},
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT,
         )  # fmt: skip
@@ -220,6 +221,10 @@ def test_through_the_proxy_a_devices_traceparent_reaches_the_subscriber_and_the_
                 )
 
             spans = otlp.wait_for(complete)
+            openmetrics = httpx.get(
+                f"http://127.0.0.1:{metrics_port}/metrics",
+                headers={"Accept": "application/openmetrics-text; version=1.0.0"},
+            ).text
         finally:
             proxy.terminate()
             proxy.wait(30)
@@ -240,6 +245,13 @@ def test_through_the_proxy_a_devices_traceparent_reaches_the_subscriber_and_the_
     assert fetch.trace_id == CALLER_TRACE and fetch.parent_span_id == CALLER.split("-")[2]
     gets = [s for s in spans if s.name == "GET /msg/{message_id}/payload"]
     assert [g.parent_span_id for g in gets if g.trace_id == CALLER_TRACE] == [fetch.span_id]
+
+    # The latency histograms point at the traces (OpenMetrics exemplars).
+    for name in ("offload_proxy_offload_seconds_bucket", "offload_proxy_fetch_seconds_bucket"):
+        assert any(
+            line.startswith(name) and f'trace_id="{CALLER_TRACE}"' in line
+            for line in openmetrics.splitlines()
+        ), openmetrics
 
     # No context from the device: the proxy's span begins the trace, and its context is the
     # one the placeholder carries to the subscriber.
