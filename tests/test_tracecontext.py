@@ -53,6 +53,7 @@ def test_the_w3c_example_parses_and_is_written_back_the_same() -> None:
         "00_4bf92f3577b34da6a3ce929d0e0e4736_00f067aa0ba902b7_01",
         "cc-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01x",  # later version, no `-`
         VALID + "-" + "a" * 10_000,  # 10 KB: refused before it is scanned
+        "cc" + VALID[2:] + "-" + "a" * 10_000,  # a later version would be read: not this long
         "a" * 10_000,
         "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\r\nX-Injected: 1",
         "00-4bf92f3577b34da6a3ce929d0e0e4736-\uff10\uff10f067aa0ba902b7-01",  # fullwidth 0

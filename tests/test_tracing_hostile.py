@@ -228,3 +228,43 @@ def test_an_untraced_subscriber_fetches_with_the_publishers_context(
         publish.context.trace_id, publish.context.span_id, got.trace_context.flags
     )
     provider.shutdown()
+
+
+def test_the_gateways_own_placeholder_carries_its_publish_span(
+    gateway_factory: Callable[..., GatewayServer],
+    broker: Mosquitto,
+    unique_topic: Callable[[str], str],
+) -> None:
+    """`POST /publish`: the placeholder the gateway publishes carries the context of its
+    `publish` span, a child of the HTTP caller's; an uploader's own `traceparent` user
+    property is kept instead."""
+    import client.tracing
+
+    provider, exporter = memory_provider()
+    gw = gateway_factory(broker, tracer_provider=provider)
+    topic = unique_topic("gateway-publish")
+    with Client(broker.url, endpoint=gw.url, tracer_provider=client.tracing.DISABLED) as sub:
+        sub.subscribe(topic, 1)
+        with httpx.Client(base_url=gw.url, timeout=30) as http:
+            sent = http.post(
+                f"/publish/{topic}", content=b"x" * 1000, headers={"traceparent": VALID}
+            )
+            assert sent.status_code == 201, sent.text
+            own = "00-" + "1" * 32 + "-" + "2" * 16 + "-01"
+            kept = http.post(
+                f"/publish/{topic}",
+                content=b"y" * 1000,
+                headers={"traceparent": VALID, "X-Offload-Property": f"traceparent:{own}"},
+            )
+            assert kept.status_code == 201, kept.text
+        first, second = sub.next_message(timeout=30), sub.next_message(timeout=30)
+    assert isinstance(first, Message) and isinstance(second, Message)
+    (publish, _) = sorted(
+        (s for s in exporter.get_finished_spans() if s.name == f"publish {topic}"),
+        key=lambda s: s.start_time or 0,
+    )
+    assert f"{publish.context.trace_id:032x}" == MARK  # the caller's trace, continued
+    assert first.trace_context is not None
+    assert first.trace_context.span_id == publish.context.span_id
+    assert second.trace_context is not None and second.trace_context.traceparent == own
+    provider.shutdown()
