@@ -161,6 +161,8 @@ async def _publish(conn: Conn, services: Services, head: Head) -> None:
         services.tracing, services.metrics.offload_seconds,
         topic=topic, size=size, header=header, properties=conn.broker_v5,
     )  # fmt: skip
+    if announced is not header and not _fits(conn, services, announced, size):
+        announced = header  # the trace context only where the placeholder still fits
     try:
         stored = await _upload(conn, services, topic, announced, size, payload(), span.context)
     except TransferFailed as exc:
@@ -199,8 +201,7 @@ async def _upload(
         raise TransferFailed("no gateway endpoint known yet (no discovery record)")
     if services.closing.is_set():
         raise TransferFailed("the proxy is shutting down")
-    probe = Stored(f"{endpoint}/msg/{MessageId.new()}", size, "0" * 64, MessageId.new())
-    if len(placeholder_packet(0x30, header, probe, v5=conn.broker_v5)) > conn.broker_limit:
+    if not _fits(conn, services, header, size):
         # Its properties alone are over the limit: the broker would refuse the placeholder.
         raise TransferFailed("even the placeholder is over the broker's limit", reason=0x83)
     if services.uploads.locked():
@@ -226,6 +227,13 @@ async def _upload(
             with contextlib.suppress(asyncio.CancelledError):
                 await pinger
             services.metrics.uploads.dec()
+
+
+def _fits(conn: Conn, services: Services, header: PublishHeader, size: int) -> bool:
+    """Whether the placeholder for a payload of `size` bytes with `header` fits the broker."""
+    endpoint = services.endpoint() or ""
+    probe = Stored(f"{endpoint}/msg/{MessageId.new()}", size, "0" * 64, MessageId.new())
+    return len(placeholder_packet(0x30, header, probe, v5=conn.broker_v5)) <= conn.broker_limit
 
 
 async def _keep_broker_alive(conn: Conn) -> None:

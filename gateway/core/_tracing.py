@@ -28,6 +28,8 @@ from client.tracing import DISABLED, Attributes, Kind, Span, Tracing
 TRACING_KEY = "tracing"
 
 _NAMES = (TRACEPARENT.encode(), TRACESTATE.encode())
+#: Probes and scrapes: a span each would bury the traces of messages (every few seconds).
+UNTRACED = frozenset({"/healthz", "/readyz", "/metrics"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +54,8 @@ def incoming_context(headers: Iterable[tuple[bytes, bytes]]) -> TraceContext | N
 def start_request(tracing: Tracing, scope: Mapping[str, Any]) -> Span:
     """The request's SERVER span, a child of the caller's context (renamed `{method}
     {route}` when it ends: the route template is known only once routed)."""
+    if scope.get("path") in UNTRACED:
+        return Span(None)
     method = str(scope.get("method", ""))
     scheme = str(scope.get("scheme", "http"))
     attributes = {"http.request.method": method, "url.scheme": scheme}
