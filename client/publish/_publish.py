@@ -189,20 +189,21 @@ class Publisher:
         custom = _spans.custom_context(send.properties) if tracing.enabled or ambient else False
         encrypted = self._sealer.encrypts(send.topic)
         packet = 0
+        # What a direct PUBLISH carries: the caller's context (a child of the caller's span
+        # has its tracestate and a traceparent of the same length: sized as it would go).
+        outgoing = _spans.injected(send.properties, _spans.direct_context(ambient, custom))
         if encrypted:  # offloaded, else chunks of the ciphertext: never direct
             route = Route.OFFLOADED
             endpoint = self._endpoint() if s.automatic_offload else None
         else:
-            # Sized as it would go: a child of the caller's span carries its tracestate
-            # and a traceparent of the same length.
-            carried = replace(send, trace=None if custom else ambient)
-            packet = self._packet_size(carried, source.size)
+            packet = self._packet_size(send, source.size, outgoing)
             route, endpoint = self._choose(send, source, packet)
+        if route is Route.DIRECT:  # one PUBLISH: no span of the library's (_spans.py)
+            return self._as_is(send, source, outgoing)
         span = _spans.start_publish(
             tracing, topic=send.topic, size=source.size, route=route, ambient=ambient, custom=custom
         )
         if span is None:
-            send = replace(send, trace=_spans.direct_context(route, ambient, custom))
             return self._routed(send, source, message_id, route, endpoint, packet, encrypted)
         with span:
             send = replace(send, span=span, trace=None if custom else span.context)
@@ -268,12 +269,18 @@ class Publisher:
                     raise
         if route is Route.CHUNKED:
             return self._chunked(send, source)
+        return self._as_is(send, source, send.carrying(send.properties))
+
+    def _as_is(
+        self, send: _Send, source: PayloadSource, properties: PublishProperties | None
+    ) -> PublishResult:
+        """The message as one PUBLISH with `properties` (the trace context included)."""
         future = self._conn.publish(
             send.topic,
             source.read_all(),
             qos=send.qos,
             retain=send.retain,
-            properties=send.carrying(send.properties),
+            properties=properties,
         )
         # Hash while the PUBACK travels: the small-message hot path (bench/small_messages.py).
         result = PublishResult(send.topic, Route.DIRECT, source.size, source.sha256)
@@ -343,15 +350,17 @@ class Publisher:
             self._unwritten_bytes = 0
         wait_futures(pending, timeout)
 
-    def _packet_size(self, send: _Send, payload_size: int) -> int:
+    def _packet_size(
+        self, send: _Send, payload_size: int, properties: PublishProperties | None = None
+    ) -> int:
         """The exact size of the message as one PUBLISH (with the trace context it
-        carries), even beyond MQTT's own cap."""
+        carries, or `properties`), even beyond MQTT's own cap."""
         try:
             return publish_packet_size(
                 send.topic,
                 payload_size,
                 qos=send.qos,
-                properties=send.carrying(send.properties),
+                properties=send.carrying(send.properties) if properties is None else properties,
                 protocol=self._settings.protocol,
             )
         except MessageTooLarge as exc:

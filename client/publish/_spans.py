@@ -49,10 +49,8 @@ def start_publish(
     ambient: TraceContext | None,
     custom: TraceContext | bool,
 ) -> Span | None:
-    """The publish span, or None when there is none to make: a direct message (it carries
-    the caller's context as it is, see :func:`direct_context`), or no tracing."""
-    if route is Route.DIRECT:
-        return None
+    """The publish span of an offloaded or chunked message, or None without tracing (a
+    direct one has none: it carries the caller's context, :func:`direct_context`)."""
     if not tracing.enabled and ambient is None:
         return None
     own = custom if isinstance(custom, TraceContext) else None
@@ -69,11 +67,11 @@ def start_publish(
 
 
 def direct_context(
-    route: Route, ambient: TraceContext | None, custom: TraceContext | bool
+    ambient: TraceContext | None, custom: TraceContext | bool
 ) -> TraceContext | None:
-    """What a message sent without a span carries: the caller's context, on a direct
-    message whose publisher set none itself."""
-    return ambient if route is Route.DIRECT and not custom else None
+    """What a direct message carries: the caller's context, unless its publisher set one
+    itself."""
+    return None if custom else ambient
 
 
 def injected(
