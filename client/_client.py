@@ -47,7 +47,7 @@ from typing import Unpack
 import httpx
 
 from ._discovery import DiscoveryView
-from ._parts import default_connection, default_transport, placeholder_fetcher
+from ._parts import default_connection, default_http_auth, default_transport, receive_path
 from .config._load import load_settings, merge_settings
 from .config._settings import ClientSettings, SettingsOverrides
 from .core._exceptions import FetchError
@@ -56,7 +56,6 @@ from .core._source import PayloadLike
 from .core._tracers import tracing_for
 from .core._tracing import TracerProviderLike, Tracing, message_attributes
 from .http._range import as_placeholder
-from .http._scram import gateway_auth
 from .http._transport import HttpTransport
 from .mqtt._paho import Incoming, MqttConnection
 from .protocol import DiscoveryRecord, MessageId, Placeholder, PublishProperties, TopicFilter
@@ -64,8 +63,7 @@ from .publish._publish import Publisher, wait_ack
 from .publish._will import Will
 from .publish._will import arm as arm_will
 from .receive._fetcher import FetchProgress, PlainHttpWarner
-from .receive._receive import Delivery, Receiver
-from .seal._unseal import Unsealer
+from .receive._receive import Delivery
 
 log = logging.getLogger("client")
 
@@ -127,13 +125,7 @@ class Client:
         self._transport = transport or default_transport(s)
         self._conn = connection or default_connection(s)
         self._conn.set_message_handler(self._on_message)
-        login = self._conn.broker
-        self._http_auth = http_auth or gateway_auth(
-            username=login.username,
-            password=login.password,
-            token=s.http_token,
-            scheme=s.http_login,
-        )
+        self._http_auth = http_auth or default_http_auth(s, self._conn.broker)
         self._filters: dict[str, TopicFilter] = {}
         self._discovery = DiscoveryView(s)
         self._conn.on_connected(self._discovery.resubscribed)
@@ -149,24 +141,17 @@ class Client:
             direct_store=self._discovery.direct_store,
             tracing=self._tracing,
         )
-        unsealer = Unsealer(s)  # reads identity_files once: a bad one fails here
-        fetcher = placeholder_fetcher(
+        self._receiver = receive_path(
             s,
+            conn=self._conn,
             transport=self._transport,
             http_auth=self._http_auth,
-            unsealer=unsealer,
             endpoint_in_force=self._discovery.settled_endpoint,
             direct_store=self._discovery.direct_store,
             warn_plain_http=warner,
             on_fetch_progress=on_fetch_progress,
-            tracing=self._tracing,
-        )
-        self._receiver = Receiver(
-            settings=s,
-            conn=self._conn,
-            fetcher=fetcher,
-            unsealer=unsealer,
             use_discovery=self._use_discovery,
+            tracing=self._tracing,
         )
         self._will = Will.from_settings(s)
         self._worker: threading.Thread | None = None

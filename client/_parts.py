@@ -2,8 +2,8 @@
 
 The client is a facade (:mod:`client._client`): it merges the settings and wires what it
 owns. What each part is made with when the caller passes none (the MQTT connection, the HTTP
-transport) and how a placeholder's fetcher is put together is decided here, once, so that
-the facade only wires.
+transport, the gateway login) and how the receive path is put together (the receiver, its
+placeholder fetcher, their unsealer) is decided here, once, so that the facade only wires.
 """
 
 from __future__ import annotations
@@ -14,11 +14,14 @@ import httpx
 
 from .config._settings import ClientSettings
 from .core._tracing import DISABLED, Tracing
+from .http._scram import gateway_auth
 from .http._store_origin import ConfiguredStore
 from .http._transport import HttpTransport
+from .mqtt._broker import BrokerUrl
 from .mqtt._paho import MqttConnection
 from .mqtt._websocket import websocket_headers
 from .receive._fetcher import FetchProgress, PlaceholderFetcher, PlainHttpWarner
+from .receive._receive import Receiver
 from .seal._unseal import Unsealer
 
 
@@ -43,21 +46,36 @@ def default_connection(s: ClientSettings) -> MqttConnection:
     )
 
 
-def placeholder_fetcher(
+def default_http_auth(s: ClientSettings, login: BrokerUrl) -> httpx.Auth | None:
+    """The gateway login the settings describe, with the broker login `login` (see
+    :func:`client.http._scram.gateway_auth`)."""
+    return gateway_auth(
+        username=login.username,
+        password=login.password,
+        token=s.http_token,
+        scheme=s.http_login,
+    )
+
+
+def receive_path(
     s: ClientSettings,
     *,
+    conn: MqttConnection,
     transport: HttpTransport,
     http_auth: httpx.Auth | None,
-    unsealer: Unsealer,
     endpoint_in_force: Callable[[], str | None],
     direct_store: Callable[[], str | None],
     warn_plain_http: PlainHttpWarner,
     on_fetch_progress: FetchProgress | None,
+    use_discovery: bool,
     tracing: Tracing = DISABLED,
-) -> PlaceholderFetcher:
-    """The fetcher of a client's placeholders (see :class:`PlaceholderFetcher`); with a
-    configured endpoint, the store that gateway declares may be redirected to as well."""
-    return PlaceholderFetcher(
+) -> Receiver:
+    """The receiver, its placeholder fetcher (see :class:`PlaceholderFetcher`; with a
+    configured endpoint, the store that gateway declares may be redirected to as well; its
+    fetch spans from `tracing`) and their unsealer, which reads `identity_files` once: a bad
+    one fails here."""
+    unsealer = Unsealer(s)
+    fetcher = PlaceholderFetcher(
         settings=s,
         transport=transport,
         http_auth=http_auth,
@@ -70,4 +88,7 @@ def placeholder_fetcher(
         if s.endpoint is None
         else ConfiguredStore(s.endpoint, transport.reader),
         tracing=tracing,
+    )
+    return Receiver(
+        settings=s, conn=conn, fetcher=fetcher, unsealer=unsealer, use_discovery=use_discovery
     )

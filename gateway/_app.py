@@ -51,7 +51,7 @@ from .http._routes_tus import router as resumable_router
 from .ingest import OffloadService, Quotas
 from .middleware import STALL_KEY as CLOSE_STALL_KEY
 from .middleware import STATE_KEY as HEADER_TIMEOUT_KEY
-from .middleware import DrainBeforeEarlyAnswer, UploadLimits, Utf8Target
+from .middleware import DrainBeforeEarlyAnswer, TrustedProxies, UploadLimits, Utf8Target
 from .storage import ObjectStore, StoreError, open_store
 from .tus import ResumableUploads
 
@@ -312,6 +312,7 @@ def create_app(
         body_idle_timeout=settings.body_idle_timeout,
         send_idle_timeout=settings.send_idle_timeout,
         min_body_rate=settings.min_body_rate,
+        max_per_user=settings.max_uploads_per_user,
     )
     # Outermost but for CORS: a refusal sent before the body was read (401, 403, 429...)
     # must reach the peer even when the connection closes right after it
@@ -319,6 +320,8 @@ def create_app(
     app.add_middleware(DrainBeforeEarlyAnswer, timeout=settings.body_idle_timeout)
     if settings.cors_origins:  # outermost: preflights are answered before authentication
         app.add_middleware(BrowserUploads, origins=parse_origins(settings.cors_origins))
+    if settings.trusted_proxies:  # before all: every per-address rule sees the device's
+        app.add_middleware(TrustedProxies, networks=settings.trusted_networks)
     app.include_router(router)
     app.include_router(raw_router)
     app.include_router(publish_router)

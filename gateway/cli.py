@@ -69,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
         log_level=settings.log_level.lower(),
         timeout_graceful_shutdown=int(settings.shutdown_timeout),
         log_config=None,  # keep our handlers (JSON when asked)
+        # uvicorn believes X-Forwarded-For from 127.0.0.1 by default: any process on this host
+        # could claim any address. OFFLOAD_TRUSTED_PROXIES decides (middleware/_forwarded.py).
+        proxy_headers=False,
         h11_max_incomplete_event_size=MAX_HEAD_BYTES,  # h11's head limit, as ours
         # A deadline for each request head (OFFLOAD_HEADER_TIMEOUT), buffered reads.
         # uvicorn only calls the class (its type names asyncio.Protocol, which uvloop would

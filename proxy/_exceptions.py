@@ -54,6 +54,6 @@ class TransferFailed(ProxyError):
             return self._reason
         if self.status in (401, 403):
             return NOT_AUTHORIZED
-        if self.status == 413:
+        if self.status in (413, 429):  # too large; too many at once (the device may retry)
             return QUOTA_EXCEEDED
         return UNSPECIFIED_ERROR

@@ -6,6 +6,9 @@ Each transfer runs on a worker thread of its own with the library's blocking cli
 payload's from it (:mod:`proxy._handoff`). Credentials are the client's own
 (:func:`credentials`): the gateway checks them against the broker's password file and the
 topic against its ACL, so nothing is stored under a topic the client could not publish to.
+Every request names the device's address in `X-Forwarded-For`: a gateway that trusts the
+proxy (`OFFLOAD_TRUSTED_PROXIES`) counts its per-address limits (uploads, failed logins)
+against the device, not against the proxy that the whole fleet shares.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from ._handoff import FromLoop, Stopped, ToLoop
 from .protocol import Connect, Stored
 
 RAW_CONTENT_TYPE = "application/octet-stream"
+FORWARDED_FOR = "X-Forwarded-For"
 R = TypeVar("R")
 
 
@@ -86,8 +90,12 @@ class Hasher:
         return self._digest.hexdigest()
 
 
-#: Pieces a transfer's channel holds (each up to 1 MiB from a fetch, 256 KiB from a client).
+#: Pieces an upload's channel holds (each up to 256 KiB, as the client's socket gives them).
 DEPTH = 4
+#: Pieces a fetch's channel holds (each up to 1 MiB, as the gateway's socket gives them):
+#: with a subscriber that reads slowly, this much waits here, one more on the thread and
+#: two on the loop (the piece being written, the one held back until the digest is known).
+FETCH_DEPTH = 2
 
 
 class Fetch:
@@ -193,20 +201,24 @@ class GatewayLink:
         headers: tuple[tuple[str, str], ...],
         ttl: int | None,
         auth: httpx.Auth | None,
+        peer: str,
         on_bytes: Callable[[int], None] = lambda n: None,
+        message_id: MessageId | None = None,
         trace: TraceContext | None = None,
     ) -> Stored:
-        """Stream `size` bytes from `pieces` to a new message id; what the gateway stored.
+        """Stream `size` bytes from `pieces` to `message_id` (a new one by default); what
+        the gateway stored.
 
         The SHA-256 is taken while the bytes pass (on the worker thread) and must equal the
-        one the gateway answers (it takes its CRC-32C in the same pass).
+        one the gateway answers (it takes its CRC-32C in the same pass). `peer` is the
+        device's address, forwarded; `trace` goes as `traceparent` / `tracestate`.
 
         Raises:
             TransferFailed: no answer, a refusal, or a stored payload that is not the bytes
                 sent. An error from `pieces` (the client went silent or away) propagates
                 and the gateway, cut off mid-body, keeps nothing.
         """
-        message_id = MessageId.new()
+        message_id = message_id or MessageId.new()
         url = f"{endpoint}/msg/{message_id}"
         params: dict[str, str | int] = {"topic": topic}
         if ttl:
@@ -218,6 +230,7 @@ class GatewayLink:
             [
                 ("Content-Type", RAW_CONTENT_TYPE),
                 ("Content-Length", str(size)),
+                (FORWARDED_FOR, peer),
                 *(("X-Offload-Header", field) for field in fields),
                 *(trace.pairs() if trace is not None else ()),  # W3C Trace Context
             ],
@@ -250,22 +263,28 @@ class GatewayLink:
 
     @contextlib.asynccontextmanager
     async def fetch(
-        self, ref: Placeholder, auth: httpx.Auth | None, trace: TraceContext | None = None
+        self,
+        ref: Placeholder,
+        auth: httpx.Auth | None,
+        peer: str,
+        trace: TraceContext | None = None,
     ) -> AsyncIterator[Fetch]:
-        """The payload, once the answer is 200 with the declared size; `trace` goes with
-        the GET as `traceparent` / `tracestate` (not with a redirect to the store).
+        """The payload, once the answer is 200 with the declared size; `peer` is the
+        receiving device's address, forwarded; `trace` goes with the GET as `traceparent` /
+        `tracestate` (not with a redirect to the store).
 
         Raises:
             TransferFailed: another answer, another length, no answer.
         """
         loop = asyncio.get_running_loop()
-        channel: ToLoop[FetchItem] = ToLoop(loop, DEPTH)
+        channel: ToLoop[FetchItem] = ToLoop(loop, FETCH_DEPTH)
         get = PayloadGet(
             self._http.reader,
             ref.payload_url,
             ref.size,
             auth,
             self._store_of,
+            peer,
             trace.pairs() if trace is not None else (),
         )
         job = loop.run_in_executor(self._threads, functools.partial(get.run, channel))

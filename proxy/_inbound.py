@@ -21,10 +21,12 @@ from client.protocol import MessageId, TraceContext
 
 from ._exceptions import QUOTA_EXCEEDED, PeerGone, TransferFailed
 from ._resends import remember, resent
+from ._shares import PoolFull
 from ._state import Conn, Services
 from ._stream import drained
 from ._tracing import start_offload
 from .protocol import (
+    AUTH,
     CONNECT,
     DISCONNECT,
     MESSAGE_EXPIRY,
@@ -56,11 +58,24 @@ MAX_PUBLISH_HEADER = 256 * 1024
 
 
 async def relay_up(conn: Conn, services: Services) -> None:
-    """Relay until the client disconnects or closes."""
+    """Relay until the client disconnects (or closes: :class:`PeerGone`).
+
+    Before its login is answered only AUTH packets pass (MQTT 5 enhanced authentication):
+    nothing else the client sent is read meanwhile (a refused login has the proxy hold
+    nothing more than its CONNECT) or acted on (no upload with credentials the broker has
+    not accepted). A refused login ends here.
+    """
+    if not conn.connect.authenticates and not await _logged_in(conn):
+        return
     while True:
         head = await conn.client.head()
-        if head is None:
-            return
+        if head is None:  # the broker publishes the Will: worth the log's one line
+            raise PeerGone("the client closed without DISCONNECT")
+        if not conn.connack_seen.is_set() and head.type != AUTH:
+            if conn.connect.authenticates and head.type != DISCONNECT:
+                raise ProxyProtocolError("only AUTH or DISCONNECT before this login's CONNACK")
+            if not await _logged_in(conn):
+                return
         if head.type == PUBLISH:
             await _publish(conn, services, head)
         elif head.type == CONNECT:
@@ -79,6 +94,12 @@ async def relay_up(conn: Conn, services: Services) -> None:
                 await drained(conn.broker_writer, conn.broker.idle)
             if head.type == DISCONNECT:
                 return
+
+
+async def _logged_in(conn: Conn) -> bool:
+    """Wait for the broker's answer to the login; whether it accepted it."""
+    await conn.connack_seen.wait()
+    return conn.accepted
 
 
 async def forward(conn: Conn, head: Head, prefix: bytes = b"") -> None:
@@ -129,11 +150,10 @@ async def _publish(conn: Conn, services: Services, head: Head) -> None:
     else:
         pieces = conn.client.pieces(head)
         header, prefix = await _read_header(conn, head, pieces)
-    if conn.broker_v5 and not conn.connack_seen.is_set():
-        await conn.connack_seen.wait()  # the broker's limit and alias maximum come with it
     if conn.upgraded:  # a 3.1.1 client: the broker gets the MQTT 5 form
         head, header, prefix = upgrade_publish(head, header, prefix)
     topic = conn.aliases.topic(header)
+    head, header, prefix = conn.aliases.for_broker(head, header, prefix)
     if len(head.raw) + head.length <= conn.broker_limit:
         if whole is not None:  # one write, no await inside: needs no lock
             conn.broker_writer.write(head.raw + prefix)
@@ -143,6 +163,7 @@ async def _publish(conn: Conn, services: Services, head: Head) -> None:
                 async for piece in pieces:
                     conn.broker_writer.write(piece)
                     await drained(conn.broker_writer, conn.broker.idle)
+        conn.aliases.sent(header)
         await drained(conn.broker_writer, conn.broker.idle)
         return
     size = head.length - header.size
@@ -179,6 +200,7 @@ async def _publish(conn: Conn, services: Services, head: Head) -> None:
         conn.unacked.add(header.packet_id)
         remember(conn, services, head, header, stored)
     conn.broker_writer.write(packet)
+    conn.aliases.sent(header)  # only now: a refused PUBLISH set no alias at the broker
     await drained(conn.broker_writer, conn.broker.idle)
     services.metrics.offloaded.inc()
     log.info(
@@ -204,29 +226,30 @@ async def _upload(
     if not _fits(conn, services, header, size):
         # Its properties alone are over the limit: the broker would refuse the placeholder.
         raise TransferFailed("even the placeholder is over the broker's limit", reason=0x83)
-    if services.uploads.locked():
-        raise TransferFailed("too many uploads at once", reason=QUOTA_EXCEEDED)
+    try:  # the device's account and address each hold at most their share
+        slot = services.uploads.take_now(conn.holder)
+    except PoolFull as exc:
+        raise TransferFailed(f"too many uploads at once ({exc})", reason=QUOTA_EXCEEDED) from exc
     expiry = first(header.properties, MESSAGE_EXPIRY)
-    async with services.uploads:
-        services.metrics.uploads.inc()
-        pinger = asyncio.create_task(_keep_broker_alive(conn))
-        try:
-            return await services.gateway.upload(
-                endpoint,
-                topic=topic,
-                size=size,
-                pieces=payload,
-                headers=stored_headers(header),
-                ttl=expiry if isinstance(expiry, int) else None,
-                auth=conn.auth,
-                on_bytes=services.metrics.bytes_up.inc,
-                trace=trace,
-            )
-        finally:
-            pinger.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await pinger
-            services.metrics.uploads.dec()
+    pinger = asyncio.create_task(_keep_broker_alive(conn))
+    try:
+        return await services.gateway.upload(
+            endpoint,
+            topic=topic,
+            size=size,
+            pieces=payload,
+            headers=stored_headers(header),
+            ttl=expiry if isinstance(expiry, int) else None,
+            auth=conn.auth,
+            peer=conn.peer,
+            on_bytes=services.metrics.bytes_up.inc,
+            trace=trace,
+        )
+    finally:
+        pinger.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await pinger
+        slot.give_back()
 
 
 def _fits(conn: Conn, services: Services, header: PublishHeader, size: int) -> bool:

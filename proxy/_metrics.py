@@ -81,6 +81,13 @@ class Metrics:
             "QoS 2 resends of a stored PUBLISH answered with its placeholder, not stored again",
             registry=r,
         )
+        self.shares_full = Counter(
+            "offload_proxy_shares_full",
+            "transfers refused (uploads, logins) or made to wait (fetches) for a full pool "
+            "(share: total, user, address)",
+            ["pool", "share"],
+            registry=r,
+        )
         self.protocol_errors = Counter(
             "offload_proxy_protocol_errors", "connections ended for malformed input", registry=r
         )

@@ -25,14 +25,16 @@ import logging
 from client.protocol import MalformedPlaceholder, Placeholder, http_origin
 
 from ._chunks import answer_pubrel, large_publish, take_chunk
-from ._exceptions import PeerGone, TransferFailed
+from ._exceptions import PeerGone, PeerTimeout, TransferFailed
 from ._resends import ended
 from ._settings import MQTT_MAX_PACKET
 from ._state import Conn, Services
 from ._stream import drain_within, drained, write_all, write_piece
 from ._tracing import start_fetch
 from ._unseal import resolve_encoded
+from ._will import settle
 from .protocol import (
+    AUTH,
     CONNACK,
     MAXIMUM_PACKET_SIZE,
     PINGRESP,
@@ -46,6 +48,7 @@ from .protocol import (
     ProxyProtocolError,
     PublishHeader,
     connack_packet,
+    connack_refusal,
     downgrade_connack,
     downgrade_packet,
     downgraded_publish_head,
@@ -65,17 +68,18 @@ log = logging.getLogger("proxy")
 MAX_PLACEHOLDER_PUBLISH = 65536 + 4096
 MAX_CONNACK = 65536
 SERVER_KEEP_ALIVE = 0x13
+UNAVAILABLE = 0x88  # CONNACK: Server unavailable (3.1.1: 3)
 
 
 async def relay_down(conn: Conn, services: Services) -> None:
-    """Relay until the broker closes."""
+    """Relay until the broker closes (or refuses the login)."""
+    if not await _login(conn, services):
+        return
     while True:
         head = await conn.broker.head()
         if head is None:
             return
-        if head.type == CONNACK and not conn.connack_seen.is_set():
-            await _connack(conn, services, head)
-        elif head.type == PINGRESP and conn.pings_in_flight > 0:
+        if head.type == PINGRESP and conn.pings_in_flight > 0:
             conn.pings_in_flight -= 1  # ours, sent while an upload ran
         elif head.type in (PUBACK, PUBREC) and conn.unacked and head.length <= MAX_CONNACK:
             answer = await conn.broker.body(head)  # the answer to a placeholder we sent?
@@ -137,10 +141,45 @@ async def _stream(conn: Conn, head: Head) -> None:
         await write_all(conn.client_writer, conn.broker.pieces(head), conn.client.idle)
 
 
-async def _connack(conn: Conn, services: Services, head: Head) -> None:
-    """Learn the broker's limits; tell an MQTT 5 client the proxy's own limit instead."""
-    if head.length > MAX_CONNACK:
-        raise PeerGone("the broker sent a CONNACK over 64 KiB")
+async def _login(conn: Conn, services: Services) -> bool:
+    """The broker's answer to the CONNECT: AUTH packets relayed, then its CONNACK, each
+    within `connect_timeout` (else the client is refused with 0x88); whether the login was
+    accepted and the session goes on."""
+    try:
+        while True:
+            head = await _answer(conn, services.settings.connect_timeout)
+            if head.length > MAX_CONNACK:
+                raise PeerGone(f"the broker sent a packet of type {head.type} over 64 KiB")
+            if head.type == CONNACK:
+                return await _connack(conn, services, head)
+            if head.type != AUTH or conn.upgraded:
+                raise PeerGone(f"the broker sent a packet of type {head.type} before CONNACK")
+            await _to_client(conn, head, await conn.broker.body(head))
+    finally:
+        conn.connack_seen.set()  # relay_up reads on, or ends (conn.accepted)
+
+
+async def _answer(conn: Conn, timeout: float) -> Head:
+    """The head of the broker's next packet before its CONNACK.
+
+    Raises:
+        PeerTimeout: none within `timeout` seconds (the client is refused with 0x88).
+        PeerGone: the broker closed.
+    """
+    try:
+        head = await conn.broker.head(timeout)
+    except PeerTimeout as exc:
+        async with conn.client_lock:
+            conn.client_writer.write(connack_refusal(v5=conn.connect.v5, reason=UNAVAILABLE))
+        raise PeerTimeout(f"the broker did not answer the CONNECT within {timeout} s") from exc
+    if head is None:
+        raise PeerGone("the broker closed the connection before its CONNACK")
+    return head
+
+
+async def _connack(conn: Conn, services: Services, head: Head) -> bool:
+    """Learn the broker's limits; tell an MQTT 5 client the proxy's own limit instead; a
+    pending Will is stored first. Whether the login was accepted."""
     body = await conn.broker.body(head)
     packet = head.raw + body
     try:
@@ -164,10 +203,20 @@ async def _connack(conn: Conn, services: Services, head: Head) -> None:
             if settings.max_packet_size < MQTT_MAX_PACKET:
                 props += (u32_property(MAXIMUM_PACKET_SIZE, settings.max_packet_size),)
             packet = connack_packet(connack, props)
-    conn.connack_seen.set()
+    if connack.reason != 0:
+        log.info("login refused by the broker", extra={"reason": connack.reason})
+    else:
+        conn.accepted = True
+        will, conn.will = conn.will, None
+        if will is not None and not await settle(conn, services, will):
+            conn.accepted = False
+            return False
     async with conn.client_lock:
         conn.client_writer.write(packet)
         await drained(conn.client_writer, conn.client.idle)
+    if conn.login is not None:
+        conn.login.give_back()  # the login is answered: its CONNECT is no longer held
+    return conn.accepted
 
 
 async def _publish(conn: Conn, services: Services, head: Head) -> None:
@@ -213,7 +262,7 @@ def _why_not(conn: Conn, services: Services, header: PublishHeader, ref: Placeho
         return "no-endpoint"
     if ref.origin != http_origin(endpoint):
         return "untrusted-origin"
-    if str(ref.message_id) in services.poisoned:
+    if ref in services.poisoned:
         return "failed-before"
     if (
         ref.encoding.plain
@@ -242,11 +291,12 @@ async def _resolve(
         services.tracing, services.metrics.fetch_seconds,
         header=header, ref=ref, topic=header.topic_text,
     )  # fmt: skip
-    async with services.fetches:
-        services.metrics.fetches.inc()
+    # Waits while the device's account or address holds its share (or all are taken): a
+    # slow subscriber delays its own account's payloads, never the others'.
+    async with services.fetches.held(conn.holder, wait=True):
         conn.transfers += 1
         try:
-            async with services.gateway.fetch(ref, conn.auth, span.context) as fetched:
+            async with services.gateway.fetch(ref, conn.auth, conn.peer, span.context) as fetched:
                 writer = conn.client_writer
                 head_bytes = resolved_head(head.first, header, ref.size, v5=conn.connect.v5)
                 held = b""
@@ -259,7 +309,7 @@ async def _resolve(
                     held = piece
                     services.metrics.bytes_down.inc(len(piece))
                 if fetched.size != ref.size or fetched.sha256 != ref.sha256:
-                    services.poisoned.add(str(ref.message_id))
+                    services.poisoned.add(ref)
                     raise TransferFailed(f"{ref.payload_url} does not match its placeholder")
                 if not written:
                     writer.write(head_bytes)
@@ -276,7 +326,6 @@ async def _resolve(
             return False
         finally:
             conn.transfers -= 1
-            services.metrics.fetches.dec()
             span.end()
     services.metrics.resolved.inc()
     return True

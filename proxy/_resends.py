@@ -98,6 +98,7 @@ async def resent(
     conn.unacked.add(header.packet_id)
     conn.stored_flows.add(header.packet_id)
     conn.broker_writer.write(placeholder_packet(head.first, header, stored, v5=conn.broker_v5))
+    conn.aliases.sent(header)
     await drained(conn.broker_writer, conn.broker.idle)
     services.metrics.resends.inc()
     return True

@@ -24,18 +24,26 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from client import load_identities
+from client.malloc import trim_malloc
 from client.tracing import TracerProviderLike, Tracing, tracing_for
 
+from ._descriptors import REFUSING, fit_connections
 from ._discovery import Discovery
 from ._gateway import GatewayLink
 from ._listen import PEER, Listener, bind, peer_in_logs
 from ._metrics import Metrics, serve_metrics
 from ._session import Session
 from ._settings import ProxySettings
+from ._shares import Holder, Limits, Pool, PoolFull, Taken, address_key
 from ._state import Services
 from ._websocket import HandshakeFailed, WebSocketReader, WebSocketWriter, handshake
 
 log = logging.getLogger("proxy")
+
+#: Seconds between looks at what logins freed, and how much they must have freed (bytes
+#: counted against max_login_bytes) for the heaps to be trimmed.
+TRIM_EVERY = 2.0
+TRIM_AFTER = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -81,13 +89,15 @@ class Proxy:
         self._gateway = GatewayLink(
             timeout=settings.http_timeout, verify=verify, idle=settings.idle_timeout
         )
+        metrics, pool = self.metrics, self._pool
         self.services = Services(
             settings=settings,
             gateway=self._gateway,
             endpoint=self._endpoint,
-            metrics=self.metrics,
-            uploads=asyncio.Semaphore(settings.max_uploads),
-            fetches=asyncio.Semaphore(settings.max_fetches),
+            metrics=metrics,
+            uploads=pool("uploads", settings.upload_shares, metrics.uploads.set),
+            fetches=pool("fetches", settings.fetch_shares, metrics.fetches.set),
+            logins=pool("logins", settings.login_shares),
             broker_tls=settings.broker_tls(),
             identities=tuple(load_identities(settings.identity_files)),  # a bad file: fails now
             tracing=Tracing() if tracer_provider is None else tracing_for(tracer_provider),
@@ -101,6 +111,18 @@ class Proxy:
         self._ws_server: Listener | None = None
         self._closed = asyncio.Event()
         self.metrics_port = settings.metrics_port
+        self.max_connections = settings.max_connections  # lowered at start to fit the fds
+        self._connections = self._pool("connections", settings.connection_shares(None))
+        self._refusing = 0  # connections over a limit waiting for their CONNECT (0x89)
+
+    def _pool(self, name: str, limits: Limits, gauge: Callable[[int], None] | None = None) -> Pool:
+        """A pool whose refusals and waits are counted (`offload_proxy_shares_full`)."""
+        full = self.metrics.shares_full
+        return Pool(
+            limits,
+            on_full=lambda share: full.labels(pool=name, share=share).inc(),
+            on_change=gauge or (lambda used: None),
+        )
 
     def _endpoint(self) -> str | None:
         if self.settings.endpoint:
@@ -116,6 +138,8 @@ class Proxy:
 
     async def start(self) -> None:
         s = self.settings
+        self.max_connections = fit_connections(s)
+        self._connections = self._pool("connections", s.connection_shares(self.max_connections))
         sockets = self._sockets or Sockets.bind(s)
         # A reader buffers up to twice its limit while the relay waits to write: with 256 KiB
         # (one read) a connection holds at most ~0.5 MiB per direction.
@@ -128,6 +152,7 @@ class Proxy:
             self.ws_port = self._ws_server.port
         if self._discovery is not None:
             self._background.append(asyncio.create_task(self._discovery.run()))
+        self._background.append(asyncio.create_task(self._give_back_memory()))
         if s.metrics_port is not None:
             self._metrics_server = await serve_metrics(
                 self.metrics, self._health, s.metrics_host, s.metrics_port
@@ -151,9 +176,19 @@ class Proxy:
             trusted_lbs=s.trusted_lbs,
             tls=s.listener_tls(),
             timeout=s.connect_timeout,
-            max_pending=s.max_connections,
+            max_pending=self.max_connections,
             refused=lambda why: refused.labels(why=why).inc(),
         )
+
+    async def _give_back_memory(self) -> None:
+        """Hand what a burst of logins left in the heaps back to the kernel once it has
+        gone (at the CONNECT timeout at the latest): glibc keeps freed blocks for reuse,
+        and 250 stalled CONNECTs of 128 KiB left the proxy 35 MiB larger for good."""
+        logins = self.services.logins
+        while True:
+            await asyncio.sleep(TRIM_EVERY)
+            if logins.reset_peak() - logins.used >= TRIM_AFTER:
+                await asyncio.to_thread(trim_malloc)
 
     async def _accept_ws(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str
@@ -180,16 +215,29 @@ class Proxy:
         session = Session(self.services, reader, writer, peer=peer)
         task = asyncio.current_task()
         assert task is not None
-        admitted = len(self._sessions) < self.settings.max_connections
+        try:  # each address at most its share of the connections
+            slot: Taken | None = self._connections.take_now(Holder(address_key(peer)))
+        except PoolFull as exc:
+            slot = None
+            why = "max-connections" if exc.share == "total" else "max-connections-per-address"
+            self.metrics.refused.labels(why=why).inc()
+            if self._refusing >= REFUSING:
+                writer.close()  # beyond even those waiting for their 0x89: none to spare
+                return
+            self._refusing += 1
         self._sessions[task] = session
         self.metrics.connections.set(len(self._sessions))
         try:
-            await session.run(admitted)
+            await session.run(admitted=slot is not None)
         except asyncio.CancelledError:
             pass  # shutdown: ends here (asyncio's stream callback must not see it raised)
         except Exception:  # never a proxy crash: one connection's bug ends that connection
             log.exception("connection failed")
         finally:
+            if slot is None:
+                self._refusing -= 1
+            else:
+                slot.give_back()
             del self._sessions[task]
             self.metrics.connections.set(len(self._sessions))
             writer.close()

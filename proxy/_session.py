@@ -4,10 +4,18 @@ side ends.
 
 The CONNECT must arrive whole within `connect_timeout` and at most `max_connect_bytes`, and
 is forwarded unchanged (the broker decides who gets in; AUTH packets pass both ways; a 3.1.1
-client's in its MQTT 5 form, :mod:`proxy.protocol._v311`), unless
-its Will is over the broker's limit: the Will's payload is then stored and the CONNECT
-carries its placeholder. A client that breaks the protocol gets an MQTT 5 DISCONNECT with
-the reason (3.1.1: the connection closed); its broker connection is closed without a
+client's in its MQTT 5 form, :mod:`proxy.protocol._v311`), unless its Will is over the
+broker's limit: the CONNECT then carries the Will's placeholder and the payload is stored
+once the broker accepted the login (:mod:`proxy._will`). Nothing the client sends after its
+CONNECT is read before its login is answered (but AUTH), and nothing is uploaded or fetched
+for it before the broker's CONNACK 0.
+
+What a connection holds before its login is answered (its CONNECT, read and parsed) is
+counted against `max_login_bytes` for all connections, one address at most its share
+(:attr:`proxy.ProxySettings.login_shares`): a CONNECT beyond is refused at once, so many
+connections that send large CONNECTs slowly cannot grow the proxy's memory, nor one address
+keep others from logging in. A client that breaks the protocol gets an MQTT 5 DISCONNECT
+with the reason (3.1.1: the connection closed); its broker connection is closed without a
 DISCONNECT, so the broker publishes its Will, as it would for a client that vanished.
 """
 
@@ -16,27 +24,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
-
-import httpx
 
 from ._chunks import release
-from ._exceptions import QUOTA_EXCEEDED, PeerGone, PeerTimeout, TransferFailed
+from ._exceptions import PeerGone, PeerTimeout
 from ._gateway import credentials
 from ._inbound import relay_up
 from ._outbound import relay_down
+from ._shares import Holder, PoolFull, Taken, address_key
 from ._state import Conn, Services
 from ._stream import READ_SIZE, PacketStream
+from ._will import prepare
 from .protocol import (
     CONNECT,
     Connect,
+    Head,
     ProxyProtocolError,
     connack_refusal,
-    connect_with_will,
     disconnect,
     keeps_session_without_id,
     parse_connect,
-    placeholder_will,
+    slim,
     upgrade_connect,
 )
 
@@ -45,6 +52,9 @@ log = logging.getLogger("proxy")
 SERVER_BUSY = 0x89
 SERVER_UNAVAILABLE = 0x88
 IDENTIFIER_REJECTED = b"\x20\x02\x00\x02"  # 3.1.1's CONNACK
+#: Bytes a login is charged beyond twice what its CONNECT sent (read in pieces, then joined
+#: and parsed): the objects around it.
+LOGIN_OVERHEAD = 4096
 
 
 class Session:
@@ -61,6 +71,8 @@ class Session:
         self.services = services
         self.writer = writer
         self.peer = peer  # the device's address (proxy._listen: a PROXY header's, or the peer's)
+        self._login: Taken | None = None
+        self._connect: tuple[Connect, bytes] | None = None  # as read, until served
         settings = services.settings
         self.client = PacketStream(
             reader, max_length=settings.max_packet_size - 5, idle=settings.idle_timeout
@@ -72,24 +84,37 @@ class Session:
         return self.conn is not None and self.conn.busy
 
     async def run(self, admitted: bool) -> None:
+        """Serve the connection until it ends; every expected end (a timeout, a reset, a
+        refusal) is one INFO line, never a traceback."""
         try:
-            connect, packet = await self._read_connect()
+            await self._run(admitted)
+        finally:
+            self._end_login()
+
+    async def _run(self, admitted: bool) -> None:
+        try:
+            self._connect = await self._read_connect()
         except (ProxyProtocolError, PeerTimeout, PeerGone) as exc:
             log.info("connection refused before CONNECT", extra={"why": str(exc)})
             return
-        if not admitted:
-            self.services.metrics.refused.labels(why="max-connections").inc()
-            await self._answer(connack_refusal(v5=connect.v5, reason=SERVER_BUSY))
+        v5 = self._connect[0].v5
+        if not admitted:  # (counted when it was accepted)
+            await self._answer(connack_refusal(v5=v5, reason=SERVER_BUSY))
             return
         try:
-            await self._serve(connect, packet)
+            await self._serve()
         except ProxyProtocolError as exc:
             self.services.metrics.protocol_errors.inc()
             log.info("protocol error", extra={"why": str(exc), "reason": exc.reason})
-            if connect.v5:
+            if v5:
                 await self._answer(disconnect(exc.reason))
-        except (PeerGone, PeerTimeout) as exc:
-            log.info("connection ended", extra={"why": str(exc)})
+        except (PeerGone, PeerTimeout, OSError) as exc:
+            log.info("connection ended", extra={"why": str(exc) or repr(exc)})
+
+    def _end_login(self) -> None:
+        """What the login held is free (its CONNACK is out, or the connection ended)."""
+        if self._login is not None:
+            self._login.give_back()
 
     async def _answer(self, packet: bytes) -> None:
         with contextlib.suppress(OSError):
@@ -98,19 +123,55 @@ class Session:
                 await self.writer.drain()
 
     async def _read_connect(self) -> tuple[Connect, bytes]:
+        """The CONNECT, whole within `connect_timeout`, its bytes counted against the
+        login budget.
+
+        Raises:
+            PeerTimeout: not whole in time.
+            PeerGone: closed before it, or no room in the login budget for it.
+            ProxyProtocolError: not a CONNECT, too large, malformed.
+        """
         settings = self.services.settings
-        async with asyncio.timeout(settings.connect_timeout):
-            head = await self.client.head()
-            if head is None:
-                raise PeerGone("closed before CONNECT")
-            if head.type != CONNECT:
-                raise ProxyProtocolError(f"packet type {head.type} before CONNECT")
-            if head.length > settings.max_connect_bytes:
-                raise ProxyProtocolError(f"a CONNECT of {head.length} bytes")
-            body = await self.client.body(head)
+        try:
+            async with asyncio.timeout(settings.connect_timeout):
+                head = await self.client.head()
+                if head is None:
+                    raise PeerGone("closed before CONNECT")
+                if head.type != CONNECT:
+                    raise ProxyProtocolError(f"packet type {head.type} before CONNECT")
+                if head.length > settings.max_connect_bytes:
+                    raise ProxyProtocolError(f"a CONNECT of {head.length} bytes")
+                body = await self._read_counted(head)
+        except TimeoutError as exc:
+            raise PeerTimeout(f"no whole CONNECT within {settings.connect_timeout} s") from exc
         return parse_connect(body), head.raw + body
 
-    async def _serve(self, connect: Connect, packet: bytes) -> None:
+    async def _read_counted(self, head: Head) -> bytes:
+        """The CONNECT's body, each piece counted against the login budget as it arrives
+        (twice: it is held in pieces, then joined), so that a connection holds what it sent,
+        not what it announced: announcing 128 KiB and sending 10 bytes costs 4 KiB.
+
+        Raises:
+            PeerGone: no room left in the budget (the total, or the address's share).
+        """
+        logins = self.services.logins
+        try:
+            self._login = logins.take_now(Holder(address_key(self.peer)), LOGIN_OVERHEAD)
+            pieces = []
+            async for piece in self.client.pieces(head):
+                self._login.more(2 * len(piece))
+                pieces.append(piece)
+        except PoolFull as exc:
+            self.services.metrics.refused.labels(why="login-budget").inc()
+            raise PeerGone(f"no room for a CONNECT of {head.length} bytes: {exc}") from exc
+        return b"".join(pieces)
+
+    async def _serve(self) -> None:
+        """Serve the session of the CONNECT read (taken out of `self._connect`: the relays
+        keep what they need of it, and a CONNECT of up to `max_connect_bytes` is not held
+        for the connection's life)."""
+        assert self._connect is not None
+        (connect, packet), self._connect = self._connect, None
         settings = self.services.settings
         auth = credentials(connect, settings.gateway_login)
         upstream = connect  # the CONNECT the broker gets
@@ -120,13 +181,14 @@ class Session:
                 return
             upstream = upgrade_connect(connect)
             packet = upstream.packet
+        will = None
         if upstream.will is not None and len(packet) > settings.broker_max_packet_size:
-            try:
-                packet = await self._offload_will(upstream, auth)
-            except TransferFailed as exc:
-                log.warning("Will not stored; CONNECT refused", extra={"why": str(exc)})
-                await self._answer(connack_refusal(v5=connect.v5, reason=exc.reason))
+            endpoint = self.services.endpoint()
+            if endpoint is None:
+                log.warning("Will over the limit and no gateway endpoint known; CONNECT refused")
+                await self._answer(connack_refusal(v5=connect.v5, reason=SERVER_UNAVAILABLE))
                 return
+            packet, will = prepare(upstream, endpoint)
         host, port = settings.broker_address
         try:
             async with asyncio.timeout(settings.connect_timeout):
@@ -138,7 +200,10 @@ class Session:
             await self._answer(connack_refusal(v5=connect.v5, reason=SERVER_UNAVAILABLE))
             return
         conn = Conn(
-            connect=connect,
+            # What the relays need of the CONNECT; its body, Will and password stay no longer
+            # than the login (`auth` keeps the credentials the gateway gets).
+            connect=slim(connect),
+            peer=self.peer,
             client=self.client,
             client_writer=self.writer,
             broker=PacketStream(broker_reader, max_length=2**28, idle=settings.idle_timeout),
@@ -147,10 +212,14 @@ class Session:
             broker_limit=settings.broker_max_packet_size,
             keepalive=connect.keepalive,
             upgraded=upstream is not connect,
+            will=will,
+            login=self._login,
         )
+        del connect, upstream, will  # the relays hold what they need (memory per connection)
         self.conn = conn
         try:
             broker_writer.write(packet)
+            del packet
             up = asyncio.create_task(relay_up(conn, self.services))
             down = asyncio.create_task(relay_down(conn, self.services))
             try:
@@ -172,31 +241,3 @@ class Session:
         finally:
             release(conn, self.services)
             broker_writer.close()
-
-    async def _offload_will(self, connect: Connect, auth: httpx.Auth | None) -> bytes:
-        """Store the Will's payload; the CONNECT with its placeholder instead."""
-        will = connect.will
-        assert will is not None
-        endpoint = self.services.endpoint()
-        if endpoint is None:
-            raise TransferFailed("no gateway endpoint known yet (no discovery record)")
-
-        async def payload() -> AsyncIterator[bytes]:
-            yield will.payload
-
-        uploads = self.services.uploads
-        if uploads.locked():  # a Will's upload takes a slot as a PUBLISH's does
-            raise TransferFailed("too many uploads at once", reason=QUOTA_EXCEEDED)
-        async with uploads:
-            stored = await self.services.gateway.upload(
-                endpoint,
-                topic=will.topic,
-                size=len(will.payload),
-                pieces=payload(),
-                headers=(),
-                ttl=None,
-                auth=auth,
-            )
-        props, body = placeholder_will(will, stored, v5=connect.v5)
-        self.services.metrics.offloaded.inc()
-        return connect_with_will(connect, props, body)

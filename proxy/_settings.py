@@ -15,7 +15,16 @@ from urllib.parse import urlsplit
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from ._shares import Limits
+
 MQTT_MAX_PACKET = 268_435_460  # the largest MQTT packet: 1 + 4 + 268,435,455
+#: One account's or address's default share of a pool: this fraction of it.
+SHARE = 8
+
+
+def _shares(total: int, per_user: int | None, per_address: int | None) -> Limits:
+    default = max(1, total // SHARE)
+    return Limits(total, per_user or default, per_address or default)
 
 
 class ProxySettings(BaseSettings):
@@ -65,9 +74,44 @@ class ProxySettings(BaseSettings):
         description="speak MQTT 5 to the broker for MQTT 3.1.1 clients, so that chunked "
         "messages reach them whole (false: a broker without MQTT 5)",
     )
-    max_connections: int = Field(10_000, gt=0, description="client connections at once")
+    max_connections: int = Field(
+        10_000,
+        gt=0,
+        description="client connections at once (lowered at start to what the file "
+        "descriptor limit allows, with a warning)",
+    )
+    max_connections_per_address: int | None = Field(
+        None,
+        gt=0,
+        description="client connections from one address at once (beyond: CONNACK 0x89); "
+        "default: an eighth of max_connections",
+    )
     max_uploads: int = Field(64, gt=0, description="offloaded PUBLISHes streaming at once")
+    max_uploads_per_user: int | None = Field(
+        None,
+        gt=0,
+        description="uploads one account (user name the broker accepted) may have at once; "
+        "default: an eighth of max_uploads, at least 1",
+    )
+    max_uploads_per_address: int | None = Field(
+        None,
+        gt=0,
+        description="uploads one device address may have at once; default: an eighth of "
+        "max_uploads, at least 1",
+    )
     max_fetches: int = Field(64, gt=0, description="placeholders being resolved at once")
+    max_fetches_per_user: int | None = Field(
+        None,
+        gt=0,
+        description="placeholders resolved at once for one account's subscribers (more "
+        "wait); default: an eighth of max_fetches, at least 1",
+    )
+    max_fetches_per_address: int | None = Field(
+        None,
+        gt=0,
+        description="placeholders resolved at once for one device address (more wait); "
+        "default: an eighth of max_fetches, at least 1",
+    )
     max_reassembly_bytes: int = Field(
         64 * 1024 * 1024,
         gt=0,
@@ -112,7 +156,15 @@ class ProxySettings(BaseSettings):
         "cannot do SCRAM)",
     )
     max_connect_bytes: int = Field(
-        1 << 20, gt=0, description="largest CONNECT read (a Will payload is at most 64 KiB)"
+        128 * 1024,
+        gt=0,
+        description="largest CONNECT read (a Will payload and a password are at most 64 KiB each)",
+    )
+    max_login_bytes: int = Field(
+        64 * 1024 * 1024,
+        gt=0,
+        description="bytes all connections together may hold before their login is "
+        "answered (their CONNECTs); one address at most an eighth of it",
     )
     discovery_username: str | None = None
     discovery_password: SecretStr | None = None
@@ -143,6 +195,30 @@ class ProxySettings(BaseSettings):
         description="processes serving the listeners, each with its own event loop, "
         "connections, limits and memories (docs/proxy.md, 'Processes')",
     )
+
+    @property
+    def upload_shares(self) -> Limits:
+        """`max_uploads` and each account's and address's share of it."""
+        return _shares(self.max_uploads, self.max_uploads_per_user, self.max_uploads_per_address)
+
+    @property
+    def fetch_shares(self) -> Limits:
+        """`max_fetches` and each account's and address's share of it."""
+        return _shares(self.max_fetches, self.max_fetches_per_user, self.max_fetches_per_address)
+
+    def connection_shares(self, total: int | None) -> Limits:
+        """`total` connections (`max_connections`, or what the descriptors allow) and each
+        address's share (no account is known when a connection is accepted)."""
+        total = total or self.max_connections
+        per_address = self.max_connections_per_address or max(1, total // SHARE)
+        return Limits(total, total, min(per_address, total))
+
+    @property
+    def login_shares(self) -> Limits:
+        """`max_login_bytes` and each address's share (no account is known before a login)."""
+        total = self.max_login_bytes
+        one = 2 * self.max_connect_bytes + 65536  # what the largest CONNECT is counted
+        return Limits(total, total, min(total, max(one, total // SHARE)))
 
     @field_validator("identity_files", mode="before")
     @classmethod

@@ -11,33 +11,48 @@ from typing import Any
 
 import httpx
 
-from client.protocol import Reassembler
+from client.protocol import Placeholder, Reassembler
 from client.tracing import Tracing
 
 from ._gateway import GatewayLink
 from ._metrics import Metrics
 from ._settings import MQTT_MAX_PACKET, ProxySettings
+from ._shares import Holder, Pool, Taken, address_key
 from ._stream import PacketStream
-from .protocol import AliasMap, Connect, Stored
+from .protocol import AliasMap, Connect, Stored, Will
 
 POISONED_IDS = 4096
 
 
+#: What a failed placeholder is remembered by: its payload URL, size and SHA-256.
+PoisonKey = tuple[str, int, str]
+
+
+def poison_key(ref: Placeholder) -> PoisonKey:
+    return ref.payload_url, ref.size, ref.sha256
+
+
 class Poisoned:
-    """Message ids whose payload failed its check on the way out (bounded, oldest dropped):
-    a broker's redelivery of such a placeholder is handed on as it is."""
+    """Placeholders whose payload failed its check on the way out (bounded, oldest
+    dropped): a broker's redelivery of such a placeholder is handed on as it is.
+
+    Remembered by URL, size and SHA-256 together, never by the message id alone: anyone
+    who may publish on some topic can send a placeholder naming another user's message
+    with a false digest, which fails; that must not stop the true placeholder (the same
+    URL with the right digest) from resolving for others.
+    """
 
     def __init__(self, size: int = POISONED_IDS) -> None:
-        self._ids: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._keys: collections.OrderedDict[PoisonKey, None] = collections.OrderedDict()
         self._size = size
 
-    def add(self, message_id: str) -> None:
-        self._ids[message_id] = None
-        while len(self._ids) > self._size:
-            self._ids.popitem(last=False)
+    def add(self, ref: Placeholder) -> None:
+        self._keys[poison_key(ref)] = None
+        while len(self._keys) > self._size:
+            self._keys.popitem(last=False)
 
-    def __contains__(self, message_id: object) -> bool:
-        return message_id in self._ids
+    def __contains__(self, ref: object) -> bool:
+        return isinstance(ref, Placeholder) and poison_key(ref) in self._keys
 
 
 REMEMBERED_FLOWS = 4096
@@ -83,8 +98,9 @@ class Services:
     gateway: GatewayLink
     endpoint: Callable[[], str | None]
     metrics: Metrics
-    uploads: asyncio.Semaphore
-    fetches: asyncio.Semaphore
+    uploads: Pool  # slots: refused beyond (0x97)
+    fetches: Pool  # slots: waited for
+    logins: Pool  # bytes connections hold before their login is answered
     poisoned: Poisoned = field(default_factory=Poisoned)
     closing: asyncio.Event = field(default_factory=asyncio.Event)  # no new transfers
     broker_tls: ssl.SSLContext | None = None
@@ -94,11 +110,23 @@ class Services:
     tracing: Tracing = field(default_factory=Tracing)  # offloads' and fetches' spans
 
 
+@dataclass(frozen=True, slots=True)
+class PendingWill:
+    """A Will over the broker's limit: the CONNECT the broker got carries its placeholder
+    (`stored`, its id chosen by the proxy); the payload is stored once the broker has
+    accepted the login (:mod:`proxy._will`)."""
+
+    will: Will
+    stored: Stored
+    endpoint: str
+
+
 @dataclass(slots=True)
 class Conn:
     """One client connection and its broker connection."""
 
     connect: Connect
+    peer: str  # the device's address: every per-address rule, the gateway's X-Forwarded-For
     client: PacketStream
     client_writer: asyncio.StreamWriter
     broker: PacketStream
@@ -118,6 +146,15 @@ class Conn:
     kept_rel: set[int] = field(default_factory=set)  # QoS 2 chunks the proxy PUBREC'd
     stored_flows: set[int] = field(default_factory=set)  # their packet ids, this connection
     upgraded: bool = False  # a 3.1.1 client on an MQTT 5 broker link (proxy.protocol._v311)
+    accepted: bool = False  # the broker's CONNACK 0 came (and a pending Will is stored)
+    will: PendingWill | None = None  # stored after the broker's CONNACK 0
+    login: Taken | None = None  # what the login holds of Services.logins until its CONNACK
+
+    @property
+    def holder(self) -> Holder:
+        """Who takes from the shared pools: the device's address, and its account once the
+        broker accepted it (before, a user name is only a claim)."""
+        return Holder(address_key(self.peer), self.connect.username if self.accepted else None)
 
     @property
     def busy(self) -> bool:

@@ -119,7 +119,7 @@ async def _decode(conn: Conn, services: Services, ref: Placeholder, limit: int) 
                 plain.write(out)
 
     try:
-        async with services.gateway.fetch(ref, conn.auth) as fetched:
+        async with services.gateway.fetch(ref, conn.auth, conn.peer) as fetched:
             batch: list[bytes] = []
             held = 0
             async for piece in fetched:
@@ -130,7 +130,7 @@ async def _decode(conn: Conn, services: Services, ref: Placeholder, limit: int) 
                     await asyncio.to_thread(step, batch, False)
                     batch, held = [], 0
             if fetched.size != ref.size or fetched.sha256 != ref.sha256:
-                services.poisoned.add(str(ref.message_id))
+                services.poisoned.add(ref)
                 raise TransferFailed(f"{ref.payload_url} does not match its placeholder")
             await asyncio.to_thread(step, batch, True)
     except BaseException:
@@ -194,8 +194,7 @@ async def resolve_encoded(
         return False
     conn.transfers += 1  # until the last byte is written: shutdown waits for it
     try:
-        async with services.fetches:
-            services.metrics.fetches.inc()
+        async with services.fetches.held(conn.holder, wait=True):  # the device's share
             try:
                 plain = await _decode(conn, services, ref, limit)
             except (TransferFailed, PayloadDecodeError) as exc:
@@ -203,8 +202,6 @@ async def resolve_encoded(
                 services.metrics.passed.labels(why=why).inc()
                 log.warning("payload not decoded; placeholder delivered", extra={"why": str(exc)})
                 return False
-            finally:
-                services.metrics.fetches.dec()
         try:
             if resolved_size(header, plain.size, v5=v5) > conn.client_limit:
                 services.metrics.passed.labels(why="client-limit").inc()

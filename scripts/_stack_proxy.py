@@ -39,7 +39,12 @@ def start_proxy(
     # port answers too, and then the proxy exits (PortInUse, one clear error).
     line = f"listening on 127.0.0.1:{port}"
     listening = lambda: line in log.read_text(errors="replace") and port_answers(port)  # noqa: E731
-    wait_until(listening, f"offload-proxy on port {port}", 30, proc, log)
+    try:
+        wait_until(listening, f"offload-proxy on port {port}", 30, proc, log)
+    except TimeoutError:  # running, not listening: not left behind
+        proc.kill()
+        proc.wait()
+        raise
     return proc, port
 
 

@@ -169,15 +169,20 @@ class Files:
 def rotate_logs(state: Path) -> None:
     """Keep the earlier runs' logs: `x.log` -> `x.log.1` -> ... -> `x.log.<KEPT_RUNS>`."""
     for name in LOGS:
-        log = state / name
-        if not log.exists():
-            continue
-        for n in range(KEPT_RUNS - 1, 0, -1):
-            older = log.with_name(f"{log.name}.{n}")
-            if older.exists():
-                older.replace(log.with_name(f"{log.name}.{n + 1}"))
-        log.replace(log.with_name(f"{log.name}.1"))
+        rotate_log(state / name)
     # weed's own glog files: a new set (INFO, WARNING, ERROR) per start, named by time.
     glogs = sorted((state / "seaweedfs").glob("weed.*.log.*.*"), key=lambda p: p.stat().st_mtime)
     for old in glogs[: -3 * KEPT_RUNS]:
         old.unlink()
+
+
+def rotate_log(log: Path) -> None:
+    """Keep `log` as `log.1`, the earlier ones one place on, at most KEPT_RUNS of them (a
+    new run, or a part of the stack started again after it died)."""
+    if not log.exists():
+        return
+    for n in range(KEPT_RUNS - 1, 0, -1):
+        older = log.with_name(f"{log.name}.{n}")
+        if older.exists():
+            older.replace(log.with_name(f"{log.name}.{n + 1}"))
+    log.replace(log.with_name(f"{log.name}.1"))

@@ -2,7 +2,9 @@
 
 Run through `scripts/up.sh`, which installs everything first. After a self-check (a 20 MiB
 message across the 256 KiB broker, byte-exact, while a plain mosquitto_sub sees only a
-placeholder) it serves until Ctrl-C; `--check` stops after the self-check.
+placeholder) it serves until Ctrl-C; `--check` stops after the self-check. While it serves, a
+part that dies is named with its last log lines and started again on its port
+(scripts/_stack_watch.py); one that keeps dying stops the stack (exit 1).
 
 Ports: STACK_MQTT_PORT (1883), STACK_S3_PORT (8333), STACK_GATEWAY_PORT (8080),
 STACK_PROXY_PORT (1884, offload-proxy: scripts/_stack_proxy.py); 0 picks free ones. State
@@ -43,14 +45,17 @@ sys.path.insert(0, str(ROOT / "tests"))
 import _stack_dynsec as dynsec  # noqa: E402
 from _stack_proxy import proxy_check, start_proxy, stop_proxy  # noqa: E402
 from _stack_state import GATEWAY_USER, USER, Files, rotate_logs, write_env  # noqa: E402
+from _stack_watch import Part, watch  # noqa: E402
 
 from _servers import (  # noqa: E402
+    GRPC_OFFSET,
     START_ATTEMPTS,
     Mosquitto,
     PortInUse,
     SeaweedFS,
     free_port,
     port_answers,
+    port_bindable,
     wait_until,
 )
 
@@ -66,7 +71,14 @@ class StackError(Exception):
     """A reason the stack cannot start, printed as one line."""
 
 
-def requested_port(name: str, default: int) -> int:
+def requested_port(name: str, default: int, *, grpc: bool = False) -> int:
+    """The port `name` asks for (0: a free one), refused at once when it is taken.
+
+    Args:
+        name: the environment variable.
+        default: its value when unset.
+        grpc: SeaweedFS's: it also serves gRPC on the port + 10000, which must be free too.
+    """
     raw = os.environ.get(name, str(default))
     try:
         value = int(raw)
@@ -74,10 +86,18 @@ def requested_port(name: str, default: int) -> int:
         raise StackError(f"{name}={raw!r} is not a port number") from None
     if not 0 <= value <= 65535:
         raise StackError(f"{name}={value} is not a port number (0 picks a free one)")
+    again = f"set {name}=0 for a free port or {name}=<port> for another"
     if value and port_answers(value):
+        raise StackError(f"port {value} is already in use (another stack or service); {again}")
+    if value and grpc and value + GRPC_OFFSET > 65535:
         raise StackError(
-            f"port {value} is already in use (another stack or service); "
-            f"set {name}=0 for a free port or {name}=<port> for another"
+            f"{name}={value}: SeaweedFS also serves gRPC on the port + {GRPC_OFFSET}, "
+            f"past 65535; {again}"
+        )
+    if value and grpc and not port_bindable(value + GRPC_OFFSET):
+        raise StackError(
+            f"port {value + GRPC_OFFSET} is already in use (another stack or service), and "
+            f"SeaweedFS serves gRPC on {name} + {GRPC_OFFSET} there; {again}"
         )
     return value
 
@@ -160,6 +180,10 @@ def start_gateway(
             if wanted or attempt == START_ATTEMPTS - 1:
                 raise
             continue
+        except TimeoutError:  # running, not answering: not left behind
+            proc.kill()
+            proc.wait()
+            raise
         return proc, port
     raise AssertionError("unreachable")
 
@@ -358,7 +382,7 @@ def stop_all(
 def run(args: argparse.Namespace) -> int:
     state = Path(os.environ.get("STACK_DIR") or ROOT / ".stack").resolve()
     with exclusive(state):
-        s3_port = requested_port("STACK_S3_PORT", 8333)
+        s3_port = requested_port("STACK_S3_PORT", 8333, grpc=True)
         mqtt_port = requested_port("STACK_MQTT_PORT", 1883)
         gw_wanted = requested_port("STACK_GATEWAY_PORT", 8080)
         proxy_wanted = requested_port("STACK_PROXY_PORT", 1884)
@@ -381,6 +405,7 @@ def run(args: argparse.Namespace) -> int:
         broker.workdir.mkdir(exist_ok=True)
         gateway: subprocess.Popen[bytes] | None = None
         proxy: subprocess.Popen[bytes] | None = None
+        parts: list[Part] = []
         try:
             print(f"==> SeaweedFS S3 on 127.0.0.1:{s3_port or '<free port>'}")
             s3.start()
@@ -400,14 +425,49 @@ def run(args: argparse.Namespace) -> int:
             if args.check or not ok:
                 return 0 if ok else 1
             print(banner(files, broker, gw_port, s3), flush=True)
-            while True:
-                signal.pause()
+            parts = _parts(files, s3, broker, gateway, gw_port, proxy, proxy_port)
+            reason = watch(parts)  # until Ctrl-C, or a part that cannot be kept running
+            print(f"==> stopping the stack: {reason}", flush=True)
+            return 1
         except KeyboardInterrupt:
             return 0
         finally:
+            if parts:
+                gateway, proxy = parts[0].proc, parts[1].proc
             t0 = time.monotonic()
             took = stop_all(proxy, gateway, broker, s3)
             print(f"==> stopped in {time.monotonic() - t0:.1f} s ({took})", flush=True)
+
+
+def _parts(
+    files: Files,
+    s3: SeaweedFS,
+    broker: Mosquitto,
+    gateway: subprocess.Popen[bytes],
+    gw_port: int,
+    proxy: subprocess.Popen[bytes],
+    proxy_port: int,
+) -> list[Part]:
+    """The processes the watch looks after (scripts/_stack_watch.py), each with how it is
+    started again where it was: the gateway and the proxy first, as stop_all wants them."""
+    gw_url = f"https://127.0.0.1:{gw_port}"
+
+    def store() -> subprocess.Popen[bytes] | None:
+        s3.start()  # its four ports are fixed now: the same ones
+        return s3.proc
+
+    def mosquitto() -> subprocess.Popen[bytes] | None:
+        broker.start()  # its port is fixed now: the same one
+        return broker.proc
+
+    return [
+        Part("gateway", gw_url, files.state / "gateway.log", gateway,
+             lambda: start_gateway(files, s3, broker, gw_port)[0]),
+        Part("offload-proxy", f"mqtt://127.0.0.1:{proxy_port}", files.state / "proxy.log",
+             proxy, lambda: start_proxy(files.state, broker, gw_url, files.ca, proxy_port)[0]),
+        Part("mosquitto", broker.url, broker.workdir / "mosquitto.log", broker.proc, mosquitto),
+        Part("SeaweedFS", f"http://{s3.endpoint}", s3.workdir / "weed.log", s3.proc, store),
+    ]  # fmt: skip
 
 
 def main() -> int:

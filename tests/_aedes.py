@@ -1,5 +1,7 @@
-"""A second MQTT broker for the interop tests: aedes (Node, MQTT 3.1.1 only: its README
-lists MQTT 5 as not supported yet) on a TCP port, and on a WebSocket port of its own.
+"""A second MQTT broker for the interop and chunked tests: aedes 2 (Node; MQTT 5 and 3.1.1,
+with Maximum Packet Size in its CONNACK: ADR-23 chunks cross it) on a TCP port, and on a
+WebSocket port of its own. aedes 1.x speaks 3.1.1 only; 2.0.0-beta.1 is the first release
+with MQTT 5.
 
 aedes comes from npm (tests/brokers/package.json and its lock), installed with `npm ci` into
 a cache directory on first use, as tests/test_tus_js.py installs tus-js-client.
@@ -31,10 +33,11 @@ def aedes_modules() -> Path:
 
 @dataclass
 class Aedes:
-    """`node tests/brokers/aedes.cjs TCP WS` on free loopback ports."""
+    """`node tests/brokers/aedes.mjs TCP WS MAX_PACKET` on free loopback ports."""
 
     port: int = field(default_factory=free_port)
     ws_port: int = field(default_factory=free_port)
+    max_packet_size: int = 0  # 0: none stated
     proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -50,9 +53,10 @@ class Aedes:
         self.proc = subprocess.Popen(
             [
                 str(shutil.which("node")),
-                str(PEERS / "aedes.cjs"),
+                str(PEERS / "aedes.mjs"),
                 str(self.port),
                 str(self.ws_port),
+                str(self.max_packet_size),
             ],
             env={**os.environ, "NODE_PATH": str(modules)},
             stdout=subprocess.PIPE,

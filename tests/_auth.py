@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,10 +41,13 @@ def secured_pair(
     gateway_factory: Callable[..., Any],
     *,
     gateway_password: str,
+    max_packet_size: int = 262144,
+    **gateway: Any,
 ) -> tuple[Any, Any]:
-    """A 256 KiB mosquitto and a gateway, both reading `files/passwd` and `files/acl`."""
+    """A mosquitto (256 KiB by default) and a gateway (`gateway` settings on top), both
+    reading `files/passwd` and `files/acl`."""
     broker = mosquitto_factory(
-        max_packet_size=262144,
+        max_packet_size=max_packet_size,
         extra_config=f"allow_anonymous false\npassword_file {files / 'passwd'}\n"
         f"acl_file {files / 'acl'}\n",
     )
@@ -53,5 +58,19 @@ def secured_pair(
         password_file=files / "passwd",
         acl_file=files / "acl",
         auth_secret=AUTH_SECRET,
+        **gateway,
     )
     return broker, gw
+
+
+@contextlib.contextmanager
+def credential_files(prefix: str, users: dict[str, str], acl: str) -> Iterator[Path]:
+    """A directory the broker can read with `passwd` (each user, 4096 PBKDF2 rounds) and
+    `acl`; removed afterwards."""
+    path = broker_readable_dir(prefix)
+    try:
+        write_password_file(path / "passwd", [(u, p, 4096) for u, p in users.items()])
+        write_acl_file(path / "acl", acl)
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

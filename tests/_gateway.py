@@ -69,6 +69,7 @@ class GatewayServer:
             ssl_ca_certs=self.client_ca,
             ssl_cert_reqs=ssl.CERT_REQUIRED if self.client_ca else ssl.CERT_NONE,
             http=GatewayHttpProtocol,  # as `offload-gateway` serves
+            proxy_headers=False,  # as `offload-gateway` serves: OFFLOAD_TRUSTED_PROXIES decides
         )
         self._server = uvicorn.Server(config)
         server = self._server

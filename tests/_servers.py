@@ -24,6 +24,7 @@ import io
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -105,6 +106,19 @@ def free_port(*, with_grpc: bool = False) -> int:
     raise RuntimeError(f"no free port found in {PORT_FLOOR}-{top}")
 
 
+def port_bindable(port: int) -> bool:
+    """No listener holds 127.0.0.1:port: a server may bind it (SO_REUSEADDR, as Go's and
+    mosquitto's listeners set it, so a connection of an earlier run in TIME_WAIT does not
+    count as taken)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def port_answers(port: int, timeout: float = 0.5) -> bool:
     """Something accepts connections on 127.0.0.1:port (a self-connection does not count)."""
     try:
@@ -118,6 +132,9 @@ def _tail(log: Path | None, n: int = 3000) -> str:
     if log is None or not log.exists():
         return ""
     return log.read_text(errors="replace")[-n:]
+
+
+_BIND_FAILED = re.compile(r":(\d+): bind: address already in use", re.IGNORECASE)
 
 
 def wait_until(
@@ -139,7 +156,11 @@ def wait_until(
         if proc is not None and proc.poll() is not None:
             detail = _tail(log)
             if "address already in use" in detail.lower():
-                raise PortInUse(f"{what}: address already in use")
+                # Go names the address it could not bind ("listen tcp 127.0.0.1:18333:
+                # bind: address already in use"): say which, it may be another than `what`'s.
+                taken = _BIND_FAILED.findall(detail)
+                where = f" (port {taken[-1]})" if taken else ""
+                raise PortInUse(f"{what}: address already in use{where}")
             raise RuntimeError(f"{what}: process exited with {proc.returncode}:\n{detail}")
         if ready():
             if proc is None or proc.poll() is None:
@@ -307,6 +328,11 @@ class SeaweedFS(_OwnWorkdir):
         fixed = {k: v for k, v in self.ports.items() if v}
         if self.s3_port:
             fixed["s3"] = self.s3_port
+        for name, port in fixed.items():  # taken: no start (nor retry on other ports) helps
+            for taken in (p for p in (port, port + GRPC_OFFSET) if not port_bindable(p)):
+                grpc = f" on its gRPC port {taken} (+{GRPC_OFFSET})" if taken != port else ""
+                what = "S3" if name == "s3" else name
+                raise PortInUse(f"SeaweedFS {what} on port {port}: address already in use{grpc}")
         attempts = 1 if len(fixed) == 4 else START_ATTEMPTS
         for attempt in range(attempts):
             self._choose_ports(fixed)

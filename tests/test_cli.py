@@ -345,6 +345,11 @@ def _mistakes(
             ("publish", "--broker", "http://x", "-t", "t", "-m", "x"), 2,
             "offload publish: error: broker URL must be mqtt:// or mqtts://",
         ),
+        "a broker URL without the colon of its scheme": Mistake(  # issue 43, item 6
+            ("subscribe", "--broker", "mqtt//127.0.0.1:1883", "-t", "t"), 2,
+            "offload subscribe: error: broker URL 'mqtt//127.0.0.1:1883' has no '://' after "
+            "its scheme: did you mean 'mqtt://127.0.0.1:1883'? (see 'offload subscribe --help')",
+        ),
         "an endpoint URL that is not http://": Mistake(
             ("publish", "--broker", dead_broker, "--endpoint", "htp://x", "-t", "t", "-m", "x"), 2,
             "offload publish: error: endpoint must be an http(s) URL",

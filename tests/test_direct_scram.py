@@ -6,6 +6,7 @@ Real mosquitto and gateway sharing the password and ACL files, real SeaweedFS, t
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -176,3 +177,34 @@ def test_a_failed_direct_upload_with_scram_leaves_nothing_behind(
         pub.close()
     assert open_multipart_uploads(store, bucket_name) == []
     assert len(objects(store, bucket_name)) == 3  # only the proxied copy
+
+
+def test_a_grant_committed_by_a_user_who_may_not_write_its_topic_is_403(
+    files: Path,
+    mosquitto_factory: Callable[..., Mosquitto],
+    gateway_factory: Callable[..., GatewayServer],
+    seaweed: SeaweedFS,
+    store: Minio,
+    bucket_name: str,
+) -> None:
+    """A grant is not a credential (issue 43 item 9): every other direct test commits as the
+    user who got the grant, so the commit's own ACL check could go unnoticed."""
+    from client import ScramAuth
+
+    _, gw = secured_direct(files, mosquitto_factory, gateway_factory, f"http://{seaweed.endpoint}")
+    payload = os.urandom(100_000)
+    sha256 = hashlib.sha256(payload).hexdigest()
+    request = {"size": len(payload), "sha256": sha256, "part_size": len(payload), "parts": [sha256]}
+    alice, bob = (ScramAuth(user, USERS[user]) for user in ("alice", "bob"))
+    with httpx.Client(base_url=gw.url, timeout=30) as http:
+        granted = http.post("/direct/grant/scram/acl", json=request, auth=alice)
+        assert granted.status_code == 201, granted.text
+        (url,) = granted.json()["urls"]
+        etag = httpx.put(url, content=payload, timeout=30).headers["ETag"]
+        body = {"grant": granted.json()["grant"], "etags": [etag]}
+        refused = http.post("/direct/commit", json=body, auth=bob)  # bob may only read scram/#
+        assert refused.status_code == 403, refused.text
+        assert not [k for k in objects(store, bucket_name) if k.startswith("ids/")]  # no message
+        done = http.post("/direct/commit", json=body, auth=alice)  # the grant is still alice's
+        assert done.status_code == 201, done.text
+        assert done.json()["sha256"] == sha256

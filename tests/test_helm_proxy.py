@@ -133,3 +133,34 @@ def test_workers_and_trusted_load_balancers_reach_the_proxy(
     assert names["OFFLOAD_PROXY_WORKERS"] == "1" and "OFFLOAD_PROXY_TRUSTED_LBS" not in names
     with pytest.raises(Exception, match="trustedLoadBalancers"):
         manifests(chart, {"proxy": {"enabled": True, "trustedLoadBalancers": ["lb.example"]}})
+
+
+def _gateway_config(docs: list[dict[str, Any]]) -> dict[str, str]:
+    (config,) = [d for d in docs if d["kind"] == "ConfigMap" and "OFFLOAD_STORAGE_URL" in d["data"]]
+    return dict(config["data"])
+
+
+@pytest.mark.parametrize(
+    ("values", "trusted"),
+    [
+        ({}, None),  # no proxy: no hop is trusted
+        (ON, "10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,fc00::/7"),  # the pods' networks
+        ({**ON, "gateway": {"trustedProxies": ["10.42.0.0/16"]}}, "10.42.0.0/16"),
+        ({"gateway": {"trustedProxies": ["192.0.2.7"]}}, "192.0.2.7"),  # an Ingress, say
+    ],
+)
+def test_the_gateway_trusts_the_proxy_it_is_deployed_with_to_name_each_device(
+    chart: helm.Chart,  # noqa: F811
+    values: dict[str, Any],
+    trusted: str | None,
+) -> None:
+    """The proxy sends each device's address (X-Forwarded-For); the gateway believes it only
+    from OFFLOAD_TRUSTED_PROXIES, which the chart sets for the proxy it deploys, so the
+    per-address limits count devices, not the proxy's pods."""
+    from gateway import Settings
+
+    config = _gateway_config(manifests(chart, values))
+    assert config.get("OFFLOAD_TRUSTED_PROXIES") == trusted
+    assert config["OFFLOAD_MAX_UPLOADS_PER_USER"] == "8"
+    networks = Settings(trusted_proxies=trusted or "").trusted_networks  # the gateway reads it
+    assert len(networks) == (len(trusted.split(",")) if trusted else 0)

@@ -117,6 +117,18 @@ def test_curl_post_announces_a_placeholder_plain_subscribers_can_follow(
     assert ranged.stdout[-3:] == b"206"
 
 
+def test_curl_prints_each_answer_on_a_line_of_its_own(
+    gw: GatewayServer, unique_topic: Callable[[str], str]
+) -> None:
+    """Issue 43 item 7: the walk-through's `curl .../publish/...` ran into the prompt."""
+    topic = unique_topic("lines")
+    published = _curl("--data-binary", "x" * 1000, f"{gw.url}/publish/{topic}")
+    assert published.returncode == 0 and published.stdout.endswith(b"}\n"), published
+    assert published.stdout.count(b"\n") == 1 and json.loads(published.stdout)["size"] == 1000
+    refused = _curl("--data-binary", "x", f"{gw.url}/publish/{topic}?qos=7")
+    assert refused.stdout.endswith(b"}\n") and "qos" in json.loads(refused.stdout)["detail"]
+
+
 def test_curl_upload_file_put_keeps_content_type_and_filename(
     gw: GatewayServer, broker: Mosquitto, tmp_path: Path, unique_topic: Callable[[str], str]
 ) -> None:

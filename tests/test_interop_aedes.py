@@ -1,10 +1,12 @@
-"""The core end-to-end flows against a second broker implementation: aedes (Node), which
-speaks MQTT 3.1.1 only, over TCP and over the WebSocket listener it serves itself.
+"""The core end-to-end flows against a second broker implementation: aedes 2 (Node), over
+TCP and over the WebSocket listener it serves itself, stating mosquitto's 256 KiB limit.
 
-Covered per transport: a direct message, an offloaded 1 MiB message, a retained offloaded
-placeholder for a late subscriber, and a persistent session (3.1.1 Clean Session 0) that is
-away while 20 offloaded messages are published. MQTT 5 behaviour (CONNACK limits, Receive
-Maximum, chunking, user-property placeholders) is covered against mosquitto only.
+Covered per transport with MQTT 3.1.1: a direct message, an offloaded 1 MiB message, a
+retained offloaded placeholder for a late subscriber, and a persistent session (Clean Session
+0) that is away while 20 offloaded messages are published. With MQTT 5: the CONNACK's limit
+and a 1 MiB message in ADR-23 chunks across it. The chunked tests with persistent sessions
+(tests/test_session_chunks.py) run against aedes too; Receive Maximum, which aedes does not
+enforce on what it sends, is covered against mosquitto only.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ LIMIT = 256 * 1024  # 3.1.1 states no limit: the clients are told the broker's
 
 @pytest.fixture(scope="module")
 def aedes() -> Iterator[Aedes]:
-    broker = Aedes().start()
+    broker = Aedes(max_packet_size=LIMIT).start()
     yield broker
     broker.stop()
 
@@ -94,3 +96,20 @@ def test_persistent_session_while_away(
             assert isinstance(item, Message), item
             got[item.sha256] = item.payload
     assert got == payloads
+
+
+def test_mqtt5_chunks_cross_aedes(broker_url: str, unique_topic: Callable[[str], str]) -> None:
+    """No gateway: a 1 MiB message goes in ADR-23 chunks sized to aedes's CONNACK limit."""
+    topic = unique_topic("aedes/chunks")
+    big = os.urandom(1024 * 1024)
+    with (
+        Client(broker_url, discovery_wait=0) as consumer,
+        Client(broker_url, discovery_wait=0) as producer,
+    ):
+        assert producer.max_packet_size == LIMIT  # MQTT 5: stated by aedes's CONNACK
+        consumer.subscribe(topic, qos=1)
+        sent = producer.publish(topic, big, qos=1)
+        assert sent.route is Route.CHUNKED and sent.packets is not None and sent.packets > 4
+        got = consumer.next_message(timeout=30)
+    assert isinstance(got, Message) and got.route is Route.CHUNKED
+    assert got.payload == big and got.message_id == sent.message_id

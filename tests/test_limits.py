@@ -327,3 +327,22 @@ def test_maximum_header_bytes(
     assert ok.status_code == 201
     assert big.status_code == 413, big.text
     assert len(stored()) == 3  # only the accepted message's payload, sidecar and index
+
+
+def test_a_head_over_the_limit_gets_its_431_every_time(
+    gateway_factory: Callable[..., GatewayServer],
+) -> None:
+    """A 70 KB head sent whole: the gateway answers 431 after the read that passed the
+    limit, with the rest of the head arrived but unread. A plain close then made the
+    kernel reset the connection, and the reset threw away the 431 not yet sent (httpx:
+    "Server disconnected without sending a response", in one run of two). The close
+    lingers now: the answer, a FIN, and the rest read and dropped."""
+    gw = gateway_factory(None)
+    answers = []
+    for _ in range(20):
+        with httpx.Client(base_url=gw.url, timeout=10) as http:
+            try:
+                answers.append(http.get("/healthz", headers={"X-Pad": "a" * 70_000}).status_code)
+            except httpx.TransportError as exc:
+                answers.append(repr(exc))
+    assert answers == [431] * 20

@@ -104,6 +104,7 @@ class PahoPeer:
         *,
         v5: bool = True,
         credentials: tuple[str, str] | None = None,
+        bind_address: str = "",
         **will: Any,
     ) -> None:
         self.client_id = f"paho-{uuid.uuid4().hex[:8]}"
@@ -116,7 +117,7 @@ class PahoPeer:
             self.client.will_set(**will)
         if credentials is not None:
             self.client.username_pw_set(*credentials)
-        self.client.connect("127.0.0.1", port, keepalive=30)
+        self.client.connect("127.0.0.1", port, keepalive=30, bind_address=bind_address)
         self.client.loop_start()
         wait_until(self.client.is_connected, "paho connected", 20)
 

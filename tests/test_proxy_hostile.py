@@ -18,6 +18,7 @@ import pytest
 from test_proxy import MiB, PahoPeer, start_proxy
 
 from _gateway import GatewayServer
+from _hostile import LyingEndpoint
 from _proxy import ProxyServer
 from _servers import Mosquitto, free_port, wait_until
 
@@ -157,7 +158,7 @@ def test_hostile_connections_get_the_mqtt_answer_and_leave_others_unaffected(
 def test_a_connection_over_max_connections_gets_server_busy(
     gateway: GatewayServer, broker: Mosquitto
 ) -> None:
-    server = start_proxy(broker, gateway, max_connections=2)
+    server = start_proxy(broker, gateway, max_connections=2, max_connections_per_address=2)
     try:
         first, second = connected(server.port), connected(server.port)
         third = dial(server.port)
@@ -175,20 +176,28 @@ def test_a_connection_over_max_connections_gets_server_busy(
 def test_a_placeholder_pointing_elsewhere_is_never_fetched(
     proxy: ProxyServer, broker: Mosquitto, unique_topic: Callable[[str], str]
 ) -> None:
+    """Pointed at a server that answers and records every request (not an unreachable
+    address, whose silence proves nothing): it must get none."""
     topic = unique_topic("ssrf")
+    elsewhere = LyingEndpoint(body_bytes=10).start()  # would serve the 10 bytes it states
     sub = PahoPeer(proxy.port)
     sub.subscribe(broker, topic)
     fake = json.dumps({
         "_format": "external", "_id": str(uuid.uuid4()), "size": 10, "sha256": "0" * 64,
-        "url": f"http://169.254.169.254/msg/{uuid.uuid4()}",
+        "url": f"{elsewhere.url}/msg/{uuid.uuid4()}",
     }).encode()  # fmt: skip
     direct = PahoPeer(broker.port)
-    direct.client.publish(topic, fake, qos=1).wait_for_publish(30)
-    assert sub.wait(1)[0].payload == fake  # handed on as it is
-    passed = proxy.metric("offload_proxy_placeholders_passed_total", why="untrusted-origin")
-    assert passed == 1
-    sub.close()
-    direct.close()
+    try:
+        direct.client.publish(topic, fake, qos=1).wait_for_publish(30)
+        assert sub.wait(1)[0].payload == fake  # handed on as it is
+        # A fetch comes before the placeholder is handed on: it would be recorded by now.
+        assert elsewhere.served == []
+        passed = proxy.metric("offload_proxy_placeholders_passed_total", why="untrusted-origin")
+        assert passed == 1
+    finally:
+        elsewhere.stop()
+        sub.close()
+        direct.close()
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ The pure halves are in test_session_chunks_units.py.
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -22,6 +23,7 @@ from test_sessions import persistent_broker  # noqa: F401  (a fixture: a broker 
 from client import ChunkBufferOverflow, ChunkTimeoutError, Client, Message, MessageError, Route
 from client.receive._receive import Receiver
 
+from _aedes import Aedes
 from _hostile import RawPublisher
 from _servers import Mosquitto
 
@@ -33,14 +35,31 @@ WHOLE = b"chunk zero|chunk one"
 SHA = hashlib.sha256(WHOLE).hexdigest()
 
 
+@pytest.fixture(scope="module")
+def aedes() -> Iterator[Aedes]:
+    """The second broker (MQTT 5 since aedes 2), with mosquitto's 256 KiB limit."""
+    server = Aedes(max_packet_size=262144).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["mosquitto", "aedes"])
+def chunk_broker(request: pytest.FixtureRequest) -> Mosquitto | Aedes:
+    """Each broker the chunked tests run against (issue 43: mosquitto only before)."""
+    broker: Mosquitto | Aedes = request.getfixturevalue(
+        "broker" if request.param == "mosquitto" else "aedes"
+    )
+    return broker
+
+
 @pytest.fixture
-def pub(broker: Mosquitto) -> Iterator[RawPublisher]:
-    publisher = RawPublisher(broker.url)
+def pub(chunk_broker: Mosquitto | Aedes) -> Iterator[RawPublisher]:
+    publisher = RawPublisher(chunk_broker.url)
     yield publisher
     publisher.close()
 
 
-def _session(broker: Mosquitto, client_id: str, **kw: object) -> Client:
+def _session(broker: Mosquitto | Aedes, client_id: str, **kw: object) -> Client:
     return Client(
         broker.url,
         client_id=client_id,
@@ -73,14 +92,14 @@ def _send_chunk(pub: RawPublisher, topic: str, message_id: str, index: int) -> N
 
 
 def test_a_slow_consumer_gets_a_chunked_message_from_behind_a_backlog_longer_than_the_timeout(
-    broker: Mosquitto, pub: RawPublisher, unique_topic: Callable[[str], str]
+    chunk_broker: Mosquitto | Aedes, pub: RawPublisher, unique_topic: Callable[[str], str]
 ) -> None:
     """Chunk 1 behind 30 messages the application has not read yet, the reading starting
     only after `chunk_timeout` has passed since chunk 0: the message arrives whole."""
     topic = unique_topic("backlog")
     mid = str(uuid.uuid4())
     # A window of 4: the broker sends chunk 0 and 3 messages, the rest waits for the reader.
-    with _session(broker, f"c-{uuid.uuid4().hex[:8]}", max_pending_deliveries=4) as sub:
+    with _session(chunk_broker, f"c-{uuid.uuid4().hex[:8]}", max_pending_deliveries=4) as sub:
         sub.subscribe(topic, qos=1)
         _send_chunk(pub, topic, mid, 0)
         backlog = [f"m{i}".encode() for i in range(30)]
@@ -105,20 +124,20 @@ def test_a_slow_consumer_gets_a_chunked_message_from_behind_a_backlog_longer_tha
 
 
 def test_a_consumer_closed_after_chunk_zero_gets_the_message_whole_when_it_comes_back(
-    broker: Mosquitto, pub: RawPublisher, unique_topic: Callable[[str], str]
+    chunk_broker: Mosquitto | Aedes, pub: RawPublisher, unique_topic: Callable[[str], str]
 ) -> None:
     """A restart of the process mid-message: the broker sends chunk 0 again (it was never
     acknowledged), then chunk 1, published while the consumer was away."""
     topic = unique_topic("restart")
     client_id = f"c-{uuid.uuid4().hex[:8]}"
     mid = str(uuid.uuid4())
-    with _session(broker, client_id) as first:
+    with _session(chunk_broker, client_id) as first:
         first.subscribe(topic, qos=1)
         _send_chunk(pub, topic, mid, 0)
         receiver = _receiver(first)
         _until(lambda: receiver._reassembler.partial_messages == 1, "chunk 0 taken")
     _send_chunk(pub, topic, mid, 1)  # while away
-    with _session(broker, client_id) as second:
+    with _session(chunk_broker, client_id) as second:
         second.subscribe(topic, qos=1)
         item = second.next_message(30)
         assert second.connection.session_present
@@ -176,7 +195,7 @@ def test_a_broker_restart_between_the_chunks_loses_nothing(
 
 
 def test_a_chunk_zero_flood_on_a_busy_session_stays_bounded_and_never_stalls(
-    broker: Mosquitto, pub: RawPublisher, unique_topic: Callable[[str], str]
+    chunk_broker: Mosquitto | Aedes, pub: RawPublisher, unique_topic: Callable[[str], str]
 ) -> None:
     """A hostile publisher sends 40 chunk 0s that never get a chunk 1, each followed by a
     message that keeps the connection busy: at most `max_partial_messages` partials and at
@@ -189,7 +208,7 @@ def test_a_chunk_zero_flood_on_a_busy_session_stays_bounded_and_never_stalls(
     window, partials, count = 8, 16, 40
     ids = [str(uuid.uuid4()) for _ in range(count)]
     with _session(
-        broker,
+        chunk_broker,
         f"c-{uuid.uuid4().hex[:8]}",
         max_pending_deliveries=window,
         max_partial_messages=partials,
@@ -217,3 +236,28 @@ def test_a_chunk_zero_flood_on_a_busy_session_stays_bounded_and_never_stalls(
     for error in errors:
         assert isinstance(error.error, ChunkBufferOverflow | ChunkTimeoutError), error
     assert most_held <= window // 2 and most_partial <= partials
+
+
+def test_held_chunk_acknowledgements_go_out_in_the_order_the_chunks_came(
+    broker: Mosquitto, unique_topic: Callable[[str], str]
+) -> None:
+    """MQTT 5 4.6.0-2: PUBACKs in the order the PUBLISHes came. The second of two
+    interleaved chunked messages completes first; its held chunks' acknowledgements used to
+    go out before the first message's chunk 0 (mosquitto takes that; the rule does not)."""
+    topic = unique_topic("acks")
+    client_id = f"c-{uuid.uuid4().hex[:8]}"
+    first, second = str(uuid.uuid4()), str(uuid.uuid4())
+    pub = RawPublisher(broker.url)
+    with _session(broker, client_id) as sub:
+        sub.subscribe(topic, qos=1)
+        for mid, index in ((first, 0), (second, 0), (second, 1), (first, 1)):
+            _send_chunk(pub, topic, mid, index)
+        pub.close()
+        got = [sub.next_message(30), sub.next_message(30)]
+        assert [getattr(m, "message_id", m) for m in got] == [second, first]
+        acked = rf"Received PUBACK from {client_id} \(Mid: (\d+)"
+        _until(lambda: len(re.findall(acked, broker.log())) == 4, "four PUBACKs")
+    sent = re.findall(
+        rf"Sending PUBLISH to {client_id} \(d0, q1, r0, m(\d+), '{topic}'", broker.log()
+    )
+    assert len(sent) == 4 and re.findall(acked, broker.log()) == sent

@@ -11,6 +11,7 @@ from dataclasses import replace
 from test_chunk_codec import ID, ID2, abc_chunks
 
 from client.core._exceptions import ChunkBufferOverflow, ChunkTimeoutError
+from client.mqtt._acks import InOrder
 from client.protocol._reassembly import Complete, Error, Pending, Reassembler
 from client.receive._session_acks import ChunkAcks
 
@@ -169,3 +170,40 @@ def test_keep_waiting_extends_at_most_to_max_timeout_from_the_first_chunk() -> N
     r2.feed(a, 0.0)
     r2.keep_waiting(3.0)
     assert r2.next_deadline == 10.0
+
+
+# ------------------------------------------------------------ acknowledgements in order
+
+
+def test_acknowledgements_go_out_in_arrival_order_whatever_order_they_are_made_in() -> None:
+    """MQTT 5 4.6.0-2: the adapter's InOrder sends each only once every earlier one is."""
+    sent: list[tuple[int, int]] = []
+    acks = InOrder(lambda mid, qos: sent.append((mid, qos)))
+    for mid in (7, 3, 9, 4):  # packet ids in the order the PUBLISHes came
+        acks.received(1, mid, 2 if mid == 9 else 1)
+    acks.made(1, 9)
+    acks.made(1, 3)
+    assert sent == [] and acks.backlog == 4  # 7 came first and is not made
+    acks.made(1, 7)
+    assert sent == [(7, 1), (3, 1), (9, 2)] and acks.backlog == 1
+    acks.made(1, 4)
+    acks.made(1, 4)  # twice, or unknown: nothing more
+    acks.made(1, 5)
+    assert sent[3:] == [(4, 1)] and acks.backlog == 0
+    acks.received(1, 8, 1)
+    acks.received(2, 8, 1)  # a new connection: the old one's are the broker's to resend
+    acks.made(1, 8)  # made for the old connection's message 8: not this one's
+    assert acks.backlog == 1 and sent[4:] == []
+    acks.made(2, 8)
+    assert sent[4:] == [(8, 1)]
+
+
+def test_release_oldest_gives_up_the_oldest_held_message_first() -> None:
+    made: list[str] = []
+    acks = ChunkAcks(limit=10)
+    acks.hold(("t", "old"), 0, lambda: made.append("old-0"), None)
+    acks.hold(("t", "new"), 0, lambda: made.append("new-0"), None)
+    acks.hold(("t", "old"), 1, lambda: made.append("old-1"), None)
+    assert acks.release_oldest() and made == ["old-0", "old-1"] and acks.held == 1
+    assert acks.release_oldest() and made[2:] == ["new-0"] and acks.held == 0
+    assert not acks.release_oldest()

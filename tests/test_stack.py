@@ -11,11 +11,13 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 import _servers
@@ -133,11 +135,61 @@ def _ctrl_c(proc: subprocess.Popen[str]) -> str:
     return out
 
 
+def _read_until(proc: subprocess.Popen[str], last: str, timeout: float = 90) -> list[str]:
+    """The stack's next lines of output, up to one that starts with `last` (read on a
+    thread: a stack that says nothing fails the test after `timeout`, not pytest's)."""
+    stdout = proc.stdout
+    assert stdout is not None
+    seen: list[str] = []
+
+    def read() -> None:
+        while not seen or not seen[-1].startswith(last):
+            line = stdout.readline()
+            if not line:
+                return
+            seen.append(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout)
+    assert seen and seen[-1].startswith(last), "".join(seen)
+    return seen
+
+
+def _killed_gateway(stack: subprocess.Popen[str]) -> int:
+    """SIGKILL the stack's gateway, as the OOM killer would; its pid."""
+    (gateway,) = [
+        p
+        for p in psutil.Process(stack.pid).children()
+        if "offload-gateway" in " ".join(p.cmdline())
+    ]
+    gateway.kill()
+    return gateway.pid
+
+
 def test_a_second_stack_is_refused_and_leaves_the_first_alone(tmp_path: Path) -> None:
     state = tmp_path / "stack"
     first = _stack(state, sigint_ignored=True)
     try:
-        _serving(first)
+        banner = _serving(first)
+        # Issue 43 item 5 (here, to share the stack's start): a part that dies is named with
+        # its last log lines and started again where it was; it used to go on "Serving.".
+        gw_url = next(line for line in banner if "/docs" in line).split()[2].removesuffix("/docs")
+        log = state / "gateway.log"
+        dead = _killed_gateway(first)
+        said = _read_until(first, "==> gateway on")
+        assert said[0] == f"==> gateway died (exit -9); the last lines of {log}:\n"
+        # Its log was kept as an earlier run's is; what was shown is that log's end.
+        kept = log.with_name("gateway.log.1").read_text().splitlines()
+        assert [line.removeprefix("    ").rstrip("\n") for line in said[1:-2]] == kept[-12:]
+        assert said[-2:] == [
+            f"==> restarting gateway on {gw_url}\n",
+            f"==> gateway on {gw_url} again\n",
+        ]
+        ca = ssl.create_default_context(cafile=_env_file(state / "env")["OFFLOAD_CA_FILE"])
+        assert httpx.get(f"{gw_url}/healthz", verify=ca, timeout=10).json()["status"] == "ok"
+        assert _killed_gateway(first) != dead  # the watch follows the new process
+        _read_until(first, "==> gateway on")
         env_before = (state / "env").read_text()
 
         second = _stack(state, "--check")
@@ -156,6 +208,29 @@ def test_a_second_stack_is_refused_and_leaves_the_first_alone(tmp_path: Path) ->
         _ctrl_c(first)
     finally:
         _stopped(first)
+
+
+def test_a_taken_grpc_port_of_the_s3_port_is_named_at_once(tmp_path: Path) -> None:
+    """Issue 43 item 4: SeaweedFS serves gRPC on its S3 port + 10000; with that one taken the
+    stack restarted the store four times over 13 s, then blamed the S3 port."""
+    port = free_port(with_grpc=True)
+    with socket.socket() as grpc:
+        grpc.bind(("127.0.0.1", port + GRPC_OFFSET))
+        grpc.listen()
+        proc = _stack(tmp_path / "stack", "--check", STACK_S3_PORT=str(port))
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 2 and out == ""  # nothing was started
+        assert err == (
+            f"stack: port {port + GRPC_OFFSET} is already in use (another stack or service), "
+            f"and SeaweedFS serves gRPC on STACK_S3_PORT + {GRPC_OFFSET} there; set "
+            "STACK_S3_PORT=0 for a free port or STACK_S3_PORT=<port> for another\n"
+        )
+        # The helper under it says the same before it starts anything (no restarts).
+        store = SeaweedFS(workdir=tmp_path, s3_port=port)
+        taken = f"S3 on port {port}: address already in use on its gRPC port {port + GRPC_OFFSET}"
+        with pytest.raises(PortInUse, match=taken):
+            store.start()
+        assert store.proc is None
 
 
 def test_a_fixed_port_in_use_is_one_clear_line(squatter: int, tmp_path: Path) -> None:

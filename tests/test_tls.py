@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import socket
 import ssl
-import subprocess
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -22,6 +19,7 @@ import pytest
 from client import Client, Message, Route
 
 from _gateway import GatewayServer
+from _pki import server_pki
 from _servers import Mosquitto, SeaweedFS, wait_until
 
 pytestmark = pytest.mark.servers
@@ -30,61 +28,8 @@ pytestmark = pytest.mark.servers
 @pytest.fixture(scope="module")
 def pki() -> Iterator[Path]:
     """A CA and a certificate for 127.0.0.1 signed by it (openssl, as an operator would)."""
-    path = Path(tempfile.mkdtemp(prefix="offload-pki-"))
-    path.chmod(0o755)  # mosquitto drops privileges before reading its key
-
-    def run(*args: str) -> None:
-        subprocess.run(["openssl", *args], cwd=path, check=True, capture_output=True)
-
-    run(
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.pem",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=mqtt-offload test CA",
-    )
-    run(
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "server.key",
-        "-out",
-        "server.csr",
-        "-subj",
-        "/CN=127.0.0.1",
-    )
-    (path / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    run(
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.pem",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-out",
-        "server.pem",
-        "-days",
-        "2",
-        "-extfile",
-        "san.ext",
-    )
-    for name in ("server.key", "server.pem", "ca.pem"):
-        (path / name).chmod(0o644)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    with server_pki() as path:
+        yield path
 
 
 def https_gateway(

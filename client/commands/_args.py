@@ -19,6 +19,7 @@ from ._errors import EXIT_CODES_EPILOG, Parser, UsageError
 
 if TYPE_CHECKING:
     from ..config._settings import ClientSettings
+    from ..protocol import Placeholder
 
 _ONOFF = argparse.BooleanOptionalAction
 
@@ -166,11 +167,24 @@ def _add_fetch(sub: Any) -> None:
     _add_global(fetch, sub=True)
     fetch.add_argument(
         "url",
+        nargs="?",
         help="{endpoint}/msg/{id} (its raw /payload is fetched), any URL, or a message id "
-        "(on --endpoint, OFFLOAD_ENDPOINT or OFFLOAD_PUBLIC_URL)",
+        "(on --endpoint, OFFLOAD_ENDPOINT or OFFLOAD_PUBLIC_URL); default: --placeholder's",
     )
     fetch.add_argument("-o", "--output", type=Path, help="file to write (default: stdout)")
-    fetch.add_argument("--sha256", help="expected SHA-256 (hex) to verify")
+    fetch.add_argument(
+        "--sha256",
+        metavar="HEX",
+        help="the SHA-256 you hold: of the payload (as publish and subscribe print it) or of "
+        "the stored bytes; nothing is written unless it matches",
+    )
+    fetch.add_argument(
+        "--placeholder",
+        metavar="FILE",
+        type=Path,
+        help="the placeholder you received: the stored bytes are checked against its size "
+        "and sha256 and decoded as its enc/cmp say; nothing is written unless they match",
+    )
     login = fetch.add_argument_group("gateway (flags beat OFFLOAD_* and the config file)")
     login.add_argument("--endpoint", help="gateway URL a message id is fetched from")
     _add_login(login, gateway_only=True)
@@ -283,8 +297,8 @@ def validate(args: argparse.Namespace) -> None:
         raise UsageError(prog, str(exc)) from None
     if getattr(args, "file", None) is not None:
         _readable(prog, args.file)
-    if args.command == "fetch" and args.output is not None and not args.output.parent.is_dir():
-        raise UsageError(prog, f"cannot write {args.output}: no such directory")
+    if args.command == "fetch":
+        _fetch_flags(prog, args)
     if args.command == "upload" and args.segment_size <= 0:
         raise UsageError(prog, "--segment-size must be positive")
     try:
@@ -298,10 +312,64 @@ def validate(args: argparse.Namespace) -> None:
     if args.command == "upload":
         args.endpoint = _needed_endpoint(prog, settings, "upload")
         _base_url(prog, args.endpoint)
-    elif args.command == "fetch":
+    elif args.command == "fetch" and args.url is not None:
         args.url = _fetch_url(prog, settings, args.url)
     elif args.command != "discover" and settings.endpoint is not None:
         _base_url(prog, settings.endpoint)
+
+
+def _fetch_flags(prog: str, args: argparse.Namespace) -> None:
+    """`offload fetch`'s own flags: what to fetch, how it is checked, where it goes.
+
+    `--range` and `--placeholder` become values (`args.range`: `(start, end)`, half-open;
+    `args.placeholder`: a :class:`client.protocol.Placeholder`).
+    """
+    if args.output is not None and not args.output.parent.is_dir():
+        raise UsageError(prog, f"cannot write {args.output}: no such directory")
+    if args.url is None and args.placeholder is None:
+        raise UsageError(prog, "the URL (or message id) to fetch, or --placeholder FILE")
+    if args.sha256 is not None:
+        args.sha256 = args.sha256.strip().lower()
+        if len(args.sha256) != 64 or any(c not in "0123456789abcdef" for c in args.sha256):
+            raise UsageError(prog, f"--sha256 must be 64 hex digits, got {args.sha256!r}")
+    if args.range is not None:
+        if args.sha256 is not None or args.placeholder is not None:
+            raise UsageError(
+                prog,
+                "--range cannot be checked: --sha256 and --placeholder cover the whole payload",
+            )
+        try:
+            args.range = parse_range(args.range)
+        except ValueError as exc:
+            raise UsageError(prog, str(exc)) from None
+    if args.placeholder is not None:
+        args.placeholder = _placeholder_file(prog, args.placeholder)
+
+
+def parse_range(text: str) -> tuple[int, int]:
+    """`START-END` (inclusive, as HTTP writes it) as a half-open `(start, end)`.
+
+    Raises:
+        ValueError: not two non-negative integers with START <= END.
+    """
+    start, sep, end = text.partition("-")
+    if not sep or not start.isdigit() or not end.isdigit() or int(start) > int(end):
+        raise ValueError(f"--range must be START-END (bytes, inclusive), got {text!r}")
+    return int(start), int(end) + 1
+
+
+def _placeholder_file(prog: str, path: Path) -> Placeholder:
+    """The placeholder in `path`: its JSON, as a subscriber receives it."""
+    from ..protocol import MalformedPlaceholder, PublishProperties
+    from ..protocol._placeholder import MAX_PLACEHOLDER_BYTES, parse
+
+    _readable(prog, path)
+    with path.open("rb") as f:
+        data = f.read(MAX_PLACEHOLDER_BYTES + 1)
+    try:
+        return parse(data, PublishProperties())
+    except MalformedPlaceholder as exc:
+        raise UsageError(prog, f"--placeholder {path} is not a placeholder: {exc}") from None
 
 
 def _needed_endpoint(prog: str, settings: ClientSettings, what: str) -> str:

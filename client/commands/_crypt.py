@@ -5,10 +5,11 @@
     offload subscribe -t T --identity key.txt [--identity old.txt]
     offload fetch URL --identity key.txt  # decrypted and decompressed; --raw: stored bytes
 
-`offload fetch URL` has no placeholder, so it tells an age file by its first line and our
-zstd frames by their leading skippable frame; an age file without `--identity` (or
-`identity_files`) is an error that says so, never ciphertext written as if it were the
-payload. `--raw` writes the stored bytes as they are.
+`offload fetch URL` without `--placeholder` has no placeholder, so it tells an age file by its
+first line and our zstd frames by their leading skippable frame; an age file without
+`--identity` (or `identity_files`) is an error that says so (how many recipients its header
+names), never ciphertext written as if it were the payload. `--raw` writes the stored bytes as
+they are.
 """
 
 from __future__ import annotations
@@ -18,13 +19,12 @@ import contextlib
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 from ._errors import EXIT_OK
 
 if TYPE_CHECKING:
     from ..config._settings import ClientSettings
-    from ..core._message import Payload
     from ..protocol._age_keys import Identity
 
 
@@ -87,30 +87,6 @@ def setting_flags(args: argparse.Namespace) -> dict[str, object]:
     return flags
 
 
-def fetch_range(
-    args: argparse.Namespace, url: str, emit: Any, identity_files: tuple[str, ...]
-) -> int:
-    """`offload fetch URL --range START-END` (client/commands/_range.py)."""
-    from ..config._keys import load_identities
-    from ._errors import UsageError
-    from ._range import fetch_range as fetch
-    from ._range import parse_range
-
-    try:
-        start, end = parse_range(args.range)
-    except ValueError as exc:
-        raise UsageError("offload fetch", str(exc)) from None
-    identities = [] if args.raw else load_identities(identity_files)
-    data, read = fetch(url, start, end, identities, raw=args.raw)
-    if args.output is None:
-        sys.stdout.buffer.write(data)
-        sys.stdout.buffer.flush()
-        return EXIT_OK
-    args.output.write_bytes(data)
-    emit({"url": url, "size": len(data), "file": str(args.output), "stored_bytes_read": read})
-    return EXIT_OK
-
-
 def keygen(args: argparse.Namespace) -> int:
     from ..config._keys import keygen as make
 
@@ -123,34 +99,21 @@ def keygen(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def decoding_hooks(args: argparse.Namespace, settings: ClientSettings) -> tuple[Any, Any]:
-    """`offload fetch`'s two hooks: a checked payload decoded, and a sink wrapped so what is
-    written into it is decoded (both as is with `--raw`)."""
+@contextlib.contextmanager
+def decoding_writer(
+    args: argparse.Namespace, settings: ClientSettings, out: BinaryIO
+) -> Iterator[BinaryIO]:
+    """`out` wrapped so that what is written into it is decoded (as is with `--raw`): the
+    stored bytes of `offload fetch URL` in, the payload out."""
     if args.raw:
-        return (lambda payload: payload), _as_is
-    from ..protocol._encoding import PLAIN
-    from ..seal._unseal import Unsealer, recognised
+        yield out
+        return
+    from ..seal._unseal import Unsealer
 
     unsealer = Unsealer(settings)  # reads identity_files: a bad one is an error now
-
-    def decoded(payload: Payload) -> Payload:
-        with payload.open() as f:
-            if not recognised(f.read(64)):
-                return payload
-        return unsealer.decode(PLAIN, payload, sniff=True)[0]
-
-    @contextlib.contextmanager
-    def decoding(out: BinaryIO) -> Iterator[DecodingWriter]:
-        writer = DecodingWriter(out, unsealer.identities, settings.max_fetch_bytes)
-        yield writer
-        writer.close()  # only on success: the end of the stored bytes, or an error
-
-    return decoded, decoding
-
-
-@contextlib.contextmanager
-def _as_is(out: BinaryIO) -> Iterator[BinaryIO]:
-    yield out
+    writer = DecodingWriter(out, unsealer.identities, settings.max_fetch_bytes)
+    yield cast(BinaryIO, writer)
+    writer.close()  # only on success: the end of the stored bytes, or an error
 
 
 class DecodingWriter:

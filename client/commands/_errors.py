@@ -11,10 +11,12 @@ code  class
 1     `subscribe` printed at least one error line, or `--count N` messages did not come
       within `--timeout`; `discover` found no record
 2     usage: a bad flag, topic or URL, unusable configuration, a local file that cannot be
-      read or written (checked before anything connects)
+      read or written (checked before anything connects); an encrypted payload that no
+      identity given opens (`fetch`: `--identity` is missing or wrong)
 3     the broker cannot be reached or refused the connection
 4     the message is too large and neither offload nor chunking could carry it
-5     an HTTP transfer failed (upload, fetch, not found, checksum mismatch)
+5     an HTTP transfer failed (upload, fetch, not found, checksum mismatch), or the bytes
+      fetched cannot be decrypted or decompressed (damaged, truncated, a bomb)
 6     the gateway refused the login or the access (HTTP 401/403: a wrong or missing
       password, a topic the user may not use)
 130   interrupted (Ctrl-C)
@@ -64,9 +66,9 @@ REFUSED_STATUSES = frozenset({401, 403})
 
 EXIT_CODES_EPILOG = (
     "Exit codes: 0 ok, 1 error lines / nothing found / too few messages, 2 usage (flag, topic, "
-    "URL, configuration, local file), 3 broker connection, 4 message too large, 5 HTTP "
-    "transfer failed, 6 gateway refused the login or access, 130 interrupted, 141 stdout "
-    "closed."
+    "URL, configuration, local file, no identity opens the payload), 3 broker connection, 4 "
+    "message too large, 5 HTTP transfer failed or payload undecodable, 6 gateway refused the "
+    "login or access, 130 interrupted, 141 stdout closed."
 )
 
 
@@ -180,6 +182,10 @@ def _describe(exc: BaseException) -> tuple[int, str]:
         return EXIT_TOO_LARGE, str(exc)
     if isinstance(exc, TransferError):
         return EXIT_REFUSED if refused(exc) else EXIT_TRANSFER, _transfer_line(exc)
+    if isinstance(exc, NoMatchingIdentity):  # the reader's keys, not the payload
+        return EXIT_USAGE, str(exc)
+    if isinstance(exc, PayloadDecodeError):  # what was fetched is damaged
+        return EXIT_TRANSFER, f"{cause(exc)}: {exc}"
     if isinstance(exc, OffloadError):
         return EXIT_ERRORS, str(exc)
     if isinstance(exc, OSError):  # a local file: missing input, unwritable output

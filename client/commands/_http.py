@@ -11,12 +11,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import hashlib
 import os
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager as ContextManager
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, cast
+from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 from ..core._exceptions import UploadError
 from ._args import settings_from_args
@@ -24,48 +24,57 @@ from ._errors import EXIT_OK, describe, refused
 from ._output import BinaryStdout, emit, message_line, write_bytes
 
 if TYPE_CHECKING:
-    import ssl
-
     import httpx
 
     from ..config._settings import ClientSettings
-    from ..core._message import Payload
     from ..core._tracing import Span, Tracing
     from ..http._transport import HttpTransport
     from ..http._upload import Sealing, UploadResult
+    from ..protocol import Placeholder
     from ..protocol._tracecontext import TraceContext
 
 __all__ = ["fetch_command", "upload_command"]
 
 
 def fetch_command(args: argparse.Namespace) -> int:
-    """`offload fetch URL|ID`: the payload to `-o FILE` (and a message line) or stdout."""
+    """`offload fetch URL|ID`: the payload to `-o FILE` (and a message line) or stdout.
+
+    Every request goes through one :class:`client.http._transport.HttpTransport`, as the
+    library's fetches do: `ca_file` and the client certificate, the login sent to the URL
+    named (as `curl -u`) and never where it redirects.
+    """
     from ..http._transport import HttpTransport
 
     if args.output is not None and args.output.is_dir():
         # Before any download: a directory cannot become the file.
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(args.output))
     settings = settings_from_args(args)
-    # Credentials go to the URL named, as `curl -u` sends them, and never follow a redirect.
     auth = _gateway_login(settings)
-    shown: str = args.url.rstrip("/")  # validated: a URL, or a message id made into one
+    ref: Placeholder | None = args.placeholder  # validated: parsed from --placeholder FILE
+    if args.url is not None:  # validated: a URL, or a message id made into one
+        shown: str = args.url.rstrip("/")
+    else:  # validated: then there is a placeholder
+        assert ref is not None
+        shown = ref.url
     url, message_id = _payload_url(shown)
-    if args.range is not None:  # client/commands/_range.py: only the chunks the range needs
-        from ._crypt import fetch_range
-
-        return fetch_range(args, url, emit, () if args.raw else settings.identity_files)
-    # Encrypted or compressed stored bytes are decoded (client/commands/_crypt.py); --raw: as is.
-    from ._crypt import decoding_hooks
-
-    decoded, decoding = decoding_hooks(args, settings)
+    if message_id is None and ref is not None:
+        message_id = str(ref.message_id)
+    verify = settings.tls_files.http_verify()
     with (
-        HttpTransport(timeout=settings.http_timeout, verify=_verify(settings)) as transport,
+        HttpTransport(timeout=settings.http_timeout, verify=verify) as transport,
         _fetch_span(args.tracing, url, message_id) as span,
     ):
-        if args.sha256:  # verified and spooled inside the transport: no bar to feed
-            size, sha256 = _fetch_verified(transport, url, args, auth, decoded, span.context)
+        trace = span.context
+        if args.range is not None:  # client/commands/_range.py: only the chunks the range needs
+            data, read = _fetch_range(transport, url, args, settings, auth)
+            extra: dict[str, object] = {"stored_bytes_read": read}
+            size, sha256 = len(data), hashlib.sha256(data).hexdigest()
+        elif ref is not None:
+            size, sha256 = _fetch_placeholder(transport, url, ref, args, settings, auth, trace)
+            extra = {}
         else:
-            size, sha256 = _fetch_streamed(transport, url, args, auth, decoding, span.context)
+            size, sha256 = _fetch_streamed(transport, url, args, settings, auth, trace)
+            extra = {}
     if args.output is not None:
         emit(
             message_line(
@@ -76,6 +85,7 @@ def fetch_command(args: argparse.Namespace) -> int:
                 route="offloaded",
                 url=shown,
                 file=str(args.output),
+                **extra,
             )
         )
     return EXIT_OK
@@ -112,26 +122,69 @@ def _fetch_span(tracing: Tracing, url: str, message_id: str | None) -> Span:
     return tracing.start("fetch", "client", use_ambient=True, attributes=attributes)
 
 
-def _fetch_verified(
+def _fetch_range(
     transport: HttpTransport,
     url: str,
     args: argparse.Namespace,
+    settings: ClientSettings,
     auth: httpx.Auth | None,
-    decoded: Callable[[Payload], Payload],
+) -> tuple[bytes, int]:
+    """`--range`: those bytes written, and how many stored bytes were read for them."""
+    from ..config._keys import load_identities
+    from ..http._range import RangeReader
+    from ._range import fetch_range
+
+    start, end = args.range
+    identities = [] if args.raw else load_identities(settings.identity_files)
+    reader = RangeReader(transport.reader, url, None, auth=auth, redirect_ok=_anywhere)
+    data, read = fetch_range(reader, start, end, identities, raw=args.raw)
+    if args.output is not None:
+        with _replacing(args.output) as out:
+            out.write(data)
+    else:
+        write_bytes(data)
+    return data, read
+
+
+def _fetch_placeholder(
+    transport: HttpTransport,
+    url: str,
+    ref: Placeholder,
+    args: argparse.Namespace,
+    settings: ClientSettings,
+    auth: httpx.Auth | None,
     trace: TraceContext | None,
 ) -> tuple[int, str]:
-    """`--sha256`: the stored bytes checked (and spooled) before a byte is written."""
-    sha256 = args.sha256.lower()
-    payload = transport.fetch(
-        url, expected_sha256=sha256, auth=auth, redirect_ok=_anywhere, trace=trace
-    )
-    payload = decoded(payload)  # after the stored bytes' SHA-256 was checked
-    if args.output is not None:
-        payload.save(args.output)
-    else:
-        with payload.open() as f:
-            while piece := f.read(1 << 20):
-                write_bytes(piece)
+    """`--placeholder`: the stored bytes checked against its size and SHA-256 as they come
+    (the library's own fetch, :func:`client.receive._fetcher.fetch_payload`), decoded as its
+    `enc` and `cmp` say; written only once every check passed."""
+    from ..receive._fetcher import fetch_payload
+    from ..seal._unseal import Unsealer
+    from ._progress import Progress
+
+    unsealer = None if args.raw else Unsealer(settings)  # a bad identity file: an error now
+    with Progress(ref.size, label="fetch") as bar:
+        payload, sha256 = fetch_payload(
+            transport,
+            ref,
+            settings=settings,
+            unsealer=unsealer,
+            auth=auth,
+            redirect_ok=_anywhere,
+            url=url,
+            on_bytes=lambda done, _: bar.update(done - bar.done),
+            trace=trace,
+        )
+    try:
+        _check_sha256(url, args.sha256, stored=ref.sha256, written=sha256)
+        if args.output is not None:
+            payload.save(args.output)
+        else:
+            with payload.open() as f:
+                while piece := f.read(1 << 20):
+                    write_bytes(piece)
+    finally:
+        payload.discard()
     return payload.size, sha256
 
 
@@ -139,28 +192,79 @@ def _fetch_streamed(
     transport: HttpTransport,
     url: str,
     args: argparse.Namespace,
+    settings: ClientSettings,
     auth: httpx.Auth | None,
-    decoding: Callable[[BinaryIO], ContextManager[BinaryIO]],
     trace: TraceContext | None,
 ) -> tuple[int, str]:
-    """The bytes written as they arrive (to a file renamed into place at the end), with a
-    progress bar on a terminal."""
-    import hashlib
-
+    """The bytes written as they arrive, decoded unless `--raw`, with a progress bar on a
+    terminal; their size and SHA-256 (the stored bytes' only with `--raw`). `-o FILE`
+    gets a temporary file renamed over it at the end; with `--sha256`, stdout gets nothing
+    until the bytes matched (spooled meanwhile)."""
+    from ._crypt import decoding_writer
     from ._progress import CountingWriter, Progress
 
-    digest = hashlib.sha256()
+    stored, plain = hashlib.sha256(), hashlib.sha256()
     # The bar goes to stderr, so `offload fetch URL > file` on a terminal shows it too.
-    with Progress(_content_length(url, auth), label="fetch") as bar:
-        if args.output is not None:
-            with _replacing(args.output) as stored, decoding(stored) as out:
-                sink = cast(BinaryIO, CountingWriter(out, bar, digest))
-                size = transport.fetch_to(url, sink, auth=auth, redirect_ok=_anywhere, trace=trace)
-        else:
-            with decoding(cast(BinaryIO, BinaryStdout())) as out:
-                sink = cast(BinaryIO, CountingWriter(out, bar, digest))
-                size = transport.fetch_to(url, sink, auth=auth, redirect_ok=_anywhere, trace=trace)
-    return size, digest.hexdigest()
+    total = _content_length(transport, url, auth)
+    with (
+        Progress(total, label="fetch") as bar,
+        _destination(args.output, args.sha256 is not None, settings.spool_dir) as target,
+    ):
+        written = _Digesting(target, plain)
+        with decoding_writer(args, settings, cast(BinaryIO, written)) as out:
+            sink = cast(BinaryIO, CountingWriter(out, bar, stored))
+            transport.fetch_to(url, sink, auth=auth, redirect_ok=_anywhere, trace=trace)
+        _check_sha256(url, args.sha256, stored=stored.hexdigest(), written=plain.hexdigest())
+    return written.size, plain.hexdigest()
+
+
+def _check_sha256(url: str, expected: str | None, *, stored: str, written: str) -> None:
+    """`--sha256` (None: not given) is the payload's or the stored bytes' SHA-256.
+
+    Raises:
+        PayloadChecksumMismatch: it is neither.
+    """
+    if expected is not None and expected not in (stored, written):
+        from ..core._exceptions import PayloadChecksumMismatch
+
+        raise PayloadChecksumMismatch(url, expected, written)
+
+
+class _Digesting:
+    """A binary file that hashes and counts what is written through it."""
+
+    def __init__(self, raw: BinaryIO, digest: Any) -> None:
+        self._raw = raw
+        self._digest = digest
+        self.size = 0
+
+    def write(self, data: bytes) -> int:
+        self._digest.update(data)
+        self.size += len(data)
+        return self._raw.write(data)
+
+    def flush(self) -> None:
+        self._raw.flush()
+
+
+@contextlib.contextmanager
+def _destination(output: Path | None, hold: bool, spool_dir: str | None) -> Iterator[BinaryIO]:
+    """Where a streamed fetch writes: `output`, through a temporary file renamed over it
+    when the block ends without an error; else stdout, which with `hold` gets the bytes
+    only then (spooled meanwhile)."""
+    if output is not None:
+        with _replacing(output) as out:
+            yield out
+    elif not hold:
+        yield cast(BinaryIO, BinaryStdout())
+    else:
+        import tempfile
+
+        with tempfile.TemporaryFile(dir=spool_dir) as spool:
+            yield cast(BinaryIO, spool)
+            spool.seek(0)
+            while piece := spool.read(1 << 20):
+                write_bytes(piece)
 
 
 def _sealing(settings: ClientSettings, topic: str) -> Sealing | None:
@@ -218,15 +322,6 @@ def _gateway_login(settings: ClientSettings) -> httpx.Auth | None:
     )
 
 
-def _verify(settings: ClientSettings) -> ssl.SSLContext | bool:
-    """TLS verification for an https:// gateway: `ca_file`, else the system's CAs."""
-    if settings.ca_file is None:
-        return True
-    import ssl
-
-    return ssl.create_default_context(cafile=settings.ca_file)
-
-
 def _anywhere(origin: object) -> bool:
     """`offload fetch URL` follows redirects like `curl -L` (a gateway with direct transfers
     redirects to its store): the user named the URL, and credentials never follow a redirect."""
@@ -257,7 +352,7 @@ def _replacing(path: Path) -> Iterator[BinaryIO]:
         raise
 
 
-def _content_length(url: str, auth: httpx.Auth | None) -> int | None:
+def _content_length(transport: HttpTransport, url: str, auth: httpx.Auth | None) -> int | None:
     """The payload's size for the progress bar's ETA; None when the server does not say."""
     if not sys.stderr.isatty():
         return None
@@ -266,7 +361,8 @@ def _content_length(url: str, auth: httpx.Auth | None) -> int | None:
     from ..http._scram import ScramFailure
 
     try:
-        length = httpx.head(url, timeout=10, auth=auth).headers.get("content-length")
+        answer = transport.reader.head(url, timeout=10, auth=auth or httpx.USE_CLIENT_DEFAULT)
+        length = answer.headers.get("content-length")
     except (httpx.HTTPError, ScramFailure):  # the fetch itself will say what is wrong
         return None
     return int(length) if length and length.isdigit() else None
@@ -297,6 +393,7 @@ def upload_command(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
 
+    verify = settings.tls_files.http_verify()
     attributes = message_attributes(args.topic, size, "upload", "send")
     span = args.tracing.start(
         f"upload {args.topic}", "client", use_ambient=True, attributes=attributes
@@ -304,7 +401,7 @@ def upload_command(args: argparse.Namespace) -> int:
     traced = dict(span.context.pairs()) if span.context is not None else None
     with (
         span,
-        httpx.Client(auth=auth, timeout=120, verify=_verify(settings), headers=traced) as http,
+        httpx.Client(auth=auth, timeout=120, verify=verify, headers=traced) as http,
         bar,
     ):
         uploader = TusUploader(

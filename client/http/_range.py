@@ -45,6 +45,7 @@ from ._scram import ScramFailure
 #: The first read of an age file: its header (~100 bytes a recipient) and nonce.
 HEADER_READ = 4096
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
+_UNSATISFIED = re.compile(r"bytes \*/(\d+)")
 
 #: Stored bytes [a, b) of the object.
 Get = Callable[[int, int], bytes]
@@ -99,7 +100,8 @@ class RangeReader:
     Args:
         http: the client (the transport's reader).
         url: the raw payload URL.
-        size: the object's size (the placeholder's): every answer must agree.
+        size: the object's size (the placeholder's): every answer must agree. None when
+            not known (`offload fetch URL --range`): :meth:`first` learns it.
         auth: credentials, only when the URL may receive them.
         redirect_ok: which other origins a redirect may lead to.
     """
@@ -108,7 +110,7 @@ class RangeReader:
         self,
         http: httpx.Client,
         url: str,
-        size: int,
+        size: int | None,
         *,
         auth: httpx.Auth | None,
         redirect_ok: Callable[[Origin], bool] | None,
@@ -119,6 +121,20 @@ class RangeReader:
         self._auth = auth
         self._redirect_ok = redirect_ok
 
+    @property
+    def size(self) -> int | None:
+        """The object's size: given, or learnt by :meth:`first`."""
+        return self._size
+
+    def first(self, a: int, b: int) -> bytes:
+        """Stored bytes [a, b) of an object whose size is not known yet, fewer where it ends
+        first (none from its end on); its size is :attr:`size` from then on.
+
+        Raises:
+            As :meth:`get`.
+        """
+        return self._exchange(a, b)
+
     def get(self, a: int, b: int) -> bytes:
         """Stored bytes [a, b) (`0 <= a < b <= size`), exactly those.
 
@@ -127,6 +143,11 @@ class RangeReader:
             FetchError: no answer, another status, a redirect refused, an answer that is
                 not exactly the range asked for.
         """
+        if self._size is None:
+            raise ValueError("the object's size is not known: read its first range first")
+        return self._exchange(a, b)
+
+    def _exchange(self, a: int, b: int) -> bytes:
         url = self._url
         home = _origin(url, httpx.URL(url))
         request = self._request(httpx.URL(url), a, b)
@@ -163,15 +184,22 @@ class RangeReader:
             raise PayloadNotFound(url, _detail(response), status)
         if status == 200:  # the whole object: never read for a range
             raise FetchError(url, "the server ignored the Range request (200, not 206)", status)
+        if status == 416 and self._size is None:  # from the end on: nothing, and the size
+            unsatisfied = _UNSATISFIED.fullmatch(response.headers.get("content-range", ""))
+            if unsatisfied is None or int(unsatisfied[1]) > a:
+                raise FetchError(url, f"416 to bytes={a}-{b - 1} without a size past which {a} is")
+            self._size = int(unsatisfied[1])
+            return b""
         if status != 206:
             raise FetchError(url, _detail(response), status)
         match = _CONTENT_RANGE.fullmatch(response.headers.get("content-range", ""))
-        if match is None or (int(match[1]), int(match[2]) + 1, int(match[3])) != (
-            a,
-            b,
-            self._size,
-        ):
-            raise FetchError(url, f"Content-Range does not answer bytes={a}-{b - 1}/{self._size}")
+        if match is None:
+            raise FetchError(url, f"no Content-Range answers bytes={a}-{b - 1}")
+        first, end, total = int(match[1]), int(match[2]) + 1, int(match[3])
+        size = total if self._size is None else self._size  # learnt from the first answer
+        if (first, end, total) != (a, min(b, size), size):
+            raise FetchError(url, f"Content-Range does not answer bytes={a}-{b - 1}/{size}")
+        self._size, b = size, end
         body = bytearray()
         for piece in response.iter_raw():
             body += piece

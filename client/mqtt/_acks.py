@@ -7,6 +7,8 @@ PUBLISH a broker would disconnect us for out of paho's queue is pure.
 from __future__ import annotations
 
 import threading
+from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -95,3 +97,57 @@ def _settle(future: Future[Any], outcome: Any) -> None:
         future.set_exception(outcome)
     else:
         future.set_result(outcome)
+
+
+class InOrder:
+    """The acknowledgements of received QoS 1/2 messages, sent in the order the PUBLISHes
+    came (MQTT 5 4.6.0-2 for PUBACK, 4.6.0-3 for PUBREC), whatever order they are made in.
+
+    The receive path acknowledges a message when it is done with it: a persistent session
+    when the application took its delivery, a chunk when its whole message was delivered.
+    Those come in another order than the messages did (a chunked message completes after a
+    later plain one; one topic's fetch finishes after another's), so each acknowledgement
+    made early waits here for those before it. Only this connection's messages count: a new
+    connection starts afresh (the broker resends what was not acknowledged).
+
+    Args:
+        send: writes one acknowledgement, `(packet id, QoS)`; called under this object's
+            lock, in arrival order (paho only queues the packet).
+    """
+
+    def __init__(self, send: Callable[[int, int], object]) -> None:
+        self._send = send
+        self._lock = threading.Lock()
+        self._session = 0
+        self._queue: deque[list[int]] = deque()  # [packet id, QoS, made] in arrival order
+        self._waiting: dict[int, list[int]] = {}
+
+    @property
+    def backlog(self) -> int:
+        """Messages of this connection received and not acknowledged to the broker yet
+        (made or not): the places of the broker's window (Receive Maximum) they hold."""
+        return len(self._queue)
+
+    def received(self, session: int, mid: int, qos: int) -> None:
+        """A QoS 1/2 PUBLISH came on connection `session` (paho's thread, in wire order)."""
+        with self._lock:
+            if session != self._session:
+                self._session = session
+                self._queue.clear()
+                self._waiting.clear()
+            entry = [mid, qos, 0]
+            self._queue.append(entry)
+            self._waiting[mid] = entry
+
+    def made(self, session: int, mid: int) -> None:
+        """Message `mid` of connection `session` may be acknowledged: it is, with every
+        later one made already, once every earlier one is."""
+        with self._lock:
+            entry = self._waiting.get(mid) if session == self._session else None
+            if entry is None:
+                return
+            entry[2] = 1
+            while self._queue and self._queue[0][2]:
+                done = self._queue.popleft()
+                del self._waiting[done[0]]
+                self._send(done[0], done[1])

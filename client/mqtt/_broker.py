@@ -53,6 +53,8 @@ class BrokerUrl:
         Raises:
             ConfigError: not a usable broker URL.
         """
+        if "://" not in url and "/" in url:  # `host[:port]` alone has no slash
+            raise ConfigError(_no_scheme_separator(url))
         parts = urlsplit(url if "://" in url else f"mqtt://{url}")
         if parts.scheme not in _SCHEMES:
             raise ConfigError(
@@ -89,3 +91,14 @@ class BrokerUrl:
             path = self.ws_path.split("?", 1)[0]  # a query may carry a token
             return f"{'wss' if self.tls else 'ws'}://{self.host}:{self.port}{path}"
         return f"{'mqtts' if self.tls else 'mqtt'}://{self.host}:{self.port}"
+
+
+def _no_scheme_separator(url: str) -> str:
+    """What is wrong with a broker URL that has a slash but no `://` (`mqtt//host:1883`)."""
+    scheme = url.split("/", 1)[0].split(":", 1)[0]
+    if scheme.lower() in _SCHEMES:
+        rest = url[len(scheme) :].lstrip(":/")
+        return (
+            f"broker URL {url!r} has no '://' after its scheme: did you mean '{scheme}://{rest}'?"
+        )
+    return f"broker URL must be mqtt://host[:port] (or mqtts://, ws://, wss://), got {url!r}"

@@ -34,6 +34,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 
 from ..core._exceptions import ConnectionFailed
 from ..protocol import PublishProperties
+from ._acks import InOrder
 from ._broker import BrokerUrl
 from ._paho_publishes import PahoPublishes
 from ._paho_setup import connect_properties, linger, new_paho_client
@@ -146,6 +147,7 @@ class MqttConnection:
         self._paho.on_subscribe = self._on_subscribe
         self._connect_properties = connect_properties(protocol, session.expiry, receive_maximum)
         self._manual_ack = receive_maximum is not None
+        self._in_order = InOrder(self._paho.ack)
         if self._manual_ack:
             self._paho.manual_ack_set(True)
         self._closing = False
@@ -275,7 +277,10 @@ class MqttConnection:
     def ack(self, incoming: Incoming) -> None:
         """Acknowledge a QoS 1/2 message (with `receive_maximum` set; else a no-op).
 
-        Lets the broker send one more. A message from an earlier connection is not
+        Lets the broker send one more. The PUBACKs (PUBRECs) go out in the order their
+        PUBLISHes came (MQTT 5 4.6.0-2, -3): one made before an earlier message's waits for
+        it (:attr:`ack_backlog` counts the messages not acknowledged yet). A message from an
+        earlier connection is not
         acknowledged: its session ended with it (clean start), and its packet id may
         belong to a message of this connection (a persistent session's broker sends it
         again instead). Nothing is acknowledged once :meth:`close` began: what the
@@ -283,8 +288,14 @@ class MqttConnection:
         """
         if self._closing:
             return
-        if self._manual_ack and incoming.qos and incoming.session == self.connections:
-            self._paho.ack(incoming.mid, incoming.qos)
+        if self._manual_ack and incoming.qos:
+            self._in_order.made(incoming.session, incoming.mid)
+
+    @property
+    def ack_backlog(self) -> int:
+        """QoS 1/2 messages of this connection not acknowledged to the broker yet (their
+        acknowledgement not made, or made and waiting for an earlier one's)."""
+        return self._in_order.backlog
 
     @property
     def connected(self) -> bool:
@@ -427,7 +438,10 @@ class MqttConnection:
         # paho re-raises a callback's exception and its loop thread dies with it: one odd
         # message would stop the client for good. Nothing may leave this method.
         # With manual acknowledgement, a message not handed over is acknowledged here: an
-        # unacknowledged one would hold a place of the broker's window for good.
+        # unacknowledged one would hold a place of the broker's window for good. Each is
+        # acknowledged in the order they came, whenever its acknowledgement is made (_acks).
+        if self._manual_ack and msg.qos:
+            self._in_order.received(self.connections, msg.mid, msg.qos)
         handler = self._on_message_cb
         if handler is None:
             self._ack_now(msg)
@@ -454,7 +468,7 @@ class MqttConnection:
 
     def _ack_now(self, msg: mqtt.MQTTMessage) -> None:
         if self._manual_ack and msg.qos:
-            self._paho.ack(msg.mid, msg.qos)
+            self._in_order.made(self.connections, msg.mid)
 
     def _on_publish(
         self,

@@ -129,16 +129,27 @@ class NoMatchingIdentity(PayloadDecodeError):
     Attributes:
         key_ids: the recipients' key ids the publisher named (may be empty).
         own_key_ids: the key ids of the identities that were tried.
+        stanzas: the X25519 recipients the age header holds; None when it was not read
+            (no identity to try, and the placeholder said what it was).
     """
 
     def __init__(
-        self, key_ids: tuple[str, ...], own_key_ids: tuple[str, ...], stanzas: int = 0
+        self,
+        key_ids: tuple[str, ...],
+        own_key_ids: tuple[str, ...],
+        stanzas: int | None = None,
     ) -> None:
-        named = ", ".join(key_ids) if key_ids else f"{stanzas} X25519 recipient(s), unnamed"
-        own = ", ".join(own_key_ids) if own_key_ids else "none configured (identity_files)"
+        if key_ids:
+            named = ", ".join(key_ids)
+        elif stanzas is not None:
+            named = f"{stanzas} X25519 recipient{'' if stanzas == 1 else 's'} (unnamed)"
+        else:
+            named = "recipients the placeholder does not name"
+        own = ", ".join(own_key_ids) if own_key_ids else "none given (identity_files, --identity)"
         super().__init__(f"no identity opens the payload: encrypted to {named}; ours: {own}")
         self.key_ids = key_ids
         self.own_key_ids = own_key_ids
+        self.stanzas = stanzas
 
 
 class DecryptionFailed(PayloadDecodeError):

@@ -23,7 +23,7 @@ import httpx
 
 from ..config._settings import ClientSettings
 from ..core._exceptions import OffloadError, UntrustedEndpoint
-from ..core._message import Message, MessageError, Route
+from ..core._message import Message, MessageError, Payload, Route
 from ..core._tracing import DISABLED, Span, Tracing, message_attributes
 from ..http._answers import TransientFetchError
 from ..http._deadline import Pace
@@ -185,35 +185,20 @@ class PlaceholderFetcher:
         auth = self.auth_for(ref)
         self._warn_plain_http(ref.url)
         progress = self._on_fetch_progress
-        # An encrypted / compressed payload is decoded while it arrives; handed out only
-        # after the fetch has checked the stored bytes (client/seal/_unseal.py, Decoding).
-        decoding = None if ref.encoding.plain else self._unsealer.decoding(ref.encoding, ref.size)
-        try:
-            payload = self._transport.fetch(
-                ref.payload_url,
-                expected_sha256=ref.sha256,
-                expected_size=ref.size,
-                max_bytes=self._settings.max_fetch_bytes,
-                spool_threshold=self._settings.spool_threshold,
-                spool_dir=self._settings.spool_dir,
-                auth=auth,
-                redirect_ok=self.redirect_ok,
-                pace=self._pace,
-                topic=incoming.topic,
-                on_bytes=(lambda done, total: progress(incoming.topic, done, total))
-                if progress is not None
-                else None,
-                tap=decoding.feed if decoding is not None else None,
-                keep=decoding is None or decoding.keeps_stored,
-                trace=trace,
-            )
-        except BaseException:
-            if decoding is not None:
-                decoding.discard()
-            raise
-        sha256 = ref.sha256
-        if decoding is not None:
-            payload, sha256 = decoding.result(payload)
+        payload, sha256 = fetch_payload(
+            self._transport,
+            ref,
+            settings=self._settings,
+            unsealer=self._unsealer,
+            auth=auth,
+            redirect_ok=self.redirect_ok,
+            pace=self._pace,
+            topic=incoming.topic,
+            on_bytes=(lambda done, total: progress(incoming.topic, done, total))
+            if progress is not None
+            else None,
+            trace=trace,
+        )
         return Message(
             incoming.topic,
             payload,
@@ -260,3 +245,65 @@ class PlaceholderFetcher:
             "to discovery_allowlist, or set untrusted_endpoint=anonymous to fetch from any "
             "origin without credentials",
         )
+
+
+def fetch_payload(
+    transport: HttpTransport,
+    ref: _placeholder.Placeholder,
+    *,
+    settings: ClientSettings,
+    unsealer: Unsealer | None,
+    auth: httpx.Auth | None,
+    redirect_ok: Callable[[Origin], bool] | None,
+    url: str | None = None,
+    pace: Pace | None = None,
+    topic: str | None = None,
+    on_bytes: Callable[[int, int | None], None] | None = None,
+    trace: TraceContext | None = None,
+) -> tuple[Payload, str]:
+    """A placeholder's payload and its SHA-256 (the receive path's, `offload fetch
+    --placeholder`'s): the stored bytes checked against the placeholder's `size` and
+    `sha256` as they stream in (never more read), then decoded as its `enc` and `cmp` say.
+
+    Args:
+        transport: the HTTP transport; `auth`, `redirect_ok`, `pace`, `topic` and
+            `on_bytes` are its :meth:`HttpTransport.fetch`'s, and `trace` (the context the
+            GET carries).
+        ref: the placeholder.
+        settings: `max_fetch_bytes`, `spool_threshold` and `spool_dir`.
+        unsealer: decodes an encrypted or compressed payload; None: the stored bytes.
+        url: where the stored bytes are (default: the placeholder's `/payload`).
+
+    Raises:
+        FetchError: as :meth:`HttpTransport.fetch` (a checksum mismatch included).
+        PayloadDecodeError: no identity opens it (before any request), or it is damaged.
+    """
+    # An encrypted / compressed payload is decoded while it arrives; handed out only
+    # after the fetch has checked the stored bytes (client/seal/_unseal.py, Decoding).
+    decoding = None
+    if unsealer is not None and not ref.encoding.plain:
+        decoding = unsealer.decoding(ref.encoding, ref.size)
+    try:
+        payload = transport.fetch(
+            url or ref.payload_url,
+            expected_sha256=ref.sha256,
+            expected_size=ref.size,
+            max_bytes=settings.max_fetch_bytes,
+            spool_threshold=settings.spool_threshold,
+            spool_dir=settings.spool_dir,
+            auth=auth,
+            redirect_ok=redirect_ok,
+            pace=pace,
+            topic=topic,
+            on_bytes=on_bytes,
+            tap=decoding.feed if decoding is not None else None,
+            keep=decoding is None or decoding.keeps_stored,
+            trace=trace,
+        )
+    except BaseException:
+        if decoding is not None:
+            decoding.discard()
+        raise
+    if decoding is None:
+        return payload, ref.sha256
+    return decoding.result(payload)

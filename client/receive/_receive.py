@@ -191,12 +191,20 @@ class Receiver:
                 self._ack = None
                 now = time.monotonic()
                 reassembler.keep_waiting(now)  # busy until now (perhaps waiting for room)
+            self._open_window()
             self._expire(now)
             refresh = self._settings.discovery_refresh
             if self._use_discovery and refresh > 0 and now - last_refresh > refresh:
                 last_refresh = now
                 if self._conn.connected:
                     self._conn.resubscribe(self._settings.discovery_topic)
+
+    def _open_window(self) -> None:
+        """Held chunk acknowledgements never shut the broker's window: acknowledgements go
+        out in arrival order, so a held one holds back every later one (_session_acks)."""
+        acks = self.chunk_acks
+        while self._conn.ack_backlog > acks.limit and acks.release_oldest():
+            pass
 
     def _take_ack(self) -> Callable[[], None] | None:
         ack, self._ack = self._ack, None

@@ -19,7 +19,11 @@ deliveries the application can take, and the window must never fill with them: e
 chunk could never come. So at most half the window is held; a message of more chunks than
 that, or the oldest partial messages when newer ones need the room, are acknowledged at once
 instead: those messages survive a reconnect (the partial is still in this process's memory)
-but not a restart of the process (docs/connections.md says when each applies).
+but not a restart of the process (docs/connections.md says when each applies). Every
+acknowledgement goes out in the order its message came (MQTT 5 4.6.0-2,
+:class:`client.mqtt._acks.InOrder`), so a held chunk also holds back the acknowledgements
+of every message after it: the receive worker gives up the oldest holding as soon as the
+connection's unacknowledged messages pass the same half window (:meth:`ChunkAcks.release_oldest`).
 """
 
 from __future__ import annotations
@@ -161,6 +165,14 @@ class ChunkAcks:
                 each()
 
         return consumed
+
+    def release_oldest(self) -> bool:
+        """Give up holding the oldest partial message's chunks (their acknowledgements are
+        made now); whether there was one."""
+        if not self._held:
+            return False
+        self._give_up(next(iter(self._held)))
+        return True
 
     def late(self, key: PartialKey, ack: Ack | None) -> None:
         """A chunk of a message already done came again (a resend after a reconnect).

@@ -103,8 +103,10 @@ class Decoder:
         if encrypted:
             from ..protocol._age import Decryptor
 
-            if not self._identities:
-                raise NoMatchingIdentity(self._key_ids, (), 0)
+            if not self._identities and not self._sniff:  # before a byte is fetched
+                raise NoMatchingIdentity(self._key_ids, ())
+            # Sniffed (no placeholder): the header names how many recipients it has, and
+            # the decryptor says so when none of ours (none at all, here) opens it.
             self._decryptor = Decryptor(self._identities, self._key_ids)
         if self._compressed and not self._sniff:
             self._decompressor = FrameDecompressor(self._limit)

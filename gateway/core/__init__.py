@@ -1,12 +1,13 @@
 """What every folder of the gateway stands on: settings, errors, threads, metrics, broker.
 
 `_settings` (`Settings`: the one place the environment is read), `_errors` (the exception
-hierarchy and its one mapping to HTTP responses), `_executors` (worker threads, sized and
-kept apart), `_observability` (Prometheus metrics, request ids, logs), `_tracing` (the
-request's trace span and its children: ingest, store, broker), `_mqtt` (the broker link),
-`_cors` (browser uploads' CORS; the settings parse its origins). CORS and metrics are
-middleware kept here, not in `gateway.middleware`, because the settings and the error
-mapping need them. Imports nothing of the gateway but `gateway.storage`.
+hierarchy and its one mapping to HTTP responses), `_json` (JSON answers, newline-ended),
+`_executors` (worker threads, sized and kept apart), `_observability` (Prometheus metrics,
+request ids, logs), `_tracing` (the request's trace span and its children: ingest, store,
+broker), `_mqtt` (the broker link), `_cors` (browser uploads' CORS; the settings parse its
+origins). CORS and metrics are middleware kept here, not in `gateway.middleware`, because
+the settings and the error mapping need them. Imports nothing of the gateway but
+`gateway.storage`.
 
 Other folders use only the names below.
 """
@@ -41,6 +42,7 @@ from ._executors import (
     current_request,
     request_scope,
 )
+from ._json import JSONAnswer
 from ._mqtt import InvalidPublish, broker_link
 from ._observability import (
     DOWNLOADS_ABANDONED,
@@ -50,7 +52,7 @@ from ._observability import (
     configure_logging,
     metrics_endpoint,
 )
-from ._settings import Settings, get_settings
+from ._settings import IPNetwork, Settings, get_settings
 from ._tracing import TRACING_KEY, child, current_context
 
 __all__ = [
@@ -67,7 +69,9 @@ __all__ = [
     "Forbidden",
     "GatewayError",
     "Gone",
+    "IPNetwork",
     "InvalidPublish",
+    "JSONAnswer",
     "NotFound",
     "ObservabilityMiddleware",
     "PayloadTooLarge",

@@ -28,11 +28,11 @@ import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 
 from client.protocol import EnvelopeTooLarge, ProtocolError
 
 from ..storage import StoreError
+from ._json import JSONAnswer
 from ._observability import BROKER_ERRORS, STORAGE_ERRORS
 
 log = logging.getLogger("gateway")
@@ -123,14 +123,14 @@ COMMON_RESPONSES: dict[int | str, dict[str, str]] = {
 }
 
 
-def _json(status: int, reason: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"detail": reason}, status_code=status, headers=headers)
+def _json(status: int, reason: str, headers: dict[str, str] | None = None) -> JSONAnswer:
+    return JSONAnswer({"detail": reason}, status_code=status, headers=headers)
 
 
 def install_error_handlers(app: FastAPI) -> None:
     """Map every error to a response in one place."""
 
-    async def gateway_error(request: Request, exc: Exception) -> JSONResponse:
+    async def gateway_error(request: Request, exc: Exception) -> JSONAnswer:
         assert isinstance(exc, GatewayError)
         if isinstance(exc, StorageUnavailable):
             STORAGE_ERRORS.inc()
@@ -140,11 +140,11 @@ def install_error_handlers(app: FastAPI) -> None:
             log.warning("%s %s -> %d: %s", request.method, request.url.path, exc.status, exc)
         return _json(exc.status, exc.reason, exc.headers)
 
-    async def protocol_error(request: Request, exc: Exception) -> JSONResponse:
+    async def protocol_error(request: Request, exc: Exception) -> JSONAnswer:
         status = 413 if isinstance(exc, EnvelopeTooLarge) else 400
         return _json(status, str(exc))
 
-    async def validation_error(request: Request, exc: Exception) -> JSONResponse:
+    async def validation_error(request: Request, exc: Exception) -> JSONAnswer:
         assert isinstance(exc, RequestValidationError)
         parts = [
             f"{'.'.join(str(p) for p in err.get('loc', ()))}: {err.get('msg')}"
@@ -152,7 +152,7 @@ def install_error_handlers(app: FastAPI) -> None:
         ]
         return _json(400, "; ".join(parts) or "invalid request")
 
-    async def store_error(request: Request, exc: Exception) -> JSONResponse:
+    async def store_error(request: Request, exc: Exception) -> JSONAnswer:
         STORAGE_ERRORS.inc()
         log.warning("%s %s -> 503: %s", request.method, request.url.path, exc)
         return _json(503, f"object store unavailable: {exc}")

@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+import ipaddress
 from functools import lru_cache
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def parse_networks(text: str) -> tuple[IPNetwork, ...]:
+    """`10.0.0.0/8, 192.0.2.7, fd00::/8` as networks (an address is a /32 or /128).
+
+    Raises:
+        ValueError: an entry that is neither an address nor a network.
+    """
+    return tuple(
+        ipaddress.ip_network(part.strip(), strict=False) for part in text.split(",") if part.strip()
+    )
 
 
 class Settings(BaseSettings):
@@ -179,6 +193,17 @@ class Settings(BaseSettings):
     max_uploads_per_client: int = Field(
         16, ge=0, description="concurrent uploads per client address (429 beyond); 0: no limit"
     )
+    max_uploads_per_user: int = Field(
+        8,
+        ge=0,
+        description="concurrent uploads per authenticated user, from any address (429 "
+        "beyond); 0: no limit",
+    )
+    trusted_proxies: str = Field(
+        "",
+        description="comma-separated addresses and CIDRs of hops (offload-proxy, a load "
+        "balancer) whose X-Forwarded-For names the client's address; empty: none",
+    )
     header_timeout: float = Field(
         10.0,
         ge=0,
@@ -236,6 +261,17 @@ class Settings(BaseSettings):
     health_timeout: float = Field(
         30.0, gt=0, description="seconds a queued job may wait for a thread before /healthz 503"
     )
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _check_trusted_proxies(cls, value: str) -> str:
+        parse_networks(value)  # refuses a malformed address or network at start-up
+        return value
+
+    @property
+    def trusted_networks(self) -> tuple[IPNetwork, ...]:
+        """The hops whose `X-Forwarded-For` is believed (`trusted_proxies`)."""
+        return parse_networks(self.trusted_proxies)
 
     @field_validator("storage_url")
     @classmethod

@@ -23,6 +23,7 @@ from client.protocol import Topic
 
 from ..auth import Authenticated, Authenticator, AuthMode, Challenge, JwtVerifier, key_sources
 from ..core import Forbidden, Settings, TooManyRequests, Unauthorized, WorkerPool
+from ..middleware import USER_SLOT_KEY, UserSlot
 
 log = logging.getLogger("gateway.auth")
 
@@ -141,6 +142,13 @@ class BrokerRules:
         setattr(request.state, _AUTHENTICATED, result)
         if result.response_headers:  # SCRAM's server-final reaches the client on every answer
             setattr(request.state, STATE_KEY, dict(result.response_headers))
+        # An upload counts against its user too, from whichever address (middleware/_limits).
+        slot = getattr(request.state, USER_SLOT_KEY, None)
+        if isinstance(slot, UserSlot) and result.user is not None and not slot.take(result.user):
+            log.info("refused %s: too many uploads by %r under way", client, result.user)
+            raise TooManyRequests(
+                f"too many concurrent uploads by user {result.user!r}", {"Retry-After": "1"}
+            )
         return result
 
     async def authorize(self, request: Request, topic: Topic, *, write: bool) -> None:

@@ -17,11 +17,11 @@ from collections.abc import AsyncIterator, Callable, Generator
 from contextlib import asynccontextmanager
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from client.protocol import Manifest, data_key, parse_data_key
 
-from ..core import BadRequest, Forbidden, StorageUnavailable
+from ..core import BadRequest, Forbidden, JSONAnswer, StorageUnavailable
 from ..direct import CommitRequest, Grant
 from ..ingest import now_ms
 from ..storage import DirectStore, ObjectInfo, ObjectStore, StoreError
@@ -169,7 +169,7 @@ async def commit(
     """The grant's one commit (or abandon): refuse and remove, or store manifest and index."""
     if req.abandon:
         await _discard(ctx, store, grant)
-        return JSONResponse({"detail": "upload abandoned; what was uploaded is removed"})
+        return JSONAnswer({"detail": "upload abandoned; what was uploaded is removed"})
     if grant.expired():
         await _discard(ctx, store, grant)
         raise Forbidden("upload grant expired; what was uploaded is removed, nothing kept")

@@ -7,9 +7,9 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import PlainTextResponse
 
-from ..core import Settings, metrics_endpoint
+from ..core import JSONAnswer, Settings, metrics_endpoint
 from ..ingest import OffloadService
 from ..storage import StoreError
 from ._context import NoBroker
@@ -47,7 +47,7 @@ def worker_health(settings: Settings, service: OffloadService) -> tuple[bool, di
     response_model=Health,
     responses={503: {"description": "wedged: the event loop or a worker pool is stuck"}},
 )
-async def healthz(request: Request, settings: AppSettings, service: Service) -> JSONResponse:
+async def healthz(request: Request, settings: AppSettings, service: Service) -> JSONAnswer:
     """The process is alive: its event loop turns and every worker pool makes progress.
 
     Answers at once (it never waits on a pool): a job that waited longer than
@@ -61,7 +61,7 @@ async def healthz(request: Request, settings: AppSettings, service: Service) -> 
     problems: Callable[[], list[str]] | None = getattr(request.state, AUTH_PROBLEMS_KEY, None)
     body: dict[str, Any] = {"status": "ok" if ok else "wedged", "workers": detail}
     body["auth"] = {"problems": problems() if problems is not None else []}
-    return JSONResponse(body, status_code=200 if ok else 503)
+    return JSONAnswer(body, status_code=200 if ok else 503)
 
 
 @router.get(
@@ -71,7 +71,7 @@ async def healthz(request: Request, settings: AppSettings, service: Service) -> 
         503: {"description": "storage, broker or workers unavailable (`checks` says which)"}
     },
 )
-async def readyz(settings: AppSettings, service: Service, broker: BrokerLink) -> JSONResponse:
+async def readyz(settings: AppSettings, service: Service, broker: BrokerLink) -> JSONAnswer:
     """Storage and broker reachable, worker pools making progress."""
     checks: dict[str, str] = {}
     ok, _ = worker_health(settings, service)
@@ -84,7 +84,7 @@ async def readyz(settings: AppSettings, service: Service, broker: BrokerLink) ->
     if not isinstance(broker, NoBroker):
         checks["broker"] = "ok" if broker.connected else "unavailable: not connected"
     ready = all(v == "ok" for v in checks.values())
-    return JSONResponse(
+    return JSONAnswer(
         {"status": "ready" if ready else "not ready", "checks": checks},
         status_code=200 if ready else 503,
     )

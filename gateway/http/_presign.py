@@ -19,11 +19,11 @@ import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from client.protocol import MessageId, Topic
 
-from ..core import COMMON_RESPONSES, Forbidden
+from ..core import COMMON_RESPONSES, Forbidden, JSONAnswer
 from ._context import Authorizer, Ctx
 from ._ingest import message_url
 from ._responses import Presigned
@@ -109,4 +109,4 @@ async def presign(
     query = ctx.signer.sign(payload_path_suffix(str(manifest.id)), expires)
     url = f"{message_url(ctx, request, manifest.id)}/payload?{query}"
     body: dict[str, Any] = {"url": url, "expires": expires}
-    return JSONResponse(body, headers={"Cache-Control": "no-store"})
+    return JSONAnswer(body, headers={"Cache-Control": "no-store"})

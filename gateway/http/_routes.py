@@ -14,7 +14,7 @@ from typing import Annotated, Any
 from urllib.parse import quote, unquote
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
+from fastapi.responses import RedirectResponse, Response, StreamingResponse
 
 from client.protocol import Manifest, MessageId, encode_download
 
@@ -22,6 +22,7 @@ from ..core import (
     COMMON_RESPONSES,
     DOWNLOADS_ABANDONED,
     BadRequest,
+    JSONAnswer,
     PayloadTooLarge,
     RequestEnd,
     current_request,
@@ -98,7 +99,7 @@ def created_response(ctx: Context, request: Request, manifest: Manifest, created
         "sha256": manifest.sha256,
         "created": created,
     }
-    return JSONResponse(
+    return JSONAnswer(
         body, status_code=201, headers={"Location": f"{ctx.base_path}/msg/{manifest.id}"}
     )
 

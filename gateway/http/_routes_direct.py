@@ -22,7 +22,7 @@ import uuid
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from starlette.requests import ClientDisconnect
 
 from client.protocol import MessageId, Topic, data_key, loads_object
@@ -32,6 +32,7 @@ from ..core import (
     BadRequest,
     Conflict,
     Forbidden,
+    JSONAnswer,
     PayloadTooLarge,
 )
 from ..direct import (
@@ -224,7 +225,7 @@ async def grant_upload(topic: str, request: Request, ctx: Ctx) -> Response:
         "part_size": req.part_size,
         "urls": urls,
     }
-    return JSONResponse(body, status_code=201, headers={"Cache-Control": "no-store"})
+    return JSONAnswer(body, status_code=201, headers={"Cache-Control": "no-store"})
 
 
 @router.post(

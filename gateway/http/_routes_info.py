@@ -14,10 +14,10 @@ import json
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
 
 from discovery import DiscoveryRecord
 
+from ..core import JSONAnswer
 from ._context import Context, Ctx
 from ._responses import GatewayInfo
 
@@ -53,7 +53,7 @@ def advertised_record(ctx: Context, mechanisms: tuple[str, ...], endpoint: str) 
         }
     },
 )
-async def gateway_info(request: Request, ctx: Ctx) -> JSONResponse:
+async def gateway_info(request: Request, ctx: Ctx) -> JSONAnswer:
     """This gateway's discovery record, the one it publishes on the discovery topic, and links.
 
     `links` names the API documentation (`docs`), the OpenAPI document (`openapi`) and the
@@ -67,4 +67,4 @@ async def gateway_info(request: Request, ctx: Ctx) -> JSONResponse:
         "openapi": f"{endpoint}/openapi.json",
         "health": f"{endpoint}/healthz",
     }
-    return JSONResponse(doc)
+    return JSONAnswer(doc)

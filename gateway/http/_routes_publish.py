@@ -23,9 +23,9 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
-from ..core import COMMON_RESPONSES
+from ..core import COMMON_RESPONSES, JSONAnswer
 from ..ingest import (
     PublishOptions,
     check_filename,
@@ -132,6 +132,6 @@ async def publish(topic: str, request: Request, ctx: Ctx, access: Access) -> Res
         "topic": message.topic.value,
         "created": published.created,
     }
-    return JSONResponse(
+    return JSONAnswer(
         body, status_code=201, headers={"Location": f"{ctx.base_path}/msg/{message.id}"}
     )

@@ -281,29 +281,11 @@ async def create(request: Request, ctx: Ctx, access: Access) -> Response:
         topic = parse_topic(meta["topic"], max_bytes=ctx.settings.max_topic_bytes)
         owner = await access.write(topic)
         await ctx.quotas.check(owner, length)  # per-user caps (gateway/ingest/_quotas.py): 429
-        sha256 = meta.get("sha256", "").lower() or None
-        if sha256 is not None and (
-            len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256)
-        ):
-            raise BadRequest("Upload-Metadata sha256 must be 64 hex characters")
+        settings = _upload_settings(meta)
         uploads = ctx.uploads
-        settings: dict[str, Any] = {
-            "filename": check_filename(meta.get("filename") or meta.get("name")),
-            "content_type": _content_type(meta),
-            "sha256": sha256,
-            "options": PublishOptions.from_metadata(meta),
-        }
-        if concat is not None and not concat.partial:
-            parts = [await _load_part(ctx, request, p, topic, owner) for p in concat.parts]
-            if sum(p.length for p in parts) > ctx.settings.max_body_bytes:
-                raise PayloadTooLarge(
-                    f"the parts exceed the limit of {ctx.settings.max_body_bytes} bytes"
-                )
-            template = UploadState(
-                id="", topic=topic, length=0, message_id=MessageId.new(), created=0.0,
-                expires=0.0, owner=owner, **settings,
-            )  # fmt: skip
-            state = await uploads.create_final(template, parts)
+        if final:
+            assert concat is not None
+            state = await _create_final(ctx, request, concat.parts, topic, owner, settings)
         else:
             partial = concat is not None
             state = await uploads.create(topic, length, owner=owner, partial=partial, **settings)
@@ -323,6 +305,40 @@ async def create(request: Request, ctx: Ctx, access: Access) -> Response:
         return Response(status_code=201, headers=headers)
 
     return await _tus(run)
+
+
+def _upload_settings(meta: dict[str, str]) -> dict[str, Any]:
+    """What `Upload-Metadata` sets of the upload besides its topic, checked."""
+    sha256 = meta.get("sha256", "").lower() or None
+    if sha256 is not None and (
+        len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256)
+    ):
+        raise BadRequest("Upload-Metadata sha256 must be 64 hex characters")
+    return {
+        "filename": check_filename(meta.get("filename") or meta.get("name")),
+        "content_type": _content_type(meta),
+        "sha256": sha256,
+        "options": PublishOptions.from_metadata(meta),
+    }
+
+
+async def _create_final(
+    ctx: Context,
+    request: Request,
+    part_ids: tuple[str, ...],
+    topic: Topic,
+    owner: str | None,
+    settings: dict[str, Any],
+) -> UploadState:
+    """A concatenation's final upload, made of the partial uploads it names."""
+    parts = [await _load_part(ctx, request, p, topic, owner) for p in part_ids]
+    if sum(p.length for p in parts) > ctx.settings.max_body_bytes:
+        raise PayloadTooLarge(f"the parts exceed the limit of {ctx.settings.max_body_bytes} bytes")
+    template = UploadState(
+        id="", topic=topic, length=0, message_id=MessageId.new(), created=0.0,
+        expires=0.0, owner=owner, **settings,
+    )  # fmt: skip
+    return await ctx.uploads.create_final(template, parts)
 
 
 @router.head(

@@ -1,4 +1,5 @@
-"""Transfer limits as ASGI middleware: uploads per client, stalled bodies, stalled readers.
+"""Transfer limits as ASGI middleware: uploads per client address and per user, stalled
+bodies, stalled readers.
 
 uvicorn's `timeout_keep_alive` only covers idle connections between requests; a client that
 sends headers and then a byte now and then (slow loris) would hold an upload, a store
@@ -18,8 +19,12 @@ body must also average `min_body_rate` bytes per second over each window of
 gateway itself is not reading (the store is slow), the client is not to blame.
 
 Per-client counting applies to requests with a body (POST, PUT, PATCH). The client address
-is the ASGI `client`, i.e. the peer, or the forwarded address when uvicorn runs with
-`--proxy-headers` behind a trusted proxy.
+is the ASGI `client`: the peer, or the address a trusted hop forwarded (`_forwarded`). Many
+devices can share one address and one user can upload from many, so each upload also counts
+against its user once the request is authenticated: the authorizer takes the request's
+:class:`UserSlot` (left in its state under :data:`USER_SLOT_KEY`), and a user with
+`max_per_user` uploads under way gets 429, from whichever address. Anonymous uploads count
+per address only (there is no user to count them against).
 """
 
 from __future__ import annotations
@@ -52,6 +57,39 @@ class RequestTimeout(GatewayError):
     status = 408
 
 
+#: Where an upload's :class:`UserSlot` waits in the request's state for the authorizer.
+USER_SLOT_KEY = "offload_user_slot"
+
+
+class UserSlot:
+    """One upload's place in its user's count, taken once the user is known."""
+
+    def __init__(self, active: dict[str, int], limit: int) -> None:
+        self._active = active
+        self._limit = limit
+        self._user: str | None = None
+
+    def take(self, user: str) -> bool:
+        """Count this upload against `user`; False when `user` has the limit under way."""
+        if self._user is not None:
+            return True
+        count = self._active.get(user, 0)
+        if self._limit and count >= self._limit:
+            return False
+        self._active[user] = count + 1
+        self._user = user
+        return True
+
+    def release(self) -> None:
+        user, self._user = self._user, None
+        if user is not None:
+            left = self._active[user] - 1
+            if left:
+                self._active[user] = left
+            else:
+                del self._active[user]
+
+
 class _ResponseStalled(Exception):
     """The client read nothing for the send idle timeout."""
 
@@ -62,6 +100,7 @@ class UploadLimits:
     Args:
         app: the application to wrap.
         max_per_client: uploads one client address may have in progress (0: no limit).
+        max_per_user: uploads one authenticated user may have in progress (0: no limit).
         body_idle_timeout: seconds to wait for the next piece of a request body.
         send_idle_timeout: seconds to wait for the client to take the next response piece
             (up to SEND_SLICE bytes).
@@ -77,14 +116,17 @@ class UploadLimits:
         body_idle_timeout: float,
         send_idle_timeout: float = 60.0,
         min_body_rate: int = 0,
+        max_per_user: int = 0,
     ) -> None:
         self.app = app
         self.max_per_client = max_per_client
+        self.max_per_user = max_per_user
         self.body_idle_timeout = body_idle_timeout
         self.min_body_rate = min_body_rate
         self.send_idle_timeout = send_idle_timeout
         # One event loop serves this instance: plain dict updates cannot interleave.
         self.active: dict[str, int] = {}
+        self.users: dict[str, int] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -113,9 +155,12 @@ class UploadLimits:
             await _refuse(send, address, self.max_per_client)
             return
         self.active[address] = count + 1
+        slot = UserSlot(self.users, self.max_per_user)
+        scope.setdefault("state", {})[USER_SLOT_KEY] = slot
         try:
             await self.app(scope, self._bounded(receive), _closing(send))
         finally:
+            slot.release()
             left = self.active[address] - 1
             if left:
                 self.active[address] = left

@@ -97,6 +97,7 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
     _in_message = False  # between a request's first byte and its end
     _moved = False  # the read being parsed ended a head or brought body bytes
     _quiet_bytes = 0  # bytes of the reads since the last that did, inside a message
+    _refused = False  # answered 431: the parser's later callbacks are ignored
     _closing: ClosingTransport  # the transport as uvicorn's protocol is handed it
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -117,14 +118,21 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
         )
         over = max(self._head_bytes, self._quiet_bytes)
         if over > MAX_HEAD_BYTES and not self.transport.is_closing():
-            self._disarm()
-            detail = f"request line, headers and trailers over {MAX_HEAD_BYTES} bytes"
-            log.info("%s: %s: 431", self.client, detail)
-            if self._may_answer():
-                self.transport.write(_answer("431 Request Header Fields Too Large", detail))
-            self.transport.close()
+            self._refuse_head()
+
+    def _refuse_head(self) -> None:
+        """Answer 431 (when it would answer the request at hand) and close."""
+        self._disarm()
+        self._refused = True
+        detail = f"request line, headers and trailers over {MAX_HEAD_BYTES} bytes"
+        log.info("%s: %s: 431", self.client, detail)
+        if self._may_answer():
+            self.transport.write(_answer("431 Request Header Fields Too Large", detail))
+        self.transport.close()
 
     def on_message_begin(self) -> None:
+        if self._refused:
+            return
         super().on_message_begin()
         self._head_begun = True
         self._head_bytes = 0
@@ -133,14 +141,27 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
             self._arm()
 
     def on_url(self, url: bytes) -> None:
+        if self._refused:
+            return
         self._head_bytes += len(url)
         super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self._refused:
+            return
         self._head_bytes += len(name) + len(value) + 4  # ": " and CRLF
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
+        if self._refused:
+            return
+        if self._head_bytes > MAX_HEAD_BYTES:
+            # A head over the limit that ended in this read: refused before uvicorn makes
+            # it a request (checking only after the read, as for a head still coming, let
+            # the app run it and the 431 was never sent: it was no longer the request at
+            # hand). The rest of this read goes to no callback (`_refused`).
+            self._refuse_head()
+            return
         self._disarm()
         self._head_begun = False
         self._moved = True
@@ -152,6 +173,8 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
         # piece goes as it is instead (`b"" + piece` is the piece, `bytes(piece)` too);
         # pieces that arrive before the app asks are still joined (bench/RESULTS.md, "The
         # body's copies").
+        if self._refused:
+            return
         self._moved = True
         cycle = self.cycle
         if not cycle.body:
@@ -159,6 +182,8 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
         super().on_body(body)
 
     def on_message_complete(self) -> None:
+        if self._refused:
+            return
         self._in_message = False
         super().on_message_complete()
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from urllib.parse import unquote_to_bytes
 
-from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from ..core import JSONAnswer
 
 
 def target_problem(raw_path: bytes, query: bytes) -> str | None:
@@ -40,6 +41,6 @@ class Utf8Target:
         if scope["type"] == "http":
             problem = target_problem(scope.get("raw_path") or b"", scope.get("query_string", b""))
             if problem is not None:
-                await JSONResponse({"detail": problem}, status_code=400)(scope, receive, send)
+                await JSONAnswer({"detail": problem}, status_code=400)(scope, receive, send)
                 return
         await self.app(scope, receive, send)

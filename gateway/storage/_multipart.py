@@ -156,6 +156,41 @@ def put_parallel(
     finally:
         if single and pooled:
             buffers.give(buffer)
+    _put_multipart(
+        client,
+        bucket,
+        key,
+        reader,
+        length,
+        (buffer, size, n, crc),
+        content_type=content_type,
+        part_size=part_size,
+        parallel=parallel,
+        buffers=buffers,
+        share=share,
+        checksums=checksums,
+    )
+
+
+def _put_multipart(
+    client: Minio,
+    bucket: str,
+    key: str,
+    reader: BinaryIO,
+    length: int,
+    first: tuple[bytearray, int, int, int | None],
+    *,
+    content_type: str,
+    part_size: int,
+    parallel: int,
+    buffers: PartBuffers,
+    share: Callable[[], Plan],
+    checksums: bool,
+) -> None:
+    """The multipart upload of a payload larger than its first part (`first`: that part's
+    buffer from `buffers`, its part size, the bytes read into it and their CRC-32C), the rest
+    read from `reader`."""
+    buffer, size, n, crc = first
     created: DictType = {"Content-Type": content_type, **(ALGORITHM if checksums else {})}
     upload_id = client._create_multipart_upload(bucket, key, created)
     etags: list[concurrent.futures.Future[tuple[str, str]]] = []
@@ -185,19 +220,9 @@ def put_parallel(
             buffer = held = buffers.take(size)
             n, crc = _fill(reader, buffer)
         _check(total, length)
-        sent = [etag.result() for etag in etags]
-        if checksums:
-            complete(client, bucket, key, upload_id, sent)
-        else:
-            parts = [Part(i, etag) for i, (etag, _) in enumerate(sent, start=1)]
-            client._complete_multipart_upload(bucket, key, upload_id, parts)
+        _complete(client, bucket, key, upload_id, [etag.result() for etag in etags], checksums)
     except BaseException:
-        for future, _ in in_flight:
-            future.cancel()
-        pool.shutdown(wait=True)
-        # Best effort: stores also expire abandoned multipart uploads themselves.
-        with contextlib.suppress(Exception):
-            client._abort_multipart_upload(bucket, key, upload_id)
+        _abort(client, bucket, key, upload_id, pool, [future for future, _ in in_flight])
         raise
     finally:
         pool.shutdown(wait=True)
@@ -205,3 +230,37 @@ def put_parallel(
             buffers.give(used)
         if held is not None:
             buffers.give(held)
+
+
+def _complete(
+    client: Minio,
+    bucket: str,
+    key: str,
+    upload_id: str,
+    sent: list[tuple[str, str]],
+    checksums: bool,
+) -> None:
+    """Complete a multipart upload of the parts `sent` ((ETag, CRC-32C) each, in order)."""
+    if checksums:
+        complete(client, bucket, key, upload_id, sent)
+    else:
+        parts = [Part(i, etag) for i, (etag, _) in enumerate(sent, start=1)]
+        client._complete_multipart_upload(bucket, key, upload_id, parts)
+
+
+def _abort(
+    client: Minio,
+    bucket: str,
+    key: str,
+    upload_id: str,
+    pool: concurrent.futures.ThreadPoolExecutor,
+    in_flight: list[concurrent.futures.Future[tuple[str, str]]],
+) -> None:
+    """A failed multipart upload: no more parts sent, those running waited for, and the
+    upload aborted."""
+    for future in in_flight:
+        future.cancel()
+    pool.shutdown(wait=True)
+    # Best effort: stores also expire abandoned multipart uploads themselves.
+    with contextlib.suppress(Exception):
+        client._abort_multipart_upload(bucket, key, upload_id)

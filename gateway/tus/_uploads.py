@@ -288,9 +288,45 @@ class ResumableUploads:
             raise PayloadTooLarge(f"segment of {declared} bytes passes Upload-Length by more")
         cached = self._hashes.get(state.id)
         running = cached[1].copy() if cached is not None and cached[0] == offset else None
+        key, size = await self._stage(
+            state.id, offset, chunks, room, declared, checksum, interruptible, running
+        )
+        if size == 0:
+            return state
+        # Re-read: a racing PATCH on another replica may have moved the upload on.
+        latest = await self.load(state.id)
+        if latest.offset != offset:
+            await self._call(self.store.delete, key)
+            raise Conflict(f"upload {state.id} moved on to {latest.offset} meanwhile")
+        updated = replace(
+            latest,
+            segments=(*latest.segments, Segment(key, offset, size)),
+            expires=time.time() + self.expiry,
+        )
+        await self.save(updated)
+        if running is not None:
+            self._remember(state.id, updated.offset, running)
+        else:
+            self._hashes.pop(state.id, None)
+        return updated
+
+    async def _stage(
+        self,
+        upload_id: str,
+        offset: int,
+        chunks: AsyncIterator[bytes],
+        room: int,
+        declared: int | None,
+        checksum: Checksum | None,
+        interruptible: AbstractAsyncContextManager[None] | None,
+        running: Any,
+    ) -> tuple[str, int]:
+        """Store one segment under a key of its own, at most `room` bytes, checked against
+        `checksum` (deleted when it does not match); its key and size. `running`, the
+        upload's SHA-256 so far when known, is fed the segment's bytes too."""
         # The store hashes with SHA-256 anyway; another algorithm costs a second hash.
         check = None if checksum is None or checksum.algorithm == "sha256" else checksum.new()
-        key = f"{segments_prefix(state.id)}{offset:020d}-{uuid.uuid4().hex[:8]}"
+        key = f"{segments_prefix(upload_id)}{offset:020d}-{uuid.uuid4().hex[:8]}"
         upload = StreamingUpload(
             self.store, key, -1 if declared is None else declared, None, transfers=self.transfers
         )
@@ -319,24 +355,7 @@ class ResumableUploads:
                     f"said {checksum.describe(checksum.digest)}; the segment was discarded, "
                     f"the upload stays at offset {offset}"
                 )
-        if size == 0:
-            return state
-        # Re-read: a racing PATCH on another replica may have moved the upload on.
-        latest = await self.load(state.id)
-        if latest.offset != offset:
-            await self._call(self.store.delete, key)
-            raise Conflict(f"upload {state.id} moved on to {latest.offset} meanwhile")
-        updated = replace(
-            latest,
-            segments=(*latest.segments, Segment(key, offset, size)),
-            expires=time.time() + self.expiry,
-        )
-        await self.save(updated)
-        if running is not None:
-            self._remember(state.id, updated.offset, running)
-        else:
-            self._hashes.pop(state.id, None)
-        return updated
+        return key, size
 
     async def assemble(self, state: UploadState) -> tuple[str, str, int, str | None]:
         """Concatenate the segments into a new payload object.

@@ -72,6 +72,7 @@ from ._packets import (
     parse_connack,
     parse_connect,
     publish_header,
+    slim,
     subscribe_packet,
 )
 from ._properties import (
@@ -160,6 +161,7 @@ __all__ = [
     "read_placeholder",
     "resolved_head",
     "resolved_size",
+    "slim",
     "stored_headers",
     "subscribe_packet",
     "trace_context",

@@ -24,6 +24,7 @@ from client.protocol import (
 )
 
 from ._errors import ProxyProtocolError
+from ._framer import Head
 from ._packets import PublishHeader, Will, fixed_header, publish_header_bytes
 from ._properties import TOPIC_ALIAS, Prop, first, user_properties, without_user_properties
 from ._properties import user_property as make_user_property
@@ -38,16 +39,24 @@ class UnknownTopicAlias(ProxyProtocolError):
 
 
 class AliasMap:
-    """Topic aliases a client set on its connection (client to broker), bounded by
-    `maximum` (the broker's Topic Alias Maximum)."""
+    """Topic aliases on a connection, client to broker, bounded by `maximum` (the broker's
+    Topic Alias Maximum), as the client set them and as the broker was told them.
+
+    The two differ when a PUBLISH that set an alias never reached the broker (the gateway
+    refused a large one: MQTT 5 has the receiver set the alias all the same, and the
+    client counts on it). An alias-only PUBLISH on such an alias goes to the broker with
+    its topic written out (:meth:`for_broker`), which sets the broker's alias to what the
+    client meant: it never lands on the topic the broker still held for that alias.
+    """
 
     def __init__(self, maximum: int = 65535) -> None:
         self.maximum = maximum
-        self._topics: dict[int, bytes] = {}
+        self._client: dict[int, bytes] = {}  # what the client set
+        self._broker: dict[int, bytes] = {}  # what the broker was sent
 
     def topic(self, header: PublishHeader) -> str:
         """The PUBLISH's topic: its own, or the one its alias stands for; records a new
-        alias.
+        alias as the client set it.
 
         Raises:
             UnknownTopicAlias: an empty topic with an alias never set, or out of range.
@@ -57,14 +66,43 @@ class AliasMap:
             if not 1 <= alias <= self.maximum:
                 raise UnknownTopicAlias(f"Topic Alias {alias} is outside 1..{self.maximum}")
             if header.topic:
-                self._topics[alias] = header.topic
-            elif alias in self._topics:
-                return self._topics[alias].decode("utf-8")
+                self._client[alias] = header.topic
+            elif alias in self._client:
+                return self._client[alias].decode("utf-8")
             else:
                 raise UnknownTopicAlias(f"Topic Alias {alias} was never set")
         if not header.topic:
             raise UnknownTopicAlias("a PUBLISH with neither topic nor Topic Alias")
         return header.topic_text
+
+    def for_broker(
+        self, head: Head, header: PublishHeader, prefix: bytes
+    ) -> tuple[Head, PublishHeader, bytes]:
+        """The PUBLISH as the broker must get it (after :meth:`topic`): as it is, or with
+        the topic its alias stands for written out when the broker holds another (the
+        fixed header, the variable header and the start of the body, as
+        :func:`proxy.protocol.upgrade_publish` gives them)."""
+        alias = first(header.properties, TOPIC_ALIAS)
+        if header.topic or not isinstance(alias, int):
+            return head, header, prefix
+        topic = self._client[alias]
+        if self._broker.get(alias) == topic:
+            return head, header, prefix
+        spelled = PublishHeader(topic, header.packet_id, header.properties, 0)
+        variable = publish_header_bytes(spelled, header.properties, v5=True)
+        length = head.length - header.size + len(variable)
+        return (
+            Head(head.first, length, fixed_header(head.first, length)),
+            PublishHeader(topic, header.packet_id, header.properties, len(variable)),
+            variable + prefix[header.size :],
+        )
+
+    def sent(self, header: PublishHeader) -> None:
+        """The broker was sent this PUBLISH (or its placeholder, which keeps its topic and
+        alias): an alias it sets is set at the broker too."""
+        alias = first(header.properties, TOPIC_ALIAS)
+        if isinstance(alias, int) and header.topic:
+            self._broker[alias] = header.topic
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,12 +6,19 @@ Everything else passes through as the bytes it came as (STYLE 20).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from client.protocol import PLACEHOLDER_AWARE
 
 from ._errors import MalformedPacket
-from ._properties import MAXIMUM_PACKET_SIZE, Prop, encode_properties, first, parse_properties
+from ._properties import (
+    AUTHENTICATION_METHOD,
+    MAXIMUM_PACKET_SIZE,
+    Prop,
+    encode_properties,
+    first,
+    parse_properties,
+)
 from ._wire import decode_varint, encode_varint, read_binary, read_text, read_u16, text
 
 _PROTOCOLS = {(b"MQTT", 4), (b"MQTT", 5), (b"MQIsdp", 3)}
@@ -54,6 +61,11 @@ class Connect:
         """The client's Maximum Packet Size (MQTT 5), None when it declared none."""
         value = first(self.properties, MAXIMUM_PACKET_SIZE)
         return value if isinstance(value, int) else None
+
+    @property
+    def authenticates(self) -> bool:
+        """Whether it asks for MQTT 5 enhanced authentication (AUTH packets before CONNACK)."""
+        return first(self.properties, AUTHENTICATION_METHOD) is not None
 
     @property
     def handles_placeholders(self) -> bool:
@@ -106,6 +118,18 @@ def parse_connect(body: bytes) -> Connect:
     return Connect(
         level, keepalive, props, client_id, will, username, password, body, (will_start, will_end)
     )
+
+
+def slim(connect: Connect) -> Connect:
+    """What a session keeps of its CONNECT for the connection's life: no body, Will or
+    password, and only the properties read later (Maximum Packet Size, Authentication
+    Method, the placeholder-aware tag); a CONNECT may be `max_connect_bytes` of them."""
+    kept = tuple(
+        p
+        for p in connect.properties
+        if p.id in (MAXIMUM_PACKET_SIZE, AUTHENTICATION_METHOD) or p.value == PLACEHOLDER_AWARE
+    )
+    return replace(connect, properties=kept, body=b"", will=None, password=None)
 
 
 def connect_with_will(connect: Connect, properties: tuple[Prop, ...], payload: bytes) -> bytes:
