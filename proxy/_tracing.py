@@ -8,8 +8,11 @@ stays untouched and costs nothing here.
   as it came: the device's creation context, linked), else the first span of a trace
   (PRODUCER), whose context the placeholder carries as `traceparent` / `tracestate`. The
   upload's HTTP request carries the span's context, so the gateway's spans are its children.
-* `fetch {topic}`, when a placeholder is resolved for a subscriber: a child of the
-  placeholder's creation context; the GET carries its context.
+* `fetch {topic}`, when a placeholder is resolved for a subscriber (plain, or decoded
+  first: proxy/_unseal.py): a child of the placeholder's creation context; the GET carries
+  its context.
+
+A Will stored after the broker's CONNACK gets no span (proxy/_will.py).
 
 Both durations are observed in `offload_proxy_offload_seconds` / `_fetch_seconds` with
 an exemplar naming the trace. Without OpenTelemetry (or no exporter asked for) the spans

@@ -55,6 +55,7 @@ from ._offload import (
     resolved_size,
     stored_headers,
     trace_context,
+    will_trace,
     with_trace,
 )
 from ._packets import (
@@ -171,5 +172,6 @@ __all__ = [
     "upgrade_publish",
     "whole_head",
     "whole_size",
+    "will_trace",
     "with_trace",
 ]

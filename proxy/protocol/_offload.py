@@ -161,6 +161,12 @@ def trace_context(header: PublishHeader) -> TraceContext | bool:
     return TraceContext.from_pairs(pairs) or True
 
 
+def will_trace(will: Will) -> TraceContext | None:
+    """A Will's own W3C trace context (its `traceparent` / `tracestate` Will properties,
+    parsed by the bounded codec); None when it carries no valid one."""
+    return TraceContext.from_pairs(user_properties(will.properties))
+
+
 def with_trace(header: PublishHeader, context: TraceContext) -> PublishHeader:
     """`header` with `context` appended as `traceparent` / `tracestate` user properties
     (its `size` stays the received header's: the payload is cut by it)."""
