@@ -82,7 +82,7 @@ def _cmd(name: str, quick: bool) -> list[str]:
         "tracing": [
             "tracing.py",
             "--blocks",
-            "2" if quick else "5",
+            "2" if quick else "10",
             "--messages",
             "1000" if quick else "2000",
             "--large",

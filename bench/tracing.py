@@ -1,7 +1,8 @@
 """Benchmark: what tracing costs a message, end to end (issue 46).
 
 Three ways of running the same publisher and subscriber (`client.Client`, one process,
-QoS 1), each block in a fresh process, alternating (absent, off, on, absent, ...):
+QoS 1), each block in a fresh process, alternating (absent, off, on, absent, ...; each
+round begins one mode later, so that no mode always runs first):
 
 * **absent**: OpenTelemetry cannot be imported (`sys.modules["opentelemetry"] = None`
   before the library loads: what a venv without the `otel` extra sees); the library's
@@ -14,7 +15,15 @@ QoS 1), each block in a fresh process, alternating (absent, off, on, absent, ...
   batched, encoded and sent during the measurement;
 * **app** (caller-span row only): as **on**, with the library's tracing switched off
   (`tracer_provider=client.tracing.DISABLED`): the application's own span and its export,
-  without the library's part.
+  without the library's part;
+* **ctx** (caller-span row only): as **on**, with `trace_direct=True`: each 1 KB PUBLISH
+  carries the caller's context as a `traceparent` user property (off by default);
+* **prop** (caller-span row only): as **app**, each PUBLISH with the same `traceparent`
+  user property set by the application itself: what one user property costs through paho
+  (packed by the publisher, unpacked by the subscriber) and the broker, tracing aside;
+* **prop-paho** (caller-span row only): as **prop**, the properties packed by paho's own
+  `Properties` instead of the library's encoder (client/mqtt/_props.py `PackedProperties`):
+  what that encoder saves.
 
 The gateway runs as its own process per mode (`offload-gateway`); for **on** it exports
 too, configured by `OTEL_EXPORTER_OTLP_ENDPOINT`. FastAPI itself imports
@@ -26,11 +35,10 @@ Rows (ratios against **off**, in the same run, medians of the blocks):
 * 1 KB messages, published and received: a message that fits goes to the broker as it
   is, with no span and no context of the library's own unless the caller is in a span;
 * 1 KB messages each published inside a caller's span (the application traces its own
-  work: then the library adds a `publish` span, the context on the PUBLISH, and the
-  subscriber a `receive` span);
+  work; the library adds nothing to a message sent as it is unless `trace_direct`, **ctx**);
 * 64 MiB messages offloaded through the gateway and fetched by the subscriber (seconds).
 
-    python bench/tracing.py                        # 5 blocks x 2000 small, 3 x 64 MiB
+    python bench/tracing.py                        # 10 blocks x 2000 small, 3 x 64 MiB
     python bench/tracing.py --blocks 3 --messages 1000 --large 2
 """
 
@@ -46,6 +54,7 @@ import time
 import uuid
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -65,6 +74,15 @@ MODES = ("absent", "off", "on")
 #: Only for the caller-span row: the SDK on for the application's own spans, the library's
 #: tracing DISABLED: what the application's tracing costs without the library's part.
 APP_ONLY = "app"
+#: Only for the caller-span row: as "on", with `trace_direct` (the context on every PUBLISH).
+CONTEXT = "ctx"
+#: Only for the caller-span row: as "app", each PUBLISH with a `traceparent` user property
+#: of the application's own.
+PROPERTY = "prop"
+#: As "prop", with paho's own `Properties` packing them (the library's encoder's baseline).
+PAHO_PACKED = "prop-paho"
+IN_SPAN_MODES = (*MODES, APP_ONLY, CONTEXT, PROPERTY, PAHO_PACKED)
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 
 # -- the worker: one mode, one block --------------------------------------------------------
@@ -76,7 +94,7 @@ def _worker(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(HERE.parent))
     provider = None
     caller = None
-    if args.mode in ("on", APP_ONLY):
+    if args.mode in ("on", APP_ONLY, CONTEXT, PROPERTY, PAHO_PACKED):
         from opentelemetry import trace
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.resources import Resource
@@ -92,10 +110,19 @@ def _worker(args: argparse.Namespace) -> None:
 
         caller = trace.get_tracer("bench-app")
 
-    from client import Client, Message
+    from client import Client, Message, PublishProperties
     from client.tracing import DISABLED
 
-    library = {"tracer_provider": DISABLED} if args.mode == APP_ONLY else {}
+    library: dict[str, object] = {}
+    if args.mode in (APP_ONLY, PROPERTY, PAHO_PACKED):
+        library["tracer_provider"] = DISABLED
+    if args.mode == CONTEXT:
+        library["trace_direct"] = True
+    own = None
+    if args.mode in (PROPERTY, PAHO_PACKED):
+        own = PublishProperties(user_properties=(("traceparent", TRACEPARENT),))
+    if args.mode == PAHO_PACKED:
+        _pack_with_paho()
     topic = f"bench/trace/{uuid.uuid4().hex[:8]}"
     payload = os.urandom(args.size)
     result: dict[str, float] = {}
@@ -110,7 +137,7 @@ def _worker(args: argparse.Namespace) -> None:
             for _ in range(n):
                 if in_span and caller is not None:
                     with caller.start_as_current_span("work"):
-                        pub.publish(topic, payload, qos=1)
+                        pub.publish(topic, payload, qos=1, properties=own)
                 else:
                     pub.publish(topic, payload, qos=1)
             got = 0
@@ -132,6 +159,25 @@ def _worker(args: argparse.Namespace) -> None:
     print("WORKER " + json.dumps(result), flush=True)
 
 
+def _pack_with_paho() -> None:
+    """The properties of a PUBLISH built and packed by paho's own `Properties` (how the
+    library packed them before client/mqtt/_props.py's `PackedProperties`)."""
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+
+    from client.mqtt import _paho_publishes, _props
+
+    def paho_packed(props: Any, packet: int = PacketTypes.PUBLISH) -> Any:
+        if props is None or props == type(props)():
+            return None
+        out = Properties(packet)  # type: ignore[no-untyped-call]
+        for name, value in _props._attributes(props).items():
+            setattr(out, name, value)
+        return out
+
+    _paho_publishes.to_paho_properties = paho_packed  # type: ignore[assignment]
+
+
 def _block(
     mode: str, *, size: int, messages: int, in_span: bool, urls: dict[str, str]
 ) -> dict[str, float]:
@@ -150,12 +196,24 @@ def _block(
     return dict(json.loads(line[len("WORKER ") :]))
 
 
+def _rotated(modes: tuple[str, ...], turn: int) -> tuple[str, ...]:
+    """`modes` beginning `turn` places later: a mode's place in the order is no bias."""
+    start = turn % len(modes)
+    return modes[start:] + modes[:start]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--blocks", type=int, default=5, help="blocks per mode (small messages)")
-    parser.add_argument("--messages", type=int, default=2000, help="small messages per block")
+    parser.add_argument("--blocks", type=int, default=10, help="blocks per mode (small messages)")
+    parser.add_argument(
+        "--messages",
+        type=int,
+        default=2000,
+        help="small messages per block (published before they are read: far more may outrun "
+        "mosquitto's queue of 1000 per subscriber)",
+    )
     parser.add_argument("--large", type=int, default=3, help="64 MiB messages per mode")
-    parser.add_argument("--worker", choices=(*MODES, APP_ONLY))
+    parser.add_argument("--worker", choices=IN_SPAN_MODES)
     parser.add_argument("--broker")
     parser.add_argument("--endpoint")
     parser.add_argument("--otlp")
@@ -181,19 +239,20 @@ def main() -> None:
             gw = stack.enter_context(gateway_process(seaweed, bucket, extra_env=extra))
             urls[mode] = gw.url
         urls["absent"] = urls["off"]  # FastAPI imports opentelemetry-api: see the docstring
-        urls[APP_ONLY] = urls["on"]
+        for mode in (APP_ONLY, CONTEXT, PROPERTY, PAHO_PACKED):
+            urls[mode] = urls["on"]
 
         small: dict[tuple[str, bool], list[float]] = {}
-        for _ in range(args.blocks):
+        for turn in range(args.blocks):
             for in_span in (False, True):
-                for mode in (*MODES, APP_ONLY) if in_span else MODES:
+                for mode in _rotated(IN_SPAN_MODES if in_span else MODES, turn):
                     rate = _block(
                         mode, size=1024, messages=args.messages, in_span=in_span, urls=urls
                     )
                     small.setdefault((mode, in_span), []).append(rate["rate"])
         large: dict[str, list[float]] = {m: [] for m in MODES}
-        for _ in range(args.large):
-            for mode in MODES:
+        for turn in range(args.large):
+            for mode in _rotated(MODES, turn):
                 took = _block(mode, size=64 * MiB, messages=1, in_span=False, urls=urls)
                 large[mode].append(took["seconds"])
         spans = len(otlp.snapshot())
@@ -206,6 +265,9 @@ def main() -> None:
         (True, "absent", "off", "info"),
         (True, "on", "off", "info"),
         (True, "on", APP_ONLY, ">= 0.95"),
+        (True, CONTEXT, APP_ONLY, "info"),
+        (True, PROPERTY, APP_ONLY, "info"),
+        (True, PROPERTY, PAHO_PACKED, "info"),
     ]
     for in_span, mode, base, target in comparisons:
         label = "1 KB QoS 1 sent and received" + (", each in a caller span" if in_span else "")

@@ -1,8 +1,8 @@
 """What `client.Client` puts on the wire for a trace, and which spans it makes (issue 46).
 
 Against a real mosquitto (256 KiB limit), the library tracing into an in-memory exporter:
-the context rides on the message itself (a direct PUBLISH, an ADR-23 message's first
-chunk only), a publisher's own `traceparent` user property is kept as it is, and a
+the context rides on the message itself (an ADR-23 message's first chunk only; a direct
+PUBLISH with `trace_direct`), a publisher's own `traceparent` user property is kept as it is, and a
 subscriber's receive continues the publisher's trace.
 """
 
@@ -67,23 +67,34 @@ class Raw:
         self._paho.disconnect()
 
 
-def test_a_direct_message_carries_the_callers_context_and_no_span_of_its_own(
+def test_a_direct_message_carries_the_callers_context_only_when_asked_and_no_span(
     broker: Mosquitto,
     unique_topic: Callable[[str], str],
     traced: tuple[TracerProvider, InMemorySpanExporter],
 ) -> None:
+    """`trace_direct` (default false): a message sent as it is carries the caller's
+    context only when asked (bench/RESULTS.md, "Issue 46": its cost), and never a span."""
     provider, exporter = traced
     tracer = provider.get_tracer("app")
     topic = unique_topic("direct")
-    with Client(broker.url, tracer_provider=provider) as pub, Client(broker.url) as sub:
+    with (
+        Client(broker.url, tracer_provider=provider) as plain,
+        Client(broker.url, tracer_provider=provider, trace_direct=True) as pub,
+        Client(broker.url) as sub,
+    ):
         sub.subscribe(topic, 1)
         pub.publish(topic, b"untraced", qos=1)  # no caller span: nothing added
         with tracer.start_as_current_span("work") as work:
+            plain.publish(topic, b"by default", qos=1)
             pub.publish(topic, b"traced", qos=1)
-        first, second = sub.next_message(timeout=10), sub.next_message(timeout=10)
-    assert isinstance(first, Message) and isinstance(second, Message)
-    assert first.trace_context is None
-    ctx = second.trace_context
+        got = [sub.next_message(timeout=10) for _ in range(3)]
+    assert all(isinstance(m, Message) for m in got)
+    untraced, by_default, traced_one = got
+    assert isinstance(untraced, Message) and untraced.trace_context is None
+    assert isinstance(by_default, Message) and by_default.payload == b"by default"
+    assert by_default.trace_context is None and by_default.properties.user_properties == ()
+    assert isinstance(traced_one, Message)
+    ctx = traced_one.trace_context
     assert ctx is not None
     assert (ctx.trace_id, ctx.span_id) == (
         work.get_span_context().trace_id,

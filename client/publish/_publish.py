@@ -185,13 +185,12 @@ class Publisher:
     ) -> PublishResult:
         s = self._settings
         tracing = self._tracing
-        ambient = tracing.ambient()
-        custom = _spans.custom_context(send.properties) if tracing.enabled or ambient else False
         encrypted = self._sealer.encrypts(send.topic)
         packet = 0
-        # What a direct PUBLISH carries: the caller's context (a child of the caller's span
-        # has its tracestate and a traceparent of the same length: sized as it would go).
-        outgoing = _spans.injected(send.properties, _spans.direct_context(ambient, custom))
+        # What a direct PUBLISH carries: its own properties; with `trace_direct`, and the
+        # caller's context (a child of the caller's span has its tracestate and a
+        # traceparent of the same length: sized as it would go).
+        outgoing = self._direct_properties(send) if s.trace_direct else send.properties
         if encrypted:  # offloaded, else chunks of the ciphertext: never direct
             route = Route.OFFLOADED
             endpoint = self._endpoint() if s.automatic_offload else None
@@ -200,6 +199,8 @@ class Publisher:
             route, endpoint = self._choose(send, source, packet)
         if route is Route.DIRECT:  # one PUBLISH: no span of the library's (_spans.py)
             return self._as_is(send, source, outgoing)
+        ambient = tracing.ambient()
+        custom = _spans.custom_context(send.properties) if tracing.enabled or ambient else False
         span = _spans.start_publish(
             tracing, topic=send.topic, size=source.size, route=route, ambient=ambient, custom=custom
         )
@@ -213,6 +214,15 @@ class Publisher:
                 if result.message_id is not None:
                     span.set("messaging.message.id", result.message_id)
             return result
+
+    def _direct_properties(self, send: _Send) -> PublishProperties | None:
+        """A direct PUBLISH's properties with the caller's context (`trace_direct`), unless
+        its publisher set a `traceparent` itself."""
+        ambient = self._tracing.ambient()
+        if ambient is None:
+            return send.properties
+        custom = _spans.custom_context(send.properties)
+        return _spans.injected(send.properties, _spans.direct_context(ambient, custom))
 
     def _choose(self, send: _Send, source: PayloadSource, packet: int) -> tuple[Route, str | None]:
         """The route of a message that may go direct, and the endpoint when it is offloaded."""

@@ -15,10 +15,12 @@ unchanged (the conventions' custom creation context): the publish span is then C
 child of the caller's span (else of that context) and links to it.
 
 A message that goes straight to the broker (it fits, no offload) is one PUBLISH, nothing
-of the library's own: it gets no span, and carries the caller's current context when there
-is one (that span is then its creation context). A span of the SDK, with its export, costs
-more than 5 % of a 1 KB message's round trip (bench/RESULTS.md, "Issue 46"), so the
-library spends spans on the work it adds (uploads, chunks, fetches), not on a PUBLISH.
+of the library's own: it gets no span, and with the `trace_direct` setting (off by default)
+carries the caller's current context when there is one (that span is then its creation
+context). A span of the SDK, with its export, costs more than 5 % of a 1 KB message's
+round trip, and even the context alone ~10 % (a user property through paho and the broker;
+bench/RESULTS.md, "Issue 46"), so the library spends spans on the work it adds (uploads,
+chunks, fetches), not on a PUBLISH.
 """
 
 from __future__ import annotations
@@ -69,8 +71,8 @@ def start_publish(
 def direct_context(
     ambient: TraceContext | None, custom: TraceContext | bool
 ) -> TraceContext | None:
-    """What a direct message carries: the caller's context, unless its publisher set one
-    itself."""
+    """What a direct message carries with `trace_direct`: the caller's context, unless its
+    publisher set one itself."""
     return None if custom else ambient
 
 
