@@ -108,8 +108,22 @@ class Metrics:
     def render(self, accept: str = "") -> tuple[bytes, str]:
         """The exposition and its media type: OpenMetrics (with exemplars) when `accept`
         asks for it, else Prometheus text."""
-        encode, media_type = choose_encoder(accept)
+        encode, media_type = exposition(accept)
         return encode(self.registry), media_type
+
+
+#: The OpenMetrics version served to a scraper that asks for OpenMetrics.
+OPENMETRICS = "application/openmetrics-text; version=1.0.0"
+
+
+def exposition(accept: str) -> tuple[Callable[[CollectorRegistry], bytes], str]:
+    """prometheus_client's encoder and media type for a scraper's `Accept`: OpenMetrics
+    1.0.0 (with the exemplars) when it asks for `application/openmetrics-text`, else the
+    text format. The header is read for that alone: prometheus_client's own reading of it
+    fails on a version it cannot compare (`version=x`: TypeError, a 500) and writes the
+    version it was sent back into `Content-Type`."""
+    ranges = (part.split(";", 1)[0].strip().lower() for part in accept.split(","))
+    return choose_encoder(OPENMETRICS if "application/openmetrics-text" in ranges else "")
 
 
 class Renders(Protocol):

@@ -42,9 +42,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, multiprocess
-from prometheus_client.exposition import choose_encoder
 
-from ._metrics import serve_metrics
+from ._metrics import exposition, serve_metrics
 from ._server import Sockets
 from ._settings import ProxySettings
 
@@ -179,7 +178,7 @@ class Supervisor:
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry, path=self.metrics_dir)  # type: ignore[no-untyped-call]
         # No exemplars: a worker's stay in its own process (docs/operations.md).
-        encode, media_type = choose_encoder(accept)
+        encode, media_type = exposition(accept)
         return bytes(encode(registry)), media_type
 
     async def watch(self) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import socket
 import uuid
 from collections.abc import Callable
 
@@ -33,6 +34,7 @@ from gateway.storage import open_store
 
 from _gateway import GatewayServer
 from _hostile import RawPublisher
+from _proxy import ProxyServer
 from _servers import Mosquitto, SeaweedFS
 
 pytestmark = pytest.mark.servers
@@ -47,6 +49,7 @@ HOSTILE = [
     "%0d%0aSet-Cookie: x=1",
 ]
 MARK = "0af7651916cd43dd8448eb211c80319c"  # the trace id a parser that accepted it would keep
+OPENMETRICS_TYPE = b"application/openmetrics-text; version=1.0.0; charset=utf-8; escaping="
 
 
 def memory_provider() -> tuple[TracerProvider, InMemorySpanExporter]:
@@ -268,3 +271,54 @@ def test_the_gateways_own_placeholder_carries_its_publish_span(
     assert first.trace_context.span_id == publish.context.span_id
     assert second.trace_context is not None and second.trace_context.traceparent == own
     provider.shutdown()
+
+
+SCRAPES = (b"text/plain; version=0.0.4; charset=utf-8", OPENMETRICS_TYPE + b"underscores")
+HOSTILE_ACCEPT = [
+    b"application/openmetrics-text; version=x",  # prometheus_client: TypeError (a 500)
+    b"text/plain; version=garbage",
+    b"application/openmetrics-text; version=1\n\n.0.0",  # was echoed into Content-Type
+    b"application/openmetrics-text; version=99.0.0",
+]
+
+
+def test_a_scrapers_hostile_accept_header_gets_one_of_two_expositions(
+    gateway_factory: Callable[..., GatewayServer], broker: Mosquitto
+) -> None:
+    """`/metrics` of the gateway and of offload-proxy negotiate OpenMetrics (the exemplars)
+    from `Accept`: whatever it says, the answer is 200 in one of two media types, and
+    nothing of the header is written back."""
+    from proxy import ProxySettings
+
+    gw = gateway_factory(broker)
+    proxy = ProxyServer(ProxySettings(broker=broker.url, port=0, metrics_port=0)).start()
+    try:
+        for accept in HOSTILE_ACCEPT:
+            gateways = _scrape(gw.port, accept)
+            if b"\n" in accept:  # uvicorn's parser refuses a bare LF in a header line
+                assert gateways.startswith(b"HTTP/1.1 400 "), gateways
+            else:
+                _one_of_two(gateways)
+            _one_of_two(_scrape(proxy.proxy.metrics_port, accept))
+    finally:
+        proxy.stop()
+
+
+def _one_of_two(head: bytes) -> None:
+    assert head.startswith(b"HTTP/1.1 200 "), head
+    types = [ln for ln in head.split(b"\r\n") if ln.lower().startswith(b"content-type:")]
+    assert len(types) == 1 and types[0].split(b":", 1)[1].strip() in SCRAPES, head
+
+
+def _scrape(port: int, accept: bytes) -> bytes:
+    """The head of the answer to `GET /metrics` with `accept` sent as it is."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(
+            b"GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: "
+            + accept
+            + b"\r\nConnection: close\r\n\r\n"
+        )
+        answer = b""
+        while b"\r\n\r\n" not in answer and (piece := sock.recv(65536)):
+            answer += piece
+    return answer.split(b"\r\n\r\n", 1)[0]

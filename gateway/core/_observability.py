@@ -15,6 +15,7 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import Counter, Histogram
@@ -135,10 +136,24 @@ class ObservabilityMiddleware:
             request_id.reset(token)
 
 
+#: The OpenMetrics version served to a scraper that asks for OpenMetrics.
+OPENMETRICS = "application/openmetrics-text; version=1.0.0"
+
+
+def exposition(accept: str) -> tuple[Callable[[Any], bytes], str]:
+    """prometheus_client's encoder and media type for a scraper's `Accept`: OpenMetrics
+    1.0.0 (with the exemplars) when it asks for `application/openmetrics-text`, else the
+    text format. The header is read for that alone: prometheus_client's own reading of it
+    fails on a version it cannot compare (`version=x`: TypeError, a 500) and writes the
+    version it was sent back into `Content-Type`."""
+    ranges = (part.split(";", 1)[0].strip().lower() for part in accept.split(","))
+    return choose_encoder(OPENMETRICS if "application/openmetrics-text" in ranges else "")
+
+
 async def metrics_endpoint(request: Request) -> Response:
     """Prometheus text exposition, or OpenMetrics (with the exemplars) to a scraper that
     asks for it in `Accept` (one process; docs/deployment.md for several workers)."""
-    encode, media_type = choose_encoder(request.headers.get("accept", ""))
+    encode, media_type = exposition(request.headers.get("accept", ""))
     from prometheus_client import REGISTRY
 
     return Response(encode(REGISTRY), media_type=media_type)
