@@ -322,3 +322,51 @@ def _scrape(port: int, accept: bytes) -> bytes:
         while b"\r\n\r\n" not in answer and (piece := sock.recv(65536)):
             answer += piece
     return answer.split(b"\r\n\r\n", 1)[0]
+
+
+def test_the_gateways_placeholder_keeps_to_the_brokers_limit(
+    mosquitto_factory: Callable[..., Mosquitto],
+    gateway_factory: Callable[..., GatewayServer],
+    unique_topic: Callable[[str], str],
+) -> None:
+    """`POST /publish` with user properties near a 4 KiB broker's limit: the caller's
+    context goes on the placeholder only where it still fits, and a placeholder over the
+    limit is a 400 with nothing kept, where the broker dropped the gateway's connection
+    (every placeholder on the way with it) and the caller got a 503."""
+    from test_proxy import PahoPeer
+
+    from client.mqtt._props import from_paho_properties
+    from client.protocol import publish_packet_size
+
+    limit = 4096
+    small = mosquitto_factory(max_packet_size=limit)
+    gw = gateway_factory(small)
+    topic = unique_topic("near-limit")
+    raw = PahoPeer(small.port)
+    raw.subscribe(small, topic)
+
+    def publish(pad: int) -> httpx.Response:
+        headers = {"traceparent": VALID, "X-Offload-Property": "pad:" + "x" * pad}
+        return http.post(f"/publish/{topic}", content=b"payload", headers=headers)
+
+    try:
+        with httpx.Client(base_url=gw.url, timeout=30) as http:
+            assert publish(1000).status_code == 201
+            (first,) = raw.wait(1)
+            carried = from_paho_properties(first.properties)
+            assert carried.user_property("traceparent") is not None  # room for it
+            size = publish_packet_size(topic, len(first.payload), qos=1, properties=carried)
+            # 30 bytes over the limit with the context (71 bytes), 41 under without it.
+            pad = 1000 + limit - size + 30
+            assert publish(pad).status_code == 201
+            second = raw.wait(2)[1]
+            names = [name for name, _ in second.properties.UserProperty]
+            assert "pad" in names and "traceparent" not in names
+            refused = publish(pad + 100)
+            assert refused.status_code == 400, refused.text
+            assert "over the broker's limit of 4096" in refused.json()["detail"]
+            assert publish(10).status_code == 201  # at once: the link was never dropped
+        assert len(raw.wait(3)) == 3
+        assert "oversize packet" not in small.log()
+    finally:
+        raw.close()

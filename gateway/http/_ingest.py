@@ -35,6 +35,7 @@ from client.protocol import (
     Topic,
     UploadFields,
     mqtt_text_problem,
+    publish_packet_size,
     publish_properties_problem,
     upload_fields,
 )
@@ -361,15 +362,21 @@ async def announce(
         created: False when the commit found an identical earlier message: that one is
             not withdrawn on failure, since an earlier publish may have announced it.
 
+    The placeholder carries the `publish` span's context only where it still fits the
+    broker's Maximum Packet Size (as offload-proxy adds it).
+
     Raises:
+        BadRequest: the placeholder (its user properties) is over the broker's limit.
         BrokerUnavailable: the broker is unreachable or did not acknowledge.
     """
     placeholder = Placeholder(url, manifest.size, manifest.sha256, manifest.id, options.encoding)
     original = options.properties(manifest.content_type)
     with publish_span(manifest, original) as span:
-        if span.context is not None and original.user_property(TRACEPARENT) is None:
-            original = original.with_user_properties(*span.context.pairs())
         body, props = placeholder.encode(original)
+        if span.context is not None and original.user_property(TRACEPARENT) is None:
+            traced = placeholder.encode(original.with_user_properties(*span.context.pairs()))
+            if _over_limit(ctx, manifest, traced[0], traced[1], options) is None:
+                body, props = traced
         await _publish_placeholder(ctx, manifest, body, props, options, created)
 
 
@@ -395,6 +402,9 @@ async def _publish_placeholder(
 ) -> None:
     """Send the placeholder; withdraw the message when the broker does not take it."""
     problem = None if props is None else publish_properties_problem(props)
+    # A PUBLISH over the broker's limit is answered by dropping the gateway's connection,
+    # and with it every other request's placeholder on the way.
+    problem = problem or _over_limit(ctx, manifest, body, props, options)
     if problem is not None:
         # Every route validates before storing; this is the last line, never the first.
         if created:
@@ -419,6 +429,27 @@ async def _publish_placeholder(
         raise BrokerUnavailable(
             f"broker unreachable, message not published and not kept: {exc}"
         ) from exc
+
+
+def _over_limit(
+    ctx: Context,
+    manifest: Manifest,
+    body: bytes,
+    props: PublishProperties | None,
+    options: PublishOptions,
+) -> str | None:
+    """Why the placeholder cannot go to the broker (over its Maximum Packet Size), or None
+    (also when the broker states no limit)."""
+    limit = ctx.broker.max_packet_size
+    try:
+        size = publish_packet_size(
+            manifest.topic.value, len(body), qos=options.qos, properties=props
+        )
+    except ValueError as exc:  # ProtocolError: a property no PUBLISH can carry
+        return str(exc)
+    if limit is None or size <= limit:
+        return None
+    return f"its placeholder would be {size} bytes, over the broker's limit of {limit}"
 
 
 def placeholder_user_properties(
