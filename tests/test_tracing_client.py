@@ -23,6 +23,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from client import Client, Message
 from client.protocol import PublishProperties, TraceContext
 
+from _gateway import GatewayServer
 from _servers import Mosquitto
 
 pytestmark = pytest.mark.servers
@@ -43,6 +44,7 @@ class Raw:
 
     def __init__(self, broker: Mosquitto, topic: str) -> None:
         self.props: list[list[tuple[str, str]]] = []
+        self.messages: list[mqtt.MQTTMessage] = []
         subscribed = threading.Event()
         self._paho = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
         self._paho.on_message = self._on_message
@@ -53,6 +55,7 @@ class Raw:
         assert subscribed.wait(10)
 
     def _on_message(self, client: object, userdata: object, msg: mqtt.MQTTMessage) -> None:
+        self.messages.append(msg)
         self.props.append(list(getattr(msg.properties, "UserProperty", [])))
 
     def wait(self, count: int, timeout: float = 30) -> list[list[tuple[str, str]]]:
@@ -158,3 +161,44 @@ def test_a_publishers_own_traceparent_is_kept_and_linked(
     assert publish.kind.name == "CLIENT"  # not the creation context: the custom one is
     assert f"{publish.context.trace_id:032x}" == CUSTOM.split("-")[1]
     assert [f"{ln.context.span_id:016x}" for ln in publish.links] == [CUSTOM.split("-")[2]]
+
+
+def test_a_placeholder_the_context_would_push_over_the_limit_goes_without_it(
+    mosquitto_factory: Callable[..., Mosquitto],
+    gateway_factory: Callable[..., GatewayServer],
+    unique_topic: Callable[[str], str],
+    traced: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    """The publish span's context goes on the placeholder only where it still fits the
+    broker (as offload-proxy and the gateway add theirs), never at the cost of the message."""
+    from client.mqtt._props import from_paho_properties
+    from client.protocol import publish_packet_size
+
+    provider, exporter = traced
+    limit = 4096
+    small = mosquitto_factory(max_packet_size=limit)
+    gw = gateway_factory(small)
+    topic = unique_topic("tight")
+    raw = Raw(small, topic)
+    payload = os.urandom(8000)  # over the limit: offloaded
+
+    def padded(pad: int) -> PublishProperties:
+        return PublishProperties(user_properties=(("pad", "x" * pad),))
+
+    try:
+        with Client(small.url, endpoint=gw.url, tracer_provider=provider) as pub:
+            pub.publish(topic, payload, qos=1, properties=padded(1000))
+            (first,) = raw.wait(1)
+            assert TraceContext.from_pairs(first) is not None  # room for it
+            placeholder = raw.messages[0]
+            carried = from_paho_properties(placeholder.properties)
+            size = publish_packet_size(topic, len(placeholder.payload), qos=1, properties=carried)
+            # 30 bytes over the limit with the context (71 bytes), 41 under without it.
+            result = pub.publish(topic, payload, qos=1, properties=padded(1000 + limit - size + 30))
+            second = raw.wait(2)[1]
+    finally:
+        raw.close()
+    assert result.route == "offloaded"
+    assert ("pad", "x" * (1000 + limit - size + 30)) in second
+    assert TraceContext.from_pairs(second) is None
+    assert len([s for s in exporter.get_finished_spans() if s.name == f"publish {topic}"]) == 2

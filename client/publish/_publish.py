@@ -490,11 +490,9 @@ class Publisher:
             ref = _placeholder.Placeholder(
                 url, stored.source.size, stored.source.sha256, message_id, stored.encoding
             )
-        protocol = self._settings.protocol
-        body, props = ref.encode(send.carrying(send.properties), protocol=protocol)
-        size = publish_packet_size(
-            send.topic, len(body), qos=send.qos, properties=props, protocol=protocol
-        )
+        body, props, size = self._placeholder(send, ref, send.carrying(send.properties))
+        if size > send.limit and send.trace is not None:  # the context only where it fits
+            body, props, size = self._placeholder(send, ref, send.properties)
         if size > send.limit:
             raise MessageTooLarge(size, send.limit, "even the placeholder does not fit")
         future = self._conn.publish(
@@ -504,6 +502,17 @@ class Publisher:
         return PublishResult(
             send.topic, Route.OFFLOADED, source.size, stored.plain_sha256, str(message_id), url
         )
+
+    def _placeholder(
+        self, send: _Send, ref: _placeholder.Placeholder, properties: PublishProperties | None
+    ) -> tuple[bytes, PublishProperties | None, int]:
+        """The placeholder's body and properties, and the size of its PUBLISH."""
+        protocol = self._settings.protocol
+        body, props = ref.encode(properties, protocol=protocol)
+        size = publish_packet_size(
+            send.topic, len(body), qos=send.qos, properties=props, protocol=protocol
+        )
+        return body, props, size
 
     def encrypts(self, topic: str) -> bool:
         """Whether `topic`'s payloads are encrypted (`encrypt_to`): never sent in the clear."""
