@@ -106,6 +106,30 @@ def test_a_direct_message_carries_the_callers_context_only_when_asked_and_no_spa
     assert [s.name for s in exporter.get_finished_spans()] == ["work"]
 
 
+def test_a_direct_message_the_context_would_push_over_the_limit_goes_without_it(
+    broker: Mosquitto,
+    unique_topic: Callable[[str], str],
+    traced: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    """With `trace_direct`, a message that fits the broker only without the caller's
+    context goes as it is without it: the context never changes a message's route."""
+    from client.protocol import max_payload
+
+    provider, _ = traced
+    topic = unique_topic("direct-tight")
+    size = max_payload(topic, qos=1, properties=None, limit=256 * 1024) - 30
+    with (
+        Client(broker.url, tracer_provider=provider, trace_direct=True) as pub,
+        Client(broker.url) as sub,
+    ):
+        sub.subscribe(topic, 1)
+        with provider.get_tracer("app").start_as_current_span("work"):
+            result = pub.publish(topic, os.urandom(size), qos=1)
+        got = sub.next_message(timeout=30)
+    assert result.route == "direct"
+    assert isinstance(got, Message) and got.size == size and got.trace_context is None
+
+
 def test_a_chunked_message_carries_its_publish_spans_context_on_the_first_chunk(
     mosquitto_factory: Callable[..., Mosquitto],
     unique_topic: Callable[[str], str],

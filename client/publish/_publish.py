@@ -196,6 +196,9 @@ class Publisher:
             endpoint = self._endpoint() if s.automatic_offload else None
         else:
             packet = self._packet_size(send, source.size, outgoing)
+            if packet > send.limit and outgoing is not send.properties:
+                outgoing = send.properties  # the context only where it fits: not a reroute
+                packet = self._packet_size(send, source.size, outgoing)
             route, endpoint = self._choose(send, source, packet)
         if route is Route.DIRECT:  # one PUBLISH: no span of the library's (_spans.py)
             return self._as_is(send, source, outgoing)
