@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from client import load_identities
 from client.malloc import trim_malloc
+from client.protocol import address_key
 from client.tracing import TracerProviderLike, Tracing, tracing_for
 
 from ._descriptors import REFUSING, fit_connections
@@ -34,7 +35,7 @@ from ._listen import PEER, Listener, bind, peer_in_logs
 from ._metrics import Metrics, serve_metrics
 from ._session import Session
 from ._settings import ProxySettings
-from ._shares import Holder, Limits, Pool, PoolFull, Taken, address_key
+from ._shares import Holder, Limits, Pool, PoolFull, Taken
 from ._state import Services
 from ._websocket import HandshakeFailed, WebSocketReader, WebSocketWriter, handshake
 

@@ -25,12 +25,15 @@ import asyncio
 import contextlib
 import logging
 
+from client.protocol import address_key
+
+from ._account import account
 from ._chunks import release
 from ._exceptions import PeerGone, PeerTimeout
 from ._gateway import credentials
 from ._inbound import relay_up
 from ._outbound import relay_down
-from ._shares import Holder, PoolFull, Taken, address_key
+from ._shares import Holder, PoolFull, Taken
 from ._state import Conn, Services
 from ._stream import READ_SIZE, PacketStream
 from ._will import prepare
@@ -203,6 +206,7 @@ class Session:
             # What the relays need of the CONNECT; its body, Will and password stay no longer
             # than the login (`auth` keeps the credentials the gateway gets).
             connect=slim(connect),
+            account=account(connect, auth, settings.jwt_username_claim),
             peer=self.peer,
             client=self.client,
             client_writer=self.writer,

@@ -155,6 +155,13 @@ class ProxySettings(BaseSettings):
         "password in clear: only to an https:// gateway or one behind TLS, for users whose hash "
         "cannot do SCRAM)",
     )
+    jwt_username_claim: str = Field(
+        "sub",
+        min_length=1,
+        description="the claim of a JWT password that names the device's account for its "
+        "shares (as the gateway's OFFLOAD_JWT_USERNAME_CLAIM): such brokers may ignore the "
+        "CONNECT's user name",
+    )
     max_connect_bytes: int = Field(
         128 * 1024,
         gt=0,

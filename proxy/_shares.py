@@ -7,7 +7,8 @@ the device's address (:attr:`proxy._state.Conn.peer`, the one place it is known)
 account, the CONNECT's user name, but only once the broker accepted the login (anything
 else could take another account's share with a wrong password). An anonymous device has
 no account: it is held to its address's share alone. An IPv6 address counts by its /64
-(:func:`address_key`): one subscriber's prefix holds 2^64 addresses.
+(:func:`client.protocol.address_key`, as at the gateway): one subscriber's prefix holds
+2^64 addresses.
 
 A taker either is refused at once (:meth:`Pool.take_now`: uploads, which the device may
 retry after its 0x97) or waits its turn (:meth:`Pool.take`: fetches, which delay only the
@@ -23,26 +24,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import ipaddress
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-
-#: An IPv6 address counts by this prefix: what one subscriber (a home, a device) gets.
-IPV6_SHARE_PREFIX = 64
-
-
-def address_key(address: str) -> str:
-    """What an address's share is counted under: an IPv4 address itself, an IPv6 address's
-    /64 (anything else, as it is)."""
-    try:
-        ip = ipaddress.ip_address(address)
-    except ValueError:
-        return address
-    if isinstance(ip, ipaddress.IPv6Address):
-        if ip.ipv4_mapped is not None:
-            return str(ip.ipv4_mapped)
-        return str(ipaddress.IPv6Network((ip, IPV6_SHARE_PREFIX), strict=False))
-    return address
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,13 +11,13 @@ from typing import Any
 
 import httpx
 
-from client.protocol import Placeholder, Reassembler
+from client.protocol import Placeholder, Reassembler, address_key
 from client.tracing import Tracing
 
 from ._gateway import GatewayLink
 from ._metrics import Metrics
 from ._settings import MQTT_MAX_PACKET, ProxySettings
-from ._shares import Holder, Pool, Taken, address_key
+from ._shares import Holder, Pool, Taken
 from ._stream import PacketStream
 from .protocol import AliasMap, Connect, Stored, Will
 
@@ -126,6 +126,7 @@ class Conn:
     """One client connection and its broker connection."""
 
     connect: Connect
+    account: str | None  # whose shares, once accepted (proxy._account)
     peer: str  # the device's address: every per-address rule, the gateway's X-Forwarded-For
     client: PacketStream
     client_writer: asyncio.StreamWriter
@@ -154,7 +155,7 @@ class Conn:
     def holder(self) -> Holder:
         """Who takes from the shared pools: the device's address, and its account once the
         broker accepted it (before, a user name is only a claim)."""
-        return Holder(address_key(self.peer), self.connect.username if self.accepted else None)
+        return Holder(address_key(self.peer), self.account if self.accepted else None)
 
     @property
     def busy(self) -> bool:

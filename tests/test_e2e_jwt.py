@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -145,3 +146,54 @@ def test_the_proxy_presents_the_device_token(fleet: Fleet) -> None:
         viewer.close()
     finally:
         server.stop()
+
+
+def test_a_device_token_counts_against_its_own_account_not_the_name_it_gives(
+    tmp_path: Path,
+) -> None:
+    """A JWT-checking broker may take a valid token whatever user name comes with it (here
+    a mosquitto that checks nothing, the gateway checking each token). `mallory`, holding
+    her own token, connects naming `victim` and stalls an upload: her share is spent, not
+    the victim's (before, the proxy counted shares by the CONNECT's user name, and the
+    victim's publish got 0x97 while hers hung)."""
+    from test_proxy_fleet import connect_packet, publish_head
+    from test_proxy_hostile import _read
+
+    from gateway import Settings
+
+    key = make_key("ES256", "accounts-1")
+    tokens = {user: key.sign(claims(user, ttl=3600, acl=ACL)) for user in ("victim", "mallory")}
+    (tmp_path / "jwks.json").write_text(jwks(key))
+    broker = Mosquitto(max_packet_size=262144, extra_config="allow_anonymous true\n").start()
+    gw = GatewayServer(
+        Settings(  # type: ignore[call-arg]
+            storage_url=f"file://{tmp_path / 'store'}",
+            jwks_file=tmp_path / "jwks.json",
+            jwt_issuer=ISSUER,
+            jwt_audience=AUDIENCE,
+            tls=True,
+        )
+    ).start()
+    server = start_proxy(
+        broker, gw, max_uploads=8, max_uploads_per_user=1, max_uploads_per_address=8
+    )
+    mallory = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+    try:
+        mallory.sendall(connect_packet("m-1", user="victim", password=tokens["mallory"]))
+        first, body = _read(mallory)
+        assert first == 0x20 and body[1] == 0
+        mallory.sendall(publish_head("dev/mallory/big", 4 * MiB) + bytes(300_000))  # stalls
+        wait_until(lambda: server.metric("offload_proxy_uploads") == 1, "her upload", 30)
+        victim = PahoPeer(server.port, credentials=("victim", tokens["victim"]))
+        acks: list[Any] = []
+        victim.client.on_publish = lambda _c, _u, _mid, rc, _p: acks.append(rc.value)
+        victim.client.publish("dev/victim/pic", os.urandom(MiB), qos=1)
+        wait_until(lambda: bool(acks), "the victim's PUBACK", 30)
+        # Accepted (0x10: no subscriber yet): her stall holds her own account's share only.
+        assert acks[0] in (0x00, 0x10), hex(acks[0])
+        victim.close()
+    finally:
+        mallory.close()
+        server.stop()
+        gw.stop()
+        broker.close()

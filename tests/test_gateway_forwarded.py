@@ -134,6 +134,12 @@ def test_forwarded_addresses_are_believed_only_from_trusted_proxies(
         assert other.status() == 201  # counted as 10.0.0.2
         assert again.status() == 429  # 10.0.0.1 has one under way
         assert liar.status() == 429  # 127.0.0.2 is no trusted hop: counted as itself
+        uploads.append(held(trusting.port, "127.0.0.1", "2001:db8:0:1::1"))
+        same_prefix = RawUpload(trusting.port, "127.0.0.1", "2001:db8:0:1::2")
+        next_prefix = RawUpload(trusting.port, "127.0.0.1", "2001:db8:0:2::1")
+        uploads += [same_prefix, next_prefix]
+        assert same_prefix.status() == 429  # an IPv6 address counts by its /64
+        assert next_prefix.status() == 201
     finally:
         for upload in uploads:
             upload.close()
@@ -207,6 +213,24 @@ def test_failed_logins_count_against_the_device_not_the_proxy(
         assert _scram_status(device, "writer", USERS["writer"]) == 201
     with httpx.Client(base_url=gw.url, timeout=30) as proxy_itself:
         assert _scram_status(proxy_itself, "writer", USERS["writer"]) == 201
+
+
+def test_an_ipv6_device_counts_by_its_64_however_many_addresses_it_rotates_through(
+    gateway_factory: Callable[..., GatewayServer], files: Path, broker: Mosquitto
+) -> None:
+    """A subscriber is routed a whole /64: a guesser that takes a new address of it for
+    each attempt is still one address to the failed-login limit (keyed by each full address
+    before, it was never limited at all); the next /64 is another device."""
+    gw = secured(gateway_factory, files, broker)
+    statuses = []
+    for n in range(12):
+        with forwarding(gw, f"2001:db8:0:1::{n + 1:x}") as guesser:
+            statuses.append(_scram_status(guesser, "writer", f"guess-{n}"))
+    assert statuses[:10] == [401] * 10 and statuses[10:] == [429, 429]
+    with forwarding(gw, "2001:db8:0:1:ffff::1") as same_prefix:
+        assert _scram_status(same_prefix, "writer", USERS["writer"]) == 429
+    with forwarding(gw, "2001:db8:0:2::1") as next_prefix:
+        assert _scram_status(next_prefix, "writer", USERS["writer"]) == 201
 
 
 class Drip:

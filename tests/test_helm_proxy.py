@@ -52,6 +52,7 @@ def test_the_proxy_container_runs_offload_proxy_against_the_release(
     assert env["OFFLOAD_PROXY_BROKER"] == "mqtt://mosquitto.mosquitto.svc.cluster.local:1883"
     assert env["OFFLOAD_PROXY_ENDPOINT"] == f"http://offload-mqtt-offload.{NAMESPACE}.svc:80"
     assert env["OFFLOAD_PROXY_IDLE_TIMEOUT"] == "20"
+    assert env["OFFLOAD_PROXY_JWT_USERNAME_CLAIM"] == "sub"  # the gateway's auth.jwt claim
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     from proxy import ProxySettings  # every rendered variable is one the proxy reads
 

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from proxy._shares import Holder, Limits, Pool, PoolFull, address_key
+from client.protocol import address_key
+from proxy._shares import Holder, Limits, Pool, PoolFull
 
 
 def test_a_take_now_beyond_a_share_is_refused_and_says_which() -> None:

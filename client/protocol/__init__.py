@@ -36,6 +36,7 @@ from ._errors import (
 )
 
 if TYPE_CHECKING:
+    from ._addresses import IPV6_SHARE_PREFIX, address_key
     from ._bounded import Origin, http_origin, loads_object
     from ._chunk import ChunkPlan, PlannedChunk, plan_chunks, split
     from ._chunk_header import CHUNK_PROPERTY, ChunkHeader, chunk_header
@@ -96,6 +97,8 @@ if TYPE_CHECKING:
 # name -> (module, name there). Loaded on first use: a process that needs one value (the
 # `offload` CLI checking a topic, a client importing its errors) does not pay for every codec.
 _LAZY: dict[str, tuple[str, str]] = {
+    "IPV6_SHARE_PREFIX": ("._addresses", "IPV6_SHARE_PREFIX"),
+    "address_key": ("._addresses", "address_key"),
     "CHUNK_PROPERTY": ("._chunk_header", "CHUNK_PROPERTY"),
     "CachedRecord": ("._endpoint_cache", "CachedRecord"),
     "ChunkComplete": ("._reassembly", "Complete"),
@@ -188,6 +191,7 @@ __all__ = [
     "FORMAT_KEY",
     "ID_KEY",
     "INDEX_PREFIX",
+    "IPV6_SHARE_PREFIX",
     "MAX_BSON_DOCUMENT",
     "MAX_PACKET_SIZE",
     "MAX_TOPIC_BYTES",
@@ -242,6 +246,7 @@ __all__ = [
     "TopicFilter",
     "TraceContext",
     "UploadFields",
+    "address_key",
     "carries_trace",
     "chunk_header",
     "data_key",

@@ -1,6 +1,8 @@
 """The lockout policy: which failed attempts count against whom, and when a caller must wait.
 
-Failed attempts are counted per source address and per (user, address) pair; past the
+Failed attempts are counted per source address and per (user, address) pair (an IPv6
+address by its /64, :func:`client.protocol.address_key`: one subscriber holds 2^64 of
+them to rotate through); past the
 limit the answer is 429 with ``Retry-After`` instead of a challenge, which tells a person
 at a terminal what is going on and costs an attacker a wait. While a pair is blocked even
 the right password is refused from that address, otherwise the block would not slow
@@ -19,16 +21,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
+from client.protocol import address_key
+
 from ._decisions import Challenge
 from ._limits import FailureLimiter
 
 
 def _address_key(client: str) -> str:
-    return f"addr:{client}"
+    return f"addr:{address_key(client)}"  # an IPv6 address by its /64
 
 
 def _user_key(user: str, client: str) -> str:
-    return f"user:{client}\0{user}"
+    return f"user:{address_key(client)}\0{user}"
 
 
 class Throttle:

@@ -19,7 +19,8 @@ body must also average `min_body_rate` bytes per second over each window of
 gateway itself is not reading (the store is slow), the client is not to blame.
 
 Per-client counting applies to requests with a body (POST, PUT, PATCH). The client address
-is the ASGI `client`: the peer, or the address a trusted hop forwarded (`_forwarded`). Many
+is the ASGI `client`: the peer, or the address a trusted hop forwarded (`_forwarded`), an
+IPv6 address counted by its /64 (:func:`client.protocol.address_key`, as at the proxy). Many
 devices can share one address and one user can upload from many, so each upload also counts
 against its user once the request is authenticated: the authorizer takes the request's
 :class:`UserSlot` (left in its state under :data:`USER_SLOT_KEY`), and a user with
@@ -36,6 +37,8 @@ import time
 import traceback
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from client.protocol import address_key
 
 from ..core import GatewayError, request_scope
 
@@ -149,7 +152,7 @@ class UploadLimits:
             await self.app(scope, receive, send)
             return
         client = scope.get("client")
-        address = client[0] if client else "unknown"
+        address = address_key(client[0]) if client else "unknown"  # IPv6: its /64
         count = self.active.get(address, 0)
         if self.max_per_client and count >= self.max_per_client:
             await _refuse(send, address, self.max_per_client)
