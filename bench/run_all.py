@@ -14,6 +14,8 @@ baselines taken in the same run, but 2 cores are easily disturbed.
                                                # ~20 GiB of free disk, several minutes)
     python bench/run_all.py --only clients     # MinIO SDK vs obstore (obstore in /tmp/obstore_pkg)
     python bench/run_all.py --only proxy       # offload-proxy (bench/proxy.py, issue 28)
+    python bench/run_all.py --only tracing     # 1 KB and 64 MiB: tracing absent, off, on
+                                               # (bench/tracing.py, issue 46)
     python bench/run_all.py --only relay       # small messages: straight, HAProxy, offload-proxy
                                                # (bench/proxy_relay.py, issue 44; needs haproxy)
     python bench/run_all.py --only fleet       # HAProxy + PROXY v2 to 1 or 2 proxies, --workers 2
@@ -77,6 +79,15 @@ def _cmd(name: str, quick: bool) -> list[str]:
         "fleet": ["proxy_relay.py", "--only-fleet", "--rounds", "1" if quick else "3"],
         "encryption": ["encryption.py", "--runs", "2" if quick else "3"],
         "spark-encrypted": ["spark_read.py", "--encrypted", "--objects", "16"],
+        "tracing": [
+            "tracing.py",
+            "--blocks",
+            "2" if quick else "10",
+            "--messages",
+            "1000" if quick else "2000",
+            "--large",
+            "1" if quick else "3",
+        ],
     }[name]
     return [sys.executable, str(HERE / args[0]), *args[1:]]
 
@@ -207,6 +218,7 @@ def main() -> None:
             "fleet",
             "encryption",
             "spark-encrypted",
+            "tracing",
         ],
     )
     parser.add_argument("--spark", action="store_true")
@@ -214,7 +226,7 @@ def main() -> None:
     args = parser.parse_args()
     names = args.only or [
         "1", "2", "3", "4", "5", "6", "7", "8", "telemetry", "qos0", "receive",
-        "protocol", "direct", "startup", "small", "proxy", "relay", "encryption",
+        "protocol", "direct", "startup", "small", "proxy", "relay", "encryption", "tracing",
         *(["spark", "spark-encrypted"] if args.spark else []),
     ]  # fmt: skip
     print(f"machine: {machine()}")

@@ -22,6 +22,7 @@ from .config._load import load_settings
 from .config._settings import ClientSettings, SettingsOverrides
 from .core._message import Message, PublishResult
 from .core._source import PayloadLike
+from .core._tracing import TracerProviderLike, Tracing
 from .http._transport import HttpTransport
 from .mqtt._paho import MqttConnection
 from .protocol import DiscoveryRecord, MessageId, Placeholder, PublishProperties
@@ -44,6 +45,8 @@ class AsyncClient:
         http_auth: credentials for the gateway, sent only to the advertised endpoint.
         on_fetch_progress: called as `(topic, bytes received, total)` while fetching (from a
             worker thread, not the event loop).
+        tracer_provider: as for :class:`Client` (each call runs in a thread that has the
+            caller's OpenTelemetry context: `asyncio.to_thread` copies it).
         **overrides: any :class:`ClientSettings` field.
     """
 
@@ -56,6 +59,7 @@ class AsyncClient:
         transport: HttpTransport | None = None,
         http_auth: httpx.Auth | None = None,
         on_fetch_progress: FetchProgress | None = None,
+        tracer_provider: TracerProviderLike | Tracing | None = None,
         **overrides: Unpack[SettingsOverrides],
     ) -> None:
         #: The blocking client every call is delegated to.
@@ -66,6 +70,7 @@ class AsyncClient:
             transport=transport,
             http_auth=http_auth,
             on_fetch_progress=on_fetch_progress,
+            tracer_provider=tracer_provider,
             **overrides,
         )
 
@@ -79,6 +84,7 @@ class AsyncClient:
         transport: HttpTransport | None = None,
         http_auth: httpx.Auth | None = None,
         on_fetch_progress: FetchProgress | None = None,
+        tracer_provider: TracerProviderLike | Tracing | None = None,
         **overrides: Unpack[SettingsOverrides],
     ) -> AsyncClient:
         """Like :meth:`Client.from_config` (reads the environment and config file).
@@ -90,6 +96,7 @@ class AsyncClient:
             transport: as for the constructor.
             http_auth: as for the constructor.
             on_fetch_progress: as for the constructor.
+            tracer_provider: as for the constructor.
             **overrides: settings that win over every other layer.
         """
         explicit: dict[str, object] = {"broker": broker, **overrides}
@@ -99,6 +106,7 @@ class AsyncClient:
             transport=transport,
             http_auth=http_auth,
             on_fetch_progress=on_fetch_progress,
+            tracer_provider=tracer_provider,
         )
 
     # -- state (no I/O) --------------------------------------------------------------------

@@ -51,8 +51,10 @@ from ._parts import default_connection, default_http_auth, default_transport, re
 from .config._load import load_settings, merge_settings
 from .config._settings import ClientSettings, SettingsOverrides
 from .core._exceptions import FetchError
-from .core._message import Message, MessageError, PublishResult
+from .core._message import Message, MessageError, PublishResult, Route
 from .core._source import PayloadLike
+from .core._tracers import tracing_for
+from .core._tracing import TracerProviderLike, Tracing, message_attributes
 from .http._range import as_placeholder
 from .http._transport import HttpTransport
 from .mqtt._paho import Incoming, MqttConnection
@@ -93,6 +95,11 @@ class Client:
             password when both are set (:mod:`client.http._scram`), else none.
         on_fetch_progress: called as `(topic, bytes received, total)` while a placeholder's
             payload downloads (from a fetch thread, `fetch_concurrency` at once: keep it quick).
+        tracer_provider: the OpenTelemetry `TracerProvider` spans are made with (docs/
+            tracing.md). Default: OpenTelemetry's global one when `opentelemetry` is
+            installed (the application's own; without one, contexts are only carried on),
+            else none at all. A :class:`client.tracing.Tracing` is used as it is
+            (`client.tracing.DISABLED`: no spans).
         **overrides: any :class:`ClientSettings` field, e.g. `automatic_offload=False`,
             `chunking=False`, `endpoint="http://gw:8000"`, `max_packet_size=65536`.
     """
@@ -106,12 +113,14 @@ class Client:
         transport: HttpTransport | None = None,
         http_auth: httpx.Auth | None = None,
         on_fetch_progress: FetchProgress | None = None,
+        tracer_provider: TracerProviderLike | Tracing | None = None,
         **overrides: Unpack[SettingsOverrides],
     ) -> None:
         if connection is not None:  # the connection's protocol is the one spoken
             overrides["protocol"] = connection.protocol
         s = merge_settings(settings, broker, dict(overrides))
         self.settings = s
+        self._tracing = tracing_for(tracer_provider)
         self._owns_transport = transport is None
         self._transport = transport or default_transport(s)
         self._conn = connection or default_connection(s)
@@ -130,6 +139,7 @@ class Client:
             endpoint=self._discovery.settled_endpoint,
             warn_plain_http=warner,
             direct_store=self._discovery.direct_store,
+            tracing=self._tracing,
         )
         self._receiver = receive_path(
             s,
@@ -141,6 +151,7 @@ class Client:
             warn_plain_http=warner,
             on_fetch_progress=on_fetch_progress,
             use_discovery=self._use_discovery,
+            tracing=self._tracing,
         )
         self._will = Will.from_settings(s)
         self._worker: threading.Thread | None = None
@@ -157,6 +168,7 @@ class Client:
         transport: HttpTransport | None = None,
         http_auth: httpx.Auth | None = None,
         on_fetch_progress: FetchProgress | None = None,
+        tracer_provider: TracerProviderLike | Tracing | None = None,
         **overrides: Unpack[SettingsOverrides],
     ) -> Client:
         """A client configured from keyword arguments > environment > config file > defaults.
@@ -171,6 +183,7 @@ class Client:
             transport: as for the constructor.
             http_auth: as for the constructor.
             on_fetch_progress: as for the constructor.
+            tracer_provider: as for the constructor.
             **overrides: settings that win over every other layer.
         """
         explicit: dict[str, object] = {"broker": broker, **overrides}
@@ -180,6 +193,7 @@ class Client:
             transport=transport,
             http_auth=http_auth,
             on_fetch_progress=on_fetch_progress,
+            tracer_provider=tracer_provider,
         )
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -366,6 +380,12 @@ class Client:
     def next_message(self, timeout: float | None = None) -> Delivery | None:
         """The next delivery, or None when `timeout` passes first or the client closed.
 
+        With tracing, a message the library resolved (offloaded, chunked) is handed over in
+        a `receive {topic}` span: a child of the caller's current span, else of the
+        message's creation context, and linked to the latter (docs/tracing.md). A direct
+        message gets none (it is a plain PUBLISH); :attr:`Message.trace_context` is the
+        creation context of either.
+
         Args:
             timeout: seconds to wait; None waits until a delivery or close.
         """
@@ -379,6 +399,8 @@ class Client:
             return None
         assert isinstance(item, Message | MessageError)
         self._receiver.sequencer.consumed(item)
+        if self._tracing.enabled and isinstance(item, Message):
+            received(self._tracing, item)
         return item
 
     def fetch_range(self, placeholder: Placeholder | Message, start: int, end: int) -> bytes:
@@ -456,6 +478,27 @@ class Client:
             incoming, len(incoming.payload), sheddable=not incoming.qos
         ):
             self._receiver.note_shed(incoming.topic)
+
+
+def received(tracing: Tracing, message: Message) -> None:
+    """The `receive {topic}` span of a message handed to the application (see
+    :meth:`Client.next_message`)."""
+    if message.route is Route.DIRECT:
+        return  # a plain PUBLISH: nothing of the library's (client/publish/_spans.py)
+    creation = message.trace_context
+    attributes = message_attributes(
+        message.topic, message.size, "receive", "receive", message.message_id
+    )
+    attributes["offload.route"] = str(message.route)
+    links = (creation,) if creation is not None else ()
+    tracing.start(
+        f"receive {message.topic}",
+        "client",
+        parent=creation,
+        use_ambient=True,
+        links=links,
+        attributes=attributes,
+    ).end()
 
 
 def unfinished_errors(client: Client, waited: float | None) -> list[MessageError]:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import httpx
 
 from .config._settings import ClientSettings
+from .core._tracing import DISABLED, Tracing
 from .http._scram import gateway_auth
 from .http._store_origin import ConfiguredStore
 from .http._transport import HttpTransport
@@ -67,10 +68,12 @@ def receive_path(
     warn_plain_http: PlainHttpWarner,
     on_fetch_progress: FetchProgress | None,
     use_discovery: bool,
+    tracing: Tracing = DISABLED,
 ) -> Receiver:
     """The receiver, its placeholder fetcher (see :class:`PlaceholderFetcher`; with a
-    configured endpoint, the store that gateway declares may be redirected to as well) and
-    their unsealer, which reads `identity_files` once: a bad one fails here."""
+    configured endpoint, the store that gateway declares may be redirected to as well; its
+    fetch spans from `tracing`) and their unsealer, which reads `identity_files` once: a bad
+    one fails here."""
     unsealer = Unsealer(s)
     fetcher = PlaceholderFetcher(
         settings=s,
@@ -84,6 +87,7 @@ def receive_path(
         configured_store=None
         if s.endpoint is None
         else ConfiguredStore(s.endpoint, transport.reader),
+        tracing=tracing,
     )
     return Receiver(
         settings=s, conn=conn, fetcher=fetcher, unsealer=unsealer, use_discovery=use_discovery

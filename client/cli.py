@@ -70,7 +70,7 @@ def _publish(args: argparse.Namespace) -> int:
     from .commands._progress import PassReader, Progress
 
     settings = settings_from_args(args)
-    with Client(settings=settings) as client:
+    with Client(settings=settings, tracer_provider=args.tracing) as client:
         if args.file is None:
             result = client.publish(args.topic, args.message, qos=args.qos, retain=args.retain)
         elif str(args.file) == "-":
@@ -120,7 +120,9 @@ def _subscribe(args: argparse.Namespace) -> int:
         if done >= total:
             bars.pop(topic).close()
 
-    with Client(settings=settings, on_fetch_progress=progress) as client:
+    with Client(
+        settings=settings, on_fetch_progress=progress, tracer_provider=args.tracing
+    ) as client:
         for topic_filter in args.topic:
             client.subscribe(topic_filter, args.qos)
         for item in client.messages(timeout=args.timeout, report_unfinished=True):
@@ -218,6 +220,9 @@ def _keygen(args: argparse.Namespace) -> int:
     return keygen(args)
 
 
+#: The commands that move messages: traced (client/commands/_trace.py).
+_TRACED = frozenset({"publish", "subscribe", "fetch", "upload"})
+
 _COMMANDS = {
     "keygen": _keygen,
     "publish": _publish,
@@ -257,7 +262,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.basicConfig(
             level=level, format="offload: %(levelname)s %(message)s", stream=sys.stderr
         )
-        return _COMMANDS[args.command](args)
+        if args.command not in _TRACED:
+            return _COMMANDS[args.command](args)
+        from .commands._trace import command_tracing
+
+        with command_tracing(os.environ) as args.tracing:
+            return _COMMANDS[args.command](args)
     except StdoutClosed:
         _discard_stdout()
         return EXIT_PIPE

@@ -7,7 +7,9 @@ them out as one frozen `Context` (gateway/http/_context.py).
 
 from __future__ import annotations
 
+import inspect
 import logging
+import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
@@ -16,11 +18,13 @@ from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
 from client.protocol import PublishProperties
+from client.tracing import TracerProviderLike, Tracing, exporting_from_environment, tracing_for
 from discovery import Advertiser
 
 from ._sweeper import Sweeper
 from .auth import Authenticator
 from .core import (
+    TRACING_KEY,
     BrowserUploads,
     ObservabilityMiddleware,
     Settings,
@@ -162,13 +166,34 @@ async def open_bucket(store: ObjectStore, workers: Workers) -> None:
         log.warning("object store not ready at start-up: %s", exc)
 
 
+def build_tracing(provider: TracerProviderLike | None) -> tuple[Tracing, Any]:
+    """The gateway's tracing, and the SDK provider it made (to shut down), if any.
+
+    A provider given is used as it is. Otherwise the `OTEL_*` variables decide, the
+    standard way (:func:`client.tracing.exporting_from_environment`; read here, at the
+    edge, like the AWS names): an exporter asked for and the `otel` extra installed gives
+    an SDK provider; anything else the seam's no-op, which imports nothing and still
+    carries a caller's context on to the placeholder and the manifest.
+    """
+    if provider is not None:
+        return tracing_for(provider), None
+    made = exporting_from_environment("offload-gateway", os.environ)
+    if made is None:
+        return Tracing(), None
+    return tracing_for(made), made
+
+
 def make_lifespan(
-    settings: Settings, store: ObjectStore | None, public_url: str
+    settings: Settings,
+    store: ObjectStore | None,
+    public_url: str,
+    tracer_provider: TracerProviderLike | None = None,
 ) -> Callable[[FastAPI], AbstractAsyncContextManager[dict[str, Any]]]:
     """The lifespan: services built and started in order, stopped in reverse."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
+        tracing, exporting = build_tracing(tracer_provider)
         the_store = store or build_store(settings)
         # Pools sized on purpose, one per kind of blocking work (gateway/core/_executors.py).
         workers = Workers.from_settings(settings)
@@ -200,6 +225,8 @@ def make_lifespan(
                 MECHANISMS_KEY: mechanisms,
                 # rules or keys gone stale, for /healthz (gateway/http/_ops.py)
                 AUTH_PROBLEMS_KEY: authenticator.problems,
+                # every request's span and its children (gateway/core/_tracing.py)
+                TRACING_KEY: tracing,
             }
         finally:
             await sweeper.stop()
@@ -208,6 +235,8 @@ def make_lifespan(
             ctx.broker.close()
             authenticator.close()
             workers.shutdown()
+            if exporting is not None:
+                exporting.shutdown()  # exports the spans still queued
 
     return lifespan
 
@@ -234,11 +263,22 @@ def _document_hop_path(app: FastAPI) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
+# FastAPI (0.16x) traces every request itself once a global tracer provider is set, with
+# spans per dependency: the gateway's own request span (gateway/core/_tracing.py) stands
+# instead, one per request, its caller's context read by the bounded codec.
+_NO_FASTAPI_TELEMETRY: dict[str, Any] = (
+    {"telemetry": {"tracing": False, "metrics": False, "logs": False}}
+    if "telemetry" in inspect.signature(FastAPI.__init__).parameters
+    else {}
+)
+
+
 def create_app(
     settings: Settings | None = None,
     *,
     store: ObjectStore | None = None,
     public_url: str | None = None,
+    tracer_provider: TracerProviderLike | None = None,
 ) -> FastAPI:
     """The gateway application.
 
@@ -246,6 +286,9 @@ def create_app(
         settings: defaults to the environment (`OFFLOAD_*`).
         store: an object store to use instead of the one `settings.storage_url` names.
         public_url: the endpoint URL clients are told to use (overrides the setting).
+        tracer_provider: an OpenTelemetry `TracerProvider` for the gateway's spans;
+            default: one from the `OTEL_*` variables when they ask for an exporter
+            (docs/tracing.md), else none.
     """
     settings = settings or get_settings()
     public = (public_url or settings.public_url or "").rstrip("/")
@@ -255,7 +298,8 @@ def create_app(
         title="mqtt-offload gateway",
         version=VERSION,
         summary="Claim-check offload API for MQTT (hop-client compatible)",
-        lifespan=make_lifespan(settings, store, public),
+        lifespan=make_lifespan(settings, store, public, tracer_provider),
+        **_NO_FASTAPI_TELEMETRY,
     )
     install_error_handlers(app)
     _document_hop_path(app)  # lazily: the document is generated once every route is in

@@ -27,7 +27,7 @@ from urllib.parse import quote
 import httpx
 
 from client import HttpTransport, gateway_auth
-from client.protocol import MessageId, Origin, Placeholder
+from client.protocol import MessageId, Origin, Placeholder, TraceContext
 
 from ._exceptions import TransferFailed
 from ._gateway_calls import Fetched, FetchItem, Opened, PayloadGet, Upload, declared_store, upload
@@ -204,13 +204,14 @@ class GatewayLink:
         peer: str,
         on_bytes: Callable[[int], None] = lambda n: None,
         message_id: MessageId | None = None,
+        trace: TraceContext | None = None,
     ) -> Stored:
         """Stream `size` bytes from `pieces` to `message_id` (a new one by default); what
         the gateway stored.
 
         The SHA-256 is taken while the bytes pass (on the worker thread) and must equal the
         one the gateway answers (it takes its CRC-32C in the same pass). `peer` is the
-        device's address, forwarded.
+        device's address, forwarded; `trace` goes as `traceparent` / `tracestate`.
 
         Raises:
             TransferFailed: no answer, a refusal, or a stored payload that is not the bytes
@@ -231,6 +232,7 @@ class GatewayLink:
                 ("Content-Length", str(size)),
                 (FORWARDED_FOR, peer),
                 *(("X-Offload-Header", field) for field in fields),
+                *(trace.pairs() if trace is not None else ()),  # W3C Trace Context
             ],
             size,
         )
@@ -261,17 +263,30 @@ class GatewayLink:
 
     @contextlib.asynccontextmanager
     async def fetch(
-        self, ref: Placeholder, auth: httpx.Auth | None, peer: str
+        self,
+        ref: Placeholder,
+        auth: httpx.Auth | None,
+        peer: str,
+        trace: TraceContext | None = None,
     ) -> AsyncIterator[Fetch]:
         """The payload, once the answer is 200 with the declared size; `peer` is the
-        receiving device's address, forwarded.
+        receiving device's address, forwarded; `trace` goes with the GET as `traceparent` /
+        `tracestate` (not with a redirect to the store).
 
         Raises:
             TransferFailed: another answer, another length, no answer.
         """
         loop = asyncio.get_running_loop()
         channel: ToLoop[FetchItem] = ToLoop(loop, FETCH_DEPTH)
-        get = PayloadGet(self._http.reader, ref.payload_url, ref.size, auth, self._store_of, peer)
+        get = PayloadGet(
+            self._http.reader,
+            ref.payload_url,
+            ref.size,
+            auth,
+            self._store_of,
+            peer,
+            trace.pairs() if trace is not None else (),
+        )
         job = loop.run_in_executor(self._threads, functools.partial(get.run, channel))
         job.add_done_callback(_retrieved)
         try:

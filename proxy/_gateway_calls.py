@@ -91,6 +91,7 @@ class PayloadGet:
     auth: httpx.Auth | None
     store_of: Callable[[Origin], Origin | None]
     peer: str  # the receiving device's address (X-Forwarded-For; not sent to a store)
+    traced: tuple[tuple[str, str], ...] = ()  # `traceparent` / `tracestate`, to the gateway
 
     def run(self, out: ToLoop[FetchItem]) -> None:
         """Hand `out` :class:`Opened`, the body's pieces, then :class:`Fetched` (or a
@@ -110,7 +111,7 @@ class PayloadGet:
 
     def _exchange(self, out: ToLoop[FetchItem]) -> None:
         url, http = self.url, self.http
-        headers = {"Accept-Encoding": "identity", "X-Forwarded-For": self.peer}
+        headers = {"Accept-Encoding": "identity", "X-Forwarded-For": self.peer, **dict(self.traced)}
         request = http.build_request("GET", url, headers=headers)
         try:
             response = http.send(request, auth=self.auth or httpx.USE_CLIENT_DEFAULT, stream=True)

@@ -17,13 +17,14 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 
-from client.protocol import MessageId
+from client.protocol import MessageId, TraceContext
 
 from ._exceptions import QUOTA_EXCEEDED, PeerGone, TransferFailed
 from ._resends import remember, resent
 from ._shares import PoolFull
 from ._state import Conn, Services
 from ._stream import drained
+from ._tracing import start_offload
 from .protocol import (
     AUTH,
     CONNECT,
@@ -208,16 +209,25 @@ async def _publish(conn: Conn, services: Services, head: Head) -> None:
     if await resent(conn, services, head, header, size, payload):  # a QoS 2 resend
         return
     conn.transfers += 1
+    # The placeholder's header: the device's, with the trace context when it set none.
+    span, announced = start_offload(
+        services.tracing, services.metrics.offload_seconds,
+        topic=topic, size=size, header=header, properties=conn.broker_v5,
+    )  # fmt: skip
+    if announced is not header and not _fits(conn, services, announced, size):
+        announced = header  # the trace context only where the placeholder still fits
     try:
-        stored = await _upload(conn, services, topic, header, size, payload())
+        stored = await _upload(conn, services, topic, announced, size, payload(), span.context)
     except TransferFailed as exc:
+        span.fail(exc)
         async for _ in pieces:  # the rest of the refused PUBLISH, so the stream stays framed
             pass
         await _refuse(conn, services, head, header, exc)
         return
     finally:
         conn.transfers -= 1
-    packet = placeholder_packet(head.first, header, stored, v5=conn.broker_v5)
+        span.end()
+    packet = placeholder_packet(head.first, announced, stored, v5=conn.broker_v5)
     if header.packet_id is not None:
         conn.unacked.add(header.packet_id)
         remember(conn, services, head, header, stored)
@@ -238,14 +248,14 @@ async def _upload(
     header: PublishHeader,
     size: int,
     payload: AsyncIterator[bytes],
+    trace: TraceContext | None = None,
 ) -> Stored:
     endpoint = services.endpoint()
     if endpoint is None:
         raise TransferFailed("no gateway endpoint known yet (no discovery record)")
     if services.closing.is_set():
         raise TransferFailed("the proxy is shutting down")
-    probe = Stored(f"{endpoint}/msg/{MessageId.new()}", size, "0" * 64, MessageId.new())
-    if len(placeholder_packet(0x30, header, probe, v5=conn.broker_v5)) > conn.broker_limit:
+    if not _fits(conn, services, header, size):
         # Its properties alone are over the limit: the broker would refuse the placeholder.
         raise TransferFailed("even the placeholder is over the broker's limit", reason=0x83)
     try:  # the device's account and address each hold at most their share
@@ -265,12 +275,20 @@ async def _upload(
             auth=conn.auth,
             peer=conn.peer,
             on_bytes=services.metrics.bytes_up.inc,
+            trace=trace,
         )
     finally:
         pinger.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await pinger
         slot.give_back()
+
+
+def _fits(conn: Conn, services: Services, header: PublishHeader, size: int) -> bool:
+    """Whether the placeholder for a payload of `size` bytes with `header` fits the broker."""
+    endpoint = services.endpoint() or ""
+    probe = Stored(f"{endpoint}/msg/{MessageId.new()}", size, "0" * 64, MessageId.new())
+    return len(placeholder_packet(0x30, header, probe, v5=conn.broker_v5)) <= conn.broker_limit
 
 
 async def _keep_broker_alive(conn: Conn) -> None:

@@ -11,9 +11,11 @@ import asyncio
 from collections.abc import Callable
 from typing import Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import choose_encoder
 
 MAX_REQUEST_HEAD = 8192
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 
 
 class Metrics:
@@ -103,6 +105,19 @@ class Metrics:
         self.protocol_errors = Counter(
             "offload_proxy_protocol_errors", "connections ended for malformed input", registry=r
         )
+        # Latencies with an exemplar naming the trace (OpenMetrics; proxy/_tracing.py).
+        self.offload_seconds = Histogram(
+            "offload_proxy_offload_seconds",
+            "an offloaded PUBLISH from its header to the gateway's answer",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.fetch_seconds = Histogram(
+            "offload_proxy_fetch_seconds",
+            "a placeholder resolved for a client, from the fetch's start to its last byte",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self._counting: dict[str, dict[str, Callable[[float], None]]] = {  # made once
             direction: {
                 "on_heads": self.packets_decoded.labels(direction=direction).inc,
@@ -116,15 +131,41 @@ class Metrics:
         broker, `down`) reports to."""
         return self._counting[direction]
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, accept: str = "") -> tuple[bytes, str]:
+        """The exposition and its media type: OpenMetrics (with exemplars) when `accept`
+        asks for it, else Prometheus text."""
+        encode, media_type = exposition(accept)
+        return encode(self.registry), media_type
+
+
+#: The OpenMetrics version served to a scraper that asks for OpenMetrics.
+OPENMETRICS = "application/openmetrics-text; version=1.0.0"
+
+
+def exposition(accept: str) -> tuple[Callable[[CollectorRegistry], bytes], str]:
+    """prometheus_client's encoder and media type for a scraper's `Accept`: OpenMetrics
+    1.0.0 (with the exemplars) when it asks for `application/openmetrics-text`, else the
+    text format. The header is read for that alone: prometheus_client's own reading of it
+    fails on a version it cannot compare (`version=x`: TypeError, a 500) and writes the
+    version it was sent back into `Content-Type`."""
+    ranges = (part.split(";", 1)[0].strip().lower() for part in accept.split(","))
+    return choose_encoder(OPENMETRICS if "application/openmetrics-text" in ranges else "")
 
 
 class Renders(Protocol):
     """What `/metrics` shows: one proxy's :class:`Metrics`, or the sum of several workers'
     (:class:`proxy._workers.Supervisor`)."""
 
-    def render(self) -> bytes: ...
+    def render(self, accept: str = "") -> tuple[bytes, str]: ...
+
+
+def _accept(lines: list[bytes]) -> str:
+    """The request's Accept header (what exposition the scraper takes), "" without one."""
+    for raw in lines:
+        name, _, value = raw.partition(b":")
+        if name.strip().lower() == b"accept":
+            return value.strip().decode("latin-1")
+    return ""
 
 
 async def serve_metrics(
@@ -138,10 +179,12 @@ async def serve_metrics(
                 head = await reader.readuntil(b"\r\n\r\n")
             if len(head) > MAX_REQUEST_HEAD:
                 raise ValueError
-            line = head.split(b"\r\n", 1)[0].split()
+            lines = head.split(b"\r\n")
+            line = lines[0].split()
             path = line[1].decode("ascii", "replace") if len(line) >= 2 else ""
             if path == "/metrics":
-                status, body, kind = "200 OK", metrics.render(), "text/plain; version=0.0.4"
+                body, kind = metrics.render(_accept(lines[1:]))
+                status = "200 OK"
             elif path in ("/healthz", "/readyz"):
                 ok, text = healthy()
                 status = "200 OK" if ok else "503 Service Unavailable"

@@ -31,6 +31,7 @@ from ._resends import ended
 from ._settings import MQTT_MAX_PACKET
 from ._state import Conn, Services
 from ._stream import drain_within, drained, write_all, write_piece
+from ._tracing import start_fetch
 from ._unseal import resolve_encoded
 from ._will import settle
 from .protocol import (
@@ -339,12 +340,16 @@ async def _resolve(
     if not ref.encoding.plain:  # encrypted or compressed: decoded whole first
         return await resolve_encoded(conn, services, head, header, ref)
     written = False
+    span = start_fetch(
+        services.tracing, services.metrics.fetch_seconds,
+        header=header, ref=ref, topic=header.topic_text,
+    )  # fmt: skip
     # Waits while the device's account or address holds its share (or all are taken): a
     # slow subscriber delays its own account's payloads, never the others'.
     async with services.fetches.held(conn.holder, wait=True):
         conn.transfers += 1
         try:
-            async with services.gateway.fetch(ref, conn.auth, conn.peer) as fetched:
+            async with services.gateway.fetch(ref, conn.auth, conn.peer, span.context) as fetched:
                 writer = conn.client_writer
                 head_bytes = resolved_head(head.first, header, ref.size, v5=conn.connect.v5)
                 held = b""
@@ -365,6 +370,7 @@ async def _resolve(
                 await write_piece(writer, held, conn.client.idle)
                 await drain_within(writer, conn.client.idle)
         except TransferFailed as exc:
+            span.fail(exc)
             if written:
                 log.warning("resolve failed mid-packet; client cut off", extra={"why": str(exc)})
                 raise PeerGone(str(exc)) from exc
@@ -373,5 +379,6 @@ async def _resolve(
             return False
         finally:
             conn.transfers -= 1
+            span.end()
     services.metrics.resolved.inc()
     return True

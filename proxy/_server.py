@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from client import load_identities
 from client.malloc import trim_malloc
 from client.protocol import address_key
+from client.tracing import TracerProviderLike, Tracing, tracing_for
 
 from ._descriptors import REFUSING, fit_connections
 from ._discovery import Discovery
@@ -67,9 +68,17 @@ class Proxy:
         settings: every knob (:class:`proxy.ProxySettings`).
         sockets: listening sockets already bound (default: bound at :meth:`start` from
             `host`, `port` and `ws_port`).
+        tracer_provider: an OpenTelemetry `TracerProvider` for the spans of offloads and
+            fetches (proxy/_tracing.py; `offload-proxy` makes one from `OTEL_*`); None: no
+            spans, a device's trace context still carried on.
     """
 
-    def __init__(self, settings: ProxySettings, sockets: Sockets | None = None) -> None:
+    def __init__(
+        self,
+        settings: ProxySettings,
+        sockets: Sockets | None = None,
+        tracer_provider: TracerProviderLike | None = None,
+    ) -> None:
         self.settings = settings
         self._sockets = sockets
         peer_in_logs(log)
@@ -92,6 +101,7 @@ class Proxy:
             logins=pool("logins", settings.login_shares),
             broker_tls=settings.broker_tls(),
             identities=tuple(load_identities(settings.identity_files)),  # a bad file: fails now
+            tracing=Tracing() if tracer_provider is None else tracing_for(tracer_provider),
         )
         self._sessions: dict[asyncio.Task[None], Session] = {}
         self._server: Listener | None = None

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 
 from client.protocol import Placeholder, Reassembler, address_key
+from client.tracing import Tracing
 
 from ._gateway import GatewayLink
 from ._metrics import Metrics
@@ -106,6 +107,7 @@ class Services:
     reassembly: Budget = field(default_factory=Budget)
     stored_flows: StoredFlows = field(default_factory=StoredFlows)  # QoS 2 offloads
     identities: Sequence[Any] = ()  # age identities (client.load_identities) for _unseal
+    tracing: Tracing = field(default_factory=Tracing)  # offloads' and fetches' spans
 
 
 @dataclass(frozen=True, slots=True)

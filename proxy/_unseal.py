@@ -39,11 +39,13 @@ from client.protocol import (
     PayloadDecodeError,
     Placeholder,
     PublishProperties,
+    TraceContext,
 )
 
 from ._exceptions import TransferFailed
 from ._state import Conn, Services
 from ._stream import drain_within, write_piece
+from ._tracing import start_fetch
 from .protocol import Head, PublishHeader, resolved_head, resolved_size
 
 log = logging.getLogger("proxy")
@@ -100,8 +102,11 @@ class Plaintext:
             self._path.unlink(missing_ok=True)
 
 
-async def _decode(conn: Conn, services: Services, ref: Placeholder, limit: int) -> Plaintext:
-    """The checked, decoded payload of `ref` (the caller closes it).
+async def _decode(
+    conn: Conn, services: Services, ref: Placeholder, limit: int, trace: TraceContext | None
+) -> Plaintext:
+    """The checked, decoded payload of `ref` (the caller closes it); `trace` goes with
+    the GET.
 
     Raises:
         TransferFailed: the fetch failed, or the stored bytes do not match the placeholder.
@@ -119,7 +124,7 @@ async def _decode(conn: Conn, services: Services, ref: Placeholder, limit: int) 
                 plain.write(out)
 
     try:
-        async with services.gateway.fetch(ref, conn.auth, conn.peer) as fetched:
+        async with services.gateway.fetch(ref, conn.auth, conn.peer, trace) as fetched:
             batch: list[bytes] = []
             held = 0
             async for piece in fetched:
@@ -184,7 +189,11 @@ async def resolve_encoded(
     conn: Conn, services: Services, head: Head, header: PublishHeader, ref: Placeholder
 ) -> bool:
     """Write the PUBLISH with the decoded payload; False when the placeholder should go as
-    it is (the reason counted and logged)."""
+    it is (the reason counted and logged).
+
+    The fetch is a `fetch {topic}` span as a plain payload's is (proxy/_tracing.py), from
+    the wait for a fetch slot to the last byte written.
+    """
     v5 = conn.connect.v5
     room = conn.client_limit - resolved_size(header, 0, v5=v5) - 3  # varint may grow 3 bytes
     limit = min(services.settings.max_decoded_bytes, room)
@@ -192,12 +201,17 @@ async def resolve_encoded(
         services.metrics.passed.labels(why="no-identity").inc()
         log.info("encrypted payload, no identity_files: placeholder delivered")
         return False
+    span = start_fetch(
+        services.tracing, services.metrics.fetch_seconds,
+        header=header, ref=ref, topic=header.topic_text,
+    )  # fmt: skip
     conn.transfers += 1  # until the last byte is written: shutdown waits for it
     try:
         async with services.fetches.held(conn.holder, wait=True):  # the device's share
             try:
-                plain = await _decode(conn, services, ref, limit)
+                plain = await _decode(conn, services, ref, limit, span.context)
             except (TransferFailed, PayloadDecodeError) as exc:
+                span.fail(exc)
                 why = why_not_decoded(exc, client_bound=room < services.settings.max_decoded_bytes)
                 services.metrics.passed.labels(why=why).inc()
                 log.warning("payload not decoded; placeholder delivered", extra={"why": str(exc)})
@@ -215,5 +229,6 @@ async def resolve_encoded(
             plain.close()
     finally:
         conn.transfers -= 1
+        span.end()
     services.metrics.resolved.inc()
     return True

@@ -18,6 +18,13 @@ the broker discards the Will, so no placeholder pointing at nothing is ever publ
 slot), 0x87 (the gateway refused the account or the topic) or 0x80 (3.1.1: 3). A refused
 login costs the gateway nothing, and a broker that refuses the login never sees a payload
 stored for it.
+
+The Will's upload carries the Will's own `traceparent` / `tracestate` Will properties when
+the device set valid ones (so the gateway's spans of that store join the device's trace),
+else no context, and the proxy makes no span for it: the Will is published at some later
+disconnect, if ever, so a span from the CONNECT would time no message, and its placeholder
+is written into the CONNECT before the broker has accepted anything. The Will's own
+properties stay on its placeholder as the device sent them.
 """
 
 from __future__ import annotations
@@ -33,7 +40,14 @@ from client.protocol import MessageId
 from ._exceptions import QUOTA_EXCEEDED, TransferFailed
 from ._shares import PoolFull
 from ._state import Conn, PendingWill, Services
-from .protocol import Connect, Stored, connack_refusal, connect_with_will, placeholder_will
+from .protocol import (
+    Connect,
+    Stored,
+    connack_refusal,
+    connect_with_will,
+    placeholder_will,
+    will_trace,
+)
 
 log = logging.getLogger("proxy")
 
@@ -83,6 +97,7 @@ async def _store(conn: Conn, services: Services, pending: PendingWill) -> None:
                 auth=conn.auth,
                 peer=conn.peer,
                 message_id=pending.stored.message_id,
+                trace=will_trace(will),
             )
     except TimeoutError as exc:
         raise TransferFailed("the Will was not stored within the CONNECT timeout") from exc

@@ -41,9 +41,9 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+from prometheus_client import CollectorRegistry, multiprocess
 
-from ._metrics import serve_metrics
+from ._metrics import exposition, serve_metrics
 from ._server import Sockets
 from ._settings import ProxySettings
 
@@ -174,10 +174,12 @@ class Supervisor:
         ok = alive == len(self.workers) and not self.stopping
         return ok, f"{'ok' if ok else 'degraded'} ({alive} of {len(self.workers)} workers)"
 
-    def render(self) -> bytes:
+    def render(self, accept: str = "") -> tuple[bytes, str]:
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry, path=self.metrics_dir)  # type: ignore[no-untyped-call]
-        return bytes(generate_latest(registry))
+        # No exemplars: a worker's stay in its own process (docs/operations.md).
+        encode, media_type = exposition(accept)
+        return bytes(encode(registry)), media_type
 
     async def watch(self) -> int:
         """Start again each worker that exits (after :data:`RESTART_DELAY`); 1 when one

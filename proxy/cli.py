@@ -14,6 +14,7 @@ import sys
 from pydantic import ValidationError
 
 from client.malloc import tune_malloc
+from client.tracing import exporting_from_environment
 
 from ._server import Proxy
 from ._settings import ProxySettings
@@ -71,7 +72,10 @@ def _settings(argv: list[str] | None) -> ProxySettings:
 
 
 async def _run(settings: ProxySettings, worker: Worker | None = None) -> None:
-    proxy = Proxy(settings, worker.sockets() if worker is not None else None)
+    # Traces exported the standard way (OTEL_*), from each process that makes spans: a
+    # worker its own (its exporting thread would not survive being forked).
+    exporting = exporting_from_environment("offload-proxy", os.environ)
+    proxy = Proxy(settings, worker.sockets() if worker is not None else None, exporting)
     await proxy.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -83,6 +87,8 @@ async def _run(settings: ProxySettings, worker: Worker | None = None) -> None:
         worker.served(stop)
     await stop.wait()
     await proxy.close()
+    if exporting is not None:
+        exporting.shutdown()  # the spans still queued
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -150,6 +150,10 @@ def start_gateway(
             "OFFLOAD_MQTT_USERNAME": GATEWAY_USER,
             "OFFLOAD_MQTT_PASSWORD": files.made.gateway_password,
             "OFFLOAD_PUBLIC_URL": f"https://127.0.0.1:{port}",
+            # The stack's offload-proxy reaches the gateway from 127.0.0.1: its X-Forwarded-For
+            # names each device, whose address every per-address rule then counts (the Helm
+            # chart's gateway.trustedProxies, docs/settings.md).
+            "OFFLOAD_TRUSTED_PROXIES": "127.0.0.1",
             **(
                 dynsec.gateway_env(files)
                 if dynsec.enabled()

@@ -33,6 +33,7 @@ class GatewayServer:
     keyfile: str | None = None
     client_ca: str | None = None  # HTTPS asks every client for a certificate signed by it
     send_buffer: int = 0  # SO_SNDBUF of its connections (fixed, not autotuned); 0: the kernel's
+    tracer_provider: Any = None  # an OpenTelemetry provider for its spans (tests/test_tracing*)
 
     @property
     def url(self) -> str:
@@ -51,7 +52,12 @@ class GatewayServer:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.send_buffer)
         sock.bind(("127.0.0.1", self.port))
         self.port = sock.getsockname()[1]
-        self.app = create_app(self.settings, store=self.store, public_url=self.url)
+        self.app = create_app(
+            self.settings,
+            store=self.store,
+            public_url=self.url,
+            tracer_provider=self.tracer_provider,
+        )
         config = uvicorn.Config(
             self.app,
             host="127.0.0.1",

@@ -11,6 +11,7 @@ from typing import Any
 @dataclass
 class ProxyServer:
     settings: Any
+    tracer_provider: Any = None  # an OpenTelemetry provider for its spans (tests/test_tracing*)
     proxy: Any = None
     _loop: asyncio.AbstractEventLoop | None = None
     _thread: threading.Thread | None = None
@@ -30,7 +31,7 @@ class ProxyServer:
         def run() -> None:
             loop = asyncio.new_event_loop()
             self._loop = loop
-            self.proxy = Proxy(self.settings)
+            self.proxy = Proxy(self.settings, tracer_provider=self.tracer_provider)
             loop.run_until_complete(self.proxy.start())
             self._ready.set()
             loop.run_forever()

@@ -102,7 +102,11 @@ def gateway_factory(seaweed: SeaweedFS, bucket_name: str) -> Iterator[Callable[.
     started: list[GatewayServer] = []
 
     def start(
-        broker: Mosquitto | None = None, *, send_buffer: int = 0, **overrides: object
+        broker: Mosquitto | None = None,
+        *,
+        send_buffer: int = 0,
+        tracer_provider: Any = None,
+        **overrides: object,
     ) -> GatewayServer:
         values: dict[str, object] = {
             "storage_url": seaweed.storage_url(bucket_name),
@@ -118,7 +122,9 @@ def gateway_factory(seaweed: SeaweedFS, bucket_name: str) -> Iterator[Callable[.
             values["allow_anonymous"] = True
         values.update(overrides)
         settings = Settings(**values)  # type: ignore[arg-type]
-        server = GatewayServer(settings, send_buffer=send_buffer).start()
+        server = GatewayServer(
+            settings, send_buffer=send_buffer, tracer_provider=tracer_provider
+        ).start()
         server.mqtt_url = broker.url if broker else None
         started.append(server)
         return server

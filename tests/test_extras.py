@@ -70,11 +70,16 @@ def _fresh(tmp: Path, wheel: Path, extra: str) -> Path:
 
 
 def _run(
-    *args: str, timeout: float = 60, cwd: Path | None = None
+    *args: str, timeout: float = 60, cwd: Path | None = None, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     # cwd: anywhere but the checkout, whose client/ gateway/ folders would shadow the install.
     return subprocess.run(
-        args, capture_output=True, text=True, env=_clean_env(), timeout=timeout, cwd=cwd or "/"
+        args,
+        capture_output=True,
+        text=True,
+        env=_clean_env() | (env or {}),
+        timeout=timeout,
+        cwd=cwd or "/",
     )
 
 
@@ -100,6 +105,15 @@ def test_client_extra_alone_runs_the_cli(wheel: Path, tmp_path: Path, broker: Mo
     assert "cannot connect" in upload.stderr
     pkgs = _run(str(bindir / "python"), "-m", "pip", "list").stdout.lower()
     assert "fastapi" not in pkgs and "pyspark" not in pkgs  # only what [client] asks for
+    assert "opentelemetry" not in pkgs  # tracing is the `otel` extra's
+    # Asked for traces without the extra: the message still goes (with the caller's
+    # context), and the operator is told why nothing is exported.
+    caller = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    asks = {"OTEL_EXPORTER_OTLP_ENDPOINT": dead, "TRACEPARENT": caller}
+    traced = _run(str(bindir / "offload"), "publish", "--broker", broker.url, "-t", "x/y",
+                  "-m", "hello", env=asks)  # fmt: skip
+    assert traced.returncode == 0, traced.stderr
+    assert "OpenTelemetry is not installed" in traced.stderr
 
 
 def test_gateway_extra_alone_serves(wheel: Path, tmp_path: Path) -> None:

@@ -34,6 +34,8 @@ from gateway.ingest._options import parse_ascii_int
         PublishProperties(user_properties=(("k", "\ud800"),)),
         PublishProperties(message_expiry_interval=2**32),
         PublishProperties(payload_format_indicator=2),
+        PublishProperties(topic_alias=0),  # paho refused it when it packed them
+        PublishProperties(topic_alias=65536),
     ],
 )
 def test_properties_a_broker_refuses_are_named(props: PublishProperties) -> None:

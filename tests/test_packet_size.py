@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import queue
 import socket
 import threading
@@ -17,7 +18,9 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from client.core._exceptions import InvalidTopic, MessageTooLarge, ProtocolError
-from client.protocol._props import PublishProperties
+from client.mqtt._props import from_paho_properties, to_paho_properties
+from client.protocol._props import PublishProperties, publish_properties_problem
+from client.protocol._props_wire import encode_properties
 from client.protocol._size import (
     MAX_PACKET_SIZE,
     MAX_REMAINING_LENGTH,
@@ -281,6 +284,23 @@ def test_properties_size_matches_paho_encoder(props: PublishProperties) -> None:
 
 
 @settings(deadline=None)
+@given(props=_props)
+def test_the_clients_own_encoder_packs_what_paho_packs(props: PublishProperties) -> None:
+    """The client's PUBLISH properties are packed by client/protocol/_props_wire.py, not
+    paho (client/mqtt/_props.py PackedProperties): the same bytes, which paho reads back."""
+    sent = dataclasses.replace(props, subscription_identifiers=())  # the broker's to send
+    wire = encode_properties(sent)
+    reference = to_paho(sent)
+    assert reference is not None and wire == reference.pack()
+    adapter = to_paho_properties(sent)
+    assert (adapter.pack() if adapter is not None else b"\x00") == wire
+    if publish_properties_problem(sent) is None:  # what the client ever sends (a broker too)
+        read = Properties(PacketTypes.PUBLISH)
+        read.unpack(wire)
+        assert from_paho_properties(read) == sent
+
+
+@settings(deadline=None)
 @given(
     topic=_text.filter(bool),
     qos=st.sampled_from([0, 1, 2]),
@@ -311,6 +331,10 @@ def test_hand_vector_is_what_paho_sends(paho_wire: tuple[mqtt.Client, WireTap]) 
     client, tap = paho_wire
     client.publish("t", b"hi", qos=1, properties=to_paho(V5_PROPS))
     assert tap.publishes.get(timeout=TIMEOUT) == V5_QOS1_PROPS
+    # The client adapter's properties, packed by the project's encoder, go out the same.
+    client.publish("t", b"hi", qos=1, properties=to_paho_properties(V5_PROPS))
+    again = tap.publishes.get(timeout=TIMEOUT)
+    assert again[:5] + again[7:] == V5_QOS1_PROPS[:5] + V5_QOS1_PROPS[7:]  # another packet id
 
 
 PAHO_CASES: list[tuple[str, int, PublishProperties | None]] = [

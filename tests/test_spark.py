@@ -198,7 +198,33 @@ def test_schema(spark: SparkSession, store: Store) -> None:
         "content_type": "string",
         "key": "binary",
         "headers": "map<string,binary>",
+        "trace_id": "string",
         "payload": "binary",
+    }
+
+
+def test_the_trace_id_of_what_the_running_gateway_stored(
+    spark: SparkSession, gateway_factory: Callable[..., GatewayServer], tmp_path: Path
+) -> None:
+    """The gateway records the upload's W3C trace in the manifest (without OpenTelemetry:
+    the caller's context, carried on); the source reads it into `trace_id`."""
+    gw = gateway_factory(None, storage_url=f"file://{tmp_path}")
+    caller = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    traced, untraced, hostile = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    for msg_id, headers in (
+        (traced, {"traceparent": caller}),
+        (untraced, {}),
+        (hostile, {"traceparent": "00-" + "f" * 10_000}),
+    ):
+        r = httpx.put(
+            f"{gw.url}/msg/{msg_id}", params={"topic": "tr/x"}, content=b"p", headers=headers
+        )
+        assert r.status_code == 201, r.text
+    rows = {r["id"]: r["trace_id"] for r in read(spark, tmp_path.as_uri()).collect()}
+    assert rows == {
+        str(traced): "0af7651916cd43dd8448eb211c80319c",
+        str(untraced): None,
+        str(hostile): None,
     }
 
 

@@ -252,7 +252,8 @@ def _env_file(path: Path) -> dict[str, str]:
 
 
 def test_a_restarted_stack_keeps_its_messages_logs_and_login(tmp_path: Path) -> None:
-    """A message published before a restart is fetched after it, as from a deployment."""
+    """A message published before a restart is fetched after it, as from a deployment; the
+    gateway counts the devices behind the stack's proxy, each by its own address."""
     state = tmp_path / "moved-stack"  # STACK_DIR: not the checkout's .stack
     ports = {"STACK_MQTT_PORT": str(free_port()), "STACK_GATEWAY_PORT": str(free_port()),
              "STACK_S3_PORT": str(free_port(with_grpc=True)),
@@ -292,15 +293,31 @@ def test_a_restarted_stack_keeps_its_messages_logs_and_login(tmp_path: Path) -> 
             assert _env_file(env_file) == login  # the same login and addresses
             from client import ScramAuth
 
+            verify = ssl.create_default_context(cafile=login["OFFLOAD_CA_FILE"])
             fetched = httpx.get(
                 published["url"] + "/payload",
                 auth=ScramAuth(login["OFFLOAD_USERNAME"], login["OFFLOAD_PASSWORD"]),
-                verify=ssl.create_default_context(cafile=login["OFFLOAD_CA_FILE"]), timeout=60,
+                verify=verify, timeout=60,
             )  # fmt: skip
             if fetched.is_redirect:  # direct transfers: to the store, without credentials
                 fetched = httpx.get(fetched.headers["location"], timeout=60)
             assert fetched.status_code == 200
             assert hashlib.sha256(fetched.content).hexdigest() == published["sha256"]
+            # The gateway trusts the stack's offload-proxy (127.0.0.1) as the Helm chart does:
+            # a device that guesses the password behind it locks out only its own address.
+            with httpx.Client(verify=verify, timeout=30) as http:
+
+                def status(device: str, password: str) -> int:
+                    answer = http.get(
+                        published["url"] + "/payload",
+                        auth=(login["OFFLOAD_USERNAME"], password),
+                        headers={"X-Forwarded-For": device},
+                    )
+                    return answer.status_code
+
+                guesses = [status("192.0.2.1", f"guess-{n}") for n in range(12)]
+                assert guesses[0] == 401 and guesses[-1] == 429, guesses
+                assert status("192.0.2.2", login["OFFLOAD_PASSWORD"]) < 400
             # The first run's log is kept beside the second's.
             assert (state / "gateway.log.1").read_text() == first_log
             assert published["id"] in (state / "gateway.log").read_text()

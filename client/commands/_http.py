@@ -27,9 +27,11 @@ if TYPE_CHECKING:
     import httpx
 
     from ..config._settings import ClientSettings
+    from ..core._tracing import Span, Tracing
     from ..http._transport import HttpTransport
     from ..http._upload import Sealing, UploadResult
     from ..protocol import Placeholder
+    from ..protocol._tracecontext import TraceContext
 
 __all__ = ["fetch_command", "upload_command"]
 
@@ -58,16 +60,20 @@ def fetch_command(args: argparse.Namespace) -> int:
     if message_id is None and ref is not None:
         message_id = str(ref.message_id)
     verify = settings.tls_files.http_verify()
-    with HttpTransport(timeout=settings.http_timeout, verify=verify) as transport:
+    with (
+        HttpTransport(timeout=settings.http_timeout, verify=verify) as transport,
+        _fetch_span(args.tracing, url, message_id) as span,
+    ):
+        trace = span.context
         if args.range is not None:  # client/commands/_range.py: only the chunks the range needs
             data, read = _fetch_range(transport, url, args, settings, auth)
             extra: dict[str, object] = {"stored_bytes_read": read}
             size, sha256 = len(data), hashlib.sha256(data).hexdigest()
         elif ref is not None:
-            size, sha256 = _fetch_placeholder(transport, url, ref, args, settings, auth)
+            size, sha256 = _fetch_placeholder(transport, url, ref, args, settings, auth, trace)
             extra = {}
         else:
-            size, sha256 = _fetch_streamed(transport, url, args, settings, auth)
+            size, sha256 = _fetch_streamed(transport, url, args, settings, auth, trace)
             extra = {}
     if args.output is not None:
         emit(
@@ -103,6 +109,19 @@ def _payload_url(url: str) -> tuple[str, str | None]:
     return url, message_id
 
 
+def _fetch_span(tracing: Tracing, url: str, message_id: str | None) -> Span:
+    """`fetch`: a CLIENT span, a child of the caller's trace (`TRACEPARENT`)."""
+    from ..protocol import http_origin
+
+    attributes: dict[str, str | int] = {"messaging.system": "mqtt"}
+    attributes["messaging.operation.name"] = "fetch"
+    if message_id is not None:
+        attributes["messaging.message.id"] = message_id
+    with contextlib.suppress(ValueError):
+        attributes["server.address"] = http_origin(url).host
+    return tracing.start("fetch", "client", use_ambient=True, attributes=attributes)
+
+
 def _fetch_range(
     transport: HttpTransport,
     url: str,
@@ -134,6 +153,7 @@ def _fetch_placeholder(
     args: argparse.Namespace,
     settings: ClientSettings,
     auth: httpx.Auth | None,
+    trace: TraceContext | None,
 ) -> tuple[int, str]:
     """`--placeholder`: the stored bytes checked against its size and SHA-256 as they come
     (the library's own fetch, :func:`client.receive._fetcher.fetch_payload`), decoded as its
@@ -153,6 +173,7 @@ def _fetch_placeholder(
             redirect_ok=_anywhere,
             url=url,
             on_bytes=lambda done, _: bar.update(done - bar.done),
+            trace=trace,
         )
     try:
         _check_sha256(url, args.sha256, stored=ref.sha256, written=sha256)
@@ -173,6 +194,7 @@ def _fetch_streamed(
     args: argparse.Namespace,
     settings: ClientSettings,
     auth: httpx.Auth | None,
+    trace: TraceContext | None,
 ) -> tuple[int, str]:
     """The bytes written as they arrive, decoded unless `--raw`, with a progress bar on a
     terminal; their size and SHA-256 (the stored bytes' only with `--raw`). `-o FILE`
@@ -191,7 +213,7 @@ def _fetch_streamed(
         written = _Digesting(target, plain)
         with decoding_writer(args, settings, cast(BinaryIO, written)) as out:
             sink = cast(BinaryIO, CountingWriter(out, bar, stored))
-            transport.fetch_to(url, sink, auth=auth, redirect_ok=_anywhere)
+            transport.fetch_to(url, sink, auth=auth, redirect_ok=_anywhere, trace=trace)
         _check_sha256(url, args.sha256, stored=stored.hexdigest(), written=plain.hexdigest())
     return written.size, plain.hexdigest()
 
@@ -350,6 +372,7 @@ def upload_command(args: argparse.Namespace) -> int:
     """`offload upload`: a resumable (tus) upload that the gateway publishes."""
     import httpx
 
+    from ..core._tracing import message_attributes
     from ..http._upload import TusUploader, spool_path, state_path
     from ._progress import Progress
 
@@ -371,7 +394,16 @@ def upload_command(args: argparse.Namespace) -> int:
             )
 
     verify = settings.tls_files.http_verify()
-    with httpx.Client(auth=auth, timeout=120, verify=verify) as http, bar:
+    attributes = message_attributes(args.topic, size, "upload", "send")
+    span = args.tracing.start(
+        f"upload {args.topic}", "client", use_ambient=True, attributes=attributes
+    )
+    traced = dict(span.context.pairs()) if span.context is not None else None
+    with (
+        span,
+        httpx.Client(auth=auth, timeout=120, verify=verify, headers=traced) as http,
+        bar,
+    ):
         uploader = TusUploader(
             http, args.endpoint, state_dir=args.state_dir, segment=args.segment_size
         )

@@ -93,6 +93,13 @@ class ClientSettings:
     automatic_offload: bool = setting(True, "upload oversized messages (default true)", _parse_bool)
     fetch_external: bool = setting(True, "resolve placeholders (default true)", _parse_bool)
     chunking: bool = setting(True, "ADR-23 fallback (default true)", _parse_bool)
+    trace_direct: bool = setting(
+        False,
+        "carry the caller's trace context (`traceparent` user property) on messages sent to "
+        "the broker as they are too, not only on offloaded and chunked ones (default false: "
+        "docs/tracing.md, what it costs)",
+        _parse_bool,
+    )
     max_packet_size: int | None = setting(
         None, "limit when CONNACK states none (needed for 3.1.1)", _OPT_INT
     )
@@ -439,6 +446,7 @@ class SettingsOverrides(TypedDict, total=False):
     automatic_offload: bool
     fetch_external: bool
     chunking: bool
+    trace_direct: bool
     max_packet_size: int | None
     offload_threshold: int | None
     discovery_topic: str

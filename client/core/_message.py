@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ..protocol import PublishProperties
+from ..protocol._tracecontext import TraceContext
 from ._exceptions import OffloadError
 
 
@@ -124,6 +125,15 @@ class Message:
     def open(self) -> BinaryIO:
         """The payload as a binary file object (streams from disk when spooled)."""
         return self.body.open()
+
+    @property
+    def trace_context(self) -> TraceContext | None:
+        """The message's creation context: its `traceparent` / `tracestate` user
+        properties (W3C Trace Context over MQTT), parsed and bounded; None when it carries
+        none or one that is not valid. For an OpenTelemetry context:
+        `opentelemetry.propagate.extract(dict(message.trace_context.pairs()))`.
+        """
+        return TraceContext.from_pairs(self.properties.user_properties)
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ import httpx
 from ..core._exceptions import UploadError
 from ..core._source import PIECE, PayloadSource
 from ..protocol import MessageId, http_origin, loads_object
+from ..protocol._tracecontext import TraceContext
 from ._answers import _detail
 from ._scram import ScramFailure
 from ._transport import UploadReceipt
@@ -94,6 +95,7 @@ class DirectUploader:
         headers: Sequence[tuple[str, str]] = (),
         auth: httpx.Auth | None = None,
         ttl: int | None = None,
+        trace: TraceContext | None = None,
     ) -> UploadReceipt:
         """Grant, parallel part PUTs, commit; the stored message's receipt.
 
@@ -106,12 +108,16 @@ class DirectUploader:
             headers: (name, value) headers stored beside the payload.
             auth: credentials for the gateway.
             ttl: seconds to keep the payload; None: the gateway's default.
+            trace: the upload's trace context: `traceparent` / `tracestate` headers on
+                the grant and the commit (the gateway's requests), never on the parts
+                (the store's).
 
         Raises:
             DirectUnsupported: the gateway has no direct transfers (fall back).
             UploadError: any other refusal or failure; nothing was published.
         """
         base = endpoint.rstrip("/")
+        traced = dict(trace.pairs()) if trace is not None else {}
         part = part_size_for(source.size, self._part_size)
         spans = _spans(source.size, part)
         with ThreadPoolExecutor(self._concurrency, thread_name_prefix="offload-direct") as pool:
@@ -122,7 +128,11 @@ class DirectUploader:
             sha256 = whole.result()
             request = _grant_request(source.size, sha256, part, hashes, message_id, ttl)
             grant = self._post(
-                f"{base}/direct/grant/{topic_path(topic)}", request, auth, grant=True
+                f"{base}/direct/grant/{topic_path(topic)}",
+                request,
+                auth,
+                grant=True,
+                headers=traced,
             )
             urls = _urls(grant, len(spans), store, base)
             try:
@@ -130,9 +140,9 @@ class DirectUploader:
                 etags = list(pool.map(lambda job: self._put(reader, *job), jobs))
             except BaseException:
                 pool.shutdown(cancel_futures=True)  # no more parts after the first failure
-                self._abandon(base, grant["grant"], auth)
+                self._abandon(base, grant["grant"], auth, traced)
                 raise
-        self._commit(base, grant["grant"], etags, headers, auth)
+        self._commit(base, grant["grant"], etags, headers, auth, traced)
         return UploadReceipt(message_id, f"{base}/msg/{message_id}", source.size, sha256)
 
     def _commit(
@@ -142,25 +152,32 @@ class DirectUploader:
         etags: list[str],
         headers: Sequence[tuple[str, str]],
         auth: httpx.Auth | None,
+        traced: dict[str, str],
     ) -> None:
         """Commit the stored parts; abandon the grant when the commit fails."""
         body = {"grant": grant, "etags": etags, "headers": [list(h) for h in headers]}
         try:
-            self._post(f"{base}/direct/commit", body, auth, grant=False)
+            self._post(f"{base}/direct/commit", body, auth, grant=False, headers=traced)
         except UploadError:
             # The parts stay in the store until aborted. Safe even when the commit went
             # through and only its answer was lost: a grant has one commit or abandon, and
             # an abandon after the commit answers the committed message (gateway side).
-            if self._abandon(base, grant, auth) is None:
+            if self._abandon(base, grant, auth, traced) is None:
                 raise
 
     def _post(
-        self, url: str, body: dict[str, Any], auth: httpx.Auth | None, *, grant: bool
+        self,
+        url: str,
+        body: dict[str, Any],
+        auth: httpx.Auth | None,
+        *,
+        grant: bool,
+        headers: dict[str, str],
     ) -> dict[str, Any]:
         """POST JSON to the gateway; its 201 JSON answer, read up to MAX_ANSWER_BYTES."""
         # Read raw and bounded: no content coding may inflate it.
         request = self._client.build_request(
-            "POST", url, json=body, headers={"Accept-Encoding": "identity"}
+            "POST", url, json=body, headers={"Accept-Encoding": "identity", **headers}
         )
         try:
             response = self._client.send(
@@ -183,7 +200,9 @@ class DirectUploader:
         except ValueError as exc:
             raise UploadError(url, f"unreadable answer: {exc}") from exc
 
-    def _abandon(self, base: str, token: str, auth: httpx.Auth | None) -> dict[str, Any] | None:
+    def _abandon(
+        self, base: str, token: str, auth: httpx.Auth | None, traced: dict[str, str]
+    ) -> dict[str, Any] | None:
         """Best effort: the gateway removes what was uploaded (an older gateway drops the
         parts of a multipart upload committed without ETags).
 
@@ -193,7 +212,7 @@ class DirectUploader:
         # Abandoned (200), refused or unreachable: then the sweeper or lifecycle rule remains.
         with contextlib.suppress(UploadError):
             body = {"grant": token, "etags": [], "abandon": True}
-            return self._post(f"{base}/direct/commit", body, auth, grant=False)
+            return self._post(f"{base}/direct/commit", body, auth, grant=False, headers=traced)
         return None
 
     def _put(self, reader: _Reader, url: str, span: tuple[int, int]) -> str:

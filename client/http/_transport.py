@@ -36,6 +36,7 @@ from ..core._exceptions import (
 from ..core._message import Payload
 from ..core._source import PayloadSource
 from ..protocol import MessageId, Origin
+from ..protocol._tracecontext import TraceContext
 from ..seal._seal import SealedStream
 from ._answers import TransientFetchError, _check_status, _detail, _same_digest, _verified
 from ._deadline import ON_SOCKET, Pace, Watchdog
@@ -131,6 +132,7 @@ class HttpTransport:
         headers: Sequence[tuple[str, bytes]] = (),
         auth: httpx.Auth | None = None,
         ttl: int | None = None,
+        trace: TraceContext | None = None,
     ) -> UploadReceipt:
         """Stream one payload to the gateway under `message_id`, never whole in memory.
 
@@ -151,12 +153,15 @@ class HttpTransport:
             auth: credentials, only when the endpoint may receive them.
             ttl: seconds the gateway should keep the payload (the placeholder's Message
                 Expiry Interval); None: the gateway's default.
+            trace: the upload's trace context, sent as `traceparent` / `tracestate`
+                headers with every request of it (W3C Trace Context).
 
         Raises:
             UploadError: no answer, a non-201 answer, or no wire form can carry the payload.
         """
         base = endpoint.rstrip("/")
-        reason = self._raw_upload(base, topic, source, message_id, headers, auth, ttl)
+        traced = list(trace.pairs()) if trace is not None else []
+        reason = self._raw_upload(base, topic, source, message_id, headers, auth, ttl, traced)
         if isinstance(reason, UploadReceipt):
             return reason
         if source.size > self._bson_limit:
@@ -165,7 +170,7 @@ class HttpTransport:
                 f"{reason}, and a payload of {source.size} bytes is more than a BSON upload "
                 f"document can carry ({self._bson_limit} bytes): upgrade the gateway",
             )
-        self._send(bson_request(base, topic, source, message_id, headers, ttl), auth)
+        self._send(bson_request(base, topic, source, message_id, headers, ttl), auth, traced)
         # hop-client ignores the body and builds the URL from the id it sent; so do we.
         return UploadReceipt(
             message_id, raw_upload_url(base, message_id), source.size, source.sha256
@@ -180,6 +185,7 @@ class HttpTransport:
         headers: Sequence[tuple[str, bytes]],
         auth: httpx.Auth | None,
         ttl: int | None,
+        traced: list[tuple[str, str]],
     ) -> UploadReceipt | str:
         """The upload in the raw form (`PUT /msg/<id>`), or why it cannot be (for the BSON
         form to say, if it cannot carry the payload either)."""
@@ -193,7 +199,7 @@ class HttpTransport:
             return f"the stored headers exceed {HEADER_BUDGET} bytes as HTTP header fields"
         try:
             request = raw_request(base, topic, source, message_id, fields, ttl)
-            answer = self._send(request, auth)
+            answer = self._send(request, auth, traced)
         except UploadError as exc:
             if exc.status not in UNSUPPORTED:
                 raise
@@ -219,14 +225,16 @@ class HttpTransport:
             self._raw_support[endpoint] = answer
         return answer
 
-    def _send(self, request: UploadRequest, auth: httpx.Auth | None) -> httpx.Response:
+    def _send(
+        self, request: UploadRequest, auth: httpx.Auth | None, traced: list[tuple[str, str]]
+    ) -> httpx.Response:
         """One upload request; anything but 201 is an UploadError with the status."""
         try:
             response = self._client.request(
                 request.method,
                 request.url,
                 content=request.body,
-                headers=request.headers,
+                headers=request.headers + traced,
                 params=request.params or None,
                 auth=auth or httpx.USE_CLIENT_DEFAULT,
             )
@@ -270,6 +278,7 @@ class HttpTransport:
         topic: str | None = None,
         tap: Callable[[Sequence[bytes | memoryview]], None] | None = None,
         keep: bool = True,
+        trace: TraceContext | None = None,
     ) -> Payload:
         """GET a raw payload, verifying its SHA-256 while it streams in, never reading more.
 
@@ -311,6 +320,8 @@ class HttpTransport:
                 it makes of them is the caller's to discard if this raises.
             keep: False: the body is only hashed and tapped, never held (the receive path
                 decrypts it on the tap): the payload returned, once verified, is empty.
+            trace: the fetch's trace context, sent as `traceparent` / `tracestate` to the
+                URL's own origin (never to a redirect's target: a presigned store URL).
 
         Raises:
             PayloadNotFound: 404 or 410.
@@ -328,7 +339,7 @@ class HttpTransport:
             if pace is not None:
                 on_bytes = watchdog.counting(on_bytes)
             try:
-                with self._open(url, auth, redirect_ok, watchdog, topic) as response:
+                with self._open(url, auth, redirect_ok, watchdog, topic, trace) as response:
                     # Named by `url`, never `response.url`: after a redirect that is a
                     # presigned store URL, whose signature must not reach errors and logs.
                     size = _checked_length(url, response, expected_size, limit)
@@ -360,6 +371,7 @@ class HttpTransport:
         redirect_ok: Callable[[Origin], bool] | None,
         watchdog: Watchdog | None = None,
         topic: str | None = None,
+        trace: TraceContext | None = None,
     ) -> Iterator[httpx.Response]:
         """The final 200 response for `url`, redirects followed by the rules of `fetch`."""
         target = httpx.URL(url)
@@ -368,6 +380,8 @@ class HttpTransport:
         headers = {"Accept-Encoding": "identity"}
         if topic is not None:
             headers["X-Offload-Placeholder-Topic"] = quote(topic, safe="")
+        if trace is not None:
+            headers.update(trace.pairs())
         request = self._reader.build_request("GET", target, headers=headers)
         if watchdog is not None:
             request.extensions[ON_SOCKET] = watchdog.attach
@@ -421,6 +435,7 @@ class HttpTransport:
         *,
         auth: httpx.Auth | None = None,
         redirect_ok: Callable[[Origin], bool] | None = None,
+        trace: TraceContext | None = None,
     ) -> int:
         """Stream a URL's body into a file object without verification (CLI `fetch`).
 
@@ -432,13 +447,14 @@ class HttpTransport:
             out: binary file to write to.
             auth: credentials, only when the URL may receive them.
             redirect_ok: which other origins a redirect may lead to.
+            trace: the fetch's trace context (headers to the URL's own origin only).
 
         Raises:
             PayloadNotFound: 404 or 410.
             FetchError: no answer, another error status or a refused redirect.
         """
         try:
-            with self._open(url, auth, redirect_ok) as response:
+            with self._open(url, auth, redirect_ok, trace=trace) as response:
                 written = 0
                 for piece in response.iter_raw():  # no re-chunking copy
                     out.write(piece)

@@ -84,6 +84,14 @@ if TYPE_CHECKING:
     from ._reassembly import Pending as ChunkPending
     from ._reassembly import Reassembler
     from ._size import MAX_PACKET_SIZE, fits, max_payload, publish_packet_size
+    from ._tracecontext import (
+        TRACEPARENT,
+        TRACESTATE,
+        TraceContext,
+        carries_trace,
+        parse_tracestate,
+        without_trace,
+    )
     from ._types import MAX_TOPIC_BYTES, MessageId, Topic, TopicFilter, mqtt_string_problem
 
 # name -> (module, name there). Loaded on first use: a process that needs one value (the
@@ -128,9 +136,13 @@ _LAZY: dict[str, tuple[str, str]] = {
     "PlannedChunk": ("._chunk", "PlannedChunk"),
     "PublishProperties": ("._props", "PublishProperties"),
     "Reassembler": ("._reassembly", "Reassembler"),
+    "TRACEPARENT": ("._tracecontext", "TRACEPARENT"),
+    "TRACESTATE": ("._tracecontext", "TRACESTATE"),
     "Topic": ("._types", "Topic"),
+    "TraceContext": ("._tracecontext", "TraceContext"),
     "TopicFilter": ("._types", "TopicFilter"),
     "UploadFields": ("._envelope_fields", "UploadFields"),
+    "carries_trace": ("._tracecontext", "carries_trace"),
     "chunk_header": ("._chunk_header", "chunk_header"),
     "data_key": ("._layout", "data_key"),
     "decode_level": ("._layout", "decode_level"),
@@ -150,12 +162,14 @@ _LAZY: dict[str, tuple[str, str]] = {
     "mqtt_text_problem": ("._props", "mqtt_text_problem"),
     "parse_data_key": ("._layout", "parse_data_key"),
     "parse_placeholder": ("._placeholder", "parse"),
+    "parse_tracestate": ("._tracecontext", "parse_tracestate"),
     "plan_chunks": ("._chunk", "plan_chunks"),
     "publish_packet_size": ("._size", "publish_packet_size"),
     "publish_properties_problem": ("._props", "publish_properties_problem"),
     "split": ("._chunk", "split"),
     "topic_prefix": ("._layout", "topic_prefix"),
     "upload_fields": ("._envelope_fields", "upload_fields"),
+    "without_trace": ("._tracecontext", "without_trace"),
 }
 
 
@@ -184,6 +198,8 @@ __all__ = [
     "META_SUFFIX",
     "PLACEHOLDER_AWARE",
     "PLAIN_ENCODING",
+    "TRACEPARENT",
+    "TRACESTATE",
     "CachedRecord",
     "ChecksumMismatchError",
     "ChunkBufferOverflow",
@@ -228,8 +244,10 @@ __all__ = [
     "Reassembler",
     "Topic",
     "TopicFilter",
+    "TraceContext",
     "UploadFields",
     "address_key",
+    "carries_trace",
     "chunk_header",
     "data_key",
     "decode_level",
@@ -249,10 +267,12 @@ __all__ = [
     "mqtt_text_problem",
     "parse_data_key",
     "parse_placeholder",
+    "parse_tracestate",
     "plan_chunks",
     "publish_packet_size",
     "publish_properties_problem",
     "split",
     "topic_prefix",
     "upload_fields",
+    "without_trace",
 ]

@@ -29,6 +29,7 @@ from typing import Any
 from urllib.parse import quote, unquote
 
 from ._errors import ProtocolError
+from ._tracecontext import TraceContext
 from ._types import MessageId, Topic, TopicFilter
 
 DATA_PREFIX = "data/"
@@ -120,6 +121,12 @@ def _is_crc32c(text: object) -> bool:
     return isinstance(text, str) and len(text) == 8 and all(c in "0123456789abcdef" for c in text)
 
 
+def _traceparent(value: object) -> str | None:
+    """A stored traceparent as it is when it parses; anything else is none."""
+    ctx = TraceContext.parse(value) if isinstance(value, str) else None
+    return None if ctx is None else ctx.traceparent
+
+
 def _b64(data: bytes | None) -> str | None:
     return None if data is None else base64.b64encode(data).decode("ascii")
 
@@ -141,6 +148,10 @@ class Manifest:
     is optional: manifests written before it have none, and a reader that does not know it
     ignores it (`from_json` ignores unknown keys). It detects corruption and mismatched or
     torn objects cheaply; only `sha256` also stands against someone who rewrites payloads.
+
+    `traceparent` (W3C Trace Context, added likewise) is the trace the upload belonged to:
+    the gateway's request span that stored it. A value that does not parse is read as none,
+    never as an error: it is a trace id, not part of the message.
     """
 
     id: MessageId
@@ -156,10 +167,19 @@ class Manifest:
     expires: int | None = None  # milliseconds since the epoch; None: keep
     extra: dict[str, Any] = field(default_factory=dict)
     crc32c: str | None = None
+    traceparent: str | None = None
 
     def __post_init__(self) -> None:
         if self.crc32c is not None and not _is_crc32c(self.crc32c):
             raise ProtocolError("manifest: crc32c must be 8 lowercase hex digits")
+        if self.traceparent is not None and TraceContext.parse(self.traceparent) is None:
+            raise ProtocolError("manifest: traceparent is not a W3C traceparent")
+
+    @property
+    def trace_id(self) -> str | None:
+        """The trace id of the upload (32 lowercase hex digits), None when unknown."""
+        ctx = TraceContext.parse(self.traceparent)
+        return None if ctx is None else ctx.trace_id_hex
 
     def to_json(self) -> bytes:
         doc: dict[str, Any] = {
@@ -180,6 +200,8 @@ class Manifest:
             doc["extra"] = self.extra
         if self.crc32c is not None:  # absent rather than null: as a pre-crc32c manifest
             doc["crc32c"] = self.crc32c
+        if self.traceparent is not None:  # likewise
+            doc["traceparent"] = self.traceparent
         return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode("utf-8")
 
     @classmethod
@@ -201,6 +223,7 @@ class Manifest:
                 expires=doc.get("expires"),
                 extra=dict(doc.get("extra") or {}),
                 crc32c=doc.get("crc32c"),
+                traceparent=_traceparent(doc.get("traceparent")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError(f"malformed manifest: {exc}") from exc

@@ -62,7 +62,8 @@ def publish_properties_problem(props: PublishProperties) -> str | None:
     """Why a broker would refuse a PUBLISH carrying `props`, or None. Pure.
 
     Every string property must pass :func:`mqtt_text_problem`, the response topic must be
-    a topic name (no wildcards), correlation data at most 65535 bytes, integers in range.
+    a topic name (no wildcards), correlation data at most 65535 bytes, integers in range
+    (a topic alias 1 to 65535).
     One check for every path that publishes, so a value a broker refuses is caught before
     anything is stored or queued.
     """
@@ -91,6 +92,8 @@ def publish_properties_problem(props: PublishProperties) -> str | None:
                 return problem
     if props.payload_format_indicator not in (None, 0, 1):
         return "payload format indicator must be 0 or 1"
+    if props.topic_alias is not None and not 1 <= props.topic_alias <= 65535:
+        return "topic alias must be 1 to 65535"  # 0 is a protocol error (MQTT 5 3.3.2.3.4)
     expiry = props.message_expiry_interval
     if expiry is not None and not 0 <= expiry <= 2**32 - 1:
         return "message expiry interval must fit four bytes"

@@ -34,14 +34,17 @@ from ..core._exceptions import (
 )
 from ..core._message import PublishResult, Route
 from ..core._source import PayloadLike, PayloadSource
+from ..core._tracing import DISABLED, Span, Tracing
 from ..http._direct import DirectUnsupported, DirectUploader
 from ..http._transport import HttpTransport, UploadReceipt
 from ..mqtt._paho import MqttConnection
-from ..protocol import MessageId, PublishProperties, Topic, _placeholder
+from ..protocol import MessageId, PublishProperties, Topic, _placeholder, http_origin
 from ..protocol._chunk import plan_chunks
 from ..protocol._size import MAX_PACKET_SIZE, publish_packet_size
+from ..protocol._tracecontext import TraceContext
 from ..receive._fetcher import PlainHttpWarner
 from ..seal._seal import SealedStream, Sealer, tagged
+from . import _spans
 from ._router import choose_route
 
 log = logging.getLogger("client")
@@ -71,6 +74,14 @@ def _refusal(exc: UploadError) -> str:
     return str(exc).removeprefix(f"{exc.url}: ")
 
 
+def endpoint_host(endpoint: str) -> str:
+    """The host of an endpoint URL (`server.address`), "" when it has none."""
+    try:
+        return http_origin(endpoint).host
+    except ValueError:
+        return ""
+
+
 def wait_ack(future: Future[None], timeout: float | None, topic: str) -> None:
     """Wait for a PUBACK / SUBACK future; a timeout is a :class:`ConnectionFailed`."""
     try:
@@ -89,6 +100,14 @@ class _Send:
     properties: PublishProperties | None
     limit: int
     timeout: float | None
+    #: The publish span (None: not traced) and the context the message carries with it
+    #: (None: none, or the publisher's own `traceparent` user property).
+    span: Span | None = None
+    trace: TraceContext | None = None
+
+    def carrying(self, properties: PublishProperties | None) -> PublishProperties | None:
+        """`properties` with this message's trace context as user properties."""
+        return _spans.injected(properties, self.trace)
 
 
 class Publisher:
@@ -103,6 +122,7 @@ class Publisher:
         warn_plain_http: the client's plain-http warner.
         direct_store: the store origin the discovery record advertises for direct
             transfers (:mod:`client.http._direct`), None when it advertises none.
+        tracing: where spans come from (:mod:`client.publish._spans` says which).
     """
 
     def __init__(
@@ -115,8 +135,10 @@ class Publisher:
         endpoint: Callable[[], str | None],
         warn_plain_http: PlainHttpWarner,
         direct_store: Callable[[], str | None] = lambda: None,
+        tracing: Tracing = DISABLED,
     ) -> None:
         self._settings = settings
+        self._tracing = tracing
         self._direct_store = direct_store
         self._direct = DirectUploader(transport.client)
         self._conn = conn
@@ -162,14 +184,56 @@ class Publisher:
         self, send: _Send, source: PayloadSource, message_id: MessageId | None
     ) -> PublishResult:
         s = self._settings
-        if self._sealer.encrypts(send.topic):
-            return self._encrypted(send, source, message_id)
-        packet = self._packet_size(send, source.size)
+        tracing = self._tracing
+        encrypted = self._sealer.encrypts(send.topic)
+        packet = 0
+        # What a direct PUBLISH carries: its own properties; with `trace_direct`, and the
+        # caller's context (a child of the caller's span has its tracestate and a
+        # traceparent of the same length: sized as it would go).
+        outgoing = self._direct_properties(send) if s.trace_direct else send.properties
+        if encrypted:  # offloaded, else chunks of the ciphertext: never direct
+            route = Route.OFFLOADED
+            endpoint = self._endpoint() if s.automatic_offload else None
+        else:
+            packet = self._packet_size(send, source.size, outgoing)
+            if packet > send.limit and outgoing is not send.properties:
+                outgoing = send.properties  # the context only where it fits: not a reroute
+                packet = self._packet_size(send, source.size, outgoing)
+            route, endpoint = self._choose(send, source, packet)
+        if route is Route.DIRECT:  # one PUBLISH: no span of the library's (_spans.py)
+            return self._as_is(send, source, outgoing)
+        ambient = tracing.ambient()
+        custom = _spans.custom_context(send.properties) if tracing.enabled or ambient else False
+        span = _spans.start_publish(
+            tracing, topic=send.topic, size=source.size, route=route, ambient=ambient, custom=custom
+        )
+        if span is None:
+            return self._routed(send, source, message_id, route, endpoint, packet, encrypted)
+        with span:
+            send = replace(send, span=span, trace=None if custom else span.context)
+            result = self._routed(send, source, message_id, route, endpoint, packet, encrypted)
+            if span.recording:
+                span.set("offload.route", str(result.route))
+                if result.message_id is not None:
+                    span.set("messaging.message.id", result.message_id)
+            return result
+
+    def _direct_properties(self, send: _Send) -> PublishProperties | None:
+        """A direct PUBLISH's properties with the caller's context (`trace_direct`), unless
+        its publisher set a `traceparent` itself."""
+        ambient = self._tracing.ambient()
+        if ambient is None:
+            return send.properties
+        custom = _spans.custom_context(send.properties)
+        return _spans.injected(send.properties, _spans.direct_context(ambient, custom))
+
+    def _choose(self, send: _Send, source: PayloadSource, packet: int) -> tuple[Route, str | None]:
+        """The route of a message that may go direct, and the endpoint when it is offloaded."""
+        s = self._settings
         over_threshold = s.offload_threshold is not None and source.size > s.offload_threshold
         endpoint = None
         if s.automatic_offload and (packet > send.limit or over_threshold):
             endpoint = self._endpoint()
-        chunking = s.chunking and s.protocol == 5
         route = choose_route(
             packet_size=packet,
             payload_size=source.size,
@@ -177,8 +241,24 @@ class Publisher:
             offload_threshold=s.offload_threshold,
             endpoint_known=endpoint is not None,
             automatic_offload=s.automatic_offload,
-            chunking=chunking,
+            chunking=s.chunking and s.protocol == 5,
         )
+        return route, endpoint
+
+    def _routed(
+        self,
+        send: _Send,
+        source: PayloadSource,
+        message_id: MessageId | None,
+        route: Route,
+        endpoint: str | None,
+        packet: int,
+        encrypted: bool,
+    ) -> PublishResult:
+        if encrypted:
+            return self._encrypted(send, source, message_id, endpoint)
+        s = self._settings
+        chunking = s.chunking and s.protocol == 5
         if route is Route.OFFLOADED:
             assert endpoint is not None
             try:
@@ -188,6 +268,8 @@ class Publisher:
                     # A wrong or missing password is the user's to fix: chunking would hide
                     # it until the broker's limits or a consumer's bounds bite.
                     raise AccessRefused(exc.url, _refusal(exc), exc.status) from exc
+                if send.trace is not None and self._packet_size(send, source.size) > send.limit:
+                    send = replace(send, trace=None)  # it fits only without its context
                 if packet <= send.limit:
                     log.warning("offload failed (%s); publishing directly instead", exc)
                     route = Route.DIRECT
@@ -200,12 +282,18 @@ class Publisher:
                     raise
         if route is Route.CHUNKED:
             return self._chunked(send, source)
+        return self._as_is(send, source, send.carrying(send.properties))
+
+    def _as_is(
+        self, send: _Send, source: PayloadSource, properties: PublishProperties | None
+    ) -> PublishResult:
+        """The message as one PUBLISH with `properties` (the trace context included)."""
         future = self._conn.publish(
             send.topic,
             source.read_all(),
             qos=send.qos,
             retain=send.retain,
-            properties=send.properties,
+            properties=properties,
         )
         # Hash while the PUBACK travels: the small-message hot path (bench/small_messages.py).
         result = PublishResult(send.topic, Route.DIRECT, source.size, source.sha256)
@@ -216,13 +304,16 @@ class Publisher:
         return result
 
     def _encrypted(
-        self, send: _Send, source: PayloadSource, message_id: MessageId | None
+        self,
+        send: _Send,
+        source: PayloadSource,
+        message_id: MessageId | None,
+        endpoint: str | None,
     ) -> PublishResult:
         """An `encrypt_to` topic: offloaded whatever its size, else ADR-23 chunks of the
         ciphertext; never direct, so no byte of its plaintext crosses the broker."""
         s = self._settings
         chunking = s.chunking and s.protocol == 5
-        endpoint = self._endpoint() if s.automatic_offload else None
         if endpoint is not None:
             try:
                 return self._offloaded(endpoint, send, source, message_id)
@@ -272,14 +363,17 @@ class Publisher:
             self._unwritten_bytes = 0
         wait_futures(pending, timeout)
 
-    def _packet_size(self, send: _Send, payload_size: int) -> int:
-        """The exact size of the message as one PUBLISH, even beyond MQTT's own cap."""
+    def _packet_size(
+        self, send: _Send, payload_size: int, properties: PublishProperties | None = None
+    ) -> int:
+        """The exact size of the message as one PUBLISH (with the trace context it
+        carries, or `properties`), even beyond MQTT's own cap."""
         try:
             return publish_packet_size(
                 send.topic,
                 payload_size,
                 qos=send.qos,
-                properties=send.properties,
+                properties=send.carrying(send.properties) if properties is None else properties,
                 protocol=self._settings.protocol,
             )
         except MessageTooLarge as exc:
@@ -301,21 +395,17 @@ class Publisher:
         headers = [(k, v.encode()) for k, v in (props.user_properties if props else ())]
         attempt = 0
         while True:
+            span = _spans.start_upload(
+                self._tracing,
+                send.span,
+                topic=send.topic,
+                size=source.size,
+                message_id=str(message_id),
+                server=endpoint_host(endpoint),
+            )
             try:
-                if isinstance(source, PayloadSource):
-                    receipt = self._direct_upload(endpoint, send, source, message_id)
-                    if receipt is not None:
-                        return receipt.url
-                return self._transport.upload(
-                    endpoint,
-                    send.topic,
-                    source,
-                    message_id=message_id,
-                    headers=headers,
-                    auth=self._http_auth,
-                    # The payload need not outlive the placeholder that points at it.
-                    ttl=props.message_expiry_interval if props else None,
-                ).url
+                with span:
+                    return self._upload_once(endpoint, send, source, message_id, headers, span)
             except UploadError as exc:
                 # A dropped connection or a 5xx may have stored the payload or not: the
                 # same id again is safe (the gateway answers an identical re-upload with
@@ -329,8 +419,46 @@ class Publisher:
                 )
                 time.sleep(0.2 * attempt)
 
+    def _upload_once(
+        self,
+        endpoint: str,
+        send: _Send,
+        source: PayloadSource | SealedStream,
+        message_id: MessageId,
+        headers: list[tuple[str, bytes]],
+        span: Span,
+    ) -> str:
+        """One upload attempt: direct when the store is advertised, else through the
+        gateway; its span's context goes with every request to the gateway."""
+        props = send.properties
+        try:
+            if isinstance(source, PayloadSource):
+                receipt = self._direct_upload(endpoint, send, source, message_id, span.context)
+                if receipt is not None:
+                    return receipt.url
+            return self._transport.upload(
+                endpoint,
+                send.topic,
+                source,
+                message_id=message_id,
+                headers=headers,
+                auth=self._http_auth,
+                # The payload need not outlive the placeholder that points at it.
+                ttl=props.message_expiry_interval if props else None,
+                trace=span.context,
+            ).url
+        except UploadError as exc:
+            if exc.status is not None and span.recording:
+                span.set("http.response.status_code", exc.status)
+            raise
+
     def _direct_upload(
-        self, endpoint: str, send: _Send, source: PayloadSource, message_id: MessageId
+        self,
+        endpoint: str,
+        send: _Send,
+        source: PayloadSource,
+        message_id: MessageId,
+        trace: TraceContext | None,
     ) -> UploadReceipt | None:
         """Upload straight to the store when the endpoint advertises it; None: use the proxy."""
         store = self._direct_store()
@@ -347,6 +475,7 @@ class Publisher:
                 headers=props.user_properties if props else (),
                 auth=self._http_auth,
                 ttl=props.message_expiry_interval if props else None,
+                trace=trace,
             )
         except DirectUnsupported as exc:  # an older gateway, or a store out of reach
             log.info("direct upload unavailable (%s); uploading through the gateway", exc)
@@ -364,11 +493,9 @@ class Publisher:
             ref = _placeholder.Placeholder(
                 url, stored.source.size, stored.source.sha256, message_id, stored.encoding
             )
-        protocol = self._settings.protocol
-        body, props = ref.encode(send.properties, protocol=protocol)
-        size = publish_packet_size(
-            send.topic, len(body), qos=send.qos, properties=props, protocol=protocol
-        )
+        body, props, size = self._placeholder(send, ref, send.carrying(send.properties))
+        if size > send.limit and send.trace is not None:  # the context only where it fits
+            body, props, size = self._placeholder(send, ref, send.properties)
         if size > send.limit:
             raise MessageTooLarge(size, send.limit, "even the placeholder does not fit")
         future = self._conn.publish(
@@ -378,6 +505,17 @@ class Publisher:
         return PublishResult(
             send.topic, Route.OFFLOADED, source.size, stored.plain_sha256, str(message_id), url
         )
+
+    def _placeholder(
+        self, send: _Send, ref: _placeholder.Placeholder, properties: PublishProperties | None
+    ) -> tuple[bytes, PublishProperties | None, int]:
+        """The placeholder's body and properties, and the size of its PUBLISH."""
+        protocol = self._settings.protocol
+        body, props = ref.encode(properties, protocol=protocol)
+        size = publish_packet_size(
+            send.topic, len(body), qos=send.qos, properties=props, protocol=protocol
+        )
+        return body, props, size
 
     def encrypts(self, topic: str) -> bool:
         """Whether `topic`'s payloads are encrypted (`encrypt_to`): never sent in the clear."""
@@ -416,7 +554,7 @@ class Publisher:
             sha256_hex=source.sha256,
             message_id=MessageId.new(),
             qos=send.qos,
-            properties=send.properties,
+            properties=send.carrying(send.properties),  # the context: on the first chunk
             limit=send.limit,
         )
         window: list[Future[None]] = []

@@ -24,6 +24,7 @@ import httpx
 from ..config._settings import ClientSettings
 from ..core._exceptions import OffloadError, UntrustedEndpoint
 from ..core._message import Message, MessageError, Payload, Route
+from ..core._tracing import DISABLED, Span, Tracing, message_attributes
 from ..http._answers import TransientFetchError
 from ..http._deadline import Pace
 from ..http._range import RangeReader, payload_range
@@ -32,6 +33,7 @@ from ..http._transport import HttpTransport
 from ..mqtt._paho import Incoming
 from ..protocol import _placeholder
 from ..protocol._bounded import Origin, http_origin
+from ..protocol._tracecontext import TraceContext
 from ..seal._unseal import Unsealer
 
 log = logging.getLogger("client")
@@ -96,6 +98,7 @@ class PlaceholderFetcher:
             the gateway's redirect there (without credentials), or to an allowlisted origin.
         configured_store: with a configured endpoint, the store that gateway declares at
             `GET /` (:mod:`client.http._store_origin`): a redirect may lead there too.
+        tracing: the fetch spans' source (:meth:`resolve`).
     """
 
     def __init__(
@@ -110,8 +113,10 @@ class PlaceholderFetcher:
         on_fetch_progress: FetchProgress | None = None,
         direct_store: Callable[[], str | None] = lambda: None,
         configured_store: ConfiguredStore | None = None,
+        tracing: Tracing = DISABLED,
     ) -> None:
         self._settings = settings
+        self._tracing = tracing
         self._transport = transport
         self._http_auth = http_auth
         self._unsealer = unsealer
@@ -130,12 +135,19 @@ class PlaceholderFetcher:
         A transient failure (see :class:`client.http._answers.TransientFetchError`) is retried with
         exponential backoff (0.25 s doubling to 5 s) until `fetch_retry_for` seconds have
         passed since the first attempt, or `stop` is set (the client closes).
+
+        Each attempt is a `fetch {topic}` span (CLIENT), a child of the placeholder's
+        creation context (its `traceparent` user property: the publisher's trace goes on,
+        as OpenTelemetry's messaging conventions allow for one message), else the first of
+        a trace; its context goes with the GET, so the gateway's spans are its children.
         """
         retry_until = time.monotonic() + self._settings.fetch_retry_for
         backoff = 0.25
+        creation = TraceContext.from_pairs(incoming.properties.user_properties)
         while True:
             try:
-                return self._fetch_once(incoming, ref)
+                with self._fetch_span(incoming.topic, ref, creation) as span:
+                    return self._fetch_once(incoming, ref, span.context)
             except TransientFetchError as exc:
                 left = retry_until - time.monotonic()
                 if left <= 0 or stop.is_set():
@@ -158,7 +170,18 @@ class PlaceholderFetcher:
         )
         return payload_range(reader, ref, start, end, self._unsealer.identities)
 
-    def _fetch_once(self, incoming: Incoming, ref: _placeholder.Placeholder) -> Message:
+    def _fetch_span(
+        self, topic: str, ref: _placeholder.Placeholder, creation: TraceContext | None
+    ) -> Span:
+        attributes = message_attributes(topic, ref.size, "fetch", "receive", str(ref.message_id))
+        attributes["server.address"] = ref.origin.host
+        return self._tracing.start(
+            f"fetch {topic}", "client", parent=creation, attributes=attributes
+        )
+
+    def _fetch_once(
+        self, incoming: Incoming, ref: _placeholder.Placeholder, trace: TraceContext | None
+    ) -> Message:
         auth = self.auth_for(ref)
         self._warn_plain_http(ref.url)
         progress = self._on_fetch_progress
@@ -174,6 +197,7 @@ class PlaceholderFetcher:
             on_bytes=(lambda done, total: progress(incoming.topic, done, total))
             if progress is not None
             else None,
+            trace=trace,
         )
         return Message(
             incoming.topic,
@@ -235,6 +259,7 @@ def fetch_payload(
     pace: Pace | None = None,
     topic: str | None = None,
     on_bytes: Callable[[int, int | None], None] | None = None,
+    trace: TraceContext | None = None,
 ) -> tuple[Payload, str]:
     """A placeholder's payload and its SHA-256 (the receive path's, `offload fetch
     --placeholder`'s): the stored bytes checked against the placeholder's `size` and
@@ -242,7 +267,8 @@ def fetch_payload(
 
     Args:
         transport: the HTTP transport; `auth`, `redirect_ok`, `pace`, `topic` and
-            `on_bytes` are its :meth:`HttpTransport.fetch`'s.
+            `on_bytes` are its :meth:`HttpTransport.fetch`'s, and `trace` (the context the
+            GET carries).
         ref: the placeholder.
         settings: `max_fetch_bytes`, `spool_threshold` and `spool_dir`.
         unsealer: decodes an encrypted or compressed payload; None: the stored bytes.
@@ -272,6 +298,7 @@ def fetch_payload(
             on_bytes=on_bytes,
             tap=decoding.feed if decoding is not None else None,
             keep=decoding is None or decoding.keeps_stored,
+            trace=trace,
         )
     except BaseException:
         if decoding is not None:

@@ -68,7 +68,8 @@ Message: TypeAlias = tuple[Manifest, Payload | None]
 
 DDL = (
     "id string, topic string, timestamp timestamp, size long, sha256 string, "
-    "content_type string, key binary, headers map<string,binary>, payload binary"
+    "content_type string, key binary, headers map<string,binary>, trace_id string, "
+    "payload binary"
 )
 
 
@@ -86,6 +87,7 @@ def arrow_schema() -> Any:
             ("content_type", pa.string()),
             ("key", pa.binary()),
             ("headers", pa.map_(pa.string(), pa.binary())),
+            ("trace_id", pa.string()),  # the upload's W3C trace id, None when untraced
             ("payload", pa.binary()),
         ]
     )
@@ -335,6 +337,7 @@ def _batch(rows: list[Message]) -> Any:
         pa.array([m.key for m, _ in rows], pa.binary()),
         # MQTT user properties may repeat a name; a map keeps the last, like dict().
         pa.array([list(dict(m.headers).items()) for m, _ in rows], schema.field(7).type),
+        pa.array([m.trace_id for m, _ in rows], pa.string()),
         _binary([p for _, p in rows]),
     ]
     return pa.RecordBatch.from_arrays(columns, schema=schema)

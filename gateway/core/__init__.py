@@ -3,10 +3,11 @@
 `_settings` (`Settings`: the one place the environment is read), `_errors` (the exception
 hierarchy and its one mapping to HTTP responses), `_json` (JSON answers, newline-ended),
 `_executors` (worker threads, sized and kept apart), `_observability` (Prometheus metrics,
-request ids, logs), `_mqtt` (the broker link), `_cors` (browser uploads' CORS; the settings
-parse its origins). CORS and metrics are
-middleware kept here, not in `gateway.middleware`, because the settings and the error mapping
-need them. Imports nothing of the gateway but `gateway.storage`.
+request ids, logs), `_tracing` (the request's trace span and its children: ingest, store,
+broker), `_mqtt` (the broker link), `_cors` (browser uploads' CORS; the settings parse its
+origins). CORS and metrics are middleware kept here, not in `gateway.middleware`, because
+the settings and the error mapping need them. Imports nothing of the gateway but
+`gateway.storage`.
 
 Other folders use only the names below.
 """
@@ -52,10 +53,12 @@ from ._observability import (
     metrics_endpoint,
 )
 from ._settings import IPNetwork, Settings, get_settings
+from ._tracing import TRACING_KEY, child, current_context
 
 __all__ = [
     "COMMON_RESPONSES",
     "DOWNLOADS_ABANDONED",
+    "TRACING_KEY",
     "UPLOADED_BYTES",
     "UPLOADS",
     "BadRequest",
@@ -85,8 +88,10 @@ __all__ = [
     "WorkerPool",
     "Workers",
     "broker_link",
+    "child",
     "close_at_request_end",
     "configure_logging",
+    "current_context",
     "current_request",
     "get_settings",
     "install_error_handlers",

@@ -1,8 +1,11 @@
-"""Prometheus metrics, request ids and structured logs.
+"""Prometheus metrics, request ids, trace spans and structured logs.
 
 One ASGI middleware times every request, counts body bytes in both directions, tags the
-request with an id (the caller's `X-Request-ID` or a new one, echoed in the response) and
-makes that id available to every log line written while the request runs.
+request with an id (the caller's `X-Request-ID` or a new one, echoed in the response),
+runs it in its trace span (gateway/core/_tracing.py: the caller's W3C trace context
+continued) and makes both available to every log line written while the request runs. A
+request's latency is observed with an exemplar naming its trace, shown to scrapers that
+ask for OpenMetrics (docs/operations.md, "From a slow bucket to its trace").
 """
 
 from __future__ import annotations
@@ -12,13 +15,26 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
+from prometheus_client import Counter, Histogram
+from prometheus_client.exposition import choose_encoder
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ._tracing import (
+    DISABLED,
+    TRACING_KEY,
+    RequestTrace,
+    current_context,
+    end_request,
+    exemplar,
+    request_trace,
+    start_request,
+)
 
 request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
 
@@ -72,9 +88,14 @@ class ObservabilityMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        incoming = dict(scope.get("headers") or []).get(b"x-request-id", b"")
+        headers = scope.get("headers") or []
+        incoming = dict(headers).get(b"x-request-id", b"")
         rid = incoming.decode("latin-1")[:64] if incoming else uuid.uuid4().hex
         token = request_id.set(rid)
+        method = scope.get("method", "")
+        tracing = (scope.get("state") or {}).get(TRACING_KEY, DISABLED)
+        span = start_request(tracing, scope)
+        trace_token = request_trace.set(RequestTrace(tracing, span))
         entry = dict(scope)  # before routing rewrites path and root_path
         start = time.perf_counter()
         status = 500
@@ -102,19 +123,40 @@ class ObservabilityMiddleware:
             await self.app(scope, counting_receive, tagging_send)
         finally:
             route = _route_template(scope, entry)
-            method = scope.get("method", "")
             REQUESTS.labels(method, route, str(status)).inc()
-            LATENCY.labels(method, route).observe(time.perf_counter() - start)
+            LATENCY.labels(method, route).observe(
+                time.perf_counter() - start, exemplar(span.context)
+            )
             BYTES_IN.labels(route).inc(received)
             BYTES_OUT.labels(route).inc(sent)
             if status in (401, 403, 429):
                 AUTH_FAILURES.labels(str(status)).inc()
+            end_request(span, method, route, status)
+            request_trace.reset(trace_token)
             request_id.reset(token)
 
 
+#: The OpenMetrics version served to a scraper that asks for OpenMetrics.
+OPENMETRICS = "application/openmetrics-text; version=1.0.0"
+
+
+def exposition(accept: str) -> tuple[Callable[[Any], bytes], str]:
+    """prometheus_client's encoder and media type for a scraper's `Accept`: OpenMetrics
+    1.0.0 (with the exemplars) when it asks for `application/openmetrics-text`, else the
+    text format. The header is read for that alone: prometheus_client's own reading of it
+    fails on a version it cannot compare (`version=x`: TypeError, a 500) and writes the
+    version it was sent back into `Content-Type`."""
+    ranges = (part.split(";", 1)[0].strip().lower() for part in accept.split(","))
+    return choose_encoder(OPENMETRICS if "application/openmetrics-text" in ranges else "")
+
+
 async def metrics_endpoint(request: Request) -> Response:
-    """Prometheus text exposition (one process; docs/deployment.md for several workers)."""
-    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+    """Prometheus text exposition, or OpenMetrics (with the exemplars) to a scraper that
+    asks for it in `Accept` (one process; docs/deployment.md for several workers)."""
+    encode, media_type = exposition(request.headers.get("accept", ""))
+    from prometheus_client import REGISTRY
+
+    return Response(encode(REGISTRY), media_type=media_type)
 
 
 class JsonFormatter(logging.Formatter):
@@ -128,6 +170,9 @@ class JsonFormatter(logging.Formatter):
             "message": record.getMessage(),
             "request_id": request_id.get(),
         }
+        trace = current_context()
+        if trace is not None:  # hex digits from the parsed context, never what was sent
+            doc["trace_id"] = trace.trace_id_hex
         if record.exc_info:
             doc["exception"] = self.formatException(record.exc_info)
         return json.dumps(doc, ensure_ascii=False)

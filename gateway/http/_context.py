@@ -49,6 +49,10 @@ class Broker(Protocol):
     @property
     def connected(self) -> bool: ...
 
+    @property
+    def max_packet_size(self) -> int | None:
+        """The broker's Maximum Packet Size from its CONNACK; None when it states none."""
+
     def publish(
         self,
         topic: str,
@@ -75,6 +79,7 @@ class NoBroker:
 
     broker = "no broker configured (OFFLOAD_MQTT_URL)"
     connected = False
+    max_packet_size = None
 
     def publish(
         self,

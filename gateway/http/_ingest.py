@@ -22,6 +22,7 @@ from starlette.requests import ClientDisconnect, Request
 
 from client import ConnectionFailed, PublishRejected
 from client.protocol import (
+    TRACEPARENT,
     EnvelopeComplete,
     EnvelopeParser,
     Manifest,
@@ -30,12 +31,15 @@ from client.protocol import (
     PayloadEnd,
     PayloadStart,
     Placeholder,
+    PublishProperties,
     Topic,
     UploadFields,
     mqtt_text_problem,
+    publish_packet_size,
     publish_properties_problem,
     upload_fields,
 )
+from client.tracing import Span, message_attributes
 
 from ..core import (
     BadRequest,
@@ -43,6 +47,8 @@ from ..core import (
     InvalidPublish,
     PayloadTooLarge,
     StorageUnavailable,
+    child,
+    current_context,
 )
 from ..ingest import (
     RESERVED,
@@ -102,7 +108,8 @@ def build_manifest(
 
     The id is the sender's when it named one, else new; a message whose headers carry no
     `_id` gets one, the way the client library stores it. `extra_headers` (user properties)
-    follow the sender's, and `ttl` (seconds, capped by the gateway) sets its expiry.
+    follow the sender's, and `ttl` (seconds, capped by the gateway) sets its expiry. The
+    request's trace context is recorded (the Spark source's `trace_id`).
     """
     message_id = received.message_id or MessageId.new()
     headers = received.headers
@@ -121,6 +128,7 @@ def build_manifest(
         content_type=content_type,
         filename=filename,
         expires=ctx.service.expiry_for(received.timestamp, ttl),
+        traceparent=None if (trace := current_context()) is None else trace.traceparent,
     )
 
 
@@ -177,20 +185,29 @@ async def receive_raw(
     limit = ctx.settings.max_body_bytes
     upload, key, stamp = ctx.service.begin_upload(topic, length, content_type=content_type)
     total = 0
-    try:
-        async for chunk in chunks:
-            total += len(chunk)
-            check_running_total(total, limit)
-            await upload.write(chunk)
-        if length >= 0 and total != length:
-            raise BadRequest(f"body has {total} bytes but Content-Length said {length}")
-        sha256, size = await upload.finish()
-    except BaseException as exc:
-        await upload.abort(exc)
-        if isinstance(exc, ClientDisconnect):
-            raise BadRequest("client disconnected before the body was complete") from exc
-        raise
+    with store_span("store write", topic, length) as span:
+        try:
+            async for chunk in chunks:
+                total += len(chunk)
+                check_running_total(total, limit)
+                await upload.write(chunk)
+            if length >= 0 and total != length:
+                raise BadRequest(f"body has {total} bytes but Content-Length said {length}")
+            sha256, size = await upload.finish()
+        except BaseException as exc:
+            await upload.abort(exc)
+            if isinstance(exc, ClientDisconnect):
+                raise BadRequest("client disconnected before the body was complete") from exc
+            raise
+        span.set("messaging.message.body.size", size)
     return Received(topic, key, sha256, size, stamp, crc32c=upload.crc32c)
+
+
+def store_span(name: str, topic: Topic, size: int, message_id: str | None = None) -> Span:
+    """A child of the request's span for its work with the object store."""
+    return child(
+        name, "client", message_attributes(topic.value, max(size, 0), name, "send", message_id)
+    )
 
 
 async def receive_envelope(
@@ -219,17 +236,20 @@ async def receive_envelope(
         max_document=ctx.settings.max_body_bytes, max_fields=ctx.settings.max_header_bytes
     )
     sink = _EnvelopeSink(ctx, topic, check_headers)
-    try:
-        async for chunk in chunks:
-            for event in parser.feed(chunk):
-                await sink.handle(event)
-        parser.end()
-        return sink.received()
-    except BaseException as exc:
-        await sink.abort(exc)
-        if isinstance(exc, ClientDisconnect):
-            raise BadRequest("client disconnected before the body was complete") from exc
-        raise
+    with store_span("store write", topic, 0) as span:
+        try:
+            async for chunk in chunks:
+                for event in parser.feed(chunk):
+                    await sink.handle(event)
+            parser.end()
+            received = sink.received()
+        except BaseException as exc:
+            await sink.abort(exc)
+            if isinstance(exc, ClientDisconnect):
+                raise BadRequest("client disconnected before the body was complete") from exc
+            raise
+        span.set("messaging.message.body.size", received.size)
+    return received
 
 
 class _EnvelopeSink:
@@ -309,7 +329,8 @@ async def commit_or_discard(ctx: Context, manifest: Manifest, *, kind: str) -> S
         problem = manifest_text_problem(manifest)  # every path: readable by every reader
         if problem is not None:
             raise BadRequest(f"{problem}; nothing was kept")
-        return await ctx.service.commit(manifest, kind=kind)
+        with store_span("store commit", manifest.topic, manifest.size, str(manifest.id)):
+            return await ctx.service.commit(manifest, kind=kind)
     except BaseException:
         await ctx.service.discard(manifest.data_key)
         raise
@@ -341,12 +362,49 @@ async def announce(
         created: False when the commit found an identical earlier message: that one is
             not withdrawn on failure, since an earlier publish may have announced it.
 
+    The placeholder carries the `publish` span's context only where it still fits the
+    broker's Maximum Packet Size (as offload-proxy adds it).
+
     Raises:
+        BadRequest: the placeholder (its user properties) is over the broker's limit.
         BrokerUnavailable: the broker is unreachable or did not acknowledge.
     """
     placeholder = Placeholder(url, manifest.size, manifest.sha256, manifest.id, options.encoding)
-    body, props = placeholder.encode(options.properties(manifest.content_type))
+    original = options.properties(manifest.content_type)
+    with publish_span(manifest, original) as span:
+        body, props = placeholder.encode(original)
+        if span.context is not None and original.user_property(TRACEPARENT) is None:
+            traced = placeholder.encode(original.with_user_properties(*span.context.pairs()))
+            if _over_limit(ctx, manifest, traced[0], traced[1], options) is None:
+                body, props = traced
+        await _publish_placeholder(ctx, manifest, body, props, options, created)
+
+
+def publish_span(manifest: Manifest, original: PublishProperties) -> Span:
+    """The placeholder's `publish {topic}` span: PRODUCER, its context the message's
+    creation context, unless the uploader gave its own `traceparent` user property (kept
+    as it is: then CLIENT)."""
+    custom = original.user_property(TRACEPARENT) is not None
+    attributes = message_attributes(
+        manifest.topic.value, manifest.size, "publish", "send", str(manifest.id)
+    )
+    name = f"publish {manifest.topic.value}"
+    return child(name, "client" if custom else "producer", attributes)
+
+
+async def _publish_placeholder(
+    ctx: Context,
+    manifest: Manifest,
+    body: bytes,
+    props: PublishProperties | None,
+    options: PublishOptions,
+    created: bool,
+) -> None:
+    """Send the placeholder; withdraw the message when the broker does not take it."""
     problem = None if props is None else publish_properties_problem(props)
+    # A PUBLISH over the broker's limit is answered by dropping the gateway's connection,
+    # and with it every other request's placeholder on the way.
+    problem = problem or _over_limit(ctx, manifest, body, props, options)
     if problem is not None:
         # Every route validates before storing; this is the last line, never the first.
         if created:
@@ -371,6 +429,27 @@ async def announce(
         raise BrokerUnavailable(
             f"broker unreachable, message not published and not kept: {exc}"
         ) from exc
+
+
+def _over_limit(
+    ctx: Context,
+    manifest: Manifest,
+    body: bytes,
+    props: PublishProperties | None,
+    options: PublishOptions,
+) -> str | None:
+    """Why the placeholder cannot go to the broker (over its Maximum Packet Size), or None
+    (also when the broker states no limit)."""
+    limit = ctx.broker.max_packet_size
+    try:
+        size = publish_packet_size(
+            manifest.topic.value, len(body), qos=options.qos, properties=props
+        )
+    except ValueError as exc:  # ProtocolError: a property no PUBLISH can carry
+        return str(exc)
+    if limit is None or size <= limit:
+        return None
+    return f"its placeholder would be {size} bytes, over the broker's limit of {limit}"
 
 
 def placeholder_user_properties(

@@ -27,6 +27,7 @@ from client.protocol import (
     meta_key,
     topic_prefix,
 )
+from client.tracing import message_attributes
 
 from ..core import (
     UPLOADED_BYTES,
@@ -37,6 +38,7 @@ from ..core import (
     Slot,
     StorageUnavailable,
     Workers,
+    child,
 )
 from ..storage import ObjectStore, StoreError, SupportsAsyncRead, SupportsAsyncWrite
 from ._manifests import ManifestRepository
@@ -305,8 +307,18 @@ class OffloadService:
         """The payload bytes (or a range) as an async stream; 404 when the object is gone.
 
         Takes a transfer slot (503 `Saturated` when none is free), held until the stream
-        is closed, finished or dropped.
+        is closed, finished or dropped. The request's `store read` span times the opening
+        (the store's first answer), not the body that streams after it.
         """
+        attributes = message_attributes(
+            manifest.topic.value, manifest.size, "store read", "receive", str(manifest.id)
+        )
+        with child("store read", "client", attributes):
+            return await self._open_payload(manifest, start, length)
+
+    async def _open_payload(
+        self, manifest: Manifest, start: int, length: int | None
+    ) -> AsyncIterator[bytes | memoryview]:
         slot = self.workers.transfers.admit()
         if isinstance(self.store, SupportsAsyncRead):
             return await self._read_on_loop(self.store, manifest, slot, start, length)

@@ -55,6 +55,9 @@ from ._offload import (
     resolved_head,
     resolved_size,
     stored_headers,
+    trace_context,
+    will_trace,
+    with_trace,
 )
 from ._packets import (
     PINGREQ_PACKET,
@@ -171,6 +174,7 @@ __all__ = [
     "slim",
     "stored_headers",
     "subscribe_packet",
+    "trace_context",
     "type_mask",
     "u32_property",
     "upgrade_connect",
@@ -178,4 +182,6 @@ __all__ = [
     "upgrade_publish",
     "whole_head",
     "whole_size",
+    "will_trace",
+    "with_trace",
 ]

@@ -9,14 +9,16 @@ puts them. On the way out those two tags are removed again and every other prope
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from client.protocol import (
     FORMAT_KEY,
     ID_KEY,
+    TRACEPARENT,
     MessageId,
     Placeholder,
     PublishProperties,
+    TraceContext,
     is_placeholder,
     parse_placeholder,
 )
@@ -147,6 +149,29 @@ def stored_headers(header: PublishHeader) -> tuple[tuple[str, str], ...]:
     return tuple(
         (k, v) for k, v in user_properties(header.properties) if k not in (FORMAT_KEY, ID_KEY)
     )
+
+
+def trace_context(header: PublishHeader) -> TraceContext | bool:
+    """A PUBLISH's own W3C trace context (its `traceparent` / `tracestate` user
+    properties, parsed by the bounded codec): the context; True when it carries a
+    `traceparent` that is not one (kept as it is, never replaced); False when none."""
+    pairs = user_properties(header.properties)
+    if not any(name == TRACEPARENT for name, _ in pairs):
+        return False
+    return TraceContext.from_pairs(pairs) or True
+
+
+def will_trace(will: Will) -> TraceContext | None:
+    """A Will's own W3C trace context (its `traceparent` / `tracestate` Will properties,
+    parsed by the bounded codec); None when it carries no valid one."""
+    return TraceContext.from_pairs(user_properties(will.properties))
+
+
+def with_trace(header: PublishHeader, context: TraceContext) -> PublishHeader:
+    """`header` with `context` appended as `traceparent` / `tracestate` user properties
+    (its `size` stays the received header's: the payload is cut by it)."""
+    added = tuple(make_user_property(name, value) for name, value in context.pairs())
+    return replace(header, properties=header.properties + added)
 
 
 def read_placeholder(header: PublishHeader, payload: bytes) -> Placeholder | None:
