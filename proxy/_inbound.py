@@ -46,6 +46,7 @@ from .protocol import (
     Stored,
     ack,
     first,
+    identifier_marks,
     placeholder_packet,
     publish_header,
     stored_headers,
@@ -117,8 +118,8 @@ def run_rule(conn: Conn) -> RunRule:
     Topic Alias (:class:`proxy.protocol.AliasMap` keeps the client's and the broker's
     views of those), and every other packet but CONNECT and DISCONNECT; a 3.1.1 client's
     PUBLISH, SUBSCRIBE and UNSUBSCRIBE are translated (:func:`_stop`)."""
-    aliases = bytes([TOPIC_ALIAS]) if conn.connect.v5 else b""
-    return RunRule(conn.broker_limit, conn.connect.v5, properties=aliases)
+    aliases = identifier_marks(TOPIC_ALIAS) if conn.connect.v5 else ()
+    return RunRule(conn.broker_limit, conn.connect.v5, property_marks=aliases)
 
 
 def _stop(conn: Conn) -> Callable[[], int]:

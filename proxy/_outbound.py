@@ -23,7 +23,13 @@ from __future__ import annotations
 import functools
 import logging
 
-from client.protocol import FORMAT_KEY, MalformedPlaceholder, Placeholder, http_origin
+from client.protocol import (
+    CHUNK_PROPERTY,
+    FORMAT_KEY,
+    MalformedPlaceholder,
+    Placeholder,
+    http_origin,
+)
 
 from ._chunks import answer_pubrel, large_publish, take_chunk
 from ._exceptions import PeerGone, PeerTimeout, TransferFailed
@@ -46,7 +52,6 @@ from .protocol import (
     PUBREC,
     PUBREL,
     TOPIC_ALIAS_MAXIMUM,
-    USER_PROPERTY,
     Head,
     ProxyProtocolError,
     PublishHeader,
@@ -57,6 +62,7 @@ from .protocol import (
     downgrade_packet,
     downgraded_publish_head,
     first,
+    name_marks,
     parse_connack,
     publish_header,
     read_placeholder,
@@ -138,14 +144,15 @@ FORMAT_MARK = b'"' + FORMAT_KEY.encode() + b'"'
 
 def run_rule(conn: Conn) -> RunRule:
     """What the client gets as it came: for a client that resolves placeholders itself,
-    every PUBLISH; for any other, a PUBLISH without a user property (a placeholder's
-    `_format`, a chunk's `__chunk`) whose payload does not name `_format` (a placeholder's
-    JSON). Whatever the broker sends a 3.1.1 client on an upgraded link is translated
+    every PUBLISH; for any other, a PUBLISH without a user property named `_format` (a
+    placeholder) or `__chunk` (a chunk) whose payload does not name `_format` (a
+    placeholder's JSON): other user properties (a `traceparent`, the application's own)
+    pass. Whatever the broker sends a 3.1.1 client on an upgraded link is translated
     (:func:`_stop`)."""
     if conn.connect.handles_placeholders:
         return RunRule(MQTT_MAX_PACKET, conn.broker_v5)
-    users = bytes([USER_PROPERTY]) if conn.broker_v5 else b""
-    return RunRule(MQTT_MAX_PACKET, conn.broker_v5, properties=users, json_mark=FORMAT_MARK)
+    tags = name_marks(FORMAT_KEY, CHUNK_PROPERTY) if conn.broker_v5 else ()
+    return RunRule(MQTT_MAX_PACKET, conn.broker_v5, property_marks=tags, json_mark=FORMAT_MARK)
 
 
 def _stop(conn: Conn) -> int:

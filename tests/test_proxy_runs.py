@@ -26,14 +26,21 @@ from proxy.protocol import (
     ProxyProtocolError,
     RunRule,
     encode_varint,
+    identifier_marks,
+    name_marks,
     publish_header,
     type_mask,
 )
 from proxy.protocol._properties import user_property
 
 FORMAT = b'"_format"'
-UP = RunRule(262144, True, properties=bytes([TOPIC_ALIAS]))
-DOWN = RunRule(2**28, True, properties=bytes([USER_PROPERTY]), json_mark=FORMAT)
+UP = RunRule(262144, True, property_marks=identifier_marks(TOPIC_ALIAS))
+DOWN = RunRule(2**28, True, property_marks=name_marks("_format", "__chunk"), json_mark=FORMAT)
+#: What the slow path reads of a PUBLISH's properties, per rule (the reference below).
+WATCHED = {
+    id(UP): lambda p: p.id == TOPIC_ALIAS,
+    id(DOWN): lambda p: p.id == USER_PROPERTY and p.value[0] in ("_format", "__chunk"),
+}
 STOP = type_mask(CONNECT, DISCONNECT)
 
 
@@ -75,7 +82,8 @@ def must_see(data: bytes, rule: RunRule, stop: int) -> bool | None:
         return None
     if header is None or not header.topic:
         return True
-    if any(p.id in rule.properties for p in header.properties):
+    watched = WATCHED.get(id(rule), lambda p: False)
+    if any(watched(p) for p in header.properties):
         return True
     # The library's own rule for a placeholder without its user property (JSON naming it).
     return bool(rule.json_mark) and is_placeholder(body[header.size :], PublishProperties())
@@ -233,11 +241,15 @@ def test_a_packet_not_yet_whole_waits_when_small_and_is_the_relays_when_large() 
 
 def test_the_rule_stops_only_what_it_names() -> None:
     user = publish(props=user_property("k", "v").raw)
+    traced = publish(
+        props=user_property("traceparent", "00-" + "1" * 32 + "-" + "2" * 16 + "-01").raw
+    )
     json = publish(payload=b'{"_format":"external"}')
     not_json = publish(payload=b'00 "_format":"external"}')
     framer = Framer()
-    framer.feed(user + json + publish(props=alias(1)))
-    assert framer.passable(STOP, DOWN) is None  # down: the user property stops it
+    framer.feed(user + traced + json + publish(props=alias(1)))
+    assert framer.passable(STOP, DOWN) == user + traced  # down: other user properties pass
+    assert framer.passable(STOP, DOWN) is None  # a placeholder's JSON stops it
     framer = Framer()
     framer.feed(user + json + publish(props=b"\x01\x01"))
     assert framer.passable(STOP, UP) == user + json + publish(props=b"\x01\x01")
@@ -272,6 +284,8 @@ _props = st.one_of(
     st.just(b"\xa3\x00\x00\x05"),  # the alias identifier written long
     st.just(user_property("_format", "external").raw),
     st.just(b"\xa6\x80\x00" + user_property("k", "v").raw[1:]),
+    st.just(b"\xa6\x00" + user_property("__chunk", "{}").raw[1:]),
+    st.just(user_property("traceparent", "00-" + "1" * 32 + "-" + "2" * 16 + "-01").raw),
     st.just(b"\x01\x01\x02\x00\x00\x00\x10"),  # payload format, message expiry
     st.binary(max_size=12),  # anything: malformed ones included
 )

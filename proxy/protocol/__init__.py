@@ -88,7 +88,7 @@ from ._properties import (
     u32_property,
 )
 from ._proxy_header import ProxyHeader, ProxyHeaderReader
-from ._runs import EVERY, RUN_WAIT, RunRule, type_mask
+from ._runs import EVERY, RUN_WAIT, RunRule, identifier_marks, name_marks, type_mask
 from ._v311 import (
     downgrade_connack,
     downgrade_packet,
@@ -160,7 +160,9 @@ __all__ = [
     "downgraded_publish_head",
     "encode_varint",
     "first",
+    "identifier_marks",
     "keeps_session_without_id",
+    "name_marks",
     "parse_connack",
     "parse_connect",
     "placeholder_packet",

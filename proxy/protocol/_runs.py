@@ -12,21 +12,24 @@ What stops a run is the relay's to say, in two parts:
 * a mask of packet types (``1 << type``), which may change from one run to the next (the
   broker's PUBACK while the proxy waits for one to a placeholder it sent, say);
 * a :class:`RunRule` for PUBLISH, fixed for a connection's direction: over a size (a
-  PUBLISH the broker would refuse), or holding one of a few property identifiers (a Topic
-  Alias, a user property), or a JSON object naming a key in its payload (a placeholder).
+  PUBLISH the broker would refuse), or holding a property the relay reads (a Topic Alias;
+  a user property named `_format` or `__chunk`), or a JSON object naming a key in its
+  payload (a placeholder).
 
 The rule errs one way only: a packet it cannot read to the end of its property block
 (a length that lies, QoS 3, no topic) stops the run, so the relay's own parser sees it
-and refuses it as before. A property identifier is looked for as any byte of the block
-that could begin it (``ident`` or ``ident | 0x80``: a Variable Byte Integer may be written
-longer than it need be, and the parser reads it all the same), so a property block cannot
-be written to slip one past it; a byte that only happens to match sends a packet the slow
-way, never the other way round.
+and refuses it as before. Properties are looked for as bytes anywhere in the block, in
+every form the parser would read them in: an identifier as any byte that could begin it
+(``ident`` or ``ident | 0x80``: a Variable Byte Integer may be written longer than it need
+be, and the parser reads it all the same, :func:`identifier_marks`), a user property by its
+name as written (its two-byte length and its UTF-8, which has one form: :func:`name_marks`).
+So no property block can be written to slip one past; bytes that only happen to match send
+a packet the slow way, never the other way round.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 #: A packet not yet whole that may still join a run is waited for up to this size; a larger
 #: one is the relay's to stream (a run never holds more than one read and this).
@@ -45,8 +48,8 @@ class RunRule:
     Attributes:
         publish_limit: a whole PUBLISH (fixed header included) larger than this stops a run.
         v5: PUBLISHes carry a property block (MQTT 5).
-        properties: property identifiers (one byte each) of which any in a PUBLISH's
-            property block stops a run.
+        property_marks: bytes of which any, anywhere in a PUBLISH's property block, stops a
+            run (:func:`identifier_marks`, :func:`name_marks`).
         json_mark: a payload that may be a JSON object (its first byte `{` or blank, as the
             library's placeholder rule reads it) and holds these bytes stops a run (b"":
             none).
@@ -54,14 +57,19 @@ class RunRule:
 
     publish_limit: int
     v5: bool
-    properties: bytes = b""
+    property_marks: tuple[bytes, ...] = ()
     json_mark: bytes = b""
-    _marks: tuple[int, ...] = field(default=(), init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        # The first byte of every encoding of each identifier, the longer ones included.
-        marks = {b for ident in self.properties for b in (ident, ident | 0x80)}
-        object.__setattr__(self, "_marks", tuple(sorted(marks)))
+
+def identifier_marks(*idents: int) -> tuple[bytes, ...]:
+    """What any property with one of these (one-byte) identifiers holds, however its
+    identifier is written: the first byte of each of its encodings, the longer ones too."""
+    return tuple(bytes([b]) for b in sorted({b for i in idents for b in (i, i | 0x80)}))
+
+
+def name_marks(*names: str) -> tuple[bytes, ...]:
+    """What a user property with one of these names holds: the name as MQTT writes it."""
+    return tuple(len(n.encode()).to_bytes(2, "big") + n.encode() for n in names)
 
 
 def type_mask(*kinds: int) -> int:
@@ -88,7 +96,7 @@ def scan(data: bytes, at: int, stop: int, rule: RunRule, max_length: int) -> tup
     # One loop, locals only: this runs for every packet relayed (bench/RESULTS.md, Round 18).
     size = len(data)
     stop |= _RESERVED
-    limit, v5, marks, mark = rule.publish_limit, rule.v5, rule._marks, rule.json_mark
+    limit, v5, marks, mark = rule.publish_limit, rule.v5, rule.property_marks, rule.json_mark
     find = data.find
     count = 0
     while at < size:
