@@ -1,6 +1,6 @@
 """Small messages through offload-proxy as they came, in runs (issue 44): no packet framed
 one by one that the proxy need not read, order and bytes kept for a long mix of small,
-medium and large messages, and what an idle connection costs. Real peers only:
+medium and large messages, and what an idle connection and a connect cost. Real peers only:
 `mosquitto_pub -l` and `mosquitto_sub` (MQTT 5, neither resolves placeholders) across a
 256 KiB mosquitto, the gateway and SeaweedFS."""
 
@@ -203,6 +203,39 @@ def test_an_idle_connection_costs_the_proxy_at_most_48_kib(
     finally:
         for sock in socks:
             sock.close()
+        proxy.stop()
+
+
+#: What a connection may cost the proxy's CPU, from its CONNECT to its DISCONNECT (issue 44:
+#: 0.36-0.42 ms measured by `bench/proxy_relay.py --connects 500 --qos ""`).
+CONNECT_CPU_SECONDS = 0.001
+
+
+def test_a_connect_costs_the_proxy_at_most_a_millisecond_of_cpu(
+    broker: Mosquitto, tmp_path: Path
+) -> None:
+    """300 connections one after the other (CONNECT, CONNACK, DISCONNECT, closed): the
+    proxy's own process spends at most 1 ms of CPU (user and system) on each."""
+    proxy = ProxyProcess(broker, "http://127.0.0.1:9", tmp_path / "proxy.log")
+
+    def once() -> None:
+        sock = device(proxy.port, "127.0.0.1")
+        sock.sendall(b"\xe0\x00")  # DISCONNECT
+        assert until_closed(sock) == b""
+
+    def cpu() -> float:
+        times = proxy.process.cpu_times()
+        return float(times.user + times.system)
+
+    try:
+        for _ in range(30):  # pages the code in
+            once()
+        before = cpu()
+        for _ in range(300):
+            once()
+        each = (cpu() - before) / 300
+        assert each <= CONNECT_CPU_SECONDS, f"{each * 1000:.2f} ms of CPU per connect"
+    finally:
         proxy.stop()
 
 
