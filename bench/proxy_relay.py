@@ -277,7 +277,7 @@ def main() -> None:
             if args.fleet or args.only_fleet:
                 paths += _fleet(stack, brk.port)
             if args.connects:
-                rows += connect_cost(stack, brk.port, args.connects, args.rounds)
+                rows += connect_cost(stack, brk.port, args.connects, args.rounds, args.against)
             for qos in (int(q) for q in args.qos.split(",") if q):
                 runs: dict[str, list[Run]] = {p.name: [] for p in paths}
                 for r in range(args.rounds):
@@ -307,20 +307,22 @@ def _v2_header() -> bytes:
 
 
 def connect_cost(
-    stack: ExitStack, broker_port: int, n: int, rounds: int
+    stack: ExitStack, broker_port: int, n: int, rounds: int, against: Path | None = None
 ) -> list[dict[str, object]]:
     """The proxy's CPU per connection (CONNECT, CONNACK, DISCONNECT, one after the other):
-    the plain listener against the gate reading a PROXY v2 header first."""
+    the plain listener against the gate reading a PROXY v2 header first (and the plain
+    listener of `against`'s proxy, when given)."""
     import socket
 
     plain, plain_proc = stack.enter_context(offload_proxy(broker_port))
     gated, gated_proc = stack.enter_context(offload_proxy(broker_port, trusted="127.0.0.1"))
-    cost: dict[str, list[float]] = {"plain": [], "gate": []}
+    paths = [("plain", plain, plain_proc, b""), ("gate", gated, gated_proc, _v2_header())]
+    if against is not None:
+        other, other_proc = stack.enter_context(offload_proxy(broker_port, root=against.resolve()))
+        paths.append((f"plain@{against.name}", other, other_proc, b""))
+    cost: dict[str, list[float]] = {name: [] for name, *_ in paths}
     for r in range(rounds):
-        for name, port, proc, header in (
-            ("plain", plain, plain_proc, b""),
-            ("gate", gated, gated_proc, _v2_header()),
-        ):
+        for name, port, proc, header in paths:
             meter = CpuMeter(proxy=proc.pid)
             before = meter.read()
             for _ in range(n):
@@ -331,10 +333,14 @@ def connect_cost(
             cost[name].append(CpuMeter.spent(before, meter.read())["proxy"] / n * 1e3)
             print(f"  connects round {r + 1}: {name:>5} {cost[name][-1]:.3f} ms CPU each"
                   f" (load {_load()})", flush=True)  # fmt: skip
-    plain_ms, gate_ms = statistics.median(cost["plain"]), statistics.median(cost["gate"])
-    print(f"CPU per connect: plain {plain_ms:.3f} ms, with a PROXY v2 header {gate_ms:.3f} ms")
-    return [info_row("proxy relay", "CPU per connect, plain -> PROXY v2 gate", plain_ms, gate_ms,
-                     "ms")]  # fmt: skip
+    medians = {name: statistics.median(values) for name, values in cost.items()}
+    print("CPU per connect (median): " + ", ".join(f"{k} {v:.3f} ms" for k, v in medians.items()))
+    rows = [info_row("proxy relay", "CPU per connect, plain -> PROXY v2 gate", medians["plain"],
+                     medians["gate"], "ms")]  # fmt: skip
+    if against is not None:
+        rows.append(info_row("proxy relay", f"CPU per connect, {against.name} -> this tree",
+                             medians[f"plain@{against.name}"], medians["plain"], "ms"))  # fmt: skip
+    return rows
 
 
 def _fleet(stack: ExitStack, broker_port: int) -> list[Route]:
@@ -392,8 +398,13 @@ def _report(qos: int, runs: dict[str, list[Run]], n: int) -> list[dict[str, obje
                for k in b.cpu}  # fmt: skip
         ratio_lb = f", {b.rate / lb:.2f} x HAProxy" if lb else ""
         cpu_text = ", ".join(f"{k} {v:.0f}" for k, v in cpu.items())
+        # The medians beside the best: one round of a path can be 1.5 x another on a
+        # shared machine, and the medians say whether the best is typical.
+        mid = {n: statistics.median(r.rate for r in rs) for n, rs in runs.items()}
+        mid_lb = f", {mid[name] / mid['haproxy']:.2f}" if "haproxy" in mid else ""
         print(f"QoS {qos} {name:>14}: best {b.rate:8,.0f} msg/s = {b.rate / straight:.2f} x"
-              f" straight{ratio_lb}; median CPU per message: {cpu_text} us")  # fmt: skip
+              f" straight{ratio_lb}; median CPU per message: {cpu_text} us; median"
+              f" {mid[name]:,.0f} msg/s ({mid[name] / mid['straight']:.2f}{mid_lb})")  # fmt: skip
     if "proxy" in best:
         proxy = best["proxy"].rate
         rows.append(row("proxy relay", f"QoS {qos}: straight -> offload-proxy", straight, proxy,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from client.protocol import MessageId, TraceContext
 
@@ -35,18 +35,22 @@ from .protocol import (
     PUBLISH,
     PUBREC,
     SUBSCRIBE,
+    TOPIC_ALIAS,
     UNSUBSCRIBE,
     Head,
     MalformedPacket,
     PacketTooLarge,
     ProxyProtocolError,
     PublishHeader,
+    RunRule,
     Stored,
     ack,
     first,
+    identifier_marks,
     placeholder_packet,
     publish_header,
     stored_headers,
+    type_mask,
     upgrade_packet,
     upgrade_publish,
 )
@@ -63,11 +67,24 @@ async def relay_up(conn: Conn, services: Services) -> None:
     Before its login is answered only AUTH packets pass (MQTT 5 enhanced authentication):
     nothing else the client sent is read meanwhile (a refused login has the proxy hold
     nothing more than its CONNECT) or acted on (no upload with credentials the broker has
-    not accepted). A refused login ends here.
+    not accepted). A refused login ends here. Once logged in, what the proxy need not read
+    goes to the broker in runs, as it came (:func:`run_rule`).
     """
     if not conn.connect.authenticates and not await _logged_in(conn):
         return
+    rule = None
+    stop = _stop(conn)
     while True:
+        if rule is None and conn.connack_seen.is_set() and conn.accepted:
+            rule = run_rule(conn)  # the broker's limit is known, its CONNACK passed on
+        if rule is not None:
+            run = await conn.client.run(rule, stop)
+            if run is None:
+                raise PeerGone("the client closed without DISCONNECT")
+            if run:
+                conn.broker_writer.write(run)  # whole packets, no await inside: no lock
+                await drained(conn.broker_writer, conn.broker.idle)
+                continue
         head = await conn.client.head()
         if head is None:  # the broker publishes the Will: worth the log's one line
             raise PeerGone("the client closed without DISCONNECT")
@@ -89,11 +106,27 @@ async def relay_up(conn: Conn, services: Services) -> None:
             body = conn.client.whole_body(head)
             if body is None:
                 await forward(conn, head)
-            else:  # the common case: the whole packet is in hand, one write
+            else:  # the whole packet is in hand, one write
                 conn.broker_writer.write(head.raw + body)
                 await drained(conn.broker_writer, conn.broker.idle)
             if head.type == DISCONNECT:
                 return
+
+
+def run_rule(conn: Conn) -> RunRule:
+    """What the broker gets as it came: a PUBLISH within the broker's limit without a
+    Topic Alias (:class:`proxy.protocol.AliasMap` keeps the client's and the broker's
+    views of those), and every other packet but CONNECT and DISCONNECT; a 3.1.1 client's
+    PUBLISH, SUBSCRIBE and UNSUBSCRIBE are translated (:func:`_stop`)."""
+    aliases = identifier_marks(TOPIC_ALIAS) if conn.connect.v5 else ()
+    return RunRule(conn.broker_limit, conn.connect.v5, property_marks=aliases)
+
+
+def _stop(conn: Conn) -> Callable[[], int]:
+    mask = type_mask(CONNECT, DISCONNECT)
+    if conn.upgraded:
+        mask |= type_mask(PUBLISH, SUBSCRIBE, UNSUBSCRIBE)
+    return lambda: mask
 
 
 async def _logged_in(conn: Conn) -> bool:

@@ -88,6 +88,20 @@ class Metrics:
             ["pool", "share"],
             registry=r,
         )
+        # Small messages pass in runs, as they came; a packet is framed one by one only when
+        # the proxy must read it (direction: up, client to broker; down, broker to client).
+        self.packets_decoded = Counter(
+            "offload_proxy_packets_decoded",
+            "packets the relay framed and read one by one",
+            ["direction"],
+            registry=r,
+        )
+        self.packets_relayed = Counter(
+            "offload_proxy_packets_relayed",
+            "packets relayed in runs as they came, not framed one by one",
+            ["direction"],
+            registry=r,
+        )
         self.protocol_errors = Counter(
             "offload_proxy_protocol_errors", "connections ended for malformed input", registry=r
         )
@@ -104,6 +118,18 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self._counting: dict[str, dict[str, Callable[[float], None]]] = {  # made once
+            direction: {
+                "on_heads": self.packets_decoded.labels(direction=direction).inc,
+                "on_run": self.packets_relayed.labels(direction=direction).inc,
+            }
+            for direction in ("up", "down")
+        }
+
+    def counting(self, direction: str) -> dict[str, Callable[[float], None]]:
+        """What a :class:`proxy._stream.PacketStream` of one `direction` (`up`: client to
+        broker, `down`) reports to."""
+        return self._counting[direction]
 
     def render(self, accept: str = "") -> tuple[bytes, str]:
         """The exposition and its media type: OpenMetrics (with exemplars) when `accept`

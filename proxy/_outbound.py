@@ -20,9 +20,16 @@ placeholder instead. An encrypted or compressed payload is decoded whole first
 
 from __future__ import annotations
 
+import functools
 import logging
 
-from client.protocol import MalformedPlaceholder, Placeholder, http_origin
+from client.protocol import (
+    CHUNK_PROPERTY,
+    FORMAT_KEY,
+    MalformedPlaceholder,
+    Placeholder,
+    http_origin,
+)
 
 from ._chunks import answer_pubrel, large_publish, take_chunk
 from ._exceptions import PeerGone, PeerTimeout, TransferFailed
@@ -36,6 +43,7 @@ from ._will import settle
 from .protocol import (
     AUTH,
     CONNACK,
+    EVERY,
     MAXIMUM_PACKET_SIZE,
     PINGRESP,
     PUBACK,
@@ -47,17 +55,20 @@ from .protocol import (
     Head,
     ProxyProtocolError,
     PublishHeader,
+    RunRule,
     connack_packet,
     connack_refusal,
     downgrade_connack,
     downgrade_packet,
     downgraded_publish_head,
     first,
+    name_marks,
     parse_connack,
     publish_header,
     read_placeholder,
     resolved_head,
     resolved_size,
+    type_mask,
     u32_property,
 )
 
@@ -72,10 +83,19 @@ UNAVAILABLE = 0x88  # CONNACK: Server unavailable (3.1.1: 3)
 
 
 async def relay_down(conn: Conn, services: Services) -> None:
-    """Relay until the broker closes (or refuses the login)."""
+    """Relay until the broker closes (or refuses the login); what the proxy need not read
+    goes to the client in runs, as it came (:func:`run_rule`, :func:`_stop`)."""
     if not await _login(conn, services):
         return
+    rule, stop = run_rule(conn), functools.partial(_stop, conn)
     while True:
+        run = await conn.broker.run(rule, stop)
+        if run is None:
+            return
+        if run:
+            conn.client_writer.write(run)  # whole packets, no await inside: no lock
+            await drained(conn.client_writer, conn.client.idle)
+            continue
         head = await conn.broker.head()
         if head is None:
             return
@@ -115,6 +135,46 @@ async def relay_down(conn: Conn, services: Services) -> None:
                 await drained(conn.client_writer, conn.client.idle)
                 continue
             await _stream(conn, head)
+
+
+#: A placeholder's JSON names its format (the library's rule: a PUBLISH without the user
+#: property is still one when its payload is such JSON; MQTT 3.1.1 has no properties).
+FORMAT_MARK = b'"' + FORMAT_KEY.encode() + b'"'
+
+
+def run_rule(conn: Conn) -> RunRule:
+    """What the client gets as it came: for a client that resolves placeholders itself,
+    every PUBLISH; for any other, a PUBLISH without a user property named `_format` (a
+    placeholder) or `__chunk` (a chunk) whose payload does not name `_format` (a
+    placeholder's JSON): other user properties (a `traceparent`, the application's own)
+    pass. Whatever the broker sends a 3.1.1 client on an upgraded link is translated
+    (:func:`_stop`)."""
+    if conn.connect.handles_placeholders:
+        return RunRule(MQTT_MAX_PACKET, conn.broker_v5)
+    tags = name_marks(FORMAT_KEY, CHUNK_PROPERTY) if conn.broker_v5 else ()
+    return RunRule(MQTT_MAX_PACKET, conn.broker_v5, property_marks=tags, json_mark=FORMAT_MARK)
+
+
+def _stop(conn: Conn) -> int:
+    """The packet types the proxy must read now: the answers to what it sent the broker
+    itself (a PINGREQ, a placeholder's PUBLISH, a kept chunk's PUBREC) while they are due,
+    the end of a QoS 2 flow it stored; on an upgraded link every one."""
+    if conn.upgraded:
+        return EVERY
+    mask = 0
+    if conn.pings_in_flight:
+        mask |= _PINGRESP
+    if conn.unacked:
+        mask |= _ANSWERS
+    if conn.kept_rel:
+        mask |= _PUBREL
+    if conn.stored_flows:
+        mask |= _PUBCOMP
+    return mask
+
+
+_PINGRESP, _PUBREL, _PUBCOMP = type_mask(PINGRESP), type_mask(PUBREL), type_mask(PUBCOMP)
+_ANSWERS = type_mask(PUBACK, PUBREC)
 
 
 async def _to_client(conn: Conn, head: Head, body: bytes) -> bool:

@@ -78,7 +78,10 @@ class Session:
         self._connect: tuple[Connect, bytes] | None = None  # as read, until served
         settings = services.settings
         self.client = PacketStream(
-            reader, max_length=settings.max_packet_size - 5, idle=settings.idle_timeout
+            reader,
+            max_length=settings.max_packet_size - 5,
+            idle=settings.idle_timeout,
+            **services.metrics.counting("up"),
         )
         self.conn: Conn | None = None
 
@@ -210,7 +213,12 @@ class Session:
             peer=self.peer,
             client=self.client,
             client_writer=self.writer,
-            broker=PacketStream(broker_reader, max_length=2**28, idle=settings.idle_timeout),
+            broker=PacketStream(
+                broker_reader,
+                max_length=2**28,
+                idle=settings.idle_timeout,
+                **self.services.metrics.counting("down"),
+            ),
             broker_writer=broker_writer,
             auth=auth,
             broker_limit=settings.broker_max_packet_size,

@@ -4,26 +4,84 @@
 Between packets nothing times out here (the broker enforces the client's keep-alive and
 closes its side, which ends the relay); once a packet has begun, each read must come within
 `idle` seconds: a PUBLISH whose bytes stop halfway is dropped, never forwarded in part.
+
+A relay takes runs of whole packets it need not see (:meth:`PacketStream.run`: one slice for
+what a read brought, no object per packet) and frames one by one only the packet that
+stops a run (:meth:`PacketStream.head`).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 
 from ._exceptions import PeerGone, PeerTimeout
-from .protocol import Body, Framer, Head
+from .protocol import Body, Framer, Head, RunRule
 
 READ_SIZE = 256 * 1024
+#: Reads a packet may take to arrive whole and still join a run: one that trickles in is
+#: framed and streamed one by one instead (held, it would be copied whole at every read).
+RUN_READS = 4
+
+
+def _uncounted(amount: float) -> None:
+    pass
 
 
 class PacketStream:
-    """Heads and body pieces from `reader`."""
+    """Runs, heads and body pieces from `reader`.
 
-    def __init__(self, reader: asyncio.StreamReader, *, max_length: int, idle: float) -> None:
+    Args:
+        on_heads: told how many packets were framed one by one (a :class:`Head` each).
+        on_run: told how many packets went out in a run.
+    """
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        *,
+        max_length: int,
+        idle: float,
+        on_heads: Callable[[float], None] = _uncounted,
+        on_run: Callable[[float], None] = _uncounted,
+    ) -> None:
         self._reader = reader
         self._framer = Framer(max_length=max_length)
         self.idle = idle
+        self._on_heads = on_heads
+        self._on_run = on_run
+
+    async def run(self, rule: RunRule, stop: Callable[[], int]) -> bytes | None:
+        """The next run of whole packets that `rule` and `stop()` (asked again after each
+        read: what stops a run may change while this waits) let pass, as they came; b""
+        when the next packet is the caller's to frame (:meth:`head`): one it must read, or
+        one not whole after :data:`RUN_READS` reads; None when the peer closed between
+        packets.
+
+        Raises:
+            PeerGone: closed inside a packet.
+            PeerTimeout: no byte for `idle` seconds inside a packet.
+        """
+        framer = self._framer
+        reads = 0
+        while True:
+            passed = framer.passed
+            run = framer.passable(stop(), rule)
+            if run is None:
+                return b""
+            if run:
+                self._on_run(framer.passed - passed)
+                return run
+            if reads == RUN_READS:  # a packet that comes in pieces is streamed as they come
+                return b""
+            try:
+                await self._fill(self.idle if framer.in_packet else None)
+            except PeerGone:
+                if framer.in_packet:
+                    raise
+                return None
+            if framer.in_packet:
+                reads += 1
 
     async def _fill(self, timeout: float | None) -> None:
         try:
@@ -49,6 +107,7 @@ class PacketStream:
         """
         event = self._framer.next_event()  # fast path: a whole header already buffered
         if isinstance(event, Head):
+            self._on_heads(1)
             return event
         assert event is None, "a body piece where a head was due"
         if timeout is None:
@@ -69,6 +128,7 @@ class PacketStream:
                 return None
             event = self._framer.next_event()
             if isinstance(event, Head):
+                self._on_heads(1)
                 return event
             assert event is None, "a body piece where a head was due"
 

@@ -106,13 +106,18 @@ class WebSocketReader(asyncio.StreamReader):
                 self._eof = True
             if not data:
                 self._eof = True
-        if not self._pending:
-            return b""
-        piece = self._pending.popleft()
-        if 0 < n < len(piece):
-            piece, rest = piece[:n], piece[n:]
-            self._pending.appendleft(rest)
-        return piece
+        # What the messages a read brought hold, up to `n` bytes, in one piece: the relay
+        # passes the whole packets in it as one run (a client sends a message per packet).
+        pieces: list[bytes] = []
+        room = n if n > 0 else -1
+        while self._pending and room:
+            piece = self._pending.popleft()
+            if 0 < room < len(piece):
+                piece, rest = piece[:room], piece[room:]
+                self._pending.appendleft(rest)
+            pieces.append(piece)
+            room = room - len(piece) if room > 0 else -1
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     def _take_events(self) -> None:
         for event in self._ws.events():

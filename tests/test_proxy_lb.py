@@ -18,9 +18,13 @@ from typing import Any
 import paho.mqtt.client as paho
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
-from test_proxy import start_proxy
+from test_gateway_forwarded import _upload_limits
+from test_proxy import MiB, start_proxy
+from test_proxy_fleet import device, publish_head
+from test_proxy_hostile import _read
 from test_tls import pki  # noqa: F401 - the fixture
 
+from _gateway import GatewayServer
 from _haproxy import HAProxy, Route
 from _proxy import ProxyServer
 from _servers import Mosquitto, wait_until
@@ -240,4 +244,46 @@ def test_without_trusted_balancers_a_proxy_header_is_refused_as_the_mqtt_it_is_n
                 assert _connack(raw) == b""
         assert peers(proxy) == []
     finally:
+        proxy.stop()
+
+
+def test_behind_haproxy_the_gateway_counts_and_logs_each_device_not_the_proxy(
+    broker: Mosquitto,
+    gateway_factory: Callable[..., GatewayServer],
+    unique_topic: Callable[[str], str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Device -> HAProxy (`send-proxy-v2`) -> offload-proxy -> gateway: the gateway, which
+    trusts the proxy's address (OFFLOAD_TRUSTED_PROXIES), keys its per-address cap on the
+    device's address and names the device in its log. One upload per address: a device
+    whose upload stalls holds its own address's only slot; a second connection from that
+    address is refused (0x97, the gateway's 429), a device at another address is served.
+    Through HAProxy and the proxy every upload would otherwise come from 127.0.0.1."""
+    caplog.set_level(logging.INFO, logger="gateway")
+    gateway = gateway_factory(broker, trusted_proxies="127.0.0.1", max_uploads_per_client=1)
+    proxy = start_proxy(broker, gateway, trusted_lbs="127.0.0.1")
+    lb = HAProxy({"v2": Route((proxy.port,), "send-proxy-v2")}).start()
+    port = lb.ports["v2"]
+    limits = _upload_limits(gateway)
+    stalled = device(port, "127.0.0.2")
+    try:
+        stalled.sendall(publish_head(unique_topic("lbgw"), 2 * MiB) + bytes(MiB))  # then nothing
+        wait_until(lambda: limits.active == {"127.0.0.2": 1}, "the gateway counts the device", 20)
+        reasons = {}
+        for source in ("127.0.0.2", "127.0.0.3"):
+            sock = device(port, source)
+            sock.sendall(publish_head(unique_topic("lbgw"), 300 * 1024, 7) + bytes(300 * 1024))
+            first, body = _read(sock)
+            assert (first, body[:2]) == (0x40, b"\x00\x07")  # its PUBACK
+            reasons[source] = body[2]
+            sock.close()
+        # Refused at the device's own cap (429: 0x97); stored (no subscriber: 0x10).
+        assert reasons == {"127.0.0.2": 0x97, "127.0.0.3": 0x10}
+        assert proxy.metric("offload_proxy_offloaded_total") == 1
+        refusals = [r.getMessage() for r in caplog.records if r.name == "gateway"]
+        refusals = [m for m in refusals if m.startswith("refused")]
+        assert refusals == ["refused 127.0.0.2: too many uploads from it under way (limit 1)"]
+    finally:
+        stalled.close()
+        lb.close()
         proxy.stop()

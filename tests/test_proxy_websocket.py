@@ -141,3 +141,32 @@ def test_the_ws_port_flag_opens_the_websocket_listener(
         client.loop_stop()
         proc.terminate()
         proc.wait(30)
+
+
+def test_the_messages_one_read_brings_are_read_as_one_piece() -> None:
+    """A client sends a WebSocket message per MQTT packet: what one socket read brings is
+    handed on as one piece (up to the read's size), so the relay passes its packets as one
+    run; what comes later is the next piece."""
+    import asyncio
+
+    from wsproto import ConnectionType, WSConnection
+    from wsproto.events import AcceptConnection, BytesMessage, Request
+
+    from proxy._websocket import WebSocketReader
+
+    client, server = WSConnection(ConnectionType.CLIENT), WSConnection(ConnectionType.SERVER)
+    server.receive_data(client.send(Request(host="proxy", target="/mqtt", subprotocols=["mqtt"])))
+    next(server.events())
+    client.receive_data(server.send(AcceptConnection(subprotocol="mqtt")))
+    packets = [bytes([0x30, 4, 0, 1, 0x74, i]) for i in range(10)]
+    frames = b"".join(client.send(BytesMessage(data=p)) for p in packets)
+
+    async def read() -> list[bytes]:
+        raw = asyncio.StreamReader()
+        reader = WebSocketReader(server, raw, None)  # type: ignore[arg-type]: no pings here
+        raw.feed_data(frames)
+        first = await reader.read(1 << 18)
+        raw.feed_data(client.send(BytesMessage(data=b"\xc0\x00")))
+        return [first, await reader.read(1 << 18)]
+
+    assert asyncio.run(read()) == [b"".join(packets), b"\xc0\x00"]

@@ -48,8 +48,12 @@ class Workers:
         """Client connections each worker holds (pid -> count)."""
         counts = {}
         for worker in self.workers():
+            try:
+                held = worker.net_connections("tcp")
+            except psutil.NoSuchProcess:  # a worker that was killed, not yet reaped
+                continue
             with_clients = [
-                c for c in worker.net_connections("tcp")
+                c for c in held
                 if c.laddr and c.laddr.port == self.port and c.status == "ESTABLISHED"
             ]  # fmt: skip
             counts[worker.pid] = len(with_clients)

@@ -264,6 +264,9 @@ class _Pace:
 
 
 async def _refuse(send: Send, address: str, limit: int) -> None:
+    # The address is the device's behind a trusted hop (middleware/_forwarded.py): the log
+    # says which device holds its uploads, not which proxy they came through.
+    log.info("refused %s: too many uploads from it under way (limit %d)", address, limit)
     body = json.dumps(
         {"detail": f"too many concurrent uploads from {address} (limit {limit})"}
     ).encode()

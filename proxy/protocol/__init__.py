@@ -3,7 +3,8 @@
 Bytes in, events and bytes out, as :mod:`client.protocol` (and h11): the asyncio adapter in
 :mod:`proxy` owns the sockets. What it offers:
 
-* :class:`Framer`: packet boundaries of a byte stream, bodies as pieces (never joined);
+* :class:`Framer`: packet boundaries of a byte stream, bodies as pieces (never joined),
+  and runs of whole packets a relay need not see as one slice (:class:`RunRule`);
 * :func:`parse_connect`, :func:`parse_connack`, :func:`publish_header`: the packets read;
 * :func:`placeholder_packet`, :func:`resolved_head`, :func:`ack`, :func:`disconnect`: the
   packets written; :class:`AliasMap` the client's topic aliases;
@@ -79,12 +80,15 @@ from ._packets import (
 from ._properties import (
     MAXIMUM_PACKET_SIZE,
     MESSAGE_EXPIRY,
+    TOPIC_ALIAS,
     TOPIC_ALIAS_MAXIMUM,
+    USER_PROPERTY,
     Prop,
     first,
     u32_property,
 )
 from ._proxy_header import ProxyHeader, ProxyHeaderReader
+from ._runs import EVERY, RUN_WAIT, RunRule, identifier_marks, name_marks, type_mask
 from ._v311 import (
     downgrade_connack,
     downgrade_packet,
@@ -101,6 +105,7 @@ __all__ = [
     "CONNACK",
     "CONNECT",
     "DISCONNECT",
+    "EVERY",
     "MALFORMED_PACKET",
     "MAXIMUM_PACKET_SIZE",
     "MAX_VARINT",
@@ -116,11 +121,14 @@ __all__ = [
     "PUBLISH",
     "PUBREC",
     "PUBREL",
+    "RUN_WAIT",
     "SUBACK",
     "SUBSCRIBE",
+    "TOPIC_ALIAS",
     "TOPIC_ALIAS_MAXIMUM",
     "UNSUBACK",
     "UNSUBSCRIBE",
+    "USER_PROPERTY",
     "AliasMap",
     "BadProxyHeader",
     "Body",
@@ -136,6 +144,7 @@ __all__ = [
     "ProxyHeaderReader",
     "ProxyProtocolError",
     "PublishHeader",
+    "RunRule",
     "Stored",
     "UnknownTopicAlias",
     "Will",
@@ -151,7 +160,9 @@ __all__ = [
     "downgraded_publish_head",
     "encode_varint",
     "first",
+    "identifier_marks",
     "keeps_session_without_id",
+    "name_marks",
     "parse_connack",
     "parse_connect",
     "placeholder_packet",
@@ -166,6 +177,7 @@ __all__ = [
     "stored_headers",
     "subscribe_packet",
     "trace_context",
+    "type_mask",
     "u32_property",
     "upgrade_connect",
     "upgrade_packet",

@@ -7,6 +7,11 @@ whatever size arrived, the last one flagged. Nothing is ever joined: a 256 MiB P
 passes through in the pieces the socket delivered, and the framer holds at most what was
 fed and not yet taken. A varint longer than four bytes, a reserved packet type 0 or a
 length over `max_length` is refused as soon as its bytes are seen.
+
+Between packets, :meth:`Framer.passable` hands out instead the longest run of whole packets
+that a relay need not see (:mod:`proxy.protocol._runs`) as one slice, with no event per
+packet: :attr:`Framer.heads` counts the packets framed one by one, :attr:`Framer.passed`
+those handed out in runs.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ._errors import MalformedPacket, PacketTooLarge
+from ._runs import RunRule, scan
 from ._wire import MAX_VARINT, decode_varint
 
 CONNECT, CONNACK, PUBLISH, PUBACK, PUBREC, PUBREL, PUBCOMP = 1, 2, 3, 4, 5, 6, 7
@@ -57,6 +63,8 @@ class Framer:
         self._data = b""
         self._pos = 0
         self._remaining: int | None = None  # body bytes still to come; None: in a header
+        self.heads = 0  # packets framed one by one (a Head each)
+        self.passed = 0  # packets handed out in runs (no object each)
 
     @property
     def buffered(self) -> int:
@@ -95,6 +103,27 @@ class Framer:
             self._remaining = None
         return Body(piece, last)
 
+    def passable(self, stop: int, rule: RunRule) -> bytes | None:
+        """The longest run of whole packets at the front of what was fed that `stop` (a
+        mask of packet types) and `rule` let pass, taken as one slice; b"" when none is
+        whole yet (feed more), None when the next packet is the caller's: its
+        :class:`Head` is the next event (or the error that refuses it).
+
+        Only between packets: inside one (its body being handed out as pieces), None.
+        """
+        if self._remaining is not None:
+            return None
+        data, start = self._data, self._pos
+        end, count, blocked = scan(data, start, stop, rule, self.max_length)
+        if end == start:
+            return None if blocked else b""
+        self.passed += count
+        if end == len(data):
+            self._data, self._pos = b"", 0  # hold nothing between reads
+        else:
+            self._pos = end
+        return data[start:end]
+
     def whole_body(self, head: Head) -> bytes | None:
         """The body of the packet `head` began, taken at once when all of it is already
         buffered; None (nothing taken) when some is still to come. The small-packet fast
@@ -128,4 +157,5 @@ class Framer:
         self._pos = end
         if length:
             self._remaining = length
+        self.heads += 1
         return Head(first, length, raw)

@@ -1,0 +1,167 @@
+"""Runs of packets the proxy passes as they came, found without a Python object per packet
+(STYLE 20). Pure.
+
+A read from a socket brings several whole packets at a time (small telemetry: 4 to 11 in
+most reads, bench/RESULTS.md "Round 17"). The proxy changes few of them, so a relay
+direction asks :func:`scan` for the longest prefix of whole packets it need not see and
+writes that prefix in one write, as it came. Only the packet that stops the run is framed
+(:class:`proxy.protocol.Head`) and handled one by one.
+
+What stops a run is the relay's to say, in two parts:
+
+* a mask of packet types (``1 << type``), which may change from one run to the next (the
+  broker's PUBACK while the proxy waits for one to a placeholder it sent, say);
+* a :class:`RunRule` for PUBLISH, fixed for a connection's direction: over a size (a
+  PUBLISH the broker would refuse), or holding a property the relay reads (a Topic Alias;
+  a user property named `_format` or `__chunk`), or a JSON object naming a key in its
+  payload (a placeholder).
+
+The rule errs one way only: a packet it cannot read to the end of its property block
+(a length that lies, QoS 3, no topic) stops the run, so the relay's own parser sees it
+and refuses it as before. Properties are looked for as bytes anywhere in the block, in
+every form the parser would read them in: an identifier as any byte that could begin it
+(``ident`` or ``ident | 0x80``: a Variable Byte Integer may be written longer than it need
+be, and the parser reads it all the same, :func:`identifier_marks`), a user property by its
+name as written (its two-byte length and its UTF-8, which has one form: :func:`name_marks`).
+So no property block can be written to slip one past; bytes that only happen to match send
+a packet the slow way, never the other way round.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: A packet not yet whole that may still join a run is waited for up to this size; a larger
+#: one is the relay's to stream (a run never holds more than one read and this).
+RUN_WAIT = 64 * 1024
+
+PUBLISH = 3
+_RESERVED = 1  # type 0: the framer refuses it
+#: What a JSON object may begin with: `{`, or what `bytes.lstrip()` strips before it.
+_JSON_START = frozenset(b"{ \t\n\r\x0b\x0c")
+
+
+@dataclass(frozen=True, slots=True)
+class RunRule:
+    """Which PUBLISHes a run may carry as they came.
+
+    Attributes:
+        publish_limit: a whole PUBLISH (fixed header included) larger than this stops a run.
+        v5: PUBLISHes carry a property block (MQTT 5).
+        property_marks: bytes of which any, anywhere in a PUBLISH's property block, stops a
+            run (:func:`identifier_marks`, :func:`name_marks`).
+        json_mark: a payload that may be a JSON object (its first byte `{` or blank, as the
+            library's placeholder rule reads it) and holds these bytes stops a run (b"":
+            none).
+    """
+
+    publish_limit: int
+    v5: bool
+    property_marks: tuple[bytes, ...] = ()
+    json_mark: bytes = b""
+
+
+def identifier_marks(*idents: int) -> tuple[bytes, ...]:
+    """What any property with one of these (one-byte) identifiers holds, however its
+    identifier is written: the first byte of each of its encodings, the longer ones too."""
+    return tuple(bytes([b]) for b in sorted({b for i in idents for b in (i, i | 0x80)}))
+
+
+def name_marks(*names: str) -> tuple[bytes, ...]:
+    """What a user property with one of these names holds: the name as MQTT writes it."""
+    return tuple(len(n.encode()).to_bytes(2, "big") + n.encode() for n in names)
+
+
+def type_mask(*kinds: int) -> int:
+    """The mask that stops a run at each of these packet types."""
+    mask = 0
+    for kind in kinds:
+        mask |= 1 << kind
+    return mask
+
+
+#: Every packet type: nothing passes in runs.
+EVERY = 0xFFFF
+
+
+def scan(data: bytes, at: int, stop: int, rule: RunRule, max_length: int) -> tuple[int, int, bool]:
+    """The run of whole packets that pass, from `at`: (its end, its packets, whether a
+    packet the caller must see comes next).
+
+    Not blocked and `end` short of the data: a packet that may still pass is not whole yet
+    (more bytes needed). Blocked: the next packet's type is in `stop`, its PUBLISH fails
+    `rule`, it is longer than `max_length` or :data:`RUN_WAIT` and not whole, or it is
+    malformed (the caller's framer says how).
+    """
+    # One loop, locals only: this runs for every packet relayed (bench/RESULTS.md, Round 18).
+    size = len(data)
+    stop |= _RESERVED
+    limit, v5, marks, mark = rule.publish_limit, rule.v5, rule.property_marks, rule.json_mark
+    find = data.find
+    count = 0
+    while at < size:
+        first = data[at]
+        kind = first >> 4
+        if (stop >> kind) & 1:
+            return at, count, True
+        i = at + 1
+        if i >= size:
+            return at, count, False
+        byte = data[i]
+        i += 1
+        length = byte & 0x7F
+        if byte & 0x80:
+            shift = 7
+            while True:
+                if i >= size:
+                    return at, count, False
+                byte = data[i]
+                i += 1
+                length |= (byte & 0x7F) << shift
+                if not byte & 0x80:
+                    break
+                shift += 7
+                if shift == 28:  # a fifth byte: malformed
+                    return at, count, True
+        end = i + length
+        if length > max_length:
+            return at, count, True
+        if end > size:
+            return at, count, end - at > RUN_WAIT
+        if kind == PUBLISH:  # whole: may it pass as it came?
+            qos = (first >> 1) & 0x03
+            if end - at > limit or qos == 3 or length < 2:
+                return at, count, True
+            topic = (data[i] << 8) | data[i + 1]
+            if topic == 0:  # a Topic Alias stands for it, or malformed: the relay's to read
+                return at, count, True
+            i += 2 + topic + (2 if qos else 0)
+            if v5:
+                if i >= end:
+                    return at, count, True
+                byte = data[i]
+                i += 1
+                props = byte & 0x7F
+                shift = 7
+                while byte & 0x80:
+                    if i >= end or shift == 28:
+                        return at, count, True
+                    byte = data[i]
+                    i += 1
+                    props |= (byte & 0x7F) << shift
+                    shift += 7
+                props_end = i + props
+                if props_end > end:
+                    return at, count, True
+                if props:
+                    for m in marks:
+                        if find(m, i, props_end) >= 0:
+                            return at, count, True
+                i = props_end
+            elif i > end:
+                return at, count, True
+            if mark and i < end and data[i] in _JSON_START and find(mark, i, end) >= 0:
+                return at, count, True
+        at = end
+        count += 1
+    return at, count, False
