@@ -255,6 +255,8 @@ def main() -> None:
         "--connects", type=int, default=0, help="also CPU per connect: plain and gated"
     )
     args = parser.parse_args()
+    if args.profile is not None and shutil.which("py-spy") is None:
+        parser.error("--profile needs py-spy on PATH: pip install py-spy")
     work = Path(tempfile.mkdtemp(prefix="bench-relay-"))
     lines = _lines(work, args.lines)
     n = args.lines
