@@ -263,3 +263,50 @@ def test_through_the_proxy_a_devices_traceparent_reaches_the_subscriber_and_the_
             line.startswith(name) and f'trace_id="{first.trace_id}"' in line
             for line in openmetrics.splitlines()
         ), openmetrics
+
+
+def test_offload_fetch_whole_and_by_range_continues_the_callers_trace(
+    seaweed: SeaweedFS, bucket_name: str, broker: Mosquitto, tmp_path: Path
+) -> None:
+    """`offload fetch URL` and `offload fetch URL --range`, each under its caller's
+    TRACEPARENT: the CLI's `fetch` span is the caller's child, and the gateway's GET of the
+    payload the fetch span's (a range fetch sent no context before: its GET began a trace
+    of its own)."""
+    payload = os.urandom(200_000)
+    callers = {
+        "whole": ("00-" + "1" * 32 + "-" + "a" * 16 + "-01", []),
+        "range": ("00-" + "2" * 32 + "-" + "b" * 16 + "-01", ["--range", "100-199"]),
+    }
+    with OtlpReceiver() as otlp:
+        env = {**gateway_env(seaweed, bucket_name, broker), **otlp.environment("offload-gateway")}
+        gw = GatewayProcess(env).start()
+        try:
+            stored = httpx.post(f"{gw.url}/publish/traced/fetch", content=payload, timeout=30)
+            assert stored.status_code == 201, stored.text
+            url = stored.json()["url"]
+            for name, (caller, extra) in callers.items():
+                out = tmp_path / name
+                fetched = subprocess.run(
+                    [OFFLOAD, "fetch", url, "-o", str(out), *extra],
+                    capture_output=True, text=True, timeout=60,
+                    env=cli_env(otlp, TRACEPARENT=caller),
+                )  # fmt: skip
+                assert fetched.returncode == 0, fetched.stderr
+                assert out.read_bytes() == (payload[100:200] if extra else payload)
+
+            def complete(spans: list[ReceivedSpan]) -> bool:
+                gets = [s for s in spans if s.name == "GET /msg/{message_id}/payload"]
+                fetches = [s for s in spans if (s.service, s.name) == ("offload-cli", "fetch")]
+                return len(gets) >= 2 and len(fetches) == 2
+
+            spans = otlp.wait_for(complete)
+        finally:
+            gw.kill()
+
+    for name, (caller, _) in callers.items():
+        trace_id, parent = caller.split("-")[1:3]
+        mine = [s for s in spans if s.trace_id == trace_id]
+        fetch = one(mine, "offload-cli", "fetch")
+        assert fetch.parent_span_id == parent, name
+        gets = [s for s in mine if s.name == "GET /msg/{message_id}/payload"]
+        assert gets and all(g.parent_span_id == fetch.span_id for g in gets), name

@@ -66,7 +66,7 @@ def fetch_command(args: argparse.Namespace) -> int:
     ):
         trace = span.context
         if args.range is not None:  # client/commands/_range.py: only the chunks the range needs
-            data, read = _fetch_range(transport, url, args, settings, auth)
+            data, read = _fetch_range(transport, url, args, settings, auth, trace)
             extra: dict[str, object] = {"stored_bytes_read": read}
             size, sha256 = len(data), hashlib.sha256(data).hexdigest()
         elif ref is not None:
@@ -128,6 +128,7 @@ def _fetch_range(
     args: argparse.Namespace,
     settings: ClientSettings,
     auth: httpx.Auth | None,
+    trace: TraceContext | None,
 ) -> tuple[bytes, int]:
     """`--range`: those bytes written, and how many stored bytes were read for them."""
     from ..config._keys import load_identities
@@ -136,7 +137,7 @@ def _fetch_range(
 
     start, end = args.range
     identities = [] if args.raw else load_identities(settings.identity_files)
-    reader = RangeReader(transport.reader, url, None, auth=auth, redirect_ok=_anywhere)
+    reader = RangeReader(transport.reader, url, None, auth=auth, redirect_ok=_anywhere, trace=trace)
     data, read = fetch_range(reader, start, end, identities, raw=args.raw)
     if args.output is not None:
         with _replacing(args.output) as out:

@@ -33,7 +33,7 @@ from ..core._exceptions import (
     PayloadNotFound,
 )
 from ..core._message import Message
-from ..protocol import Origin
+from ..protocol import Origin, TraceContext
 from ..protocol._age import CHUNK, NONCE, Layout, OpenedHeader
 from ..protocol._age_header import MAX_HEADER, Header
 from ..protocol._age_keys import Identity
@@ -104,6 +104,8 @@ class RangeReader:
             not known (`offload fetch URL --range`): :meth:`first` learns it.
         auth: credentials, only when the URL may receive them.
         redirect_ok: which other origins a redirect may lead to.
+        trace: the fetch's trace context: its headers go to the URL itself, never to a
+            redirect's target (a presigned store URL), as every fetch's do.
     """
 
     def __init__(
@@ -114,12 +116,14 @@ class RangeReader:
         *,
         auth: httpx.Auth | None,
         redirect_ok: Callable[[Origin], bool] | None,
+        trace: TraceContext | None = None,
     ) -> None:
         self._http = http
         self._url = url
         self._size = size
         self._auth = auth
         self._redirect_ok = redirect_ok
+        self._trace = dict(trace.pairs()) if trace is not None else {}
 
     @property
     def size(self) -> int | None:
@@ -151,6 +155,7 @@ class RangeReader:
         url = self._url
         home = _origin(url, httpx.URL(url))
         request = self._request(httpx.URL(url), a, b)
+        request.headers.update(self._trace)
         auth = self._auth or httpx.USE_CLIENT_DEFAULT
         try:
             for _ in range(MAX_REDIRECTS + 1):
