@@ -38,6 +38,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ._wire import encode_varint
+
 #: A packet not yet whole that may still join a run is waited for up to this size; a larger
 #: one is the relay's to stream (a run never holds more than one read and this).
 RUN_WAIT = 64 * 1024
@@ -185,15 +187,6 @@ def scan(data: bytes, at: int, stop: int, rule: RunRule, max_length: int) -> tup
     return at, count, False
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | 0x80 if value else byte)
-        if not value:
-            return bytes(out)
-
-
 def translate(
     data: bytes, at: int, stop: int, rule: RunRule, max_length: int
 ) -> tuple[int, int, bool, bytes]:
@@ -259,7 +252,7 @@ def translate(
                 blocked = True
                 break
             if up:
-                fixed = bytes((first,)) + _varint(length + 1)
+                fixed = bytes((first,)) + encode_varint(length + 1)
                 if len(fixed) + length + 1 > limit:  # offloaded: the relay's
                     blocked = True
                     break
@@ -296,7 +289,7 @@ def translate(
                 ):
                     blocked = True
                     break
-                fixed = bytes((first,)) + _varint(length - (props_end - ids))
+                fixed = bytes((first,)) + encode_varint(length - (props_end - ids))
                 rest = (data[i:ids], data[props_end:end])
             if copied < at:
                 append(data[copied:at])
