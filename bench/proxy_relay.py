@@ -9,6 +9,7 @@ CPU each relay spent per message (utime + stime from /proc, children included).
 
     python bench/proxy_relay.py [--rounds 3] [--qos 1,0] [--lines 5000]
     python bench/proxy_relay.py --against /tmp/base   # also the proxy of another tree
+    python bench/proxy_relay.py --mqtt 311             # MQTT 3.1.1 clients (the tools' default)
     python bench/proxy_relay.py --fleet                # also the fleet paths below
     python bench/proxy_relay.py --profile /tmp/prof    # py-spy of offload-proxy, per QoS
     python bench/proxy_relay.py --connects 500 --qos ""   # CPU per connect, with a PROXY
@@ -173,18 +174,18 @@ def _counter(stream: object, counts: list[int], times: list[float], i: int) -> N
         times[i] = time.perf_counter()
 
 
-def _tool(program: str, port: int, qos: int, topic: str, ident: str) -> list[str]:
-    return [program, "-h", "127.0.0.1", "-p", str(port), "-V", "5", "-q", str(qos),
+def _tool(program: str, port: int, qos: int, topic: str, ident: str, mqtt: str) -> list[str]:
+    return [program, "-h", "127.0.0.1", "-p", str(port), "-V", mqtt, "-q", str(qos),
             "-t", topic, "-i", ident]  # fmt: skip
 
 
-def measure(path: Route, brk: Broker, lines: Path, n: int, qos: int) -> Run:
+def measure(path: Route, brk: Broker, lines: Path, n: int, qos: int, mqtt: str = "5") -> Run:
     tag = uuid.uuid4().hex[:8]
     topics = [f"bench/relay/{tag}/{i}" for i in range(PAIRS)]
     subs = []
     for i, topic in enumerate(topics):
         ident = f"rsub-{tag}-{i}"
-        command = [*_tool("mosquitto_sub", path.port, qos, topic, ident), "-C", str(n)]
+        command = [*_tool("mosquitto_sub", path.port, qos, topic, ident, mqtt), "-C", str(n)]
         subs.append(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL))
         wait_until(lambda ident=ident: brk.subscribed(ident), f"{ident} subscribed", 30)
     counts, times = [0] * PAIRS, [0.0] * PAIRS
@@ -201,7 +202,7 @@ def measure(path: Route, brk: Broker, lines: Path, n: int, qos: int) -> Run:
         start = time.perf_counter()
         pubs = [
             subprocess.Popen(
-                [*_tool("mosquitto_pub", path.port, qos, topic, f"rpub-{tag}-{i}"), "-l"],
+                [*_tool("mosquitto_pub", path.port, qos, topic, f"rpub-{tag}-{i}", mqtt), "-l"],
                 stdin=inputs[i],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -252,6 +253,9 @@ def main() -> None:
     parser.add_argument("--only-fleet", action="store_true", help="the fleet paths alone")
     parser.add_argument("--profile", type=Path, help="py-spy the proxy into this directory")
     parser.add_argument(
+        "--mqtt", default="5", choices=["5", "311"], help="the clients' MQTT version"
+    )
+    parser.add_argument(
         "--connects", type=int, default=0, help="also CPU per connect: plain and gated"
     )
     args = parser.parse_args()
@@ -285,7 +289,7 @@ def main() -> None:
                 for r in range(args.rounds):
                     for p in paths:
                         with _profiled(args.profile, p, qos, r):
-                            run = measure(p, brk, lines, n, qos)
+                            run = measure(p, brk, lines, n, qos, args.mqtt)
                         runs[p.name].append(run)
                         print(f"  QoS {qos} round {r + 1}: {p.name:>14} {run.rate:8,.0f} msg/s"
                               f" ({run.received}/{n * PAIRS} in {run.seconds:.2f} s; CPU per"

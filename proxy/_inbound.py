@@ -37,6 +37,7 @@ from .protocol import (
     SUBSCRIBE,
     TOPIC_ALIAS,
     UNSUBSCRIBE,
+    UPGRADE,
     Head,
     MalformedPacket,
     PacketTooLarge,
@@ -116,8 +117,11 @@ async def relay_up(conn: Conn, services: Services) -> None:
 def run_rule(conn: Conn) -> RunRule:
     """What the broker gets as it came: a PUBLISH within the broker's limit without a
     Topic Alias (:class:`proxy.protocol.AliasMap` keeps the client's and the broker's
-    views of those), and every other packet but CONNECT and DISCONNECT; a 3.1.1 client's
-    PUBLISH, SUBSCRIBE and UNSUBSCRIBE are translated (:func:`_stop`)."""
+    views of those), and every other packet but CONNECT and DISCONNECT. A 3.1.1 client's
+    PUBLISH gets its empty property section in the run (`UPGRADE`); its SUBSCRIBE and
+    UNSUBSCRIBE are translated one by one (:func:`_stop`)."""
+    if conn.upgraded:
+        return RunRule(conn.broker_limit, False, translate=UPGRADE)
     aliases = identifier_marks(TOPIC_ALIAS) if conn.connect.v5 else ()
     return RunRule(conn.broker_limit, conn.connect.v5, property_marks=aliases)
 
@@ -125,7 +129,7 @@ def run_rule(conn: Conn) -> RunRule:
 def _stop(conn: Conn) -> Callable[[], int]:
     mask = type_mask(CONNECT, DISCONNECT)
     if conn.upgraded:
-        mask |= type_mask(PUBLISH, SUBSCRIBE, UNSUBSCRIBE)
+        mask |= type_mask(SUBSCRIBE, UNSUBSCRIBE)
     return lambda: mask
 
 

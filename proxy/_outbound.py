@@ -43,7 +43,8 @@ from ._will import settle
 from .protocol import (
     AUTH,
     CONNACK,
-    EVERY,
+    DISCONNECT,
+    DOWNGRADE,
     MAXIMUM_PACKET_SIZE,
     PINGRESP,
     PUBACK,
@@ -51,7 +52,9 @@ from .protocol import (
     PUBLISH,
     PUBREC,
     PUBREL,
+    SUBACK,
     TOPIC_ALIAS_MAXIMUM,
+    UNSUBACK,
     Head,
     ProxyProtocolError,
     PublishHeader,
@@ -147,21 +150,29 @@ def run_rule(conn: Conn) -> RunRule:
     every PUBLISH; for any other, a PUBLISH without a user property named `_format` (a
     placeholder) or `__chunk` (a chunk) whose payload does not name `_format` (a
     placeholder's JSON): other user properties (a `traceparent`, the application's own)
-    pass. Whatever the broker sends a 3.1.1 client on an upgraded link is translated
+    pass. On an upgraded link (a 3.1.1 client) the same PUBLISHes pass in their 3.1.1
+    form, and the acknowledgements (`DOWNGRADE`); the packets that differ more stop the run
     (:func:`_stop`)."""
+    translate = DOWNGRADE if conn.upgraded else 0
     if conn.connect.handles_placeholders:
-        return RunRule(MQTT_MAX_PACKET, conn.broker_v5)
+        return RunRule(MQTT_MAX_PACKET, conn.broker_v5, translate=translate)
     tags = name_marks(FORMAT_KEY, CHUNK_PROPERTY) if conn.broker_v5 else ()
-    return RunRule(MQTT_MAX_PACKET, conn.broker_v5, property_marks=tags, json_mark=FORMAT_MARK)
+    return RunRule(
+        MQTT_MAX_PACKET,
+        conn.broker_v5,
+        property_marks=tags,
+        json_mark=FORMAT_MARK,
+        translate=translate,
+    )
 
 
 def _stop(conn: Conn) -> int:
     """The packet types the proxy must read now: the answers to what it sent the broker
     itself (a PINGREQ, a placeholder's PUBLISH, a kept chunk's PUBREC) while they are due,
-    the end of a QoS 2 flow it stored; on an upgraded link every one."""
-    if conn.upgraded:
-        return EVERY
-    mask = 0
+    the end of a QoS 2 flow it stored; on an upgraded link also what has another form in
+    3.1.1 than an acknowledgement's (CONNACK, SUBACK, UNSUBACK) or none (DISCONNECT,
+    AUTH)."""
+    mask = _UPGRADED if conn.upgraded else 0
     if conn.pings_in_flight:
         mask |= _PINGRESP
     if conn.unacked:
@@ -175,6 +186,7 @@ def _stop(conn: Conn) -> int:
 
 _PINGRESP, _PUBREL, _PUBCOMP = type_mask(PINGRESP), type_mask(PUBREL), type_mask(PUBCOMP)
 _ANSWERS = type_mask(PUBACK, PUBREC)
+_UPGRADED = type_mask(CONNACK, SUBACK, UNSUBACK, DISCONNECT, AUTH)
 
 
 async def _to_client(conn: Conn, head: Head, body: bytes) -> bool:

@@ -42,10 +42,12 @@ class Subscriber:
     """`mosquitto_sub` through `port` for `count` messages, one line each, read as they come
     (a pipe left full would stop it, and the broker drop what it queues beyond its bound)."""
 
-    def __init__(self, broker: Mosquitto, port: int, topic: str, qos: int, count: int) -> None:
+    def __init__(
+        self, broker: Mosquitto, port: int, topic: str, qos: int, count: int, version: str = "5"
+    ) -> None:
         self.client_id = f"rsub-{uuid.uuid4().hex[:8]}"
         self.proc = subprocess.Popen(
-            ["mosquitto_sub", "-p", str(port), "-t", topic, "-q", str(qos), "-V", "5",
+            ["mosquitto_sub", "-p", str(port), "-t", topic, "-q", str(qos), "-V", version,
              "-i", self.client_id, "-C", str(count), "-W", "300"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         )  # fmt: skip
@@ -71,7 +73,9 @@ class Subscriber:
 LINES_PER_PUBLISHER = 50_000
 
 
-def publish_lines(port: int, topic: str, qos: int, lines: list[bytes], work: Path) -> None:
+def publish_lines(
+    port: int, topic: str, qos: int, lines: list[bytes], work: Path, version: str = "5"
+) -> None:
     """`mosquitto_pub -l` with these lines, one publisher after the other for each
     :data:`LINES_PER_PUBLISHER` (each ends when the broker has acknowledged all of its)."""
     for start in range(0, len(lines), LINES_PER_PUBLISHER):
@@ -81,7 +85,8 @@ def publish_lines(port: int, topic: str, qos: int, lines: list[bytes], work: Pat
         )
         with path.open("rb") as stdin:
             done = subprocess.run(
-                ["mosquitto_pub", "-p", str(port), "-t", topic, "-q", str(qos), "-V", "5", "-l"],
+                ["mosquitto_pub", "-p", str(port), "-t", topic, "-q", str(qos), "-V", version,
+                 "-l"],
                 stdin=stdin, capture_output=True, timeout=300,
             )  # fmt: skip
         assert done.returncode == 0, done.stderr
@@ -101,20 +106,23 @@ def roomy_broker(mosquitto_factory: Callable[..., Mosquitto]) -> Mosquitto:
     return mosquitto_factory(max_packet_size=LIMIT, extra_config="max_queued_messages 0")
 
 
+@pytest.mark.parametrize("version", ["5", "311"])
 def test_small_messages_go_through_in_runs_without_a_packet_framed_one_by_one(
-    roomy_broker: Mosquitto, unique_topic: Callable[[str], str], tmp_path: Path
+    roomy_broker: Mosquitto, unique_topic: Callable[[str], str], tmp_path: Path, version: str
 ) -> None:
-    """5,000 QoS 1 and 5,000 QoS 0 messages of 1,000 bytes, the issue's workload: each
-    arrives, in order, and only the packets the proxy must read are framed one by one (the
-    CONNECTs, CONNACKs and DISCONNECTs of the four clients), not one per message."""
+    """5,000 QoS 1 and 5,000 QoS 0 messages of 1,000 bytes, the issue's workload, from MQTT 5
+    clients and from MQTT 3.1.1 ones (`mosquitto_pub`'s default; their packets translated
+    in the runs): each arrives, in order, and only the packets the proxy must read are
+    framed one by one (the CONNECTs, CONNACKs, SUBSCRIBEs, SUBACKs and DISCONNECTs of the
+    four clients), not one per message."""
     rng = random.Random(44)
     sent = [text(rng, 1000) for _ in range(5000)]
     proxy = start_proxy(roomy_broker, None)
     try:
         for qos in (1, 0):
             topic = unique_topic("runs")
-            sub = Subscriber(roomy_broker, proxy.port, topic, qos, len(sent))
-            publish_lines(proxy.port, topic, qos, sent, tmp_path)
+            sub = Subscriber(roomy_broker, proxy.port, topic, qos, len(sent), version)
+            publish_lines(proxy.port, topic, qos, sent, tmp_path, version)
             assert sub.lines() == sent
         assert counted(proxy, "decoded") <= 20, counted(proxy, "decoded")
         # Per message: a PUBLISH each way, and at QoS 1 a PUBACK each way (the subscriber's
@@ -124,17 +132,19 @@ def test_small_messages_go_through_in_runs_without_a_packet_framed_one_by_one(
         proxy.stop()
 
 
+@pytest.mark.parametrize("version", ["5", "311"])
 def test_a_hundred_thousand_mixed_messages_keep_their_order_and_bytes(
     roomy_broker: Mosquitto,
     gateway_factory: Callable[..., GatewayServer],
     unique_topic: Callable[[str], str],
     tmp_path: Path,
+    version: str,
 ) -> None:
     """100,000 messages at QoS 1 (two publishers, one after the other): small ones (1 to
     400 bytes) in runs, 100 medium ones (60 to 200 KiB: streamed one by one, the run's wait
     ends at 64 KiB) and 20 just over the broker's 256 KiB limit (stored at the gateway,
     their placeholders resolved for the subscriber) among them. The subscriber gets every
-    one, in order, each with its SHA-256."""
+    one, in order, each with its SHA-256; from MQTT 5 clients and from MQTT 3.1.1 ones."""
     gateway = gateway_factory(roomy_broker)
     rng = random.Random(4444)
     kinds = ["small"] * 99_880 + ["medium"] * 100 + ["large"] * 20
@@ -153,8 +163,8 @@ def test_a_hundred_thousand_mixed_messages_keep_their_order_and_bytes(
     proxy = start_proxy(roomy_broker, gateway)
     try:
         topic = unique_topic("mixed")
-        sub = Subscriber(roomy_broker, proxy.port, topic, 1, len(sent))
-        publish_lines(proxy.port, topic, 1, sent, tmp_path)
+        sub = Subscriber(roomy_broker, proxy.port, topic, 1, len(sent), version)
+        publish_lines(proxy.port, topic, 1, sent, tmp_path, version)
         got = sub.lines()
         assert len(got) == len(sent)
         digests = [hashlib.sha256(m).digest() for m in got]

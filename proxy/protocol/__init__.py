@@ -88,7 +88,16 @@ from ._properties import (
     u32_property,
 )
 from ._proxy_header import ProxyHeader, ProxyHeaderReader
-from ._runs import EVERY, RUN_WAIT, RunRule, identifier_marks, name_marks, type_mask
+from ._runs import (
+    DOWNGRADE,
+    EVERY,
+    RUN_WAIT,
+    UPGRADE,
+    RunRule,
+    identifier_marks,
+    name_marks,
+    type_mask,
+)
 from ._v311 import (
     downgrade_connack,
     downgrade_packet,
@@ -105,6 +114,7 @@ __all__ = [
     "CONNACK",
     "CONNECT",
     "DISCONNECT",
+    "DOWNGRADE",
     "EVERY",
     "MALFORMED_PACKET",
     "MAXIMUM_PACKET_SIZE",
@@ -128,6 +138,7 @@ __all__ = [
     "TOPIC_ALIAS_MAXIMUM",
     "UNSUBACK",
     "UNSUBSCRIBE",
+    "UPGRADE",
     "USER_PROPERTY",
     "AliasMap",
     "BadProxyHeader",

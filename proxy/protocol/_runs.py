@@ -25,11 +25,20 @@ be, and the parser reads it all the same, :func:`identifier_marks`), a user prop
 name as written (its two-byte length and its UTF-8, which has one form: :func:`name_marks`).
 So no property block can be written to slip one past; bytes that only happen to match send
 a packet the slow way, never the other way round.
+
+On a link the proxy upgrades (an MQTT 3.1.1 client, an MQTT 5 broker: :mod:`._v311`) a run
+is translated as it is taken (:func:`translate`), packet by packet as that module's table
+says, without an object per packet: toward the broker a PUBLISH gets its empty property
+section; toward the client a PUBLISH loses its property section (after the rule above has
+read it) and a PUBACK, PUBREC, PUBREL or PUBCOMP its reason code and properties. Every
+other packet either passes as it is (the same bytes in both versions) or stops the run.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from ._wire import encode_varint
 
 #: A packet not yet whole that may still join a run is waited for up to this size; a larger
 #: one is the relay's to stream (a run never holds more than one read and this).
@@ -53,12 +62,16 @@ class RunRule:
         json_mark: a payload that may be a JSON object (its first byte `{` or blank, as the
             library's placeholder rule reads it) and holds these bytes stops a run (b"":
             none).
+        translate: 0, packets pass as they came; :data:`UPGRADE` or :data:`DOWNGRADE`,
+            they are translated (:func:`translate`; `publish_limit` is then of the
+            translated PUBLISH).
     """
 
     publish_limit: int
     v5: bool
     property_marks: tuple[bytes, ...] = ()
     json_mark: bytes = b""
+    translate: int = 0
 
 
 def identifier_marks(*idents: int) -> tuple[bytes, ...]:
@@ -82,6 +95,13 @@ def type_mask(*kinds: int) -> int:
 
 #: Every packet type: nothing passes in runs.
 EVERY = 0xFFFF
+#: :attr:`RunRule.translate`: a 3.1.1 client's packets to an MQTT 5 broker.
+UPGRADE = 1
+#: :attr:`RunRule.translate`: an MQTT 5 broker's packets to a 3.1.1 client.
+DOWNGRADE = 2
+_PUBACK, _PUBCOMP = 4, 7
+#: An acknowledgement longer than this is the relay's to refuse (proxy._outbound).
+_MAX_ACK = 65536
 
 
 def scan(data: bytes, at: int, stop: int, rule: RunRule, max_length: int) -> tuple[int, int, bool]:
@@ -165,3 +185,129 @@ def scan(data: bytes, at: int, stop: int, rule: RunRule, max_length: int) -> tup
         at = end
         count += 1
     return at, count, False
+
+
+def translate(
+    data: bytes, at: int, stop: int, rule: RunRule, max_length: int
+) -> tuple[int, int, bool, bytes]:
+    """:func:`scan` on an upgraded link: the run's end, its packets, whether a packet the
+    caller must see comes next, and the run as the other side gets it.
+
+    A PUBLISH is rewritten (:data:`UPGRADE`: an empty property section after the packet
+    id; :data:`DOWNGRADE`: the property section left out, once `rule` has let it pass), so
+    is an acknowledgement with more than its packet id toward the client; stretches of
+    other packets are copied as they came. What stops a run stops it as in :func:`scan`,
+    and so does a PUBLISH without a topic or whose packet id runs past it.
+    """
+    size = len(data)
+    stop |= _RESERVED
+    limit, marks, mark = rule.publish_limit, rule.property_marks, rule.json_mark
+    up = rule.translate == UPGRADE
+    find = data.find
+    out: list[bytes] = []
+    append = out.append
+    copied = at  # the packets from here to `at` go as they came
+    count = 0
+    blocked = False
+    while at < size:
+        first = data[at]
+        kind = first >> 4
+        if (stop >> kind) & 1:
+            blocked = True
+            break
+        i = at + 1
+        if i >= size:
+            break
+        byte = data[i]
+        i += 1
+        length = byte & 0x7F
+        shift = 7
+        while byte & 0x80:
+            if i >= size:
+                break
+            if shift == 28:  # a fifth byte: malformed
+                blocked = True
+                break
+            byte = data[i]
+            i += 1
+            length |= (byte & 0x7F) << shift
+            shift += 7
+        if blocked or byte & 0x80:  # malformed, or the length not all here yet
+            break
+        end = i + length
+        if length > max_length:
+            blocked = True
+            break
+        if end > size:
+            blocked = end - at > RUN_WAIT
+            break
+        if kind == PUBLISH:
+            qos = (first >> 1) & 0x03
+            if qos == 3 or length < 2:
+                blocked = True
+                break
+            topic = (data[i] << 8) | data[i + 1]
+            ids = i + 2 + topic + (2 if qos else 0)
+            if topic == 0 or ids > end:
+                blocked = True
+                break
+            if up:
+                fixed = bytes((first,)) + encode_varint(length + 1)
+                if len(fixed) + length + 1 > limit:  # offloaded: the relay's
+                    blocked = True
+                    break
+                rest: tuple[bytes, ...] = (data[i:ids], b"\x00", data[ids:end])
+            else:
+                if ids >= end:
+                    blocked = True
+                    break
+                j = ids
+                byte = data[j]
+                j += 1
+                props = byte & 0x7F
+                shift = 7
+                while byte & 0x80:
+                    if j >= end or shift == 28:
+                        blocked = True
+                        break
+                    byte = data[j]
+                    j += 1
+                    props |= (byte & 0x7F) << shift
+                    shift += 7
+                props_end = j + props
+                if blocked or props_end > end or end - at > limit:
+                    blocked = True
+                    break
+                if props and any(find(m, j, props_end) >= 0 for m in marks):
+                    blocked = True
+                    break
+                if (
+                    mark
+                    and props_end < end
+                    and data[props_end] in _JSON_START
+                    and find(mark, props_end, end) >= 0
+                ):
+                    blocked = True
+                    break
+                fixed = bytes((first,)) + encode_varint(length - (props_end - ids))
+                rest = (data[i:ids], data[props_end:end])
+            if copied < at:
+                append(data[copied:at])
+            append(fixed)
+            for piece in rest:
+                append(piece)
+            copied = end
+        elif not up and _PUBACK <= kind <= _PUBCOMP and length != 2:
+            if length < 2 or length > _MAX_ACK:  # the relay refuses it
+                blocked = True
+                break
+            if copied < at:
+                append(data[copied:at])
+            append(bytes((first, 2)))
+            append(data[i : i + 2])
+            copied = end
+        at = end
+        count += 1
+    if copied < at:
+        append(data[copied:at])
+    return at, count, blocked, b"".join(out)
