@@ -145,6 +145,67 @@ def test_network_outage_loses_nothing_and_keeps_the_subscription(
         relay.close()
 
 
+def test_a_suback_read_before_its_subscribe_is_recorded_still_counts(
+    session_gateway: GatewayServer,
+    unique_topic: Callable[[str], str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """paho's thread may read a SUBACK before the caller's thread, back from sending the
+    SUBSCRIBE, has recorded it (CI met it under load). Forced here by a recording that
+    comes late: the subscription still counts as the broker's, so a reconnect that finds
+    the session present does not subscribe again (which would have the broker send every
+    retained message once more)."""
+    from client.mqtt._session import Subscriptions
+
+    recorded = Subscriptions.sent
+
+    def late(self: Subscriptions, mid: int, topic_filter: str) -> None:
+        time.sleep(0.3)  # the SUBACK is read meanwhile
+        recorded(self, mid, topic_filter)
+
+    monkeypatch.setattr(Subscriptions, "sent", late)
+    broker: Mosquitto = session_gateway.broker  # type: ignore[attr-defined]
+    topic = unique_topic("sess/early")
+    relay = Relay(broker.port)
+    try:
+        with _consumer(relay.url, session_gateway, f"c-{uuid.uuid4().hex[:8]}") as consumer:
+            consumer.subscribe(topic, qos=1)
+            conn = consumer.connection
+            relay.cut()
+            while conn.connected:
+                time.sleep(0.05)
+            relay.resume()
+            deadline = time.monotonic() + 30
+            while not (conn.connected and conn.connections >= 2):
+                assert time.monotonic() < deadline, "no reconnect"
+                time.sleep(0.05)
+            assert conn.session_present
+            time.sleep(0.5)  # a SUBSCRIBE sent again would be in the log by now
+            assert broker.log().count(f"\t{topic} (QoS") == 1
+    finally:
+        relay.close()
+
+
+def test_subacks_for_subscribes_never_sent_are_kept_within_a_bound() -> None:
+    """A broker that sends SUBACKs for packet ids the client never used cannot grow what
+    the client keeps for answers that came early; one that did come early still counts."""
+    from client.mqtt._session import MAX_EARLY_ACKS, Subscriptions
+
+    subs = Subscriptions()
+    subs.add("a/b", 1)
+    subs.acknowledged(7, True)  # before its SUBSCRIBE is recorded
+    for mid in range(10_000, 20_000):
+        subs.acknowledged(mid, True)
+    assert len(subs._early) <= MAX_EARLY_ACKS
+    subs.acknowledged(9, True)
+    subs.sent(9, "a/b")
+    assert subs.to_restore(session_present=True) == []
+    subs.acknowledged(11, False)  # refused: still to be sent
+    subs.add("c", 0)
+    subs.sent(11, "c")
+    assert subs.to_restore(session_present=True) == [("c", 0)]
+
+
 def test_broker_restart_while_away_loses_nothing(
     session_gateway: GatewayServer, unique_topic: Callable[[str], str]
 ) -> None:

@@ -27,6 +27,8 @@ __all__ = ["MAX_SESSION_EXPIRY", "SessionFlags", "Subscriptions", "session_flags
 
 #: MQTT 5's largest Session Expiry Interval (4 bytes); it means "never expires".
 MAX_SESSION_EXPIRY = 0xFFFFFFFF
+#: SUBACKs kept that came before their SUBSCRIBE was recorded (beyond: the oldest go).
+MAX_EARLY_ACKS = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +73,9 @@ class Subscriptions:
         self._wanted: dict[str, int] = {}
         self._confirmed: set[str] = set()
         self._sent: dict[int, str] = {}
+        # SUBACKs that came before their SUBSCRIBE was recorded: paho's thread can read the
+        # answer before the caller's thread is back from sending (granted or not, by mid).
+        self._early: dict[int, bool] = {}
 
     def add(self, topic_filter: str, qos: int) -> None:
         """Keep `topic_filter` at `qos` from now on."""
@@ -93,13 +98,21 @@ class Subscriptions:
     def sent(self, mid: int, topic_filter: str) -> None:
         """A SUBSCRIBE for `topic_filter` went out as packet `mid`."""
         with self._lock:
-            self._sent[mid] = topic_filter
+            ok = self._early.pop(mid, None)
+            if ok is None:
+                self._sent[mid] = topic_filter
+            elif ok and topic_filter in self._wanted:
+                self._confirmed.add(topic_filter)
 
     def acknowledged(self, mid: int, ok: bool) -> None:
         """The SUBACK for packet `mid` came (`ok`: granted): the broker has the filter."""
         with self._lock:
             topic_filter = self._sent.pop(mid, None)
-            if ok and topic_filter in self._wanted:
+            if topic_filter is None:  # its SUBSCRIBE is about to be recorded
+                if len(self._early) >= MAX_EARLY_ACKS:  # or never will be: a broker's
+                    del self._early[next(iter(self._early))]  # mids are not ours to trust
+                self._early[mid] = ok
+            elif ok and topic_filter in self._wanted:
                 self._confirmed.add(topic_filter)
 
     def to_restore(self, session_present: bool) -> list[tuple[str, int]]:
@@ -111,6 +124,7 @@ class Subscriptions:
         """
         with self._lock:
             self._sent.clear()  # SUBACKs of the old connection will not come
+            self._early.clear()
             if not session_present:
                 self._confirmed.clear()
             return [(f, q) for f, q in self._wanted.items() if f not in self._confirmed]
