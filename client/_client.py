@@ -433,7 +433,12 @@ class Client:
         """
         if start < 0 or end < start or end - start > self.settings.max_fetch_bytes:
             raise ValueError(f"range [{start}, {end}) is not 0 <= start <= end, max_fetch_bytes")
-        return self._receiver.fetcher.fetch_range(as_placeholder(placeholder), start, end)
+        topic, creation = None, None
+        if isinstance(placeholder, Message):  # its topic and creation context name the span
+            topic, creation = placeholder.topic, placeholder.trace_context
+        return self._receiver.fetcher.fetch_range(
+            as_placeholder(placeholder), start, end, topic=topic, creation=creation
+        )
 
     def messages(
         self, timeout: float | None = None, *, report_unfinished: bool = False

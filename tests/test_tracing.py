@@ -310,3 +310,55 @@ def test_offload_fetch_whole_and_by_range_continues_the_callers_trace(
         assert fetch.parent_span_id == parent, name
         gets = [s for s in mine if s.name == "GET /msg/{message_id}/payload"]
         assert gets and all(g.parent_span_id == fetch.span_id for g in gets), name
+
+
+def test_client_fetch_range_continues_the_messages_trace(
+    seaweed: SeaweedFS,
+    bucket_name: str,
+    broker: Mosquitto,
+    unique_topic: Callable[[str], str],
+) -> None:
+    """`Client.fetch_range` on a placeholder handed over as it is (`fetch_external=False`)
+    is a `fetch {topic}` span, a child of the message's creation context (no span of the
+    caller's is current), and the gateway's GET of the range is the fetch span's child."""
+    topic = unique_topic("traced-range")
+    payload = os.urandom(300_000)  # over the broker's 256 KiB: offloaded
+    with OtlpReceiver() as otlp:
+        env = {**gateway_env(seaweed, bucket_name, broker), **otlp.environment("offload-gateway")}
+        gw = GatewayProcess(env).start()
+        publisher = exporting_provider(otlp, "publisher")
+        subscriber = exporting_provider(otlp, "subscriber")
+        try:
+            with Client(
+                broker.url, endpoint=gw.url, fetch_external=False, tracer_provider=subscriber
+            ) as sub:
+                sub.subscribe(topic, 1)
+                with Client(broker.url, endpoint=gw.url, tracer_provider=publisher) as pub:
+                    pub.publish(topic, payload, qos=1)
+                received = sub.next_message(timeout=60)
+                assert isinstance(received, Message), received
+                assert sub.fetch_range(received, 1000, 2000) == payload[1000:2000]
+            publisher.force_flush()
+            subscriber.force_flush()
+
+            def complete(spans: list[ReceivedSpan]) -> bool:
+                names = {(s.service, s.name) for s in spans}
+                return {
+                    ("publisher", f"publish {topic}"),
+                    ("subscriber", f"fetch {topic}"),
+                    ("offload-gateway", "GET /msg/{message_id}/payload"),
+                } <= names
+
+            spans = otlp.wait_for(complete)
+        finally:
+            gw.kill()
+            publisher.shutdown()
+            subscriber.shutdown()
+
+    publish = one(spans, "publisher", f"publish {topic}")
+    fetch = one(spans, "subscriber", f"fetch {topic}")
+    assert (fetch.trace_id, fetch.parent_span_id) == (publish.trace_id, publish.span_id)
+    message_id = publish.attributes["messaging.message.id"]
+    assert fetch.attributes["messaging.message.id"] == message_id
+    gets = [s for s in spans if s.name == "GET /msg/{message_id}/payload"]
+    assert gets and all(g.parent_span_id == fetch.span_id for g in gets)

@@ -159,16 +159,39 @@ class PlaceholderFetcher:
             except OffloadError as exc:
                 return MessageError(incoming.topic, exc, str(ref.message_id))
 
-    def fetch_range(self, ref: _placeholder.Placeholder, start: int, end: int) -> bytes:
-        """Bytes `[start, end)` of a placeholder's payload (:meth:`client.Client.fetch_range`)."""
-        reader = RangeReader(
-            self._transport.reader,
-            ref.payload_url,
-            ref.size,
-            auth=self.auth_for(ref),
-            redirect_ok=self.redirect_ok,
+    def fetch_range(
+        self,
+        ref: _placeholder.Placeholder,
+        start: int,
+        end: int,
+        *,
+        topic: str | None = None,
+        creation: TraceContext | None = None,
+    ) -> bytes:
+        """Bytes `[start, end)` of a placeholder's payload (:meth:`client.Client.fetch_range`),
+        in a `fetch` span: a child of the caller's current span, else of the message's
+        creation context (`creation`), linked to the latter; its context goes with the
+        requests to the payload's URL."""
+        name = f"fetch {topic}" if topic is not None else "fetch"
+        attributes = message_attributes(
+            topic or "", ref.size, "fetch", "receive", str(ref.message_id)
         )
-        return payload_range(reader, ref, start, end, self._unsealer.identities)
+        if topic is None:
+            del attributes["messaging.destination.name"]
+        attributes["server.address"] = ref.origin.host
+        links = (creation,) if creation is not None else ()
+        with self._tracing.start(
+            name, "client", parent=creation, use_ambient=True, links=links, attributes=attributes
+        ) as span:
+            reader = RangeReader(
+                self._transport.reader,
+                ref.payload_url,
+                ref.size,
+                auth=self.auth_for(ref),
+                redirect_ok=self.redirect_ok,
+                trace=span.context,
+            )
+            return payload_range(reader, ref, start, end, self._unsealer.identities)
 
     def _fetch_span(
         self, topic: str, ref: _placeholder.Placeholder, creation: TraceContext | None
