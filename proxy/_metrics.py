@@ -12,7 +12,8 @@ from collections.abc import Callable
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.exposition import choose_encoder
+
+from client.metrics import exposition
 
 MAX_REQUEST_HEAD = 8192
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
@@ -136,20 +137,6 @@ class Metrics:
         asks for it, else Prometheus text."""
         encode, media_type = exposition(accept)
         return encode(self.registry), media_type
-
-
-#: The OpenMetrics version served to a scraper that asks for OpenMetrics.
-OPENMETRICS = "application/openmetrics-text; version=1.0.0"
-
-
-def exposition(accept: str) -> tuple[Callable[[CollectorRegistry], bytes], str]:
-    """prometheus_client's encoder and media type for a scraper's `Accept`: OpenMetrics
-    1.0.0 (with the exemplars) when it asks for `application/openmetrics-text`, else the
-    text format. The header is read for that alone: prometheus_client's own reading of it
-    fails on a version it cannot compare (`version=x`: TypeError, a 500) and writes the
-    version it was sent back into `Content-Type`."""
-    ranges = (part.split(";", 1)[0].strip().lower() for part in accept.split(","))
-    return choose_encoder(OPENMETRICS if "application/openmetrics-text" in ranges else "")
 
 
 class Renders(Protocol):

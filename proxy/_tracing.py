@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import Histogram
 
+from client.metrics import exemplar
 from client.protocol import Placeholder, TraceContext
 from client.tracing import Span, Tracing, message_attributes
 
@@ -48,11 +49,7 @@ class Timed:
         self.span.fail(error)
 
     def end(self) -> None:
-        context = self.span.context
-        exemplar = None
-        if context is not None and context.sampled:
-            exemplar = {"trace_id": context.trace_id_hex, "span_id": context.span_id_hex}
-        self.histogram.observe(time.perf_counter() - self.started, exemplar)
+        self.histogram.observe(time.perf_counter() - self.started, exemplar(self.span.context))
         self.span.end()
 
 

@@ -43,7 +43,9 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, multiprocess
 
-from ._metrics import exposition, serve_metrics
+from client.metrics import exposition
+
+from ._metrics import serve_metrics
 from ._server import Sockets
 from ._settings import ProxySettings
 

@@ -15,15 +15,15 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import Counter, Histogram
-from prometheus_client.exposition import choose_encoder
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from client.metrics import exemplar, exposition
 
 from ._tracing import (
     DISABLED,
@@ -31,7 +31,6 @@ from ._tracing import (
     RequestTrace,
     current_context,
     end_request,
-    exemplar,
     request_trace,
     start_request,
 )
@@ -134,20 +133,6 @@ class ObservabilityMiddleware:
             end_request(span, method, route, status)
             request_trace.reset(trace_token)
             request_id.reset(token)
-
-
-#: The OpenMetrics version served to a scraper that asks for OpenMetrics.
-OPENMETRICS = "application/openmetrics-text; version=1.0.0"
-
-
-def exposition(accept: str) -> tuple[Callable[[Any], bytes], str]:
-    """prometheus_client's encoder and media type for a scraper's `Accept`: OpenMetrics
-    1.0.0 (with the exemplars) when it asks for `application/openmetrics-text`, else the
-    text format. The header is read for that alone: prometheus_client's own reading of it
-    fails on a version it cannot compare (`version=x`: TypeError, a 500) and writes the
-    version it was sent back into `Content-Type`."""
-    ranges = (part.split(";", 1)[0].strip().lower() for part in accept.split(","))
-    return choose_encoder(OPENMETRICS if "application/openmetrics-text" in ranges else "")
 
 
 async def metrics_endpoint(request: Request) -> Response:

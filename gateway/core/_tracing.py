@@ -88,13 +88,6 @@ def current_context() -> TraceContext | None:
     return None if current is None else current.span.context
 
 
-def exemplar(context: TraceContext | None) -> dict[str, str] | None:
-    """A Prometheus exemplar for a latency observation: the sampled trace it belongs to."""
-    if context is None or not context.sampled:
-        return None
-    return {"trace_id": context.trace_id_hex, "span_id": context.span_id_hex}
-
-
 __all__ = [
     "DISABLED",
     "TRACING_KEY",
@@ -102,7 +95,6 @@ __all__ = [
     "child",
     "current_context",
     "end_request",
-    "exemplar",
     "incoming_context",
     "request_trace",
     "start_request",
