@@ -83,7 +83,7 @@ if TYPE_CHECKING:
     from ._reassembly import Error as ChunkFailure
     from ._reassembly import Pending as ChunkPending
     from ._reassembly import Reassembler
-    from ._size import MAX_PACKET_SIZE, fits, max_payload, publish_packet_size
+    from ._size import MAX_PACKET_SIZE, encode_varint, fits, max_payload, publish_packet_size
     from ._tracecontext import (
         TRACEPARENT,
         TRACESTATE,
@@ -165,6 +165,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "parse_tracestate": ("._tracecontext", "parse_tracestate"),
     "plan_chunks": ("._chunk", "plan_chunks"),
     "publish_packet_size": ("._size", "publish_packet_size"),
+    "encode_varint": ("._size", "encode_varint"),
     "publish_properties_problem": ("._props", "publish_properties_problem"),
     "split": ("._chunk", "split"),
     "topic_prefix": ("._layout", "topic_prefix"),
@@ -255,6 +256,7 @@ __all__ = [
     "encode_download",
     "encode_level",
     "encode_upload",
+    "encode_varint",
     "filter_prefix",
     "fits",
     "http_origin",

@@ -11,6 +11,7 @@ the broker's to send, never a client's, and are not encoded.
 from __future__ import annotations
 
 from ._props import PublishProperties
+from ._size import encode_varint
 
 PAYLOAD_FORMAT_INDICATOR = 0x01
 MESSAGE_EXPIRY_INTERVAL = 0x02
@@ -19,15 +20,6 @@ RESPONSE_TOPIC = 0x08
 CORRELATION_DATA = 0x09
 TOPIC_ALIAS = 0x23
 USER_PROPERTY = 0x26
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | 0x80 if value else byte)
-        if not value:
-            return bytes(out)
 
 
 def _binary(data: bytes) -> bytes:
@@ -58,4 +50,4 @@ def encode_properties(props: PublishProperties) -> bytes:
         out.append(USER_PROPERTY)
         out += _binary(name.encode())
         out += _binary(value.encode())
-    return _varint(len(out)) + bytes(out)
+    return encode_varint(len(out)) + bytes(out)

@@ -33,6 +33,22 @@ _MAX_U32 = 2**32 - 1
 _VARINT_LIMITS = (127, 16_383, 2_097_151, MAX_REMAINING_LENGTH)
 
 
+def encode_varint(value: int) -> bytes:
+    """A Variable Byte Integer, 1 to 4 bytes (MQTT 5 §1.5.5).
+
+    Raises:
+        ProtocolError: `value` is negative or over 268,435,455 (a ValueError too).
+    """
+    if not 0 <= value <= MAX_REMAINING_LENGTH:
+        raise ProtocolError(f"{value} does not fit a Variable Byte Integer")
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | 0x80 if value else byte)
+        if not value:
+            return bytes(out)
+
+
 def varint_size(value: int) -> int:
     """Bytes a Variable Byte Integer takes on the wire (MQTT 5 §1.5.5).
 

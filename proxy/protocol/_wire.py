@@ -7,21 +7,11 @@ here (STYLE 19).
 
 from __future__ import annotations
 
+from client.protocol import encode_varint as encode_varint  # re-exported: one encoder
+
 from ._errors import MalformedPacket
 
 MAX_VARINT = 268_435_455  # four bytes of seven bits (MQTT 5 §1.5.5)
-
-
-def encode_varint(value: int) -> bytes:
-    """A Variable Byte Integer (1 to 4 bytes)."""
-    if not 0 <= value <= MAX_VARINT:
-        raise ValueError(f"{value} does not fit a Variable Byte Integer")
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | 0x80 if value else byte)
-        if not value:
-            return bytes(out)
 
 
 def decode_varint(data: bytes | bytearray | memoryview, at: int) -> tuple[int, int] | None:
