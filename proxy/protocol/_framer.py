@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ._errors import MalformedPacket, PacketTooLarge
-from ._runs import RunRule, scan, translate
+from ._runs import RunRule, scan
 from ._wire import MAX_VARINT, decode_varint
 
 CONNECT, CONNACK, PUBLISH, PUBACK, PUBREC, PUBREL, PUBCOMP = 1, 2, 3, 4, 5, 6, 7
@@ -106,7 +106,7 @@ class Framer:
     def passable(self, stop: int, rule: RunRule) -> bytes | None:
         """The longest run of whole packets at the front of what was fed that `stop` (a
         mask of packet types) and `rule` let pass, taken as one slice (translated where
-        `rule` says, :func:`proxy.protocol._runs.translate`); b"" when none is
+        `rule` says, :func:`proxy.protocol._runs.scan`); b"" when none is
         whole yet (feed more), None when the next packet is the caller's: its
         :class:`Head` is the next event (or the error that refuses it).
 
@@ -115,11 +115,7 @@ class Framer:
         if self._remaining is not None:
             return None
         data, start = self._data, self._pos
-        if rule.translate:
-            end, count, blocked, run = translate(data, start, stop, rule, self.max_length)
-        else:
-            end, count, blocked = scan(data, start, stop, rule, self.max_length)
-            run = data[start:end]
+        end, count, blocked, run = scan(data, start, stop, rule, self.max_length)
         if end == start:
             return None if blocked else b""
         self.passed += count

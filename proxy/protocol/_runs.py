@@ -27,7 +27,7 @@ So no property block can be written to slip one past; bytes that only happen to 
 a packet the slow way, never the other way round.
 
 On a link the proxy upgrades (an MQTT 3.1.1 client, an MQTT 5 broker: :mod:`._v311`) a run
-is translated as it is taken (:func:`translate`), packet by packet as that module's table
+is translated as it is taken (:func:`scan`), packet by packet as that module's table
 says, without an object per packet: toward the broker a PUBLISH gets its empty property
 section; toward the client a PUBLISH loses its property section (after the rule above has
 read it) and a PUBACK, PUBREC, PUBREL or PUBCOMP its reason code and properties. Every
@@ -63,7 +63,7 @@ class RunRule:
             library's placeholder rule reads it) and holds these bytes stops a run (b"":
             none).
         translate: 0, packets pass as they came; :data:`UPGRADE` or :data:`DOWNGRADE`,
-            they are translated (:func:`translate`; `publish_limit` is then of the
+            they are translated (:func:`scan`; `publish_limit` is then of the
             translated PUBLISH).
     """
 
@@ -104,109 +104,32 @@ _PUBACK, _PUBCOMP = 4, 7
 _MAX_ACK = 65536
 
 
-def scan(data: bytes, at: int, stop: int, rule: RunRule, max_length: int) -> tuple[int, int, bool]:
+def scan(
+    data: bytes, at: int, stop: int, rule: RunRule, max_length: int
+) -> tuple[int, int, bool, bytes]:
     """The run of whole packets that pass, from `at`: (its end, its packets, whether a
-    packet the caller must see comes next).
+    packet the caller must see comes next, the run as the other side gets it).
 
     Not blocked and `end` short of the data: a packet that may still pass is not whole yet
     (more bytes needed). Blocked: the next packet's type is in `stop`, its PUBLISH fails
     `rule`, it is longer than `max_length` or :data:`RUN_WAIT` and not whole, or it is
     malformed (the caller's framer says how).
+
+    The run is `data[at:end]` as it came, unless `rule` translates (an upgraded link):
+    then a PUBLISH is rewritten (:data:`UPGRADE`: an empty property section after the
+    packet id; :data:`DOWNGRADE`: the property section left out, once `rule` has let it
+    pass), and so is an acknowledgement toward the client with more than its packet id;
+    the stretches between are copied as they came.
     """
     # One loop, locals only: this runs for every packet relayed (bench/RESULTS.md, Round 18).
     size = len(data)
     stop |= _RESERVED
     limit, v5, marks, mark = rule.publish_limit, rule.v5, rule.property_marks, rule.json_mark
+    up, down = rule.translate == UPGRADE, rule.translate == DOWNGRADE
     find = data.find
-    count = 0
-    while at < size:
-        first = data[at]
-        kind = first >> 4
-        if (stop >> kind) & 1:
-            return at, count, True
-        i = at + 1
-        if i >= size:
-            return at, count, False
-        byte = data[i]
-        i += 1
-        length = byte & 0x7F
-        if byte & 0x80:
-            shift = 7
-            while True:
-                if i >= size:
-                    return at, count, False
-                byte = data[i]
-                i += 1
-                length |= (byte & 0x7F) << shift
-                if not byte & 0x80:
-                    break
-                shift += 7
-                if shift == 28:  # a fifth byte: malformed
-                    return at, count, True
-        end = i + length
-        if length > max_length:
-            return at, count, True
-        if end > size:
-            return at, count, end - at > RUN_WAIT
-        if kind == PUBLISH:  # whole: may it pass as it came?
-            qos = (first >> 1) & 0x03
-            if end - at > limit or qos == 3 or length < 2:
-                return at, count, True
-            topic = (data[i] << 8) | data[i + 1]
-            if topic == 0:  # a Topic Alias stands for it, or malformed: the relay's to read
-                return at, count, True
-            i += 2 + topic + (2 if qos else 0)
-            if v5:
-                if i >= end:
-                    return at, count, True
-                byte = data[i]
-                i += 1
-                props = byte & 0x7F
-                shift = 7
-                while byte & 0x80:
-                    if i >= end or shift == 28:
-                        return at, count, True
-                    byte = data[i]
-                    i += 1
-                    props |= (byte & 0x7F) << shift
-                    shift += 7
-                props_end = i + props
-                if props_end > end:
-                    return at, count, True
-                if props:
-                    for m in marks:
-                        if find(m, i, props_end) >= 0:
-                            return at, count, True
-                i = props_end
-            elif i > end:
-                return at, count, True
-            if mark and i < end and data[i] in _JSON_START and find(mark, i, end) >= 0:
-                return at, count, True
-        at = end
-        count += 1
-    return at, count, False
-
-
-def translate(
-    data: bytes, at: int, stop: int, rule: RunRule, max_length: int
-) -> tuple[int, int, bool, bytes]:
-    """:func:`scan` on an upgraded link: the run's end, its packets, whether a packet the
-    caller must see comes next, and the run as the other side gets it.
-
-    A PUBLISH is rewritten (:data:`UPGRADE`: an empty property section after the packet
-    id; :data:`DOWNGRADE`: the property section left out, once `rule` has let it pass), so
-    is an acknowledgement with more than its packet id toward the client; stretches of
-    other packets are copied as they came. What stops a run stops it as in :func:`scan`,
-    and so does a PUBLISH without a topic or whose packet id runs past it.
-    """
-    size = len(data)
-    stop |= _RESERVED
-    limit, marks, mark = rule.publish_limit, rule.property_marks, rule.json_mark
-    up = rule.translate == UPGRADE
-    find = data.find
-    out: list[bytes] = []
-    append = out.append
-    copied = at  # the packets from here to `at` go as they came
+    start = at
+    out: list[bytes] = []  # translated: the run's pieces
+    copied = at  # translated: the packets from here to `at` go as they came
     count = 0
     blocked = False
     while at < size:
@@ -241,24 +164,24 @@ def translate(
         if end > size:
             blocked = end - at > RUN_WAIT
             break
-        if kind == PUBLISH:
+        if kind == PUBLISH:  # whole: may it pass (as it came, or translated)?
             qos = (first >> 1) & 0x03
             if qos == 3 or length < 2:
                 blocked = True
                 break
+            fixed = bytes((first,)) + encode_varint(length + 1) if up else b""
+            if (len(fixed) + length + 1 if up else end - at) > limit:  # offloaded
+                blocked = True
+                break
             topic = (data[i] << 8) | data[i + 1]
             ids = i + 2 + topic + (2 if qos else 0)
+            # No topic: a Topic Alias stands for it, or malformed: the relay's to read.
             if topic == 0 or ids > end:
                 blocked = True
                 break
-            if up:
-                fixed = bytes((first,)) + encode_varint(length + 1)
-                if len(fixed) + length + 1 > limit:  # offloaded: the relay's
-                    blocked = True
-                    break
-                rest: tuple[bytes, ...] = (data[i:ids], b"\x00", data[ids:end])
-            else:
-                if ids >= end:
+            props_end = ids
+            if v5:
+                if ids == end:
                     blocked = True
                     break
                 j = ids
@@ -275,39 +198,41 @@ def translate(
                     props |= (byte & 0x7F) << shift
                     shift += 7
                 props_end = j + props
-                if blocked or props_end > end or end - at > limit:
+                if blocked or props_end > end:
                     blocked = True
                     break
                 if props and any(find(m, j, props_end) >= 0 for m in marks):
                     blocked = True
                     break
-                if (
-                    mark
-                    and props_end < end
-                    and data[props_end] in _JSON_START
-                    and find(mark, props_end, end) >= 0
-                ):
-                    blocked = True
-                    break
-                fixed = bytes((first,)) + encode_varint(length - (props_end - ids))
-                rest = (data[i:ids], data[props_end:end])
-            if copied < at:
-                append(data[copied:at])
-            append(fixed)
-            for piece in rest:
-                append(piece)
-            copied = end
-        elif not up and _PUBACK <= kind <= _PUBCOMP and length != 2:
+            if (
+                mark
+                and props_end < end
+                and data[props_end] in _JSON_START
+                and find(mark, props_end, end) >= 0
+            ):
+                blocked = True
+                break
+            if up or down:
+                if copied < at:
+                    out.append(data[copied:at])
+                if up:
+                    out += (fixed, data[i:ids], b"\x00", data[ids:end])
+                else:
+                    fixed = bytes((first,)) + encode_varint(length - (props_end - ids))
+                    out += (fixed, data[i:ids], data[props_end:end])
+                copied = end
+        elif down and _PUBACK <= kind <= _PUBCOMP and length != 2:
             if length < 2 or length > _MAX_ACK:  # the relay refuses it
                 blocked = True
                 break
             if copied < at:
-                append(data[copied:at])
-            append(bytes((first, 2)))
-            append(data[i : i + 2])
+                out.append(data[copied:at])
+            out += (bytes((first, 2)), data[i : i + 2])
             copied = end
         at = end
         count += 1
+    if not out:  # nothing translated: the run as it came
+        return at, count, blocked, data[start:at]
     if copied < at:
-        append(data[copied:at])
+        out.append(data[copied:at])
     return at, count, blocked, b"".join(out)
