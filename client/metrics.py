@@ -12,13 +12,14 @@ and `prometheus_client` is the servers' dependency, imported here only when
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .protocol import TraceContext
+if TYPE_CHECKING:  # annotations only: the module's namespace is what __all__ lists
+    from collections.abc import Callable
 
-if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
+
+    from .protocol import TraceContext
 
 __all__ = ["OPENMETRICS", "exemplar", "exposition"]
 

@@ -19,14 +19,15 @@ import pytest
 import client
 import client.core._exceptions
 import client.malloc
+import client.metrics
 import client.protocol
 import client.protocol._errors
 import client.tracing
 import discovery
 
-PACKAGES = [client, client.malloc, client.protocol, client.tracing, discovery]
+PACKAGES = [client, client.malloc, client.metrics, client.protocol, client.tracing, discovery]
 #: What other packages may import of `client` (the contract public-names-only says the same).
-CLIENT_PUBLIC = {"client", "client.malloc", "client.protocol", "client.tracing"}
+CLIENT_PUBLIC = {"client", "client.malloc", "client.metrics", "client.protocol", "client.tracing"}
 ROOT = Path(__file__).resolve().parents[1]
 
 
