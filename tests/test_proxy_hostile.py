@@ -155,6 +155,63 @@ def test_hostile_connections_get_the_mqtt_answer_and_leave_others_unaffected(
         peer.close()
 
 
+def test_hostile_3_1_1_publishes_after_a_run_each_get_their_answer(
+    hostile_proxy: ProxyServer,
+    broker: Mosquitto,
+    unique_topic: Callable[[str], str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An MQTT 3.1.1 client's PUBLISHes go to the broker in translated runs (issue 44). Each
+    connection here sends a good QoS 0 PUBLISH and, in the same write, a hostile one: the
+    good one is published, the hostile one never is, and each connection gets the answer
+    3.1.1 has for it (none: the connection is closed, by the proxy or, for what only the
+    broker reads, by the broker's DISCONNECT, which 3.1.1 cannot carry). A 3.1.1 PUBLISH
+    over the broker's limit is offloaded and acknowledged; the proxy serves others after.
+    No input is an ERROR in the proxy's log (256 MiB announced was a traceback: one byte
+    more, its MQTT 5 form, did not fit a Remaining Length)."""
+    port = hostile_proxy.port
+    base = unique_topic("hostile311")
+    watcher = PahoPeer(broker.port)  # straight on the broker
+    watcher.subscribe(broker, f"{base}/#")
+
+    def publish311(topic: bytes, payload: bytes, qos: int = 0, pid: bytes = b"\x00\x01") -> bytes:
+        return _packet(0x30 | qos << 1, _text(topic) + (pid if qos else b"") + payload)
+
+    hostile = {
+        "no topic": publish311(b"", b"x"),
+        "a topic length past the packet": _packet(0x30, b"\x01\x00" + f"{base}/t".encode()),
+        "QoS 3": _packet(0x36, _text(f"{base}/q3") + b"\x00\x01x"),
+        "a packet id past the packet": _packet(0x32, _text(f"{base}/pid")),
+        "a wildcard topic": publish311(f"{base}/#".encode(), b"x"),
+        "a topic that is not UTF-8": publish311(base.encode() + b"/\xff\xfe", b"x"),
+        "packet id 0": publish311(f"{base}/pid0".encode(), b"x", qos=1, pid=b"\x00\x00"),
+        "256 MiB announced, then silence": b"\x30\xff\xff\xff\x7f" + _text(f"{base}/big"),
+    }
+    socks = {}
+    for n, (case, data) in enumerate(hostile.items()):
+        sock = connected(port, level=4)
+        sock.sendall(publish311(f"{base}/good/{n}".encode(), b"good") + data)
+        socks[case] = sock
+    for case, sock in socks.items():
+        assert until_closed(sock) == b"", case
+
+    large = connected(port, level=4)
+    payload = os.urandom(300_000)
+    large.sendall(publish311(f"{base}/large".encode(), payload, qos=1, pid=b"\x00\x07"))
+    assert _read(large) == (0x40, b"\x00\x07")  # PUBACK: stored, its placeholder published
+    large.close()
+
+    got = watcher.wait(len(hostile) + 1)
+    assert sorted(m.topic for m in got) == sorted(
+        [f"{base}/good/{n}" for n in range(len(hostile))] + [f"{base}/large"]
+    )
+    assert all(m.payload == b"good" for m in got if "/good/" in m.topic)
+    assert hostile_proxy.metric("offload_proxy_offloaded_total") == 1
+    errors = [r for r in caplog.records if r.name.startswith("proxy") and r.levelno >= 40]
+    assert errors == [], [r.getMessage() for r in errors]
+    watcher.close()
+
+
 def test_a_connection_over_max_connections_gets_server_busy(
     gateway: GatewayServer, broker: Mosquitto
 ) -> None:

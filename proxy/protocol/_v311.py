@@ -32,7 +32,7 @@ Topic Alias Maximum to the broker, so the broker sends no aliases.
 
 from __future__ import annotations
 
-from ._errors import MalformedPacket
+from ._errors import MalformedPacket, PacketTooLarge
 from ._framer import Head
 from ._packets import (
     Connack,
@@ -43,7 +43,7 @@ from ._packets import (
     publish_header_bytes,
 )
 from ._properties import Prop, encode_properties, u32_property
-from ._wire import read_varint, text
+from ._wire import MAX_VARINT, read_varint, text
 
 SESSION_EXPIRY = 0x11
 NEVER_EXPIRES = 0xFFFFFFFF
@@ -104,7 +104,13 @@ def upgrade_publish(
 ) -> tuple[Head, PublishHeader, bytes]:
     """A 3.1.1 PUBLISH as the MQTT 5 one that goes to the broker: its fixed header, its
     variable header (read as 3.1.1) and the start of its body, each with an empty property
-    section after the packet id; the rest of the body follows unchanged."""
+    section after the packet id; the rest of the body follows unchanged.
+
+    Raises:
+        PacketTooLarge: one byte more would be over MQTT's largest Remaining Length.
+    """
+    if head.length >= MAX_VARINT:
+        raise PacketTooLarge("a 3.1.1 PUBLISH whose MQTT 5 form is over MQTT's largest packet")
     raw = fixed_header(head.first, head.length + 1)
     upgraded = prefix[: header.size] + b"\x00" + prefix[header.size :]
     return (
