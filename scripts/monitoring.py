@@ -28,6 +28,11 @@ CHART = ROOT / "helm" / "mqtt-offload"
 RULES_FILE = ROOT / "monitoring" / "alerts.yaml"
 DASHBOARD_FILE = CHART / "dashboards" / "mqtt-offload.json"
 
+#: The alerts' values in the chart (alerts.rules): their names, `for:` and thresholds.
+DEFAULT_RULES: dict[str, dict[str, Any]] = yaml.safe_load((CHART / "values.yaml").read_text())[
+    "alerts"
+]["rules"]
+
 #: The scrape jobs monitoring/alerts.yaml expects (OffloadTargetDown), as the docs name them.
 PLAIN_JOBS = "mqtt-offload-(gateway|proxy)"
 

@@ -33,7 +33,7 @@ import monitoring  # noqa: E402
 RULES = ROOT / "monitoring" / "alerts.yaml"
 RULE_TESTS = ROOT / "monitoring" / "alerts.test.yaml"
 OPERATIONS = ROOT / "docs" / "operations.md"
-DEFAULTS = yaml.safe_load((monitoring.CHART / "values.yaml").read_text())["alerts"]["rules"]
+DEFAULTS = monitoring.DEFAULT_RULES
 
 # scripts/_bootstrap.sh installs it for the tests; CI must not skip what it installs.
 promtool = pytest.mark.skipif(
@@ -271,3 +271,29 @@ def test_lint_is_clean_with_every_monitoring_object_on() -> None:
     report = helm.lint(monitoring.CHART, values, strict=True, namespace=NAMESPACE)
     assert report["errors"] == []
     assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+def test_a_chains_expiry_is_its_earliest_certificates(tmp_path: Path) -> None:
+    """offload_tls_certificate_expiry_timestamp_seconds: a client refuses a chain once any
+    certificate in it expired, so a chain expires with its earliest; a file without one is
+    a ValueError (the gateway then logs it and exports nothing for it)."""
+    from client.metrics import certificate_expiry
+
+    def make(name: str, days: int) -> Path:
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout",
+             str(tmp_path / f"{name}.key"), "-out", str(tmp_path / f"{name}.pem"),
+             "-days", str(days), "-subj", f"/CN={name}"],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        return tmp_path / f"{name}.pem"
+
+    leaf, intermediate = make("leaf", 90), make("intermediate", 3)
+    chain = tmp_path / "chain.pem"
+    chain.write_text(leaf.read_text() + intermediate.read_text())
+    assert certificate_expiry(chain) == certificate_expiry(intermediate)
+    assert certificate_expiry(leaf) - certificate_expiry(intermediate) == pytest.approx(
+        87 * 86400, abs=60
+    )
+    with pytest.raises(ValueError):
+        certificate_expiry(tmp_path / "leaf.key")
