@@ -5,7 +5,7 @@ The stack is the one the other tests start: SeaweedFS and mosquitto of its own (
 stops and restarts them), `offload-gateway` as its own process serving HTTPS (so its
 certificate's expiry is exported), offload-proxy with its metrics port. Prometheus scrapes
 both every second and evaluates the chart's rules, rendered from the same template as
-monitoring/alerts.yaml with `for: 2s` instead of minutes, four times a second.
+monitoring/alerts.yaml with `for: 2s` instead of minutes, ten times a second.
 
 The gateway's /metrics is on its API port here; a gateway that serves it elsewhere needs
 only `metrics_target` below changed.
@@ -19,6 +19,7 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import ssl
 import subprocess
 import sys
@@ -113,7 +114,7 @@ def start_stack(stack: contextlib.ExitStack, tmp_path: Path) -> Stack:
         Job("mqtt-offload-gateway", (metrics_target(gateway),), ca_file=ca),
         Job("mqtt-offload-proxy", (f"127.0.0.1:{metrics_port}",)),
     ]
-    prometheus = Prometheus(jobs, short_rules(), scrape=f"{SCRAPE:g}s").start()
+    prometheus = Prometheus(jobs, short_rules(), scrape=f"{SCRAPE:g}s", evaluate="100ms").start()
     stack.callback(prometheus.close)
     store = SeaweedFS().start()
     stack.callback(store.close)
@@ -130,7 +131,7 @@ def start_stack(stack: contextlib.ExitStack, tmp_path: Path) -> Stack:
         "OFFLOAD_PASSWORD_FILE": str(passwords),
         "OFFLOAD_TLS_CERT_FILE": str(pki / "server.pem"),
         "OFFLOAD_TLS_KEY_FILE": str(pki / "server.key"),
-        "OFFLOAD_STORE_PROBE_INTERVAL": "0.25",
+        "OFFLOAD_STORE_PROBE_INTERVAL": "0.1",
         "OFFLOAD_SWEEP_INTERVAL": "1",
         "OFFLOAD_LOG_LEVEL": "WARNING",
     }
@@ -301,12 +302,14 @@ def once(stack: Stack) -> None:
 
 
 def store_outage(stack: Stack) -> None:
-    """The store stops: OffloadStoreDown fires within `for:` plus two scrapes (the broker's
+    """The store crashes: OffloadStoreDown fires within `for:` plus two scrapes (the broker's
     does not), the sweeper's once its sweeps fail; both resolve once the store is back."""
     prometheus = stack.prometheus
     assert not {"OffloadStoreDown", "OffloadSweeperFailing"} & prometheus.firing()
     stopping = time.monotonic()
-    stack.store.stop()
+    assert stack.store.proc is not None
+    os.killpg(stack.store.proc.pid, signal.SIGKILL)  # the store crashes, all of it at once
+    stack.store.stop()  # reaped
     prometheus.wait_for("OffloadStoreDown", lambda: "OffloadStoreDown" in prometheus.firing(), 30)
     took = time.monotonic() - stopping
     assert took <= FOR + 2 * SCRAPE, f"OffloadStoreDown fired after {took:.2f} s"
