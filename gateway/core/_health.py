@@ -57,14 +57,24 @@ class StoreProbe:
         self.interval = interval
         self.up: bool | None = None
         self._task: asyncio.Task[None] | None = None
+        self._check: asyncio.Future[None] | None = None  # the store call under way
 
     async def probe_once(self) -> bool:
-        """Check the store now; log only the changes (a down store is not a log flood)."""
+        """Check the store now; log only the changes (a down store is not a log flood).
+
+        A check that outlives the bound counts as a failure but keeps its thread until the
+        store client's own timeouts end it; the next probe waits for that same check rather
+        than start another, so a store that never answers holds one store thread, not one
+        per probe.
+        """
+        if self._check is None or self._check.done():
+            self._check = asyncio.ensure_future(self.pool.run(self.store.ping))
         try:
-            await asyncio.wait_for(self.pool.run(self.store.ping), PROBE_TIMEOUT)
+            await asyncio.wait_for(asyncio.shield(self._check), PROBE_TIMEOUT)
         except (StoreError, TimeoutError) as exc:
             if self.up is not False:
-                log.warning("object store probe failed: %s", exc or "no answer within 5 s")
+                why = str(exc) or f"no answer within {PROBE_TIMEOUT:g} s"
+                log.warning("object store probe failed: %s", why)
             self.up = False
         else:
             if self.up is False:
@@ -83,6 +93,8 @@ class StoreProbe:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        if self._check is not None and not self._check.done():
+            self._check.cancel()  # not started: never runs; running: its result is dropped
 
     async def _run(self) -> None:
         while True:
