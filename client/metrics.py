@@ -7,7 +7,9 @@ and `prometheus_client` is the servers' dependency, imported here only when
 
 * :func:`exemplar`: the exemplar a latency observation carries, naming its sampled trace;
 * :func:`exposition`: the encoder a scraper's `Accept` asks for (OpenMetrics shows the
-  exemplars, the Prometheus text format does not).
+  exemplars, the Prometheus text format does not);
+* :func:`certificate_expiry`: when a certificate chain a server presents stops being valid
+  (`offload_tls_certificate_expiry_timestamp_seconds`, which an alert watches).
 """
 
 from __future__ import annotations
@@ -16,12 +18,13 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # annotations only: the module's namespace is what __all__ lists
     from collections.abc import Callable
+    from pathlib import Path
 
     from prometheus_client import CollectorRegistry
 
     from .protocol import TraceContext
 
-__all__ = ["OPENMETRICS", "exemplar", "exposition"]
+__all__ = ["OPENMETRICS", "certificate_expiry", "exemplar", "exposition"]
 
 #: The OpenMetrics version served to a scraper that asks for OpenMetrics.
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"
@@ -44,3 +47,19 @@ def exposition(accept: str) -> tuple[Callable[[CollectorRegistry], bytes], str]:
 
     ranges = (part.split(";", 1)[0].strip().lower() for part in accept.split(","))
     return choose_encoder(OPENMETRICS if "application/openmetrics-text" in ranges else "")
+
+
+def certificate_expiry(path: str | Path) -> float:
+    """The end of validity (seconds since the epoch) of a PEM certificate chain: its
+    earliest `notAfter`, since a client refuses the chain once any certificate in it has
+    expired. Read with `cryptography` (the servers' dependency), imported when called.
+
+    Raises:
+        OSError: the file cannot be read.
+        ValueError: it holds no PEM certificate.
+    """
+    from cryptography import x509
+
+    with open(path, "rb") as file:
+        chain = x509.load_pem_x509_certificates(file.read())
+    return min(cert.not_valid_after_utc.timestamp() for cert in chain)

@@ -24,12 +24,16 @@ from discovery import Advertiser
 from ._sweeper import Sweeper
 from .auth import Authenticator
 from .core import (
+    HEALTH,
     TRACING_KEY,
     BrowserUploads,
+    Health,
     ObservabilityMiddleware,
     Settings,
+    StoreProbe,
     Workers,
     broker_link,
+    certificates,
     get_settings,
     install_error_handlers,
     parse_origins,
@@ -157,6 +161,17 @@ def build_advertiser(ctx: Context, mechanisms: tuple[str, ...]) -> Advertiser | 
     return advertiser
 
 
+def start_health(
+    settings: Settings, store: ObjectStore, workers: Workers, broker: Broker
+) -> Health:
+    """What the gateway reports of its health to Prometheus (gateway/core/_health.py), its
+    store probe started."""
+    probe = StoreProbe(store, workers.store, interval=settings.store_probe_interval)
+    probe.start()
+    connected = None if isinstance(broker, NoBroker) else (lambda: broker.connected)
+    return Health(probe, connected, certificates(settings))
+
+
 async def open_bucket(store: ObjectStore, workers: Workers) -> None:
     """Make sure the bucket exists; start anyway when the store is not reachable yet."""
     try:
@@ -214,6 +229,8 @@ def make_lifespan(
             direct=ctx.direct.store,
         )
         sweeper.start(workers.store)
+        health = start_health(settings, the_store, workers, ctx.broker)
+        HEALTH.attach(health)  # offload_store_up, offload_broker_up, the certificates' expiry
         try:
             # The HTTP protocol reads its head deadline and how long a closing connection's
             # peer may leave its answer untaken here (gateway/middleware/_protocol.py).
@@ -229,6 +246,8 @@ def make_lifespan(
                 TRACING_KEY: tracing,
             }
         finally:
+            HEALTH.detach(health)
+            await health.store.stop()
             await sweeper.stop()
             if advertiser is not None:
                 advertiser.stop()

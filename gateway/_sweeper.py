@@ -20,6 +20,10 @@ the multipart upload of a direct-upload grant that was never committed or abando
 
 Every delete is idempotent, so several gateway replicas may sweep the same bucket; the
 interval is jittered so they do not all list at once. Keys outside the layout are left alone.
+
+Each sweep is counted (`offload_sweeper_runs_total{result="ok|failed"}`) and the end of the
+last one that finished is kept (`offload_sweeper_last_success_timestamp_seconds`): the
+alert on a sweeper that keeps failing reads them (docs/operations.md, "Alerts").
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
+
+from prometheus_client import Counter, Gauge
 
 from client.protocol import (
     DATA_PREFIX,
@@ -53,6 +59,13 @@ from .tus import cleanup_expired_uploads
 log = logging.getLogger("gateway.sweeper")
 
 HOUR_MS = 3600 * 1000
+
+SWEEPS = Counter("offload_sweeper_runs", "retention sweeps by result (ok, failed)", ["result"])
+SWEEPS_OK, SWEEPS_FAILED = SWEEPS.labels("ok"), SWEEPS.labels("failed")  # both from the start
+LAST_SWEEP = Gauge(
+    "offload_sweeper_last_success_timestamp_seconds",
+    "end of the last retention sweep that finished (seconds since the epoch; 0: none yet)",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,7 +329,12 @@ class Sweeper:
             try:
                 await pool.run(self.sweep_once)
             except StoreError as exc:
+                SWEEPS_FAILED.inc()
                 log.warning("sweep skipped: object store unavailable: %s", exc)
             except Exception:  # a bug must not kill retention for the process's lifetime
+                SWEEPS_FAILED.inc()
                 log.exception("sweep failed")
+            else:
+                SWEEPS_OK.inc()
+                LAST_SWEEP.set_to_current_time()
             await asyncio.sleep(self.next_delay())

@@ -17,6 +17,9 @@ from client.metrics import exposition
 
 MAX_REQUEST_HEAD = 8192
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+#: The proxy's pools (proxy._server.Proxy._pool) and the bounds that refuse (proxy._shares).
+POOLS = ("connections", "uploads", "fetches", "logins")
+SHARES = ("total", "user", "address")
 
 
 class Metrics:
@@ -89,6 +92,16 @@ class Metrics:
             ["pool", "share"],
             registry=r,
         )
+        for pool in POOLS:  # every pool's and share's series from the start: 0 is an answer
+            for share in SHARES:
+                self.shares_full.labels(pool=pool, share=share)
+        self.pool_limit = Gauge(
+            "offload_proxy_pool_limit",
+            "size of each pool (connections, uploads, fetches; logins: CONNECT bytes)",
+            ["pool"],
+            registry=r,
+            multiprocess_mode="livesum",
+        )
         # Small messages pass in runs, as they came; a packet is framed one by one only when
         # the proxy must read it (direction: up, client to broker; down, broker to client).
         self.packets_decoded = Counter(
@@ -105,6 +118,15 @@ class Metrics:
         )
         self.protocol_errors = Counter(
             "offload_proxy_protocol_errors", "connections ended for malformed input", registry=r
+        )
+        self.refused.labels(why="broker-unreachable")  # the broker alert's series, from the start
+        self.certificate_expiry = Gauge(
+            "offload_tls_certificate_expiry_timestamp_seconds",
+            "end of validity of a certificate chain the proxy presents (seconds since the "
+            "epoch; certificate: serving)",
+            ["certificate"],
+            registry=r,
+            multiprocess_mode="livemin",
         )
         # Latencies with an exemplar naming the trace (OpenMetrics; proxy/_tracing.py).
         self.offload_seconds = Histogram(

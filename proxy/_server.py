@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from client import load_identities
 from client.malloc import trim_malloc
+from client.metrics import certificate_expiry
 from client.protocol import address_key
 from client.tracing import TracerProviderLike, Tracing, tracing_for
 
@@ -119,6 +120,7 @@ class Proxy:
     def _pool(self, name: str, limits: Limits, gauge: Callable[[int], None] | None = None) -> Pool:
         """A pool whose refusals and waits are counted (`offload_proxy_shares_full`)."""
         full = self.metrics.shares_full
+        self.metrics.pool_limit.labels(pool=name).set(limits.total)
         return Pool(
             limits,
             on_full=lambda share: full.labels(pool=name, share=share).inc(),
@@ -147,6 +149,9 @@ class Proxy:
         self._server = self._listener(sockets.mqtt, self._accept)
         await self._server.start()
         self.port = self._server.port
+        if s.tls_cert_file is not None:  # loaded just now: its expiry for the alert
+            expiry = certificate_expiry(s.tls_cert_file)
+            self.metrics.certificate_expiry.labels(certificate="serving").set(expiry)
         if sockets.ws:
             self._ws_server = self._listener(sockets.ws, self._accept_ws)
             await self._ws_server.start()

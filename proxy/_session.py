@@ -203,6 +203,7 @@ class Session:
                 )
         except (OSError, TimeoutError) as exc:
             log.warning("broker unreachable", extra={"why": repr(exc)})
+            self.services.metrics.refused.labels(why="broker-unreachable").inc()
             await self._answer(connack_refusal(v5=connect.v5, reason=SERVER_UNAVAILABLE))
             return
         conn = Conn(

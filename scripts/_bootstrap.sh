@@ -22,7 +22,9 @@ fi
 # nginx in front of the gateway (tests/test_auth_refusal_drain.py), Node and npm for
 # tus-js-client, the distribution's chromium for the browser tests (Playwright drives it
 # by path; no browser is downloaded), `age` (tests/test_age_codec.py reads and writes with it),
-# and HAProxy (PROXY protocol in front of offload-proxy: tests/test_proxy_lb.py, bench/proxy_relay.py).
+# HAProxy (PROXY protocol in front of offload-proxy: tests/test_proxy_lb.py, bench/proxy_relay.py),
+# and Prometheus with promtool (the alert rules and the dashboard: tests/test_alerts.py,
+# tests/test_prometheus.py).
 if [ "${BOOTSTRAP_TEST_PEERS:-0}" = 1 ]; then
     need_peers=()
     command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need_peers+=(nginx openssl)
@@ -31,6 +33,7 @@ if [ "${BOOTSTRAP_TEST_PEERS:-0}" = 1 ]; then
     [ -x /usr/bin/chromium ] || need_peers+=(chromium)
     command -v age >/dev/null 2>&1 || need_peers+=(age)
     command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || need_peers+=(haproxy)
+    command -v promtool >/dev/null 2>&1 || need_peers+=(prometheus)
     if [ "${#need_peers[@]}" -gt 0 ]; then
         echo "==> apt-get install ${need_peers[*]}"
         export DEBIAN_FRONTEND=noninteractive
@@ -38,11 +41,13 @@ if [ "${BOOTSTRAP_TEST_PEERS:-0}" = 1 ]; then
         apt-get install -y -qq --no-install-recommends "${need_peers[@]}" >/dev/null
     fi
 fi
-# The Debian package starts a broker on 1883; the stack and the tests run their own.
+# The Debian packages start a broker on 1883 (and nginx, HAProxy, Prometheus on theirs); the
+# stack and the tests run their own.
 if command -v systemctl >/dev/null 2>&1; then
     systemctl disable --now mosquitto >/dev/null 2>&1 || true
     systemctl disable --now nginx >/dev/null 2>&1 || true
     systemctl disable --now haproxy >/dev/null 2>&1 || true
+    systemctl disable --now prometheus >/dev/null 2>&1 || true  # the tests start their own
 fi
 
 if [ ! -x .venv/bin/python ]; then

@@ -3,7 +3,8 @@
 `_settings` (`Settings`: the one place the environment is read), `_errors` (the exception
 hierarchy and its one mapping to HTTP responses), `_json` (JSON answers, newline-ended),
 `_executors` (worker threads, sized and kept apart), `_observability` (Prometheus metrics,
-request ids, logs), `_tracing` (the request's trace span and its children: ingest, store,
+request ids, logs), `_health` (the store probed, the broker link and the certificates, as
+gauges), `_tracing` (the request's trace span and its children: ingest, store,
 broker), `_mqtt` (the broker link), `_cors` (browser uploads' CORS; the settings parse its
 origins). CORS and metrics are middleware kept here, not in `gateway.middleware`, because
 the settings and the error mapping need them. Imports nothing of the gateway but
@@ -42,6 +43,7 @@ from ._executors import (
     current_request,
     request_scope,
 )
+from ._health import HEALTH, Health, StoreProbe, certificates
 from ._json import JSONAnswer
 from ._mqtt import InvalidPublish, broker_link
 from ._observability import (
@@ -58,6 +60,7 @@ from ._tracing import TRACING_KEY, child, current_context
 __all__ = [
     "COMMON_RESPONSES",
     "DOWNLOADS_ABANDONED",
+    "HEALTH",
     "TRACING_KEY",
     "UPLOADED_BYTES",
     "UPLOADS",
@@ -69,6 +72,7 @@ __all__ = [
     "Forbidden",
     "GatewayError",
     "Gone",
+    "Health",
     "IPNetwork",
     "InvalidPublish",
     "JSONAnswer",
@@ -81,6 +85,7 @@ __all__ = [
     "Settings",
     "Slot",
     "StorageUnavailable",
+    "StoreProbe",
     "TooManyRequests",
     "Transfers",
     "Unauthorized",
@@ -88,6 +93,7 @@ __all__ = [
     "WorkerPool",
     "Workers",
     "broker_link",
+    "certificates",
     "child",
     "close_at_request_end",
     "configure_logging",

@@ -185,6 +185,12 @@ class Settings(BaseSettings):
     sweep_grace: float = Field(
         3600.0, ge=0, description="seconds before an unreferenced payload counts as abandoned"
     )
+    store_probe_interval: float = Field(
+        15.0,
+        ge=0,
+        description="seconds between checks of the object store for `offload_store_up` "
+        "(docs/operations.md, 'Alerts'); 0: no checks",
+    )
     delete_after_fetch: bool = Field(
         False,
         description="delete a message once its whole payload was written to one client's "
