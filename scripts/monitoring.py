@@ -1,6 +1,6 @@
 """The monitoring files, each rendered from its one source (docs/operations.md, "Alerts").
 
-* `monitoring/alerts.yaml`: the chart's alert rules (helm/mqtt-offload/templates/_alerts.tpl)
+* `helm/monitoring/alerts.yaml`: the chart's alert rules (helm/mqtt-offload/templates/_alerts.tpl)
   rendered with the chart's default thresholds, for a Prometheus without the Operator, which
   scrapes the gateway as job `mqtt-offload-gateway` and the proxy as `mqtt-offload-proxy`;
 * `helm/mqtt-offload/dashboards/mqtt-offload.json`: the Grafana dashboard, from `ROWS` below
@@ -25,7 +25,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "helm" / "mqtt-offload"
-RULES_FILE = ROOT / "monitoring" / "alerts.yaml"
+RULES_FILE = ROOT / "helm" / "monitoring" / "alerts.yaml"
 DASHBOARD_FILE = CHART / "dashboards" / "mqtt-offload.json"
 
 #: The alerts' values in the chart (alerts.rules): their names, `for:` and thresholds.
@@ -33,7 +33,7 @@ DEFAULT_RULES: dict[str, dict[str, Any]] = yaml.safe_load((CHART / "values.yaml"
     "alerts"
 ]["rules"]
 
-#: The scrape jobs monitoring/alerts.yaml expects (OffloadTargetDown), as the docs name them.
+#: The scrape jobs helm/monitoring/alerts.yaml expects (OffloadTargetDown), as the docs name them.
 PLAIN_JOBS = "mqtt-offload-(gateway|proxy)"
 
 HEADER = """\
@@ -41,7 +41,7 @@ HEADER = """\
 # Rendered by `python scripts/monitoring.py` from helm/mqtt-offload/templates/_alerts.tpl with
 # the chart's default thresholds (helm/mqtt-offload/values.yaml, alerts.rules): edit those, not
 # this file. OffloadTargetDown expects the scrape jobs mqtt-offload-gateway and
-# mqtt-offload-proxy. Unit tests: promtool test rules monitoring/alerts.test.yaml
+# mqtt-offload-proxy. Unit tests: promtool test rules helm/monitoring/alerts.test.yaml
 """
 
 

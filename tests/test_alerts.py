@@ -1,9 +1,9 @@
 """The alert rules and the dashboard as files and chart objects (docs/operations.md, "Alerts").
 
 Prometheus' own `promtool` (Debian's `prometheus` package) checks the rules and runs their
-unit tests (monitoring/alerts.test.yaml: each alert fires on the series that should fire it
+unit tests (helm/monitoring/alerts.test.yaml: each alert fires on the series that should fire it
 and stays quiet on its near misses). The rules have one source, the chart's
-templates/_alerts.tpl: monitoring/alerts.yaml must be its rendering, and the chart's
+templates/_alerts.tpl: helm/monitoring/alerts.yaml must be its rendering, and the chart's
 dashboard ConfigMap carries dashboards/mqtt-offload.json as it is. tests/test_prometheus.py
 runs both against a real Prometheus scraping a running gateway and proxy.
 """
@@ -30,8 +30,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import monitoring  # noqa: E402
 
-RULES = ROOT / "monitoring" / "alerts.yaml"
-RULE_TESTS = ROOT / "monitoring" / "alerts.test.yaml"
+RULES = ROOT / "helm" / "monitoring" / "alerts.yaml"
+RULE_TESTS = ROOT / "helm" / "monitoring" / "alerts.test.yaml"
 OPERATIONS = ROOT / "docs" / "operations.md"
 DEFAULTS = monitoring.DEFAULT_RULES
 

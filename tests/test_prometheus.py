@@ -5,7 +5,7 @@ The stack is the one the other tests start: SeaweedFS and mosquitto of its own (
 stops and restarts them), `offload-gateway` as its own process serving HTTPS (so its
 certificate's expiry is exported), offload-proxy with its metrics port. Prometheus scrapes
 both every second and evaluates the chart's rules, rendered from the same template as
-monitoring/alerts.yaml with `for: 2s` instead of minutes, ten times a second.
+helm/monitoring/alerts.yaml with `for: 2s` instead of minutes, ten times a second.
 
 The gateway's /metrics is on its API port here; a gateway that serves it elsewhere needs
 only `metrics_target` below changed.

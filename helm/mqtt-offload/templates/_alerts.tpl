@@ -1,6 +1,6 @@
 {{/*
 The alert rules: the one source of the PrometheusRule (prometheusrule.yaml) and of
-monitoring/alerts.yaml (`python scripts/monitoring.py` renders it from here with the default
+helm/monitoring/alerts.yaml (`python scripts/monitoring.py` renders it from here with the default
 values). docs/operations.md, "Alerts", has a section for each alert, which its runbook_url
 names. Prometheus' own templates ({{ $labels.x }}, {{ $value }}) are written as {{`...`}}.
 */}}
