@@ -392,6 +392,80 @@ def test_one_accounts_slow_subscribers_hold_only_its_shares_of_the_fetches_and_s
         proxy.stop()
 
 
+class StallingStore:
+    """A store (the gateway's direct-transfer redirect leads here) that answers each GET
+    with a head and a first piece of `size` bytes, then nothing: each fetch stays under way."""
+
+    def __init__(self, size: int) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.held: list[socket.socket] = []
+        head = f"HTTP/1.1 200 OK\r\nContent-Length: {size}\r\n\r\n".encode()
+        threading.Thread(target=self._serve, args=(head,), daemon=True).start()
+
+    def _serve(self, head: bytes) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = self.listener.accept()
+                conn.recv(65536)
+                conn.sendall(head + bytes(1000))
+                self.held.append(conn)
+
+    def close(self) -> None:
+        self.listener.close()
+        for conn in self.held:
+            conn.close()
+
+
+def test_one_accounts_sealed_payloads_wait_for_its_own_fetch_share(
+    files: Path,
+    mosquitto_factory: Callable[..., Mosquitto],
+    gateway_factory: Callable[..., GatewayServer],
+) -> None:
+    """Issue 51 §5: the decoded path (proxy/_unseal.py: a compressed or encrypted payload,
+    fetched and decoded whole before it is written) takes the device's share of the
+    fetches as a plain payload does. Each fetch is held by a store that stalls; with one
+    fetch per account, reader's second compressed payload waits for reader's own slot
+    while reader2's goes ahead."""
+    from client.protocol._zstd import compress
+
+    stored = compress(os.urandom(MiB).hex().encode())  # ~1 MiB of zstd frames: offloaded
+    store = StallingStore(len(stored))
+    broker, gw = secured_pair(
+        files, mosquitto_factory, gateway_factory, gateway_password=USERS["gateway"],
+        trusted_proxies="127.0.0.1", s3_public_url=f"http://127.0.0.1:{store.port}",
+    )  # fmt: skip
+    proxy = start_proxy(broker, gw, max_fetches=8, max_fetches_per_user=1)
+    spy = PahoPeer(broker.port, credentials=("writer", USERS["writer"]))
+    spy.subscribe(broker, "data/seed", qos=1)
+    subscribers = []
+    for i, user in enumerate(("reader", "reader", "reader2")):
+        sock = device(proxy.port, f"127.0.4.{i + 1}", user=user)
+        sock.sendall(_packet(0x82, b"\x00\x01\x00" + _text(f"data/sealed/{i}") + b"\x00"))
+        assert _read(sock)[0] == 0x90  # SUBACK; nothing more is read
+        subscribers.append(sock)
+    writer = PahoPeer(proxy.port, credentials=("writer", USERS["writer"]))
+    try:
+        writer.client.publish("data/seed", stored, qos=1).wait_for_publish(30)
+        sealed = json.dumps({**json.loads(delivered(spy)[0].payload), "cmp": "zstd"})
+        for i in range(3):
+            spy.client.publish(f"data/sealed/{i}", sealed, qos=1).wait_for_publish(30)
+        waiting = lambda: proxy.metric("offload_proxy_shares_full_total", pool="fetches",  # noqa: E731
+                                       share="user")  # fmt: skip
+        wait_until(lambda: proxy.metric("offload_proxy_fetches") == 2 and waiting() >= 1,
+                   "reader's first and reader2's fetch under way, reader's second waiting",
+                   20)  # fmt: skip
+        wait_until(lambda: len(store.held) == 2, "both at the store", 20)
+        assert proxy.metric("offload_proxy_fetches") == 2  # reader's second still waits
+    finally:
+        for sock in subscribers:
+            sock.close()
+        for peer in (spy, writer):
+            peer.close()
+        proxy.stop()
+        store.close()
+
+
 def test_a_false_digest_for_another_users_message_poisons_nothing(
     gateway: GatewayServer, broker: Mosquitto, unique_topic: Callable[[str], str]
 ) -> None:
