@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import copy
 import logging
 from collections.abc import AsyncGenerator
 from pathlib import Path
@@ -160,8 +161,8 @@ class Flight:
         spool = self.spool
         step = MEMORY_READ if spool.in_memory else FILE_READ
         while True:
-            if self.failure is not None:
-                raise self.failure
+            if self.failure is not None:  # each reader its own (tracebacks are per raise)
+                raise copy.copy(self.failure) from self.failure
             end = spool.length if self.verified else min(spool.length, spool.size - 1)
             if offset < end:
                 piece = spool.read(offset, min(end - offset, step))
