@@ -52,7 +52,7 @@ class Metrics:
         )
         self.fetches = Gauge(
             "offload_proxy_fetches",
-            "placeholders being resolved",
+            "gateway requests for placeholders under way (a HEAD, a shared GET, a GET for one)",
             registry=r,
             multiprocess_mode="livesum",
         )
