@@ -6,6 +6,7 @@ Hierarchy::
     |-- PeerGone          a socket closed or failed
     |-- PeerTimeout       a peer stayed silent inside a packet, or over its CONNECT
     |-- TransferFailed    the gateway did not store or serve a payload (`status`, MQTT `reason`)
+    |   |-- PayloadMismatch   it holds another payload than the placeholder names
     |-- ProxyConfigError  settings that cannot work
 """
 
@@ -57,3 +58,10 @@ class TransferFailed(ProxyError):
         if self.status in (413, 429):  # too large; too many at once (the device may retry)
             return QUOTA_EXCEEDED
         return UNSPECIFIED_ERROR
+
+
+class PayloadMismatch(TransferFailed):
+    """The gateway holds another payload under a placeholder's URL than the placeholder
+    names (another size or SHA-256): a lie of the placeholder's publisher, found out before
+    any byte of it was written to a device, or a store whose bytes changed while they were
+    fetched."""

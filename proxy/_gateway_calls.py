@@ -92,6 +92,7 @@ class PayloadGet:
     store_of: Callable[[Origin], Origin | None]
     peer: str  # the receiving device's address (X-Forwarded-For; not sent to a store)
     traced: tuple[tuple[str, str], ...] = ()  # `traceparent` / `tracestate`, to the gateway
+    piece: int = 0  # the most of the body in one piece (0: FETCH_PIECE)
 
     def run(self, out: ToLoop[FetchItem]) -> None:
         """Hand `out` :class:`Opened`, the body's pieces, then :class:`Fetched` (or a
@@ -138,7 +139,7 @@ class PayloadGet:
         digest = hashlib.sha256()
         count = 0
         try:
-            for piece in _pieces(response):
+            for piece in _pieces(response, self.piece or FETCH_PIECE):
                 count += len(piece)
                 if count > self.size:
                     raise TransferFailed(f"{self.url} sends more than the placeholder's size")
@@ -158,14 +159,14 @@ FETCH_PIECE = 256 * 1024
 _READINTO = "offload.readinto"
 
 
-def _pieces(response: httpx.Response) -> Iterator[bytes]:
-    """The body in pieces of at most :data:`FETCH_PIECE`, each read straight into a buffer
-    of that size (raw pieces as they come where the transport cannot)."""
+def _pieces(response: httpx.Response, size: int = FETCH_PIECE) -> Iterator[bytes]:
+    """The body in pieces of at most `size`, each read straight into a buffer of that size
+    (raw pieces as they come where the transport cannot)."""
     readinto: Callable[[memoryview], int] | None = response.extensions.get(_READINTO)
     if readinto is None:
         yield from response.iter_raw()
         return
-    view = memoryview(bytearray(FETCH_PIECE))
+    view = memoryview(bytearray(size))
     while n := readinto(view):
         yield bytes(view[:n])
 

@@ -55,7 +55,7 @@ class Metrics:
         )
         self.fetches = Gauge(
             "offload_proxy_fetches",
-            "placeholders being resolved",
+            "gateway requests for placeholders under way (a HEAD, a shared GET, a GET for one)",
             registry=r,
             multiprocess_mode="livesum",
         )
@@ -70,6 +70,19 @@ class Metrics:
         )
         self.bytes_down = Counter(
             "offload_proxy_fetched_bytes", "payload bytes fetched for clients", registry=r
+        )
+        # One fetch for a broadcast (proxy/_flights.py): deliveries fed from a fetch another
+        # device's delivery started, and the bytes the shared payloads hold (memory and disk).
+        self.joined = Counter(
+            "offload_proxy_fetches_joined",
+            "placeholders resolved from a fetch of the payload already under way for others",
+            registry=r,
+        )
+        self.shared_bytes = Gauge(
+            "offload_proxy_shared_bytes",
+            "bytes of payloads fetched once for several devices, held while they are read",
+            registry=r,
+            multiprocess_mode="livesum",
         )
         self.reassembled = Counter(
             "offload_proxy_reassembled", "chunked messages delivered whole", registry=r

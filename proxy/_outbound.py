@@ -10,16 +10,22 @@ no SSRF through the proxy), and the PUBLISH with the payload fits the client's M
 Packet Size. Otherwise, and whenever the fetch cannot start, the client gets the placeholder
 as the broker sent it (small, and what our library would resolve).
 
-The payload streams into the outgoing PUBLISH while its SHA-256 is taken; its last piece is
-held back until the digest matches. A mismatch (or a fetch that breaks off) closes the client
-connection before the packet is complete, so the client never receives a payload that fails
-its check; the id is remembered (:class:`proxy._state.Poisoned`) and a redelivery gets the
-placeholder instead. An encrypted or compressed payload is decoded whole first
-(:mod:`proxy._unseal`).
+Before anything is written, the gateway is asked with the client's own login what it holds
+for the placeholder (a HEAD: :mod:`proxy._stat`): a placeholder whose size or SHA-256 is not
+the stored one (its publisher's lie) goes to the client as it is, counted
+(`placeholders_passed{why="mismatch"}`) and remembered (:class:`proxy._state.Poisoned`),
+and costs the client nothing. The payload then comes from one fetch shared with every other
+client behind this proxy that gets the same placeholder meanwhile (:mod:`proxy._flights`),
+each fed at its own pace; its last byte is held back until the fetched bytes matched the
+SHA-256. Only bytes that change while they are fetched (the store lies, or the fetch breaks
+off) close the client's connection before the packet is complete, so the client never
+receives a payload that fails its check. An encrypted or compressed payload is decoded
+whole first (:mod:`proxy._unseal`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 
@@ -32,12 +38,13 @@ from client.protocol import (
 )
 
 from ._chunks import answer_pubrel, large_publish, take_chunk
-from ._exceptions import PeerGone, PeerTimeout, TransferFailed
+from ._exceptions import PayloadMismatch, PeerGone, PeerTimeout, TransferFailed
+from ._flights import Source
 from ._resends import ended
 from ._settings import MQTT_MAX_PACKET
 from ._state import Conn, Services
 from ._stream import drain_within, drained, write_all, write_piece
-from ._tracing import start_fetch
+from ._tracing import Timed, start_fetch
 from ._unseal import resolve_encoded
 from ._will import settle
 from .protocol import (
@@ -358,46 +365,76 @@ async def _resolve(
         return False
     if not ref.encoding.plain:  # encrypted or compressed: decoded whole first
         return await resolve_encoded(conn, services, head, header, ref)
-    written = False
     span = start_fetch(
         services.tracing, services.metrics.fetch_seconds,
         header=header, ref=ref, topic=header.topic_text,
     )  # fmt: skip
-    # Waits while the device's account or address holds its share (or all are taken): a
-    # slow subscriber delays its own account's payloads, never the others'.
-    async with services.fetches.held(conn.holder, wait=True):
-        conn.transfers += 1
+    conn.transfers += 1
+    try:
+        # Waits while the device's account or address holds its share of the fetches (or
+        # all are taken): a slow subscriber delays its own account's payloads, never the
+        # others'. A payload other devices are being fed meanwhile is not fetched again.
+        fetch = (ref, conn.auth, conn.peer, span.context)
         try:
-            async with services.gateway.fetch(ref, conn.auth, conn.peer, span.context) as fetched:
-                writer = conn.client_writer
-                head_bytes = resolved_head(head.first, header, ref.size, v5=conn.connect.v5)
-                held = b""
-                async for piece in fetched:
-                    if not written:  # the head waits for the first byte: a fetch that
-                        writer.write(head_bytes)  # fails before it costs the client nothing
-                        written = True
-                    elif held:
-                        await write_piece(writer, held, conn.client.idle)
-                    held = piece
-                    services.metrics.bytes_down.inc(len(piece))
-                if fetched.size != ref.size or fetched.sha256 != ref.sha256:
-                    services.poisoned.add(ref)
-                    raise TransferFailed(f"{ref.payload_url} does not match its placeholder")
+            source = await services.shared.source(conn.holder, fetch)
+        except TransferFailed as exc:
+            span.fail(exc)
+            handed_on(services, ref, exc)
+            return False
+        try:
+            return await _write_resolved(conn, services, head, header, ref, source, span)
+        finally:
+            source.close()
+    finally:
+        conn.transfers -= 1
+        span.end()
+
+
+def handed_on(services: Services, ref: Placeholder, exc: TransferFailed) -> None:
+    """Count and log why a placeholder goes to the client as it is, before any byte of its
+    payload was written. A placeholder that names another payload than the gateway holds
+    (the publisher's lie) is remembered, so a redelivery is not asked about again."""
+    if isinstance(exc, PayloadMismatch):
+        services.poisoned.add(ref)
+        services.metrics.passed.labels(why="mismatch").inc()
+        log.warning("placeholder names another payload; delivered", extra={"why": str(exc)})
+        return
+    services.metrics.passed.labels(why="fetch-failed").inc()
+    log.warning("resolve failed; placeholder delivered", extra={"why": str(exc)})
+
+
+async def _write_resolved(
+    conn: Conn,
+    services: Services,
+    head: Head,
+    header: PublishHeader,
+    ref: Placeholder,
+    source: Source,
+    span: Timed,
+) -> bool:
+    """The PUBLISH with the payload from `source`, its head once the first piece is there
+    (a fetch that fails before costs the client nothing); False when it failed before."""
+    writer = conn.client_writer
+    head_bytes = resolved_head(head.first, header, ref.size, v5=conn.connect.v5)
+    written = False
+    try:
+        async with contextlib.aclosing(source.pieces()) as pieces:
+            async for piece in pieces:
                 if not written:
                     writer.write(head_bytes)
                     written = True
-                await write_piece(writer, held, conn.client.idle)
-                await drain_within(writer, conn.client.idle)
-        except TransferFailed as exc:
-            span.fail(exc)
-            if written:
-                log.warning("resolve failed mid-packet; client cut off", extra={"why": str(exc)})
-                raise PeerGone(str(exc)) from exc
-            services.metrics.passed.labels(why="fetch-failed").inc()
-            log.warning("resolve failed; placeholder delivered", extra={"why": str(exc)})
+                await write_piece(writer, piece, conn.client.idle)
+        if not written:  # an empty payload
+            writer.write(head_bytes)
+        await drain_within(writer, conn.client.idle)
+    except TransferFailed as exc:
+        span.fail(exc)
+        if not written:
+            handed_on(services, ref, exc)
             return False
-        finally:
-            conn.transfers -= 1
-            span.end()
+        if isinstance(exc, PayloadMismatch):
+            services.poisoned.add(ref)  # the store's bytes changed: a redelivery is not fed
+        log.warning("resolve failed mid-packet; client cut off", extra={"why": str(exc)})
+        raise PeerGone(str(exc)) from exc
     services.metrics.resolved.inc()
     return True

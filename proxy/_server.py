@@ -31,6 +31,7 @@ from client.tracing import TracerProviderLike, Tracing, tracing_for
 
 from ._descriptors import REFUSING, fit_connections
 from ._discovery import Discovery
+from ._flights import SharedFetches
 from ._gateway import GatewayLink
 from ._listen import PEER, Listener, bind, peer_in_logs
 from ._metrics import Metrics, serve_metrics
@@ -92,14 +93,18 @@ class Proxy:
             timeout=settings.http_timeout, verify=verify, idle=settings.idle_timeout
         )
         metrics, pool = self.metrics, self._pool
+        fetches = pool("fetches", settings.fetch_shares, metrics.fetches.set)
         self.services = Services(
             settings=settings,
             gateway=self._gateway,
             endpoint=self._endpoint,
             metrics=metrics,
             uploads=pool("uploads", settings.upload_shares, metrics.uploads.set),
-            fetches=pool("fetches", settings.fetch_shares, metrics.fetches.set),
+            fetches=fetches,
             logins=pool("logins", settings.login_shares),
+            shared=SharedFetches(
+                self._gateway, fetches, settings.shared_limits, metrics, settings.spool_dir
+            ),
             broker_tls=settings.broker_tls(),
             identities=tuple(load_identities(settings.identity_files)),  # a bad file: fails now
             tracing=Tracing() if tracer_provider is None else tracing_for(tracer_provider),

@@ -16,6 +16,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from ._shares import Limits
+from ._spool import SpoolLimits
 
 MQTT_MAX_PACKET = 268_435_460  # the largest MQTT packet: 1 + 4 + 268,435,455
 #: One account's or address's default share of a pool: this fraction of it.
@@ -111,6 +112,31 @@ class ProxySettings(BaseSettings):
         gt=0,
         description="placeholders resolved at once for one device address (more wait); "
         "default: an eighth of max_fetches, at least 1",
+    )
+    max_shared_bytes: int = Field(
+        512 * 1024 * 1024,
+        ge=0,
+        description="bytes of payloads fetched once and fed to every device behind the "
+        "proxy that gets the same placeholder meanwhile, held at once (in memory up to "
+        "shared_memory_bytes, the rest in temporary files in spool_dir); a payload with no "
+        "room is fetched for each device alone; 0: never shared",
+    )
+    max_shared_bytes_per_user: int | None = Field(
+        None,
+        ge=0,
+        description="of max_shared_bytes, what the payloads one account's subscribers read "
+        "may hold (each payload counted once per account); default: an eighth",
+    )
+    max_shared_bytes_per_address: int | None = Field(
+        None,
+        ge=0,
+        description="the same for one device address; default: an eighth of max_shared_bytes",
+    )
+    shared_memory_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=0,
+        description="of max_shared_bytes, what may be held in memory; the rest is spooled "
+        "to temporary files",
     )
     max_reassembly_bytes: int = Field(
         64 * 1024 * 1024,
@@ -212,6 +238,22 @@ class ProxySettings(BaseSettings):
     def fetch_shares(self) -> Limits:
         """`max_fetches` and each account's and address's share of it."""
         return _shares(self.max_fetches, self.max_fetches_per_user, self.max_fetches_per_address)
+
+    @property
+    def shared_limits(self) -> SpoolLimits:
+        """What the payloads fetched once for several devices may hold together: bytes (in
+        total, per account, per address), bytes in memory, and how many at once (at most
+        `max_fetches`: each may hold a file descriptor, counted as a fetch's)."""
+        total = self.max_shared_bytes
+        default = total // SHARE
+        per_user = self.max_shared_bytes_per_user
+        per_address = self.max_shared_bytes_per_address
+        shares = Limits(
+            total,
+            default if per_user is None else per_user,
+            default if per_address is None else per_address,
+        )
+        return SpoolLimits(shares, min(self.shared_memory_bytes, total), self.max_fetches)
 
     def connection_shares(self, total: int | None) -> Limits:
         """`total` connections (`max_connections`, or what the descriptors allow) and each

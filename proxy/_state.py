@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import hashlib
 import ssl
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ import httpx
 from client.protocol import Placeholder, Reassembler, address_key
 from client.tracing import Tracing
 
+from ._flights import SharedFetches
 from ._gateway import GatewayLink
 from ._metrics import Metrics
 from ._settings import MQTT_MAX_PACKET, ProxySettings
@@ -24,17 +26,22 @@ from .protocol import AliasMap, Connect, Stored, Will
 POISONED_IDS = 4096
 
 
-#: What a failed placeholder is remembered by: its payload URL, size and SHA-256.
-PoisonKey = tuple[str, int, str]
+#: What a failed placeholder is remembered by: a digest of its payload URL, size and
+#: SHA-256 (a URL may have 2,048 characters: 4,096 of them kept whole would be 8 MiB).
+PoisonKey = bytes
 
 
 def poison_key(ref: Placeholder) -> PoisonKey:
-    return ref.payload_url, ref.size, ref.sha256
+    url = ref.payload_url.encode("utf-8", "surrogatepass")
+    named = b"%d:%s %d %s" % (len(url), url, ref.size, ref.sha256.encode())
+    return hashlib.blake2b(named, digest_size=32).digest()
 
 
 class Poisoned:
-    """Placeholders whose payload failed its check on the way out (bounded, oldest
-    dropped): a broker's redelivery of such a placeholder is handed on as it is.
+    """Placeholders whose payload failed its check on the way out, or names another
+    payload than the gateway holds (bounded: the last `size`, each 32 bytes however long
+    its URL): a broker's redelivery of such a placeholder is handed on as it is, without
+    asking the gateway again.
 
     Remembered by URL, size and SHA-256 together, never by the message id alone: anyone
     who may publish on some topic can send a placeholder naming another user's message
@@ -53,6 +60,9 @@ class Poisoned:
 
     def __contains__(self, ref: object) -> bool:
         return isinstance(ref, Placeholder) and poison_key(ref) in self._keys
+
+    def __len__(self) -> int:
+        return len(self._keys)
 
 
 REMEMBERED_FLOWS = 4096
@@ -101,6 +111,7 @@ class Services:
     uploads: Pool  # slots: refused beyond (0x97)
     fetches: Pool  # slots: waited for
     logins: Pool  # bytes connections hold before their login is answered
+    shared: SharedFetches  # one fetch for the devices that get the same placeholder
     poisoned: Poisoned = field(default_factory=Poisoned)
     closing: asyncio.Event = field(default_factory=asyncio.Event)  # no new transfers
     broker_tls: ssl.SSLContext | None = None

@@ -203,7 +203,7 @@ async def write_all(
     await drain_within(writer, idle)
 
 
-async def write_piece(writer: asyncio.StreamWriter, piece: bytes, idle: float) -> None:
+async def write_piece(writer: asyncio.StreamWriter, piece: bytes | memoryview, idle: float) -> None:
     """Write `piece` in slices of at most :data:`SLICE`, yielding to the loop after each;
     :func:`drain_within` `idle` when the client lags."""
     view = memoryview(piece)

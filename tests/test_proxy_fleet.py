@@ -340,44 +340,130 @@ def test_one_account_dripping_uploads_holds_only_its_share(
         proxy.stop()
 
 
-def test_one_accounts_slow_subscribers_hold_only_its_share_of_the_fetches(
+def test_one_accounts_slow_subscribers_hold_only_its_shares_of_the_fetches_and_spools(
     files: Path,
     mosquitto_factory: Callable[..., Mosquitto],
     gateway_factory: Callable[..., GatewayServer],
 ) -> None:
-    """16 subscribers of one account read at 32 KB/s. Before, they held every fetch slot
-    of a proxy with 16 and another user's payload waited for them (a 1 MB message arrived
-    after 77.9 s). Now an account waits for its own share; the others' fetches go on."""
+    """16 subscribers of one account read at 32 KB/s, each its own 4 MiB message (more than
+    the socket buffers hold). Before, they held every fetch slot of a proxy with 16 and
+    another user's payload waited for them (a 1 MB message arrived after 77.9 s). Now the
+    payloads held for them while they read (proxy/_flights.py) are at most the account's
+    share of `max_shared_bytes`, those beyond it are fetched for each device alone, holding
+    at most the account's share of the fetch slots; the other account's payload arrives."""
     broker, gw = secured(files, mosquitto_factory, gateway_factory)
-    proxy = start_proxy(broker, gw, max_fetches=16)
-    per_user = proxy.proxy.settings.fetch_shares.per_user
+    proxy = start_proxy(broker, gw, max_fetches=16, max_shared_bytes=64 * MiB)
+    settings = proxy.proxy.settings
+    per_user = settings.fetch_shares.per_user
+    spool_share = settings.shared_limits.shares.per_user
+    shared = proxy.proxy.services.shared
     slow = []
     for i in range(16):
         sock = device(proxy.port, f"127.0.2.{i + 1}", user="reader", rcvbuf=4096)
-        sock.sendall(_packet(0x82, b"\x00\x01\x00" + _text("data/slow") + b"\x00"))
+        sock.sendall(_packet(0x82, b"\x00\x01\x00" + _text(f"data/slow/{i}") + b"\x00"))
         first, _ = _read(sock)
         assert first == 0x90  # SUBACK
         slow.append(sock)
     readers = SlowReader(slow, 32_000)
     writer = PahoPeer(proxy.port, credentials=("writer", USERS["writer"]))
     try:
-        writer.client.publish("data/slow", os.urandom(8 * MiB), qos=1).wait_for_publish(60)
-        wait_until(lambda: proxy.metric("offload_proxy_fetches") == per_user, "the share", 30)
+        for i in range(16):
+            writer.client.publish(f"data/slow/{i}", os.urandom(4 * MiB), qos=1).wait_for_publish(60)
+
+        def settled() -> bool:
+            spooled = proxy.call(lambda: shared.budget.held_by(user="reader"))
+            return spooled == spool_share and proxy.metric("offload_proxy_fetches") == per_user
+
+        wait_until(settled, "the account's shares taken", 30)
         fast = PahoPeer(proxy.port, credentials=("reader2", USERS["reader2"]))
         fast.subscribe(broker, "data/fast", qos=1)
         payload = os.urandom(MiB)
         writer.client.publish("data/fast", payload, qos=1).wait_for_publish(30)
         assert delivered(fast)[0].payload == payload
         fast.close()
-        # (its own slot goes back once the proxy saw the last byte taken: a moment later)
-        wait_until(lambda: proxy.metric("offload_proxy_fetches") == per_user, "the rest", 10)
-        # The share's readers still take their payload, slowly; the account's others wait.
-        wait_until(lambda: sum(1 for got in readers.received if got) == per_user, "read", 10)
-        assert sum(1 for got in readers.received if got) == per_user, readers.received
+        wait_until(settled, "the account's shares still held, no more", 10)
+        # What the shares hold is read, slowly; the account's other subscribers wait.
+        wait_until(lambda: sum(1 for got in readers.received if got) == 4, "read", 10)
+        assert spool_share == 8 * MiB  # 2 payloads shared, 2 fetched alone, 12 waiting
+        assert sum(1 for got in readers.received if got) == 4, readers.received
     finally:
         writer.close()
         readers.close()
         proxy.stop()
+
+
+class StallingStore:
+    """A store (the gateway's direct-transfer redirect leads here) that answers each GET
+    with a head and a first piece of `size` bytes, then nothing: each fetch stays under way."""
+
+    def __init__(self, size: int) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.held: list[socket.socket] = []
+        head = f"HTTP/1.1 200 OK\r\nContent-Length: {size}\r\n\r\n".encode()
+        threading.Thread(target=self._serve, args=(head,), daemon=True).start()
+
+    def _serve(self, head: bytes) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = self.listener.accept()
+                conn.recv(65536)
+                conn.sendall(head + bytes(1000))
+                self.held.append(conn)
+
+    def close(self) -> None:
+        self.listener.close()
+        for conn in self.held:
+            conn.close()
+
+
+def test_one_accounts_sealed_payloads_wait_for_its_own_fetch_share(
+    files: Path,
+    mosquitto_factory: Callable[..., Mosquitto],
+    gateway_factory: Callable[..., GatewayServer],
+) -> None:
+    """Issue 51 §5: the decoded path (proxy/_unseal.py: a compressed or encrypted payload,
+    fetched and decoded whole before it is written) takes the device's share of the
+    fetches as a plain payload does. Each fetch is held by a store that stalls; with one
+    fetch per account, reader's second compressed payload waits for reader's own slot
+    while reader2's goes ahead."""
+    from client.protocol._zstd import compress
+
+    stored = compress(os.urandom(MiB).hex().encode())  # ~1 MiB of zstd frames: offloaded
+    store = StallingStore(len(stored))
+    broker, gw = secured_pair(
+        files, mosquitto_factory, gateway_factory, gateway_password=USERS["gateway"],
+        trusted_proxies="127.0.0.1", s3_public_url=f"http://127.0.0.1:{store.port}",
+    )  # fmt: skip
+    proxy = start_proxy(broker, gw, max_fetches=8, max_fetches_per_user=1)
+    spy = PahoPeer(broker.port, credentials=("writer", USERS["writer"]))
+    spy.subscribe(broker, "data/seed", qos=1)
+    subscribers = []
+    for i, user in enumerate(("reader", "reader", "reader2")):
+        sock = device(proxy.port, f"127.0.4.{i + 1}", user=user)
+        sock.sendall(_packet(0x82, b"\x00\x01\x00" + _text(f"data/sealed/{i}") + b"\x00"))
+        assert _read(sock)[0] == 0x90  # SUBACK; nothing more is read
+        subscribers.append(sock)
+    writer = PahoPeer(proxy.port, credentials=("writer", USERS["writer"]))
+    try:
+        writer.client.publish("data/seed", stored, qos=1).wait_for_publish(30)
+        sealed = json.dumps({**json.loads(delivered(spy)[0].payload), "cmp": "zstd"})
+        for i in range(3):
+            spy.client.publish(f"data/sealed/{i}", sealed, qos=1).wait_for_publish(30)
+        waiting = lambda: proxy.metric("offload_proxy_shares_full_total", pool="fetches",  # noqa: E731
+                                       share="user")  # fmt: skip
+        wait_until(lambda: proxy.metric("offload_proxy_fetches") == 2 and waiting() >= 1,
+                   "reader's first and reader2's fetch under way, reader's second waiting",
+                   20)  # fmt: skip
+        wait_until(lambda: len(store.held) == 2, "both at the store", 20)
+        assert proxy.metric("offload_proxy_fetches") == 2  # reader's second still waits
+    finally:
+        for sock in subscribers:
+            sock.close()
+        for peer in (spy, writer):
+            peer.close()
+        proxy.stop()
+        store.close()
 
 
 def test_a_false_digest_for_another_users_message_poisons_nothing(
@@ -386,7 +472,8 @@ def test_a_false_digest_for_another_users_message_poisons_nothing(
     """A placeholder on the attacker's own topic names another user's message id with a
     false SHA-256. Before, that id joined the proxy's list of failed messages and the
     other user's subscribers got the placeholder instead of the payload. Now only the
-    same URL, size and digest match."""
+    same URL, size and digest match, and the lie is found out before anything is written
+    (the gateway's HEAD): the attacker's own subscriber gets it as it is, never cut off."""
     proxy = start_proxy(broker, gw := gateway)
     assert gw.url
     victim_topic, attacker_topic = unique_topic("victim"), unique_topic("attacker")
@@ -398,11 +485,13 @@ def test_a_false_digest_for_another_users_message_poisons_nothing(
     ref = json.loads(direct.wait(1)[0].payload)
     lie = json.dumps({**ref, "sha256": "0" * 64}).encode()
     try:
-        fooled = PahoPeer(proxy.port)  # the attacker's own subscriber: cut off, not fed
+        fooled = PahoPeer(proxy.port)  # the attacker's own subscriber: handed the lie
         fooled.subscribe(broker, attacker_topic)
         direct.client.publish(attacker_topic, lie, qos=1).wait_for_publish(30)
-        wait_until(lambda: not fooled.client.is_connected(), "cut off mid-packet", WITHIN)
+        assert delivered(fooled)[0].payload == lie
+        assert fooled.client.is_connected()
         fooled.close()
+        assert proxy.metric("offload_proxy_placeholders_passed_total", why="mismatch") == 1
         assert proxy.metric("offload_proxy_placeholders_passed_total", why="failed-before") == 0
         later = PahoPeer(proxy.port)  # the retained placeholder, for a new subscriber
         later.subscribe(broker, victim_topic)

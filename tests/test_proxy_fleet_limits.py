@@ -293,7 +293,8 @@ def test_expected_disconnects_are_one_info_line_never_a_traceback(
         assert _read(reader)[0] == 0x90
         pub = PahoPeer(proxy.port)
         pub.client.publish(topic, os.urandom(4 * MiB), qos=1).wait_for_publish(30)
-        wait_until(lambda: proxy.metric("offload_proxy_fetches") == 1, "the payload written", 20)
+        written = lambda: proxy.metric("offload_proxy_shared_bytes") == 4 * MiB  # noqa: E731
+        wait_until(written, "the payload written", 20)
         _reset(reader)
         _reset(reset_in_connect)
         _reset(reset_in_publish)

@@ -4,6 +4,7 @@ broker's limit, and our own `client.Client` through it. Real mosquitto, gateway,
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import socket
@@ -362,8 +363,9 @@ def test_a_subscriber_that_stops_reading_is_cut_off_and_frees_its_fetch(
     gateway: GatewayServer, broker: Mosquitto, unique_topic: Callable[[str], str]
 ) -> None:
     """A payload is written to an unmodified subscriber that takes nothing: after
-    `idle_timeout` seconds without progress the proxy closes it, and the fetch slot (its
-    thread, its gateway connection) is free again, not held for as long as the peer lives."""
+    `idle_timeout` seconds without progress the proxy closes it, and what it held (the
+    payload fetched for it, a fetch slot, its thread, its gateway connection) is let go,
+    not held for as long as the peer lives."""
     server = start_proxy(broker, gateway, idle_timeout=1)
     topic = unique_topic("no-reader")
     try:
@@ -376,8 +378,11 @@ def test_a_subscriber_that_stops_reading_is_cut_off_and_frees_its_fetch(
             input=os.urandom(32 * MiB), capture_output=True, timeout=120,
         )  # fmt: skip
         assert pub.returncode == 0, pub.stderr.decode()
-        wait_until(lambda: server.metric("offload_proxy_fetches") == 1, "the fetch", 30)
-        wait_until(lambda: server.metric("offload_proxy_fetches") == 0, "the slot freed", 30)
+        held = lambda: server.metric("offload_proxy_shared_bytes")  # noqa: E731
+        wait_until(lambda: held() == 32 * MiB, "the payload fetched for it", 30)
+        wait_until(lambda: held() == 0, "the payload let go", 30)
+        assert server.metric("offload_proxy_fetches") == 0  # no slot, thread, connection
+        assert server.call(lambda: server.proxy.services.shared.flights) == 0
         assert server.metric("offload_proxy_resolved_total") == 0
         reader.close()
     finally:
@@ -480,27 +485,48 @@ def _subscribe_raw(port: int, topic: str) -> socket.socket:
     return sock
 
 
-def test_a_payload_that_fails_its_check_never_reaches_the_client_whole(
-    proxy: ProxyServer, broker: Mosquitto, unique_topic: Callable[[str], str]
+def test_a_payload_whose_stored_bytes_change_never_reaches_the_client_whole(
+    proxy: ProxyServer,
+    broker: Mosquitto,
+    seaweed: Any,
+    bucket_name: str,
+    unique_topic: Callable[[str], str],
 ) -> None:
+    """The store lies: the payload's object is replaced behind the gateway's back by other
+    bytes of the same size. The gateway still says the true SHA-256 (its manifest's), so
+    the proxy begins the PUBLISH; the bytes fail their check before the last one is
+    written, and the client is cut off mid-packet. A redelivery gets the placeholder. (A
+    placeholder that lies about its payload costs its subscriber nothing:
+    test_proxy_broadcast.py::test_false_digests_cost_the_subscriber_nothing.)"""
+    from minio import Minio
+
     topic = unique_topic("tamper")
     direct = PahoPeer(broker.port)
     direct.subscribe(broker, topic)
     payload = os.urandom(2 * MiB)
     pub = PahoPeer(proxy.port)
     pub.client.publish(topic, payload, qos=1).wait_for_publish(60)
-    ref = json.loads(direct.wait(1)[0].payload)
-    lie = json.dumps({**ref, "sha256": "0" * 64}).encode()  # a real payload, a false digest
+    placeholder = direct.wait(1)[0].payload
+    s3 = Minio(seaweed.endpoint, seaweed.access_key, seaweed.secret_key, secure=False)
+    stored = [
+        o.object_name
+        for o in s3.list_objects(bucket_name, recursive=True)
+        if o.size == len(payload) and o.object_name
+    ]
+    assert len(stored) == 1, stored
+    other = os.urandom(len(payload))
+    s3.put_object(bucket_name, stored[0], io.BytesIO(other), len(other))
     cut = _subscribe_raw(proxy.port, topic)
-    direct.client.publish(topic, lie, qos=1).wait_for_publish(30)
+    direct.client.publish(topic, placeholder, qos=1).wait_for_publish(30)
     got = until_closed(cut)
-    assert got[:1] == b"\x30" and len(got) < 2 * MiB  # a PUBLISH begun, never completed
+    whole = 5 + sum((b & 0x7F) << (7 * i) for i, b in enumerate(got[1:5]))
+    assert got[:1] == b"\x30" and len(got) < whole  # a PUBLISH begun, never completed
     later = _subscribe_raw(proxy.port, topic)  # a redelivery: the placeholder as it is
-    direct.client.publish(topic, lie, qos=1).wait_for_publish(30)
+    direct.client.publish(topic, placeholder, qos=1).wait_for_publish(30)
     head = later.recv(5)
     assert head[:1] == b"\x30"
     received = b""
-    while not received.endswith(lie):
+    while not received.endswith(placeholder):
         received += later.recv(65536)
     assert proxy.metric("offload_proxy_placeholders_passed_total", why="failed-before") == 1
     later.close()
