@@ -53,8 +53,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from _harness import CpuMeter, emit, info_row, row
-from _storm import Devices, Storm, devices_for
 from proxy_relay import broker, offload_proxy
+
+from _storm import Devices, Storm, devices_for
 
 
 def _load() -> str:

@@ -195,6 +195,14 @@ class ProxySettings(BaseSettings):
             "device's; from any other address a PROXY header is refused; none by default",
         )
     )
+    backlog: int | None = Field(
+        None,
+        gt=0,
+        le=2**31 - 1,
+        description="connections the kernel queues for the proxy to accept (the listen "
+        "backlog); default: the system's most (Linux: net.core.somaxconn, which also caps a "
+        "larger value)",
+    )
     workers: int = Field(
         1,
         ge=1,

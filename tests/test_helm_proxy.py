@@ -136,6 +136,22 @@ def test_workers_and_trusted_load_balancers_reach_the_proxy(
         manifests(chart, {"proxy": {"enabled": True, "trustedLoadBalancers": ["lb.example"]}})
 
 
+def test_the_listen_backlog_reaches_the_proxy_when_set(
+    chart: helm.Chart,  # noqa: F811
+) -> None:
+    """`proxy.backlog` is OFFLOAD_PROXY_BACKLOG; unset by default (the pod's somaxconn)."""
+
+    def env(values: dict[str, Any]) -> dict[str, str]:
+        deployment = _proxy_objects(manifests(chart, values))["Deployment"]
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        return {e["name"]: e["value"] for e in container["env"]}
+
+    assert "OFFLOAD_PROXY_BACKLOG" not in env(ON)
+    assert env({"proxy": {"enabled": True, "backlog": 8192}})["OFFLOAD_PROXY_BACKLOG"] == "8192"
+    with pytest.raises(Exception, match="backlog"):
+        manifests(chart, {"proxy": {"enabled": True, "backlog": 0}})
+
+
 def _gateway_config(docs: list[dict[str, Any]]) -> dict[str, str]:
     (config,) = [d for d in docs if d["kind"] == "ConfigMap" and "OFFLOAD_STORAGE_URL" in d["data"]]
     return dict(config["data"])
