@@ -244,7 +244,7 @@ class Proxy:
         self._sessions[task] = session
         self.metrics.connections.set(len(self._sessions))
         try:
-            await session.run(admitted=slot is not None)
+            await session.run(slot)
         except asyncio.CancelledError:
             pass  # shutdown: ends here (asyncio's stream callback must not see it raised)
         except Exception:  # never a proxy crash: one connection's bug ends that connection

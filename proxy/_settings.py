@@ -86,6 +86,12 @@ class ProxySettings(BaseSettings):
         description="client connections from one address at once (beyond: CONNACK 0x89); "
         "default: an eighth of max_connections",
     )
+    max_connections_per_user: int | None = Field(
+        None,
+        gt=0,
+        description="client connections one account (a user name the broker accepted) may "
+        "have at once (beyond: CONNACK 0x97); default: an eighth of max_connections",
+    )
     max_uploads: int = Field(64, gt=0, description="offloaded PUBLISHes streaming at once")
     max_uploads_per_user: int | None = Field(
         None,
@@ -222,11 +228,13 @@ class ProxySettings(BaseSettings):
         return _shares(self.max_fetches, self.max_fetches_per_user, self.max_fetches_per_address)
 
     def connection_shares(self, total: int | None) -> Limits:
-        """`total` connections (`max_connections`, or what the descriptors allow) and each
-        address's share (no account is known when a connection is accepted)."""
+        """`total` connections (`max_connections`, or what the descriptors allow), each
+        address's share (taken when a connection is accepted) and each account's (once the
+        broker accepted its login)."""
         total = total or self.max_connections
         per_address = self.max_connections_per_address or max(1, total // SHARE)
-        return Limits(total, total, min(per_address, total))
+        per_user = self.max_connections_per_user or max(1, total // SHARE)
+        return Limits(total, min(per_user, total), min(per_address, total))
 
     @property
     def login_shares(self) -> Limits:
