@@ -14,9 +14,9 @@ overflows during the storm (`ListenOverflows` of /proc/net/netstat: each costs a
 1 s SYN retry; the counter is the whole machine's, and other work on it counts too), how
 many devices waited a second or more, and the relay's CPU per connect. Then, with
 `--held 2000,9000`, the proxy's CPU per connect while that many other devices stay
-connected through it, for `--cycles` devices that connect and leave (CONNECT, CONNACK,
-DISCONNECT, 50 at a time) and for as many that connect at once and stay: it must not grow
-with the connections held.
+connected through it, for `--cycles` (2,000) devices that connect and leave (CONNECT,
+CONNACK, DISCONNECT, 50 at a time) and for `--burst` (500) that connect at once and stay,
+three times: it must not grow with the connections held.
 
     python bench/proxy_storm.py [--rounds 3] [--devices 5000] [--window 1000]
     python bench/proxy_storm.py --workers 2           # also offload-proxy --workers 2
@@ -129,7 +129,7 @@ def _device_process(pipe: multiprocessing.connection.Connection) -> None:
         if command[0] == "storm":
             pipe.send(loop.run_until_complete(devices.storm(*command[1:])))
         elif command[0] == "release":
-            pipe.send(loop.run_until_complete(devices.release()))
+            pipe.send(loop.run_until_complete(devices.release(*command[1:])))
         else:
             return
 
@@ -161,9 +161,10 @@ class Fleet:
             total.add(part)
         return total
 
-    def release(self) -> int:
+    def release(self, last: int | None = None) -> int:
+        """Every held device, or each process's `last` that connected."""
         for pipe in self.pipes:
-            pipe.send(("release",))
+            pipe.send(("release", last))
         return sum(pipe.recv() for pipe in self.pipes)
 
     def close(self) -> None:
@@ -221,21 +222,26 @@ def held_cost(
 ) -> tuple[float, float]:
     """The proxy's CPU (ms) per connect while `held` other devices stay connected: for
     `--cycles` devices that connect and leave (CONNECT, CONNACK, DISCONNECT), 50 at a
-    time, and for as many connecting at once (the window) and staying."""
+    time, and for `--burst` devices connecting at once (the window) and staying, three
+    times over (each burst leaves before the next)."""
     fleet.storm(path.port, devices_for(held, args.addresses, "held"), args.window, args.mqtt)
     time.sleep(2.0)  # the held ones settle
-    costs = []
-    for tag, window, keep in (("cycle", 50, False), ("burst", args.window, True)):
-        meter = CpuMeter(**path.pids)
-        before = meter.read()
-        devices = devices_for(args.cycles, args.addresses, tag)
-        done = fleet.storm(path.port, devices, window, args.mqtt, keep=keep)
-        spent = sum(CpuMeter.spent(before, meter.read()).values())
-        costs.append(spent / max(done.accepted, 1) * 1e3)
+    meter = CpuMeter(**path.pids)
+    before = meter.read()
+    cycles = devices_for(args.cycles, args.addresses, "cycle")
+    done = fleet.storm(path.port, cycles, 50, args.mqtt, keep=False).accepted
+    cycle = sum(CpuMeter.spent(before, meter.read()).values()) / max(done, 1) * 1e3
+    spent, done = 0.0, 0
+    for i in range(3):
         time.sleep(0.5)
+        before = meter.read()
+        burst = devices_for(args.burst, args.addresses, f"burst{i}")
+        done += fleet.storm(path.port, burst, args.window, args.mqtt).accepted
+        spent += sum(CpuMeter.spent(before, meter.read()).values())
+        fleet.release(last=args.burst // len(fleet.pipes))
     fleet.release()
     time.sleep(1.0)
-    return costs[0], costs[1]
+    return cycle, spent / max(done, 1) * 1e3
 
 
 @contextmanager
@@ -318,7 +324,7 @@ def _held(
         for held in counts:
             cost[held] = held_cost(fleet, p, held, args)
             print(f"{p.name:>16}: CPU per connect with {held} held: {cost[held][0]:.3f} ms"
-                  f" connecting and leaving, {cost[held][1]:.3f} ms {args.cycles} at once"
+                  f" connecting and leaving, {cost[held][1]:.3f} ms {args.burst} at once"
                   f" (load {_load()})", flush=True)  # fmt: skip
         if len(counts) > 1:
             first, last = counts[0], counts[-1]
@@ -339,7 +345,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1, help="also offload-proxy --workers N")
     parser.add_argument("--against", type=Path, help="another tree's proxy, measured too")
     parser.add_argument("--held", default="", help="CPU per connect with N held: 2000,9000")
-    parser.add_argument("--cycles", type=int, default=500, help="connects measured per --held")
+    parser.add_argument("--cycles", type=int, default=2000, help="--held: connect and leave")
+    parser.add_argument("--burst", type=int, default=500, help="--held: connect at once, x 3")
     parser.add_argument("--mqtt", default="5", choices=["5", "311"])
     parser.add_argument("--profile", type=Path, help="py-spy the proxy into this directory")
     parser.add_argument("--native", action="store_true", help="--profile's native frames too")

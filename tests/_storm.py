@@ -156,13 +156,14 @@ class Devices:
         await asyncio.gather(*(lane() for _ in range(min(window, len(devices)))))
         return storm
 
-    async def release(self) -> int:
-        """Every held device says DISCONNECT and closes; how many there were."""
+    async def release(self, last: int | None = None) -> int:
+        """Every held device (or the `last` that connected) says DISCONNECT and closes; how
+        many there were."""
         loop = asyncio.get_running_loop()
-        count = len(self.held)
-        for sock in self.held:
+        keep = 0 if last is None else max(len(self.held) - last, 0)
+        leaving, self.held = self.held[keep:], self.held[:keep]
+        for sock in leaving:
             with contextlib.suppress(OSError):
                 await loop.sock_sendall(sock, DISCONNECT)
             sock.close()
-        self.held = []
-        return count
+        return len(leaving)
