@@ -19,24 +19,15 @@ from pathlib import Path
 
 import pytest
 from test_proxy import PahoPeer, start_proxy
-from test_proxy_fleet import USERS, connect_packet, delivered
+from test_proxy_fleet import USERS, connect_packet, delivered, files  # noqa: F401 - the fixture
 from test_proxy_fleet_limits import ProxyProcess
 from test_proxy_hostile import until_closed
 
-from _auth import credential_files
 from _servers import Mosquitto
 from _storm import Devices, devices_for
 
 pytestmark = pytest.mark.servers
 
-ACL = """\
-user writer
-topic readwrite data/#
-user writer2
-topic readwrite data/#
-user reader
-topic read data/#
-"""
 QUOTA_EXCEEDED = b"\x20\x03\x00\x97\x00"  # CONNACK, Quota exceeded
 SERVER_UNAVAILABLE_311 = b"\x20\x02\x00\x03"
 
@@ -94,14 +85,16 @@ def test_the_listen_backlog_is_a_setting(broker: Mosquitto) -> None:
 
 
 @pytest.fixture
-def accounts(mosquitto_factory: Callable[..., Mosquitto]) -> Iterator[Mosquitto]:
-    """A broker that checks passwords (`writer`, `writer2`, `reader` of test_proxy_fleet)."""
-    users = {name: USERS[name] for name in ("writer", "writer2", "reader")}
-    with credential_files("offload-storm-", users, ACL) as files:
-        yield mosquitto_factory(
-            extra_config=f"allow_anonymous false\npassword_file {files / 'passwd'}\n"
-            f"acl_file {files / 'acl'}\n"
-        )
+def accounts(
+    files: Path,  # noqa: F811
+    mosquitto_factory: Callable[..., Mosquitto],
+) -> Mosquitto:
+    """A broker that checks passwords (the users of test_proxy_fleet: writer, writer2,
+    reader, ...)."""
+    return mosquitto_factory(
+        extra_config=f"allow_anonymous false\npassword_file {files / 'passwd'}\n"
+        f"acl_file {files / 'acl'}\n"
+    )
 
 
 def login(
