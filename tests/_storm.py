@@ -17,6 +17,8 @@ import socket
 import time
 from dataclasses import dataclass, field
 
+from client.protocol import encode_varint
+
 IP_BIND_ADDRESS_NO_PORT = 24  # Linux: the source port is chosen at connect, not at bind
 #: A device gives up on its CONNACK after this long (counted as failed).
 DEVICE_TIMEOUT = 60.0
@@ -34,21 +36,12 @@ def devices_for(count: int, addresses: int, tag: str) -> list[tuple[str, str]]:
     return [(where[i % addresses], f"storm-{tag}-{i}") for i in range(count)]
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        n, digit = n >> 7, n & 0x7F
-        out.append(digit | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
 def connect_packet(client_id: str, mqtt: str = "5") -> bytes:
     """CONNECT, clean start, keep-alive 0: MQTT 5 (no properties) or 3.1.1 (`mqtt` "311")."""
     ident = client_id.encode()
     body = b"\x00\x04MQTT\x05\x02\x00\x00\x00" if mqtt == "5" else b"\x00\x04MQTT\x04\x02\x00\x00"
     body += len(ident).to_bytes(2, "big") + ident
-    return b"\x10" + _varint(len(body)) + body
+    return b"\x10" + encode_varint(len(body)) + body
 
 
 async def read_connack(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> int:
