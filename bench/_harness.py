@@ -208,6 +208,26 @@ def reset_hwm(pid: int) -> bool:
     return True
 
 
+@contextmanager
+def py_spy(pid: int, out: Path, *, native: bool = False) -> Iterator[None]:
+    """`py-spy record` of `pid` (and its children) into `out` (raw, 500 Hz) while the block
+    runs; `native`: C frames too (the loop's, the kernel's calls), pausing the process to
+    read them."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    spy = subprocess.Popen(
+        ["py-spy", "record", "--pid", str(pid), "--subprocesses", "-r", "500", "-f", "raw",
+         "--native" if native else "--nonblocking", "-o", str(out)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    time.sleep(1.0)
+    try:
+        yield
+    finally:
+        spy.send_signal(2)  # SIGINT: py-spy writes its output and exits
+        spy.wait(60)
+        print(f"  profile: {out}")
+
+
 class CpuMeter:
     """CPU seconds (user + system) spent by named processes and their live children.
 

@@ -44,7 +44,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from _harness import ROOT, CpuMeter, emit, info_row, row
+from _harness import ROOT, CpuMeter, emit, info_row, py_spy, row
 
 from _haproxy import HAProxy
 from _haproxy import Route as HaRoute
@@ -375,19 +375,9 @@ def _profiled(where: Path | None, path: Route, qos: int, round_: int) -> Iterato
     if where is None or pid is None or round_ != 0:
         yield
         return
-    where.mkdir(parents=True, exist_ok=True)
-    out = where / f"{path.name.replace(' ', '_').replace('/', '_')}-qos{qos}.txt"
-    spy = subprocess.Popen(
-        ["py-spy", "record", "--pid", str(pid), "--subprocesses", "-r", "500", "-f", "raw",
-         "--nonblocking", "-o", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    time.sleep(1.0)
-    try:
+    name = path.name.replace(" ", "_").replace("/", "_")
+    with py_spy(pid, where / f"{name}-qos{qos}.txt"):
         yield
-    finally:
-        spy.send_signal(signal.SIGINT)
-        spy.wait(60)
-        print(f"  profile: {out}")
 
 
 def _best(runs: list[Run]) -> Run:

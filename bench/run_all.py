@@ -19,6 +19,8 @@ baselines taken in the same run, but 2 cores are easily disturbed.
     python bench/run_all.py --only relay       # small messages: straight, HAProxy, offload-proxy
                                                # (bench/proxy_relay.py, issue 44; needs haproxy)
     python bench/run_all.py --only fleet       # HAProxy + PROXY v2 to 1 or 2 proxies, --workers 2
+    python bench/run_all.py --only storm       # 5,000 devices reconnecting: straight, offload-proxy
+                                               # (bench/proxy_storm.py, issue 50)
     python bench/run_all.py --only encryption spark-encrypted   # issue 30's three rows
     python bench/run_all.py --only 1 mixed     # issue 31's table: gateway / nginx both ways,
                                                # RSS per transfer, the chart's maxTransfers
@@ -77,6 +79,7 @@ def _cmd(name: str, quick: bool) -> list[str]:
         ],
         "relay": ["proxy_relay.py", "--rounds", "1" if quick else "3"],
         "fleet": ["proxy_relay.py", "--only-fleet", "--rounds", "1" if quick else "3"],
+        "storm": ["proxy_storm.py", "--rounds", "1" if quick else "3"],
         "encryption": ["encryption.py", "--runs", "2" if quick else "3"],
         "spark-encrypted": ["spark_read.py", "--encrypted", "--objects", "16"],
         "tracing": [
@@ -216,6 +219,7 @@ def main() -> None:
             "proxy",
             "relay",
             "fleet",
+            "storm",
             "encryption",
             "spark-encrypted",
             "tracing",

@@ -37,6 +37,7 @@ from client.protocol import (
     http_origin,
 )
 
+from ._admit import claim_account
 from ._chunks import answer_pubrel, large_publish, take_chunk
 from ._exceptions import PayloadMismatch, PeerGone, PeerTimeout, TransferFailed
 from ._flights import Source
@@ -286,6 +287,9 @@ async def _connack(conn: Conn, services: Services, head: Head) -> bool:
         log.info("login refused by the broker", extra={"reason": connack.reason})
     else:
         conn.accepted = True
+        if not await claim_account(conn, services):  # its account's share of the connections
+            conn.accepted = False
+            return False
         will, conn.will = conn.will, None
         if will is not None and not await settle(conn, services, will):
             conn.accepted = False

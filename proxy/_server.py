@@ -33,7 +33,7 @@ from ._descriptors import REFUSING, fit_connections
 from ._discovery import Discovery
 from ._flights import SharedFetches
 from ._gateway import GatewayLink
-from ._listen import PEER, Listener, bind, peer_in_logs
+from ._listen import PEER, Listener, backlog, bind, peer_in_logs, system_backlog
 from ._metrics import Metrics, serve_metrics
 from ._session import Session
 from ._settings import ProxySettings
@@ -58,8 +58,9 @@ class Sockets:
 
     @classmethod
     def bind(cls, settings: ProxySettings) -> Sockets:
-        mqtt = bind(settings.host, settings.port)
-        ws = bind(settings.host, settings.ws_port) if settings.ws_port is not None else []
+        queue = backlog(settings.backlog)
+        mqtt = bind(settings.host, settings.port, queue)
+        ws = bind(settings.host, settings.ws_port, queue) if settings.ws_port is not None else []
         return cls(mqtt, ws)
 
 
@@ -169,9 +170,21 @@ class Proxy:
                 self.metrics, self._health, s.metrics_host, s.metrics_port
             )
             self.metrics_port = self._metrics_server.sockets[0].getsockname()[1]
+        queue = min(backlog(s.backlog), system_backlog())
+        if s.backlog is not None and s.backlog > queue:
+            log.warning(
+                "backlog capped by the system: raise net.core.somaxconn to keep it",
+                extra={"backlog": queue, "configured": s.backlog},
+            )
         log.info(
             "listening",
-            extra={"host": s.host, "port": self.port, "ws_port": self.ws_port, "broker": s.broker},
+            extra={
+                "host": s.host,
+                "port": self.port,
+                "ws_port": self.ws_port,
+                "broker": s.broker,
+                "backlog": queue,
+            },
         )
 
     def _listener(
@@ -184,10 +197,12 @@ class Proxy:
         return Listener(
             sockets,
             handle,
+            backlog=backlog(s.backlog),
             trusted_lbs=s.trusted_lbs,
             tls=s.listener_tls(),
             timeout=s.connect_timeout,
             max_pending=self.max_connections,
+            per_address=self._connections.limits.per_address,
             refused=lambda why: refused.labels(why=why).inc(),
         )
 
@@ -239,7 +254,7 @@ class Proxy:
         self._sessions[task] = session
         self.metrics.connections.set(len(self._sessions))
         try:
-            await session.run(admitted=slot is not None)
+            await session.run(slot)
         except asyncio.CancelledError:
             pass  # shutdown: ends here (asyncio's stream callback must not see it raised)
         except Exception:  # never a proxy crash: one connection's bug ends that connection

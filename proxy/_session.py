@@ -89,26 +89,31 @@ class Session:
     def busy(self) -> bool:
         return self.conn is not None and self.conn.busy
 
-    async def run(self, admitted: bool) -> None:
+    async def run(self, slot: Taken | None) -> None:
         """Serve the connection until it ends; every expected end (a timeout, a reset, a
-        refusal) is one INFO line, never a traceback."""
+        refusal) is one INFO line, never a traceback.
+
+        Args:
+            slot: its connection slot (its account's share is claimed at the broker's
+                CONNACK, :mod:`proxy._admit`); None: over a limit, answered 0x89.
+        """
         try:
-            await self._run(admitted)
+            await self._run(slot)
         finally:
             self._end_login()
 
-    async def _run(self, admitted: bool) -> None:
+    async def _run(self, slot: Taken | None) -> None:
         try:
             self._connect = await self._read_connect()
         except (ProxyProtocolError, PeerTimeout, PeerGone) as exc:
             log.info("connection refused before CONNECT", extra={"why": str(exc)})
             return
         v5 = self._connect[0].v5
-        if not admitted:  # (counted when it was accepted)
+        if slot is None:  # (counted when it was accepted)
             await self._answer(connack_refusal(v5=v5, reason=SERVER_BUSY))
             return
         try:
-            await self._serve()
+            await self._serve(slot)
         except ProxyProtocolError as exc:
             self.services.metrics.protocol_errors.inc()
             log.info("protocol error", extra={"why": str(exc), "reason": exc.reason})
@@ -172,7 +177,7 @@ class Session:
             raise PeerGone(f"no room for a CONNECT of {head.length} bytes: {exc}") from exc
         return b"".join(pieces)
 
-    async def _serve(self) -> None:
+    async def _serve(self, slot: Taken) -> None:
         """Serve the session of the CONNECT read (taken out of `self._connect`: the relays
         keep what they need of it, and a CONNECT of up to `max_connect_bytes` is not held
         for the connection's life)."""
@@ -227,6 +232,7 @@ class Session:
             upgraded=upstream is not connect,
             will=will,
             login=self._login,
+            slot=slot,
         )
         del connect, upstream, will  # the relays hold what they need (memory per connection)
         self.conn = conn

@@ -87,6 +87,12 @@ class ProxySettings(BaseSettings):
         description="client connections from one address at once (beyond: CONNACK 0x89); "
         "default: an eighth of max_connections",
     )
+    max_connections_per_user: int | None = Field(
+        None,
+        gt=0,
+        description="client connections one account (a user name the broker accepted) may "
+        "have at once (beyond: CONNACK 0x97); default: an eighth of max_connections",
+    )
     max_uploads: int = Field(64, gt=0, description="offloaded PUBLISHes streaming at once")
     max_uploads_per_user: int | None = Field(
         None,
@@ -221,6 +227,14 @@ class ProxySettings(BaseSettings):
             "device's; from any other address a PROXY header is refused; none by default",
         )
     )
+    backlog: int | None = Field(
+        None,
+        gt=0,
+        le=2**31 - 1,
+        description="connections the kernel queues for the proxy to accept (the listen "
+        "backlog); default: the system's most (Linux: net.core.somaxconn, which also caps a "
+        "larger value)",
+    )
     workers: int = Field(
         1,
         ge=1,
@@ -256,11 +270,13 @@ class ProxySettings(BaseSettings):
         return SpoolLimits(shares, min(self.shared_memory_bytes, total), self.max_fetches)
 
     def connection_shares(self, total: int | None) -> Limits:
-        """`total` connections (`max_connections`, or what the descriptors allow) and each
-        address's share (no account is known when a connection is accepted)."""
+        """`total` connections (`max_connections`, or what the descriptors allow), each
+        address's share (taken when a connection is accepted) and each account's (once the
+        broker accepted its login)."""
         total = total or self.max_connections
         per_address = self.max_connections_per_address or max(1, total // SHARE)
-        return Limits(total, total, min(per_address, total))
+        per_user = self.max_connections_per_user or max(1, total // SHARE)
+        return Limits(total, min(per_user, total), min(per_address, total))
 
     @property
     def login_shares(self) -> Limits:

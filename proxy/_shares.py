@@ -116,6 +116,20 @@ class Pool:
         self._add(who, amount)
         return Taken(self, who, amount)
 
+    def claim(self, who: Holder, user: str, amount: int) -> Holder:
+        """What `who` (no account yet) holds, counted against `user`'s share as well; the
+        holder it is now (:meth:`Taken.claim`).
+
+        Raises:
+            PoolFull: `user`'s share has no room for it.
+        """
+        assert who.user is None, "an account already"
+        if self._users[user] + amount > self.limits.per_user:
+            self._on_full("user")
+            raise PoolFull("user")
+        self._users[user] += amount
+        return Holder(who.address, user)
+
     async def take(self, who: Holder, amount: int = 1) -> Taken:
         """Take `amount`, waiting for room in the total and in `who`'s shares."""
         share = self._full(who, amount)
@@ -236,6 +250,16 @@ class Taken:
         assert self._pool is not None, "given back already"
         self._pool.take_now(self._who, amount)
         self._amount += amount
+
+    def claim(self, user: str) -> None:
+        """Count what is held against `user`'s share too: an account known only now (the
+        broker accepted the login of a connection that took its slot when it was accepted).
+
+        Raises:
+            PoolFull: the account's share is taken (what was held stays held, as it was).
+        """
+        assert self._pool is not None, "given back already"
+        self._who = self._pool.claim(self._who, user, self._amount)
 
     def give_back(self) -> None:
         pool, self._pool = self._pool, None

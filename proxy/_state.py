@@ -161,6 +161,7 @@ class Conn:
     accepted: bool = False  # the broker's CONNACK 0 came (and a pending Will is stored)
     will: PendingWill | None = None  # stored after the broker's CONNACK 0
     login: Taken | None = None  # what the login holds of Services.logins until its CONNACK
+    slot: Taken | None = None  # its connection slot (proxy._admit: its account's share)
 
     @property
     def holder(self) -> Holder:

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from client.malloc import tune_malloc
 from client.tracing import exporting_from_environment
 
+from ._heap import settle
 from ._server import Proxy
 from ._settings import ProxySettings
 from ._workers import Worker, supervise, worker_settings
@@ -77,6 +78,7 @@ async def _run(settings: ProxySettings, worker: Worker | None = None) -> None:
     exporting = exporting_from_environment("offload-proxy", os.environ)
     proxy = Proxy(settings, worker.sockets() if worker is not None else None, exporting)
     await proxy.start()
+    settle()  # the collector at the pace of a process holding thousands of connections
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

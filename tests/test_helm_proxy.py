@@ -136,6 +136,30 @@ def test_workers_and_trusted_load_balancers_reach_the_proxy(
         manifests(chart, {"proxy": {"enabled": True, "trustedLoadBalancers": ["lb.example"]}})
 
 
+def test_the_listen_backlog_and_an_accounts_share_reach_the_proxy_when_set(
+    chart: helm.Chart,  # noqa: F811
+) -> None:
+    """`proxy.backlog` is OFFLOAD_PROXY_BACKLOG (unset by default: the pod's somaxconn),
+    `proxy.maxConnectionsPerUser` OFFLOAD_PROXY_MAX_CONNECTIONS_PER_USER (unset: an eighth
+    of maxConnections)."""
+
+    def env(values: dict[str, Any]) -> dict[str, str]:
+        deployment = _proxy_objects(manifests(chart, values))["Deployment"]
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        return {e["name"]: e["value"] for e in container["env"]}
+
+    default = env(ON)
+    assert "OFFLOAD_PROXY_BACKLOG" not in default
+    assert "OFFLOAD_PROXY_MAX_CONNECTIONS_PER_USER" not in default
+    values = {"proxy": {"enabled": True, "backlog": 8192, "maxConnectionsPerUser": 5000}}
+    found = env(values)
+    assert found["OFFLOAD_PROXY_BACKLOG"] == "8192"
+    assert found["OFFLOAD_PROXY_MAX_CONNECTIONS_PER_USER"] == "5000"
+    for bad in ({"backlog": 0}, {"maxConnectionsPerUser": 0}):
+        with pytest.raises(Exception, match=next(iter(bad))):
+            manifests(chart, {"proxy": {"enabled": True, **bad}})
+
+
 def _gateway_config(docs: list[dict[str, Any]]) -> dict[str, str]:
     (config,) = [d for d in docs if d["kind"] == "ConfigMap" and "OFFLOAD_STORAGE_URL" in d["data"]]
     return dict(config["data"])

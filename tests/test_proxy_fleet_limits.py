@@ -216,8 +216,9 @@ def test_the_descriptor_limit_is_checked_at_start_so_the_0x89_holds(
 ) -> None:
     """A hard open-file limit below 2 x `max_connections`: before, connections beyond what
     fitted got 0x88 or a reset instead of the documented 0x89. Now `max_connections` is
-    lowered to fit at start, with a warning, and the next connection gets 0x89."""
-    proxy = proxy_process(nofile=(400, 400))
+    lowered to fit at start, with a warning (it was set), and the next connection gets
+    0x89."""
+    proxy = proxy_process(nofile=(400, 400), max_connections="1000")
     lowered = [line for line in proxy.lines() if "max_connections lowered" in str(line["message"])]
     assert len(lowered) == 1 and lowered[0]["level"] == "WARNING"
     fitted = int(str(lowered[0]["max_connections"]))
@@ -228,6 +229,24 @@ def test_the_descriptor_limit_is_checked_at_start_so_the_0x89_holds(
     finally:
         for sock in socks:
             sock.close()
+
+
+def test_a_default_start_says_what_the_descriptors_allow_without_a_warning(
+    proxy_process: Callable[..., ProxyProcess],
+) -> None:
+    """A default start where soft and hard limit are both 20,000 (issue 51): before, the
+    proxy logged "open-file limit raised 20000 -> 20000" and warned that max_connections
+    was lowered (the default 10,000 needs 20,320 descriptors), each worker. Now the limit
+    is raised only when it can be, and the default fitted to it is one INFO line."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    limit = min(hard, 20000)
+    proxy = proxy_process(nofile=(limit, limit))
+    lines = proxy.lines()
+    assert not [line for line in lines if line["level"] in ("WARNING", "ERROR")]
+    assert not [line for line in lines if line["message"] == "open-file limit raised"]
+    fitted = [line for line in lines if "what the open-file limit allows" in line["message"]]
+    if limit < 20320:
+        assert len(fitted) == 1 and fitted[0]["max_connections"] == (limit - 320) // 2
 
 
 def test_the_soft_descriptor_limit_is_raised_toward_the_hard_one(

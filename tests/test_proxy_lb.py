@@ -210,26 +210,45 @@ def test_tls_listener_behind_haproxy_send_proxy_v2(
         proxy.stop()
 
 
-def test_silent_connections_at_the_gate_are_bounded_by_max_connections(
+def silent(port: int, source: str, count: int) -> list[socket.socket]:
+    """`count` connections from `source` that say nothing."""
+    return [
+        socket.create_connection(("127.0.0.1", port), 10, source_address=(source, 0))
+        for _ in range(count)
+    ]
+
+
+def test_the_gate_keeps_each_address_to_its_share_and_room_for_the_balancer(
     broker: Mosquitto,
 ) -> None:
-    """Connections that say nothing wait at the gate (at most connect_timeout); no more than
-    max_connections at once: the next is closed at once, not queued behind them."""
-    proxy = start_proxy(broker, None, trusted_lbs="127.0.0.1", max_connections=3)
-    silent = [
-        socket.create_connection(("127.0.0.1", proxy.port), 10, source_address=("127.0.0.2", 0))
-        for _ in range(3)
-    ]
+    """Silent connections at the PROXY-protocol gate. Before, the gate had only a total
+    (max_connections): one address reopening silent sockets filled it, and every device,
+    the balancer's too, was reset (490,312 `gate-full` refusals in 25 s). Now one address
+    holds at most its share (an eighth: 2 of 16) and the next is closed at once, so a
+    device at another address connects; and addresses that are not a trusted balancer
+    together hold at most half the gate, so a device behind HAProxy (send-proxy-v2, from
+    the trusted 127.0.0.1) logs in even when they fill it."""
+    proxy = start_proxy(broker, None, trusted_lbs="127.0.0.1", max_connections=16)
+    lb = HAProxy({"v2": Route((proxy.port,), "send-proxy-v2")}).start()
+    held: list[socket.socket] = []
     try:
-        wait_until(lambda: proxy.call(lambda: len(proxy.proxy._server._gated)) == 3, "3 held", 10)
+        held += silent(proxy.port, "127.0.50.1", 10)
+        wait_until(lambda: refused(proxy, "gate-full-address") == 8, "8 closed at once", 10)
+        device(proxy.port, "127.0.50.2").close()  # another address: its own share
+        for i in range(3, 13):  # 10 more addresses, 2 each: together at most 8 of 16
+            held += silent(proxy.port, f"127.0.50.{i}", 2)
+        wait_until(lambda: refused(proxy, "gate-full") == 14, "the untrusted half full", 10)
         with socket.create_connection(
-            ("127.0.0.1", proxy.port), 10, source_address=("127.0.0.2", 0)
-        ) as extra:
-            assert _connack(extra) == b""
-        assert refused(proxy, "gate-full") == 1
+            ("127.0.0.1", proxy.port), 10, source_address=("127.0.50.13", 0)
+        ) as late:
+            assert _connack(late) == b""  # what is not the balancer's is full
+        via_lb = device(lb.ports["v2"], "127.0.50.14")  # the balancer's room: served
+        assert "127.0.50.14" in peers(proxy)
+        via_lb.close()
     finally:
-        for raw in silent:
+        for raw in held:
             raw.close()
+        lb.close()
         proxy.stop()
 
 

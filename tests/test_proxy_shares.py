@@ -29,6 +29,25 @@ def test_a_take_now_beyond_a_share_is_refused_and_says_which() -> None:
     assert pool.held_by(user="alice") == 2 and pool.held_by(address="10.0.0.1") == 3
 
 
+def test_a_slot_taken_before_the_login_counts_against_the_account_once_claimed() -> None:
+    """A connection's slot is taken when it is accepted (its address's share) and claimed
+    for its account once the broker accepted the login: beyond the account's share the
+    claim is refused and the slot stays the address's; given back, both shares free up."""
+    full: list[str] = []
+    pool = Pool(Limits(total=8, per_user=2, per_address=8), on_full=full.append)
+    slots = [pool.take_now(Holder(f"10.0.0.{i}")) for i in range(3)]
+    slots[0].claim("alice")
+    slots[1].claim("alice")
+    with pytest.raises(PoolFull, match="user"):
+        slots[2].claim("alice")
+    assert full == ["user"] and pool.held_by(user="alice") == 2 and pool.used == 3
+    assert pool.held_by(address="10.0.0.2") == 1  # still held, as the address's
+    slots[0].give_back()
+    assert pool.held_by(user="alice") == 1 and pool.used == 2
+    slots[2].claim("alice")
+    assert pool.held_by(user="alice") == 2
+
+
 def test_a_wrong_or_unaccepted_user_name_is_no_account() -> None:
     """Before the broker accepted a login its user name is a claim: the Holder has none."""
     pool = Pool(Limits(total=8, per_user=1, per_address=8))

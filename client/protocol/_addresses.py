@@ -10,12 +10,14 @@ The offload-proxy and the gateway key their shares with the same function.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 
 #: An IPv6 address counts by this prefix: what one subscriber (a home, a device) gets.
 IPV6_SHARE_PREFIX = 64
 
 
+@functools.lru_cache(maxsize=4096)  # parsed for every share a connection takes: once each
 def address_key(address: str) -> str:
     """What an address's share is counted under: an IPv4 address itself, an IPv6 address's
     /64 (anything else, as it is).
