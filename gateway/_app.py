@@ -33,6 +33,7 @@ from .core import (
     get_settings,
     install_error_handlers,
     parse_origins,
+    serve_metrics,
 )
 from .direct import Direct
 from .http._authz import AuthenticationInfoMiddleware, BrokerRules, build_authenticator
@@ -214,6 +215,7 @@ def make_lifespan(
             direct=ctx.direct.store,
         )
         sweeper.start(workers.store)
+        metrics = await serve_metrics(settings)  # its own port, never the API's
         try:
             # The HTTP protocol reads its head deadline and how long a closing connection's
             # peer may leave its answer untaken here (gateway/middleware/_protocol.py).
@@ -229,6 +231,8 @@ def make_lifespan(
                 TRACING_KEY: tracing,
             }
         finally:
+            if metrics is not None:
+                metrics.close()
             await sweeper.stop()
             if advertiser is not None:
                 advertiser.stop()

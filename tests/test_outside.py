@@ -5,7 +5,9 @@ operator reaches them, the access log naming the device behind a trusted hop. Th
 from __future__ import annotations
 
 import os
+import re
 import signal
+import socket
 import subprocess
 import uuid
 from collections.abc import Callable, Iterator
@@ -128,3 +130,100 @@ def test_the_gateway_and_the_proxy_write_console_spans_to_stderr(
     gateway_out, gateway_err = gateway.stop()
     assert '"name": "PUT /msg/{message_id}"' in gateway_err, gateway_err[-3000:]
     assert gateway_out == ""
+
+
+# -- the metrics where only the operator reaches them -------------------------------------
+
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def _requests(metrics: str, route: str) -> float:
+    """`offload_http_requests_total` of `route`, summed over methods and statuses."""
+    sample = rf'^offload_http_requests_total{{[^}}]*route="{re.escape(route)}"[^}}]*}} (\S+)$'
+    found = re.findall(sample, metrics, re.M)
+    return sum(float(value) for value in found)
+
+
+def test_metrics_are_on_their_own_port_never_the_apis(
+    serve: Callable[..., Served], tmp_path: Path
+) -> None:
+    """An anonymous GET /metrics on the API port read exemplars naming other users' traces."""
+    metrics_port = free_port()
+    gw, gateway = _gateway(serve, tmp_path, "--metrics-port", str(metrics_port))
+    stored = httpx.put(f"{gw}/msg/{uuid.uuid4()}?topic=outside/m", content=b"x",
+                       headers={"traceparent": TRACEPARENT})  # fmt: skip
+    assert stored.status_code == 201, stored.text
+    assert httpx.get(f"{gw}/metrics").status_code == 404
+    scraped = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics",
+                        headers={"Accept": "application/openmetrics-text"})  # fmt: skip
+    assert scraped.status_code == 200
+    assert _requests(scraped.text, "/msg/{message_id}") == 1
+    assert 'trace_id="4bf92f3577b34da6a3ce929d0e0e4736"' in scraped.text  # the operator's view
+    _, err = gateway.stop()
+    assert f"metrics on http://127.0.0.1:{metrics_port}/metrics" in err  # loopback by default
+
+
+def test_a_taken_metrics_port_is_one_line(serve: Callable[..., Served], tmp_path: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as squatter:
+        taken = squatter.getsockname()[1]
+        done = subprocess.run(
+            ["offload-gateway", "--port", str(free_port()), "--metrics-port", str(taken)],
+            env=_env(OFFLOAD_STORAGE_URL=f"file://{tmp_path}", OFFLOAD_ALLOW_ANONYMOUS="true"),
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert done.returncode == 1
+    assert done.stderr.endswith(
+        f"offload-gateway: cannot serve metrics on 127.0.0.1:{taken}: address already in use\n"
+    ), done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_the_metrics_port_adds_up_every_worker(
+    serve: Callable[..., Served], tmp_path: Path
+) -> None:
+    metrics_port = free_port()
+    gw, _ = _gateway(serve, tmp_path, "--workers", "2", OFFLOAD_METRICS_PORT=str(metrics_port))
+    wait_for_port(metrics_port, 30)
+    for _ in range(20):  # a new connection each: both workers answer some
+        assert httpx.get(f"{gw}/healthz", headers={"Connection": "close"}).status_code == 200
+    scraped = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics").text
+    assert _requests(scraped, "/healthz") >= 20, scraped
+
+
+def _render(accept: str = "") -> tuple[bytes, str]:
+    return b"metric 1\n", "text/plain"
+
+
+def test_the_metrics_port_bounds_its_connections(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At most 16 connections at once, each closed when it sends nothing for the exchange's
+    time (10 s; 0.5 here), so idle peers cannot hold the operator's scrapes off for ever."""
+    import asyncio
+
+    import client.metrics
+
+    monkeypatch.setattr(client.metrics, "_EXCHANGE_TIMEOUT", 0.5)
+
+    async def scrape(port: int) -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        try:
+            answer = await asyncio.wait_for(reader.read(), 5)
+        except ConnectionResetError:  # closed with the request unread
+            answer = b""
+        writer.close()
+        return answer
+
+    async def run() -> None:
+        server = await client.metrics.serve(_render, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        idle = [await asyncio.open_connection("127.0.0.1", port) for _ in range(16)]
+        await asyncio.sleep(0.1)
+        assert await scrape(port) == b""  # the 17th: closed unanswered
+        for reader, _ in idle:  # each idle one is closed by the server
+            assert await asyncio.wait_for(reader.read(), 5) == b""
+        assert (await scrape(port)).endswith(b"\r\n\r\nmetric 1\n")
+        for _, writer in idle:
+            writer.close()
+        server.close()
+
+    asyncio.run(run())
