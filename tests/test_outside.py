@@ -227,3 +227,31 @@ def test_the_metrics_port_bounds_its_connections(monkeypatch: pytest.MonkeyPatch
         server.close()
 
     asyncio.run(run())
+
+
+# -- the access log names the device behind a trusted hop ---------------------------------
+
+
+def test_the_access_log_names_the_device_behind_a_trusted_proxy(
+    serve: Callable[..., Served], tmp_path: Path
+) -> None:
+    """With OFFLOAD_TRUSTED_PROXIES, the gateway's own lines named the device and uvicorn's
+    access log 127.0.0.1 (the proxy), for every request, refusals included."""
+    from _auth import write_password_file
+
+    passwd = tmp_path / "passwd"
+    write_password_file(passwd, [("alice", "s3cret", 4096)])
+    gw, gateway = _gateway(
+        serve, tmp_path, OFFLOAD_PASSWORD_FILE=str(passwd), OFFLOAD_TRUSTED_PROXIES="127.0.0.1",
+        OFFLOAD_ALLOW_ANONYMOUS="false",
+    )  # fmt: skip
+    message_id = uuid.uuid4()
+    with httpx.Client(base_url=gw, timeout=30) as http:
+        ok = http.get("/healthz", headers={"X-Forwarded-For": "192.0.2.7"})
+        refused = http.put(f"/msg/{message_id}?topic=t", content=b"x" * 100_000,
+                           headers={"X-Forwarded-For": "192.0.2.8"})  # fmt: skip
+    assert (ok.status_code, refused.status_code) == (200, 401)
+    _, log = gateway.stop()
+    assert '192.0.2.7:0 - "GET /healthz HTTP/1.1" 200' in log, log
+    assert f'192.0.2.8:0 - "PUT /msg/{message_id}?topic=t HTTP/1.1" 401' in log, log
+    assert "127.0.0.1:" not in "".join(line for line in log.splitlines() if "HTTP/1.1" in line)
