@@ -1,0 +1,56 @@
+"""The CLI's rough edges a new user met (issue 51 §4): the real `offload` in subprocesses,
+against a real mosquitto and gateway, each command as the user typed it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from _auth import credential_files
+from _servers import Mosquitto
+
+pytestmark = pytest.mark.servers
+
+OFFLOAD = shutil.which("offload") or "offload"
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OFFLOAD_")}
+    return {**env, "OFFLOAD_CONFIG": os.devnull, **extra}
+
+
+def offload(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [OFFLOAD, *args], capture_output=True, text=True, timeout=120, env=_env(**env)
+    )
+
+
+# -- a publish the broker refuses -----------------------------------------------------------
+
+
+@pytest.fixture
+def guarded(mosquitto_factory: Callable[..., Mosquitto]) -> Iterator[Mosquitto]:
+    """A broker whose ACL lets alice write under alice/ only."""
+    acl = "user alice\ntopic readwrite alice/#\n"
+    with credential_files("offload-rough-", {"alice": "s3cret"}, acl) as files:
+        config = f"password_file {files / 'passwd'}\nacl_file {files / 'acl'}\n"
+        yield mosquitto_factory(extra_config=config)
+
+
+def test_a_small_publish_the_broker_refuses_names_its_topic_and_exits_3(
+    guarded: Mosquitto,
+) -> None:
+    """It said "publish to 'mid 1' rejected" (the packet id), exit 1: a code docs/cli.md
+    does not list."""
+    done = offload("publish", "--broker", guarded.url, "--username", "alice", "--password",
+                   "s3cret", "--topic", "bob/x", "--message", "hi", "--qos", "1")  # fmt: skip
+    assert done.returncode == 3, done.stderr
+    assert done.stderr == "offload: publish to 'bob/x' rejected: Not authorized\n"
+    assert done.stdout == ""
+    allowed = offload("publish", "--broker", guarded.url, "--username", "alice", "--password",
+                      "s3cret", "--topic", "alice/x", "--message", "hi", "--qos", "1")  # fmt: skip
+    assert allowed.returncode == 0, allowed.stderr
