@@ -138,7 +138,7 @@ def _fetch_range(
     start, end = args.range
     identities = [] if args.raw else load_identities(settings.identity_files)
     reader = RangeReader(transport.reader, url, None, auth=auth, redirect_ok=_anywhere, trace=trace)
-    data, read = fetch_range(reader, start, end, identities, raw=args.raw)
+    data, read = fetch_range(reader, start, end, identities, raw=args.raw, url=url)
     if args.output is not None:
         with _replacing(args.output) as out:
             out.write(data)
