@@ -427,7 +427,9 @@ def upload_command(args: argparse.Namespace) -> int:
                 raise
             bar.close()
             code, line = describe(exc)
-            print(f"{line}; the same command with --resume continues", file=sys.stderr)
+            # Resuming is the default: say so, unless this very command said --no-resume.
+            again = "without --no-resume " if args.resume is False else ""
+            print(f"{line}; the same command {again}continues it", file=sys.stderr)
             return code
     _uploaded_line(args, result)
     return EXIT_OK
