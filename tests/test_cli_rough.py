@@ -3,19 +3,25 @@ against a real mosquitto and gateway, each command as the user typed it."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
+from test_cli_upload import _run_on_tty
 
 from _auth import credential_files
-from _servers import Mosquitto
+from _gateway import GatewayServer
+from _servers import Mosquitto, SeaweedFS
 
 pytestmark = pytest.mark.servers
 
 OFFLOAD = shutil.which("offload") or "offload"
+MiB = 1024 * 1024
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -54,3 +60,28 @@ def test_a_small_publish_the_broker_refuses_names_its_topic_and_exits_3(
     allowed = offload("publish", "--broker", guarded.url, "--username", "alice", "--password",
                       "s3cret", "--topic", "alice/x", "--message", "hi", "--qos", "1")  # fmt: skip
     assert allowed.returncode == 0, allowed.stderr
+
+
+# -- the publish progress bar ---------------------------------------------------------------
+
+
+def test_a_direct_upload_reads_the_file_in_two_passes_as_the_bar_says(
+    gateway_factory: Callable[..., GatewayServer],
+    broker: Mosquitto,
+    seaweed: SeaweedFS,
+    tmp_path: Path,
+) -> None:
+    """docs/cli.md shows `publish 1/2`, `publish 2/2`; a direct upload (the stack's) drew
+    `publish 3/3`: it read the file a third time, for its parts' SHA-256s."""
+    gateway_factory(broker, s3_public_url=f"http://{seaweed.endpoint}")
+    file = tmp_path / "big.bin"
+    file.write_bytes(os.urandom(9 * MiB))
+    code, out, bar = _run_on_tty(
+        [OFFLOAD, "publish", "--broker", broker.url, "-t", "rough/bar", "-f", str(file),
+         "--discovery-wait", "10"],
+        _env(),
+    )  # fmt: skip
+    assert code == 0, bar
+    assert json.loads(out)["route"] == "offloaded"
+    assert set(re.findall(r"publish \d/\d", bar)) <= {"publish 1/2", "publish 2/2"}, bar
+    assert "publish 2/2  9.0 MiB / 9.0 MiB (100%)" in bar
