@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # annotations only: the module's namespace is what __all__ lists
@@ -104,7 +105,11 @@ async def serve(
             with contextlib.suppress(OSError):
                 await writer.wait_closed()
 
-    return await asyncio.start_server(handle, host, port, sock=sock, limit=_MAX_HEAD)
+    try:
+        return await asyncio.start_server(handle, host, port, sock=sock, limit=_MAX_HEAD)
+    except OSError as exc:  # asyncio's words name the address as a tuple: say it plainly
+        reason = os.strerror(exc.errno).lower() if exc.errno else str(exc)
+        raise OSError(exc.errno, f"cannot serve metrics on {host}:{port}: {reason}") from exc
 
 
 def _answer(

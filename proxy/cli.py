@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -26,6 +27,9 @@ from ._workers import Worker, supervise, worker_settings
 # transfer (bench/RESULTS.md, "The heap's free top").
 _MMAP_THRESHOLD = 4 * 1024 * 1024
 _TRIM_THRESHOLD = 4 * 1024 * 1024
+
+#: Why a listening socket cannot be had: the proxy says so in one line.
+_CANNOT_LISTEN = frozenset({errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES})
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message"}
 
@@ -101,19 +105,31 @@ def main(argv: list[str] | None = None) -> int:
     handler.setFormatter(JsonFormatter())
     logging.basicConfig(level=settings.log_level.upper(), handlers=[handler])
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    if settings.workers > 1:
-        return supervise(settings, sys.argv[1:] if argv is None else argv)
-    with contextlib.suppress(KeyboardInterrupt):
-        if settings.loop == "uvloop":
-            try:
-                import uvloop
-            except ImportError:
-                logging.getLogger("proxy").warning("uvloop is not installed: asyncio's loop")
-            else:
-                uvloop.run(_run(settings, worker))
-                return 0
-        asyncio.run(_run(settings, worker))
+    try:
+        if settings.workers > 1:
+            return supervise(settings, sys.argv[1:] if argv is None else argv)
+        with contextlib.suppress(KeyboardInterrupt):
+            _serve(settings, worker)
+    except OSError as exc:
+        if exc.errno not in _CANNOT_LISTEN:
+            raise
+        # A port taken or an address not ours: one line naming it, not a traceback.
+        print(f"offload-proxy: {exc.strerror}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _serve(settings: ProxySettings, worker: Worker | None) -> None:
+    """One process serving until SIGTERM or SIGINT, on uvloop when asked and installed."""
+    if settings.loop == "uvloop":
+        try:
+            import uvloop
+        except ImportError:
+            logging.getLogger("proxy").warning("uvloop is not installed: asyncio's loop")
+        else:
+            uvloop.run(_run(settings, worker))
+            return
+    asyncio.run(_run(settings, worker))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -85,3 +86,25 @@ def test_a_direct_upload_reads_the_file_in_two_passes_as_the_bar_says(
     assert json.loads(out)["route"] == "offloaded"
     assert set(re.findall(r"publish \d/\d", bar)) <= {"publish 1/2", "publish 2/2"}, bar
     assert "publish 2/2  9.0 MiB / 9.0 MiB (100%)" in bar
+
+
+# -- offload-proxy on a port that is taken --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flags", "taken_by"),
+    [([], "--port"), (["--workers", "2"], "--port"), (["--port", "0"], "--metrics-port")],
+    ids=["mqtt", "workers", "metrics"],
+)
+def test_offload_proxy_on_a_taken_port_is_one_line(flags: list[str], taken_by: str) -> None:
+    """It was a traceback (socket.bind's OSError, or asyncio's naming a tuple)."""
+    with socket.create_server(("127.0.0.1", 0)) as squatter:
+        port = squatter.getsockname()[1]
+        args = ["offload-proxy", "--broker", "mqtt://127.0.0.1:1", taken_by, str(port), *flags]
+        done = subprocess.run(args, capture_output=True, text=True, timeout=60, env=_env())
+    what = "serve metrics" if taken_by == "--metrics-port" else "listen"
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        f"offload-proxy: cannot {what} on 127.0.0.1:{port}: address already in use"
+    )
+    assert "Traceback" not in done.stderr and done.stdout == ""
