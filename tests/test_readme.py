@@ -17,11 +17,16 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
+
+from _gateway import GatewayServer
+from _servers import SeaweedFS
 
 pytestmark = [pytest.mark.servers, pytest.mark.slow]
 
@@ -141,3 +146,31 @@ def test_walkthrough_top_to_bottom_with_spark(stack: Stack, tmp_path: Path) -> N
     # Spark's table: this run's two messages (and those of any earlier run, other digests).
     rows = re.findall(rf"\|(demo/\w+)\s*\|5000000\|{digest}\|", done.stdout)
     assert sorted(rows) == ["demo/big", "demo/curl"], done.stdout
+
+
+def _http_block() -> list[str]:
+    """The README's curl commands that download a payload, as written there."""
+    section = (ROOT / "README.md").read_text().split("### Plain HTTP and hop-client", 1)[1]
+    block = section.split("```sh\n", 1)[1].split("```", 1)[0]
+    return [line.split("#", 1)[0].strip() for line in block.splitlines()
+            if line.startswith("curl") and "/payload" in line]  # fmt: skip
+
+
+def test_the_readmes_payload_downloads_work_with_direct_transfers(
+    gateway_factory: Callable[..., GatewayServer], seaweed: SeaweedFS, tmp_path: Path
+) -> None:
+    """Issue 51: on the stack (direct downloads) they got a 307 with an empty body."""
+    gw = gateway_factory(None, s3_public_url=f"http://{seaweed.endpoint}")
+    payload = os.urandom(1000)
+    message_id = str(uuid.uuid4())
+    stored = httpx.put(f"{gw.url}/msg/{message_id}?topic=readme/curl", content=payload)
+    assert stored.status_code == 201, stored.text
+    assert httpx.get(f"{gw.url}/msg/{message_id}/payload").status_code == 307  # direct
+    commands = _http_block()
+    assert len(commands) == 2, commands
+    for command in commands:
+        typed = command.replace("http://gateway:8080", gw.url).replace("<id>", message_id)
+        done = subprocess.run(["bash", "-c", typed], capture_output=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        wanted = payload[100:200] if "-r 100-199" in command else payload
+        assert done.stdout == wanted, command
