@@ -174,3 +174,16 @@ def test_the_readmes_payload_downloads_work_with_direct_transfers(
         assert done.returncode == 0, done.stderr
         wanted = payload[100:200] if "-r 100-199" in command else payload
         assert done.stdout == wanted, command
+
+
+def test_installing_by_hand_names_every_extra() -> None:
+    """Issue 51: it left out `proxy` and `otel`."""
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    named = set(extras["optional-dependencies"]) - {"test"}  # in [all]: "the test tools"
+    text = (ROOT / "README.md").read_text().split("**Installing by hand.**", 1)[1]
+    paragraph = text.split("\n\n", 1)[0]
+    assert {
+        extra for extra in named if f"[{extra}]" in paragraph or f",{extra}]" in paragraph
+    } == named
