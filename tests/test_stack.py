@@ -325,11 +325,15 @@ def test_a_restarted_stack_keeps_its_messages_logs_and_login(tmp_path: Path) -> 
         finally:
             _stopped(second)
 
-        clean = _stack(state, "--clean", "--check", **ports)
+        # OTEL_* exported before the stack traces it (docs/tracing.md), here to its logs.
+        traced = {"OTEL_TRACES_EXPORTER": "console", "OTEL_BSP_SCHEDULE_DELAY": "100"}
+        clean = _stack(state, "--clean", "--check", **ports, **traced)
         out, err = clean.communicate(timeout=300)
         assert clean.returncode == 0, out + err
         assert f"==> --clean: erasing {state}" in out
         assert _env_file(env_file)["OFFLOAD_PASSWORD"] != login["OFFLOAD_PASSWORD"]
         assert not (state / "gateway.log.1").exists()
+        assert '"name": "POST /direct/commit"' in (state / "gateway.log").read_text()
+        assert '"name": "publish selfcheck/proxy/' in (state / "proxy.log").read_text()
     finally:
         _stopped(first)
