@@ -57,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(settings.log_level, settings.log_format)
     if args.workers < 1:
         parser.error("--workers must be at least 1")
+    if not 0 <= args.port <= 65535:  # uvicorn: a traceback or a hang
+        parser.error(f"--port must be a port number (0-65535), got {args.port}")
     _serve_metrics(parser, settings, args)
     if args.workers > 1 and settings.auth_secret is None:
         # Workers are processes behind one socket: the two SCRAM round trips and a presigned

@@ -71,8 +71,18 @@ def _settings(argv: list[str] | None) -> ProxySettings:
     try:
         return ProxySettings(**flags)
     except ValidationError as exc:
-        parser.error(str(exc))
+        parser.error(_one_line(exc, flags))
         raise  # unreachable: error() exits
+
+
+def _one_line(exc: ValidationError, flags: dict[str, object]) -> str:
+    """pydantic's errors as one line, each named as the user gave it: flag or variable."""
+    said = []
+    for error in exc.errors():
+        name = ".".join(str(part) for part in error["loc"])
+        given = f"--{name.replace('_', '-')}" if name in flags else f"OFFLOAD_PROXY_{name.upper()}"
+        said.append(f"{given}: {error['msg'].lower()}, got {error.get('input')!r}")
+    return "; ".join(said)
 
 
 async def _run(settings: ProxySettings, worker: Worker | None = None) -> None:

@@ -108,3 +108,36 @@ def test_offload_proxy_on_a_taken_port_is_one_line(flags: list[str], taken_by: s
         f"offload-proxy: cannot {what} on 127.0.0.1:{port}: address already in use"
     )
     assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+# -- the servers' numeric flags ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "says"),
+    [
+        (["offload-proxy", "--port", "-1"], {},
+         "offload-proxy: error: --port: input should be greater than or equal to 0, got -1"),
+        (["offload-proxy", "--workers", "0"], {},
+         "offload-proxy: error: --workers: input should be greater than or equal to 1, got 0"),
+        (["offload-proxy"], {"OFFLOAD_PROXY_MAX_CONNECTIONS": "-5"},
+         "offload-proxy: error: OFFLOAD_PROXY_MAX_CONNECTIONS: input should be greater than 0, "
+         "got '-5'"),
+        (["offload-gateway", "--port", "99999"], {},
+         "offload-gateway: error: --port must be a port number (0-65535), got 99999"),
+        (["offload-gateway", "--metrics-port", "-1"], {},
+         "offload-gateway: error: --metrics-port must be a port number (0-65535), got -1"),
+    ],
+    ids=["proxy-port", "proxy-workers", "proxy-variable", "gateway-port", "gateway-metrics"],
+)  # fmt: skip
+def test_a_servers_number_out_of_range_is_one_line(
+    args: list[str], env: dict[str, str], says: str, tmp_path: Path
+) -> None:
+    """offload-proxy printed pydantic's five-line report; offload-gateway --port 99999 hung
+    after uvicorn's error (-1: uvicorn's 'Servname not supported', exit 3)."""
+    settings = {"OFFLOAD_STORAGE_URL": f"file://{tmp_path}", "OFFLOAD_ALLOW_ANONYMOUS": "true"}
+    done = subprocess.run(args, capture_output=True, text=True, timeout=30,
+                          env=_env(**settings, **env))  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines()[-1] == says
+    assert "Traceback" not in done.stderr and "pydantic" not in done.stderr
