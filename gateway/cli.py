@@ -12,6 +12,7 @@ import sys
 import tempfile
 
 import uvicorn
+from pydantic import ValidationError
 
 from client.malloc import tune_malloc
 
@@ -53,7 +54,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     tune_malloc(mmap_threshold=_MMAP_THRESHOLD, trim_threshold=_TRIM_THRESHOLD)
 
-    settings = Settings()
+    try:
+        settings = Settings()
+    except ValidationError as exc:  # one line naming each variable, not a traceback
+        parser.error(_one_line(exc))
     configure_logging(settings.log_level, settings.log_format)
     if args.workers < 1:
         parser.error("--workers must be at least 1")
@@ -96,6 +100,15 @@ def main(argv: list[str] | None = None) -> int:
         http=GatewayHttpProtocol,  # type: ignore[arg-type]
     )
     return 0
+
+
+def _one_line(exc: ValidationError) -> str:
+    """pydantic's errors as one line, each named as the variable the user set."""
+    said = []
+    for error in exc.errors():
+        name = "OFFLOAD_" + "_".join(str(part) for part in error["loc"]).upper()
+        said.append(f"{name}: {error['msg'].lower()}, got {error.get('input')!r}")
+    return "; ".join(said)
 
 
 def _serve_metrics(

@@ -127,14 +127,19 @@ def test_offload_proxy_on_a_taken_port_is_one_line(flags: list[str], taken_by: s
          "offload-gateway: error: --port must be a port number (0-65535), got 99999"),
         (["offload-gateway", "--metrics-port", "-1"], {},
          "offload-gateway: error: --metrics-port must be a port number (0-65535), got -1"),
+        (["offload-gateway"], {"OFFLOAD_MAX_TRANSFERS": "-1"},
+         "offload-gateway: error: OFFLOAD_MAX_TRANSFERS: input should be greater than or "
+         "equal to 1, got '-1'"),
     ],
-    ids=["proxy-port", "proxy-workers", "proxy-variable", "gateway-port", "gateway-metrics"],
+    ids=["proxy-port", "proxy-workers", "proxy-variable", "gateway-port", "gateway-metrics",
+         "gateway-variable"],
 )  # fmt: skip
 def test_a_servers_number_out_of_range_is_one_line(
     args: list[str], env: dict[str, str], says: str, tmp_path: Path
 ) -> None:
-    """offload-proxy printed pydantic's five-line report; offload-gateway --port 99999 hung
-    after uvicorn's error (-1: uvicorn's 'Servname not supported', exit 3)."""
+    """offload-proxy printed pydantic's five-line report, offload-gateway a traceback for a
+    variable out of range; offload-gateway --port 99999 hung after uvicorn's error (-1:
+    uvicorn's 'Servname not supported', exit 3)."""
     settings = {"OFFLOAD_STORAGE_URL": f"file://{tmp_path}", "OFFLOAD_ALLOW_ANONYMOUS": "true"}
     done = subprocess.run(args, capture_output=True, text=True, timeout=30,
                           env=_env(**settings, **env))  # fmt: skip
