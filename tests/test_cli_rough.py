@@ -146,3 +146,22 @@ def test_a_servers_number_out_of_range_is_one_line(
     assert done.returncode == 2, done.stderr
     assert done.stderr.splitlines()[-1] == says
     assert "Traceback" not in done.stderr and "pydantic" not in done.stderr
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1"])
+def test_a_wait_from_the_environment_out_of_range_is_a_usage_error(
+    broker: Mosquitto, value: str, tmp_path: Path
+) -> None:
+    """OFFLOAD_DISCOVERY_WAIT=nan hung `offload publish` of a large message (NaN passed the
+    'not negative' check); the flags refuse it too (tests/test_cli.py)."""
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(300_000))  # over the broker's 256 KiB: it looks for a gateway
+    done = subprocess.run(
+        [OFFLOAD, "publish", "--broker", broker.url, "-t", "rough/wait", "-f", str(big)],
+        capture_output=True, text=True, timeout=60, env=_env(OFFLOAD_DISCOVERY_WAIT=value),
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == (
+        "offload publish: error: discovery_wait must be a number of seconds, 0 or more, got "
+        f"{float(value)} (see 'offload publish --help')\n"
+    )
