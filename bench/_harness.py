@@ -36,10 +36,16 @@ class Gateway:
 
     proc: subprocess.Popen[bytes]
     port: int
+    metrics_port: int
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        """Its Prometheus metrics: on a port of their own, never the API's."""
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     @property
     def pid(self) -> int:
@@ -56,7 +62,7 @@ def gateway_process(
     extra_env: dict[str, str] | None = None,
 ) -> Iterator[Gateway]:
     """Start `offload-gateway` on `bucket` of `seaweed`; stop it on exit."""
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("OFFLOAD_")}
     env.update(
         {
@@ -68,6 +74,7 @@ def gateway_process(
             "OFFLOAD_MAX_UPLOADS_PER_CLIENT": "0",
             "OFFLOAD_SWEEP_INTERVAL": "0",
             "OFFLOAD_ALLOW_ANONYMOUS": "true",  # no credentials files: opt in by name
+            "OFFLOAD_METRICS_PORT": str(metrics_port),
             "PYTHONPATH": str(ROOT),
         }
     )
@@ -105,7 +112,7 @@ def gateway_process(
             )  # fmt: skip
             time.sleep(1.0)
         try:
-            yield Gateway(proc, port)
+            yield Gateway(proc, port, metrics_port)
         finally:
             if spy is not None:
                 spy.send_signal(2)  # SIGINT: py-spy writes its output and exits

@@ -66,9 +66,9 @@ def _rss_kib(pid: int, field: str = "VmRSS") -> int:
     raise KeyError(field)
 
 
-def _served(gateway_url: str) -> float:
+def _served(metrics_url: str) -> float:
     """Payload bytes the gateway has sent so far (its own metric)."""
-    text = httpx.get(f"{gateway_url}/metrics", timeout=10).text
+    text = httpx.get(metrics_url, timeout=10).text
     pattern = re.escape(PAYLOAD_ROUTE) + r" ([0-9.e+]+)"
     found = re.search(pattern, text)
     return float(found.group(1)) if found else 0.0
@@ -221,7 +221,7 @@ def main() -> None:
             times: dict[str, list[Round]] = {p.name: [] for p in paths}
             for number in range(args.rounds):
                 for path in paths[number % len(paths) :] + paths[: number % len(paths)]:
-                    result = _round(args, path, payload, data, gw.url)
+                    result = _round(args, path, payload, data, gw.metrics_url)
                     times[path.name].append(result)
                     print(f"  round {number + 1} {path.name}: {result.seconds:.2f} s, gateway "
                           f"served {result.served:.2f} payloads, RSS +{result.growth:.0f} MiB "

@@ -10,13 +10,21 @@ and `prometheus_client` is the servers' dependency, imported here only when
   exemplars, the Prometheus text format does not);
 * :func:`certificate_expiry`: when a certificate chain a server presents stops being valid
   (`offload_tls_certificate_expiry_timestamp_seconds`, which an alert watches).
+
+
+* :func:`serve`: the small HTTP port that serves them, apart from any API: exemplars name
+  other requests' trace ids, for the operator's eyes only (docs/operations.md).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # annotations only: the module's namespace is what __all__ lists
+    import socket
     from collections.abc import Callable
     from pathlib import Path
 
@@ -24,7 +32,7 @@ if TYPE_CHECKING:  # annotations only: the module's namespace is what __all__ li
 
     from .protocol import TraceContext
 
-__all__ = ["OPENMETRICS", "certificate_expiry", "exemplar", "exposition"]
+__all__ = ["OPENMETRICS", "certificate_expiry", "exemplar", "exposition", "serve"]
 
 #: The OpenMetrics version served to a scraper that asks for OpenMetrics.
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"
@@ -63,3 +71,96 @@ def certificate_expiry(path: str | Path) -> float:
     with open(path, "rb") as file:
         chain = x509.load_pem_x509_certificates(file.read())
     return min(cert.not_valid_after_utc.timestamp() for cert in chain)
+
+
+#: The longest request head read (request line and headers); a longer one is not answered.
+_MAX_HEAD = 8192
+#: Seconds one connection may take, from its first byte to the answer's last.
+_EXCHANGE_TIMEOUT = 10.0
+#: Connections served at once; one more is closed unanswered (a scraper needs one).
+_MAX_CONNECTIONS = 16
+
+
+async def serve(
+    render: Callable[[str], tuple[bytes, str]],
+    host: str | None = None,
+    port: int | None = None,
+    *,
+    sock: socket.socket | None = None,
+    health: Callable[[], tuple[bool, str]] | None = None,
+) -> asyncio.Server:
+    """`GET /metrics` on `host:port` (and `/healthz`, `/readyz` when `health` is given):
+    one answer per connection, everything else 404.
+
+    Every connection is bounded: its head (8 KiB), the whole exchange (10 s, a scraper that
+    stops reading included) and how many are served at once (16).
+
+    Args:
+        render: the exposition and its media type for a scraper's `Accept`.
+        host: the address to listen on.
+        port: the port (0: a free one: the server's sockets say which).
+        sock: a listening socket bound already, instead of `host` and `port`.
+        health: whether the process is healthy, and a line saying so.
+
+    Raises:
+        OSError: the address cannot be bound (its message names it).
+    """
+    active = 0
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal active
+        if active >= _MAX_CONNECTIONS:
+            writer.close()
+            return
+        active += 1
+        try:
+            async with asyncio.timeout(_EXCHANGE_TIMEOUT):
+                head = await reader.readuntil(b"\r\n\r\n")
+                writer.write(_answer(head.split(b"\r\n"), render, health))
+                await writer.drain()
+        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
+            pass  # a head over the limit, cut short or too slow gets nothing
+        finally:
+            active -= 1
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+
+    try:
+        return await asyncio.start_server(handle, host, port, sock=sock, limit=_MAX_HEAD)
+    except OSError as exc:  # asyncio's words name the address as a tuple: say it plainly
+        reason = os.strerror(exc.errno).lower() if exc.errno else str(exc)
+        raise OSError(exc.errno, f"cannot serve metrics on {host}:{port}: {reason}") from exc
+
+
+def _answer(
+    lines: list[bytes],
+    render: Callable[[str], tuple[bytes, str]],
+    health: Callable[[], tuple[bool, str]] | None,
+) -> bytes:
+    """The whole HTTP answer to a request head's `lines`."""
+    words = lines[0].split()
+    path = words[1] if len(words) >= 2 else b""
+    status = "200 OK"
+    if path == b"/metrics":
+        body, kind = render(_accept(lines[1:]))
+    elif health is not None and path in (b"/healthz", b"/readyz"):
+        ok, text = health()
+        status = "200 OK" if ok else "503 Service Unavailable"
+        body, kind = text.encode() + b"\n", "text/plain"
+    else:
+        status, body, kind = "404 Not Found", b"not found\n", "text/plain"
+    head = (
+        f"HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+def _accept(lines: list[bytes]) -> str:
+    """The request's Accept header (the exposition the scraper takes), "" without one."""
+    for raw in lines:
+        name, _, value = raw.partition(b":")
+        if name.strip().lower() == b"accept":
+            return value.strip().decode("latin-1")
+    return ""

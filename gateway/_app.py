@@ -37,6 +37,7 @@ from .core import (
     get_settings,
     install_error_handlers,
     parse_origins,
+    serve_metrics,
 )
 from .direct import Direct
 from .http._authz import AuthenticationInfoMiddleware, BrokerRules, build_authenticator
@@ -229,6 +230,7 @@ def make_lifespan(
             direct=ctx.direct.store,
         )
         sweeper.start(workers.store)
+        metrics = await serve_metrics(settings)  # its own port, never the API's
         health = start_health(settings, the_store, workers, ctx.broker)
         HEALTH.attach(health)  # offload_store_up, offload_broker_up, the certificates' expiry
         try:
@@ -248,6 +250,8 @@ def make_lifespan(
         finally:
             HEALTH.detach(health)
             await health.store.stop()
+            if metrics is not None:
+                metrics.close()
             await sweeper.stop()
             if advertiser is not None:
                 advertiser.stop()

@@ -3,16 +3,26 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import logging
 import os
 import secrets
+import shutil
 import sys
+import tempfile
 
 import uvicorn
+from pydantic import ValidationError
 
 from client.malloc import tune_malloc
 
-from .core import Settings, configure_logging
+from .core import (
+    MULTIPROC_ENV,
+    Settings,
+    bind_metrics,
+    configure_logging,
+    serve_metrics_in_thread,
+)
 from .middleware import MAX_HEAD_BYTES, GatewayHttpProtocol
 
 log = logging.getLogger("gateway")
@@ -36,13 +46,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8080, help="port to bind (default 8080)")
     parser.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        help="port of /metrics, apart from the API (default OFFLOAD_METRICS_PORT; unset: none)",
+    )
     args = parser.parse_args(argv)
     tune_malloc(mmap_threshold=_MMAP_THRESHOLD, trim_threshold=_TRIM_THRESHOLD)
 
-    settings = Settings()
+    try:
+        settings = Settings()
+    except ValidationError as exc:  # one line naming each variable, not a traceback
+        parser.error(_one_line(exc))
     configure_logging(settings.log_level, settings.log_format)
     if args.workers < 1:
         parser.error("--workers must be at least 1")
+    if not 0 <= args.port <= 65535:  # uvicorn: a traceback or a hang
+        parser.error(f"--port must be a port number (0-65535), got {args.port}")
+    _serve_metrics(parser, settings, args)
     if args.workers > 1 and settings.auth_secret is None:
         # Workers are processes behind one socket: the two SCRAM round trips and a presigned
         # URL's issue and use land on any of them, so they must share one secret. Drawn here
@@ -79,6 +100,44 @@ def main(argv: list[str] | None = None) -> int:
         http=GatewayHttpProtocol,  # type: ignore[arg-type]
     )
     return 0
+
+
+def _one_line(exc: ValidationError) -> str:
+    """pydantic's errors as one line, each named as the variable the user set."""
+    said = []
+    for error in exc.errors():
+        name = "OFFLOAD_" + "_".join(str(part) for part in error["loc"]).upper()
+        said.append(f"{name}: {error['msg'].lower()}, got {error.get('input')!r}")
+    return "; ".join(said)
+
+
+def _serve_metrics(
+    parser: argparse.ArgumentParser, settings: Settings, args: argparse.Namespace
+) -> None:
+    """The metrics port, served by this process (gateway/core/_metrics_port.py): bound now,
+    so a port that is taken is one line before anything starts; the application's own
+    lifespan (the workers') is told not to serve it."""
+    port = settings.metrics_port if args.metrics_port is None else args.metrics_port
+    os.environ.pop("OFFLOAD_METRICS_PORT", None)  # the app's lifespan: this process serves it
+    if port is None:
+        return
+    if not 0 <= port <= 65535:
+        parser.error(f"--metrics-port must be a port number (0-65535), got {port}")
+    try:
+        sock = bind_metrics(settings.metrics_host, port)
+    except OSError as exc:
+        parser.exit(
+            1,
+            f"offload-gateway: cannot serve metrics on {settings.metrics_host}:{port}: "
+            f"{(os.strerror(exc.errno) if exc.errno else str(exc)).lower()}\n",
+        )
+    if args.workers > 1 and not os.environ.get(MULTIPROC_ENV):
+        # The workers write their metrics here for this process to add up (Prometheus'
+        # multiprocess mode: set before they start, as they read it at import).
+        made = tempfile.mkdtemp(prefix="offload-gateway-metrics-")
+        atexit.register(shutil.rmtree, made, ignore_errors=True)
+        os.environ[MULTIPROC_ENV] = made
+    serve_metrics_in_thread(sock, workers=args.workers)
 
 
 if __name__ == "__main__":

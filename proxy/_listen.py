@@ -30,6 +30,7 @@ import asyncio
 import contextvars
 import functools
 import logging
+import os
 import socket
 import ssl
 from collections.abc import Callable, Sequence
@@ -100,10 +101,12 @@ def bind(host: str, port: int, queue: int) -> list[socket.socket]:
             sock.bind(address)
             sock.listen(queue)
             sock.setblocking(False)
-    except OSError:
+    except OSError as exc:
         for sock in sockets:
             sock.close()
-        raise
+        # Named, for the one line offload-proxy prints (socket.bind's error names nothing).
+        reason = os.strerror(exc.errno).lower() if exc.errno else str(exc)
+        raise OSError(exc.errno, f"cannot listen on {host}:{port}: {reason}") from exc
     return sockets
 
 

@@ -1,8 +1,8 @@
 """Prometheus metrics and the small HTTP port that serves them with /healthz.
 
 Its own registry (not the process-global one), so several proxies in one process (the
-tests) count apart. The HTTP side is a dozen lines of asyncio: two GET paths, one answer
-per connection, a bounded request head.
+tests) count apart. The HTTP side is :func:`client.metrics.serve`, the gateway's too: two GET
+paths, one answer per connection, each bounded.
 """
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from client.metrics import exposition
+from client.metrics import exposition, serve
 
-MAX_REQUEST_HEAD = 8192
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 #: The proxy's pools (proxy._server.Proxy._pool) and the bounds that refuse (proxy._shares).
 POOLS = ("connections", "uploads", "fetches", "logins")
@@ -181,49 +180,9 @@ class Renders(Protocol):
     def render(self, accept: str = "") -> tuple[bytes, str]: ...
 
 
-def _accept(lines: list[bytes]) -> str:
-    """The request's Accept header (what exposition the scraper takes), "" without one."""
-    for raw in lines:
-        name, _, value = raw.partition(b":")
-        if name.strip().lower() == b"accept":
-            return value.strip().decode("latin-1")
-    return ""
-
-
 async def serve_metrics(
     metrics: Renders, healthy: Callable[[], tuple[bool, str]], host: str, port: int
 ) -> asyncio.Server:
-    """`GET /metrics` and `GET /healthz` on `host:port`."""
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            async with asyncio.timeout(10):
-                head = await reader.readuntil(b"\r\n\r\n")
-            if len(head) > MAX_REQUEST_HEAD:
-                raise ValueError
-            lines = head.split(b"\r\n")
-            line = lines[0].split()
-            path = line[1].decode("ascii", "replace") if len(line) >= 2 else ""
-            if path == "/metrics":
-                body, kind = metrics.render(_accept(lines[1:]))
-                status = "200 OK"
-            elif path in ("/healthz", "/readyz"):
-                ok, text = healthy()
-                status = "200 OK" if ok else "503 Service Unavailable"
-                body, kind = text.encode() + b"\n", "text/plain"
-            else:
-                status, body, kind = "404 Not Found", b"not found\n", "text/plain"
-            writer.write(
-                f"HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {len(body)}\r\n"
-                "Connection: close\r\n\r\n".encode()
-                + body
-            )
-            await writer.drain()
-        except (TimeoutError, ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
-            pass
-        except OSError:
-            pass
-        finally:
-            writer.close()
-
-    return await asyncio.start_server(handle, host, port, limit=MAX_REQUEST_HEAD)
+    """`GET /metrics` and `GET /healthz` on `host:port` (:func:`client.metrics.serve`, as
+    the gateway's metrics port)."""
+    return await serve(metrics.render, host, port, health=healthy)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -27,6 +28,9 @@ from ._workers import Worker, supervise, worker_settings
 # transfer (bench/RESULTS.md, "The heap's free top").
 _MMAP_THRESHOLD = 4 * 1024 * 1024
 _TRIM_THRESHOLD = 4 * 1024 * 1024
+
+#: Why a listening socket cannot be had: the proxy says so in one line.
+_CANNOT_LISTEN = frozenset({errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES})
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message"}
 
@@ -68,8 +72,18 @@ def _settings(argv: list[str] | None) -> ProxySettings:
     try:
         return ProxySettings(**flags)
     except ValidationError as exc:
-        parser.error(str(exc))
+        parser.error(_one_line(exc, flags))
         raise  # unreachable: error() exits
+
+
+def _one_line(exc: ValidationError, flags: dict[str, object]) -> str:
+    """pydantic's errors as one line, each named as the user gave it: flag or variable."""
+    said = []
+    for error in exc.errors():
+        name = ".".join(str(part) for part in error["loc"])
+        given = f"--{name.replace('_', '-')}" if name in flags else f"OFFLOAD_PROXY_{name.upper()}"
+        said.append(f"{given}: {error['msg'].lower()}, got {error.get('input')!r}")
+    return "; ".join(said)
 
 
 async def _run(settings: ProxySettings, worker: Worker | None = None) -> None:
@@ -103,19 +117,31 @@ def main(argv: list[str] | None = None) -> int:
     handler.setFormatter(JsonFormatter())
     logging.basicConfig(level=settings.log_level.upper(), handlers=[handler])
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    if settings.workers > 1:
-        return supervise(settings, sys.argv[1:] if argv is None else argv)
-    with contextlib.suppress(KeyboardInterrupt):
-        if settings.loop == "uvloop":
-            try:
-                import uvloop
-            except ImportError:
-                logging.getLogger("proxy").warning("uvloop is not installed: asyncio's loop")
-            else:
-                uvloop.run(_run(settings, worker))
-                return 0
-        asyncio.run(_run(settings, worker))
+    try:
+        if settings.workers > 1:
+            return supervise(settings, sys.argv[1:] if argv is None else argv)
+        with contextlib.suppress(KeyboardInterrupt):
+            _serve(settings, worker)
+    except OSError as exc:
+        if exc.errno not in _CANNOT_LISTEN:
+            raise
+        # A port taken or an address not ours: one line naming it, not a traceback.
+        print(f"offload-proxy: {exc.strerror}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _serve(settings: ProxySettings, worker: Worker | None) -> None:
+    """One process serving until SIGTERM or SIGINT, on uvloop when asked and installed."""
+    if settings.loop == "uvloop":
+        try:
+            import uvloop
+        except ImportError:
+            logging.getLogger("proxy").warning("uvloop is not installed: asyncio's loop")
+        else:
+            uvloop.run(_run(settings, worker))
+            return
+    asyncio.run(_run(settings, worker))
 
 
 if __name__ == "__main__":

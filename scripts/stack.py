@@ -313,6 +313,23 @@ def self_check(
     return ok
 
 
+def _logins(files: Files) -> str:
+    """Where the broker's and the gateway's logins come from, in a few words."""
+    if dynsec.enabled():
+        return f"dynamic security plugin, {dynsec.dynsec_file(files)}"
+    return f"password file and ACL in {files.passwd.parent}"
+
+
+def _administer(broker: Mosquitto) -> str:
+    """The banner's line for STACK_AUTH=dynsec: how `demo` changes the logins."""
+    if not dynsec.enabled():
+        return ""
+    return (
+        f'\n  mosquitto_ctrl -u {USER} -P "$OFFLOAD_PASSWORD" -p {broker.port} dynsec listClients'
+        "   # dynamic security is on: the gateway follows every change"
+    )
+
+
 def banner(files: Files, broker: Mosquitto, gw_port: int, s3: SeaweedFS) -> str:
     """Commands a user can paste into a new shell as they are."""
     bindir = Path(shutil.which("offload") or sys.executable).parent
@@ -331,7 +348,7 @@ Serving. In another shell:
   curl -s {login} --data-binary @/path/to/file {gw}/publish/demo/curl
   curl -s --cacert "$OFFLOAD_CA_FILE" {gw}/readyz
   mosquitto_pub -p "$STACK_PROXY_PORT" -u "$OFFLOAD_USERNAME" -P "$OFFLOAD_PASSWORD" \
--t demo/any -s < /path/to/large.bin   # any MQTT client, through offload-proxy
+-t demo/any -s < /path/to/large.bin   # any MQTT client, through offload-proxy{_administer(broker)}
 S3 for Spark or any S3 tool: endpoint http://{s3.endpoint}  bucket offload  access key \
 {s3.access_key}  secret key {s3.secret_key}
 API docs: {gw}/docs   Logs: {files.state}/   Ctrl-C stops everything (data and logs are kept)."""
@@ -414,7 +431,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"==> SeaweedFS S3 on 127.0.0.1:{s3_port or '<free port>'}")
             s3.start()
             print(f"==> mosquitto on 127.0.0.1:{broker.port or '<free port>'} "
-                  f"(max_packet_size {MAX_PACKET})")  # fmt: skip
+                  f"(max_packet_size {MAX_PACKET}; {_logins(files)})")  # fmt: skip
             broker.start()
             gateway, gw_port = start_gateway(files, s3, broker, gw_wanted)
             gw_url = f"https://127.0.0.1:{gw_port}"

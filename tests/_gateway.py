@@ -40,6 +40,11 @@ class GatewayServer:
         scheme = "https" if self.certfile else "http"
         return f"{scheme}://127.0.0.1:{self.port}"
 
+    @property
+    def metrics_url(self) -> str:
+        """Its Prometheus metrics: on their own port (`metrics_port`), never the API's."""
+        return f"http://127.0.0.1:{self.settings.metrics_port}/metrics"
+
     def start(self) -> GatewayServer:
         from gateway import create_app
         from gateway.middleware._protocol import GatewayHttpProtocol

@@ -241,7 +241,9 @@ class Mosquitto(_OwnWorkdir):
 
     def _start_once(self) -> None:
         binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
-        conf = [f"listener {self.port} 127.0.0.1", "persistence false"]
+        conf = [f"listener {self.port} 127.0.0.1"]
+        if "persistence " not in self.extra_config:  # the stack's keeps its messages
+            conf.append("persistence false")
         if "allow_anonymous" not in self.extra_config and "password_file" not in self.extra_config:
             conf.append("allow_anonymous true")
         if self.max_packet_size:

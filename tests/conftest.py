@@ -13,7 +13,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from _gateway import GatewayServer
-from _servers import Mosquitto, SeaweedFS
+from _servers import Mosquitto, SeaweedFS, free_port
 
 if TYPE_CHECKING:
     from client import Client
@@ -114,6 +114,7 @@ def gateway_factory(seaweed: SeaweedFS, bucket_name: str) -> Iterator[Callable[.
             "s3_secret_key": seaweed.secret_key,
             "mqtt_url": broker.url if broker else None,
             "discovery_interval": 5.0,
+            "metrics_port": free_port(),  # GatewayServer.metrics_url
         }
         # A gateway without credentials files serves nobody unless anonymous access is asked
         # for by name: these tests do ask, explicitly, unless they configure credentials.

@@ -393,6 +393,72 @@ def _mistakes(
         "fetch a message that does not exist": Mistake(
             ("fetch", f"{gw}/msg/{ID}"), 5, f"offload: not found: {gw}/msg/{ID}/payload: HTTP 404",
         ),
+        # Issue 51: every numeric flag of every command, refused before anything connects
+        # (a negative --timeout was a traceback, exit 1; --count 0 and -1 ran silently).
+        "subscribe --timeout -1": Mistake(
+            ("subscribe", "--broker", broker, "-t", "t", "--timeout", "-1"), 2,
+            "offload subscribe: error: argument --timeout: must be more than 0 seconds, got '-1' "
+            "(see 'offload subscribe --help')",
+        ),
+        "subscribe --timeout nan": Mistake(
+            ("subscribe", "--broker", broker, "-t", "t", "--timeout", "nan"), 2,
+            "argument --timeout: must be more than 0 seconds, got 'nan'",
+        ),
+        "subscribe --count 0": Mistake(
+            ("subscribe", "--broker", broker, "-t", "t", "--count", "0", "--timeout", "1"), 2,
+            "offload subscribe: error: argument --count/-c: must be at least 1, got '0'",
+        ),
+        "subscribe --count -1": Mistake(
+            ("subscribe", "--broker", broker, "-t", "t", "--count", "-1", "--timeout", "1"), 2,
+            "argument --count/-c: must be at least 1, got '-1'",
+        ),
+        "subscribe --chunk-timeout inf": Mistake(
+            ("subscribe", "--broker", broker, "-t", "t", "--chunk-timeout", "inf",
+             "--timeout", "1"), 2,
+            "argument --chunk-timeout: must be more than 0 seconds, got 'inf'",
+        ),
+        "subscribe --fetch-concurrency 0": Mistake(
+            ("subscribe", "--broker", broker, "-t", "t", "--fetch-concurrency", "0",
+             "--timeout", "1"), 2,
+            "argument --fetch-concurrency: must be at least 1, got '0'",
+        ),
+        "subscribe --discovery-wait nan": Mistake(
+            ("subscribe", "--broker", broker, "-t", "t", "--discovery-wait", "nan",
+             "--timeout", "1"), 2,
+            "argument --discovery-wait: must be 0 or more seconds, got 'nan'",
+        ),
+        "discover --timeout -1": Mistake(
+            ("discover", "--broker", broker, "--timeout", "-1"), 2,
+            "offload discover: error: argument --timeout: must be more than 0 seconds",
+        ),
+        "publish --max-packet-size over MQTT's": Mistake(
+            ("publish", "--broker", broker, "-t", "t", "-m", "x", "--max-packet-size",
+             "999999999999"), 2,
+            "argument --max-packet-size: must be 1 to 268435460, got '999999999999'",
+        ),
+        "publish --offload-threshold 0": Mistake(
+            ("publish", "--broker", broker, "-t", "t", "-m", "x", "--offload-threshold", "0"), 2,
+            "argument --offload-threshold: must be at least 1, got '0'",
+        ),
+        "publish --session-expiry -1": Mistake(
+            ("publish", "--broker", broker, "-t", "t", "-m", "x", "--client-id", "c",
+             "--session-expiry", "-1"), 2,
+            "argument --session-expiry: must be 0 to 4294967295, got '-1'",
+        ),
+        "publish --will-delay x": Mistake(
+            ("publish", "--broker", broker, "-t", "t", "-m", "x", "--will-topic", "w",
+             "--will-delay", "x"), 2,
+            "offload publish: error: argument --will-delay: must be a whole number, got 'x'",
+        ),
+        "upload --segment-size 0": Mistake(
+            ("upload", "--endpoint", gw, "-t", "t", "-f", str(ok_file), "--segment-size", "0"), 2,
+            "offload upload: error: argument --segment-size: must be at least 1, got '0'",
+        ),
+        "fetch something that is neither a URL nor an id": Mistake(
+            ("fetch", "not-an-id"), 2,
+            "offload fetch: error: the URL must be an http:// or https:// URL, or a message id "
+            "(as publish prints it), got 'not-an-id'",
+        ),
         "upload to a gateway that is down": Mistake(
             ("upload", "--endpoint", dead_gw, "-t", "t", "-f", str(ok_file)), 5,
             f"offload: upload failed: {dead_gw}/uploads/: cannot connect (connection refused",

@@ -18,17 +18,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pyrage
 import pytest
 
-from client.commands._range import HEAD
+from client.commands._range import PROBE
 from client.protocol._age import encrypt
 from client.protocol._age_keys import Recipient
 
 from _auth import AUTH_SECRET, broker_readable_dir, write_acl_file, write_password_file
 from _gateway import GatewayServer
 from _pki import server_pki
-from _servers import Mosquitto
+from _servers import Mosquitto, free_port
 
 pytestmark = pytest.mark.servers
 
@@ -55,6 +56,7 @@ class Stack:
     plain: Sent
     encrypted: Sent
     compressed: Sent
+    metrics_url: str  # the gateway's metrics port
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +85,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 auth_secret=AUTH_SECRET,
                 tls=True,
                 discovery_interval=5.0,
+                metrics_port=free_port(),
             ),
             certfile=str(pki / "server.pem"),
             keyfile=str(pki / "server.key"),
@@ -118,6 +121,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 sent["fetch/plain"],
                 sent["fetch/enc"],
                 sent["fetch/zstd"],
+                gw.metrics_url,
             )
         finally:
             gw.stop()
@@ -147,8 +151,9 @@ def test_a_range_is_fetched_with_the_ca_file_and_the_login(stack: Stack, tmp_pat
     doc = line(offload(stack, "fetch", stack.plain.url, "--range", "0-99", "-o", str(out)))
     assert out.read_bytes() == stack.plain.payload[:100]
     assert doc["size"] == 100 and doc["sha256"] == hashlib.sha256(out.read_bytes()).hexdigest()
-    # The object's head is read first (an age header would be there): the range is in it.
-    assert doc["url"] == stack.plain.url and doc["stored_bytes_read"] == HEAD
+    # The object's first bytes are read first (an age header would start there), then the
+    # range: not a 128 KiB head for 100 bytes (issue 51).
+    assert doc["url"] == stack.plain.url and doc["stored_bytes_read"] == PROBE + 100
     raw = line(offload(stack, "fetch", stack.plain.url, "--raw", "--range", "0-99", "-o", str(out)))
     assert raw["stored_bytes_read"] == 100 and out.read_bytes() == stack.plain.payload[:100]
     # An encrypted payload: the plaintext's range, the age header read first.
@@ -161,6 +166,53 @@ def test_a_range_is_fetched_with_the_ca_file_and_the_login(stack: Stack, tmp_pat
     refused = offload(stack, "fetch", stack.plain.url, "--range", "0-99", login=False)
     assert refused.returncode == 6, refused.stderr
     assert refused.stderr.startswith(b"offload: access refused: ") and refused.stdout == b""
+
+
+def _payload_bytes_sent(stack: Stack) -> float:
+    """Payload bytes the gateway has sent (its metrics port)."""
+    text = httpx.get(stack.metrics_url, timeout=10).text
+    sample = 'offload_http_sent_bytes_total{route="/msg/{message_id}/payload"} '
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(sample))
+
+
+def test_a_small_range_of_a_plain_payload_reads_a_few_bytes_more(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """Issue 51: `--range` read a 128 KiB head of the object first, for 100 bytes."""
+    out = tmp_path / "part.bin"
+    before = _payload_bytes_sent(stack)
+    doc = line(offload(stack, "fetch", stack.plain.url, "--range", "200000-200099", "-o", str(out)))
+    assert out.read_bytes() == stack.plain.payload[200_000:200_100]
+    assert doc["stored_bytes_read"] == PROBE + 100
+    assert _payload_bytes_sent(stack) - before < 1024  # on the wire too (and SCRAM's 401)
+
+
+@pytest.mark.parametrize("raw", [False, True], ids=["decoded", "raw"])
+def test_a_range_wholly_past_the_end_is_an_error_not_an_empty_file(
+    stack: Stack, tmp_path: Path, raw: bool
+) -> None:
+    """Issue 51: exit 0 and an empty file, where the store had said 416."""
+    out = tmp_path / "part.bin"
+    size = len(stack.plain.payload)
+    flags = ["--raw"] if raw else []
+    done = offload(stack, "fetch", stack.plain.url, *flags, "--range", f"{size}-{size + 99}",
+                   "-o", str(out))  # fmt: skip
+    assert done.returncode == 5, done.stderr
+    assert done.stderr.decode() == (
+        f"offload: fetch failed: {stack.plain.url}/payload: HTTP 416: the range starts at byte "
+        f"{size}, past the payload's end of {size} bytes\n"
+    )
+    assert not out.exists() and done.stdout == b""
+    if not raw:  # an encrypted payload: past its plaintext's end
+        n = len(stack.encrypted.payload)
+        enc = offload(stack, "fetch", stack.encrypted.url, "-i", str(stack.key), "--range",
+                      f"{n}-{n + 9}")  # fmt: skip
+        assert enc.returncode == 5 and enc.stdout == b"", enc.stderr
+        assert enc.stderr.decode().endswith(f"past the payload's end of {n} bytes\n")
+    # One that overlaps the end gets what there is, as HTTP has it.
+    tail = line(offload(stack, "fetch", stack.plain.url, *flags, "--range",
+                        f"{size - 10}-{size + 99}", "-o", str(out)))  # fmt: skip
+    assert tail["size"] == 10 and out.read_bytes() == stack.plain.payload[-10:]
 
 
 @pytest.mark.parametrize("which", ["encrypted", "compressed"])

@@ -247,9 +247,11 @@ class _Gate:
         self.listener.close()
 
 
+@pytest.mark.parametrize("flag", ["", "--no-resume"])
 def test_an_interrupted_upload_says_how_to_resume(
-    gw: GatewayServer, tmp_path: Path, unique_topic: Callable[[str], str]
+    gw: GatewayServer, tmp_path: Path, unique_topic: Callable[[str], str], flag: str
 ) -> None:
+    """Issue 51: the hint said "with --resume", the default, even after --no-resume."""
     file = tmp_path / "big.bin"
     file.write_bytes(os.urandom(64 * MiB))
     state_dir = tmp_path / "state"
@@ -263,7 +265,8 @@ def test_an_interrupted_upload_says_how_to_resume(
                 "--state-dir", str(state_dir)]  # fmt: skip
         # As from a terminal: Ctrl-C's default action, whatever this run inherited (a suite
         # started in the background, e.g. under nohup, ignores SIGINT, and so would the CLI).
-        proc = subprocess.Popen([*WITH_DEFAULT_SIGINT, *args], stdout=subprocess.PIPE,
+        typed = [*args, flag] if flag else args
+        proc = subprocess.Popen([*WITH_DEFAULT_SIGINT, *typed], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, env=_env(tmp_path))  # fmt: skip
         assert gate.held.wait(120), "the upload never sent 8 MiB"
         assert proc.poll() is None
@@ -271,10 +274,11 @@ def test_an_interrupted_upload_says_how_to_resume(
         out, err = proc.communicate(timeout=30)
         assert proc.returncode == 130, err
         assert out == ""
-        assert err == "offload: interrupted; the same command with --resume continues\n"
+        again = "without --no-resume " if flag else ""
+        assert err == f"offload: interrupted; the same command {again}continues it\n"
 
         gate.opened.set()
-        done = subprocess.run([*args, "--resume"], capture_output=True, text=True,
+        done = subprocess.run(args, capture_output=True, text=True,  # as the hint says
                               timeout=120, env=_env(tmp_path))  # fmt: skip
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout)["resumed_from"] > 0

@@ -50,7 +50,7 @@ def _hex(data: bytes) -> str:
 
 def _received_bytes(gw: GatewayServer) -> tuple[float, float]:
     """Request and response body bytes the gateway process has counted (its /metrics)."""
-    text = httpx.get(f"{gw.url}/metrics").text
+    text = httpx.get(gw.metrics_url).text
     totals = {"offload_http_received_bytes_total": 0.0, "offload_http_sent_bytes_total": 0.0}
     for line in text.splitlines():
         name = line.split("{", 1)[0]

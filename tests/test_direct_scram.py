@@ -76,7 +76,7 @@ def secured_direct(
 
 def received_bytes(gw: GatewayServer) -> float:
     """Request body bytes the gateway has counted (its /metrics)."""
-    text = httpx.get(f"{gw.url}/metrics").text
+    text = httpx.get(gw.metrics_url).text
     return sum(
         float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()

@@ -160,3 +160,40 @@ def test_spark_extra_alone_imports_the_reader(wheel: Path, tmp_path: Path) -> No
     done = _run(str(bindir / "python"), "-c", decode)
     assert done.returncode == 0, done.stderr
     assert _run(str(bindir / "offload-spark"), "--help").returncode == 0
+
+
+def test_proxy_extra_alone_relays(wheel: Path, tmp_path: Path, broker: Mosquitto) -> None:
+    bindir = _fresh(tmp_path, wheel, "proxy")
+    port = free_port()
+    proc = subprocess.Popen(
+        [str(bindir / "offload-proxy"), "--broker", broker.url, "--port", str(port)],
+        env=_clean_env(), cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == f"offload-proxy listening on 127.0.0.1:{port}\n"
+        sub = subprocess.Popen(
+            ["mosquitto_sub", "-p", str(port), "-t", "x/proxy", "-C", "1", "-W", "30"],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        time.sleep(1)  # subscribed before the publish
+        sent = _run("mosquitto_pub", "-p", str(port), "-t", "x/proxy", "-m", "through", "-q", "1")
+        assert sent.returncode == 0, sent.stderr
+        assert sub.communicate(timeout=30)[0] == "through\n"
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_otel_extra_beside_the_client_exports_spans_to_stderr(wheel: Path, tmp_path: Path) -> None:
+    bindir = _fresh(tmp_path, wheel, "client,otel")
+    small = Mosquitto(max_packet_size=65536).start()  # no gateway: chunked, and traced
+    try:
+        done = _run(str(bindir / "offload"), "publish", "--broker", small.url, "-t", "x/otel",
+                    "-m", "x" * 100_000, "--discovery-wait", "0.2",
+                    env={"OTEL_TRACES_EXPORTER": "console"})  # fmt: skip
+    finally:
+        small.close()
+    assert done.returncode == 0, done.stderr
+    assert '"route":"chunked"' in done.stdout and done.stdout.count("\n") == 1  # no span
+    assert '"name": "publish x/otel"' in done.stderr

@@ -199,7 +199,8 @@ def test_metrics_and_request_ids(gw: GatewayServer) -> None:
         assert len(r.headers["x-request-id"]) == 32
         echoed = http.get("/healthz", headers={"X-Request-ID": "abc-123"})
         assert echoed.headers["x-request-id"] == "abc-123"
-        text = http.get("/metrics").text
+        text = httpx.get(gw.metrics_url).text
+        assert http.get("/metrics").status_code == 404  # never on the API's port
     counter = 'offload_http_requests_total{method="POST",route="/topic/{topic:path}",status="201"}'
     assert counter in text
     assert "offload_uploads_total" in text

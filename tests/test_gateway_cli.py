@@ -128,7 +128,7 @@ def test_docs_and_their_assets_are_routes_in_the_metrics(
     gw = gateway_factory(None, allow_anonymous=True)
     for path in ("/docs", "/openapi.json", "/static-offline-docs/swagger-ui.css", "/no/such"):
         httpx.get(f"{gw.url}{path}")
-    metrics = httpx.get(f"{gw.url}/metrics").text
+    metrics = httpx.get(gw.metrics_url).text
     for route in ("/docs", "/openapi.json", "/static-offline-docs"):
         assert f'route="{route}",status="200"' in metrics
     assert 'route="unmatched",status="200"' not in metrics

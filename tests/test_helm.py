@@ -189,6 +189,34 @@ def test_service_monitor_matches_the_operator_model(chart: helm.Chart, case: str
     assert parsed.model_dump(by_alias=True, exclude_none=True) == monitor
 
 
+@pytest.mark.parametrize("case", ["example", "branches"])
+def test_prometheus_scrapes_the_metrics_port_never_the_api(chart: helm.Chart, case: str) -> None:
+    """Issue 51: `/metrics` on the API port showed anyone the trace ids of every user's
+    requests (its exemplars). The gateway serves it on a port of its own; the ServiceMonitor
+    scrapes that port by name, through the Service, and the NetworkPolicy lets it in."""
+    objects = by_kind(manifests(chart, values_for(case)))
+    endpoints = objects["ServiceMonitor"]["spec"]["endpoints"]
+    assert [(e["port"], e["path"], e["scheme"]) for e in endpoints] == [
+        ("metrics", "/metrics", "http")
+    ]
+    ports = {p["name"]: p for p in objects["Service"]["spec"]["ports"]}
+    assert ports["metrics"]["targetPort"] == "metrics"
+    assert ports["http"]["targetPort"] == "http"
+    container = gateway_container(objects["Deployment"])
+    named = {p["name"]: p["containerPort"] for p in container["ports"]}
+    config = objects["ConfigMap"]["data"]
+    assert named["metrics"] == int(config["OFFLOAD_METRICS_PORT"]) != named["http"]
+    assert config["OFFLOAD_METRICS_HOST"] == "0.0.0.0"  # the pod's address: Prometheus's
+    # Probes stay on the API port, where the process answers them.
+    assert container["livenessProbe"]["httpGet"]["port"] == "http"
+    allowed = objects["NetworkPolicy"]["spec"]["ingress"][0]["ports"]
+    assert {p["port"] for p in allowed} == {"http", "metrics"}
+    if objects.get("Ingress"):
+        for rule in objects["Ingress"]["spec"]["rules"]:
+            for path in rule["http"]["paths"]:
+                assert path["backend"]["service"]["port"]["name"] == "http"
+
+
 # --- What the chart must contain ---------------------------------------------------------------
 
 
@@ -235,7 +263,7 @@ def test_probes_resources_and_hardening(chart: helm.Chart, case: str) -> None:
     pod = deployment["spec"]["template"]["spec"]
     container = gateway_container(deployment)
 
-    assert [p["name"] for p in container["ports"]] == ["http"]
+    assert [p["name"] for p in container["ports"]] == ["http", "metrics"]
     for probe, path in (
         ("startupProbe", "/healthz"),
         ("livenessProbe", "/healthz"),
@@ -556,6 +584,8 @@ def test_notes_tell_how_to_test_the_release(chart: helm.Chart) -> None:
     assert f"port-forward service/{RELEASE}-mqtt-offload 8080:80" in notes
     assert "curl -fsS $GW/healthz" in notes
     assert "curl -fsS $GW/readyz" in notes
+    assert "curl -fsS $GW/metrics" not in notes  # on its own port
+    assert "curl -fsS http://127.0.0.1:9090/metrics" in notes
     assert "$GW/publish/test/helm" in notes
     assert "every request will be" in notes  # no credentials configured: said loudly
     assert "gateway.allowAnonymous=true" in notes

@@ -7,8 +7,7 @@ certificate's expiry is exported), offload-proxy with its metrics port. Promethe
 both every second and evaluates the chart's rules, rendered from the same template as
 helm/monitoring/alerts.yaml with `for: 2s` instead of minutes, ten times a second.
 
-The gateway's /metrics is on its API port here; a gateway that serves it elsewhere needs
-only `metrics_target` below changed.
+The gateway's /metrics is on its metrics port (plain HTTP, 127.0.0.1), never the API's.
 """
 
 from __future__ import annotations
@@ -97,9 +96,9 @@ class Stack:
         return ssl.create_default_context(cafile=self.ca)
 
 
-def metrics_target(gateway: GatewayProcess) -> str:
-    """Where the gateway serves /metrics: its API port."""
-    return f"127.0.0.1:{gateway.port}"
+def metrics_target(port: int) -> str:
+    """Where the gateway serves /metrics: its metrics port, never the API's."""
+    return f"127.0.0.1:{port}"
 
 
 def start_stack(stack: contextlib.ExitStack, tmp_path: Path) -> Stack:
@@ -109,9 +108,9 @@ def start_stack(stack: contextlib.ExitStack, tmp_path: Path) -> Stack:
     pki = stack.enter_context(server_pki())
     ca = str(pki / "ca.pem")
     gateway = GatewayProcess({})
-    metrics_port = free_port()
+    metrics_port, gateway_metrics_port = free_port(), free_port()
     jobs = [
-        Job("mqtt-offload-gateway", (metrics_target(gateway),), ca_file=ca),
+        Job("mqtt-offload-gateway", (metrics_target(gateway_metrics_port),)),
         Job("mqtt-offload-proxy", (f"127.0.0.1:{metrics_port}",)),
     ]
     prometheus = Prometheus(jobs, short_rules(), scrape=f"{SCRAPE:g}s", evaluate="100ms").start()
@@ -131,6 +130,7 @@ def start_stack(stack: contextlib.ExitStack, tmp_path: Path) -> Stack:
         "OFFLOAD_PASSWORD_FILE": str(passwords),
         "OFFLOAD_TLS_CERT_FILE": str(pki / "server.pem"),
         "OFFLOAD_TLS_KEY_FILE": str(pki / "server.key"),
+        "OFFLOAD_METRICS_PORT": str(gateway_metrics_port),
         "OFFLOAD_STORE_PROBE_INTERVAL": "0.1",
         "OFFLOAD_SWEEP_INTERVAL": "1",
         "OFFLOAD_LOG_LEVEL": "WARNING",

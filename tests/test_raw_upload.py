@@ -42,7 +42,7 @@ OFFLOAD = shutil.which("offload") or "offload"
 
 def uploads(gw: GatewayServer, kind: str) -> float:
     """`offload_uploads_total{kind=...}` as the gateway's /metrics reports it."""
-    text = httpx.get(f"{gw.url}/metrics", timeout=10).text
+    text = httpx.get(gw.metrics_url, timeout=10).text
     found = re.search(rf'^offload_uploads_total\{{kind="{kind}"\}} (\S+)$', text, re.M)
     return float(found.group(1)) if found else 0.0
 

@@ -270,6 +270,10 @@ def test_a_restarted_stack_keeps_its_messages_logs_and_login(tmp_path: Path) -> 
             in banner
         )
         assert env_file.stat().st_mode & 0o777 == 0o600
+        # Issue 51: its mosquitto.conf said both `persistence false` and `persistence true`.
+        conf = (state / "mosquitto" / "mosquitto.conf").read_text().splitlines()
+        assert [line for line in conf if line.startswith("persistence ")] == ["persistence true"]
+        assert "dynamic security" not in "".join(banner)
         login = _env_file(env_file)
         assert login["OFFLOAD_USERNAME"] == "demo" and len(login["OFFLOAD_PASSWORD"]) >= 24
         assert login["STACK_DIR"] == str(state)
@@ -325,11 +329,39 @@ def test_a_restarted_stack_keeps_its_messages_logs_and_login(tmp_path: Path) -> 
         finally:
             _stopped(second)
 
-        clean = _stack(state, "--clean", "--check", **ports)
+        # OTEL_* exported before the stack traces it (docs/tracing.md), here to its logs.
+        traced = {"OTEL_TRACES_EXPORTER": "console", "OTEL_BSP_SCHEDULE_DELAY": "100"}
+        clean = _stack(state, "--clean", "--check", **ports, **traced)
         out, err = clean.communicate(timeout=300)
         assert clean.returncode == 0, out + err
         assert f"==> --clean: erasing {state}" in out
         assert _env_file(env_file)["OFFLOAD_PASSWORD"] != login["OFFLOAD_PASSWORD"]
         assert not (state / "gateway.log.1").exists()
+        assert '"name": "POST /direct/commit"' in (state / "gateway.log").read_text()
+        assert '"name": "publish selfcheck/proxy/' in (state / "proxy.log").read_text()
     finally:
         _stopped(first)
+
+
+def test_a_dynamic_security_stack_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 51: with STACK_AUTH=dynsec nothing the stack printed said dynamic security was
+    on. Its mosquitto line says where the logins come from (read, then the stack stopped),
+    and its banner how `demo` administers them."""
+    state = tmp_path / "dynsec-stack"
+    proc = _stack(state, STACK_AUTH="dynsec")
+    try:
+        said = _read_until(proc, "==> mosquitto on")
+        plugin = state / "auth" / "dynamic-security.json"
+        assert said[-1].endswith(f"(max_packet_size 262144; dynamic security plugin, {plugin})\n")
+    finally:
+        _stopped(proc)
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    monkeypatch.setenv("STACK_AUTH", "dynsec")
+    import stack  # scripts/stack.py: the banner's line
+
+    assert stack._administer(Mosquitto(port=1883, workdir=tmp_path)) == (
+        '\n  mosquitto_ctrl -u demo -P "$OFFLOAD_PASSWORD" -p 1883 dynsec listClients'
+        "   # dynamic security is on: the gateway follows every change"
+    )
+    monkeypatch.setenv("STACK_AUTH", "files")
+    assert stack._administer(Mosquitto(port=1883, workdir=tmp_path)) == ""

@@ -110,7 +110,7 @@ def test_a_hostile_traceparent_from_an_http_client_is_no_context(
         )
         assert two.status_code == 201
         # OpenMetrics exemplars name only traces the gateway itself holds.
-        metrics = http.get("/metrics", headers={"Accept": "application/openmetrics-text"})
+        metrics = httpx.get(gw.metrics_url, headers={"Accept": "application/openmetrics-text"})
         assert metrics.status_code == 200
         assert metrics.headers["content-type"].startswith("application/openmetrics-text")
         assert "trace_id=" in metrics.text and MARK not in metrics.text
@@ -136,7 +136,7 @@ def test_a_valid_traceparent_is_continued_and_recorded_in_the_manifest(
             headers={"traceparent": VALID},
         )
         assert put.status_code == 201
-        metrics = http.get("/metrics", headers={"Accept": "application/openmetrics-text"})
+        metrics = httpx.get(gw.metrics_url, headers={"Accept": "application/openmetrics-text"})
     (server,) = [s for s in exporter.get_finished_spans() if s.name.startswith("PUT ")]
     assert f"{server.context.trace_id:032x}" == MARK
     assert server.parent is not None and f"{server.parent.span_id:016x}" == VALID.split("-")[2]
@@ -294,11 +294,7 @@ def test_a_scrapers_hostile_accept_header_gets_one_of_two_expositions(
     proxy = ProxyServer(ProxySettings(broker=broker.url, port=0, metrics_port=0)).start()
     try:
         for accept in HOSTILE_ACCEPT:
-            gateways = _scrape(gw.port, accept)
-            if b"\n" in accept:  # uvicorn's parser refuses a bare LF in a header line
-                assert gateways.startswith(b"HTTP/1.1 400 "), gateways
-            else:
-                _one_of_two(gateways)
+            _one_of_two(_scrape(gw.settings.metrics_port, accept))
             _one_of_two(_scrape(proxy.proxy.metrics_port, accept))
     finally:
         proxy.stop()

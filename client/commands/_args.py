@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 from ..core._exceptions import ConfigError, InvalidTopic
 from . import _crypt as crypt
 from ._errors import EXIT_CODES_EPILOG, Parser, UsageError
+from ._numbers import MAX_INTERVAL, MAX_PACKET, seconds, whole
 
 if TYPE_CHECKING:
     from ..config._settings import ClientSettings
@@ -77,7 +78,7 @@ def _add_broker(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     group.add_argument("--client-id")
     group.add_argument(
         "--session-expiry",
-        type=int,
+        type=whole(0, MAX_INTERVAL),
         metavar="SECONDS",
         help="persistent session; needs --client-id",
     )
@@ -88,7 +89,9 @@ def _add_broker(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     group.add_argument("--will-payload", metavar="TEXT", help="the Will's payload")
     group.add_argument("--will-qos", type=int, choices=[0, 1, 2])
     group.add_argument("--will-retain", action=argparse.BooleanOptionalAction, default=None)
-    group.add_argument("--will-delay", type=int, metavar="SECONDS", help="MQTT 5 Will Delay")
+    group.add_argument(
+        "--will-delay", type=whole(0, MAX_INTERVAL), metavar="SECONDS", help="MQTT 5 Will Delay"
+    )
     group.add_argument("--discovery-topic")
     return group
 
@@ -96,8 +99,8 @@ def _add_broker(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
 def _add_gateway(group: argparse._ArgumentGroup) -> None:
     """The flags of the commands that move payloads (publish, subscribe)."""
     group.add_argument("--endpoint", help="offload gateway URL (skips discovery)")
-    group.add_argument("--discovery-wait", type=float, metavar="SECONDS")
-    group.add_argument("--max-packet-size", type=int, metavar="BYTES")
+    group.add_argument("--discovery-wait", type=seconds(zero=True), metavar="SECONDS")
+    group.add_argument("--max-packet-size", type=whole(1, MAX_PACKET), metavar="BYTES")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -120,7 +123,7 @@ def _add_publish(sub: Any) -> None:
     _add_global(pub, sub=True)
     group = _add_broker(pub)
     _add_gateway(group)
-    group.add_argument("--offload-threshold", type=int, metavar="BYTES")
+    group.add_argument("--offload-threshold", type=whole(1), metavar="BYTES")
     group.add_argument("--automatic-offload", action=_ONOFF, default=None)
     group.add_argument("--chunking", action=_ONOFF, default=None)
     group.add_argument(
@@ -143,14 +146,14 @@ def _add_subscribe(sub: Any) -> None:
     _add_global(subs, sub=True)
     group = _add_broker(subs)
     _add_gateway(group)
-    group.add_argument("--chunk-timeout", type=float, metavar="SECONDS")
+    group.add_argument("--chunk-timeout", type=seconds(zero=False), metavar="SECONDS")
     group.add_argument("--fetch-external", action=_ONOFF, default=None)
     subs.add_argument("--topic", "-t", required=True, action="append", help="filter (repeatable)")
     subs.add_argument("--qos", "-q", type=int, choices=[0, 1, 2], default=1)
-    subs.add_argument("--count", "-c", type=int, help="stop after N messages (errors count)")
+    subs.add_argument("--count", "-c", type=whole(1), help="stop after N messages (errors count)")
     subs.add_argument(
         "--timeout",
-        type=float,
+        type=seconds(zero=False),
         metavar="SECONDS",
         help="stop when idle this long (exit 1 if --count messages did not all come)",
     )
@@ -158,7 +161,7 @@ def _add_subscribe(sub: Any) -> None:
     subs.add_argument(
         "--ordering", choices=["topic", "arrival"], help="per-topic (default) or arrival order"
     )
-    subs.add_argument("--fetch-concurrency", type=int, metavar="N", help="fetches at once (4)")
+    subs.add_argument("--fetch-concurrency", type=whole(1), metavar="N", help="fetches at once (4)")
     crypt.add_identity_flags(subs)
 
 
@@ -203,7 +206,7 @@ def _add_upload(sub: Any) -> None:
         help="continue this file's unfinished upload (default); --no-resume starts over",
     )
     up.add_argument("--content-type", help="the message's content type")
-    up.add_argument("--segment-size", type=int, default=8 << 20, metavar="BYTES")
+    up.add_argument("--segment-size", type=whole(1), default=8 << 20, metavar="BYTES")
     up.add_argument("--state-dir", type=Path, help="where upload URLs are remembered")
     crypt.add_encrypt_flag(up)
     login = up.add_argument_group("gateway (flags beat OFFLOAD_* and the config file)")
@@ -217,7 +220,7 @@ def _add_discover(sub: Any) -> None:
     disc = sub.add_parser("discover", help="print the advertised discovery record")
     _add_global(disc, sub=True)
     _add_broker(disc)
-    disc.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS")
+    disc.add_argument("--timeout", type=seconds(zero=False), default=5.0, metavar="SECONDS")
 
 
 _SETTING_FLAGS = (
@@ -252,10 +255,12 @@ def gateway_endpoint(settings: ClientSettings) -> str | None:
     return settings.endpoint or public.rstrip("/") or None
 
 
-def _http_url(prog: str, flag: str, url: str) -> None:
+def _http_url(prog: str, flag: str, url: str, *, alternative: str = "") -> None:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UsageError(prog, f"{flag} must be an http:// or https:// URL, got {url!r}")
+        raise UsageError(
+            prog, f"{flag} must be an http:// or https:// URL{alternative}, got {url!r}"
+        )
     try:
         parts.port  # noqa: B018  (raises on a bad port)
     except ValueError:
@@ -299,8 +304,6 @@ def validate(args: argparse.Namespace) -> None:
         _readable(prog, args.file)
     if args.command == "fetch":
         _fetch_flags(prog, args)
-    if args.command == "upload" and args.segment_size <= 0:
-        raise UsageError(prog, "--segment-size must be positive")
     try:
         settings = settings_from_args(args)
         if args.command in ("publish", "subscribe", "discover"):
@@ -389,7 +392,7 @@ def _fetch_url(prog: str, settings: ClientSettings, url: str) -> str:
     try:
         MessageId.parse(url)
     except ValueError:
-        _http_url(prog, "the URL", url)
+        _http_url(prog, "the URL", url, alternative=", or a message id (as publish prints it)")
         return url
     endpoint = _needed_endpoint(prog, settings, "a message id")
     _base_url(prog, endpoint)

@@ -13,7 +13,8 @@ code  class
 2     usage: a bad flag, topic or URL, unusable configuration, a local file that cannot be
       read or written (checked before anything connects); an encrypted payload that no
       identity given opens (`fetch`: `--identity` is missing or wrong)
-3     the broker cannot be reached or refused the connection
+3     the broker cannot be reached, refused the connection, or refused a message (a
+      failure reason code in its PUBACK: its ACL, a quota)
 4     the message is too large and neither offload nor chunking could carry it
 5     an HTTP transfer failed (upload, fetch, not found, checksum mismatch), or the bytes
       fetched cannot be decrypted or decompressed (damaged, truncated, a bomb)
@@ -48,6 +49,7 @@ from ..core._exceptions import (
     PayloadChecksumMismatch,
     PayloadDecodeError,
     PayloadNotFound,
+    PublishRejected,
     TransferError,
     UntrustedEndpoint,
     UploadError,
@@ -66,7 +68,8 @@ REFUSED_STATUSES = frozenset({401, 403})
 
 EXIT_CODES_EPILOG = (
     "Exit codes: 0 ok, 1 error lines / nothing found / too few messages, 2 usage (flag, topic, "
-    "URL, configuration, local file, no identity opens the payload), 3 broker connection, 4 "
+    "URL, configuration, local file, no identity opens the payload), 3 broker connection or "
+    "a message the broker refused, 4 "
     "message too large, 5 HTTP transfer failed or payload undecodable, 6 gateway refused the "
     "login or access, 130 interrupted, 141 stdout closed."
 )
@@ -176,7 +179,7 @@ def describe(exc: BaseException) -> tuple[int, str]:
 def _describe(exc: BaseException) -> tuple[int, str]:
     if isinstance(exc, (ConfigError, InvalidTopic)):
         return EXIT_USAGE, f"error: {exc}"
-    if isinstance(exc, ConnectionFailed):
+    if isinstance(exc, (ConnectionFailed, PublishRejected)):  # the broker said no
         return EXIT_CONNECT, str(exc)
     if isinstance(exc, MessageTooLarge):
         return EXIT_TOO_LARGE, str(exc)

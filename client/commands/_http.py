@@ -138,7 +138,7 @@ def _fetch_range(
     start, end = args.range
     identities = [] if args.raw else load_identities(settings.identity_files)
     reader = RangeReader(transport.reader, url, None, auth=auth, redirect_ok=_anywhere, trace=trace)
-    data, read = fetch_range(reader, start, end, identities, raw=args.raw)
+    data, read = fetch_range(reader, start, end, identities, raw=args.raw, url=url)
     if args.output is not None:
         with _replacing(args.output) as out:
             out.write(data)
@@ -427,7 +427,9 @@ def upload_command(args: argparse.Namespace) -> int:
                 raise
             bar.close()
             code, line = describe(exc)
-            print(f"{line}; the same command with --resume continues", file=sys.stderr)
+            # Resuming is the default: say so, unless this very command said --no-resume.
+            again = "without --no-resume " if args.resume is False else ""
+            print(f"{line}; the same command {again}continues it", file=sys.stderr)
             return code
     _uploaded_line(args, result)
     return EXIT_OK

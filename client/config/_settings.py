@@ -26,6 +26,7 @@ origins in `discovery_allowlist`. Placeholders are fetched only from those origi
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass
 from typing import Literal, TypedDict, get_args
@@ -387,7 +388,7 @@ class ClientSettings:
 
 
 #: Settings that must be at least 1; those that may be None but are positive when set; and
-#: durations that must not be negative.
+#: durations that must be finite and not negative.
 _POSITIVE = (
     "max_partial_messages",
     "max_buffered_bytes",
@@ -421,8 +422,9 @@ def _check_numbers(settings: ClientSettings) -> None:
         if value is not None and value <= 0:
             raise ConfigError(f"{name} must be positive, got {value}")
     for name in _NOT_NEGATIVE:
-        if getattr(settings, name) < 0:
-            raise ConfigError(f"{name} must not be negative")
+        value = getattr(settings, name)
+        if not 0 <= value < math.inf:  # NaN and inf too: a wait that never ends
+            raise ConfigError(f"{name} must be a number of seconds, 0 or more, got {value}")
 
 
 def settings_table() -> str:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from importlib import metadata
 from typing import Any
@@ -172,7 +173,9 @@ def _exporter(name: str, environ: Mapping[str, str]) -> Any:
     if name == "console":
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
-        return ConsoleSpanExporter()
+        # stderr, never stdout: stdout is the payload (`offload fetch ID > f.bin`) or the
+        # JSON lines a script reads; the SDK's default is stdout.
+        return ConsoleSpanExporter(out=sys.stderr)
     # Any other exporter installed as the SDK's plugins are (an entry point).
     for entry in metadata.entry_points(group="opentelemetry_traces_exporter", name=name):
         return entry.load()()

@@ -3,7 +3,8 @@
 Used when the discovery record advertises a `DirectStore` (see gateway/direct/_transfers.py for the
 protocol and what each side verifies):
 
-1. hash each part (the grant binds every part's SHA-256 into its presigned URL);
+1. hash each part (the grant binds every part's SHA-256 into its presigned URL) and the
+   payload (the placeholder's SHA-256), in one read of it;
 2. `POST {endpoint}/direct/grant/{topic}` with credentials: one presigned PUT URL per part;
 3. PUT the parts to the store in parallel, `concurrency` at a time, each read from the
    :class:`PayloadSource` only when its turn comes (memory: about `concurrency` parts),
@@ -21,13 +22,13 @@ import hashlib
 import math
 import threading
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import httpx
 
 from ..core._exceptions import UploadError
-from ..core._source import PIECE, PayloadSource
+from ..core._source import PayloadSource
 from ..protocol import MessageId, http_origin, loads_object
 from ..protocol._tracecontext import TraceContext
 from ._answers import _detail
@@ -122,10 +123,7 @@ class DirectUploader:
         spans = _spans(source.size, part)
         with ThreadPoolExecutor(self._concurrency, thread_name_prefix="offload-direct") as pool:
             reader = _Reader(source)
-            # The payload's own SHA-256 (the placeholder's) in parallel with the parts'.
-            whole = pool.submit(reader.whole_sha256, source)
-            hashes = list(pool.map(lambda span: reader.sha256(*span), spans))
-            sha256 = whole.result()
+            sha256, hashes = reader.hashes(source, spans, pool, self._concurrency)
             request = _grant_request(source.size, sha256, part, hashes, message_id, ttl)
             grant = self._post(
                 f"{base}/direct/grant/{topic_path(topic)}",
@@ -257,22 +255,40 @@ class _Reader:
         with self._lock:
             return self._source.read_at(offset, length)
 
-    def sha256(self, offset: int, length: int) -> str:
-        return hashlib.sha256(self.read(offset, length)).hexdigest()
+    def hashes(
+        self,
+        source: PayloadSource,
+        spans: Sequence[tuple[int, int]],
+        pool: ThreadPoolExecutor,
+        held: int,
+    ) -> tuple[str, list[str]]:
+        """The payload's SHA-256 and each part's, from one read of the payload.
 
-    def whole_sha256(self, source: PayloadSource) -> str:
-        """The payload's SHA-256, read piece by piece under the lock, hashed outside it.
-
-        Left in the source's cache (its own one-pass hash would read the file unlocked,
-        racing the part reads), so the placeholder built after the upload reuses it.
+        Each part is read once: hashed on the pool while the payload's digest takes it on
+        this thread (hashlib lets go of the GIL: two cores busy), at most `held` parts read
+        and not yet hashed. The payload's SHA-256 is left in the source's cache (its own
+        one-pass hash would read the file unlocked, racing the part reads) for the
+        placeholder built after the upload; one the caller had hashed is not read again.
+        A second read for the whole digest made a publish's progress bar show a third pass
+        over the file (`publish 3/3`).
         """
-        if source._sha256 is not None:  # already hashed by the caller
-            return source._sha256
-        digest = hashlib.sha256()
-        for offset in range(0, source.size, PIECE):
-            digest.update(self.read(offset, PIECE))
-        source._sha256 = digest.hexdigest()
-        return source._sha256
+        whole = hashlib.sha256() if source._sha256 is None else None
+        parts: list[Future[str]] = []
+        for offset, length in spans:
+            data = self.read(offset, length)
+            parts.append(pool.submit(_sha256, data))
+            if whole is not None:
+                whole.update(data)
+            if len(parts) > held:
+                parts[-held - 1].result()  # the memory of `held` parts, never the payload's
+        if whole is not None:
+            source._sha256 = whole.hexdigest()
+        assert source._sha256 is not None
+        return source._sha256, [part.result() for part in parts]
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def _urls(grant: dict[str, Any], count: int, store: str, endpoint: str) -> list[str]:

@@ -10,9 +10,10 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any
 
-from ..core._exceptions import ProtocolError
+from ..core._exceptions import ProtocolError, PublishRejected
 from ..protocol import PublishProperties, Topic
 from ..protocol._props import publish_properties_problem
 
@@ -39,6 +40,15 @@ def publish_problem(
     return None if properties is None else publish_properties_problem(properties)
 
 
+@dataclass(frozen=True)
+class Refused:
+    """A PUBLISH the broker refused (a failure reason code), as an outcome for
+    :meth:`Acks.settle`: it fails the future with a :class:`PublishRejected` naming the
+    topic registered with it (the ack names only the packet id, and may come first)."""
+
+    reason: str
+
+
 class Acks:
     """Futures keyed by packet id, tolerant of an ack that arrives before registration.
 
@@ -48,29 +58,33 @@ class Acks:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._waiting: dict[int, Future[Any]] = {}
+        self._waiting: dict[int, tuple[Future[Any], str]] = {}
         self._early: dict[int, Any] = {}
         self._unwritten: set[int] = set()  # QoS 0 mids: their future completes when written
 
-    def register(self, mid: int, future: Future[Any], *, qos0: bool = False) -> None:
+    def register(
+        self, mid: int, future: Future[Any], *, qos0: bool = False, topic: str = ""
+    ) -> None:
+        """Wait for `mid`'s outcome in `future`; `topic`: what a :class:`Refused` names."""
         with self._lock:
             if mid in self._early:
                 outcome = self._early.pop(mid)
             else:
-                self._waiting[mid] = future
+                self._waiting[mid] = (future, topic)
                 if qos0:
                     self._unwritten.add(mid)
                 return
-        _settle(future, outcome)
+        _settle(future, outcome, topic)
 
     def settle(self, mid: int, outcome: Any) -> None:
         with self._lock:
-            future = self._waiting.pop(mid, None)
-            if future is None:
+            waiting = self._waiting.pop(mid, None)
+            if waiting is None:
                 self._early[mid] = outcome
                 return
             self._unwritten.discard(mid)
-        _settle(future, outcome)
+        future, topic = waiting
+        _settle(future, outcome, topic)
 
     def fail_unwritten(self, exc: BaseException) -> int:
         """Fail every QoS 0 publish not yet written (the connection dropped: paho discards
@@ -78,21 +92,23 @@ class Acks:
         with self._lock:
             lost = [self._waiting.pop(mid) for mid in self._unwritten if mid in self._waiting]
             self._unwritten.clear()
-        for future in lost:
-            _settle(future, exc)
+        for future, topic in lost:
+            _settle(future, exc, topic)
         return len(lost)
 
     def fail_all(self, exc: BaseException) -> None:
         with self._lock:
             waiting, self._waiting = self._waiting, {}
             self._unwritten.clear()
-        for future in waiting.values():
-            _settle(future, exc)
+        for future, topic in waiting.values():
+            _settle(future, exc, topic)
 
 
-def _settle(future: Future[Any], outcome: Any) -> None:
+def _settle(future: Future[Any], outcome: Any, topic: str) -> None:
     if future.done():
         return
+    if isinstance(outcome, Refused):
+        outcome = PublishRejected(topic, outcome.reason)
     if isinstance(outcome, BaseException):
         future.set_exception(outcome)
     else:

@@ -18,7 +18,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 
 from ..core._exceptions import ConnectionFailed, PublishRejected
 from ..protocol import PublishProperties
-from ._acks import Acks, InvalidPublish, publish_problem
+from ._acks import Acks, InvalidPublish, Refused, publish_problem
 from ._paho_session import forget_outgoing, take_unacknowledged
 from ._props import to_paho_properties
 
@@ -83,13 +83,13 @@ class PahoPublishes:
             forget_outgoing(self._paho, info.mid)
             future.set_exception(PublishRejected(topic, mqtt.error_string(info.rc)))
             return future
-        self._acks.register(info.mid, future, qos0=qos == 0)
+        self._acks.register(info.mid, future, qos0=qos == 0, topic=topic)
         return future
 
     def acknowledged(self, mid: int, reason: ReasonCode) -> None:
         """paho wrote a QoS 0 publish or the broker acked one (paho's thread)."""
         if reason.is_failure:
-            self._acks.settle(mid, PublishRejected(f"mid {mid}", str(reason)))
+            self._acks.settle(mid, Refused(str(reason)))  # names the topic registered
         else:
             self._acks.settle(mid, None)
 

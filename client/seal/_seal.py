@@ -170,7 +170,8 @@ class Stored:
         source: the stored bytes (random access), or sealed as they are read.
         encoding: what was done to the payload.
         plain_size: the payload's own size.
-        plain_sha256: the payload's own SHA-256; None: the stream's, once it is read.
+        plain_sha256: the payload's own SHA-256; None: the stream's, once it is read (a
+            payload stored as it is: the source's, hashed when first asked).
     """
 
     __slots__ = ("_plain_sha256", "encoding", "plain_size", "source")
@@ -191,7 +192,8 @@ class Stored:
     def plain_sha256(self) -> str:
         if self._plain_sha256 is not None:
             return self._plain_sha256
-        assert isinstance(self.source, SealedStream)
+        if isinstance(self.source, PayloadSource):  # stored as it is: its own, once read
+            return self.source.sha256
         return self.source.plain_sha256
 
 
@@ -238,7 +240,8 @@ class Sealer:
             key_ids=tuple(r.key_id for r in recipients),
         )
         if not recipients and not compress:
-            yield Stored(source, PLAIN, source.size, source.sha256)
+            # Its SHA-256 when asked: a direct upload hashes it with its parts, in one read.
+            yield Stored(source, PLAIN, source.size)
             return
         if stream and recipients:
             if not compress:

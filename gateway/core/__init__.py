@@ -4,11 +4,11 @@
 hierarchy and its one mapping to HTTP responses), `_json` (JSON answers, newline-ended),
 `_executors` (worker threads, sized and kept apart), `_observability` (Prometheus metrics,
 request ids, logs), `_health` (the store probed, the broker link and the certificates, as
-gauges), `_tracing` (the request's trace span and its children: ingest, store,
-broker), `_mqtt` (the broker link), `_cors` (browser uploads' CORS; the settings parse its
-origins). CORS and metrics are middleware kept here, not in `gateway.middleware`, because
-the settings and the error mapping need them. Imports nothing of the gateway but
-`gateway.storage`.
+gauges), `_metrics_port` (the metrics on a port of their own, never the API's),
+`_tracing` (the request's trace span and its children: ingest, store, broker), `_mqtt` (the
+broker link), `_cors` (browser uploads' CORS; the settings parse its origins). CORS and
+metrics are middleware kept here, not in `gateway.middleware`, because the settings and the
+error mapping need them. Imports nothing of the gateway but `gateway.storage`.
 
 Other folders use only the names below.
 """
@@ -45,6 +45,7 @@ from ._executors import (
 )
 from ._health import HEALTH, Health, StoreProbe, certificates
 from ._json import JSONAnswer
+from ._metrics_port import MULTIPROC_ENV, bind_metrics, serve_metrics, serve_metrics_in_thread
 from ._mqtt import InvalidPublish, broker_link
 from ._observability import (
     DOWNLOADS_ABANDONED,
@@ -52,7 +53,6 @@ from ._observability import (
     UPLOADS,
     ObservabilityMiddleware,
     configure_logging,
-    metrics_endpoint,
 )
 from ._settings import IPNetwork, Settings, get_settings
 from ._tracing import TRACING_KEY, child, current_context
@@ -61,6 +61,7 @@ __all__ = [
     "COMMON_RESPONSES",
     "DOWNLOADS_ABANDONED",
     "HEALTH",
+    "MULTIPROC_ENV",
     "TRACING_KEY",
     "UPLOADED_BYTES",
     "UPLOADS",
@@ -92,6 +93,7 @@ __all__ = [
     "UnsupportedMediaType",
     "WorkerPool",
     "Workers",
+    "bind_metrics",
     "broker_link",
     "certificates",
     "child",
@@ -101,7 +103,8 @@ __all__ = [
     "current_request",
     "get_settings",
     "install_error_handlers",
-    "metrics_endpoint",
     "parse_origins",
     "request_scope",
+    "serve_metrics",
+    "serve_metrics_in_thread",
 ]

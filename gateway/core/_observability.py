@@ -18,8 +18,6 @@ import uuid
 from typing import Any
 
 from prometheus_client import Counter, Histogram
-from starlette.requests import Request
-from starlette.responses import Response
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -135,13 +133,14 @@ class ObservabilityMiddleware:
             request_id.reset(token)
 
 
-async def metrics_endpoint(request: Request) -> Response:
-    """Prometheus text exposition, or OpenMetrics (with the exemplars) to a scraper that
-    asks for it in `Accept` (one process; docs/deployment.md for several workers)."""
-    encode, media_type = exposition(request.headers.get("accept", ""))
+def render_metrics(accept: str = "") -> tuple[bytes, str]:
+    """This process's exposition for the metrics port (client.metrics.serve): Prometheus
+    text, or OpenMetrics (with the exemplars) to a scraper that asks for it in `Accept`.
+    Never on the API port: the exemplars name other requests' trace ids."""
     from prometheus_client import REGISTRY
 
-    return Response(encode(REGISTRY), media_type=media_type)
+    encode, media_type = exposition(accept)
+    return encode(REGISTRY), media_type
 
 
 class JsonFormatter(logging.Formatter):

@@ -267,6 +267,16 @@ class Settings(BaseSettings):
     health_timeout: float = Field(
         30.0, gt=0, description="seconds a queued job may wait for a thread before /healthz 503"
     )
+    metrics_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="port of the Prometheus /metrics, apart from the API (its exemplars name "
+        "requests' trace ids); unset: not served",
+    )
+    metrics_host: str = Field(
+        "127.0.0.1", description="address of the metrics port (0.0.0.0: every interface)"
+    )
 
     @field_validator("trusted_proxies")
     @classmethod

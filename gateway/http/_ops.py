@@ -1,4 +1,5 @@
-"""Operational routes: /healthz (alive), /readyz (able to serve), /metrics (Prometheus)."""
+"""Operational routes: /healthz (alive), /readyz (able to serve). The Prometheus metrics
+are on a port of their own (`OFFLOAD_METRICS_PORT`, gateway/_app.py), never on the API's."""
 
 from __future__ import annotations
 
@@ -7,9 +8,8 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import PlainTextResponse
 
-from ..core import JSONAnswer, Settings, metrics_endpoint
+from ..core import JSONAnswer, Settings
 from ..ingest import OffloadService
 from ..storage import StoreError
 from ._context import NoBroker
@@ -21,13 +21,6 @@ router = APIRouter(tags=["operations"])
 #: Lifespan state key: a callable listing why auth rules or keys in force are stale (a
 #: dynamic security file or JWKS gone bad: the last good ones serve meanwhile).
 AUTH_PROBLEMS_KEY = "offload_auth_problems"
-
-router.add_api_route(
-    "/metrics",
-    metrics_endpoint,
-    methods=["GET"],
-    response_class=PlainTextResponse,  # documents the Prometheus text format
-)
 
 
 def worker_health(settings: Settings, service: OffloadService) -> tuple[bool, dict[str, Any]]:

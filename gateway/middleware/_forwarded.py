@@ -2,12 +2,13 @@
 `OFFLOAD_TRUSTED_PROXIES`.
 
 Every per-address rule of the gateway (uploads per client address, the failed-login limits,
-the logs) keys on the ASGI `client`. Behind offload-proxy or a load balancer that is the
-hop's address, shared by every device behind it: one device's failures or stalled uploads
-would count against all of them. So, outermost, this middleware puts in `client` the
-address the trusted hop forwarded: the right-most entry of `X-Forwarded-For` that is not
-itself a trusted hop (each hop appends the address it got the request from; what lies to
-the left of a trusted hop's entry was written by whoever sent the request: anyone).
+the logs, uvicorn's access log) keys on the ASGI `client`. Behind offload-proxy or a load
+balancer that is the hop's address, shared by every device behind it: one device's failures
+or stalled uploads would count against all of them. So, outermost, this middleware puts in
+`client` the address the trusted hop forwarded: the right-most entry of `X-Forwarded-For`
+that is not itself a trusted hop (each hop appends the address it got the request from;
+what lies to the left of a trusted hop's entry was written by whoever sent the request:
+anyone).
 
 uvicorn's own handling of the header is turned off (`proxy_headers=False`, gateway/cli.py):
 it trusts 127.0.0.1 by default, so any process on the gateway's host could claim any
@@ -102,5 +103,8 @@ class TrustedProxies:
             lines = [v.decode("latin-1") for k, v in scope["headers"] if k.lower() == _HEADER]
             host = client_address(client[0], lines, self.networks)
             if host != client[0]:
-                scope = {**scope, "client": (host, 0)}
+                # In place, as uvicorn's own proxy-headers middleware does: its access log
+                # reads the scope it made, and names the device then, refusals included (a
+                # copy left it naming the hop for every request).
+                scope["client"] = (host, 0)
         await self.app(scope, receive, send)

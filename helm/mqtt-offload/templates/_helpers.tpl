@@ -54,6 +54,9 @@ app.kubernetes.io/part-of: mqtt-offload
 {{/* The container port; fixed because the image's command line and the probes agree on it. */}}
 {{- define "mqtt-offload.containerPort" -}}8080{{- end }}
 
+{{- /* The gateway's metrics port (OFFLOAD_METRICS_PORT): Prometheus only, never the API's. */}}
+{{- define "mqtt-offload.metricsPort" -}}9090{{- end }}
+
 {{- define "mqtt-offload.scheme" -}}
 {{- if .Values.tls.enabled }}HTTPS{{ else }}HTTP{{ end }}
 {{- end }}
