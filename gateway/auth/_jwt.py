@@ -10,7 +10,8 @@ reads the claims the gateway needs. What is checked, in order:
   header's algorithm, when there are at most three);
 * ``exp`` (required unless told otherwise), ``nbf``, ``iat``, and ``iss`` / ``aud`` when the
   gateway is given an issuer / audience (a token with an ``aud`` is refused by a gateway
-  given none), all with ``leeway`` seconds of clock skew;
+  given none), all with ``leeway`` seconds of clock skew; ``exp``, ``nbf`` and ``iat`` must be
+  JSON numbers (RFC 7519's NumericDate: PyJWT also takes ``"1767225600"`` and ``true``);
 * the user name claim (default ``sub``): a non-empty string;
 * the ``acl`` claim when present (`_claim_acl`): a malformed one refuses the token rather
   than fall back to other rules.
@@ -32,6 +33,8 @@ from ._jwks import KeySet, KeySource, merged
 MAX_USER = 1024
 #: Keys of one algorithm tried for a token without ``kid`` (a key set in rotation holds 2-3).
 MAX_KIDLESS = 3
+#: The claims RFC 7519 makes NumericDates: JSON numbers, never strings or booleans.
+NUMERIC_DATES = ("exp", "nbf", "iat")
 
 
 class JwtRefused(ValueError):
@@ -108,6 +111,10 @@ class JwtVerifier:
             raise JwtRefused("malformed JWT header (alg, kid)")
         keys = merged(self.sources)
         claims = self._decode(token, alg, kid, keys)
+        for name in NUMERIC_DATES:
+            value = claims.get(name)
+            if name in claims and (isinstance(value, bool) or not isinstance(value, int | float)):
+                raise JwtRefused(f"the {name!r} claim is not a NumericDate (a JSON number)")
         user = claims.get(self._username_claim)
         if not isinstance(user, str) or not user or len(user) > MAX_USER:
             raise JwtRefused(f"the {self._username_claim!r} claim is not a user name")
