@@ -280,7 +280,17 @@ def test_a_disabled_dynsec_client_is_refused_whatever_its_token_says(
     tmp_path: Path, keys: dict[str, SigningKey]
 ) -> None:
     dynsec = tmp_path / "dynsec.json"
-    doc = {"clients": [{"username": "cam", "disabled": True}, {"username": "ok"}]}
+    every = [
+        {"acltype": kind, "topic": "#", "allow": True}
+        for kind in ("publishClientSend", "publishClientReceive", "subscribePattern")
+    ]
+    doc = {
+        "clients": [
+            {"username": "cam", "disabled": True, "roles": [{"rolename": "every"}]},
+            {"username": "ok"},
+        ],
+        "roles": [{"rolename": "every", "acls": every}],
+    }
     dynsec.write_text(json.dumps(doc))
     auth = Authenticator(
         password_file=None,
@@ -297,6 +307,10 @@ def test_a_disabled_dynsec_client_is_refused_whatever_its_token_says(
     assert isinstance(auth.authenticate(bearer(cam), client="a"), Challenge)
     ok = auth.authenticate(bearer(keys["ES256"].sign(claims("ok", acl=everything))), client="a")
     assert isinstance(ok, Authenticated) and auth.allows(ok, "any/topic", write=True)
+    # The file's own rules refuse a disabled client too, whichever login let it in (each
+    # login path refuses it first; this is the rule under them).
+    for write in (True, False):
+        assert not auth.allows(Authenticated("cam", mechanism="Bearer"), "any/t", write=write)
 
 
 def test_numeric_dates_are_json_numbers(tmp_path: Path, keys: dict[str, SigningKey]) -> None:

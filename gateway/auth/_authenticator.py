@@ -406,7 +406,15 @@ class Authenticator:
         user = self._credentials.token_user(token)
         if user is None:
             return self._throttle.refuse("Bearer: unknown token", client=client)
+        if self._credentials.disabled(user):
+            return self._disabled(user, "a bearer token", client)
         return Authenticated(user, {}, "Bearer")
+
+    def _disabled(self, user: str, how: str, client: str) -> Challenge:
+        """A valid login of a client the dynamic security file disables: refused, whoever
+        vouches for it (not counted as a failure: the credential itself is good)."""
+        log.info("refused %s from %s: client %r is disabled", how, client, user)
+        return self.challenge(f"{how}: disabled client {user!r}")
 
     def _verify_jwt(
         self, verifier: JwtVerifier, token: str, client: str
@@ -420,8 +428,7 @@ class Authenticator:
             return self.challenge(f"JWT: {exc}")
         if self._credentials.disabled(identity.user):
             # Disabling a client in the dynamic security file shuts it out whoever vouches.
-            log.info("refused a JWT from %s: client %r is disabled", client, identity.user)
-            return self.challenge("JWT: disabled client")
+            return self._disabled(identity.user, "a JWT", client)
         return Authenticated(
             identity.user, {}, "Bearer", acl=identity.acl, client_id=identity.client_id
         )
