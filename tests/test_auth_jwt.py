@@ -143,8 +143,12 @@ def test_refusals_are_401_with_a_reason_in_the_log(
         with caplog.at_level(logging.INFO, logger="gateway.auth"):
             answer = auth.authenticate(bearer(token), client="192.0.2.7")
         assert isinstance(answer, Challenge) and answer.status == 401, name
+        # The token's holder is told why, in the 401's detail (nothing in it is secret).
+        assert answer.detail.startswith("the bearer token (a JWT) was refused: "), name
         lines = [r.getMessage() for r in caplog.records if "JWT" in r.getMessage()]
         assert len(lines) == 1 and "192.0.2.7" in lines[0], (name, lines)
+    expired = auth.authenticate(bearer(cases["expired"]), client="192.0.2.7")
+    assert isinstance(expired, Challenge) and "it has expired (exp)" in expired.detail
     # Not counted as failed logins: a fleet's expired tokens lock nobody out.
     good = auth.authenticate(bearer(rsa.sign(claims("d"))), client="192.0.2.7")
     assert isinstance(good, Authenticated)
@@ -332,7 +336,7 @@ def test_numeric_dates_are_json_numbers(tmp_path: Path, keys: dict[str, SigningK
         token = key.sign(claims("d", **{name: value}))
         refused = auth.authenticate(bearer(token), client="a")
         assert isinstance(refused, Challenge) and refused.status == 401, (name, value)
-        why = "Signature has expired" if value is True and name == "exp" else "NumericDate"
+        why = "expired" if value is True and name == "exp" else "NumericDate"
         assert why in refused.reason, refused.reason  # PyJWT takes `true` as 1: long expired
 
 

@@ -200,7 +200,8 @@ class Authenticator:
             dynsec_file=dynsec_file,
             dynsec_substitute=dynsec_substitute,
         )
-        self._source = "dynamic security file" if dynsec_file is not None else "ACL file"
+        self._dynsec = dynsec_file is not None
+        self._source = "dynamic security file" if self._dynsec else "ACL file"
         self._throttle = Throttle(
             challenge=self.challenge,
             max_failures_per_user=max_failures_per_user,
@@ -268,15 +269,33 @@ class Authenticator:
 
     # -- the public API ------------------------------------------------------------------
 
-    def challenge(self, reason: str = "credentials required") -> Challenge:
+    def challenge(
+        self, reason: str = "credentials required", detail: str | None = None
+    ) -> Challenge:
         """A 401 offering every scheme this gateway accepts.
 
         Args:
             reason: for the log.
+            detail: what the client is told, when it may know why (a credential it holds
+                that is good but refused, such as an expired token); else the default.
         """
         if self.mode is AuthMode.CLOSED:  # no scheme to offer: say what to configure
             return Challenge(401, {}, reason, CLOSED_DETAIL)
-        return Challenge(401, {"WWW-Authenticate": self._www_authenticate}, reason)
+        headers = {"WWW-Authenticate": self._www_authenticate}
+        if detail is None:
+            return Challenge(401, headers, reason)
+        return Challenge(401, headers, reason, detail)
+
+    def rules_in_force(self, who: Authenticated) -> str:
+        """What decided (or would decide) the topic access of ``who``, in words for a 403.
+
+        Args:
+            who: the decision for this request.
+        """
+        if who.acl is not None and who.user is not None:
+            claim = self._jwt.acl_claim if self._jwt is not None else "acl"
+            return f"the token's {claim!r} claim"
+        return "the dynamic security file's roles" if self._dynsec else "the ACL file"
 
     @staticmethod
     def hashes(authorization: str | None) -> bool:
@@ -405,7 +424,8 @@ class Authenticator:
             return self._verify_jwt(self._jwt, token, client)
         user = self._credentials.token_user(token)
         if user is None:
-            return self._throttle.refuse("Bearer: unknown token", client=client)
+            why = "the bearer token was refused: not a token this gateway knows"
+            return self._throttle.refuse("Bearer: unknown token", client=client, detail=why)
         if self._credentials.disabled(user):
             return self._disabled(user, "a bearer token", client)
         return Authenticated(user, {}, "Bearer")
@@ -414,7 +434,8 @@ class Authenticator:
         """A valid login of a client the dynamic security file disables: refused, whoever
         vouches for it (not counted as a failure: the credential itself is good)."""
         log.info("refused %s from %s: client %r is disabled", how, client, user)
-        return self.challenge(f"{how}: disabled client {user!r}")
+        why = f"client {user!r} is disabled (in the dynamic security file)"
+        return self.challenge(f"{how}: disabled client {user!r}", why)
 
     def _verify_jwt(
         self, verifier: JwtVerifier, token: str, client: str
@@ -425,7 +446,9 @@ class Authenticator:
             # Not counted as a failed attempt: a signature cannot be guessed, and a fleet's
             # expired tokens behind one proxy address must not lock the others out.
             log.info("refused a JWT from %s: %s", client, exc)
-            return self.challenge(f"JWT: {exc}")
+            # The holder of a token may learn why it is refused (expired, another audience):
+            # nothing here is secret, and "log in with a password" would be the wrong advice.
+            return self.challenge(f"JWT: {exc}", f"the bearer token (a JWT) was refused: {exc}")
         if self._credentials.disabled(identity.user):
             # Disabling a client in the dynamic security file shuts it out whoever vouches.
             return self._disabled(identity.user, "a JWT", client)

@@ -86,7 +86,7 @@ class JwtVerifier:
         self._audience = audience
         self._leeway = leeway
         self._username_claim = username_claim
-        self._acl_claim = acl_claim
+        self.acl_claim = acl_claim
         self._require = ["exp"] if require_exp else []
 
     def problems(self) -> list[str]:
@@ -120,11 +120,11 @@ class JwtVerifier:
             raise JwtRefused(f"the {self._username_claim!r} claim is not a user name")
         client_id = claims.get("clientid")
         acl = None
-        if self._acl_claim in claims:
+        if self.acl_claim in claims:
             try:
-                acl = parse_claim_acl(claims[self._acl_claim])
+                acl = parse_claim_acl(claims[self.acl_claim])
             except ValueError as exc:
-                why = f"user {user!r}: unusable {self._acl_claim!r} claim: {exc}"
+                why = f"user {user!r}: unusable {self.acl_claim!r} claim: {exc}"
                 raise JwtRefused(why) from exc
         return JwtIdentity(user, client_id if isinstance(client_id, str) else None, acl)
 
@@ -159,6 +159,10 @@ class JwtVerifier:
                 )
             except jwt.InvalidSignatureError as exc:
                 error = exc  # maybe another key of the same algorithm
+            except jwt.ExpiredSignatureError as exc:
+                raise JwtRefused("it has expired (exp): the device needs a new token") from exc
+            except jwt.ImmatureSignatureError as exc:
+                raise JwtRefused("it is not valid yet (nbf)") from exc
             except jwt.PyJWTError as exc:
                 raise JwtRefused(str(exc) or type(exc).__name__) from exc
         raise JwtRefused(f"bad signature ({error})")

@@ -162,7 +162,8 @@ class BrokerRules:
         # A read is of a stored message, whose topic the caller need not know (it may hold
         # just the id): the refusal does not name it. A write names the caller's own topic.
         what = f"topic {topic.value!r}" if write else "this message's topic"
-        raise Forbidden(f"not allowed to {access} {what}", extra)
+        rules = self.authenticator.rules_in_force(result)
+        raise Forbidden(f"not allowed to {access} {what} (decided by {rules})", extra)
 
 
 class AuthenticationInfoMiddleware:
