@@ -37,7 +37,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 from ._acl import READ, WRITE, base_topic
 from ._credentials import Credentials
@@ -261,6 +263,22 @@ class Authenticator:
         """Why rules or keys in force are not those on disk or at the URL (for /healthz)."""
         jwt = self._jwt.problems() if self._jwt is not None else []
         return self._credentials.problems() + jwt
+
+    def reloading(self) -> list[Future[Any]]:
+        """The reloads of changed credentials files to wait for before deciding.
+
+        Each file is parsed on a thread of its own when it changes (`_files.WatchedFile`);
+        a caller on an event loop awaits these first (without blocking the loop), so that
+        the decision uses the new version. A large file is not among them: it is decided
+        by its last version until parsed.
+        """
+        keys = self._jwt.sources if self._jwt is not None else ()
+        found: list[Future[Any]] = list(self._credentials.reloading())
+        for source in keys:
+            reload = source.reloading()
+            if reload is not None:
+                found.append(reload)
+        return found
 
     def close(self) -> None:
         """Stop fetching JWT keys (a JWKS URL's thread)."""

@@ -12,6 +12,7 @@ leaves it in ``request.state``, where `AuthenticationInfoMiddleware` adds it to 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 from typing import Any
@@ -28,6 +29,8 @@ from ..middleware import USER_SLOT_KEY, UserSlot
 log = logging.getLogger("gateway.auth")
 
 STATE_KEY = "auth_response_headers"
+#: Longest wait for a changed credentials file's reload (`gateway.auth._files.WAIT_SECONDS`).
+RELOAD_WAIT = 5.0
 # Where `BrokerRules` leaves the authenticated user for the rest of the request.
 _PRINCIPAL = "offload_principal"
 # Where it keeps the whole decision: a SCRAM final is good for one check, so a route that
@@ -128,6 +131,7 @@ class BrokerRules:
             return done
         client = request.client.host if request.client is not None else ""
         header = request.headers.get("authorization")
+        await self._reloaded()
         # Off the event loop only when it may hash a password (HTTP Basic: a 4096-round
         # PBKDF2). Anything else decides in microseconds, less than a thread hop costs.
         authenticate = self.authenticator.authenticate
@@ -150,6 +154,13 @@ class BrokerRules:
                 f"too many concurrent uploads by user {result.user!r}", {"Retry-After": "1"}
             )
         return result
+
+    async def _reloaded(self) -> None:
+        """Wait, off the event loop, for the reloads of changed credentials files (small
+        ones: a large one decides by its last version meanwhile, `gateway.auth._files`)."""
+        pending = self.authenticator.reloading()
+        if pending:
+            await asyncio.wait([asyncio.wrap_future(f) for f in pending], timeout=RELOAD_WAIT)
 
     async def authorize(self, request: Request, topic: Topic, *, write: bool) -> None:
         result = await self._authenticated(request)
