@@ -12,8 +12,10 @@ network inside :meth:`Authenticator.authenticate`.
 Schemes:
 
 * ``SCRAM-SHA-512`` (RFC 7804), always offered when a password file is set. Users whose entry
-  cannot do SCRAM (``$6$``, or fewer than 4096 iterations) fail it like a wrong password; the
-  log names them and the fix.
+  cannot do SCRAM (``$6$``, or fewer than 4096 iterations) fail it like a wrong password over
+  plain HTTP; where Basic is taken (TLS) their client-first gets a 401 offering Basic alone,
+  so that a client can find the way in (`Authenticator._basic_instead` says why that tells
+  nothing Basic does not). The log names them and the fix.
 * ``Basic``, only when the gateway is reached over TLS (``tls=True``): the password then
   crosses the wire, which plain HTTP must not carry. Works for every user in the file and is
   the only way in for the users SCRAM cannot serve. Sent over plain HTTP it is refused with a
@@ -121,6 +123,14 @@ def _mode(*, passwords: bool, tokens: bool, allow_anonymous: bool) -> AuthMode:
     return AuthMode.ANONYMOUS if allow_anonymous else AuthMode.CLOSED
 
 
+# What a SCRAM client-first for a user whose entry cannot do SCRAM is told, over TLS.
+SCRAM_IMPOSSIBLE_DETAIL = (
+    "this user's password entry cannot do SCRAM-SHA-512 (fewer than 4096 PBKDF2 iterations, "
+    "as mosquitto_ctrl and mosquitto_passwd write by default): log in with HTTP Basic over "
+    "HTTPS (the offload client's default login does so by itself; OFFLOAD_HTTP_LOGIN=basic "
+    "names it), or give the user a password hashed with 4096 or more iterations"
+)
+
 _BASIC_SHAPE = "malformed Authorization header: Basic takes base64 of UTF-8 `user:password`"
 
 
@@ -220,6 +230,7 @@ class Authenticator:
             replays=self._replays,
             clock=clock,
             sid_lifetime=sid_lifetime,
+            instead=self._basic_instead,
         )
         files = {
             "passwords": password_file is not None or dynsec_file is not None,
@@ -417,6 +428,26 @@ class Authenticator:
         if scheme == "BASIC":
             return self._basic(credentials.token68, client)
         return self._bearer(credentials.token68, client)
+
+    def _basic_instead(self, user: str) -> Challenge | None:
+        """The answer to a SCRAM client-first for a user whose entry cannot do SCRAM, when
+        this gateway takes HTTP Basic (over TLS): a 401 offering Basic alone, so that a
+        client finds the way that works (the offload client's default login does). None
+        otherwise: over plain HTTP such a user gets decoys, as an unknown one does.
+
+        It tells who has such an entry, which Basic over TLS tells anyway by its timing
+        (101 PBKDF2 rounds against the 4096 an unknown user's check costs), as the broker
+        does by its CONNECT timing (mosquitto hashes nothing for an unknown user); it never
+        tells an unknown user from a SCRAM-capable one.
+        """
+        if "Basic" not in self.mechanisms or not self._credentials.scram_impossible(user):
+            return None
+        return Challenge(
+            401,
+            {"WWW-Authenticate": f'Basic realm="{self.realm}"'},
+            f"SCRAM user {user!r}: its password entry cannot do SCRAM-SHA-512, Basic offered",
+            SCRAM_IMPOSSIBLE_DETAIL,
+        )
 
     def _basic(self, token: str, client: str) -> Authenticated | Challenge:
         refuse = self._throttle.refuse

@@ -209,6 +209,16 @@ class Credentials:
         # A dict lookup by the token's SHA-256: its timing says nothing about stored tokens.
         return self._tokens.get().get(token_digest(token)) if token else None
 
+    def scram_impossible(self, user: str) -> bool:
+        """Whether ``user`` has a password entry that cannot do SCRAM-SHA-512 (fewer than
+        4096 iterations, ``$6$``): known, enabled, but only HTTP Basic can check it.
+
+        Args:
+            user: from the client-first message.
+        """
+        entry = self._entry(user)
+        return entry is not None and not entry.scram_capable
+
     def scram_keys(self, user: str) -> ScramKeys:
         """``user``'s SCRAM-SHA-512 keys, or decoy keys when it has none.
 
