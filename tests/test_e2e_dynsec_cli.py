@@ -179,3 +179,25 @@ def test_over_plain_http_the_line_names_basic(fleet: Fleet, big: Path) -> None:
     scram = offload(fleet, "upload", "--endpoint", fleet.https.url, *login,
                     OFFLOAD_HTTP_LOGIN="scram")  # fmt: skip
     assert scram.returncode == 6 and "OFFLOAD_HTTP_LOGIN=basic" in scram.stderr, scram.stderr
+
+
+def test_a_role_without_the_discovery_topic_is_told_why(fleet: Fleet, big: Path) -> None:
+    """`cam2`'s role may publish but not subscribe to sys/metadata: publish says why it
+    chunks, once, and discover names the refusal rather than "no discovery record"."""
+    mqtt = fleet.dyn.broker.url
+    login = ("--username", "cam2", "--password", "pw-cam2")
+    sent = offload(fleet, "publish", "--broker", mqtt, *login, "-t", "cams/3", "-f", str(big))
+    assert sent.returncode == 0, sent.stderr
+    assert json.loads(sent.stdout)["route"] == "chunked"
+    why = "the broker refused the subscription to 'sys/metadata' (Not authorized)"
+    assert sent.stderr.count(why) == 1 and sent.stderr.count("\n") == 1, sent.stderr
+    assert "docs/authentication.md" in sent.stderr
+    found = offload(fleet, "discover", "--broker", mqtt, *login)
+    assert found.returncode != 0, found.stdout
+    assert json.loads(found.stdout)["error"] == why, found.stdout
+    # The docs' role, with the topic: discovered.
+    seen = offload(
+        fleet, "discover", "--broker", mqtt, "--username", "cam1", "--password", "pw-cam1"
+    )
+    assert seen.returncode == 0, seen.stderr
+    assert json.loads(seen.stdout)["LargeMessageUploadEndpoint"] == fleet.https.url
