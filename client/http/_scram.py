@@ -91,7 +91,7 @@ def _challenge(header: str | None, mechanism: str) -> dict[str, str] | None:
     return params if "sid" in params and "data" in params else None
 
 
-def _basic_instead(response: httpx.Response) -> bool:
+def _offers_basic_alone(response: httpx.Response) -> bool:
     """Whether a 401 to our client-first offers HTTP Basic alone: the gateway's word that
     this user's entry cannot do SCRAM (it offers every scheme it takes otherwise)."""
     if response.status_code != 401:
@@ -162,7 +162,7 @@ class ScramAuth(httpx.Auth):
             return
         challenge = _challenge(response.headers.get("www-authenticate"), self.mechanism)
         if challenge is None:
-            if _basic_instead(response):
+            if _offers_basic_alone(response):
                 yield from self._basic_instead(request)
             # Refused at client-first (e.g. rate-limited, or SCRAM not offered): the 401 is the
             # answer. It is the probe's, which is fine: the caller only reads its status.

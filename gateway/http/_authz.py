@@ -22,15 +22,21 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from client.protocol import Topic
 
-from ..auth import Authenticated, Authenticator, AuthMode, Challenge, JwtVerifier, key_sources
+from ..auth import (
+    RELOAD_WAIT,
+    Authenticated,
+    Authenticator,
+    AuthMode,
+    Challenge,
+    JwtVerifier,
+    key_sources,
+)
 from ..core import Forbidden, Settings, TooManyRequests, Unauthorized, WorkerPool
 from ..middleware import USER_SLOT_KEY, UserSlot
 
 log = logging.getLogger("gateway.auth")
 
 STATE_KEY = "auth_response_headers"
-#: Longest wait for a changed credentials file's reload (`gateway.auth._files.WAIT_SECONDS`).
-RELOAD_WAIT = 5.0
 # Where `BrokerRules` leaves the authenticated user for the rest of the request.
 _PRINCIPAL = "offload_principal"
 # Where it keeps the whole decision: a SCRAM final is good for one check, so a route that
