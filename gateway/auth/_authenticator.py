@@ -46,16 +46,14 @@ from typing import Any
 from ._acl import READ, WRITE, base_topic
 from ._credentials import Credentials
 from ._decisions import CLOSED_DETAIL, Authenticated, AuthMode, Challenge
-from ._exceptions import AuthConfigError
 from ._jwt import JwtRefused, JwtVerifier, looks_like_jwt
 from ._limits import ReplayGuard
+from ._modes import check_options, mode, offered_schemes
 from ._scram import MECHANISM, b64decode_text, parse_authorization
 from ._scram_exchange import SCRAM_PARAMS, ScramExchange
 from ._throttle import Throttle
 
 log = logging.getLogger("gateway.auth")
-
-MIN_SECRET_BYTES = 16
 
 # What a client sending a secret in clear over plain HTTP is told (the 401's `detail`):
 # a person trying `curl -u` learns why, and what works instead.
@@ -68,59 +66,6 @@ PLAIN_HTTP_DETAIL = {
     "in clear): use HTTPS; if a TLS-terminating proxy serves this gateway over HTTPS, set "
     "OFFLOAD_TLS=true on the gateway",
 }
-
-
-def _check_options(
-    *,
-    realm: str,
-    secret: bytes,
-    tls: bool,
-    password_file: Path | None,
-    tokens_file: Path | None,
-    dynsec_file: Path | None,
-    acl_file: Path | None,
-    jwt: bool,
-) -> None:
-    """Refuse, before any file is read, a configuration that could not work as written."""
-    if '"' in realm or "\\" in realm or not realm.isprintable():
-        raise ValueError("realm must be printable and hold no quote or backslash")
-    if dynsec_file is not None and (password_file is not None or acl_file is not None):
-        raise AuthConfigError(
-            "the dynamic security file holds the users and the rules: set it alone, not "
-            "with OFFLOAD_PASSWORD_FILE or OFFLOAD_ACL_FILE",
-            path=dynsec_file,
-        )
-    passwords = password_file is not None or dynsec_file is not None
-    if passwords and len(secret) < MIN_SECRET_BYTES:
-        raise ValueError(f"the secret must be at least {MIN_SECRET_BYTES} bytes")
-    if (tokens_file is not None or jwt) and not passwords and not tls:
-        # Bearer tokens never cross plain HTTP, so this gateway could serve nobody.
-        raise AuthConfigError(
-            "bearer tokens (a tokens file, JWT keys) without a password source are the only "
-            "way in, and those are refused without TLS: set OFFLOAD_TLS=true (HTTPS proxy "
-            "in front) or OFFLOAD_TLS_CERT_FILE, or add OFFLOAD_PASSWORD_FILE or "
-            "OFFLOAD_DYNSEC_FILE for SCRAM",
-            path=tokens_file,
-        )
-
-
-def _offered_schemes(*, passwords: bool, tokens: bool, tls: bool) -> tuple[str, ...]:
-    """The schemes a challenge offers: neither a password nor a token crosses plain HTTP."""
-    schemes = [MECHANISM] if passwords else []
-    if tls and passwords:
-        schemes.append("Basic")
-    if tls and tokens:
-        schemes.append("Bearer")
-    return tuple(schemes)
-
-
-def _mode(*, passwords: bool, tokens: bool, allow_anonymous: bool) -> AuthMode:
-    """The mode the configured files and flag put a gateway in (see `AuthMode`)."""
-    if passwords:
-        return AuthMode.PASSWORDS
-    if tokens:
-        return AuthMode.TOKENS
-    return AuthMode.ANONYMOUS if allow_anonymous else AuthMode.CLOSED
 
 
 # What a SCRAM client-first for a user whose entry cannot do SCRAM is told, over TLS.
@@ -190,7 +135,7 @@ class Authenticator:
             AuthConfigError: a file is missing or invalid, or tokens only without ``tls``.
             ValueError: bad arguments (short secret, realm with a quote, ...).
         """
-        _check_options(
+        check_options(
             realm=realm,
             secret=secret,
             tls=tls,
@@ -236,11 +181,11 @@ class Authenticator:
             "passwords": password_file is not None or dynsec_file is not None,
             "tokens": tokens_file is not None or jwt is not None,
         }
-        self.mechanisms: tuple[str, ...] = _offered_schemes(**files, tls=tls)
+        self.mechanisms: tuple[str, ...] = offered_schemes(**files, tls=tls)
         # Offered over TLS but not here: refused with a reason that says so.
-        self._tls_only = set(_offered_schemes(**files, tls=True)) - set(self.mechanisms)
+        self._tls_only = set(offered_schemes(**files, tls=True)) - set(self.mechanisms)
         self._www_authenticate = ", ".join(f'{s} realm="{realm}"' for s in self.mechanisms)
-        self.mode = _mode(**files, allow_anonymous=allow_anonymous)
+        self.mode = mode(**files, allow_anonymous=allow_anonymous)
 
     def __repr__(self) -> str:
         return (
