@@ -141,6 +141,11 @@ class AsyncClient:
         """The discovery record currently in force, if any."""
         return self.sync.discovery_record
 
+    @property
+    def discovery_refused(self) -> str | None:
+        """Why the broker refused the discovery subscription, if it did (`Client`'s too)."""
+        return self.sync.discovery_refused
+
     # -- lifecycle -------------------------------------------------------------------------
 
     async def connect(self, timeout: float = 10.0) -> None:

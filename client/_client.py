@@ -220,7 +220,8 @@ class Client:
             self._conn.connect(timeout)
             self._receiver.packet_limit_known(self.max_packet_size)
             if self._use_discovery:
-                self._conn.subscribe(self.settings.discovery_topic, 1)
+                answer = self._conn.subscribe(self.settings.discovery_topic, 1)
+                answer.add_done_callback(self._discovery.subscribed)
             if self._will is not None:  # now that CONNACK told the limit (client/publish/_will.py)
                 try:
                     arm_will(self._will, self._conn, self._publisher, self.settings, timeout)
@@ -287,6 +288,12 @@ class Client:
     def discovery_record(self) -> DiscoveryRecord | None:
         """The discovery record currently in force, if any."""
         return self._discovery.current()
+
+    @property
+    def discovery_refused(self) -> str | None:
+        """Why the broker refused the subscription to the discovery topic, if it did (the
+        client then discovers no gateway)."""
+        return self._discovery.refused
 
     def wait_for_endpoint(self, timeout: float) -> str | None:
         """Wait up to `timeout` seconds for a discovery record; the endpoint or None.

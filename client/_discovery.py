@@ -4,7 +4,9 @@ Whoever can write the discovery topic writes what this module reads, so :meth:`f
 raises (paho stops its loop on a callback exception) and a bad record is ignored with one
 warning per spell of bad records, not one per re-delivery: a retained one comes back on
 every re-subscription. A bad or refused record also removes the endpoint in force: a spoofed
-record must not leave an older endpoint in place either.
+record must not leave an older endpoint in place either. A broker that refuses the
+subscription itself (a role without the discovery topic) is said once too, and then nobody
+waits for a record.
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import Future
 
 from .config._settings import ClientSettings
+from .mqtt._acks import SubscriptionRefused
 from .protocol import DiscoveryRecord, EndpointCache
 
 log = logging.getLogger("client")
@@ -33,6 +37,34 @@ class DiscoveryView:
         self._since = 0.0
         self._seen = False
         self._warned = False
+        self._refused: str | None = None
+
+    @property
+    def refused(self) -> str | None:
+        """Why the broker refused the subscription to the discovery topic, if it did."""
+        return self._refused
+
+    def subscribed(self, answer: Future[None]) -> None:
+        """The discovery subscription's SUBACK came (paho's thread: never raises): a
+        refusal is said once, and nobody waits for a record that cannot come."""
+        failure = answer.exception() if not answer.cancelled() else None
+        if not isinstance(failure, SubscriptionRefused):
+            return  # granted, or the connection went first (the next one subscribes again)
+        topic = self._settings.discovery_topic
+        with self._cond:
+            first = self._refused is None
+            self._refused = f"the broker refused the subscription to {topic!r} ({failure.reason})"
+            self._seen = True
+            self._cond.notify_all()
+        if first:
+            log.warning(
+                "%s: no gateway can be discovered, so a message over the broker's packet "
+                "limit goes in chunks and a placeholder cannot be fetched; give this user "
+                "subscribe access to %r (docs/authentication.md) or name the gateway "
+                "(--endpoint, OFFLOAD_ENDPOINT)",
+                self._refused,
+                topic,
+            )
 
     def current(self) -> DiscoveryRecord | None:
         """The record in force now, if any."""
@@ -52,7 +84,7 @@ class DiscoveryView:
             while True:
                 record = self._cache.current(time.monotonic())
                 left = deadline - time.monotonic()
-                if record is not None or left <= 0:
+                if record is not None or left <= 0 or self._refused is not None:
                     return record
                 self._cond.wait(left)
 

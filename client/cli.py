@@ -188,11 +188,12 @@ def _discover(args: argparse.Namespace) -> int:
         deadline = time.monotonic() + args.timeout
         client.wait_for_endpoint(args.timeout)
         record = client.discovery_record
-        while record is None and time.monotonic() < deadline:
+        while record is None and client.discovery_refused is None and time.monotonic() < deadline:
             time.sleep(0.05)
             record = client.discovery_record
     if record is None:
-        emit({"topic": settings.discovery_topic, "error": "no discovery record"})
+        why = client.discovery_refused or "no discovery record"
+        emit({"topic": settings.discovery_topic, "error": why})
         return EXIT_ERRORS
     doc = json.loads(record.to_json())
     doc["topic"] = settings.discovery_topic

@@ -183,7 +183,8 @@ class ProxySettings(BaseSettings):
     gateway_login: Literal["auto", "scram", "bearer", "basic"] = Field(
         "auto",
         description="how a device's CONNECT login reaches the gateway: `auto`: a password that "
-        "is a JWT as a bearer token, else SCRAM-SHA-512; or `scram`, `bearer`, `basic` (the "
+        "is a JWT as a bearer token, else SCRAM-SHA-512, and HTTP Basic to an https:// gateway "
+        "that says the user's hash cannot do SCRAM; or `scram`, `bearer`, `basic` (the "
         "password in clear: only to an https:// gateway or one behind TLS, for users whose hash "
         "cannot do SCRAM)",
     )

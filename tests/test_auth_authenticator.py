@@ -407,3 +407,31 @@ def test_only_what_may_hash_a_password_goes_to_the_hashing_threads(
     except ValueError:
         basic = False
     assert not basic or hashes
+
+
+def test_where_basic_is_taken_an_entry_scram_cannot_use_is_told_to_use_it(
+    password_file: Path,
+) -> None:
+    """Over TLS (Basic taken) a client-first for `weak` (101 iterations) gets a 401 offering
+    Basic alone; an unknown user and a wrong password for `alice` still look alike (decoys,
+    then invalid-proof). Over plain HTTP `weak` looks unknown (test above)."""
+    from gateway.auth._authenticator import SCRAM_IMPOSSIBLE_DETAIL
+
+    auth = make(password_file, tls=True)
+    _, offered, answer = first(auth, "weak", "weak-pw")
+    assert offered == 'Basic realm="r"' and answer.detail == SCRAM_IMPOSSIBLE_DETAIL
+    assert "Authentication-Info" not in answer.headers
+    for user, password in [("nobody", "x"), ("alice", "wrong")]:
+        _, challenge, _ = first(auth, user, password)
+        assert challenge.startswith("SCRAM-SHA-512 sid="), user
+        refused = login(auth, user, password)
+        assert isinstance(refused, Challenge)
+        assert base64.b64decode(refused.headers["Authentication-Info"].split("data=")[1]) == (
+            b"e=invalid-proof"
+        )
+    basic = auth.authenticate("Basic " + b64("weak:weak-pw"), client="c")
+    assert isinstance(basic, Authenticated) and basic.user == "weak"
+    # Telling it costs no failed attempt: weak's own logins are not held back by it.
+    for _ in range(20):
+        first(auth, "weak", "weak-pw")
+    assert isinstance(auth.authenticate("Basic " + b64("weak:weak-pw"), client="c"), Authenticated)

@@ -143,8 +143,12 @@ def test_refusals_are_401_with_a_reason_in_the_log(
         with caplog.at_level(logging.INFO, logger="gateway.auth"):
             answer = auth.authenticate(bearer(token), client="192.0.2.7")
         assert isinstance(answer, Challenge) and answer.status == 401, name
+        # The token's holder is told why, in the 401's detail (nothing in it is secret).
+        assert answer.detail.startswith("the bearer token (a JWT) was refused: "), name
         lines = [r.getMessage() for r in caplog.records if "JWT" in r.getMessage()]
         assert len(lines) == 1 and "192.0.2.7" in lines[0], (name, lines)
+    expired = auth.authenticate(bearer(cases["expired"]), client="192.0.2.7")
+    assert isinstance(expired, Challenge) and "it has expired (exp)" in expired.detail
     # Not counted as failed logins: a fleet's expired tokens lock nobody out.
     good = auth.authenticate(bearer(rsa.sign(claims("d"))), client="192.0.2.7")
     assert isinstance(good, Authenticated)
@@ -280,7 +284,17 @@ def test_a_disabled_dynsec_client_is_refused_whatever_its_token_says(
     tmp_path: Path, keys: dict[str, SigningKey]
 ) -> None:
     dynsec = tmp_path / "dynsec.json"
-    doc = {"clients": [{"username": "cam", "disabled": True}, {"username": "ok"}]}
+    every = [
+        {"acltype": kind, "topic": "#", "allow": True}
+        for kind in ("publishClientSend", "publishClientReceive", "subscribePattern")
+    ]
+    doc = {
+        "clients": [
+            {"username": "cam", "disabled": True, "roles": [{"rolename": "every"}]},
+            {"username": "ok"},
+        ],
+        "roles": [{"rolename": "every", "acls": every}],
+    }
     dynsec.write_text(json.dumps(doc))
     auth = Authenticator(
         password_file=None,
@@ -297,3 +311,113 @@ def test_a_disabled_dynsec_client_is_refused_whatever_its_token_says(
     assert isinstance(auth.authenticate(bearer(cam), client="a"), Challenge)
     ok = auth.authenticate(bearer(keys["ES256"].sign(claims("ok", acl=everything))), client="a")
     assert isinstance(ok, Authenticated) and auth.allows(ok, "any/topic", write=True)
+    # The file's own rules refuse a disabled client too, whichever login let it in (each
+    # login path refuses it first; this is the rule under them).
+    for write in (True, False):
+        assert not auth.allows(Authenticated("cam", mechanism="Bearer"), "any/t", write=write)
+
+
+def test_numeric_dates_are_json_numbers(tmp_path: Path, keys: dict[str, SigningKey]) -> None:
+    """RFC 7519's NumericDate is a JSON number: PyJWT alone takes `"exp": "1767225600"`
+    (and `true`) and compares it as a number."""
+    auth = authenticator(verifier(tmp_path, jwks(keys["ES256"])))
+    key, now = keys["ES256"], int(time.time())
+    assert isinstance(auth.authenticate(bearer(key.sign(claims("d"))), client="a"), Authenticated)
+    fractional = key.sign(claims("d", exp=now + 300.5, iat=now - 0.5, nbf=now - 1.5))
+    assert isinstance(auth.authenticate(bearer(fractional), client="a"), Authenticated)
+    for name, value in (
+        ("exp", str(now + 300)),
+        ("exp", True),
+        ("nbf", str(now - 10)),
+        ("nbf", False),
+        ("iat", str(now)),
+        ("iat", True),
+    ):
+        token = key.sign(claims("d", **{name: value}))
+        refused = auth.authenticate(bearer(token), client="a")
+        assert isinstance(refused, Challenge) and refused.status == 401, (name, value)
+        why = "expired" if value is True and name == "exp" else "NumericDate"
+        assert why in refused.reason, refused.reason  # PyJWT takes `true` as 1: long expired
+
+
+def test_a_name_with_a_level_separator_or_wildcard_is_not_substituted(
+    tmp_path: Path, keys: dict[str, SigningKey]
+) -> None:
+    """`sub` "alice/x" must not make `up/${username}/#` a part of alice's `up/alice/#`;
+    nor a `clientid` "cam/7" reach `dev/cam/7/state` (mosquitto refuses %u for such names)."""
+    auth = authenticator(verifier(tmp_path, jwks(keys["EdDSA"])))
+    key = keys["EdDSA"]
+    acl = {"pub": ["up/${username}/#", "dev/${clientid}/state"]}
+
+    def allowed(sub: str, topic: str, **extra: object) -> bool:
+        who = auth.authenticate(bearer(key.sign(claims(sub, acl=acl, **extra))), client="a")
+        assert isinstance(who, Authenticated)
+        return auth.allows(who, topic, write=True)
+
+    assert allowed("alice", "up/alice/x/y")  # alice's own subtree
+    for sub in ("alice/x", "alice/+", "alice/#", "+", "#"):
+        assert not allowed(sub, "up/alice/x/y"), sub
+        assert not allowed(sub, f"up/{sub}/y"), sub
+    assert allowed("d", "dev/cam-7/state", clientid="cam-7")
+    assert not allowed("d", "dev/cam/7/state", clientid="cam/7")
+    # A denying rule with such a name denies whatever it covers.
+    rules = [
+        {"permission": "deny", "action": "publish", "topic": "up/${username}/secret"},
+        {"permission": "allow", "action": "publish", "topic": "up/#"},
+    ]
+    for sub, topic, verdict in (
+        ("alice", "up/alice/secret", False),
+        ("alice", "up/alice/open", True),
+        ("alice/x", "up/alice/open", False),
+    ):
+        who = auth.authenticate(bearer(key.sign(claims(sub, acl=rules))), client="a")
+        assert isinstance(who, Authenticated)
+        assert auth.allows(who, topic, write=True) is verdict, (sub, topic)
+
+
+def test_a_token_with_aud_is_refused_by_a_gateway_without_an_audience(
+    tmp_path: Path, keys: dict[str, SigningKey]
+) -> None:
+    """docs/authentication.md: without OFFLOAD_JWT_AUDIENCE a token carrying `aud` is
+    refused (a token minted for another service must not open this one)."""
+    auth = authenticator(verifier(tmp_path, jwks(keys["RS256"]), audience=None))
+    key = keys["RS256"]
+    without = {k: v for k, v in claims("d").items() if k != "aud"}
+    assert isinstance(auth.authenticate(bearer(key.sign(without)), client="a"), Authenticated)
+    for aud in (AUDIENCE, "another-service", [AUDIENCE]):
+        refused = auth.authenticate(bearer(key.sign(claims("d", aud=aud))), client="a")
+        assert isinstance(refused, Challenge) and refused.status == 401, aud
+        assert "audience" in refused.reason.lower(), refused.reason
+
+
+def test_a_denying_clientid_rule_denies_a_token_without_a_client_id(
+    tmp_path: Path, keys: dict[str, SigningKey]
+) -> None:
+    """A token without a `clientid` claim: a rule denying `dev/${clientid}/secret` denies
+    `dev/<any id>/secret` (missing knowledge only ever takes access away)."""
+    auth = authenticator(verifier(tmp_path, jwks(keys["ES256"])))
+    whole = [
+        {"permission": "deny", "action": "all", "topic": "dev/${clientid}/secret"},
+        {"permission": "allow", "action": "all", "topic": "dev/#"},
+    ]
+    # Not a whole level: the rule denies all its action covers (what could it spare?).
+    part = [
+        {"permission": "deny", "action": "publish", "topic": "cfg/${clientid}-x/#"},
+        {"permission": "allow", "action": "all", "topic": "#"},
+    ]
+    for rules, extra, topic, write, verdict in (
+        (whole, {}, "dev/cam-7/secret", True, False),
+        (whole, {}, "dev/cam-8/secret", False, False),
+        (whole, {}, "dev/cam-7/open", True, True),
+        (whole, {"clientid": "cam-7"}, "dev/cam-7/secret", True, False),
+        (whole, {"clientid": "cam-7"}, "dev/cam-8/secret", True, True),
+        (part, {}, "cfg/cam-7-x/a", True, False),
+        (part, {}, "other/topic", True, False),
+        (part, {}, "cfg/cam-7-x/a", False, True),
+        (part, {"clientid": "cam-7"}, "cfg/cam-7-x/a", True, False),
+        (part, {"clientid": "cam-7"}, "cfg/cam-8-x/a", True, True),
+    ):
+        token = keys["ES256"].sign(claims("dev-1", acl=rules, **extra))
+        who = auth.authenticate(bearer(token), client="a")
+        assert isinstance(who, Authenticated)
+        assert auth.allows(who, topic, write=write) is verdict, (extra, topic, write)

@@ -46,6 +46,13 @@ def test_the_login_the_gateway_gets() -> None:
         return type(auth) if auth is not None else None
 
     assert kind() is ScramAuth
+    # auto: Basic where an https:// gateway says SCRAM cannot serve the user; scram: never.
+    auto, scram = (
+        gateway_auth(username="u", password="pw", token=None),
+        gateway_auth(username="u", password="pw", token=None, scheme="scram"),
+    )
+    assert isinstance(auto, ScramAuth) and auto.basic_fallback
+    assert isinstance(scram, ScramAuth) and not scram.basic_fallback
     assert kind(password=JWT) is BearerAuth  # the device's own token
     assert kind(password=JWT, scheme="scram") is ScramAuth
     assert kind(scheme="bearer") is BearerAuth

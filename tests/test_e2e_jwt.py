@@ -105,10 +105,16 @@ def test_the_cli_presents_the_device_token(fleet: Fleet, tmp_path: Path) -> None
     # The token's claim does not grant this topic: refused like a forbidden login.
     other = offload(fleet, "dev-1", "publish", "-t", "dev/dev-2/pic", "-f", str(big))
     assert other.returncode == 6 and "HTTP 403" in other.stderr, other.stderr
-    # The broker still takes dev-2's expired token; the gateway does not: exit 6.
+    # The cause named: the token's claim decided, not a broker ACL.
+    assert "(decided by the token's 'acl' claim)" in other.stderr, other.stderr
+    assert "ACL" not in other.stderr, other.stderr
+    # The broker still takes dev-2's expired token; the gateway does not: exit 6, saying
+    # the token expired (not "log in with --username and --password": it did).
     expired = offload(fleet, "dev-2", "publish", "-t", "dev/dev-2/pic", "-f", str(big))
     assert expired.returncode == 6, expired.stderr
     assert expired.stderr.startswith("offload: access refused"), expired.stderr
+    assert "the bearer token (a JWT) was refused: it has expired" in expired.stderr
+    assert "--username" not in expired.stderr, expired.stderr
     assert "Traceback" not in expired.stderr and fleet.tokens["dev-2"] not in expired.stderr
 
 

@@ -173,3 +173,38 @@ def test_a_file_rewritten_under_requests(setup: tuple[DynsecBroker, GatewayServe
         writer.join(10)
     seen = {answer.status_code for answer in codes}
     assert seen <= {201, 403}, seen
+
+
+def test_a_disabled_client_is_refused_with_its_static_bearer_token(
+    directory: Path,
+    mosquitto_factory: Callable[..., Any],
+    gateway_factory: Callable[..., GatewayServer],
+) -> None:
+    """`mosquitto_ctrl dynsec disableClient` shuts a client out whatever it logs in with:
+    its password, and a bearer token of the tokens file too (401, as for a JWT: the token
+    path checks it itself, not only the topic rules, which answered 403)."""
+    broker = start_dynsec_broker(mosquitto_factory, directory)
+    token = "a-static-token-of-dev1"
+    tokens = directory / "tokens"
+    tokens.write_text(f"dev1:{hashlib.sha256(token.encode()).hexdigest()}\n")
+    gw = gateway_factory(
+        dynsec_file=broker.file, tokens_file=tokens, tls=True, auth_secret="s" * 32
+    )
+    broker.ctrl("createRole", "writer")
+    broker.ctrl("addRoleACL", "writer", "publishClientSend", "up/#", "allow")
+    broker.ctrl("createClient", "dev1", "-p", "pw-dev1")
+    broker.ctrl("addClientRole", "dev1", "writer")
+    bearer = {"Authorization": f"Bearer {token}"}
+
+    def put_with_token() -> httpx.Response:
+        return httpx.put(
+            f"{gw.url}/msg/{uuid.uuid4()}", params={"topic": "up/a"}, content=b"x", headers=bearer
+        )
+
+    assert put_with_token().status_code == 201
+    broker.ctrl("disableClient", "dev1")
+    refused = put_with_token()
+    assert refused.status_code == 401, refused.text
+    assert put(gw, "up/a", httpx.BasicAuth("dev1", "pw-dev1")) == 401
+    broker.ctrl("enableClient", "dev1")
+    assert put_with_token().status_code == 201

@@ -233,6 +233,25 @@ def test_an_ipv6_device_counts_by_its_64_however_many_addresses_it_rotates_throu
         assert _scram_status(next_prefix, "writer", USERS["writer"]) == 201
 
 
+def test_a_guesser_changing_addresses_of_one_64_and_user_names_is_one_address(
+    gateway_factory: Callable[..., GatewayServer], files: Path, broker: Mosquitto
+) -> None:
+    """Each attempt from a new address of one /64 *and* for a new user name: no (user,
+    address) pair ever fails twice, so only the per-address limit (50 a minute) can hold the
+    guesser, and only if it counts the /64 (keyed by each full address, it never would)."""
+    gw = secured(gateway_factory, files, broker)
+    statuses = []
+    with forwarding(gw, "") as guesser:
+        for n in range(51):
+            guesser.headers["X-Forwarded-For"] = f"2001:db8:0:7::{n + 1:x}"
+            statuses.append(_scram_status(guesser, f"user-{n}", "guess"))
+    assert statuses[:50] == [401] * 50 and statuses[50] == 429, statuses
+    with forwarding(gw, "2001:db8:0:7:abcd::1") as same_prefix:
+        assert _scram_status(same_prefix, "writer", USERS["writer"]) == 429
+    with forwarding(gw, "2001:db8:0:8::1") as next_prefix:
+        assert _scram_status(next_prefix, "writer", USERS["writer"]) == 201
+
+
 class Drip:
     """An authenticated upload (SCRAM, the library's own flow) that sends 2 KiB a second."""
 

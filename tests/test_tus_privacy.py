@@ -201,5 +201,6 @@ def test_a_message_another_user_may_not_read_does_not_name_its_topic(
         assert r.status_code == 403, (method, path, r.status_code)
         assert b"alice" not in r.content and "alice" not in repr(dict(r.headers)), (path, r.text)
         if method != "HEAD":
-            assert r.json()["detail"] == "not allowed to read this message's topic"
+            detail = "not allowed to read this message's topic (decided by the ACL file)"
+            assert r.json()["detail"] == detail
     assert alice.get(f"{gw.url}/msg/{message}/payload").content == b"secret plans"

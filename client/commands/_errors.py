@@ -163,7 +163,8 @@ def _transfer_line(exc: TransferError) -> str:
         detail = detail.removeprefix(f"{words}: ")
     if exc.status is not None and 300 <= exc.status < 400:
         detail += " (a redirect: --endpoint must be the gateway's base URL, http://HOST:PORT)"
-    elif exc.status == 401 and "SCRAM" not in detail:  # SCRAM's own words say what to check
+    elif exc.status == 401 and "SCRAM" not in detail and "token" not in detail:
+        # SCRAM's own words say what to check, and a refused token is no missing login.
         detail += "; log in with --username and --password, or OFFLOAD_USERNAME/OFFLOAD_PASSWORD"
     return f"{name}: {exc.url}: {detail}"
 

@@ -159,9 +159,10 @@ class ClientSettings:
         "auto",
         "how the gateway login is presented: `auto` (default): `http_token` as a bearer token, "
         "else a broker password that is a JWT as a bearer token (the device's own token, "
-        "docs/authentication.md), else SCRAM-SHA-512 with the broker login; `scram`; "
-        "`bearer` (`http_token`, else the broker password); `basic` (the broker login in "
-        "clear: HTTPS only, for users whose password hash cannot do SCRAM)",
+        "docs/authentication.md), else SCRAM-SHA-512 with the broker login, and HTTP Basic "
+        "to an `https://` gateway that says the user's password hash cannot do SCRAM; "
+        "`scram`; `bearer` (`http_token`, else the broker password); `basic` (the broker "
+        "login in clear: HTTPS only, for users whose password hash cannot do SCRAM)",
     )
     ignore_payload_not_found: bool = setting(
         False,

@@ -34,7 +34,7 @@ TRANSIENT_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 
 _AUTH_HINTS = {
     401: "the gateway refused the credentials (or none were sent)",
-    403: "authenticated, but the broker's ACL does not allow this topic",
+    403: "authenticated, but not allowed this topic",
 }
 
 

@@ -22,6 +22,12 @@ The server-final is checked as RFC 5802 requires: a server that cannot prove it 
 password, a server error (`e=invalid-proof`) or a mismatched `sid` raise :class:`ScramFailure`,
 which :class:`client.HttpTransport` turns into an UploadError / FetchError with status 401.
 
+A user whose password entry cannot do SCRAM (fewer than 4096 iterations: every client
+`mosquitto_ctrl` makes) gets, from a gateway behind TLS, a 401 to the client-first that
+offers HTTP Basic alone. The default login (`gateway_auth`'s `auto`) then sends the request
+with Basic, over `https://` only, and keeps to Basic for the later requests of that auth
+object; otherwise the failure says what to set.
+
 Each flow has its own scramp state, so one auth object may serve several threads.
 """
 
@@ -85,6 +91,15 @@ def _challenge(header: str | None, mechanism: str) -> dict[str, str] | None:
     return params if "sid" in params and "data" in params else None
 
 
+def _offers_basic_alone(response: httpx.Response) -> bool:
+    """Whether a 401 to our client-first offers HTTP Basic alone: the gateway's word that
+    this user's entry cannot do SCRAM (it offers every scheme it takes otherwise)."""
+    if response.status_code != 401:
+        return False
+    offered = [value.strip() for value in response.headers.get_list("www-authenticate")]
+    return len(offered) == 1 and offered[0].partition(" ")[0].lower() == "basic"
+
+
 def _has_body(request: httpx.Request) -> bool:
     length = request.headers.get("content-length")
     return "transfer-encoding" in request.headers or (length is not None and length != "0")
@@ -108,12 +123,21 @@ class ScramAuth(httpx.Auth):
             `SCRAM-SHA-256`.
     """
 
-    def __init__(self, username: str, password: str, *, mechanism: str = "SCRAM-SHA-512") -> None:
+    def __init__(
+        self,
+        username: str,
+        password: str,
+        *,
+        mechanism: str = "SCRAM-SHA-512",
+        basic_fallback: bool = False,
+    ) -> None:
         if mechanism.upper() not in MECHANISMS:
             raise ValueError(f"mechanism must be one of {MECHANISMS}, got {mechanism!r}")
         self.username = username
         self._password = password
         self.mechanism = mechanism.upper()
+        self.basic_fallback = basic_fallback
+        self._basic = False  # the gateway said this user's entry cannot do SCRAM
 
     def __repr__(self) -> str:
         return f"ScramAuth(username={self.username!r}, mechanism={self.mechanism!r})"
@@ -124,6 +148,9 @@ class ScramAuth(httpx.Auth):
         from scramp import ScramClient
         from scramp.utils import ScramException
 
+        if self._basic:  # learnt from an earlier answer of the gateway: no SCRAM round trip
+            yield from httpx.BasicAuth(self.username, self._password).auth_flow(request)
+            return
         scram = ScramClient([self.mechanism], self.username, self._password)
         probe = _probe(request) if _has_body(request) else request
         probe.headers["Authorization"] = f"{self.mechanism} data={_b64(scram.get_client_first())}"
@@ -135,6 +162,8 @@ class ScramAuth(httpx.Auth):
             return
         challenge = _challenge(response.headers.get("www-authenticate"), self.mechanism)
         if challenge is None:
+            if _offers_basic_alone(response):
+                yield from self._basic_instead(request)
             # Refused at client-first (e.g. rate-limited, or SCRAM not offered): the 401 is the
             # answer. It is the probe's, which is fine: the caller only reads its status.
             return
@@ -147,6 +176,27 @@ class ScramAuth(httpx.Auth):
         request.headers["Authorization"] = f"{self.mechanism} sid={sid}, data={_b64(final)}"
         response = yield request
         self._check_server_final(scram, response, sid)
+
+    def _basic_instead(
+        self, request: httpx.Request
+    ) -> Generator[httpx.Request, httpx.Response, None]:
+        """The gateway said SCRAM cannot serve this user and offered Basic: send the request
+        with Basic when allowed (auto, over https://), else say what would work."""
+        if not self.basic_fallback:
+            raise ScramFailure(
+                f"the gateway says the password entry of {self.username!r} cannot do "
+                f"{self.mechanism} (fewer than 4096 iterations, as mosquitto_ctrl writes): "
+                "log in with HTTP Basic (OFFLOAD_HTTP_LOGIN=basic, or auto)"
+            )
+        if request.url.scheme != "https":
+            raise ScramFailure(
+                f"the gateway says the password entry of {self.username!r} cannot do "
+                f"{self.mechanism} and offers HTTP Basic, which sends the password as it is: "
+                "this client does so only over https://; reach the gateway over HTTPS, or "
+                "set OFFLOAD_HTTP_LOGIN=basic to send it anyway"
+            )
+        self._basic = True
+        yield from httpx.BasicAuth(self.username, self._password).auth_flow(request)
 
     def _check_server_final(self, scram: ScramClient, response: httpx.Response, sid: str) -> None:
         from scramp.utils import ScramException  # loaded already by auth_flow
@@ -163,8 +213,10 @@ class ScramAuth(httpx.Auth):
         if message.startswith("e="):
             raise ScramFailure(
                 f"SCRAM authentication as {self.username!r} failed: {message[2:]} "
-                "(wrong user name or password, or a password entry the gateway cannot use "
-                "for SCRAM: mosquitto_passwd -H sha512-pbkdf2 -I 4096)"
+                "(wrong user name or password; or, from a gateway on plain HTTP, which cannot "
+                "say so, a password entry with fewer than 4096 iterations, as mosquitto_ctrl "
+                "and mosquitto_passwd write by default: log in with HTTP Basic over HTTPS, "
+                "OFFLOAD_HTTP_LOGIN=basic, or hash it with mosquitto_passwd -I 4096)"
             )
         try:
             scram.set_server_final(message)
@@ -205,8 +257,9 @@ def gateway_auth(
         password: the broker password.
         token: a bearer token; wins over the user name and password.
         scheme: ``auto``: ``token``, else a ``password`` that is a JWT, as a bearer token,
-            else SCRAM; ``scram``, ``bearer`` (``token``, else ``password``) or ``basic``
-            (the login in clear: for HTTPS only) by name.
+            else SCRAM, and HTTP Basic over https:// where the gateway says the user's
+            entry cannot do SCRAM; ``scram``, ``bearer`` (``token``, else ``password``) or
+            ``basic`` (the login in clear: for HTTPS only) by name.
     """
     if scheme not in ("auto", "scram", "bearer", "basic"):
         raise ValueError(f"unknown gateway auth scheme {scheme!r}")
@@ -218,4 +271,5 @@ def gateway_auth(
         return None
     if scheme == "basic":
         return httpx.BasicAuth(username, password)
-    return ScramAuth(username, password)
+    # auto: Basic where the gateway says SCRAM cannot serve the user, over https:// only.
+    return ScramAuth(username, password, basic_fallback=scheme == "auto")

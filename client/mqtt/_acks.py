@@ -13,7 +13,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from ..core._exceptions import ProtocolError, PublishRejected
+from ..core._exceptions import ConnectionFailed, ProtocolError, PublishRejected
 from ..protocol import PublishProperties, Topic
 from ..protocol._props import publish_properties_problem
 
@@ -23,6 +23,15 @@ _MAX_PAYLOAD = 268_435_455 - 65_535 * 2
 
 class InvalidPublish(ProtocolError):
     """A publish that breaks the MQTT rules a broker enforces; refused before it is queued."""
+
+
+class SubscriptionRefused(ConnectionFailed):
+    """The broker answered a SUBSCRIBE with a failure (``reason``: its reason code's name,
+    e.g. "Not authorized"), as against a connection that went away before the SUBACK."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"subscription refused: {reason}")
+        self.reason = reason
 
 
 def publish_problem(

@@ -14,8 +14,7 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.enums import MQTTErrorCode
 from paho.mqtt.reasoncodes import ReasonCode
 
-from ..core._exceptions import ConnectionFailed
-from ._acks import Acks
+from ._acks import Acks, SubscriptionRefused
 from ._session import Subscriptions
 
 
@@ -59,7 +58,7 @@ class PahoSubscriptions:
         failed = [r for r in reasons if r.is_failure]
         self._subscriptions.acknowledged(mid, not failed)
         if failed:
-            self._subacks.settle(mid, ConnectionFailed(f"subscription refused: {failed[0]}"))
+            self._subacks.settle(mid, SubscriptionRefused(str(failed[0])))
         else:
             self._subacks.settle(mid, None)
 

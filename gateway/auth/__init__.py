@@ -16,6 +16,7 @@ from ._decisions import CLOSED_DETAIL, Authenticated, AuthMode, Challenge
 from ._dynsec import DynamicSecurity, Event
 from ._dynsec_parse import parse_dynsec
 from ._exceptions import AuthConfigError, AuthError
+from ._files import WAIT_SECONDS as RELOAD_WAIT
 from ._jwks import KeySet, key_sources, parse_jwks
 from ._jwt import JwtIdentity, JwtRefused, JwtVerifier, looks_like_jwt
 from ._passwd import (
@@ -29,6 +30,7 @@ from ._tokens import parse_tokens_file, token_digest
 
 __all__ = [
     "CLOSED_DETAIL",
+    "RELOAD_WAIT",
     "SCRAM_MIN_ITERATIONS",
     "Acl",
     "AclRule",

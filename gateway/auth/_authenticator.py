@@ -12,8 +12,10 @@ network inside :meth:`Authenticator.authenticate`.
 Schemes:
 
 * ``SCRAM-SHA-512`` (RFC 7804), always offered when a password file is set. Users whose entry
-  cannot do SCRAM (``$6$``, or fewer than 4096 iterations) fail it like a wrong password; the
-  log names them and the fix.
+  cannot do SCRAM (``$6$``, or fewer than 4096 iterations) fail it like a wrong password over
+  plain HTTP; where Basic is taken (TLS) their client-first gets a 401 offering Basic alone,
+  so that a client can find the way in (`Authenticator._basic_instead` says why that tells
+  nothing Basic does not). The log names them and the fix.
 * ``Basic``, only when the gateway is reached over TLS (``tls=True``): the password then
   crosses the wire, which plain HTTP must not carry. Works for every user in the file and is
   the only way in for the users SCRAM cannot serve. Sent over plain HTTP it is refused with a
@@ -37,21 +39,21 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 from ._acl import READ, WRITE, base_topic
 from ._credentials import Credentials
 from ._decisions import CLOSED_DETAIL, Authenticated, AuthMode, Challenge
-from ._exceptions import AuthConfigError
 from ._jwt import JwtRefused, JwtVerifier, looks_like_jwt
 from ._limits import ReplayGuard
+from ._modes import check_options, mode, offered_schemes
 from ._scram import MECHANISM, b64decode_text, parse_authorization
 from ._scram_exchange import SCRAM_PARAMS, ScramExchange
 from ._throttle import Throttle
 
 log = logging.getLogger("gateway.auth")
-
-MIN_SECRET_BYTES = 16
 
 # What a client sending a secret in clear over plain HTTP is told (the 401's `detail`):
 # a person trying `curl -u` learns why, and what works instead.
@@ -66,58 +68,13 @@ PLAIN_HTTP_DETAIL = {
 }
 
 
-def _check_options(
-    *,
-    realm: str,
-    secret: bytes,
-    tls: bool,
-    password_file: Path | None,
-    tokens_file: Path | None,
-    dynsec_file: Path | None,
-    acl_file: Path | None,
-    jwt: bool,
-) -> None:
-    """Refuse, before any file is read, a configuration that could not work as written."""
-    if '"' in realm or "\\" in realm or not realm.isprintable():
-        raise ValueError("realm must be printable and hold no quote or backslash")
-    if dynsec_file is not None and (password_file is not None or acl_file is not None):
-        raise AuthConfigError(
-            "the dynamic security file holds the users and the rules: set it alone, not "
-            "with OFFLOAD_PASSWORD_FILE or OFFLOAD_ACL_FILE",
-            path=dynsec_file,
-        )
-    passwords = password_file is not None or dynsec_file is not None
-    if passwords and len(secret) < MIN_SECRET_BYTES:
-        raise ValueError(f"the secret must be at least {MIN_SECRET_BYTES} bytes")
-    if (tokens_file is not None or jwt) and not passwords and not tls:
-        # Bearer tokens never cross plain HTTP, so this gateway could serve nobody.
-        raise AuthConfigError(
-            "bearer tokens (a tokens file, JWT keys) without a password source are the only "
-            "way in, and those are refused without TLS: set OFFLOAD_TLS=true (HTTPS proxy "
-            "in front) or OFFLOAD_TLS_CERT_FILE, or add OFFLOAD_PASSWORD_FILE or "
-            "OFFLOAD_DYNSEC_FILE for SCRAM",
-            path=tokens_file,
-        )
-
-
-def _offered_schemes(*, passwords: bool, tokens: bool, tls: bool) -> tuple[str, ...]:
-    """The schemes a challenge offers: neither a password nor a token crosses plain HTTP."""
-    schemes = [MECHANISM] if passwords else []
-    if tls and passwords:
-        schemes.append("Basic")
-    if tls and tokens:
-        schemes.append("Bearer")
-    return tuple(schemes)
-
-
-def _mode(*, passwords: bool, tokens: bool, allow_anonymous: bool) -> AuthMode:
-    """The mode the configured files and flag put a gateway in (see `AuthMode`)."""
-    if passwords:
-        return AuthMode.PASSWORDS
-    if tokens:
-        return AuthMode.TOKENS
-    return AuthMode.ANONYMOUS if allow_anonymous else AuthMode.CLOSED
-
+# What a SCRAM client-first for a user whose entry cannot do SCRAM is told, over TLS.
+SCRAM_IMPOSSIBLE_DETAIL = (
+    "this user's password entry cannot do SCRAM-SHA-512 (fewer than 4096 PBKDF2 iterations, "
+    "as mosquitto_ctrl and mosquitto_passwd write by default): log in with HTTP Basic over "
+    "HTTPS (the offload client's default login does so by itself; OFFLOAD_HTTP_LOGIN=basic "
+    "names it), or give the user a password hashed with 4096 or more iterations"
+)
 
 _BASIC_SHAPE = "malformed Authorization header: Basic takes base64 of UTF-8 `user:password`"
 
@@ -178,7 +135,7 @@ class Authenticator:
             AuthConfigError: a file is missing or invalid, or tokens only without ``tls``.
             ValueError: bad arguments (short secret, realm with a quote, ...).
         """
-        _check_options(
+        check_options(
             realm=realm,
             secret=secret,
             tls=tls,
@@ -200,7 +157,8 @@ class Authenticator:
             dynsec_file=dynsec_file,
             dynsec_substitute=dynsec_substitute,
         )
-        self._source = "dynamic security file" if dynsec_file is not None else "ACL file"
+        self._dynsec = dynsec_file is not None
+        self._source = "dynamic security file" if self._dynsec else "ACL file"
         self._throttle = Throttle(
             challenge=self.challenge,
             max_failures_per_user=max_failures_per_user,
@@ -217,16 +175,17 @@ class Authenticator:
             replays=self._replays,
             clock=clock,
             sid_lifetime=sid_lifetime,
+            instead=self._basic_instead,
         )
         files = {
             "passwords": password_file is not None or dynsec_file is not None,
             "tokens": tokens_file is not None or jwt is not None,
         }
-        self.mechanisms: tuple[str, ...] = _offered_schemes(**files, tls=tls)
+        self.mechanisms: tuple[str, ...] = offered_schemes(**files, tls=tls)
         # Offered over TLS but not here: refused with a reason that says so.
-        self._tls_only = set(_offered_schemes(**files, tls=True)) - set(self.mechanisms)
+        self._tls_only = set(offered_schemes(**files, tls=True)) - set(self.mechanisms)
         self._www_authenticate = ", ".join(f'{s} realm="{realm}"' for s in self.mechanisms)
-        self.mode = _mode(**files, allow_anonymous=allow_anonymous)
+        self.mode = mode(**files, allow_anonymous=allow_anonymous)
 
     def __repr__(self) -> str:
         return (
@@ -261,6 +220,22 @@ class Authenticator:
         jwt = self._jwt.problems() if self._jwt is not None else []
         return self._credentials.problems() + jwt
 
+    def reloading(self) -> list[Future[Any]]:
+        """The reloads of changed credentials files to wait for before deciding.
+
+        Each file is parsed on a thread of its own when it changes (`_files.WatchedFile`);
+        a caller on an event loop awaits these first (without blocking the loop), so that
+        the decision uses the new version. A large file is not among them: it is decided
+        by its last version until parsed.
+        """
+        keys = self._jwt.sources if self._jwt is not None else ()
+        found: list[Future[Any]] = list(self._credentials.reloading())
+        for source in keys:
+            reload = source.reloading()
+            if reload is not None:
+                found.append(reload)
+        return found
+
     def close(self) -> None:
         """Stop fetching JWT keys (a JWKS URL's thread)."""
         for source in self._jwt.sources if self._jwt is not None else ():
@@ -268,15 +243,33 @@ class Authenticator:
 
     # -- the public API ------------------------------------------------------------------
 
-    def challenge(self, reason: str = "credentials required") -> Challenge:
+    def challenge(
+        self, reason: str = "credentials required", detail: str | None = None
+    ) -> Challenge:
         """A 401 offering every scheme this gateway accepts.
 
         Args:
             reason: for the log.
+            detail: what the client is told, when it may know why (a credential it holds
+                that is good but refused, such as an expired token); else the default.
         """
         if self.mode is AuthMode.CLOSED:  # no scheme to offer: say what to configure
             return Challenge(401, {}, reason, CLOSED_DETAIL)
-        return Challenge(401, {"WWW-Authenticate": self._www_authenticate}, reason)
+        headers = {"WWW-Authenticate": self._www_authenticate}
+        if detail is None:
+            return Challenge(401, headers, reason)
+        return Challenge(401, headers, reason, detail)
+
+    def rules_in_force(self, who: Authenticated) -> str:
+        """What decided (or would decide) the topic access of ``who``, in words for a 403.
+
+        Args:
+            who: the decision for this request.
+        """
+        if who.acl is not None and who.user is not None:
+            claim = self._jwt.acl_claim if self._jwt is not None else "acl"
+            return f"the token's {claim!r} claim"
+        return "the dynamic security file's roles" if self._dynsec else "the ACL file"
 
     @staticmethod
     def hashes(authorization: str | None) -> bool:
@@ -381,6 +374,26 @@ class Authenticator:
             return self._basic(credentials.token68, client)
         return self._bearer(credentials.token68, client)
 
+    def _basic_instead(self, user: str) -> Challenge | None:
+        """The answer to a SCRAM client-first for a user whose entry cannot do SCRAM, when
+        this gateway takes HTTP Basic (over TLS): a 401 offering Basic alone, so that a
+        client finds the way that works (the offload client's default login does). None
+        otherwise: over plain HTTP such a user gets decoys, as an unknown one does.
+
+        It tells who has such an entry, which Basic over TLS tells anyway by its timing
+        (101 PBKDF2 rounds against the 4096 an unknown user's check costs), as the broker
+        does by its CONNECT timing (mosquitto hashes nothing for an unknown user); it never
+        tells an unknown user from a SCRAM-capable one.
+        """
+        if "Basic" not in self.mechanisms or not self._credentials.scram_impossible(user):
+            return None
+        return Challenge(
+            401,
+            {"WWW-Authenticate": f'Basic realm="{self.realm}"'},
+            f"SCRAM user {user!r}: its password entry cannot do SCRAM-SHA-512, Basic offered",
+            SCRAM_IMPOSSIBLE_DETAIL,
+        )
+
     def _basic(self, token: str, client: str) -> Authenticated | Challenge:
         refuse = self._throttle.refuse
         try:
@@ -405,8 +418,18 @@ class Authenticator:
             return self._verify_jwt(self._jwt, token, client)
         user = self._credentials.token_user(token)
         if user is None:
-            return self._throttle.refuse("Bearer: unknown token", client=client)
+            why = "the bearer token was refused: not a token this gateway knows"
+            return self._throttle.refuse("Bearer: unknown token", client=client, detail=why)
+        if self._credentials.disabled(user):
+            return self._disabled(user, "a bearer token", client)
         return Authenticated(user, {}, "Bearer")
+
+    def _disabled(self, user: str, how: str, client: str) -> Challenge:
+        """A valid login of a client the dynamic security file disables: refused, whoever
+        vouches for it (not counted as a failure: the credential itself is good)."""
+        log.info("refused %s from %s: client %r is disabled", how, client, user)
+        why = f"client {user!r} is disabled (in the dynamic security file)"
+        return self.challenge(f"{how}: disabled client {user!r}", why)
 
     def _verify_jwt(
         self, verifier: JwtVerifier, token: str, client: str
@@ -417,11 +440,12 @@ class Authenticator:
             # Not counted as a failed attempt: a signature cannot be guessed, and a fleet's
             # expired tokens behind one proxy address must not lock the others out.
             log.info("refused a JWT from %s: %s", client, exc)
-            return self.challenge(f"JWT: {exc}")
+            # The holder of a token may learn why it is refused (expired, another audience):
+            # nothing here is secret, and "log in with a password" would be the wrong advice.
+            return self.challenge(f"JWT: {exc}", f"the bearer token (a JWT) was refused: {exc}")
         if self._credentials.disabled(identity.user):
             # Disabling a client in the dynamic security file shuts it out whoever vouches.
-            log.info("refused a JWT from %s: client %r is disabled", client, identity.user)
-            return self.challenge("JWT: disabled client")
+            return self._disabled(identity.user, "a JWT", client)
         return Authenticated(
             identity.user, {}, "Bearer", acl=identity.acl, client_id=identity.client_id
         )

@@ -10,18 +10,23 @@ EMQX reads an ``acl`` claim in two shapes, both accepted here:
 
 In filters ``${username}`` stands for the token's user and ``${clientid}`` for its
 ``clientid`` claim; a filter that names a value the token lacks never grants (and a denying
-rule with it denies whatever the value). A filter written ``eq <filter>`` is compared as
-text, wildcards and all, as EMQX does. The gateway maps an upload to *publish* and a fetch
-to *subscribe*.
+rule with it denies whatever the value). A value holding ``/``, ``+`` or ``#`` is not
+substituted either, as mosquitto refuses ``%u`` for such names: ``sub`` "alice/x" would
+otherwise turn ``up/${username}/#`` into a part of alice's own ``up/alice/#``. A filter
+written ``eq <filter>`` is compared as text, wildcards and all, as EMQX does. The gateway
+maps an upload to *publish* and a fetch to *subscribe*.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ._acl import filter_matches, valid_filter
+
+_PLACEHOLDER = re.compile(r"\$\{(username|clientid)\}")
 
 #: Most rules one claim may carry (a token is bounded anyway; this bounds the work per check).
 MAX_RULES = 256
@@ -38,21 +43,34 @@ class ClaimRule:
     topic: str
 
 
+def _unusable(value: str | None) -> bool:
+    """Whether a name cannot stand for a topic level: missing, or one that would reach
+    another's topics (``/`` adds levels, ``+`` and ``#`` are wildcards)."""
+    return value is None or any(ch in value for ch in "/+#")
+
+
 def _expand(topic: str, user: str, client_id: str | None, allow: bool) -> str | None:
-    if "${clientid}" in topic:
-        if client_id is None or "+" in client_id or "#" in client_id:
-            if allow:
-                return None
-            topic = topic.replace("${clientid}", "+")  # only when it is a whole level
-            if any("+" in level and level != "+" for level in topic.split("/")):
-                return "#"
+    """The filter with ``${username}`` / ``${clientid}`` filled in (both at once, so a value
+    is never read for placeholders); None when a granting rule cannot apply.
+
+    A denying rule whose value is missing or unusable still denies: a level that is exactly
+    a missing ``${clientid}`` becomes ``+`` (any id), anything else ``#`` (all it covers).
+    """
+    if "${" not in topic:
+        return topic
+    values = {"username": user, "clientid": client_id}
+    levels: list[str] = []
+    for level in topic.split("/"):
+        names = _PLACEHOLDER.findall(level)
+        if not any(_unusable(values[name]) for name in names):
+            levels.append(_PLACEHOLDER.sub(lambda m: values[m.group(1)] or "", level))
+        elif allow:
+            return None
+        elif level == "${clientid}" and client_id is None:
+            levels.append("+")
         else:
-            topic = topic.replace("${clientid}", client_id)
-    if "${username}" in topic:
-        if "+" in user or "#" in user:
-            return None if allow else "#"
-        topic = topic.replace("${username}", user)
-    return topic
+            return "#"
+    return "/".join(levels)
 
 
 @dataclass(frozen=True, slots=True)

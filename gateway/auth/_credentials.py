@@ -1,12 +1,12 @@
 """The credentials files the gateway shares with mosquitto, kept current, and what they answer.
 
 The password, ACL and tokens files are the broker's (one identity for broker and offload API),
-so the gateway re-reads them whenever an administrator changes them, with no restart (see
-``_files.WatchedFile``). This module owns the three watched files and every question the
-schemes ask of them: a user's SCRAM keys (with stable decoys for unknown or SCRAM-less users,
-so a probe cannot tell them apart), a Basic password check that costs the same for an unknown
-user, a bearer token's user, and the ACL's answer for a topic. No HTTP, no failure counting:
-those belong to the authenticator and its throttle.
+so the gateway re-reads them whenever an administrator changes them, with no restart, on a
+thread of their own (see ``_files.WatchedFile``). This module owns the watched files and every
+question the schemes ask of them: a user's SCRAM keys (with stable decoys for unknown or
+SCRAM-less users, so a probe cannot tell them apart), a Basic password check that costs the
+same for an unknown user, a bearer token's user, and the ACL's answer for a topic. No HTTP, no
+failure counting: those belong to the authenticator and its throttle.
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ import functools
 import hmac
 import logging
 from collections.abc import Mapping
+from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 from ._acl import READ, WRITE, Acl, AclSyntaxError, base_topic, parse_acl
 from ._dynsec import DynamicSecurity, Event
@@ -143,6 +145,13 @@ class Credentials:
         """Why a file in force is not the one on disk (a dynamic security file gone bad)."""
         return [self._dynsec.problem] if self._dynsec and self._dynsec.problem else []
 
+    def reloading(self) -> list[Future[Any]]:
+        """The reloads of changed files to wait for before deciding (`WatchedFile.reloading`:
+        none for a large file, which is used as it was while it is parsed)."""
+        files = (self._passwords, self._acl, self._dynsec, self._tokens)
+        found = (file.reloading() for file in files if file is not None)
+        return [reload for reload in found if reload is not None]
+
     def allows(
         self, user: str | None, topic: str, access: int, *, client_id: str | None = None
     ) -> bool:
@@ -199,6 +208,16 @@ class Credentials:
         assert self._tokens is not None  # Bearer is only offered with a tokens file
         # A dict lookup by the token's SHA-256: its timing says nothing about stored tokens.
         return self._tokens.get().get(token_digest(token)) if token else None
+
+    def scram_impossible(self, user: str) -> bool:
+        """Whether ``user`` has a password entry that cannot do SCRAM-SHA-512 (fewer than
+        4096 iterations, ``$6$``): known, enabled, but only HTTP Basic can check it.
+
+        Args:
+            user: from the client-first message.
+        """
+        entry = self._entry(user)
+        return entry is not None and not entry.scram_capable
 
     def scram_keys(self, user: str) -> ScramKeys:
         """``user``'s SCRAM-SHA-512 keys, or decoy keys when it has none.

@@ -20,6 +20,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -69,6 +70,9 @@ class KeySource(Protocol):
 
     def unknown_kid(self) -> None:
         """A token named a key id these keys lack: fetch soon, if the source can."""
+
+    def reloading(self) -> Future[KeySet] | None:
+        """A reload of changed keys to wait for before verifying, if any."""
 
     def close(self) -> None: ...
 
@@ -135,6 +139,9 @@ class FileKeys:
     def unknown_kid(self) -> None:
         """The file is re-read on change anyway."""
 
+    def reloading(self) -> Future[KeySet] | None:
+        return self._file.reloading()
+
     def close(self) -> None:
         """Nothing to stop."""
 
@@ -190,6 +197,10 @@ class UrlKeys:
 
     def unknown_kid(self) -> None:
         self._wake.set()
+
+    def reloading(self) -> Future[KeySet] | None:
+        """Never: a fetch is never waited for (the last good keys serve meanwhile)."""
+        return None
 
     def close(self) -> None:
         self._stop.set()

@@ -10,7 +10,8 @@ reads the claims the gateway needs. What is checked, in order:
   header's algorithm, when there are at most three);
 * ``exp`` (required unless told otherwise), ``nbf``, ``iat``, and ``iss`` / ``aud`` when the
   gateway is given an issuer / audience (a token with an ``aud`` is refused by a gateway
-  given none), all with ``leeway`` seconds of clock skew;
+  given none), all with ``leeway`` seconds of clock skew; ``exp``, ``nbf`` and ``iat`` must be
+  JSON numbers (RFC 7519's NumericDate: PyJWT also takes ``"1767225600"`` and ``true``);
 * the user name claim (default ``sub``): a non-empty string;
 * the ``acl`` claim when present (`_claim_acl`): a malformed one refuses the token rather
   than fall back to other rules.
@@ -32,6 +33,8 @@ from ._jwks import KeySet, KeySource, merged
 MAX_USER = 1024
 #: Keys of one algorithm tried for a token without ``kid`` (a key set in rotation holds 2-3).
 MAX_KIDLESS = 3
+#: The claims RFC 7519 makes NumericDates: JSON numbers, never strings or booleans.
+NUMERIC_DATES = ("exp", "nbf", "iat")
 
 
 class JwtRefused(ValueError):
@@ -83,7 +86,7 @@ class JwtVerifier:
         self._audience = audience
         self._leeway = leeway
         self._username_claim = username_claim
-        self._acl_claim = acl_claim
+        self.acl_claim = acl_claim
         self._require = ["exp"] if require_exp else []
 
     def problems(self) -> list[str]:
@@ -108,16 +111,20 @@ class JwtVerifier:
             raise JwtRefused("malformed JWT header (alg, kid)")
         keys = merged(self.sources)
         claims = self._decode(token, alg, kid, keys)
+        for name in NUMERIC_DATES:
+            value = claims.get(name)
+            if name in claims and (isinstance(value, bool) or not isinstance(value, int | float)):
+                raise JwtRefused(f"the {name!r} claim is not a NumericDate (a JSON number)")
         user = claims.get(self._username_claim)
         if not isinstance(user, str) or not user or len(user) > MAX_USER:
             raise JwtRefused(f"the {self._username_claim!r} claim is not a user name")
         client_id = claims.get("clientid")
         acl = None
-        if self._acl_claim in claims:
+        if self.acl_claim in claims:
             try:
-                acl = parse_claim_acl(claims[self._acl_claim])
+                acl = parse_claim_acl(claims[self.acl_claim])
             except ValueError as exc:
-                why = f"user {user!r}: unusable {self._acl_claim!r} claim: {exc}"
+                why = f"user {user!r}: unusable {self.acl_claim!r} claim: {exc}"
                 raise JwtRefused(why) from exc
         return JwtIdentity(user, client_id if isinstance(client_id, str) else None, acl)
 
@@ -152,6 +159,10 @@ class JwtVerifier:
                 )
             except jwt.InvalidSignatureError as exc:
                 error = exc  # maybe another key of the same algorithm
+            except jwt.ExpiredSignatureError as exc:
+                raise JwtRefused("it has expired (exp): the device needs a new token") from exc
+            except jwt.ImmatureSignatureError as exc:
+                raise JwtRefused("it is not valid yet (nbf)") from exc
             except jwt.PyJWTError as exc:
                 raise JwtRefused(str(exc) or type(exc).__name__) from exc
         raise JwtRefused(f"bad signature ({error})")

@@ -51,11 +51,14 @@ class ScramExchange:
         replays: ReplayGuard,
         clock: Callable[[], float],
         sid_lifetime: float,
+        instead: Callable[[str], Challenge | None] = lambda user: None,
     ) -> None:
         """Wire the exchange to its key source and bookkeeping.
 
         Args:
             keys_for: a user's SCRAM keys (decoys for unknown users).
+            instead: the answer to a client-first for a user SCRAM cannot serve, when the
+                gateway may say so (another scheme to use); None to go on with decoys.
             secret: seals and opens sids; the same on every replica.
             throttle: counts failures and blocks guessers.
             replays: the finals already accepted, until their sid expires.
@@ -63,6 +66,7 @@ class ScramExchange:
             sid_lifetime: seconds a client has between server-first and client-final.
         """
         self._keys_for = keys_for
+        self._instead = instead
         self._secret = secret
         self._throttle = throttle
         self._replays = replays
@@ -100,6 +104,9 @@ class ScramExchange:
         blocked = self._throttle.blocked(client, user)
         if blocked is not None:
             return blocked
+        instead = self._instead(user)
+        if instead is not None:
+            return instead
         state = SidState(user, client_first, nonce, self._clock() + self._sid_lifetime)
         sid = seal_sid(state, self._secret)
         header = f"{MECHANISM} sid={sid}, data={b64encode_text(message)}"

@@ -12,6 +12,7 @@ leaves it in ``request.state``, where `AuthenticationInfoMiddleware` adds it to 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 from typing import Any
@@ -21,7 +22,15 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from client.protocol import Topic
 
-from ..auth import Authenticated, Authenticator, AuthMode, Challenge, JwtVerifier, key_sources
+from ..auth import (
+    RELOAD_WAIT,
+    Authenticated,
+    Authenticator,
+    AuthMode,
+    Challenge,
+    JwtVerifier,
+    key_sources,
+)
 from ..core import Forbidden, Settings, TooManyRequests, Unauthorized, WorkerPool
 from ..middleware import USER_SLOT_KEY, UserSlot
 
@@ -128,6 +137,7 @@ class BrokerRules:
             return done
         client = request.client.host if request.client is not None else ""
         header = request.headers.get("authorization")
+        await self._reloaded()
         # Off the event loop only when it may hash a password (HTTP Basic: a 4096-round
         # PBKDF2). Anything else decides in microseconds, less than a thread hop costs.
         authenticate = self.authenticator.authenticate
@@ -151,6 +161,13 @@ class BrokerRules:
             )
         return result
 
+    async def _reloaded(self) -> None:
+        """Wait, off the event loop, for the reloads of changed credentials files (small
+        ones: a large one decides by its last version meanwhile, `gateway.auth._files`)."""
+        pending = self.authenticator.reloading()
+        if pending:
+            await asyncio.wait([asyncio.wrap_future(f) for f in pending], timeout=RELOAD_WAIT)
+
     async def authorize(self, request: Request, topic: Topic, *, write: bool) -> None:
         result = await self._authenticated(request)
         extra = dict(result.response_headers)
@@ -162,7 +179,8 @@ class BrokerRules:
         # A read is of a stored message, whose topic the caller need not know (it may hold
         # just the id): the refusal does not name it. A write names the caller's own topic.
         what = f"topic {topic.value!r}" if write else "this message's topic"
-        raise Forbidden(f"not allowed to {access} {what}", extra)
+        rules = self.authenticator.rules_in_force(result)
+        raise Forbidden(f"not allowed to {access} {what} (decided by {rules})", extra)
 
 
 class AuthenticationInfoMiddleware:
