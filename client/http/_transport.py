@@ -215,9 +215,17 @@ class HttpTransport:
         )
 
     def _probe_raw(self, endpoint: str, message_id: MessageId) -> bool | None:
-        """Ask `OPTIONS /msg/<id>` whether the gateway takes raw uploads; None: unknown."""
+        """Ask `OPTIONS /msg/<id>` whether the gateway takes raw uploads; None: unknown.
+
+        Raises:
+            UploadError: no answer (refused, reset, timed out): the upload would fare no
+                better, and a gateway that never answers must cost one timeout, not two.
+        """
+        url = raw_upload_url(endpoint, message_id)
         try:
-            response = self._client.options(raw_upload_url(endpoint, message_id))
+            response = self._client.options(url)
+        except httpx.TransportError as exc:
+            raise UploadError(url, f"upload failed: OPTIONS: {exc!r}") from exc
         except httpx.HTTPError:
             return None  # the upload itself will say what is wrong
         answer = allows_put(response.status_code, response.headers.get("allow"))
