@@ -61,7 +61,9 @@ def ends_within(call: Callable[[], Any], timeout: float, slack: float = SLACK) -
     thread = threading.Thread(target=run, name="ends-within", daemon=True)
     thread.start()
     thread.join(timeout + slack + 10)
-    assert not thread.is_alive(), f"still waiting {timeout + slack + 10:.0f} s on (timeout {timeout} s)"
+    assert not thread.is_alive(), (
+        f"still waiting {timeout + slack + 10:.0f} s on (timeout {timeout} s)"
+    )
     assert ended.seconds <= timeout + slack, (
         f"took {ended.seconds:.1f} s, timeout {timeout} s: {ended.error!r}"
     )
