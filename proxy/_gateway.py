@@ -30,7 +30,16 @@ from client import HttpTransport, gateway_auth
 from client.protocol import MessageId, Origin, Placeholder, TraceContext
 
 from ._exceptions import TransferFailed
-from ._gateway_calls import Fetched, FetchItem, Opened, PayloadGet, Upload, declared_store, upload
+from ._gateway_calls import (
+    Cutoff,
+    Fetched,
+    FetchItem,
+    Opened,
+    PayloadGet,
+    Upload,
+    declared_store,
+    upload,
+)
 from ._handoff import FromLoop, Stopped, ToLoop
 from .protocol import Connect, Stored
 
@@ -163,7 +172,10 @@ class GatewayLink:
 
     A transfer's thread is its own (:class:`Threads`), so none waits for another's; the
     callers' admission limits (`max_uploads`, Wills included, and `max_fetches`) bound how
-    many there are.
+    many there are. An upload given up by the loop (its client left, an error) has its
+    connection cut off at once (:class:`proxy._gateway_calls.Cutoff`), so its thread ends
+    then, not at the HTTP timeout: uploads go over connections of their own for that (a
+    connection is a small cost beside a payload over the broker's limit).
     """
 
     def __init__(
@@ -174,6 +186,9 @@ class GatewayLink:
         idle: float = 30.0,
     ) -> None:
         self._http = HttpTransport(timeout=timeout, verify=verify)
+        self._uploads = httpx.Client(
+            timeout=timeout, verify=verify, limits=httpx.Limits(max_keepalive_connections=0)
+        )
         self._threads = Threads()
         self._idle = idle
         # Per gateway origin: the store origin its `GET /` declares (None: it declares none).
@@ -190,6 +205,7 @@ class GatewayLink:
 
     async def aclose(self) -> None:
         self._http.close()
+        self._uploads.close()
 
     async def upload(
         self,
@@ -238,10 +254,17 @@ class GatewayLink:
         )
         loop = asyncio.get_running_loop()
         channel: FromLoop[bytes] = FromLoop(loop, DEPTH)
+        cutoff = Cutoff()
         job = loop.run_in_executor(
             self._threads,
             functools.partial(
-                upload, self._http.client, request, auth=auth, pieces=channel, idle=self._idle
+                upload,
+                self._uploads,
+                request,
+                auth=auth,
+                pieces=channel,
+                idle=self._idle,
+                cutoff=cutoff,
             ),
         )
         try:
@@ -256,7 +279,8 @@ class GatewayLink:
             except (Stopped, TimeoutError) as exc:
                 raise TransferFailed(f"upload to {url} broke off: {exc!r}") from exc
         except BaseException:
-            channel.abort()  # the thread cuts the request off mid-body
+            channel.abort()  # the thread sends no more of the body
+            cutoff.cut()  # nor waits on the gateway: its connection is reset (if still open)
             job.add_done_callback(_retrieved)
             raise
         return Stored(url, size, sha256, message_id)

@@ -12,8 +12,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import socket
+import struct
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
@@ -188,6 +192,60 @@ def _redirected(
         raise TransferFailed(f"fetch of {target} failed: {type(exc).__name__}") from exc
 
 
+#: httpx trace events that hand over a new connection's stream (TCP, then TLS over it).
+_CONNECTED = frozenset({"connection.connect_tcp.complete", "connection.start_tls.complete"})
+_NO_LINGER = struct.pack("ii", 1, 0)
+
+
+class Cutoff:
+    """The socket an upload's HTTP exchange runs on, so the event loop can cut it off.
+
+    An upload's thread can wait on the gateway (a write on full buffers, a read for the
+    answer) until the HTTP timeout. When the loop gives the upload up (its client left, the
+    Will's CONNECT timed out), :meth:`cut` shuts that socket down at once: the thread's
+    wait ends, and the connection is reset, not closed, so what the gateway has not taken
+    yet is dropped and it keeps nothing of a body cut short. The socket is learnt from
+    httpx's `trace` request extension (:meth:`trace`) as each connection is made: uploads
+    go over connections of their own (no keep-alive), so each exchange's is seen.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._cut = False
+
+    def trace(self, event: str, info: dict[str, Any]) -> None:
+        """(worker thread) httpx's trace hook: note each new connection's socket."""
+        if event not in _CONNECTED:
+            return
+        extra = getattr(info.get("return_value"), "get_extra_info", None)
+        sock = extra("socket") if extra is not None else None
+        if isinstance(sock, socket.socket):
+            with self._lock:
+                self._sock = sock
+                cut = self._cut
+            if cut:
+                _reset(sock)
+
+    def cut(self) -> None:
+        """(event loop) End the exchange now, and any connection it makes later."""
+        with self._lock:
+            self._cut = True
+            sock = self._sock
+        if sock is not None:
+            _reset(sock)
+
+
+def _reset(sock: socket.socket) -> None:
+    """Shut `sock` down (a thread blocked on it wakes) so that its close resets it."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _NO_LINGER)
+    with contextlib.suppress(OSError):
+        # The plain socket's shutdown, also for a TLS one: ssl.SSLSocket's own drops its
+        # TLS state, which the thread still reading it would trip over.
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
+
 @dataclass(frozen=True, slots=True)
 class Upload:
     """One raw upload (`PUT {url}?topic=`) of `size` bytes."""
@@ -205,9 +263,11 @@ def upload(
     auth: httpx.Auth | None,
     pieces: FromLoop[bytes],
     idle: float,
+    cutoff: Cutoff | None = None,
 ) -> str:
     """Send the pieces as `request`'s body (waiting at most `idle` seconds for each); the
-    SHA-256 of what was sent, which the gateway's answer must carry too.
+    SHA-256 of what was sent, which the gateway's answer must carry too. `cutoff` learns
+    the exchange's socket, so the loop can cut it off.
 
     Raises:
         TransferFailed: no answer, a refusal, or an answer for other bytes.
@@ -233,6 +293,7 @@ def upload(
                     params=request.params,
                     headers=request.headers,
                     content=body(),
+                    extensions={"trace": cutoff.trace} if cutoff is not None else None,
                 ),
                 auth=auth or httpx.USE_CLIENT_DEFAULT,
                 stream=True,

@@ -15,10 +15,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
 
 from client.protocol import MessageId, TraceContext
 
+from ._departure import departure
 from ._exceptions import QUOTA_EXCEEDED, PeerGone, TransferFailed
 from ._resends import remember, resent
 from ._shares import PoolFull
@@ -269,24 +271,57 @@ async def _upload(
         raise TransferFailed(f"too many uploads at once ({exc})", reason=QUOTA_EXCEEDED) from exc
     expiry = first(header.properties, MESSAGE_EXPIRY)
     pinger = asyncio.create_task(_keep_broker_alive(conn))
+    upload = services.gateway.upload(
+        endpoint,
+        topic=topic,
+        size=size,
+        pieces=payload,
+        headers=stored_headers(header),
+        ttl=expiry if isinstance(expiry, int) else None,
+        auth=conn.auth,
+        peer=conn.peer,
+        on_bytes=services.metrics.bytes_up.inc,
+        trace=trace,
+    )
     try:
-        return await services.gateway.upload(
-            endpoint,
-            topic=topic,
-            size=size,
-            pieces=payload,
-            headers=stored_headers(header),
-            ttl=expiry if isinstance(expiry, int) else None,
-            auth=conn.auth,
-            peer=conn.peer,
-            on_bytes=services.metrics.bytes_up.inc,
-            trace=trace,
-        )
+        if header.packet_id is None:  # QoS 0: nobody waits for an answer (see _unless_left)
+            return await upload
+        return await _unless_left(conn, services, upload)
     finally:
         pinger.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await pinger
         slot.give_back()
+
+
+async def _unless_left(
+    conn: Conn, services: Services, upload: Coroutine[Any, Any, Stored]
+) -> Stored:
+    """`upload`, given up when the client leaves before it ends.
+
+    A QoS 1 or 2 PUBLISH is answered with the broker's PUBACK/PUBREC once stored: a client
+    that closed before has given that answer up (it resends with its session, or reports the
+    message failed), so nothing is stored or published for it later, when a slow gateway
+    answers (:mod:`proxy._departure`; the upload's connection is reset). A QoS 0 PUBLISH
+    waits for no answer: its client may close right after it (mosquitto_pub does, with a
+    DISCONNECT), and what it sent is offloaded as a broker would publish it.
+
+    Raises:
+        PeerGone: the client left first.
+    """
+    task = asyncio.ensure_future(upload)
+    watch = asyncio.ensure_future(departure(conn.client_writer))
+    try:
+        await asyncio.wait((task, watch), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for pending in (task, watch):
+            pending.cancel()
+        await asyncio.wait((task, watch))  # the upload's channel aborted, its link cut
+    if not task.cancelled():
+        return task.result()
+    services.metrics.failed.labels(why="client-left").inc()
+    log.info("offload abandoned: the client left before its answer")
+    raise PeerGone("the client left while its PUBLISH was offloaded")
 
 
 def _fits(conn: Conn, services: Services, header: PublishHeader, size: int) -> bool:
