@@ -31,12 +31,12 @@ from client.protocol import MessageId, Origin, Placeholder, TraceContext
 
 from ._exceptions import TransferFailed
 from ._gateway_calls import (
-    Cutoff,
     Fetched,
     FetchItem,
     Opened,
     PayloadGet,
     Upload,
+    Wire,
     declared_store,
     upload,
 )
@@ -46,6 +46,24 @@ from .protocol import Connect, Stored
 RAW_CONTENT_TYPE = "application/octet-stream"
 FORWARDED_FOR = "X-Forwarded-For"
 R = TypeVar("R")
+#: The gateway's request head limit (gateway/middleware/_protocol.py `MAX_HEAD_BYTES`: over
+#: it, 431 and the connection closed), and what of it an upload's own fields take at most
+#: (request line with the topic, login, trace context, forwarded address).
+GATEWAY_HEAD = 64 * 1024
+HEAD_ROOM = 8 * 1024
+
+
+def header_fields(headers: tuple[tuple[str, str], ...]) -> list[str]:
+    """A PUBLISH's user properties as the upload's `X-Offload-Header` values."""
+    return [f"{quote(k, safe='')}={quote(v, safe='')}" for k, v in headers]
+
+
+def head_fits(headers: tuple[tuple[str, str], ...]) -> bool:
+    """Whether an upload with these stored headers fits the gateway's request head: one
+    that does not is refused without sending anything (the gateway's 431 would come only
+    once the head is sent, and a resend would fare no better)."""
+    size = sum(len("X-Offload-Header: \r\n") + len(f) for f in header_fields(headers))
+    return size <= GATEWAY_HEAD - HEAD_ROOM
 
 
 def credentials(connect: Connect, scheme: str = "auto") -> httpx.Auth | None:
@@ -173,7 +191,7 @@ class GatewayLink:
     A transfer's thread is its own (:class:`Threads`), so none waits for another's; the
     callers' admission limits (`max_uploads`, Wills included, and `max_fetches`) bound how
     many there are. An upload given up by the loop (its client left, an error) has its
-    connection cut off at once (:class:`proxy._gateway_calls.Cutoff`), so its thread ends
+    connection cut off at once (:class:`proxy._gateway_calls.Wire`), so its thread ends
     then, not at the HTTP timeout: uploads go over connections of their own for that (a
     connection is a small cost beside a payload over the broker's limit).
     """
@@ -239,7 +257,7 @@ class GatewayLink:
         params: dict[str, str | int] = {"topic": topic}
         if ttl:
             params["ttl"] = ttl
-        fields = [f"{quote(k, safe='')}={quote(v, safe='')}" for k, v in headers]
+        fields = header_fields(headers)
         request = Upload(
             url,
             params,
@@ -254,7 +272,7 @@ class GatewayLink:
         )
         loop = asyncio.get_running_loop()
         channel: FromLoop[bytes] = FromLoop(loop, DEPTH)
-        cutoff = Cutoff()
+        wire = Wire()
         job = loop.run_in_executor(
             self._threads,
             functools.partial(
@@ -264,7 +282,7 @@ class GatewayLink:
                 auth=auth,
                 pieces=channel,
                 idle=self._idle,
-                cutoff=cutoff,
+                wire=wire,
             ),
         )
         try:
@@ -280,7 +298,7 @@ class GatewayLink:
                 raise TransferFailed(f"upload to {url} broke off: {exc!r}") from exc
         except BaseException:
             channel.abort()  # the thread sends no more of the body
-            cutoff.cut()  # nor waits on the gateway: its connection is reset (if still open)
+            wire.cut()  # nor waits on the gateway: its connection is reset (if still open)
             job.add_done_callback(_retrieved)
             raise
         return Stored(url, size, sha256, message_id)

@@ -12,13 +12,17 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import re
+import select
 import socket
+import ssl
 import struct
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import httpcore
 import httpx
 
 from client.protocol import DiscoveryRecord, Origin, http_origin
@@ -195,10 +199,15 @@ def _redirected(
 #: httpx trace events that hand over a new connection's stream (TCP, then TLS over it).
 _CONNECTED = frozenset({"connection.connect_tcp.complete", "connection.start_tls.complete"})
 _NO_LINGER = struct.pack("ii", 1, 0)
+#: A response's status line (an answer's first bytes).
+_STATUS_LINE = re.compile(rb"HTTP/1\.[01] (\d{3})[^\r\n]*\r\n")
+#: Bytes of an early answer looked at: a `100 Continue` and the next status line.
+_PEEK = 512
 
 
-class Cutoff:
-    """The socket an upload's HTTP exchange runs on, so the event loop can cut it off.
+class Wire:
+    """The socket an upload's HTTP exchange runs on: the loop cuts it off, the thread looks
+    on it for the gateway's answer before the body has ended.
 
     An upload's thread can wait on the gateway (a write on full buffers, a read for the
     answer) until the HTTP timeout. When the loop gives the upload up (its client left, the
@@ -207,6 +216,9 @@ class Cutoff:
     yet is dropped and it keeps nothing of a body cut short. The socket is learnt from
     httpx's `trace` request extension (:meth:`trace`) as each connection is made: uploads
     go over connections of their own (no keep-alive), so each exchange's is seen.
+
+    A refusal (a login, a topic) comes before the body is read: :meth:`answered` sees it
+    while the body is still being sent, so the thread stops feeding it.
     """
 
     def __init__(self) -> None:
@@ -235,6 +247,35 @@ class Cutoff:
         if sock is not None:
             _reset(sock)
 
+    def answered(self) -> int | None:
+        """(worker thread) The status of an answer already waiting on the connection (not a
+        `100 Continue`), looked at without taking it; None: none yet, or over TLS, whose
+        records cannot be looked into without taking them."""
+        sock = self._sock
+        if sock is None or isinstance(sock, ssl.SSLSocket) or sock.fileno() == -1:
+            return None
+        try:
+            if not select.select([sock], [], [], 0)[0]:
+                return None
+            data = sock.recv(_PEEK, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except (OSError, ValueError):
+            return None
+        return final_status(data)
+
+
+def final_status(data: bytes) -> int | None:
+    """The first status other than 1xx in `data`, the start of an answer; None if none yet."""
+    at = 0
+    while (line := _STATUS_LINE.match(data, at)) is not None:
+        status = int(line[1])
+        if status >= 200:
+            return status
+        end = data.find(b"\r\n\r\n", at)  # an informational answer: its head ends here
+        if end < 0:
+            return None
+        at = end + 4
+    return None
+
 
 def _reset(sock: socket.socket) -> None:
     """Shut `sock` down (a thread blocked on it wakes) so that its close resets it."""
@@ -244,6 +285,10 @@ def _reset(sock: socket.socket) -> None:
         # The plain socket's shutdown, also for a TLS one: ssl.SSLSocket's own drops its
         # TLS state, which the thread still reading it would trip over.
         socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
+
+#: Seconds between two looks for the gateway's answer while a piece is awaited.
+ANSWER_POLL = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,11 +308,18 @@ def upload(
     auth: httpx.Auth | None,
     pieces: FromLoop[bytes],
     idle: float,
-    cutoff: Cutoff | None = None,
+    wire: Wire,
 ) -> str:
     """Send the pieces as `request`'s body (waiting at most `idle` seconds for each); the
-    SHA-256 of what was sent, which the gateway's answer must carry too. `cutoff` learns
-    the exchange's socket, so the loop can cut it off.
+    SHA-256 of what was sent, which the gateway's answer must carry too. `wire` learns the
+    exchange's socket, so the loop can cut it off.
+
+    The request asks `Expect: 100-continue`: the gateway then answers a refusal (a login,
+    the topic's ACL) at once instead of reading the body first (up to 16 MiB, at the
+    device's pace: gateway/middleware/_drain.py), and the body stops as soon as that
+    answer is seen (:meth:`Wire.answered`, before each piece and while one is awaited), so
+    a refused upload holds its slot no longer than its head took. The body is sent
+    without waiting for `100 Continue` (httpx does not), which the gateway allows.
 
     Raises:
         TransferFailed: no answer, a refusal, or an answer for other bytes.
@@ -276,10 +328,24 @@ def upload(
     digest = hashlib.sha256()
     sent = 0
 
+    def next_piece() -> bytes:
+        waited = 0.0
+        while True:
+            status = wire.answered()
+            if status is not None:
+                # What httpcore takes for a write the server cut short: it reads the answer.
+                raise httpcore.WriteError(f"the gateway answered {status} before the body")
+            try:
+                return pieces.get(min(ANSWER_POLL, idle - waited))
+            except TimeoutError:
+                waited += ANSWER_POLL
+                if waited >= idle:
+                    raise
+
     def body() -> Iterator[bytes]:
         nonlocal sent
         while sent < request.size:
-            piece = pieces.get(idle)
+            piece = next_piece()
             digest.update(piece)
             sent += len(piece)
             yield piece
@@ -291,9 +357,9 @@ def upload(
                     "PUT",
                     request.url,
                     params=request.params,
-                    headers=request.headers,
+                    headers=[*request.headers, ("Expect", "100-continue")],
                     content=body(),
-                    extensions={"trace": cutoff.trace} if cutoff is not None else None,
+                    extensions={"trace": wire.trace},
                 ),
                 auth=auth or httpx.USE_CLIENT_DEFAULT,
                 stream=True,
@@ -310,8 +376,10 @@ def upload(
             raise TransferFailed(f"upload to {request.url}: the answer is not JSON") from exc
         except (Stopped, TimeoutError, TransferFailed):
             raise
-        except Exception as exc:  # an auth flow's own error: never a dead thread
-            raise TransferFailed(f"upload to {request.url} failed: {exc!r}") from exc
+        except Exception as exc:  # the login's own failure (SCRAM): never a dead thread
+            # The gateway refused the proof (`e=invalid-proof`), or could not prove itself:
+            # the login is refused, whatever a resend would carry (0x87).
+            raise TransferFailed(f"upload to {request.url}: the login failed: {exc}", 401) from exc
     finally:
         pieces.gone()
     sha256 = digest.hexdigest()

@@ -21,7 +21,14 @@ from typing import Any
 from client.protocol import MessageId, TraceContext
 
 from ._departure import departure
-from ._exceptions import QUOTA_EXCEEDED, PeerGone, TransferFailed
+from ._exceptions import (
+    FINAL_REASONS,
+    IMPLEMENTATION_SPECIFIC,
+    QUOTA_EXCEEDED,
+    PeerGone,
+    TransferFailed,
+)
+from ._gateway import head_fits
 from ._resends import remember, resent
 from ._shares import PoolFull
 from ._state import Conn, Services
@@ -264,7 +271,14 @@ async def _upload(
         raise TransferFailed("the proxy is shutting down")
     if not _fits(conn, services, header, size):
         # Its properties alone are over the limit: the broker would refuse the placeholder.
-        raise TransferFailed("even the placeholder is over the broker's limit", reason=0x83)
+        raise TransferFailed(
+            "even the placeholder is over the broker's limit", reason=IMPLEMENTATION_SPECIFIC
+        )
+    headers = stored_headers(header)
+    if not head_fits(headers):
+        raise TransferFailed(
+            "its properties are over the gateway's request head", reason=IMPLEMENTATION_SPECIFIC
+        )
     try:  # the device's account and address each hold at most their share
         slot = services.uploads.take_now(conn.holder)
     except PoolFull as exc:
@@ -276,7 +290,7 @@ async def _upload(
         topic=topic,
         size=size,
         pieces=payload,
-        headers=stored_headers(header),
+        headers=headers,
         ttl=expiry if isinstance(expiry, int) else None,
         auth=conn.auth,
         peer=conn.peer,
@@ -285,8 +299,10 @@ async def _upload(
     )
     try:
         if header.packet_id is None:  # QoS 0: nobody waits for an answer (see _unless_left)
-            return await upload
-        return await _unless_left(conn, services, upload)
+            stored = await upload
+        else:
+            stored = await _unless_left(conn, services, upload)
+        return stored
     finally:
         pinger.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -346,13 +362,20 @@ async def _keep_broker_alive(conn: Conn) -> None:
 async def _refuse(
     conn: Conn, services: Services, head: Head, header: PublishHeader, exc: TransferFailed
 ) -> None:
-    """Tell the client its PUBLISH was not stored: a reason code, or the connection closed."""
+    """Tell the client its PUBLISH was not stored: a reason code, or the connection closed.
+
+    A 3.1.1 client has no reason codes: a refusal it could resend with success (0x80,
+    0x97) closes its connection, so it resends after reconnecting; one it cannot (0x83,
+    0x87) gets a plain PUBACK/PUBREC, the message dropped, as mosquitto answers a 3.1.1
+    client's PUBLISH that its ACL refuses (closing would have it resend for ever).
+    """
     qos = (head.first >> 1) & 0x03
     services.metrics.failed.labels(why=str(exc.status or exc.reason)).inc()
     log.warning("offload refused", extra={"why": str(exc), "status": exc.status})
-    if not conn.connect.v5:
+    if not conn.connect.v5 and exc.reason not in FINAL_REASONS:
         raise PeerGone(f"offload failed, 3.1.1 client disconnected: {exc}")
     if qos and header.packet_id is not None:
         kind = PUBACK if qos == 1 else PUBREC
+        answer = ack(kind, header.packet_id, exc.reason, v5=conn.connect.v5)
         async with conn.client_lock:  # never inside a packet the other direction is writing
-            conn.client_writer.write(ack(kind, header.packet_id, exc.reason, v5=True))
+            conn.client_writer.write(answer)

@@ -189,3 +189,32 @@ def test_a_device_that_left_has_its_upload_abandoned(
     assert stack.stored() == before
     assert server.metric("offload_proxy_uploads") == 0
     watcher.close()
+
+
+def test_a_placeholder_whose_fetch_gets_no_answer_is_handed_on_within_the_timeout(
+    stack: Stack,
+    proxy_for: Callable[..., ProxyServer],
+    unique_topic: Callable[[str], str],
+) -> None:
+    """A subscriber through the proxy gets a retained placeholder while the gateway is
+    frozen: the fetch (SCRAM, the subscriber's login) ends at the timeout and the
+    placeholder is handed on as it came, as for an unreachable gateway."""
+    from client import Client
+
+    server = proxy_for(TIMEOUT)
+    topic = unique_topic("frozen/fetch")
+    with Client(
+        stack.broker.url, username=USER, password=PASSWORD, endpoint=stack.gateway.url
+    ) as publisher:
+        sent = publisher.publish(topic, os.urandom(MiB), qos=1, retain=True)
+    assert sent.url is not None
+    with frozen(stack.pid):
+        subscriber = PahoPeer(server.port, credentials=(USER, PASSWORD))
+        start = time.monotonic()
+        subscriber.subscribe(stack.broker, topic, qos=1)
+        got = subscriber.wait(1)
+        took = time.monotonic() - start
+    assert took <= TIMEOUT + 2.0, took
+    assert b'"_format"' in got[0].payload and len(got[0].payload) < 4096  # the placeholder
+    assert server.metric("offload_proxy_resolved_total") == 0
+    subscriber.close()
