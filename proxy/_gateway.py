@@ -239,6 +239,7 @@ class GatewayLink:
         on_bytes: Callable[[int], None] = lambda n: None,
         message_id: MessageId | None = None,
         trace: TraceContext | None = None,
+        on_exchanged: Callable[[], None] = lambda: None,
     ) -> Stored:
         """Stream `size` bytes from `pieces` to `message_id` (a new one by default); what
         the gateway stored.
@@ -246,6 +247,9 @@ class GatewayLink:
         The SHA-256 is taken while the bytes pass (on the worker thread) and must equal the
         one the gateway answers (it takes its CRC-32C in the same pass). `peer` is the
         device's address, forwarded; `trace` goes as `traceparent` / `tracestate`.
+        `on_exchanged` is called (on the loop) once the HTTP exchange has ended, which for
+        a refusal is before `pieces` has ended: the rest of a refused body is the device's
+        to send, not the gateway's to take.
 
         Raises:
             TransferFailed: no answer, a refusal, or a stored payload that is not the bytes
@@ -285,6 +289,7 @@ class GatewayLink:
                 wire=wire,
             ),
         )
+        job.add_done_callback(lambda _: on_exchanged())
         try:
             try:
                 async for piece in pieces:

@@ -296,12 +296,17 @@ async def _upload(
         peer=conn.peer,
         on_bytes=services.metrics.bytes_up.inc,
         trace=trace,
+        # The slot is the gateway exchange's: a refused one frees it while the device may
+        # still be sending (or sitting on) the rest of its PUBLISH.
+        on_exchanged=slot.give_back,
     )
     try:
         if header.packet_id is None:  # QoS 0: nobody waits for an answer (see _unless_left)
             stored = await upload
         else:
             stored = await _unless_left(conn, services, upload)
+        if conn.account is None:  # a JWT the gateway has now accepted: its account counts
+            conn.account = services.tokens.confirm(conn.auth)
         return stored
     finally:
         pinger.cancel()
