@@ -50,6 +50,9 @@ R = TypeVar("R")
 #: it, 431 and the connection closed), and what of it an upload's own fields take at most
 #: (request line with the topic, login, trace context, forwarded address).
 GATEWAY_HEAD = 64 * 1024
+#: An upload's whole answer is due this many `http_timeout`s after its body (a silent
+#: gateway is ended by the read timeout first; this ends one that answers a byte at a time).
+ANSWER_TIMES = 1.5
 HEAD_ROOM = 8 * 1024
 
 
@@ -204,6 +207,7 @@ class GatewayLink:
         idle: float = 30.0,
     ) -> None:
         self._http = HttpTransport(timeout=timeout, verify=verify)
+        self._timeout = timeout
         self._uploads = httpx.Client(
             timeout=timeout, verify=verify, limits=httpx.Limits(max_keepalive_connections=0)
         )
@@ -287,6 +291,7 @@ class GatewayLink:
                 pieces=channel,
                 idle=self._idle,
                 wire=wire,
+                answer=ANSWER_TIMES * self._timeout,  # beyond a silent gateway's timeout
             ),
         )
         job.add_done_callback(lambda _: on_exchanged())

@@ -225,6 +225,8 @@ class Wire:
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._cut = False
+        self.why: str | None = None  # why it was cut off, when a deadline did it
+        self._timer: threading.Timer | None = None
 
     def trace(self, event: str, info: dict[str, Any]) -> None:
         """(worker thread) httpx's trace hook: note each new connection's socket."""
@@ -239,13 +241,28 @@ class Wire:
             if cut:
                 _reset(sock)
 
-    def cut(self) -> None:
-        """(event loop) End the exchange now, and any connection it makes later."""
+    def cut(self, why: str | None = None) -> None:
+        """(event loop, or the answer's timer) End the exchange now, and any connection it
+        makes later."""
         with self._lock:
             self._cut = True
+            self.why = self.why or why
             sock = self._sock
         if sock is not None:
             _reset(sock)
+
+    def answer_within(self, seconds: float) -> None:
+        """(worker thread) The body is sent: the answer must be in, whole, within `seconds`
+        (per-read timeouts never end one that comes a byte every few seconds)."""
+        why = f"no whole answer {seconds:g} s after the body was sent"
+        self._timer = threading.Timer(seconds, self.cut, kwargs={"why": why})
+        self._timer.daemon = True
+        self._timer.start()
+
+    def ended(self) -> None:
+        """(worker thread) The exchange is over: no deadline is left running."""
+        if self._timer is not None:
+            self._timer.cancel()
 
     def answered(self) -> int | None:
         """(worker thread) The status of an answer already waiting on the connection (not a
@@ -301,6 +318,45 @@ class Upload:
     size: int
 
 
+class _Body:
+    """An upload's body: the loop's pieces (at most `idle` seconds apart), hashed on the
+    way, ended early by the gateway's answer (:meth:`Wire.answered`); once it is all sent,
+    the answer has `answer` seconds (:meth:`Wire.answer_within`)."""
+
+    def __init__(
+        self, pieces: FromLoop[bytes], size: int, idle: float, wire: Wire, answer: float
+    ) -> None:
+        self._pieces = pieces
+        self._size = size
+        self._idle = idle
+        self._wire = wire
+        self._answer = answer
+        self.digest = hashlib.sha256()
+        self.sent = 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        while self.sent < self._size:
+            piece = self._next()
+            self.digest.update(piece)
+            self.sent += len(piece)
+            yield piece
+        self._wire.answer_within(self._answer)
+
+    def _next(self) -> bytes:
+        waited = 0.0
+        while True:
+            status = self._wire.answered()
+            if status is not None:
+                # What httpcore takes for a write the server cut short: it reads the answer.
+                raise httpcore.WriteError(f"the gateway answered {status} before the body")
+            try:
+                return self._pieces.get(min(ANSWER_POLL, self._idle - waited))
+            except TimeoutError:
+                waited += ANSWER_POLL
+                if waited >= self._idle:
+                    raise
+
+
 def upload(
     http: httpx.Client,
     request: Upload,
@@ -309,10 +365,12 @@ def upload(
     pieces: FromLoop[bytes],
     idle: float,
     wire: Wire,
+    answer: float,
 ) -> str:
-    """Send the pieces as `request`'s body (waiting at most `idle` seconds for each); the
-    SHA-256 of what was sent, which the gateway's answer must carry too. `wire` learns the
-    exchange's socket, so the loop can cut it off.
+    """Send the pieces as `request`'s body (waiting at most `idle` seconds for each, and
+    `answer` seconds for the whole answer after the last); the SHA-256 of what was sent,
+    which the gateway's answer must carry too. `wire` learns the exchange's socket, so the
+    loop can cut it off.
 
     The request asks `Expect: 100-continue`: the gateway then answers a refusal (a login,
     the topic's ACL) at once instead of reading the body first (up to 16 MiB, at the
@@ -325,66 +383,51 @@ def upload(
         TransferFailed: no answer, a refusal, or an answer for other bytes.
         Stopped: the loop side aborted (the gateway, cut off mid-body, keeps nothing).
     """
-    digest = hashlib.sha256()
-    sent = 0
-
-    def next_piece() -> bytes:
-        waited = 0.0
-        while True:
-            status = wire.answered()
-            if status is not None:
-                # What httpcore takes for a write the server cut short: it reads the answer.
-                raise httpcore.WriteError(f"the gateway answered {status} before the body")
-            try:
-                return pieces.get(min(ANSWER_POLL, idle - waited))
-            except TimeoutError:
-                waited += ANSWER_POLL
-                if waited >= idle:
-                    raise
-
-    def body() -> Iterator[bytes]:
-        nonlocal sent
-        while sent < request.size:
-            piece = next_piece()
-            digest.update(piece)
-            sent += len(piece)
-            yield piece
-
+    body = _Body(pieces, request.size, idle, wire, answer)
     try:
-        try:
-            response = http.send(
-                http.build_request(
-                    "PUT",
-                    request.url,
-                    params=request.params,
-                    headers=[*request.headers, ("Expect", "100-continue")],
-                    content=body(),
-                    extensions={"trace": wire.trace},
-                ),
-                auth=auth or httpx.USE_CLIENT_DEFAULT,
-                stream=True,
-            )
-            try:
-                if response.status_code != 201:
-                    raise TransferFailed(_detail(response), response.status_code)
-                answer = json.loads(_bounded(response, MAX_ERROR_BODY))
-            finally:
-                response.close()
-        except httpx.HTTPError as exc:
-            raise TransferFailed(f"upload to {request.url} failed: {type(exc).__name__}") from exc
-        except ValueError as exc:  # JSONDecodeError, or a body that is not UTF-8
-            raise TransferFailed(f"upload to {request.url}: the answer is not JSON") from exc
-        except (Stopped, TimeoutError, TransferFailed):
-            raise
-        except Exception as exc:  # the login's own failure (SCRAM): never a dead thread
-            # The gateway refused the proof (`e=invalid-proof`), or could not prove itself:
-            # the login is refused, whatever a resend would carry (0x87).
-            raise TransferFailed(f"upload to {request.url}: the login failed: {exc}", 401) from exc
+        answered = _exchange(http, request, auth, body, wire)
     finally:
+        wire.ended()
         pieces.gone()
-    sha256 = digest.hexdigest()
-    if not isinstance(answer, dict) or sent != request.size or answer.get("sha256") != sha256:
+    sha256 = body.digest.hexdigest()
+    if not isinstance(answered, dict) or body.sent != request.size:
         raise TransferFailed(f"the gateway stored other bytes than were sent to {request.url}")
-    if answer.get("size") != request.size:
+    if answered.get("sha256") != sha256 or answered.get("size") != request.size:
         raise TransferFailed(f"the gateway stored other bytes than were sent to {request.url}")
     return sha256
+
+
+def _exchange(
+    http: httpx.Client, request: Upload, auth: httpx.Auth | None, body: _Body, wire: Wire
+) -> object:
+    """The PUT and its 201 answer's JSON."""
+    try:
+        response = http.send(
+            http.build_request(
+                "PUT",
+                request.url,
+                params=request.params,
+                headers=[*request.headers, ("Expect", "100-continue")],
+                content=iter(body),
+                extensions={"trace": wire.trace},
+            ),
+            auth=auth or httpx.USE_CLIENT_DEFAULT,
+            stream=True,
+        )
+        try:
+            if response.status_code != 201:
+                raise TransferFailed(_detail(response), response.status_code)
+            return json.loads(_bounded(response, MAX_ERROR_BODY))
+        finally:
+            response.close()
+    except httpx.HTTPError as exc:
+        why = wire.why or f"failed: {type(exc).__name__}"
+        raise TransferFailed(f"upload to {request.url}: {why}") from exc
+    except ValueError as exc:  # JSONDecodeError, or a body that is not UTF-8
+        raise TransferFailed(f"upload to {request.url}: the answer is not JSON") from exc
+    except (Stopped, TimeoutError, TransferFailed):
+        raise
+    except Exception as exc:  # the login's own failure (SCRAM): never a dead thread
+        # The gateway refused the proof (`e=invalid-proof`), or could not prove itself:
+        # the login is refused, whatever a resend would carry (0x87).
+        raise TransferFailed(f"upload to {request.url}: the login failed: {exc}", 401) from exc

@@ -1,4 +1,5 @@
-"""A peer that accepts and never answers, and a watch on how long a call waits for it.
+"""A peer that accepts and never answers (or answers a byte at a time), and a watch on how
+long a call waits for it.
 
 :func:`frozen` stops a real process with SIGSTOP (its kernel still accepts connections and
 takes bytes until the socket buffers are full, then nothing: what a wedged gateway looks
@@ -11,7 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -68,3 +71,50 @@ def ends_within(call: Callable[[], Any], timeout: float, slack: float = SLACK) -
         f"took {ended.seconds:.1f} s, timeout {timeout} s: {ended.error!r}"
     )
     return ended
+
+
+class Trickler:
+    """A peer that answers, but a byte every `every` seconds: `answers` reads each request
+    whole (by its Content-Length) and sends `201 Created` so; `reads` takes the request
+    itself a byte at a time. Per-read and per-write timeouts never end either."""
+
+    def __init__(self, mode: str, every: float = 0.5) -> None:
+        assert mode in ("answers", "reads")
+        self.mode = mode
+        self.every = every
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def close(self) -> None:
+        self._listener.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with contextlib.suppress(OSError), conn:
+            if self.mode == "reads":
+                while conn.recv(1):
+                    time.sleep(self.every)
+                return
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536) or b"\r\n\r\n"
+            head, _, body = data.partition(b"\r\n\r\n")
+            length = re.search(rb"(?i)content-length:\s*(\d+)", head)
+            left = int(length[1]) - len(body) if length else 0
+            while left > 0:
+                left -= len(conn.recv(1 << 20)) or left
+            for byte in b"HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\n{}":
+                conn.sendall(bytes([byte]))
+                time.sleep(self.every)

@@ -34,7 +34,7 @@ from client.protocol import MessageId
 from gateway.storage import S3Store
 
 from _auth import AUTH_SECRET, credential_files
-from _frozen import ends_within, frozen
+from _frozen import Trickler, ends_within, frozen
 from _gateway import GatewayProcess
 from _relay import Relay
 from _servers import Mosquitto, SeaweedFS
@@ -160,6 +160,31 @@ def test_the_options_probe_of_a_large_upload_ends_within_the_timeout(
     with frozen(_pid(gateway)):
         error = _refused_in_time(_upload(http, gateway, scram(), size=17 * MiB), UploadError)
     assert "OPTIONS" in str(error) or "Timeout" in str(error)
+
+
+@pytest.mark.parametrize("mode", ["reads", "answers"])
+def test_an_upload_to_a_peer_that_trickles_ends_within_the_timeout(
+    http: HttpTransport, mode: str
+) -> None:
+    """A peer that takes the body, or answers, a byte every half second: no single read or
+    write waits the timeout, yet the upload ends. Taking the body so slowly leaves the
+    writes blocked (the kernel wakes a writer only for room, not for a byte); the answer is
+    due, whole, a timeout after the body (client/http/_deadline.py), where before it was
+    read byte by byte for as long as it came."""
+    peer = Trickler(mode)
+    try:
+
+        def call() -> object:
+            with PayloadSource(b"\x04" * BIG) as source:
+                return http.upload(peer.url, "frozen/t", source, message_id=MessageId.new())
+
+        # Its answer is due 1.5 timeouts after the body: one is the slack's.
+        ended = ends_within(call, TIMEOUT * 1.5)
+        assert isinstance(ended.error, UploadError), ended
+        expected = "WriteTimeout" if mode == "reads" else "no whole answer"
+        assert expected in str(ended.error), ended.error
+    finally:
+        peer.close()
 
 
 # -- direct transfers -------------------------------------------------------------------------

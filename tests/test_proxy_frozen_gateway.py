@@ -24,7 +24,7 @@ import pytest
 from test_proxy import MiB, PahoPeer, start_proxy
 
 from _auth import AUTH_SECRET, credential_files
-from _frozen import ends_within, frozen
+from _frozen import Trickler, ends_within, frozen
 from _gateway import GatewayProcess
 from _proxy import ProxyServer
 from _servers import Mosquitto, wait_until
@@ -218,3 +218,27 @@ def test_a_placeholder_whose_fetch_gets_no_answer_is_handed_on_within_the_timeou
     assert b'"_format"' in got[0].payload and len(got[0].payload) < 4096  # the placeholder
     assert server.metric("offload_proxy_resolved_total") == 0
     subscriber.close()
+
+
+def test_a_gateway_that_answers_a_byte_at_a_time_gets_the_device_its_answer(
+    stack: Stack, unique_topic: Callable[[str], str], big: Path
+) -> None:
+    """The proxy's gateway takes the body but answers a byte every half second: no read
+    waits the timeout, yet the device gets PUBACK 0x80 a timeout after its body (before:
+    it waited as long as the answer trickled)."""
+    peer = Trickler("answers")
+    server = start_proxy(stack.broker, peer, http_timeout=TIMEOUT)  # type: ignore[arg-type]
+    try:
+        ended = ends_within(
+            lambda: subprocess.run(
+                _pub(server.port, unique_topic("frozen/trickle"), big, "5", login=False),
+                capture_output=True, text=True, timeout=60,
+            ),
+            TIMEOUT * 1.5,  # the whole answer is due 1.5 timeouts after the body
+            slack=3.0,  # mosquitto_pub's start and its 2 MiB
+        )  # fmt: skip
+        assert "Publish 1 failed: Unspecified error" in ended.result.stderr, ended.result
+        assert server.metric("offload_proxy_offloaded_total") == 0
+    finally:
+        server.stop()
+        peer.close()
