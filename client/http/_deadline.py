@@ -141,8 +141,9 @@ class Watchdog:
         if self._thread is not None:
             self._thread.join()
         if why is not None and isinstance(ev, Exception):
-            # A timeout, as the caller tells them (not the broken read it caused: `ev`).
-            raise self._error(self._url, why) from httpx.ReadTimeout(why)
+            # A timeout, as callers tell them (not the broken read it caused: `ev`), in its
+            # own words (the CLI prints them).
+            raise self._error(self._url, why) from TimeoutError(why)
 
     def counting(self, on_bytes: OnBytes | None) -> OnBytes:
         """`on_bytes` (if any), counting the bytes received for the pace on the way."""
@@ -158,7 +159,7 @@ class Watchdog:
         """The socket to shut down is now `response`'s (shut at once if already cut off)."""
         why = self.attach(_socket_of(response))
         if why is not None:
-            raise self._error(self._url, why) from httpx.ReadTimeout(why)
+            raise self._error(self._url, why) from TimeoutError(why)
 
     def attach(self, sock: socket.socket | None) -> str | None:
         """The socket to shut down is now `sock`: shut at once, saying why, if already cut off.

@@ -411,7 +411,7 @@ class Publisher:
                 # same id again is safe (the gateway answers an identical re-upload with
                 # success and keeps one object), so retry before giving up. Not a timeout:
                 # a gateway that did not answer within http_timeout would cost it twice.
-                timed_out = isinstance(exc.__cause__, httpx.TimeoutException)
+                timed_out = isinstance(exc.__cause__, httpx.TimeoutException | TimeoutError)
                 transient = (exc.status is None and not timed_out) or (exc.status or 0) >= 500
                 attempt += 1
                 if not transient or attempt >= UPLOAD_ATTEMPTS:
