@@ -187,6 +187,32 @@ def test_an_upload_to_a_peer_that_trickles_ends_within_the_timeout(
         peer.close()
 
 
+def test_a_publish_does_not_retry_an_upload_that_timed_out(
+    gateway: GatewayProcess, mosquitto_factory: Callable[..., Mosquitto]
+) -> None:
+    """`Client.publish` retries an upload that failed on the way (the same id again is
+    safe), but not one the gateway did not answer in time: that would cost the timeout
+    twice (it did: 2 x http_timeout and more)."""
+    from client import Client
+
+    broker = mosquitto_factory(max_packet_size=65536)
+    with (
+        Client(
+            broker.url,
+            username=USER,
+            password=PASSWORD,
+            endpoint=gateway.url,
+            http_timeout=TIMEOUT,
+            chunking=False,
+        ) as client,
+        frozen(_pid(gateway)),
+    ):
+        error = _refused_in_time(
+            lambda: client.publish("frozen/pub", b"\x05" * MiB, qos=1), UploadError
+        )
+    assert "Timeout" in str(error)
+
+
 # -- direct transfers -------------------------------------------------------------------------
 
 
