@@ -39,7 +39,7 @@ from _gateway import GatewayProcess
 from _relay import Relay
 from _servers import Mosquitto, SeaweedFS
 
-pytestmark = [pytest.mark.servers, pytest.mark.xdist_group("frozen-gateway")]
+pytestmark = pytest.mark.servers
 
 MiB = 1024 * 1024
 #: Seconds of `http_timeout` in these tests: each call must end within it (and some slack).

@@ -29,7 +29,7 @@ from _gateway import GatewayProcess
 from _proxy import ProxyServer
 from _servers import Mosquitto, wait_until
 
-pytestmark = [pytest.mark.servers, pytest.mark.xdist_group("frozen-gateway")]
+pytestmark = pytest.mark.servers
 
 USER, PASSWORD = "alice", "alice-secret"
 #: Anonymous devices may write `frozen/#` too (their upload sends its body at once).

@@ -29,7 +29,7 @@ from _jwt_helpers import AUDIENCE, ISSUER, claims, jwks, make_key
 from _proxy import ProxyServer
 from _servers import Mosquitto, wait_until
 
-pytestmark = [pytest.mark.servers, pytest.mark.xdist_group("frozen-gateway")]
+pytestmark = pytest.mark.servers
 
 ACL = {"pub": ["dev/${username}/#"], "sub": ["dev/${username}/#"]}
 FORGED = 10
