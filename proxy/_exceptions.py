@@ -13,8 +13,12 @@ Hierarchy::
 from __future__ import annotations
 
 UNSPECIFIED_ERROR = 0x80
+IMPLEMENTATION_SPECIFIC = 0x83
 NOT_AUTHORIZED = 0x87
 QUOTA_EXCEEDED = 0x97
+#: Refusals a resend of the same PUBLISH cannot change: a 3.1.1 client is answered (a plain
+#: PUBACK/PUBREC, the message dropped) rather than disconnected to resend it for ever.
+FINAL_REASONS = frozenset({IMPLEMENTATION_SPECIFIC, NOT_AUTHORIZED})
 
 
 class ProxyError(Exception):
@@ -50,13 +54,23 @@ class TransferFailed(ProxyError):
 
     @property
     def reason(self) -> int:
-        """The MQTT 5 reason code for the PUBACK/PUBREC that refuses the message."""
+        """The MQTT 5 reason code for the PUBACK/PUBREC that refuses the message.
+
+        0x80 only where a resend may succeed (no answer, 408, 5xx); 0x97 for 429 (too
+        many at once: later); 0x87 for a login or access the gateway refused (401, 403);
+        0x83 for any other refusal of the request itself (413: over the gateway's size
+        limit, 431: properties over its head limit, 400), which the same PUBLISH always
+        gets. 0x95 (Packet too large) is no PUBACK/PUBREC reason code in MQTT 5.
+        """
         if self._reason is not None:
             return self._reason
-        if self.status in (401, 403):
+        status = self.status
+        if status in (401, 403):
             return NOT_AUTHORIZED
-        if self.status in (413, 429):  # too large; too many at once (the device may retry)
+        if status == 429:
             return QUOTA_EXCEEDED
+        if status is not None and 400 <= status < 500 and status != 408:
+            return IMPLEMENTATION_SPECIFIC
         return UNSPECIFIED_ERROR
 
 

@@ -37,6 +37,7 @@ from ._gateway_calls import (
     Opened,
     PayloadGet,
     Upload,
+    Wire,
     declared_store,
     upload,
 )
@@ -47,6 +48,27 @@ from .protocol import Connect, Stored
 RAW_CONTENT_TYPE = "application/octet-stream"
 FORWARDED_FOR = "X-Forwarded-For"
 R = TypeVar("R")
+#: The gateway's request head limit (gateway/middleware/_protocol.py `MAX_HEAD_BYTES`: over
+#: it, 431 and the connection closed), and what of it an upload's own fields take at most
+#: (request line with the topic, login, trace context, forwarded address).
+GATEWAY_HEAD = 64 * 1024
+#: An upload's whole answer is due this many `http_timeout`s after its body (a silent
+#: gateway is ended by the read timeout first; this ends one that answers a byte at a time).
+ANSWER_TIMES = 1.5
+HEAD_ROOM = 8 * 1024
+
+
+def header_fields(headers: tuple[tuple[str, str], ...]) -> list[str]:
+    """A PUBLISH's user properties as the upload's `X-Offload-Header` values."""
+    return [f"{quote(k, safe='')}={quote(v, safe='')}" for k, v in headers]
+
+
+def head_fits(headers: tuple[tuple[str, str], ...]) -> bool:
+    """Whether an upload with these stored headers fits the gateway's request head: one
+    that does not is refused without sending anything (the gateway's 431 would come only
+    once the head is sent, and a resend would fare no better)."""
+    size = sum(len("X-Offload-Header: \r\n") + len(f) for f in header_fields(headers))
+    return size <= GATEWAY_HEAD - HEAD_ROOM
 
 
 def credentials(connect: Connect, scheme: str = "auto") -> httpx.Auth | None:
@@ -173,7 +195,10 @@ class GatewayLink:
 
     A transfer's thread is its own (:class:`Threads`), so none waits for another's; the
     callers' admission limits (`max_uploads`, Wills included, and `max_fetches`) bound how
-    many there are.
+    many there are. An upload given up by the loop (its client left, an error) has its
+    connection cut off at once (:class:`proxy._gateway_calls.Wire`), so its thread ends
+    then, not at the HTTP timeout: uploads go over connections of their own for that (a
+    connection is a small cost beside a payload over the broker's limit).
     """
 
     def __init__(
@@ -184,6 +209,10 @@ class GatewayLink:
         idle: float = 30.0,
     ) -> None:
         self._http = HttpTransport(timeout=timeout, verify=verify)
+        self._timeout = timeout
+        self._uploads = httpx.Client(
+            timeout=timeout, verify=verify, limits=httpx.Limits(max_keepalive_connections=0)
+        )
         self._threads = Threads()
         self._idle = idle
         # Per gateway origin: the store origin its `GET /` declares (None: it declares none).
@@ -200,6 +229,7 @@ class GatewayLink:
 
     async def aclose(self) -> None:
         self._http.close()
+        self._uploads.close()
 
     async def upload(
         self,
@@ -215,6 +245,7 @@ class GatewayLink:
         on_bytes: Callable[[int], None] = lambda n: None,
         message_id: MessageId | None = None,
         trace: TraceContext | None = None,
+        on_exchanged: Callable[[], None] = lambda: None,
     ) -> Stored:
         """Stream `size` bytes from `pieces` to `message_id` (a new one by default); what
         the gateway stored.
@@ -222,6 +253,9 @@ class GatewayLink:
         The SHA-256 is taken while the bytes pass (on the worker thread) and must equal the
         one the gateway answers (it takes its CRC-32C in the same pass). `peer` is the
         device's address, forwarded; `trace` goes as `traceparent` / `tracestate`.
+        `on_exchanged` is called (on the loop) once the HTTP exchange has ended, which for
+        a refusal is before `pieces` has ended: the rest of a refused body is the device's
+        to send, not the gateway's to take.
 
         Raises:
             TransferFailed: no answer, a refusal, or a stored payload that is not the bytes
@@ -233,7 +267,7 @@ class GatewayLink:
         params: dict[str, str | int] = {"topic": topic}
         if ttl:
             params["ttl"] = ttl
-        fields = [f"{quote(k, safe='')}={quote(v, safe='')}" for k, v in headers]
+        fields = header_fields(headers)
         request = Upload(
             url,
             params,
@@ -248,12 +282,21 @@ class GatewayLink:
         )
         loop = asyncio.get_running_loop()
         channel: FromLoop[bytes] = FromLoop(loop, DEPTH)
+        wire = Wire()
         job = loop.run_in_executor(
             self._threads,
             functools.partial(
-                upload, self._http.client, request, auth=auth, pieces=channel, idle=self._idle
+                upload,
+                self._uploads,
+                request,
+                auth=auth,
+                pieces=channel,
+                idle=self._idle,
+                wire=wire,
+                answer=ANSWER_TIMES * self._timeout,  # beyond a silent gateway's timeout
             ),
         )
+        job.add_done_callback(lambda _: on_exchanged())
         try:
             try:
                 async for piece in pieces:
@@ -266,7 +309,8 @@ class GatewayLink:
             except (Stopped, TimeoutError) as exc:
                 raise TransferFailed(f"upload to {url} broke off: {exc!r}") from exc
         except BaseException:
-            channel.abort()  # the thread cuts the request off mid-body
+            channel.abort()  # the thread sends no more of the body
+            wire.cut()  # nor waits on the gateway: its connection is reset (if still open)
             job.add_done_callback(_retrieved)
             raise
         return Stored(url, size, sha256, message_id)

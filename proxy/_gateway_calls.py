@@ -12,9 +12,17 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import re
+import select
+import socket
+import ssl
+import struct
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
+import httpcore
 import httpx
 
 from client.protocol import DiscoveryRecord, Origin, http_origin
@@ -189,6 +197,118 @@ def _redirected(
         raise TransferFailed(f"fetch of {target} failed: {type(exc).__name__}") from exc
 
 
+#: httpx trace events that hand over a new connection's stream (TCP, then TLS over it).
+_CONNECTED = frozenset({"connection.connect_tcp.complete", "connection.start_tls.complete"})
+_NO_LINGER = struct.pack("ii", 1, 0)
+#: A response's status line (an answer's first bytes).
+_STATUS_LINE = re.compile(rb"HTTP/1\.[01] (\d{3})[^\r\n]*\r\n")
+#: Bytes of an early answer looked at: a `100 Continue` and the next status line.
+_PEEK = 512
+
+
+class Wire:
+    """The socket an upload's HTTP exchange runs on: the loop cuts it off, the thread looks
+    on it for the gateway's answer before the body has ended.
+
+    An upload's thread can wait on the gateway (a write on full buffers, a read for the
+    answer) until the HTTP timeout. When the loop gives the upload up (its client left, the
+    Will's CONNECT timed out), :meth:`cut` shuts that socket down at once: the thread's
+    wait ends, and the connection is reset, not closed, so what the gateway has not taken
+    yet is dropped and it keeps nothing of a body cut short. The socket is learnt from
+    httpx's `trace` request extension (:meth:`trace`) as each connection is made: uploads
+    go over connections of their own (no keep-alive), so each exchange's is seen.
+
+    A refusal (a login, a topic) comes before the body is read: :meth:`answered` sees it
+    while the body is still being sent, so the thread stops feeding it.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._cut = False
+        self.why: str | None = None  # why it was cut off, when a deadline did it
+        self._timer: threading.Timer | None = None
+
+    def trace(self, event: str, info: dict[str, Any]) -> None:
+        """(worker thread) httpx's trace hook: note each new connection's socket."""
+        if event not in _CONNECTED:
+            return
+        extra = getattr(info.get("return_value"), "get_extra_info", None)
+        sock = extra("socket") if extra is not None else None
+        if isinstance(sock, socket.socket):
+            with self._lock:
+                self._sock = sock
+                cut = self._cut
+            if cut:
+                _reset(sock)
+
+    def cut(self, why: str | None = None) -> None:
+        """(event loop, or the answer's timer) End the exchange now, and any connection it
+        makes later."""
+        with self._lock:
+            self._cut = True
+            self.why = self.why or why
+            sock = self._sock
+        if sock is not None:
+            _reset(sock)
+
+    def answer_within(self, seconds: float) -> None:
+        """(worker thread) The body is sent: the answer must be in, whole, within `seconds`
+        (per-read timeouts never end one that comes a byte every few seconds)."""
+        why = f"no whole answer {seconds:g} s after the body was sent"
+        self._timer = threading.Timer(seconds, self.cut, kwargs={"why": why})
+        self._timer.daemon = True
+        self._timer.start()
+
+    def ended(self) -> None:
+        """(worker thread) The exchange is over: no deadline is left running."""
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def answered(self) -> int | None:
+        """(worker thread) The status of an answer already waiting on the connection (not a
+        `100 Continue`), looked at without taking it; None: none yet, or over TLS, whose
+        records cannot be looked into without taking them."""
+        sock = self._sock
+        if sock is None or isinstance(sock, ssl.SSLSocket) or sock.fileno() == -1:
+            return None
+        try:
+            if not select.select([sock], [], [], 0)[0]:
+                return None
+            data = sock.recv(_PEEK, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except (OSError, ValueError):
+            return None
+        return final_status(data)
+
+
+def final_status(data: bytes) -> int | None:
+    """The first status other than 1xx in `data`, the start of an answer; None if none yet."""
+    at = 0
+    while (line := _STATUS_LINE.match(data, at)) is not None:
+        status = int(line[1])
+        if status >= 200:
+            return status
+        end = data.find(b"\r\n\r\n", at)  # an informational answer: its head ends here
+        if end < 0:
+            return None
+        at = end + 4
+    return None
+
+
+def _reset(sock: socket.socket) -> None:
+    """Shut `sock` down (a thread blocked on it wakes) so that its close resets it."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _NO_LINGER)
+    with contextlib.suppress(OSError):
+        # The plain socket's shutdown, also for a TLS one: ssl.SSLSocket's own drops its
+        # TLS state, which the thread still reading it would trip over.
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
+
+#: Seconds between two looks for the gateway's answer while a piece is awaited.
+ANSWER_POLL = 0.25
+
+
 @dataclass(frozen=True, slots=True)
 class Upload:
     """One raw upload (`PUT {url}?topic=`) of `size` bytes."""
@@ -199,6 +319,45 @@ class Upload:
     size: int
 
 
+class _Body:
+    """An upload's body: the loop's pieces (at most `idle` seconds apart), hashed on the
+    way, ended early by the gateway's answer (:meth:`Wire.answered`); once it is all sent,
+    the answer has `answer` seconds (:meth:`Wire.answer_within`)."""
+
+    def __init__(
+        self, pieces: FromLoop[bytes], size: int, idle: float, wire: Wire, answer: float
+    ) -> None:
+        self._pieces = pieces
+        self._size = size
+        self._idle = idle
+        self._wire = wire
+        self._answer = answer
+        self.digest = hashlib.sha256()
+        self.sent = 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        while self.sent < self._size:
+            piece = self._next()
+            self.digest.update(piece)
+            self.sent += len(piece)
+            yield piece
+        self._wire.answer_within(self._answer)
+
+    def _next(self) -> bytes:
+        waited = 0.0
+        while True:
+            status = self._wire.answered()
+            if status is not None:
+                # What httpcore takes for a write the server cut short: it reads the answer.
+                raise httpcore.WriteError(f"the gateway answered {status} before the body")
+            try:
+                return self._pieces.get(min(ANSWER_POLL, self._idle - waited))
+            except TimeoutError:
+                waited += ANSWER_POLL
+                if waited >= self._idle:
+                    raise
+
+
 def upload(
     http: httpx.Client,
     request: Upload,
@@ -206,57 +365,70 @@ def upload(
     auth: httpx.Auth | None,
     pieces: FromLoop[bytes],
     idle: float,
+    wire: Wire,
+    answer: float,
 ) -> str:
-    """Send the pieces as `request`'s body (waiting at most `idle` seconds for each); the
-    SHA-256 of what was sent, which the gateway's answer must carry too.
+    """Send the pieces as `request`'s body (waiting at most `idle` seconds for each, and
+    `answer` seconds for the whole answer after the last); the SHA-256 of what was sent,
+    which the gateway's answer must carry too. `wire` learns the exchange's socket, so the
+    loop can cut it off.
+
+    The request asks `Expect: 100-continue`: the gateway then answers a refusal (a login,
+    the topic's ACL) at once instead of reading the body first (up to 16 MiB, at the
+    device's pace: gateway/middleware/_drain.py), and the body stops as soon as that
+    answer is seen (:meth:`Wire.answered`, before each piece and while one is awaited), so
+    a refused upload holds its slot no longer than its head took. The body is sent
+    without waiting for `100 Continue` (httpx does not), which the gateway allows.
 
     Raises:
         TransferFailed: no answer, a refusal, or an answer for other bytes.
         Stopped: the loop side aborted (the gateway, cut off mid-body, keeps nothing).
     """
-    digest = hashlib.sha256()
-    sent = 0
-
-    def body() -> Iterator[bytes]:
-        nonlocal sent
-        while sent < request.size:
-            piece = pieces.get(idle)
-            digest.update(piece)
-            sent += len(piece)
-            yield piece
-
+    body = _Body(pieces, request.size, idle, wire, answer)
     try:
-        try:
-            response = http.send(
-                http.build_request(
-                    "PUT",
-                    request.url,
-                    params=request.params,
-                    headers=request.headers,
-                    content=body(),
-                ),
-                auth=auth or httpx.USE_CLIENT_DEFAULT,
-                stream=True,
-            )
-            try:
-                if response.status_code != 201:
-                    raise TransferFailed(_detail(response), response.status_code)
-                answer = json.loads(_bounded(response, MAX_ERROR_BODY))
-            finally:
-                response.close()
-        except httpx.HTTPError as exc:
-            raise TransferFailed(f"upload to {request.url} failed: {type(exc).__name__}") from exc
-        except ValueError as exc:  # JSONDecodeError, or a body that is not UTF-8
-            raise TransferFailed(f"upload to {request.url}: the answer is not JSON") from exc
-        except (Stopped, TimeoutError, TransferFailed):
-            raise
-        except Exception as exc:  # an auth flow's own error: never a dead thread
-            raise TransferFailed(f"upload to {request.url} failed: {exc!r}") from exc
+        answered = _exchange(http, request, auth, body, wire)
     finally:
+        wire.ended()
         pieces.gone()
-    sha256 = digest.hexdigest()
-    if not isinstance(answer, dict) or sent != request.size or answer.get("sha256") != sha256:
+    sha256 = body.digest.hexdigest()
+    if not isinstance(answered, dict) or body.sent != request.size:
         raise TransferFailed(f"the gateway stored other bytes than were sent to {request.url}")
-    if answer.get("size") != request.size:
+    if answered.get("sha256") != sha256 or answered.get("size") != request.size:
         raise TransferFailed(f"the gateway stored other bytes than were sent to {request.url}")
     return sha256
+
+
+def _exchange(
+    http: httpx.Client, request: Upload, auth: httpx.Auth | None, body: _Body, wire: Wire
+) -> object:
+    """The PUT and its 201 answer's JSON."""
+    try:
+        response = http.send(
+            http.build_request(
+                "PUT",
+                request.url,
+                params=request.params,
+                headers=[*request.headers, ("Expect", "100-continue")],
+                content=iter(body),
+                extensions={"trace": wire.trace},
+            ),
+            auth=auth or httpx.USE_CLIENT_DEFAULT,
+            stream=True,
+        )
+        try:
+            if response.status_code != 201:
+                raise TransferFailed(_detail(response), response.status_code)
+            return json.loads(_bounded(response, MAX_ERROR_BODY))
+        finally:
+            response.close()
+    except httpx.HTTPError as exc:
+        why = wire.why or f"failed: {type(exc).__name__}"
+        raise TransferFailed(f"upload to {request.url}: {why}") from exc
+    except ValueError as exc:  # JSONDecodeError, or a body that is not UTF-8
+        raise TransferFailed(f"upload to {request.url}: the answer is not JSON") from exc
+    except (Stopped, TimeoutError, TransferFailed):
+        raise
+    except Exception as exc:  # the login's own failure (SCRAM): never a dead thread
+        # The gateway refused the proof (`e=invalid-proof`), or could not prove itself:
+        # the login is refused, whatever a resend would carry (0x87).
+        raise TransferFailed(f"upload to {request.url}: the login failed: {exc}", 401) from exc

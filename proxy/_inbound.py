@@ -15,11 +15,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
 
 from client.protocol import MessageId, TraceContext
 
-from ._exceptions import QUOTA_EXCEEDED, PeerGone, TransferFailed
+from ._departure import departure
+from ._exceptions import (
+    FINAL_REASONS,
+    IMPLEMENTATION_SPECIFIC,
+    QUOTA_EXCEEDED,
+    PeerGone,
+    TransferFailed,
+)
+from ._gateway import head_fits
 from ._resends import remember, resent
 from ._shares import PoolFull
 from ._state import Conn, Services
@@ -262,31 +271,78 @@ async def _upload(
         raise TransferFailed("the proxy is shutting down")
     if not _fits(conn, services, header, size):
         # Its properties alone are over the limit: the broker would refuse the placeholder.
-        raise TransferFailed("even the placeholder is over the broker's limit", reason=0x83)
+        raise TransferFailed(
+            "even the placeholder is over the broker's limit", reason=IMPLEMENTATION_SPECIFIC
+        )
+    headers = stored_headers(header)
+    if not head_fits(headers):
+        raise TransferFailed(
+            "its properties are over the gateway's request head", reason=IMPLEMENTATION_SPECIFIC
+        )
     try:  # the device's account and address each hold at most their share
         slot = services.uploads.take_now(conn.holder)
     except PoolFull as exc:
         raise TransferFailed(f"too many uploads at once ({exc})", reason=QUOTA_EXCEEDED) from exc
     expiry = first(header.properties, MESSAGE_EXPIRY)
     pinger = asyncio.create_task(_keep_broker_alive(conn))
+    upload = services.gateway.upload(
+        endpoint,
+        topic=topic,
+        size=size,
+        pieces=payload,
+        headers=headers,
+        ttl=expiry if isinstance(expiry, int) else None,
+        auth=conn.auth,
+        peer=conn.peer,
+        on_bytes=services.metrics.bytes_up.inc,
+        trace=trace,
+        # The slot is the gateway exchange's: a refused one frees it while the device may
+        # still be sending (or sitting on) the rest of its PUBLISH.
+        on_exchanged=slot.give_back,
+    )
     try:
-        return await services.gateway.upload(
-            endpoint,
-            topic=topic,
-            size=size,
-            pieces=payload,
-            headers=stored_headers(header),
-            ttl=expiry if isinstance(expiry, int) else None,
-            auth=conn.auth,
-            peer=conn.peer,
-            on_bytes=services.metrics.bytes_up.inc,
-            trace=trace,
-        )
+        if header.packet_id is None:  # QoS 0: nobody waits for an answer (see _unless_left)
+            stored = await upload
+        else:
+            stored = await _unless_left(conn, services, upload)
+        if conn.account is None:  # a JWT the gateway has now accepted: its account counts
+            conn.account = services.tokens.confirm(conn.auth)
+        return stored
     finally:
         pinger.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await pinger
         slot.give_back()
+
+
+async def _unless_left(
+    conn: Conn, services: Services, upload: Coroutine[Any, Any, Stored]
+) -> Stored:
+    """`upload`, given up when the client leaves before it ends.
+
+    A QoS 1 or 2 PUBLISH is answered with the broker's PUBACK/PUBREC once stored: a client
+    that closed before has given that answer up (it resends with its session, or reports the
+    message failed), so nothing is stored or published for it later, when a slow gateway
+    answers (:mod:`proxy._departure`; the upload's connection is reset). A QoS 0 PUBLISH
+    waits for no answer: its client may close right after it (mosquitto_pub does, with a
+    DISCONNECT), and what it sent is offloaded as a broker would publish it.
+
+    Raises:
+        PeerGone: the client left first.
+    """
+    task = asyncio.ensure_future(upload)
+    watch = asyncio.ensure_future(departure(conn.client_writer))
+    try:
+        await asyncio.wait((task, watch), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for pending in (task, watch):
+            pending.cancel()
+        await asyncio.wait((task, watch))  # the upload's channel aborted, its link cut
+    if not task.cancelled():
+        return task.result()
+    services.metrics.failed.labels(why="client-left").inc()
+    log.info("offload abandoned: the client left before its answer")
+    raise PeerGone("the client left while its PUBLISH was offloaded")
 
 
 def _fits(conn: Conn, services: Services, header: PublishHeader, size: int) -> bool:
@@ -311,13 +367,20 @@ async def _keep_broker_alive(conn: Conn) -> None:
 async def _refuse(
     conn: Conn, services: Services, head: Head, header: PublishHeader, exc: TransferFailed
 ) -> None:
-    """Tell the client its PUBLISH was not stored: a reason code, or the connection closed."""
+    """Tell the client its PUBLISH was not stored: a reason code, or the connection closed.
+
+    A 3.1.1 client has no reason codes: a refusal it could resend with success (0x80,
+    0x97) closes its connection, so it resends after reconnecting; one it cannot (0x83,
+    0x87) gets a plain PUBACK/PUBREC, the message dropped, as mosquitto answers a 3.1.1
+    client's PUBLISH that its ACL refuses (closing would have it resend for ever).
+    """
     qos = (head.first >> 1) & 0x03
     services.metrics.failed.labels(why=str(exc.status or exc.reason)).inc()
     log.warning("offload refused", extra={"why": str(exc), "status": exc.status})
-    if not conn.connect.v5:
+    if not conn.connect.v5 and exc.reason not in FINAL_REASONS:
         raise PeerGone(f"offload failed, 3.1.1 client disconnected: {exc}")
     if qos and header.packet_id is not None:
         kind = PUBACK if qos == 1 else PUBREC
+        answer = ack(kind, header.packet_id, exc.reason, v5=conn.connect.v5)
         async with conn.client_lock:  # never inside a packet the other direction is writing
-            conn.client_writer.write(ack(kind, header.packet_id, exc.reason, v5=True))
+            conn.client_writer.write(answer)

@@ -215,7 +215,7 @@ class Session:
             # What the relays need of the CONNECT; its body, Will and password stay no longer
             # than the login (`auth` keeps the credentials the gateway gets).
             connect=slim(connect),
-            account=account(connect, auth, settings.jwt_username_claim),
+            account=account(connect, auth, settings.jwt_username_claim, self.services.tokens),
             peer=self.peer,
             client=self.client,
             client_writer=self.writer,

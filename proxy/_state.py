@@ -15,6 +15,7 @@ import httpx
 from client.protocol import Placeholder, Reassembler, address_key
 from client.tracing import Tracing
 
+from ._account import Tokens
 from ._flights import SharedFetches
 from ._gateway import GatewayLink
 from ._metrics import Metrics
@@ -119,6 +120,7 @@ class Services:
     stored_flows: StoredFlows = field(default_factory=StoredFlows)  # QoS 2 offloads
     identities: Sequence[Any] = ()  # age identities (client.load_identities) for _unseal
     tracing: Tracing = field(default_factory=Tracing)  # offloads' and fetches' spans
+    tokens: Tokens = field(default_factory=Tokens)  # JWTs the gateway accepted (_account)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,9 @@ class Relay:
 
     :meth:`cut` drops every relayed connection and refuses new ones (accepted, then closed
     at once, as a broken network path looks to a client) until :meth:`resume`.
+    :meth:`freeze` passes no more bytes either way, connections kept open and new ones
+    accepted (a server that accepts and never answers: its peer's writes block once the
+    socket buffers are full), until :meth:`thaw`.
     """
 
     def __init__(self, upstream_port: int) -> None:
@@ -26,6 +29,8 @@ class Relay:
         self._cut = False
         self._closed = False
         self._clients: list[socket.socket] = []  # every relayed connection's client side
+        self._thawed = threading.Event()
+        self._thawed.set()
         threading.Thread(target=self._accept, daemon=True).start()
 
     @property
@@ -55,6 +60,12 @@ class Relay:
         with self._lock:
             self._cut = False
 
+    def freeze(self) -> None:
+        self._thawed.clear()
+
+    def thaw(self) -> None:
+        self._thawed.set()
+
     def close(self) -> None:
         self._closed = True
         self.cut()
@@ -80,12 +91,13 @@ class Relay:
                 self._open += [client, server]
                 self._clients.append(client)
             for a, b in ((client, server), (server, client)):
-                threading.Thread(target=_pump, args=(a, b), daemon=True).start()
+                threading.Thread(target=_pump, args=(a, b, self._thawed), daemon=True).start()
 
 
-def _pump(src: socket.socket, dst: socket.socket) -> None:
+def _pump(src: socket.socket, dst: socket.socket, thawed: threading.Event) -> None:
     with contextlib.suppress(OSError):
-        while data := src.recv(65536):
+        while thawed.wait() and (data := src.recv(65536)):
+            thawed.wait()
             dst.sendall(data)
     _close(src)
     _close(dst)

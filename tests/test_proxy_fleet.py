@@ -256,7 +256,8 @@ def test_a_will_the_gateway_cannot_store_is_never_published(
     watcher = PahoPeer(small.port)
     try:
         watcher.subscribe(small, topic)
-        for level, refusal in ((5, b"\x20\x03\x00\x97\x00"), (4, b"\x20\x02\x00\x03")):
+        # 0x83: the gateway refused the request itself (413), which no resend changes.
+        for level, refusal in ((5, b"\x20\x03\x00\x83\x00"), (4, b"\x20\x02\x00\x03")):
             sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=30)
             sock.sendall(connect_packet(f"lw-{level}", level=level, will=(topic, os.urandom(8000))))
             assert until_closed(sock) == refusal
@@ -509,7 +510,7 @@ def test_a_refused_publish_that_set_a_topic_alias_leaves_no_stale_alias(
     unique_topic: Callable[[str], str],
 ) -> None:
     """Alias 1 is set for topic X by a small PUBLISH; a large PUBLISH to Y sets it anew and
-    is refused (0x97). Before, the proxy then held 1 = Y and the broker 1 = X: the next
+    is refused (0x83). Before, the proxy then held 1 = Y and the broker 1 = X: the next
     alias-only PUBLISH, meant for Y, landed on X. Now the proxy tells the broker the topic
     with it, so it lands where the client sent it."""
     gw = gateway_factory(broker, max_body_bytes=MiB)
@@ -530,7 +531,7 @@ def test_a_refused_publish_that_set_a_topic_alias_leaves_no_stale_alias(
 
     try:
         assert publish(x, b"to-x", 1) in (b"\x00", b"\x10")
-        assert publish(y, os.urandom(2 * MiB), 2) == b"\x97"  # refused: the gateway's 413
+        assert publish(y, os.urandom(2 * MiB), 2) == b"\x83"  # refused: the gateway's 413
         assert publish("", b"meant-for-y", 3) in (b"\x00", b"\x10")
         got = delivered(watcher, 2)
         assert [(m.topic, m.payload) for m in got] == [(x, b"to-x"), (y, b"meant-for-y")]

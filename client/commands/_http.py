@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
-from ..core._exceptions import UploadError
+from ..core._exceptions import FetchError, UploadError
 from ._args import settings_from_args
 from ._errors import EXIT_OK, describe, refused
 from ._output import BinaryStdout, emit, message_line, write_bytes
@@ -362,8 +362,10 @@ def _content_length(transport: HttpTransport, url: str, auth: httpx.Auth | None)
     from ..http._scram import ScramFailure
 
     try:
-        answer = transport.reader.head(url, timeout=10, auth=auth or httpx.USE_CLIENT_DEFAULT)
+        answer = transport.reader.head(url, auth=auth or httpx.USE_CLIENT_DEFAULT)
         length = answer.headers.get("content-length")
+    except httpx.TimeoutException as exc:  # the fetch would only wait as long again
+        raise FetchError(url, f"fetch failed: {exc!r}") from exc
     except (httpx.HTTPError, ScramFailure):  # the fetch itself will say what is wrong
         return None
     return int(length) if length and length.isdigit() else None
@@ -402,7 +404,9 @@ def upload_command(args: argparse.Namespace) -> int:
     traced = dict(span.context.pairs()) if span.context is not None else None
     with (
         span,
-        httpx.Client(auth=auth, timeout=120, verify=verify, headers=traced) as http,
+        httpx.Client(
+            auth=auth, timeout=settings.http_timeout, verify=verify, headers=traced
+        ) as http,
         bar,
     ):
         uploader = TusUploader(

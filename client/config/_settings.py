@@ -140,7 +140,13 @@ class ClientSettings:
         "`offload subscribe --out DIR` spools into DIR",
         _OPT_STR,
     )
-    http_timeout: float = setting(60.0, "seconds per HTTP connect/read", float)
+    http_timeout: float = setting(
+        60.0,
+        "seconds per HTTP connect, read or write: a gateway or store that accepts and never "
+        "answers ends each request after it (the CLI: exit 5, `timed out`; an upload is "
+        "not retried then)",
+        float,
+    )
     keepalive: int = setting(30, "MQTT keep-alive seconds", int)
     fallback_on_auth_failure: bool = setting(
         False,

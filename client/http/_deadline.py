@@ -18,13 +18,13 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
 
 import httpx
 
-from ..core._exceptions import FetchError
+from ..core._exceptions import FetchError, TransferError, UploadError
 
 #: Response extension: the socket a response's body is read from, when the transport knows it
 #: (:mod:`client.http._urllib3` sets it; httpx's own transport offers `network_stream`).
@@ -35,6 +35,15 @@ SOCKET = "offload.socket"
 ON_SOCKET = "offload.on_socket"
 #: Least seconds between two checks of one fetch.
 MIN_CHECK = 0.25
+#: The slowest an upload's body may go on average, after `timeout` seconds: a gateway (or
+#: a path) that takes less is cut off. The gateway's own floor for its clients
+#: (`OFFLOAD_MIN_BODY_RATE`); per-write timeouts alone never end a peer that reads a byte
+#: every few seconds (though the kernel seldom wakes a writer for so little room).
+UPLOAD_MIN_RATE = 1024
+#: An upload's whole answer is due this many `http_timeout`s after its body.
+ANSWER_TIMES = 1.5
+#: httpx trace events that hand over a new connection's stream (TCP, then TLS over it).
+_CONNECTED = frozenset({"connection.connect_tcp.complete", "connection.start_tls.complete"})
 
 OnBytes = Callable[[int, int | None], None]
 
@@ -79,18 +88,36 @@ class Watchdog:
     exception into one :class:`FetchError` naming the pace; leaving it normally (the last
     byte arrived first) keeps the result.
 
+    An upload is watched the same way, its bytes sent counted, and once its body is
+    sent (:meth:`sent`) its answer is due within `answer` seconds, however it trickles.
+
     Args:
         url: the URL fetched (for the error).
         pace: the pace; None: no watchdog.
+        error: the error raised when it was cut off (an upload's: UploadError).
+        answer: seconds an answer may take, whole, after :meth:`sent`.
+        names: what the pace's two figures are called in the error.
     """
 
-    def __init__(self, url: str, pace: Pace | None) -> None:
+    def __init__(
+        self,
+        url: str,
+        pace: Pace | None,
+        *,
+        error: type[TransferError] = FetchError,
+        answer: float | None = None,
+        names: tuple[str, str] = ("fetch_min_rate", "fetch_deadline"),
+    ) -> None:
         self._url = url
         self._pace = pace
+        self._error = error
+        self._answer = answer
+        self._names = names
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._received = 0
         self._start = time.monotonic()
+        self._sent_at: float | None = None  # seconds after the start the body was sent
         self._done = threading.Event()
         self.cut_off: str | None = None  # why, once it was
         self._thread: threading.Thread | None = None
@@ -114,7 +141,9 @@ class Watchdog:
         if self._thread is not None:
             self._thread.join()
         if why is not None and isinstance(ev, Exception):
-            raise FetchError(self._url, why) from ev
+            # A timeout, as callers tell them (not the broken read it caused: `ev`), in its
+            # own words (the CLI prints them).
+            raise self._error(self._url, why) from TimeoutError(why)
 
     def counting(self, on_bytes: OnBytes | None) -> OnBytes:
         """`on_bytes` (if any), counting the bytes received for the pace on the way."""
@@ -130,7 +159,7 @@ class Watchdog:
         """The socket to shut down is now `response`'s (shut at once if already cut off)."""
         why = self.attach(_socket_of(response))
         if why is not None:
-            raise FetchError(self._url, why)
+            raise self._error(self._url, why) from TimeoutError(why)
 
     def attach(self, sock: socket.socket | None) -> str | None:
         """The socket to shut down is now `sock`: shut at once, saying why, if already cut off.
@@ -145,27 +174,74 @@ class Watchdog:
             self._shutdown(sock)
         return why
 
+    def sent(self) -> None:
+        """The body is sent: the answer is due within `answer` seconds from now."""
+        self._sent_at = time.monotonic() - self._start
+
+    def _due(self, pace: Pace, received: int) -> float:
+        sent_at = self._sent_at
+        if sent_at is None or self._answer is None:
+            return pace.due(received)
+        return min(pace.due(received), sent_at + self._answer)
+
     def _run(self, pace: Pace) -> None:
         while True:
             received = self._received
-            wait = max(pace.due(received) - (time.monotonic() - self._start), MIN_CHECK)
+            wait = max(self._due(pace, received) - (time.monotonic() - self._start), MIN_CHECK)
             if self._done.wait(wait):
                 return
             received = self._received
             elapsed = time.monotonic() - self._start
-            if pace.behind(received, elapsed):
+            if elapsed > self._due(pace, received):
                 break
-        why = (
-            f"{received} bytes in {elapsed:.1f} s: slower than fetch_min_rate "
-            f"({pace.min_rate} bytes/s) after fetch_deadline ({pace.floor:g} s): cut off"
-        )
+        rate, floor = self._names
+        if self._sent_at is not None and self._answer is not None:
+            why = f"no whole answer {self._answer:g} s after the body was sent: cut off"
+        else:
+            why = (
+                f"{received} bytes in {elapsed:.1f} s: slower than {rate} "
+                f"({pace.min_rate} bytes/s) after {floor} ({pace.floor:g} s): cut off"
+            )
         with self._lock:
             self.cut_off = why
             sock = self._sock
         self._shutdown(sock)
 
+    def trace(self, event: str, info: dict[str, object]) -> None:
+        """httpx's `trace` request extension: each new connection's socket is attached
+        (a request over httpx's own transport, where no response is there to watch yet)."""
+        if event in _CONNECTED:
+            extra = getattr(info.get("return_value"), "get_extra_info", None)
+            sock = extra("socket") if extra is not None else None
+            if isinstance(sock, socket.socket):
+                self.attach(sock)
+
     @staticmethod
     def _shutdown(sock: socket.socket | None) -> None:
         if sock is not None:
             with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
+                # The plain socket's: ssl.SSLSocket's own drops the TLS state under the
+                # thread still reading it.
+                socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
+
+def upload_watchdog(url: str, timeout: float) -> Watchdog:
+    """The watchdog of an upload to `url` (:meth:`Watchdog.trace` on its request, its body
+    through :func:`counted_body`): the body at :data:`UPLOAD_MIN_RATE` on average after
+    twice `timeout`, the whole answer within :data:`ANSWER_TIMES` `timeout` after the body.
+    Both only beyond what the per-operation `timeout` ends first (a silent peer: its own
+    words, `timed out`), for what it never ends (a peer that trickles)."""
+    pace = Pace(2 * timeout, UPLOAD_MIN_RATE)
+    names = (f"{UPLOAD_MIN_RATE} bytes/s", "twice http_timeout")
+    return Watchdog(url, pace, error=UploadError, answer=ANSWER_TIMES * timeout, names=names)
+
+
+def counted_body(pieces: Iterator[bytes], watchdog: Watchdog) -> Iterator[bytes]:
+    """`pieces`, each counted for `watchdog` once handed on; their end marks the body sent."""
+    count = watchdog.counting(None)
+    done = 0
+    for piece in pieces:
+        yield piece
+        done += len(piece)
+        count(done, None)
+    watchdog.sent()

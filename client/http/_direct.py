@@ -156,7 +156,11 @@ class DirectUploader:
         body = {"grant": grant, "etags": etags, "headers": [list(h) for h in headers]}
         try:
             self._post(f"{base}/direct/commit", body, auth, grant=False, headers=traced)
-        except UploadError:
+        except UploadError as exc:
+            if isinstance(exc.__cause__, httpx.TimeoutException):
+                # A gateway that did not answer within the timeout is not asked again (a
+                # second timeout): its parts stay until the bucket's lifecycle rule.
+                raise
             # The parts stay in the store until aborted. Safe even when the commit went
             # through and only its answer was lost: a grant has one commit or abandon, and
             # an abandon after the commit answers the committed message (gateway side).

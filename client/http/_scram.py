@@ -106,11 +106,22 @@ def _has_body(request: httpx.Request) -> bool:
 
 
 def _probe(request: httpx.Request) -> httpx.Request:
-    """A body-less copy of `request` for the first SCRAM round trip."""
+    """A body-less copy of `request` for the first SCRAM round trip.
+
+    With the original's extensions: httpx keeps a request's timeouts there (and the fetch
+    pace its socket hook), so a copy without them would wait for ever on a gateway that
+    accepts and never answers (issue 51).
+    """
     headers = request.headers.copy()
     headers.pop("transfer-encoding", None)
     headers["Content-Length"] = "0"
-    return httpx.Request(request.method, request.url, headers=headers, content=b"")
+    return httpx.Request(
+        request.method,
+        request.url,
+        headers=headers,
+        content=b"",
+        extensions=dict(request.extensions),
+    )
 
 
 class ScramAuth(httpx.Auth):

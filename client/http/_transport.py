@@ -39,7 +39,7 @@ from ..protocol import MessageId, Origin
 from ..protocol._tracecontext import TraceContext
 from ..seal._seal import SealedStream
 from ._answers import TransientFetchError, _check_status, _detail, _same_digest, _verified
-from ._deadline import ON_SOCKET, Pace, Watchdog
+from ._deadline import ON_SOCKET, Pace, Watchdog, counted_body, upload_watchdog
 from ._fetching import (
     _NO_AUTH,
     MAX_REDIRECTS,
@@ -88,6 +88,13 @@ class HttpTransport:
     than half the CPU per byte read; httpx's own with a proxy in the environment). A
     `client` given is used for both.
 
+    Nothing waits for ever: each connect, read and write has `timeout`; a fetch has its
+    pace; an upload's body must average :data:`client.http._deadline.UPLOAD_MIN_RATE`
+    after `timeout` seconds,
+    and its answer must be in, whole, `timeout` seconds after the body (a peer that takes
+    or answers a byte every few seconds is cut off). The raw and BSON uploads go over
+    connections of their own for that (no keep-alive), so their socket can be shut down.
+
     Args:
         timeout: seconds for connect and for each read/write.
         verify: TLS verification, as httpx takes it (True, False or an SSL context).
@@ -105,7 +112,11 @@ class HttpTransport:
         bson_limit: int = BSON_PAYLOAD_LIMIT,
     ) -> None:
         self._owned = client is None
+        self._timeout = timeout
         self._client = client or httpx.Client(timeout=timeout, verify=verify)
+        self._uploads = client or httpx.Client(
+            timeout=timeout, verify=verify, limits=httpx.Limits(max_keepalive_connections=0)
+        )
         self._reader = client or reader_client(timeout, verify)
         self._bson_limit = bson_limit
         # Whether each endpoint takes raw uploads, once known (False: an old gateway, BSON).
@@ -114,6 +125,7 @@ class HttpTransport:
     def close(self) -> None:
         if self._owned:
             self._client.close()
+            self._uploads.close()
             self._reader.close()
 
     def __enter__(self) -> HttpTransport:
@@ -215,9 +227,17 @@ class HttpTransport:
         )
 
     def _probe_raw(self, endpoint: str, message_id: MessageId) -> bool | None:
-        """Ask `OPTIONS /msg/<id>` whether the gateway takes raw uploads; None: unknown."""
+        """Ask `OPTIONS /msg/<id>` whether the gateway takes raw uploads; None: unknown.
+
+        Raises:
+            UploadError: no answer (refused, reset, timed out): the upload would fare no
+                better, and a gateway that never answers must cost one timeout, not two.
+        """
+        url = raw_upload_url(endpoint, message_id)
         try:
-            response = self._client.options(raw_upload_url(endpoint, message_id))
+            response = self._client.options(url)
+        except httpx.TransportError as exc:
+            raise UploadError(url, f"upload failed: OPTIONS: {exc!r}") from exc
         except httpx.HTTPError:
             return None  # the upload itself will say what is wrong
         answer = allows_put(response.status_code, response.headers.get("allow"))
@@ -229,15 +249,18 @@ class HttpTransport:
         self, request: UploadRequest, auth: httpx.Auth | None, traced: list[tuple[str, str]]
     ) -> httpx.Response:
         """One upload request; anything but 201 is an UploadError with the status."""
+        watchdog = upload_watchdog(request.url, self._timeout)
         try:
-            response = self._client.request(
-                request.method,
-                request.url,
-                content=request.body,
-                headers=request.headers + traced,
-                params=request.params or None,
-                auth=auth or httpx.USE_CLIENT_DEFAULT,
-            )
+            with watchdog:
+                response = self._uploads.request(
+                    request.method,
+                    request.url,
+                    content=counted_body(request.body, watchdog),
+                    headers=request.headers + traced,
+                    params=request.params or None,
+                    auth=auth or httpx.USE_CLIENT_DEFAULT,
+                    extensions={"trace": watchdog.trace},
+                )
         except httpx.HTTPError as exc:
             raise UploadError(request.url, f"upload failed: {exc!r}") from exc
         except ScramFailure as exc:

@@ -409,8 +409,10 @@ class Publisher:
             except UploadError as exc:
                 # A dropped connection or a 5xx may have stored the payload or not: the
                 # same id again is safe (the gateway answers an identical re-upload with
-                # success and keeps one object), so retry before giving up.
-                transient = exc.status is None or exc.status >= 500
+                # success and keeps one object), so retry before giving up. Not a timeout:
+                # a gateway that did not answer within http_timeout would cost it twice.
+                timed_out = isinstance(exc.__cause__, httpx.TimeoutException | TimeoutError)
+                transient = (exc.status is None and not timed_out) or (exc.status or 0) >= 500
                 attempt += 1
                 if not transient or attempt >= UPLOAD_ATTEMPTS:
                     raise

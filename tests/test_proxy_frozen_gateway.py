@@ -1,0 +1,244 @@
+"""offload-proxy with a gateway that accepts and never answers (issue 51 §1): the real
+`offload-gateway` frozen with SIGSTOP, real mosquitto with a password file, unmodified
+devices (mosquitto_pub).
+
+A device's large PUBLISH gets its answer within the proxy's `http_timeout` (MQTT 5: PUBACK
+0x80, the gateway may answer a resend; 3.1.1: the connection closed); a device that leaves
+while its upload waits has it abandoned: when the gateway resumes, nothing is stored or
+published for it (before: mosquitto_pub waited 119 s, and the proxy published the
+placeholder once the gateway resumed).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from test_proxy import MiB, PahoPeer, start_proxy
+
+from _auth import AUTH_SECRET, credential_files
+from _frozen import Trickler, ends_within, frozen
+from _gateway import GatewayProcess
+from _proxy import ProxyServer
+from _servers import Mosquitto, wait_until
+
+pytestmark = pytest.mark.servers
+
+USER, PASSWORD = "alice", "alice-secret"
+#: Anonymous devices may write `frozen/#` too (their upload sends its body at once).
+ACL = "topic readwrite frozen/#\nuser alice\ntopic readwrite frozen/#\n"
+TIMEOUT = 2.0
+
+
+@dataclass
+class Stack:
+    broker: Mosquitto
+    gateway: GatewayProcess
+    store: Path
+
+    @property
+    def pid(self) -> int:
+        assert self.gateway.proc is not None
+        return self.gateway.proc.pid
+
+    def stored(self) -> list[Path]:
+        """The files of the gateway's store (payloads, manifests, index)."""
+        return sorted(p for p in self.store.rglob("*") if p.is_file())
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    with credential_files("offload-proxy-frozen-", {USER: PASSWORD}, ACL) as files:
+        broker = Mosquitto(
+            max_packet_size=262144,
+            extra_config=f"allow_anonymous true\npassword_file {files / 'passwd'}\n"
+            f"acl_file {files / 'acl'}\n",
+        ).start()
+        store = tmp_path_factory.mktemp("frozen-store")
+        gw = GatewayProcess(
+            {
+                "OFFLOAD_STORAGE_URL": f"file://{store}",
+                "OFFLOAD_PASSWORD_FILE": str(files / "passwd"),
+                "OFFLOAD_ACL_FILE": str(files / "acl"),
+                "OFFLOAD_AUTH_SECRET": AUTH_SECRET,
+                "OFFLOAD_ALLOW_ANONYMOUS": "true",
+                "OFFLOAD_SWEEP_INTERVAL": "0",
+                "OFFLOAD_LOG_LEVEL": "WARNING",
+            }
+        ).start()
+        try:
+            yield Stack(broker, gw, store)
+        finally:
+            gw.kill()
+            broker.close()
+
+
+@pytest.fixture
+def proxy_for(stack: Stack) -> Iterator[Callable[..., ProxyServer]]:
+    started: list[ProxyServer] = []
+
+    def start(http_timeout: float) -> ProxyServer:
+        server = start_proxy(stack.broker, stack.gateway, http_timeout=http_timeout)  # type: ignore[arg-type]
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+def _pub(port: int, topic: str, file: Path, version: str, login: bool) -> list[str]:
+    creds = ["-u", USER, "-P", PASSWORD] if login else []
+    return ["mosquitto_pub", "-p", str(port), "-t", topic, "-f", str(file), "-q", "1",
+            "-V", version, "-i", f"dev-{os.getpid()}-{time.monotonic_ns()}", *creds]  # fmt: skip
+
+
+def _links() -> int:
+    """The proxy's transfer threads alive (it runs in this process)."""
+    return sum(1 for t in threading.enumerate() if t.name == "gateway-link")
+
+
+@pytest.fixture
+def big(tmp_path: Path) -> Path:
+    path = tmp_path / "big.bin"
+    path.write_bytes(os.urandom(2 * MiB))
+    return path
+
+
+@pytest.mark.parametrize("version", ["5", "311"])
+def test_a_device_gets_its_answer_within_the_proxys_timeout(
+    stack: Stack,
+    proxy_for: Callable[..., ProxyServer],
+    big: Path,
+    unique_topic: Callable[[str], str],
+    version: str,
+) -> None:
+    """mosquitto_pub of 2 MiB, SCRAM login: MQTT 5 gets PUBACK 0x80 (the gateway did not
+    answer: a resend may succeed), 3.1.1 its connection closed; nothing published."""
+    server = proxy_for(TIMEOUT)
+    topic = unique_topic("frozen/answer")
+    watcher = PahoPeer(stack.broker.port)
+    watcher.subscribe(stack.broker, topic)
+    with frozen(stack.pid):
+        ended = ends_within(
+            lambda: subprocess.run(
+                _pub(server.port, topic, big, version, login=True),
+                capture_output=True, text=True, timeout=60,
+            ),
+            TIMEOUT,
+            slack=2.0,  # mosquitto_pub's start and its 2 MiB
+        )  # fmt: skip
+    done = ended.result
+    if version == "5":  # mosquitto_pub warns, and exits 0
+        assert "Publish 1 failed: Unspecified error" in done.stderr, done.stderr
+    else:
+        assert done.returncode != 0, done.stderr
+    assert server.metric("offload_proxy_offload_failures_total", why="128") == 1  # 0x80
+    assert server.metric("offload_proxy_offloaded_total") == 0
+    time.sleep(0.5)
+    assert watcher.messages == []
+    watcher.close()
+
+
+@pytest.mark.parametrize("login", [True, False], ids=["scram", "anonymous"])
+def test_a_device_that_left_has_its_upload_abandoned(
+    stack: Stack,
+    proxy_for: Callable[..., ProxyServer],
+    big: Path,
+    unique_topic: Callable[[str], str],
+    login: bool,
+) -> None:
+    """The device leaves (killed) while its upload waits on the frozen gateway, long before
+    the proxy's timeout; the gateway then resumes. The upload was abandoned when the device
+    left: nothing stored, nothing published, no `offloaded`. With SCRAM the body never
+    went (the login's probe waited); anonymously it went at once, and its connection is
+    reset, so the gateway keeps nothing."""
+    server = proxy_for(60.0)
+    topic = unique_topic("frozen/left")
+    watcher = PahoPeer(stack.broker.port)
+    watcher.subscribe(stack.broker, topic)
+    before, threads = stack.stored(), _links()
+    with frozen(stack.pid):
+        device = subprocess.Popen(
+            _pub(server.port, topic, big, "5", login),
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        wait_until(
+            lambda: server.metric("offload_proxy_uploaded_bytes_total") > 0, "the upload began", 20
+        )
+        time.sleep(0.5)
+        device.send_signal(signal.SIGKILL)
+        device.wait(10)
+        wait_until(
+            lambda: server.metric("offload_proxy_offload_failures_total", why="client-left") == 1,
+            "the upload abandoned",
+            5,
+        )
+        # Its connection was cut: its thread does not wait for the gateway or the timeout.
+        wait_until(lambda: _links() <= threads, "the upload's thread ended", 5)
+    time.sleep(2.0)  # the gateway resumed: whatever it was sent, it has now
+    assert server.metric("offload_proxy_offloaded_total") == 0
+    assert watcher.messages == []
+    assert stack.stored() == before
+    assert server.metric("offload_proxy_uploads") == 0
+    watcher.close()
+
+
+def test_a_placeholder_whose_fetch_gets_no_answer_is_handed_on_within_the_timeout(
+    stack: Stack,
+    proxy_for: Callable[..., ProxyServer],
+    unique_topic: Callable[[str], str],
+) -> None:
+    """A subscriber through the proxy gets a retained placeholder while the gateway is
+    frozen: the fetch (SCRAM, the subscriber's login) ends at the timeout and the
+    placeholder is handed on as it came, as for an unreachable gateway."""
+    from client import Client
+
+    server = proxy_for(TIMEOUT)
+    topic = unique_topic("frozen/fetch")
+    with Client(
+        stack.broker.url, username=USER, password=PASSWORD, endpoint=stack.gateway.url
+    ) as publisher:
+        sent = publisher.publish(topic, os.urandom(MiB), qos=1, retain=True)
+    assert sent.url is not None
+    with frozen(stack.pid):
+        subscriber = PahoPeer(server.port, credentials=(USER, PASSWORD))
+        start = time.monotonic()
+        subscriber.subscribe(stack.broker, topic, qos=1)
+        got = subscriber.wait(1)
+        took = time.monotonic() - start
+    assert took <= TIMEOUT + 2.0, took
+    assert b'"_format"' in got[0].payload and len(got[0].payload) < 4096  # the placeholder
+    assert server.metric("offload_proxy_resolved_total") == 0
+    subscriber.close()
+
+
+def test_a_gateway_that_answers_a_byte_at_a_time_gets_the_device_its_answer(
+    stack: Stack, unique_topic: Callable[[str], str], big: Path
+) -> None:
+    """The proxy's gateway takes the body but answers a byte every half second: no read
+    waits the timeout, yet the device gets PUBACK 0x80 a timeout after its body (before:
+    it waited as long as the answer trickled)."""
+    peer = Trickler("answers")
+    server = start_proxy(stack.broker, peer, http_timeout=TIMEOUT)  # type: ignore[arg-type]
+    try:
+        ended = ends_within(
+            lambda: subprocess.run(
+                _pub(server.port, unique_topic("frozen/trickle"), big, "5", login=False),
+                capture_output=True, text=True, timeout=60,
+            ),
+            TIMEOUT * 1.5,  # the whole answer is due 1.5 timeouts after the body
+            slack=3.0,  # mosquitto_pub's start and its 2 MiB
+        )  # fmt: skip
+        assert "Publish 1 failed: Unspecified error" in ended.result.stderr, ended.result
+        assert server.metric("offload_proxy_offloaded_total") == 0
+    finally:
+        server.stop()
+        peer.close()
