@@ -7,9 +7,9 @@ import os
 import re
 import shutil
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -59,11 +59,9 @@ def two_workers(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]
         env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while not _workers_serving(proc.pid, port, url):
-        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-        time.sleep(0.1)
-    try:
+    try:  # slow on a loaded machine, but never without using CPU (tests/_servers.py)
+        wait_until(partial(_workers_serving, proc.pid, port, url), "two workers", 180, proc, log,
+                   stall=10)  # fmt: skip
         yield url, proc
     finally:
         proc.terminate()

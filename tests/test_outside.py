@@ -62,7 +62,9 @@ def serve(tmp_path: Path) -> Iterator[Callable[..., Served]]:
         proc = subprocess.Popen(args, env=env, stdout=out.open("wb"), stderr=err.open("wb"))
         served = Served(proc, out, err)
         started.append(served)
-        wait_for_port(port, 30, proc, err)
+        # Two uvicorn workers import the gateway before either listens: 45 s and more on a
+        # loaded machine. Waited for while they use CPU; a start that uses none is a hang.
+        wait_for_port(port, 180, proc, err, stall=10)
         return served
 
     yield start
