@@ -25,11 +25,13 @@ from ._sweeper import Sweeper
 from .auth import Authenticator
 from .core import (
     HEALTH,
+    MULTIPROC_ENV,
     TRACING_KEY,
     BrowserUploads,
     Health,
     ObservabilityMiddleware,
     Settings,
+    SharedHealth,
     StoreProbe,
     Workers,
     broker_link,
@@ -233,6 +235,9 @@ def make_lifespan(
         metrics = await serve_metrics(settings)  # its own port, never the API's
         health = start_health(settings, the_store, workers, ctx.broker)
         HEALTH.attach(health)  # offload_store_up, offload_broker_up, the certificates' expiry
+        shared = SharedHealth(HEALTH)  # --workers N: the parent reads files, not HEALTH
+        if os.environ.get(MULTIPROC_ENV):
+            shared.start()
         try:
             # The HTTP protocol reads its head deadline and how long a closing connection's
             # peer may leave its answer untaken here (gateway/middleware/_protocol.py).
@@ -248,6 +253,7 @@ def make_lifespan(
                 TRACING_KEY: tracing,
             }
         finally:
+            await shared.stop()
             HEALTH.detach(health)
             await health.store.stop()
             if metrics is not None:

@@ -65,6 +65,7 @@ SWEEPS_OK, SWEEPS_FAILED = SWEEPS.labels("ok"), SWEEPS.labels("failed")  # both 
 LAST_SWEEP = Gauge(
     "offload_sweeper_last_success_timestamp_seconds",
     "end of the last retention sweep that finished (seconds since the epoch; 0: none yet)",
+    multiprocess_mode="max",  # offload-gateway --workers N: the latest of any worker's
 )
 
 

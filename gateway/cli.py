@@ -37,6 +37,15 @@ log = logging.getLogger("gateway")
 _MMAP_THRESHOLD = 1024 * 1024
 _TRIM_THRESHOLD = 16 * 1024 * 1024
 
+# Seconds a worker (--workers N) may take to answer uvicorn's health check before it is
+# killed and started again. A new worker answers only once its interpreter has imported the
+# gateway, 1.7 s of CPU alone: 20-45 s for two workers on 2 cores at load 16, longer in a
+# pod with a small CPU limit. uvicorn's 5 s killed each of them and started another for as
+# long as the load lasted, and nothing was served. Once started a worker answers from a
+# thread of its own, however busy its event loop: only a process that cannot run at all
+# (stopped, or wedged holding the interpreter) takes longer, and it is replaced this late.
+_WORKER_HEALTHCHECK = 60
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
@@ -98,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         # uvicorn only calls the class (its type names asyncio.Protocol, which uvloop would
         # not read into a buffer of ours).
         http=GatewayHttpProtocol,  # type: ignore[arg-type]
+        timeout_worker_healthcheck=_WORKER_HEALTHCHECK,
     )
     return 0
 

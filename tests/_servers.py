@@ -31,6 +31,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -137,21 +138,69 @@ def _tail(log: Path | None, n: int = 3000) -> str:
 _BIND_FAILED = re.compile(r":(\d+): bind: address already in use", re.IGNORECASE)
 
 
+#: CPU seconds a process and its children use in a `stall` window and still count as
+#: stalled: an idle `offload-gateway --workers 2` uses 0.03 s in 10 s, one starting on 2
+#: cores at load 16 (2/16 of a core) over 1 s.
+STALL_CPU = 0.1
+
+
+class _Progress:
+    """Whether a process and its descendants still use CPU. A server slow to get ready on a
+    loaded machine keeps using some; one that hangs (waiting for a peer that never answers,
+    a deadlock, a stopped process) uses next to none."""
+
+    def __init__(self, pid: int, window: float) -> None:
+        self.pid = pid
+        self.window = window
+        self.samples: deque[tuple[float, float]] = deque()
+
+    def stalled(self) -> bool:
+        """Less than STALL_CPU seconds of CPU used in the last `window` seconds."""
+        now, used = time.monotonic(), self._used()
+        self.samples.append((now, used))
+        while len(self.samples) > 1 and now - self.samples[1][0] >= self.window:
+            self.samples.popleft()
+        since, before = self.samples[0]
+        return now - since >= self.window and used - before < STALL_CPU
+
+    def _used(self) -> float:
+        """CPU seconds of the process, its living descendants and those it reaped."""
+        import psutil  # the tests' dependency: only a wait that watches progress needs it
+
+        used = 0.0
+        with contextlib.suppress(psutil.Error):
+            root = psutil.Process(self.pid)
+            for process in (root, *root.children(recursive=True)):
+                with contextlib.suppress(psutil.Error):
+                    t = process.cpu_times()
+                    used += t.user + t.system + t.children_user + t.children_system
+        return used
+
+
 def wait_until(
     ready: Callable[[], bool],
     what: str,
     timeout: float,
     proc: subprocess.Popen[bytes] | None = None,
     log: Path | None = None,
+    *,
+    stall: float | None = None,
 ) -> None:
     """Poll `ready` until it holds while `proc` is still running.
+
+    Args:
+        stall: with `proc`, also give up once it and its children have used next to no CPU
+            (STALL_CPU) for this many seconds: a hang, told from a slow start on a loaded
+            machine, which keeps using CPU; `timeout` may then be generous.
 
     Raises:
         PortInUse: the process exited and its log says its address was taken.
         RuntimeError: the process exited for another reason (its log's tail attached).
-        TimeoutError: not ready in time.
+        TimeoutError: not ready in time, or stalled.
     """
     deadline = time.monotonic() + timeout
+    progress = _Progress(proc.pid, stall) if proc is not None and stall is not None else None
+    checked = 0.0
     while True:
         if proc is not None and proc.poll() is not None:
             detail = _tail(log)
@@ -166,8 +215,16 @@ def wait_until(
             if proc is None or proc.poll() is None:
                 return
             continue  # died just now: report why on the next round
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if now > deadline:
             raise TimeoutError(f"{what} not ready within {timeout:.0f}s\n{_tail(log)}")
+        if progress is not None and now - checked >= 0.5:
+            checked = now
+            if progress.stalled():
+                raise TimeoutError(
+                    f"{what} not ready, and its process has used no CPU for {stall:.0f}s: "
+                    f"a hang\n{_tail(log)}"
+                )
         time.sleep(0.05)
 
 
@@ -176,9 +233,12 @@ def wait_for_port(
     timeout: float = 30.0,
     proc: subprocess.Popen[bytes] | None = None,
     log: Path | None = None,
+    *,
+    stall: float | None = None,
 ) -> None:
-    """Wait until 127.0.0.1:port accepts connections (and `proc`, if given, still runs)."""
-    wait_until(lambda: port_answers(port), f"port {port}", timeout, proc, log)
+    """Wait until 127.0.0.1:port accepts connections (and `proc`, if given, still runs);
+    `stall` as :func:`wait_until`'s."""
+    wait_until(lambda: port_answers(port), f"port {port}", timeout, proc, log, stall=stall)
 
 
 # MQTT 3.1.1 CONNECT, clean session, keep-alive 60, empty client id: any broker answers it

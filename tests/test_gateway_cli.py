@@ -7,9 +7,9 @@ import os
 import re
 import shutil
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -20,7 +20,7 @@ from client.http._scram import ScramAuth
 
 from _auth import write_password_file
 from _gateway import GatewayServer
-from _servers import Mosquitto, free_port
+from _servers import Mosquitto, free_port, wait_until
 
 pytestmark = pytest.mark.servers
 
@@ -59,11 +59,9 @@ def two_workers(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]
         env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while not _workers_serving(proc.pid, port, url):
-        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-        time.sleep(0.1)
-    try:
+    try:  # slow on a loaded machine, but never without using CPU (tests/_servers.py)
+        wait_until(partial(_workers_serving, proc.pid, port, url), "two workers", 180, proc, log,
+                   stall=10)  # fmt: skip
         yield url, proc
     finally:
         proc.terminate()
@@ -85,6 +83,45 @@ def test_scram_logins_succeed_whichever_worker_answers(
         statuses = list(pool.map(login, range(24)))
     # Authenticated every time (a failed login is 401), then told there is no broker.
     assert statuses == [503] * 24
+
+
+def test_workers_slow_to_start_are_waited_for_not_killed(tmp_path: Path) -> None:
+    """A worker answers uvicorn's health check only once its interpreter has imported the
+    gateway (1.7 s of CPU alone; 20 s and more on a loaded node or a CPU-limited pod).
+    uvicorn's 5 s killed each one and started another for as long as the load lasted: 13
+    workers in 80 s on 2 cores at load 16, and nothing served. Here every worker's start is
+    held 6 s (a sitecustomize, before anything of uvicorn runs in it)."""
+    slow = tmp_path / "slow"
+    slow.mkdir()
+    (slow / "sitecustomize.py").write_text(
+        "import sys, time\nif '--multiprocessing-fork' in sys.argv:\n    time.sleep(6)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OFFLOAD_")}
+    env |= {"OFFLOAD_STORAGE_URL": f"file://{tmp_path / 'store'}",
+            "OFFLOAD_ALLOW_ANONYMOUS": "true",
+            "PYTHONPATH": os.pathsep.join([str(slow), env.get("PYTHONPATH", "")])}  # fmt: skip
+    port = free_port()
+    log = tmp_path / "gateway.log"
+    proc = subprocess.Popen(
+        [shutil.which("offload-gateway") or "offload-gateway", "--port", str(port),
+         "--workers", "2"],
+        env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        wait_until(
+            lambda: (
+                "died" in log.read_text()
+                or _workers_serving(proc.pid, port, f"http://127.0.0.1:{port}")
+            ),
+            "two slow workers",
+            90,
+            proc,
+            log,
+        )
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    assert "died" not in log.read_text(), log.read_text()
 
 
 # -- /docs without internet ---------------------------------------------------------------------

@@ -104,7 +104,8 @@ def test_workers_and_trusted_load_balancers_reach_the_proxy(
             "replicaCount": 3,
             "workers": 4,
             "trustedLoadBalancers": ["10.0.0.0/16", "2001:db8::/64", "192.0.2.7"],
-        }
+        },
+        "tmp": {"sizeLimit": "2Gi"},  # what 4 workers may spool in a broadcast: 1,792 MiB
     }
     found = _proxy_objects(manifests(chart, values))
     for doc in found.values():
@@ -189,3 +190,79 @@ def test_the_gateway_trusts_the_proxy_it_is_deployed_with_to_name_each_device(
     assert config["OFFLOAD_MAX_UPLOADS_PER_USER"] == "8"
     networks = Settings(trusted_proxies=trusted or "").trusted_networks  # the gateway reads it
     assert len(networks) == (len(trusted.split(",")) if trusted else 0)
+
+
+def _proxy_env(chart: helm.Chart, values: dict[str, Any]) -> dict[str, str]:  # noqa: F811
+    deployment = _proxy_objects(manifests(chart, values))["Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return {e["name"]: e["value"] for e in container["env"]}
+
+
+def test_a_broadcasts_shared_bytes_and_their_shares_reach_the_proxy(
+    chart: helm.Chart,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`proxy.maxSharedBytes`, `sharedMemoryBytes` (the proxy's defaults, always set) and an
+    account's and an address's share of them (unset: an eighth), as settings the proxy
+    reads (docs/proxy.md, "One fetch for a broadcast")."""
+    from proxy import ProxySettings
+
+    default = _proxy_env(chart, ON)
+    assert default["OFFLOAD_PROXY_MAX_SHARED_BYTES"] == "536870912"
+    assert default["OFFLOAD_PROXY_SHARED_MEMORY_BYTES"] == "67108864"
+    assert not {
+        "OFFLOAD_PROXY_MAX_SHARED_BYTES_PER_USER",
+        "OFFLOAD_PROXY_MAX_SHARED_BYTES_PER_ADDRESS",
+    } & set(default)
+    shares = {
+        "maxSharedBytes": 256 * 2**20,
+        "sharedMemoryBytes": 32 * 2**20,
+        "maxSharedBytesPerUser": 128 * 2**20,
+        "maxSharedBytesPerAddress": 0,  # no device address may share
+    }
+    for name, value in _proxy_env(chart, {"proxy": {"enabled": True, **shares}}).items():
+        monkeypatch.setenv(name, value)
+    limits = ProxySettings().shared_limits
+    assert limits.memory == 32 * 2**20
+    assert (limits.shares.total, limits.shares.per_user, limits.shares.per_address) == (
+        256 * 2**20,
+        128 * 2**20,
+        0,
+    )
+    for bad in (
+        {"maxSharedBytes": -1},
+        {"sharedMemoryBytes": "64Mi"},
+        {"maxSharedBytesPerUser": -1},
+    ):
+        with pytest.raises(Exception, match=next(iter(bad))):
+            manifests(chart, {"proxy": {"enabled": True, **bad}})
+
+
+@pytest.mark.parametrize(
+    ("values", "fits"),
+    [
+        ({"proxy": {"workers": 2}}, True),  # 2 x 448 MiB in 1 GiB
+        ({"proxy": {"workers": 3}}, False),  # 1,344 MiB
+        ({"proxy": {"workers": 3}, "tmp": {"sizeLimit": "1500Mi"}}, True),
+        ({"proxy": {"workers": 3}, "tmp": {"sizeLimit": "1.5G"}}, True),  # 1,430 MiB
+        ({"proxy": {"workers": 3}, "tmp": {"sizeLimit": "1.4G"}}, False),  # 1,335 MiB
+        ({"proxy": {"workers": 3}, "tmp": {"sizeLimit": ""}}, True),  # no limit
+        ({"proxy": {"workers": 8, "maxSharedBytes": 0}}, True),  # never shared
+        ({"proxy": {"workers": 8, "sharedMemoryBytes": 536870912}}, True),  # all in memory
+        ({"proxy": {"maxSharedBytes": 2**30, "sharedMemoryBytes": 0}}, False),  # 1 GiB
+    ],
+)
+def test_what_a_broadcast_may_spool_must_fit_the_pods_tmp(
+    chart: helm.Chart,  # noqa: F811
+    values: dict[str, Any],
+    fits: bool,
+) -> None:
+    """Each proxy process may spool maxSharedBytes - sharedMemoryBytes to /tmp during a
+    broadcast (448 MiB by default): an emptyDir past its sizeLimit gets the pod evicted,
+    every device behind it cut off, so the chart refuses to render what cannot fit."""
+    values = {**values, "proxy": {"enabled": True, **values["proxy"]}}
+    if fits:
+        _proxy_env(chart, values)
+    else:
+        with pytest.raises(Exception, match=r"tmp\.sizeLimit"):
+            manifests(chart, values)

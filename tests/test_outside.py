@@ -9,6 +9,7 @@ import re
 import signal
 import socket
 import subprocess
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -18,7 +19,8 @@ import httpx
 import pytest
 
 from _gateway import GatewayServer
-from _servers import Mosquitto, free_port, wait_for_port
+from _pki import server_pki
+from _servers import Mosquitto, SeaweedFS, free_port, wait_for_port, wait_until
 
 pytestmark = pytest.mark.servers
 
@@ -62,7 +64,9 @@ def serve(tmp_path: Path) -> Iterator[Callable[..., Served]]:
         proc = subprocess.Popen(args, env=env, stdout=out.open("wb"), stderr=err.open("wb"))
         served = Served(proc, out, err)
         started.append(served)
-        wait_for_port(port, 30, proc, err)
+        # Two uvicorn workers import the gateway before either listens: 45 s and more on a
+        # loaded machine. Waited for while they use CPU; a start that uses none is a hang.
+        wait_for_port(port, 180, proc, err, stall=10)
         return served
 
     yield start
@@ -188,6 +192,89 @@ def test_the_metrics_port_adds_up_every_worker(
         assert httpx.get(f"{gw}/healthz", headers={"Connection": "close"}).status_code == 200
     scraped = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics").text
     assert _requests(scraped, "/healthz") >= 20, scraped
+
+
+def _samples(metrics: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """Every sample of `name` in an exposition, by its labels."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families = text_string_to_metric_families(metrics)
+    return {
+        tuple(sorted(s.labels.items())): s.value
+        for family in families
+        for s in family.samples
+        if s.name == name
+    }
+
+
+def _worker_pids(parent: int) -> list[int]:
+    import psutil
+
+    children = psutil.Process(parent).children()
+    return [c.pid for c in children if "--multiprocessing-fork" in c.cmdline()]
+
+
+def test_the_health_of_every_worker_reaches_the_metrics_port(
+    serve: Callable[..., Served], mosquitto_factory: Callable[..., Mosquitto], tmp_path: Path
+) -> None:
+    """The store probe, the broker link, the certificate and the sweeper, which the alerts
+    read, were missing from the sum of the workers (each worker's own collector) or came once
+    per worker (`pid`), and a worker that died held its last value for ever."""
+    from cryptography import x509
+
+    store = SeaweedFS().start()
+    broker = mosquitto_factory()
+    metrics_port = free_port()
+    metrics = f"http://127.0.0.1:{metrics_port}/metrics"
+    with server_pki() as pki:
+        try:
+            _, gateway = _gateway(
+                serve, tmp_path, "--workers", "2",
+                OFFLOAD_STORAGE_URL=store.storage_url("health"),
+                OFFLOAD_S3_ACCESS_KEY=store.access_key, OFFLOAD_S3_SECRET_KEY=store.secret_key,
+                OFFLOAD_MQTT_URL=broker.url, OFFLOAD_METRICS_PORT=str(metrics_port),
+                OFFLOAD_TLS_CERT_FILE=str(pki / "server.pem"),
+                OFFLOAD_TLS_KEY_FILE=str(pki / "server.key"),
+                OFFLOAD_STORE_PROBE_INTERVAL="0.5", OFFLOAD_SWEEP_INTERVAL="1",
+            )  # fmt: skip
+            expiry = x509.load_pem_x509_certificate((pki / "server.pem").read_bytes())
+            serving = expiry.not_valid_after_utc.timestamp()
+            _the_health_adds_up(metrics, gateway, store, broker, serving)
+        finally:
+            store.close()
+
+
+def _reads(metrics: str, **want: float) -> Callable[[], bool]:
+    def check() -> bool:
+        scraped = httpx.get(metrics).text
+        return all(_samples(scraped, name) == {(): value} for name, value in want.items())
+
+    return check
+
+
+def _the_health_adds_up(
+    metrics: str, gateway: Served, store: SeaweedFS, broker: Mosquitto, serving: float
+) -> None:
+    wait_until(_reads(metrics, offload_store_up=1, offload_broker_up=1), "both up", 60)
+    swept = "offload_sweeper_last_success_timestamp_seconds"
+    wait_until(lambda: _samples(httpx.get(metrics).text, swept).get((), 0) > 0, "a sweep", 30)
+    scraped = httpx.get(metrics).text
+    assert list(_samples(scraped, swept)) == [()], scraped  # one series, not one per worker
+    assert _samples(scraped, "offload_tls_certificate_expiry_timestamp_seconds") == {
+        (("certificate", "serving"),): serving
+    }
+    store.stop()
+    wait_until(_reads(metrics, offload_store_up=0, offload_broker_up=1), "the store down", 30)
+    runs, failed = "offload_sweeper_runs_total", (("result", "failed"),)
+    wait_until(lambda: _samples(httpx.get(metrics).text, runs)[failed] > 0, "a failed sweep", 30)
+    # A worker that dies holding offload_broker_up 0 is started again by uvicorn; what it
+    # said last leaves with it.
+    broker.stop()
+    wait_until(_reads(metrics, offload_broker_up=0), "the broker down", 30)
+    time.sleep(2 * 1.0)  # each worker has said so (gateway/core/_health.py: SHARE_INTERVAL)
+    os.kill(_worker_pids(gateway.proc.pid)[0], signal.SIGKILL)
+    broker.start()
+    wait_until(_reads(metrics, offload_broker_up=1), "the broker back", 60)
 
 
 def _render(accept: str = "") -> tuple[bytes, str]:

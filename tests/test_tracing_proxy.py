@@ -14,13 +14,15 @@ from typing import Any
 
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from test_proxy import PahoPeer
+from test_proxy import MiB, PahoPeer
+from test_proxy_broadcast import publish
 from test_proxy_hostile import _packet, _read, _text, dial
 from test_tracing_hostile import MARK, VALID, memory_provider
 
 from client import Client
 from client.protocol import MessageId, PublishProperties
 
+from _fleet import Fleet
 from _gateway import GatewayServer
 from _proxy import ProxyServer
 from _servers import Mosquitto, wait_until
@@ -173,6 +175,54 @@ def test_a_decoded_payloads_fetch_continues_the_placeholders_trace(
     assert len(gets) == 1 and f"{gets[0].context.trace_id:032x}" == MARK
     histogram = "offload_proxy_fetch_seconds_count"
     assert server.metric(histogram) == 1  # observed, as a plain payload's fetch is
+
+
+def test_a_broadcasts_one_fetch_carries_the_trace_of_the_device_that_started_it(
+    gateway_factory: Callable[..., GatewayServer],
+    broker: Mosquitto,
+    unique_topic: Callable[[str], str],
+    traced: tuple[TracerProvider, Any],
+) -> None:
+    """Three devices get one placeholder: each has its own fetch span, a child of the
+    placeholder's creation context, with its own HEAD at the gateway under it; the one GET
+    that feeds them all (proxy/_flights.py) is under the fetch span of the device that
+    started it, and the others' have none (docs/tracing.md)."""
+    provider, exporter = traced
+    gw = gateway_factory(broker, tracer_provider=provider)
+    server = _proxy(broker, gw, provider)
+    topic = unique_topic("broadcast")
+    payload = os.urandom(MiB)  # over the broker's 256 KiB: offloaded
+    payload_route = "/msg/{message_id}/payload"
+    try:
+        fleet = Fleet(server.port, topic, 3, payload, first_address=220).start()
+        publish(server.port, topic, payload)
+        assert all(r.exact and r.done for r in fleet.results())
+        assert server.metric("offload_proxy_fetches_joined_total") == 2  # one fetch for all
+        wait_until(
+            lambda: (
+                len(_named(exporter, f"fetch {topic}")) == 3
+                and _named(exporter, f"GET {payload_route}")
+            ),
+            "the fetch spans",
+            10,
+        )
+    finally:
+        server.stop()
+    (made,) = _named(exporter, f"publish {topic}")
+    fetches = _named(exporter, f"fetch {topic}")
+    assert {(f.context.trace_id, f.parent.span_id if f.parent else 0) for f in fetches} == {
+        (made.context.trace_id, made.context.span_id)
+    }
+
+    def under(name: str, parent: ReadableSpan) -> int:
+        return sum(
+            s.parent is not None and s.parent.span_id == parent.context.span_id
+            for s in _named(exporter, name)
+        )
+
+    assert [under(f"HEAD {payload_route}", f) for f in fetches] == [1, 1, 1]
+    assert sorted(under(f"GET {payload_route}", f) for f in fetches) == [0, 0, 1]
+    assert len(_named(exporter, f"GET {payload_route}")) == 1
 
 
 def test_a_wills_own_traceparent_goes_with_its_upload_after_the_connack(

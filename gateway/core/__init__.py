@@ -43,7 +43,7 @@ from ._executors import (
     current_request,
     request_scope,
 )
-from ._health import HEALTH, Health, StoreProbe, certificates
+from ._health import HEALTH, Health, SharedHealth, StoreProbe, certificates
 from ._json import JSONAnswer
 from ._metrics_port import MULTIPROC_ENV, bind_metrics, serve_metrics, serve_metrics_in_thread
 from ._mqtt import InvalidPublish, broker_link
@@ -84,6 +84,7 @@ __all__ = [
     "RangeNotSatisfiable",
     "RequestEnd",
     "Settings",
+    "SharedHealth",
     "Slot",
     "StorageUnavailable",
     "StoreProbe",

@@ -14,7 +14,11 @@ gateway whose store or broker went away says so too, and the alert rules
   `broker-client`: `OFFLOAD_MQTT_CERT_FILE`), read at start, as the process loads them.
 
 One collector for the process reads the gateways started in it (one in production; several
-in one test process report the least healthy).
+in one test process report the least healthy). `offload-gateway --workers N` serves what its
+workers write in files instead (Prometheus' multiprocess mode, gateway/core/_metrics_port.py),
+where no worker's collector is read: there each worker writes these gauges every
+`SHARE_INTERVAL` seconds (:class:`SharedHealth`), and the metrics port shows the least of the
+living workers' (`livemin`: one worker whose store probe or broker link fails makes it 0).
 """
 
 from __future__ import annotations
@@ -23,10 +27,10 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from prometheus_client import REGISTRY
+from prometheus_client import REGISTRY, Gauge
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -40,6 +44,20 @@ log = logging.getLogger("gateway.health")
 
 #: Seconds one probe may take, as /readyz allows its store check.
 PROBE_TIMEOUT = 5.0
+
+#: Seconds between a worker's writes of its health for `offload-gateway --workers N`'s
+#: metrics port: what it shows is at most this much older than what the worker reads.
+SHARE_INTERVAL = 1.0
+
+# The gauges: name, help, labels.
+_STORE_UP = ("offload_store_up", "1 when the last probe of the object store succeeded", ())
+_BROKER_UP = ("offload_broker_up", "1 while the broker link is connected", ())
+_EXPIRY = (
+    "offload_tls_certificate_expiry_timestamp_seconds",
+    "end of validity of a certificate chain the gateway presents (seconds since the "
+    "epoch; certificate: serving, broker-client)",
+    ("certificate",),
+)
 
 
 class StoreProbe:
@@ -56,7 +74,7 @@ class StoreProbe:
         self.pool = pool
         self.interval = interval
         self.up: bool | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._probing = _Repeating("offload-store-probe", self.probe_once, interval)
         self._check: asyncio.Future[None] | None = None  # the store call under way
 
     async def probe_once(self) -> bool:
@@ -84,8 +102,28 @@ class StoreProbe:
 
     def start(self) -> None:
         """Probe in the running event loop until :meth:`stop` (no-op when interval is 0)."""
-        if self.interval > 0 and self._task is None:
-            self._task = asyncio.create_task(self._run(), name="offload-store-probe")
+        if self.interval > 0:
+            self._probing.start()
+
+    async def stop(self) -> None:
+        await self._probing.stop()
+        if self._check is not None and not self._check.done():
+            self._check.cancel()  # not started: never runs; running: its result is dropped
+
+
+class _Repeating:
+    """`step`, then `interval` seconds' sleep, again and again in the running event loop
+    until :meth:`stop`."""
+
+    def __init__(self, name: str, step: Callable[[], Awaitable[object]], interval: float) -> None:
+        self.name = name
+        self.step = step
+        self.interval = interval
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=self.name)
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -93,12 +131,10 @@ class StoreProbe:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        if self._check is not None and not self._check.done():
-            self._check.cancel()  # not started: never runs; running: its result is dropped
 
     async def _run(self) -> None:
         while True:
-            await self.probe_once()
+            await self.step()
             await asyncio.sleep(self.interval)
 
 
@@ -109,6 +145,15 @@ class Health:
     store: StoreProbe
     broker_connected: Callable[[], bool] | None = None  # None: no broker configured
     certificates: Mapping[str, float] = field(default_factory=dict)  # which -> expiry
+
+
+@dataclass(frozen=True)
+class Readings:
+    """The least healthy of the gateways in this process; None: nothing to say."""
+
+    store: bool | None
+    broker: bool | None
+    certificates: dict[str, float]  # which -> the earliest expiry
 
 
 class HealthCollector(Collector):
@@ -127,40 +172,74 @@ class HealthCollector(Collector):
         with self._lock:
             self._live.remove(health)
 
-    def describe(self) -> list[GaugeMetricFamily]:
-        return []  # nothing until a gateway reports; names are checked by their use
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def read(self) -> Readings:
         with self._lock:
             live = list(self._live)
         stores = [h.store.up for h in live if h.store.up is not None]
-        if stores:
-            yield _gauge(
-                "offload_store_up",
-                "1 when the last probe of the object store succeeded",
-                min(stores),
-            )
         brokers = [h.broker_connected() for h in live if h.broker_connected is not None]
-        if brokers:
-            yield _gauge("offload_broker_up", "1 while the broker link is connected", min(brokers))
         expiries: dict[str, float] = {}
         for h in live:
             for which, when in h.certificates.items():
                 expiries[which] = min(when, expiries.get(which, when))
-        if expiries:
-            family = GaugeMetricFamily(
-                "offload_tls_certificate_expiry_timestamp_seconds",
-                "end of validity of a certificate chain the gateway presents (seconds since the "
-                "epoch; certificate: serving, broker-client)",
-                labels=["certificate"],
-            )
-            for which, when in sorted(expiries.items()):
+        return Readings(
+            min(stores) if stores else None, min(brokers) if brokers else None, expiries
+        )
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return []  # nothing until a gateway reports; names are checked by their use
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        now = self.read()
+        for (name, documentation, _), value in ((_STORE_UP, now.store), (_BROKER_UP, now.broker)):
+            if value is not None:
+                yield GaugeMetricFamily(name, documentation, value=float(value))
+        if now.certificates:
+            name, documentation, labels = _EXPIRY
+            family = GaugeMetricFamily(name, documentation, labels=labels)
+            for which, when in sorted(now.certificates.items()):
                 family.add_metric([which], when)
             yield family
 
 
-def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
-    return GaugeMetricFamily(name, documentation, value=float(value))
+class SharedHealth:
+    """A worker's health in the files `offload-gateway --workers N` adds up, every
+    `interval` seconds: the collector's readings as gauges of Prometheus' multiprocess
+    mode, each the least of the living workers' (`livemin`; the parent forgets a worker
+    that is gone). A gauge is made at its first value, so that what no worker measured yet
+    (no store probe so far, no broker configured) stays absent, as from a single process.
+
+    Args:
+        collector: what to write (:data:`HEALTH`).
+        interval: seconds between writes.
+    """
+
+    def __init__(self, collector: HealthCollector, *, interval: float = SHARE_INTERVAL) -> None:
+        self.collector = collector
+        self.interval = interval
+        self._gauges: dict[str, Gauge] = {}
+        self._writing = _Repeating("offload-shared-health", self.write, interval)
+
+    async def write(self) -> None:
+        now = self.collector.read()
+        for gauge, value in ((_STORE_UP, now.store), (_BROKER_UP, now.broker)):
+            if value is not None:
+                self._gauge(*gauge).set(value)
+        for which, when in now.certificates.items():
+            self._gauge(*_EXPIRY).labels(which).set(when)
+
+    def _gauge(self, name: str, documentation: str, labels: tuple[str, ...]) -> Gauge:
+        gauge = self._gauges.get(name)
+        if gauge is None:  # in no registry: the parent reads the files, never this process
+            gauge = Gauge(name, documentation, labels, registry=None, multiprocess_mode="livemin")
+            self._gauges[name] = gauge
+        return gauge
+
+    def start(self) -> None:
+        """Write in the running event loop until :meth:`stop`."""
+        self._writing.start()
+
+    async def stop(self) -> None:
+        await self._writing.stop()
 
 
 HEALTH = HealthCollector()

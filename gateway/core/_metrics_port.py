@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import socket
 import threading
 from collections.abc import Callable
@@ -30,6 +31,9 @@ log = logging.getLogger("gateway")
 
 #: Where uvicorn's worker processes write their metrics for the parent to add up.
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+# A file of a worker's gauges of the living (prometheus_client: gauge_<mode>_<pid>.db).
+_LIVE_FILE = re.compile(r"gauge_live[a-z]*_(\d+)\.db")
 
 
 async def serve_metrics(settings: Settings) -> asyncio.Server | None:
@@ -81,12 +85,36 @@ def _sum_of_workers(path: str) -> Callable[[str], tuple[bytes, str]]:
     def render(accept: str = "") -> tuple[bytes, str]:
         from prometheus_client import CollectorRegistry, multiprocess
 
+        _forget_the_gone(path)
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry, path=path)  # type: ignore[no-untyped-call]
         encode, media_type = exposition(accept)
         return bytes(encode(registry)), media_type
 
     return render
+
+
+def _forget_the_gone(path: str) -> None:
+    """Drop the gauges of the living (`livemin`: the health, gateway/core/_health.py) that
+    workers now gone wrote. uvicorn starts another worker in place of one that died or
+    stopped answering, and it calls nothing of ours then: without this, a dead worker's
+    last word (a store probe that failed, a broker link down) counted among the living's
+    for ever."""
+    from prometheus_client import multiprocess
+
+    for pid in {int(m[1]) for name in os.listdir(path) if (m := _LIVE_FILE.fullmatch(name))}:
+        if not _running(pid):
+            multiprocess.mark_process_dead(pid, path)  # type: ignore[no-untyped-call]
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's: not ours, but the pid is taken
+        return True
+    return True
 
 
 def _said(sock: socket.socket) -> None:

@@ -180,3 +180,34 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: mqtt-offload
 {{- end }}
+
+{{/*
+The bytes a Kubernetes quantity names ("1Gi", "1500Mi", "1.5G", "1073741824"), the forms
+values.schema.json admits for tmp.sizeLimit.
+*/}}
+{{- define "mqtt-offload.bytes" -}}
+{{- $number := regexFind "^[0-9]+(\\.[0-9]+)?" . }}
+{{- $scale := dict "" 1 "k" 1e3 "M" 1e6 "G" 1e9 "T" 1e12 "Ki" 1024 "Mi" 1048576 "Gi" 1073741824 "Ti" 1099511627776 }}
+{{- $suffix := trimPrefix $number . }}
+{{- if or (not $number) (not (hasKey $scale $suffix)) }}
+{{- fail (printf "cannot read the quantity %q: give bytes, or a number with Ki, Mi, Gi, Ti, k, M, G or T" .) }}
+{{- end }}
+{{- mulf $number (get $scale $suffix) | int64 }}
+{{- end }}
+
+{{/*
+offload-proxy spools a broadcast's payload beyond sharedMemoryBytes to the pod's /tmp, up to
+maxSharedBytes per process (docs/proxy.md, "One fetch for a broadcast"): an emptyDir past its
+sizeLimit gets the pod evicted, every device behind it cut off.
+*/}}
+{{- define "mqtt-offload.proxyTmpFits" -}}
+{{- $p := .Values.proxy }}
+{{- with .Values.tmp.sizeLimit }}
+{{- $limit := include "mqtt-offload.bytes" . | int64 }}
+{{- $shared := int64 $p.maxSharedBytes }}
+{{- $spooled := mul $p.workers (sub $shared (min $shared (int64 $p.sharedMemoryBytes))) }}
+{{- if ge $spooled $limit }}
+{{- fail (printf "proxy: its %v workers may spool %d MiB of broadcast payloads to /tmp (each maxSharedBytes - sharedMemoryBytes), not under tmp.sizeLimit (%s): the pod would be evicted; raise tmp.sizeLimit or sharedMemoryBytes (with the memory limit), or lower maxSharedBytes" $p.workers (div $spooled 1048576) .) }}
+{{- end }}
+{{- end }}
+{{- end }}
