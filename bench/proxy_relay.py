@@ -74,14 +74,17 @@ class Broker:
 
 
 @contextmanager
-def broker(work: Path) -> Iterator[Broker]:
+def broker(work: Path, *, nodelay: bool = True) -> Iterator[Broker]:
+    """mosquitto on a free port; `nodelay`: with `set_tcp_nodelay true` (else its default,
+    Nagle's algorithm on its sockets)."""
     port = free_port()
     log = work / "mosquitto.log"
     conf = work / "mosquitto.conf"
     conf.write_text(
         f"listener {port} 127.0.0.1\npersistence false\nallow_anonymous true\n"
-        "max_packet_size 262144\nset_tcp_nodelay true\n"
-        f"log_dest file {log}\nlog_type error\nlog_type warning\nlog_type subscribe\n"
+        "max_packet_size 262144\n"
+        + ("set_tcp_nodelay true\n" if nodelay else "")
+        + f"log_dest file {log}\nlog_type error\nlog_type warning\nlog_type subscribe\n"
     )
     binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
     # mosquitto started as root runs as the user `mosquitto`: its log must be writable to it.
