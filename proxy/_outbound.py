@@ -28,6 +28,7 @@ from client.protocol import (
     FORMAT_KEY,
     MalformedPlaceholder,
     Placeholder,
+    address_key,
     http_origin,
 )
 
@@ -38,6 +39,7 @@ from ._settings import MQTT_MAX_PACKET
 from ._state import Conn, Services
 from ._stream import drain_within, drained, write_all, write_piece
 from ._tracing import start_fetch
+from ._turns import turn_key
 from ._unseal import resolve_encoded
 from ._will import settle
 from .protocol import (
@@ -90,6 +92,10 @@ async def relay_down(conn: Conn, services: Services) -> None:
     goes to the client in runs, as it came (:func:`run_rule`, :func:`_stop`)."""
     if not await _login(conn, services):
         return
+    # From now on both directions take the account's turns (proxy/_turns.py).
+    conn.client.turn = conn.broker.turn = services.turns.of(
+        turn_key(conn.account, address_key(conn.peer))
+    )
     rule, stop = run_rule(conn), functools.partial(_stop, conn)
     while True:
         run = await conn.broker.run(rule, stop)

@@ -19,6 +19,7 @@ from ._metrics import Metrics
 from ._settings import MQTT_MAX_PACKET, ProxySettings
 from ._shares import Holder, Pool, Taken
 from ._stream import PacketStream
+from ._turns import Turns
 from .protocol import AliasMap, Connect, Stored, Will
 
 POISONED_IDS = 4096
@@ -108,6 +109,7 @@ class Services:
     stored_flows: StoredFlows = field(default_factory=StoredFlows)  # QoS 2 offloads
     identities: Sequence[Any] = ()  # age identities (client.load_identities) for _unseal
     tracing: Tracing = field(default_factory=Tracing)  # offloads' and fetches' spans
+    turns: Turns = field(default_factory=Turns)  # each account's share of the loop's time
 
 
 @dataclass(frozen=True, slots=True)

@@ -105,15 +105,23 @@ _MAX_ACK = 65536
 
 
 def scan(
-    data: bytes, at: int, stop: int, rule: RunRule, max_length: int
+    data: bytes,
+    at: int,
+    stop: int,
+    rule: RunRule,
+    max_length: int,
+    most: int = 1 << 62,
+    until: int = 1 << 62,
 ) -> tuple[int, int, bool, bytes]:
     """The run of whole packets that pass, from `at`: (its end, its packets, whether a
-    packet the caller must see comes next, the run as the other side gets it).
+    packet the caller must see comes next, the run as the other side gets it). It ends
+    after `most` packets, or with the packet that reaches offset `until` (a share of the
+    loop's time, proxy._turns: the rest is the next run's).
 
-    Not blocked and `end` short of the data: a packet that may still pass is not whole yet
-    (more bytes needed). Blocked: the next packet's type is in `stop`, its PUBLISH fails
-    `rule`, it is longer than `max_length` or :data:`RUN_WAIT` and not whole, or it is
-    malformed (the caller's framer says how).
+    Not blocked and `end` short of the data: the share was reached, or a packet that may
+    still pass is not whole yet (more bytes needed). Blocked: the next packet's type is in
+    `stop`, its PUBLISH fails `rule`, it is longer than `max_length` or :data:`RUN_WAIT`
+    and not whole, or it is malformed (the caller's framer says how).
 
     The run is `data[at:end]` as it came, unless `rule` translates (an upgraded link):
     then a PUBLISH is rewritten (:data:`UPGRADE`: an empty property section after the
@@ -132,7 +140,7 @@ def scan(
     copied = at  # translated: the packets from here to `at` go as they came
     count = 0
     blocked = False
-    while at < size:
+    while at < size and at < until and count < most:  # (the rest: the next run's)
         first = data[at]
         kind = first >> 4
         if (stop >> kind) & 1:
