@@ -23,7 +23,7 @@ from ._exceptions import QUOTA_EXCEEDED, PeerGone, TransferFailed
 from ._resends import remember, resent
 from ._shares import PoolFull
 from ._state import Conn, Services
-from ._stream import drained
+from ._stream import drained, send
 from ._tracing import start_offload
 from .protocol import (
     AUTH,
@@ -83,7 +83,7 @@ async def relay_up(conn: Conn, services: Services) -> None:
             if run is None:
                 raise PeerGone("the client closed without DISCONNECT")
             if run:
-                conn.broker_writer.write(run)  # whole packets, no await inside: no lock
+                send(conn.broker_writer, run)  # whole packets, no await inside: no lock
                 await drained(conn.broker_writer, conn.broker.idle)
                 continue
         head = await conn.client.head()
@@ -101,14 +101,14 @@ async def relay_up(conn: Conn, services: Services) -> None:
         elif conn.upgraded and head.type in (SUBSCRIBE, UNSUBSCRIBE):  # 3.1.1 client
             if head.length > MAX_PUBLISH_HEADER:
                 raise PacketTooLarge(f"a SUBSCRIBE over {MAX_PUBLISH_HEADER} bytes")
-            conn.broker_writer.write(upgrade_packet(head.first, await conn.client.body(head)))
+            send(conn.broker_writer, upgrade_packet(head.first, await conn.client.body(head)))
             await drained(conn.broker_writer, conn.broker.idle)
         else:
             body = conn.client.whole_body(head)
             if body is None:
                 await forward(conn, head)
             else:  # the whole packet is in hand, one write
-                conn.broker_writer.write(head.raw + body)
+                send(conn.broker_writer, head.raw + body)
                 await drained(conn.broker_writer, conn.broker.idle)
             if head.type == DISCONNECT:
                 return
@@ -143,9 +143,9 @@ async def forward(conn: Conn, head: Head, prefix: bytes = b"") -> None:
     """Copy the rest of `head`'s packet to the broker as it arrives."""
     writer = conn.broker_writer
     async with conn.broker_lock:  # pieces across awaits: no chunk answer in between
-        writer.write(head.raw + prefix)
+        send(writer, head.raw + prefix)
         async for piece in conn.client.pieces(head):
-            writer.write(piece)
+            send(writer, piece)
             await drained(writer, conn.broker.idle)
         await drained(writer, conn.broker.idle)
 
@@ -193,12 +193,12 @@ async def _publish(conn: Conn, services: Services, head: Head) -> None:
     head, header, prefix = conn.aliases.for_broker(head, header, prefix)
     if len(head.raw) + head.length <= conn.broker_limit:
         if whole is not None:  # one write, no await inside: needs no lock
-            conn.broker_writer.write(head.raw + prefix)
+            send(conn.broker_writer, head.raw + prefix)
         else:
             async with conn.broker_lock:  # pieces across awaits: no chunk answer in between
-                conn.broker_writer.write(head.raw + prefix)
+                send(conn.broker_writer, head.raw + prefix)
                 async for piece in pieces:
-                    conn.broker_writer.write(piece)
+                    send(conn.broker_writer, piece)
                     await drained(conn.broker_writer, conn.broker.idle)
         conn.aliases.sent(header)
         await drained(conn.broker_writer, conn.broker.idle)

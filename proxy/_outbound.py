@@ -37,7 +37,7 @@ from ._exceptions import PeerGone, PeerTimeout, TransferFailed
 from ._resends import ended
 from ._settings import MQTT_MAX_PACKET
 from ._state import Conn, Services
-from ._stream import drain_within, drained, write_all, write_piece
+from ._stream import drain_within, drained, send, write_all, write_piece
 from ._tracing import start_fetch
 from ._turns import turn_key
 from ._unseal import resolve_encoded
@@ -102,7 +102,7 @@ async def relay_down(conn: Conn, services: Services) -> None:
         if run is None:
             return
         if run:
-            conn.client_writer.write(run)  # whole packets, no await inside: no lock
+            send(conn.client_writer, run)  # whole packets, no await inside: no lock
             await drained(conn.client_writer, conn.client.idle)
             continue
         head = await conn.broker.head()
@@ -140,7 +140,7 @@ async def relay_down(conn: Conn, services: Services) -> None:
         else:
             body = conn.broker.whole_body(head)
             if body is not None:  # one write, no await inside: needs no lock
-                conn.client_writer.write(head.raw + body)
+                send(conn.client_writer, head.raw + body)
                 await drained(conn.client_writer, conn.client.idle)
                 continue
             await _stream(conn, head)
@@ -207,7 +207,7 @@ async def _to_client(conn: Conn, head: Head, body: bytes) -> bool:
         if downgraded is None:
             return False
         packet = downgraded
-    conn.client_writer.write(packet)  # one write, no await inside: needs no lock
+    send(conn.client_writer, packet)  # one write, no await inside: needs no lock
     await drained(conn.client_writer, conn.client.idle)
     return True
 
@@ -215,7 +215,7 @@ async def _to_client(conn: Conn, head: Head, body: bytes) -> bool:
 async def _stream(conn: Conn, head: Head) -> None:
     """Relay a packet as it arrives."""
     async with conn.client_lock:  # pieces across awaits: nothing else in between
-        conn.client_writer.write(head.raw)
+        send(conn.client_writer, head.raw)
         await write_all(conn.client_writer, conn.broker.pieces(head), conn.client.idle)
 
 

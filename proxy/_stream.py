@@ -185,6 +185,19 @@ class PacketStream:
         return b"".join([piece async for piece in self.pieces(head)])
 
 
+def send(writer: asyncio.StreamWriter, data: bytes) -> None:
+    """Write `data` to a peer whose side may have closed meanwhile.
+
+    Raises:
+        PeerGone: its transport is closed (the peer went away, or a write failed: uvloop
+            then raises RuntimeError at the next write, asyncio drops it silently) while the
+            other direction, which saw it first, is ending the session.
+    """
+    if writer.transport.is_closing():
+        raise PeerGone("the peer's connection is closed")
+    writer.write(data)
+
+
 #: Bytes a transport may hold unsent before a relay waits for it (asyncio's own default
 #: high-water mark); below it a write needs no `drain()` round trip through the loop.
 HIGH_WATER = 64 * 1024

@@ -4,15 +4,19 @@ is every message, not how long it took (timings: bench/proxy_flood.py)."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import socket
 import threading
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from test_proxy import start_proxy
 from test_proxy_fleet import connect_packet
+from test_proxy_fleet_limits import ProxyProcess
 from test_proxy_hostile import _packet, _text
 
 from _servers import Mosquitto, wait_until
@@ -30,13 +34,14 @@ VICTIM = 200
 class Device:
     """A raw MQTT 5 client from `source`, logged in as `user` (its account)."""
 
-    def __init__(self, port: int, source: str, user: str) -> None:
+    def __init__(self, port: int, source: str, user: str, client_id: str = "") -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.settimeout(60)
         self.sock.bind((source, 0))
         self.sock.connect(("127.0.0.1", port))
         self._buf = bytearray()
-        self.sock.sendall(connect_packet(f"f-{uuid.uuid4().hex[:10]}", user=user))
+        client_id = client_id or f"f-{uuid.uuid4().hex[:10]}"
+        self.sock.sendall(connect_packet(client_id, user=user))
         first, body = self.read()
         assert first == 0x20 and body[1] == 0, f"CONNACK {body.hex()}"
 
@@ -157,5 +162,50 @@ def test_a_flood_beside_a_victim_loses_nothing_and_the_victim_passes_in_order(
         for device in (sink, b_sub, b_pub, *flooders):
             device.sock.close()
         wait_until(lambda: proxy.metric("offload_proxy_connections") == 0, "all gone", 10)
+    finally:
+        proxy.stop()
+
+
+def test_a_session_taken_over_while_its_device_floods_ends_with_an_info_line(
+    broker: Mosquitto, unique_topic: Callable[[str], str], tmp_path: Path
+) -> None:
+    """A device floods QoS 0 PUBLISHes through the proxy (its own process, uvloop) and
+    another connects with its client id: mosquitto ends the first session (a session
+    takeover) while the proxy is writing the flood to it. Each time the proxy ends that
+    connection with one INFO line; before, the relay's next write to the closed broker
+    link raised uvloop's RuntimeError, an ERROR traceback ("connection failed", 16 of 20
+    takeovers)."""
+    log = tmp_path / "proxy.log"
+    proxy = ProxyProcess(broker, "http://127.0.0.1:9", log)
+    flood = publish(unique_topic("takeover"), bytes(32)) * 2000
+    try:
+        for i in range(10):
+            client_id = f"same-{i}-{uuid.uuid4().hex[:6]}"
+            first = Device(proxy.port, "127.0.0.2", "account-a", client_id)
+            stop = threading.Event()
+
+            def send(sock: socket.socket = first.sock, stop: threading.Event = stop) -> None:
+                with contextlib.suppress(OSError):
+                    while not stop.is_set():
+                        sock.sendall(flood)
+
+            sender = threading.Thread(target=send, daemon=True)
+            sender.start()
+            time.sleep(0.1)
+            second = Device(proxy.port, "127.0.0.3", "account-a", client_id)  # takes over
+            time.sleep(0.1)
+            stop.set()
+            first.sock.close()
+            sender.join(10)
+            second.sock.close()
+
+        def logged() -> list[dict[str, object]]:
+            return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+
+        wait_until(lambda: len(logged()) >= 10, "each takeover logged", 10)
+        time.sleep(0.5)  # (any ERROR after them)
+        lines = logged()
+        assert [x for x in lines if x["level"] in ("ERROR", "CRITICAL")] == []
+        assert sum(1 for x in lines if x["message"] == "connection ended") >= 10
     finally:
         proxy.stop()
