@@ -8,7 +8,9 @@ them) from 4 addresses (127.0.0.2-5, one process each), and one subscriber of A'
 127.0.0.7 to its own subscriber on 127.0.0.8 (QoS 1, each PUBACKed). B's latency is from
 the publisher's write to the subscriber's read of the whole PUBLISH (one process, one
 clock). Printed per path: B's p50 and p99, B's messages lost, duplicated or out of order,
-the flood's rate, and B's p99 through the proxy over B's p99 straight (the goal: <= 2).
+the flood's rate, the share of the time mosquitto and the relay ran and waited, runnable,
+for a CPU (/proc/<pid>/schedstat: on 2 cores the flood's extra hops can take them all),
+and B's p99 through the proxy over B's p99 straight (the goal: <= 2).
 
     python bench/proxy_flood.py [--rounds 3] [--seconds 15] [--nodelay] [--against DIR]
     python bench/proxy_flood.py --quiet        # also B without the flood, per path
@@ -35,7 +37,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -296,6 +298,42 @@ def victim(port: int, tag: str, seconds: float) -> Victim:
     )
 
 
+def _schedstat(pid: int) -> tuple[int, int]:
+    """Nanoseconds `pid`'s main thread has run, and waited runnable for a CPU."""
+    ran, waited, _ = Path(f"/proc/{pid}/schedstat").read_text().split()
+    return int(ran), int(waited)
+
+
+@dataclass
+class Sched:
+    """What mosquitto and the relay did with the CPU while B was measured: the share of the
+    time each ran and each waited, runnable, for a CPU (2 cores: when the flood's hops
+    take them all, every process in B's path waits its turn of the kernel's scheduler)."""
+
+    pids: dict[str, int]
+    start: dict[str, tuple[int, int]] = field(default_factory=dict)
+    at: float = 0.0
+    shares: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def __enter__(self) -> Sched:
+        self.start = {name: _schedstat(pid) for name, pid in self.pids.items()}
+        self.at = time.perf_counter()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        seconds = (time.perf_counter() - self.at) * 1e9
+        for name, pid in self.pids.items():
+            ran, waited = _schedstat(pid)
+            before = self.start[name]
+            self.shares[name] = ((ran - before[0]) / seconds, (waited - before[1]) / seconds)
+
+    def __str__(self) -> str:
+        return ", ".join(
+            f"{name} ran {ran:.2f} waited {waited:.2f}"
+            for name, (ran, waited) in self.shares.items()
+        )
+
+
 def _load() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
@@ -324,18 +362,25 @@ def main() -> None:
     floods: dict[str, list[Flood]] = {}
     with ExitStack() as stack:
         brk = stack.enter_context(broker(work, nodelay=args.nodelay))
-        paths = {"straight": brk.port}
-        paths["proxy"] = stack.enter_context(offload_proxy(brk.port))[0]
+        paths = {"straight": (brk.port, {"mosquitto": brk.proc.pid})}
+        port, proc = stack.enter_context(offload_proxy(brk.port))
+        paths["proxy"] = (port, {"mosquitto": brk.proc.pid, "proxy": proc.pid})
         if args.against is not None:
-            other = stack.enter_context(offload_proxy(brk.port, root=args.against.resolve()))
-            paths[f"proxy@{args.against.name}"] = other[0]
+            port, proc = stack.enter_context(offload_proxy(brk.port, root=args.against.resolve()))
+            paths[f"proxy@{args.against.name}"] = (
+                port,
+                {"mosquitto": brk.proc.pid, "proxy": proc.pid},
+            )
         for r in range(args.rounds):
-            for name, port in paths.items():
+            for name, (port, pids) in paths.items():
                 tag = uuid.uuid4().hex[:8]
                 if args.quiet:
                     calm = victim(port, tag, args.seconds / 3)
                     quiet.setdefault(name, []).append(calm)
-                with flood(port, tag, rate=args.rate, subscribed=not args.unsubscribed) as flooded:
+                with (
+                    flood(port, tag, rate=args.rate, subscribed=not args.unsubscribed) as flooded,
+                    Sched(pids) as sched,
+                ):
                     got = victim(port, tag, args.seconds)
                 results.setdefault(name, []).append(got)
                 floods.setdefault(name, []).append(flooded[0])
@@ -343,7 +388,8 @@ def main() -> None:
                       f" {_ms(got.quantile(0.99))}, {len(got.latencies)}/{got.sent} arrived"
                       f" (lost {got.lost}, duplicated {got.duplicated}, out of order"
                       f" {got.out_of_order}, unacked {got.unacked}); flood"
-                      f" {flooded[0].rate:,.0f} msg/s; load {_load()}", flush=True)  # fmt: skip
+                      f" {flooded[0].rate:,.0f} msg/s; {sched}; load {_load()}",
+                      flush=True)  # fmt: skip
     print(f"load average at end: {_load()}")
     emit(_report(results, quiet, floods))
 
