@@ -42,11 +42,13 @@ class Turn:
         on_wait: told each time a connection waits for the account's next turn.
     """
 
-    __slots__ = ("__weakref__", "_bytes", "_next", "_on_wait", "_packets", "_waiting")
+    __slots__ = ("__weakref__", "_next", "_on_wait", "_waiting", "packets", "size")
 
     def __init__(self, on_wait: Callable[[float], None] = _uncounted) -> None:
-        self._packets = 0
-        self._bytes = 0
+        #: What is left of this turn's share (below 1: spent). Plain attributes, read and
+        #: counted down by the relay for every run (PacketStream.run): no call there.
+        self.packets = TURN_PACKETS
+        self.size = TURN_BYTES
         self._waiting: collections.deque[tuple[asyncio.Future[None], int]] = collections.deque()
         self._next: asyncio.Handle | None = None
         self._on_wait = on_wait
@@ -54,16 +56,16 @@ class Turn:
     @property
     def spent(self) -> bool:
         """Whether this turn's share is used up (the caller :meth:`wait` s)."""
-        return self._packets >= TURN_PACKETS or self._bytes >= TURN_BYTES
+        return self.packets <= 0 or self.size <= 0
 
     def room(self) -> tuple[int, int]:
         """Packets and bytes left of this turn's share (at least one packet)."""
-        return max(TURN_PACKETS - self._packets, 1), max(TURN_BYTES - self._bytes, 1)
+        return max(self.packets, 1), max(self.size, 1)
 
     def charge(self, packets: int, size: int) -> None:
         """Count what was handed out; the share renews at the loop's next pass."""
-        self._packets += packets
-        self._bytes += size
+        self.packets -= packets
+        self.size -= size
         if self._next is None:
             self._next = asyncio.get_running_loop().call_soon(self._renew)
 
@@ -86,7 +88,7 @@ class Turn:
         as its packets may serve (they run at the loop's next pass; another turn follows
         while any are left)."""
         self._next = None
-        self._packets = self._bytes = 0
+        self.packets, self.size = TURN_PACKETS, TURN_BYTES
         room = TURN_PACKETS
         while self._waiting and room > 0:
             waiter, expect = self._waiting.popleft()

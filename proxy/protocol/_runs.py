@@ -146,7 +146,8 @@ def scan(
     copied = at  # translated: the packets from here to `at` go as they came
     count = 0
     blocked = False
-    while at < size and at < until and count < most:  # (the rest: the next run's)
+    bound = until if until < size else size  # (beyond `until`: the next run's)
+    while at < bound and count < most:
         first = data[at]
         kind = first >> 4
         if (stop >> kind) & 1:
