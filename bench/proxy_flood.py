@@ -16,10 +16,13 @@ and B's p99 through the proxy over B's p99 straight (the goal: <= 2).
     python bench/proxy_flood.py --quiet        # also B without the flood, per path
     python bench/proxy_flood.py --rate 10000   # each flooder at a set pace
     python bench/proxy_flood.py --unsubscribed # nobody takes A's flood
+    python bench/proxy_flood.py --no-haproxy   # without HAProxy's path
 
-mosquitto 2 runs at its defaults (256 KiB limit, no `set_tcp_nodelay`: `--nodelay` sets
-it) and allows anonymous logins: the user name is the account (proxy/_account.py). No
-gateway: nothing is offloaded.
+HAProxy in TCP mode (its default threads) is measured beside them, a relay in C: the share
+of B's latency any hop adds on the machine at hand, where the flood's relayed bytes cost
+CPU the broker shares. mosquitto 2 runs at its defaults (256 KiB limit, no
+`set_tcp_nodelay`: `--nodelay` sets it) and allows anonymous logins: the user name is the
+account (proxy/_account.py). No gateway: nothing is offloaded.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _harness import emit, info_row, row
-from proxy_relay import broker, offload_proxy
+from proxy_relay import broker, haproxy, offload_proxy
 
 FLOODERS = ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5")
 FLOOD_SUB, VICTIM_PUB, VICTIM_SUB = "127.0.0.6", "127.0.0.7", "127.0.0.8"
@@ -299,7 +302,8 @@ def victim(port: int, tag: str, seconds: float) -> Victim:
 
 
 def _schedstat(pid: int) -> tuple[int, int]:
-    """Nanoseconds `pid`'s main thread has run, and waited runnable for a CPU."""
+    """Nanoseconds `pid`'s main thread has run, and waited runnable for a CPU (HAProxy's
+    other threads are not counted)."""
     ran, waited, _ = Path(f"/proc/{pid}/schedstat").read_text().split()
     return int(ran), int(waited)
 
@@ -353,6 +357,7 @@ def main() -> None:
         "--rate", type=int, default=0, help="each flooder's messages/s (0: as fast as it can)"
     )
     parser.add_argument("--against", type=Path, help="another tree's proxy, measured too")
+    parser.add_argument("--no-haproxy", action="store_true", help="leave HAProxy's path out")
     args = parser.parse_args()
     work = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-flood-{uuid.uuid4().hex[:8]}"
     work.mkdir()
@@ -363,6 +368,9 @@ def main() -> None:
     with ExitStack() as stack:
         brk = stack.enter_context(broker(work, nodelay=args.nodelay))
         paths = {"straight": (brk.port, {"mosquitto": brk.proc.pid})}
+        if not args.no_haproxy:  # a relay in C beside it: what any hop costs here
+            port, proc = stack.enter_context(haproxy([brk.port]))
+            paths["haproxy"] = (port, {"mosquitto": brk.proc.pid, "haproxy": proc.pid})
         port, proc = stack.enter_context(offload_proxy(brk.port))
         paths["proxy"] = (port, {"mosquitto": brk.proc.pid, "proxy": proc.pid})
         if args.against is not None:
@@ -414,6 +422,9 @@ def _report(
     rows.append(row("proxy flood", "B's p99 under A's flood: straight -> offload-proxy",
                     p99["straight"] * 1e3, p99["proxy"] * 1e3, "ms", f"<= {GOAL}",
                     higher_is_better=False, limit=GOAL))  # fmt: skip
+    if "haproxy" in p99:
+        rows.append(info_row("proxy flood", "B's p99 under A's flood: straight -> HAProxy",
+                             p99["straight"] * 1e3, p99["haproxy"] * 1e3, "ms"))  # fmt: skip
     for name in results:
         if name.startswith("proxy@"):
             rows.append(info_row("proxy flood", f"B's p99 under A's flood: {name} -> this tree",
