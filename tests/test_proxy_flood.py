@@ -83,7 +83,6 @@ def payload_of(body: bytes, qos: int) -> bytes:
     return body[at + 1 + body[at] :]  # after a property block of under 128 bytes
 
 
-@pytest.mark.xdist_group("flood")
 def test_a_flood_beside_a_victim_loses_nothing_and_the_victim_passes_in_order(
     mosquitto_factory: Callable[..., Mosquitto], unique_topic: Callable[[str], str]
 ) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 
-from proxy._stream import PacketStream
+from proxy._stream import READ_SIZE, PacketStream
 from proxy._turns import TURN_BYTES, TURN_PACKETS, Turn, Turns, turn_key
 from proxy.protocol import CONNECT, DISCONNECT, RunRule, encode_varint, type_mask
 
@@ -47,7 +47,7 @@ def stream_of(data: bytes, turn: Turn) -> PacketStream:
     reader = asyncio.StreamReader(limit=1 << 22)
     reader.feed_data(data)
     reader.feed_eof()
-    stream = PacketStream(reader, max_length=1 << 20, idle=5)
+    stream = PacketStream(reader, max_length=1 << 28, idle=5)
     stream.turn = turn
     return stream
 
@@ -158,3 +158,49 @@ def test_a_connection_that_ends_while_waiting_holds_no_one_up() -> None:
         assert first.cancelled()
 
     asyncio.run(main())
+
+
+async def framed(name: str, stream: PacketStream, log: list[tuple[str, int]]) -> None:
+    """Frame every packet one by one, its body whole or in pieces, as the relay does with
+    the packets that stop a run (a Topic Alias, a PUBLISH over the run's wait)."""
+    while (head := await stream.head()) is not None:
+        if head.length > 65536:
+            async for piece in stream.pieces(head):
+                log.append((name, len(piece)))
+        else:
+            await stream.body(head)
+            log.append((name, 1))
+
+
+def aliased(seq: int) -> bytes:
+    """A small PUBLISH with a Topic Alias: the up rule stops a run at it."""
+    body = b"\x00\x03f/1" + b"\x03\x23\x00\x01" + seq.to_bytes(4, "big")
+    return b"\x30" + encode_varint(len(body)) + body
+
+
+def test_packets_framed_one_by_one_and_body_pieces_take_turns_too() -> None:
+    """A flood of 5,000 PUBLISHes that each stop a run (a Topic Alias: framed one by one)
+    gives way after one share of packets; a 4 MB PUBLISH streamed piece by piece gives way
+    after one share of bytes (a piece of at most a read). Without the wait in `head` (or
+    in `pieces`) the victim came after the whole flood."""
+
+    body = b"\x00\x03f/1\x00" + bytes(4 << 20)
+
+    async def main() -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+        turns = Turns()
+        heads: list[tuple[str, int]] = []
+        flood_a = stream_of(b"".join(aliased(i) for i in range(5000)), turns.of("a"))
+        victim = stream_of(publish(7), turns.of("b"))
+        await asyncio.gather(framed("a", flood_a, heads), framed("b", victim, heads))
+        pieces: list[tuple[str, int]] = []
+        large = b"\x30" + encode_varint(len(body)) + body
+        flood_c = stream_of(large, turns.of("c"))
+        victim = stream_of(publish(8), turns.of("d"))
+        await asyncio.gather(framed("c", flood_c, pieces), framed("b", victim, pieces))
+        return heads, pieces
+
+    heads, pieces = asyncio.run(main())
+    assert served_before(heads, "b") <= TURN_PACKETS
+    assert sum(n for name, n in heads if name == "a") == 5000
+    assert served_before(pieces, "b") <= 2 * READ_SIZE  # a piece is at most a read
+    assert sum(n for name, n in pieces if name == "c") == len(body)
