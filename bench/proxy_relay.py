@@ -10,6 +10,7 @@ CPU each relay spent per message (utime + stime from /proc, children included).
     python bench/proxy_relay.py [--rounds 3] [--qos 1,0] [--lines 5000]
     python bench/proxy_relay.py --against /tmp/base   # also the proxy of another tree
     python bench/proxy_relay.py --mqtt 311             # MQTT 3.1.1 clients (the tools' default)
+    python bench/proxy_relay.py --broker defaults      # mosquitto at its defaults only
     python bench/proxy_relay.py --fleet                # also the fleet paths below
     python bench/proxy_relay.py --profile /tmp/prof    # py-spy of offload-proxy, per QoS
     python bench/proxy_relay.py --connects 500 --qos ""   # CPU per connect, with a PROXY
@@ -20,7 +21,11 @@ one offload-proxy, the same HAProxy balancing over two offload-proxy processes, 
 `offload-proxy --workers 2` straight (against the single process straight); `--only-fleet`
 measures those, straight and the single process only.
 
-Real programs only: mosquitto 2 (256 KiB limit, TCP_NODELAY, no per-packet logging),
+Every path is measured twice (`--broker both`, the default): against a mosquitto with
+`set_tcp_nodelay true`, then against one at its defaults (Nagle's algorithm on its sockets,
+as most brokers are run; issue 50), each with its own HAProxy and proxies in front.
+
+Real programs only: mosquitto 2 (256 KiB limit, no per-packet logging),
 HAProxy 2.6 (Debian's `haproxy`; scripts/_bootstrap.sh installs it with the test peers),
 the mosquitto clients and `offload-proxy` as its own process. No gateway: nothing is over
 the limit and nothing is a placeholder, so the proxy relays every packet.
@@ -74,14 +79,17 @@ class Broker:
 
 
 @contextmanager
-def broker(work: Path) -> Iterator[Broker]:
+def broker(work: Path, *, nodelay: bool = True) -> Iterator[Broker]:
+    """mosquitto on a free port; `nodelay`: with `set_tcp_nodelay true` (else its default,
+    Nagle's algorithm on its sockets)."""
     port = free_port()
     log = work / "mosquitto.log"
     conf = work / "mosquitto.conf"
     conf.write_text(
         f"listener {port} 127.0.0.1\npersistence false\nallow_anonymous true\n"
-        "max_packet_size 262144\nset_tcp_nodelay true\n"
-        f"log_dest file {log}\nlog_type error\nlog_type warning\nlog_type subscribe\n"
+        "max_packet_size 262144\n"
+        + ("set_tcp_nodelay true\n" if nodelay else "")
+        + f"log_dest file {log}\nlog_type error\nlog_type warning\nlog_type subscribe\n"
     )
     binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
     # mosquitto started as root runs as the user `mosquitto`: its log must be writable to it.
@@ -258,48 +266,72 @@ def main() -> None:
     parser.add_argument(
         "--connects", type=int, default=0, help="also CPU per connect: plain and gated"
     )
+    parser.add_argument(
+        "--broker",
+        default="both",
+        choices=["nodelay", "defaults", "both"],
+        help="mosquitto with set_tcp_nodelay, at its defaults (Nagle's algorithm), or both",
+    )
     args = parser.parse_args()
     if args.profile is not None and shutil.which("py-spy") is None:
         parser.error("--profile needs py-spy on PATH: pip install py-spy")
     work = Path(tempfile.mkdtemp(prefix="bench-relay-"))
+    work.chmod(0o755)  # mosquitto (as its own user) writes its log in a folder below
     lines = _lines(work, args.lines)
-    n = args.lines
     rows: list[dict[str, object]] = []
     print(f"load average at start: {_load()}")
+    modes = ["nodelay", "defaults"] if args.broker == "both" else [args.broker]
     try:
-        with ExitStack() as stack:
-            brk = stack.enter_context(broker(work))
-            paths = [Route("straight", brk.port, {"mosquitto": brk.proc.pid})]
-            if not args.only_fleet:
-                lb, lb_proc = stack.enter_context(haproxy([brk.port]))
-                paths.append(Route("haproxy", lb, {"haproxy": lb_proc.pid}))
-            port, proc = stack.enter_context(offload_proxy(brk.port))
-            paths.append(Route("proxy", port, {"proxy": proc.pid}))
-            if not args.only_fleet and args.against is not None:
-                port, proc = stack.enter_context(
-                    offload_proxy(brk.port, root=args.against.resolve())
-                )
-                paths.append(Route(f"proxy@{args.against.name}", port, {"proxy": proc.pid}))
-            if args.fleet or args.only_fleet:
-                paths += _fleet(stack, brk.port)
-            if args.connects:
-                rows += connect_cost(stack, brk.port, args.connects, args.rounds, args.against)
-            for qos in (int(q) for q in args.qos.split(",") if q):
-                runs: dict[str, list[Run]] = {p.name: [] for p in paths}
-                for r in range(args.rounds):
-                    for p in paths:
-                        with _profiled(args.profile, p, qos, r):
-                            run = measure(p, brk, lines, n, qos, args.mqtt)
-                        runs[p.name].append(run)
-                        print(f"  QoS {qos} round {r + 1}: {p.name:>14} {run.rate:8,.0f} msg/s"
-                              f" ({run.received}/{n * PAIRS} in {run.seconds:.2f} s; CPU per"
-                              f" message: {_fmt_cpu(run, run.received)}; load {_load()})",
-                              flush=True)  # fmt: skip
-                rows += _report(qos, runs, n)
+        for mode in modes:
+            print(f"mosquitto {BROKER_MODES[mode]}:")
+            (work / mode).mkdir()
+            rows += _measure_broker(args, work / mode, lines, mode)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"load average at end: {_load()}")
     emit(rows)
+
+
+#: How mosquitto is run: `set_tcp_nodelay true` (Nagle's algorithm off on its sockets,
+#: as the rounds before 19 ran it) or at its defaults (Nagle on).
+BROKER_MODES = {"nodelay": "with set_tcp_nodelay", "defaults": "at its defaults"}
+
+
+def _measure_broker(
+    args: argparse.Namespace, work: Path, lines: Path, mode: str
+) -> list[dict[str, object]]:
+    """Every path of `args` against one mosquitto run as `mode` says; the result rows."""
+    n = args.lines
+    rows: list[dict[str, object]] = []
+    with ExitStack() as stack:
+        brk = stack.enter_context(broker(work, nodelay=mode == "nodelay"))
+        paths = [Route("straight", brk.port, {"mosquitto": brk.proc.pid})]
+        if not args.only_fleet:
+            lb, lb_proc = stack.enter_context(haproxy([brk.port]))
+            paths.append(Route("haproxy", lb, {"haproxy": lb_proc.pid}))
+        port, proc = stack.enter_context(offload_proxy(brk.port))
+        paths.append(Route("proxy", port, {"proxy": proc.pid}))
+        if not args.only_fleet and args.against is not None:
+            port, proc = stack.enter_context(offload_proxy(brk.port, root=args.against.resolve()))
+            paths.append(Route(f"proxy@{args.against.name}", port, {"proxy": proc.pid}))
+        if args.fleet or args.only_fleet:
+            paths += _fleet(stack, brk.port)
+        if args.connects:
+            rows += connect_cost(stack, brk.port, args.connects, args.rounds, args.against)
+        for qos in (int(q) for q in args.qos.split(",") if q):
+            runs: dict[str, list[Run]] = {p.name: [] for p in paths}
+            for r in range(args.rounds):
+                for p in paths:
+                    with _profiled(args.profile, p, qos, r, mode):
+                        run = measure(p, brk, lines, n, qos, args.mqtt)
+                    runs[p.name].append(run)
+                    print(f"  QoS {qos} round {r + 1}: {p.name:>14} {run.rate:8,.0f} msg/s"
+                          f" ({run.received}/{n * PAIRS} in {run.seconds:.2f} s; CPU per"
+                          f" message: {_fmt_cpu(run, run.received)}; load {_load()})",
+                          flush=True)  # fmt: skip
+            label = f"QoS {qos}" + ("" if mode == "nodelay" else ", mosquitto at its defaults")
+            rows += _report(label, runs)
+    return rows
 
 
 _CONNECT = bytes([0x10, 13, 0, 4, *b"MQTT", 5, 0x02, 0, 60, 0, 0, 0])  # MQTT 5, clean
@@ -370,13 +402,16 @@ def _fleet(stack: ExitStack, broker_port: int) -> list[Route]:
 
 
 @contextmanager
-def _profiled(where: Path | None, path: Route, qos: int, round_: int) -> Iterator[None]:
+def _profiled(
+    where: Path | None, path: Route, qos: int, round_: int, mode: str = "nodelay"
+) -> Iterator[None]:
     pid = path.relays.get("proxy")
     if where is None or pid is None or round_ != 0:
         yield
         return
     name = path.name.replace(" ", "_").replace("/", "_")
-    with py_spy(pid, where / f"{name}-qos{qos}.txt"):
+    out = where / f"{name}-qos{qos}{'' if mode == 'nodelay' else '-defaults'}.txt"
+    with py_spy(pid, out):
         yield
 
 
@@ -384,7 +419,8 @@ def _best(runs: list[Run]) -> Run:
     return max(runs, key=lambda r: r.rate)
 
 
-def _report(qos: int, runs: dict[str, list[Run]], n: int) -> list[dict[str, object]]:
+def _report(qos: str, runs: dict[str, list[Run]]) -> list[dict[str, object]]:
+    """Printed per path, and the result rows; `qos`: what the rows' names begin with."""
     rows: list[dict[str, object]] = []
     best = {name: _best(rs) for name, rs in runs.items()}
     straight = best["straight"].rate
@@ -398,28 +434,28 @@ def _report(qos: int, runs: dict[str, list[Run]], n: int) -> list[dict[str, obje
         # shared machine, and the medians say whether the best is typical.
         mid = {n: statistics.median(r.rate for r in rs) for n, rs in runs.items()}
         mid_lb = f", {mid[name] / mid['haproxy']:.2f}" if "haproxy" in mid else ""
-        print(f"QoS {qos} {name:>14}: best {b.rate:8,.0f} msg/s = {b.rate / straight:.2f} x"
+        print(f"{qos} {name:>14}: best {b.rate:8,.0f} msg/s = {b.rate / straight:.2f} x"
               f" straight{ratio_lb}; median CPU per message: {cpu_text} us; median"
               f" {mid[name]:,.0f} msg/s ({mid[name] / mid['straight']:.2f}{mid_lb})")  # fmt: skip
     if "proxy" in best:
         proxy = best["proxy"].rate
-        rows.append(row("proxy relay", f"QoS {qos}: straight -> offload-proxy", straight, proxy,
+        rows.append(row("proxy relay", f"{qos}: straight -> offload-proxy", straight, proxy,
                         "msg/s", ">= 1.0", higher_is_better=True, limit=1.0))  # fmt: skip
         if lb:
-            rows.append(row("proxy relay", f"QoS {qos}: HAProxy -> offload-proxy", lb, proxy,
+            rows.append(row("proxy relay", f"{qos}: HAProxy -> offload-proxy", lb, proxy,
                             "msg/s", ">= 0.75", higher_is_better=True, limit=0.75))  # fmt: skip
-            rows.append(info_row("proxy relay", f"QoS {qos}: straight -> HAProxy", straight, lb,
+            rows.append(info_row("proxy relay", f"{qos}: straight -> HAProxy", straight, lb,
                                  "msg/s"))  # fmt: skip
             lb_cpu = statistics.median(r.cpu["haproxy"] / r.received * 1e6 for r in runs["haproxy"])
             px_cpu = statistics.median(r.cpu["proxy"] / r.received * 1e6 for r in runs["proxy"])
-            rows.append(info_row("proxy relay", f"QoS {qos}: CPU per message, HAProxy -> proxy",
+            rows.append(info_row("proxy relay", f"{qos}: CPU per message, HAProxy -> proxy",
                                  lb_cpu, px_cpu, "us"))  # fmt: skip
     if "lb+1 proxy" in best and "lb+2 proxies" in best:
         one, two = best["lb+1 proxy"].rate, best["lb+2 proxies"].rate
-        rows.append(info_row("proxy fleet", f"QoS {qos}: HAProxy+1 proxy -> HAProxy+2 proxies",
+        rows.append(info_row("proxy fleet", f"{qos}: HAProxy+1 proxy -> HAProxy+2 proxies",
                              one, two, "msg/s"))  # fmt: skip
     if "proxy" in best and "--workers 2" in best:
-        rows.append(info_row("proxy fleet", f"QoS {qos}: 1 process -> --workers 2",
+        rows.append(info_row("proxy fleet", f"{qos}: 1 process -> --workers 2",
                              best["proxy"].rate, best["--workers 2"].rate, "msg/s"))  # fmt: skip
     return rows
 

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any
 
 from client.protocol import MessageId, TraceContext
@@ -32,7 +33,7 @@ from ._gateway import head_fits
 from ._resends import remember, resent
 from ._shares import PoolFull
 from ._state import Conn, Services
-from ._stream import drained
+from ._stream import drained, send
 from ._tracing import start_offload
 from .protocol import (
     AUTH,
@@ -92,7 +93,7 @@ async def relay_up(conn: Conn, services: Services) -> None:
             if run is None:
                 raise PeerGone("the client closed without DISCONNECT")
             if run:
-                conn.broker_writer.write(run)  # whole packets, no await inside: no lock
+                send(conn.broker_writer, run)  # whole packets, no await inside: no lock
                 await drained(conn.broker_writer, conn.broker.idle)
                 continue
         head = await conn.client.head()
@@ -110,14 +111,14 @@ async def relay_up(conn: Conn, services: Services) -> None:
         elif conn.upgraded and head.type in (SUBSCRIBE, UNSUBSCRIBE):  # 3.1.1 client
             if head.length > MAX_PUBLISH_HEADER:
                 raise PacketTooLarge(f"a SUBSCRIBE over {MAX_PUBLISH_HEADER} bytes")
-            conn.broker_writer.write(upgrade_packet(head.first, await conn.client.body(head)))
+            send(conn.broker_writer, upgrade_packet(head.first, await conn.client.body(head)))
             await drained(conn.broker_writer, conn.broker.idle)
         else:
             body = conn.client.whole_body(head)
             if body is None:
                 await forward(conn, head)
             else:  # the whole packet is in hand, one write
-                conn.broker_writer.write(head.raw + body)
+                send(conn.broker_writer, head.raw + body)
                 await drained(conn.broker_writer, conn.broker.idle)
             if head.type == DISCONNECT:
                 return
@@ -152,9 +153,9 @@ async def forward(conn: Conn, head: Head, prefix: bytes = b"") -> None:
     """Copy the rest of `head`'s packet to the broker as it arrives."""
     writer = conn.broker_writer
     async with conn.broker_lock:  # pieces across awaits: no chunk answer in between
-        writer.write(head.raw + prefix)
+        send(writer, head.raw + prefix)
         async for piece in conn.client.pieces(head):
-            writer.write(piece)
+            send(writer, piece)
             await drained(writer, conn.broker.idle)
         await drained(writer, conn.broker.idle)
 
@@ -186,7 +187,20 @@ async def _nothing() -> AsyncIterator[bytes]:
     yield b""  # pragma: no cover - makes this an (empty) async generator
 
 
-async def _publish(conn: Conn, services: Services, head: Head) -> None:
+@dataclass(frozen=True, slots=True)
+class Framed:
+    """A PUBLISH framed one by one, read as far as its variable header, in the form the
+    broker gets (MQTT 5 for a 3.1.1 client; its Topic Alias as the broker knows it)."""
+
+    head: Head
+    header: PublishHeader
+    prefix: bytes  # its variable header and what came of its payload with it
+    pieces: AsyncIterator[bytes]  # the rest of its body, as it arrives
+    whole: bool  # it was all in hand: `pieces` yields nothing
+    topic: str  # its topic, a Topic Alias resolved
+
+
+async def _framed(conn: Conn, head: Head) -> Framed:
     whole = conn.client.whole_body(head)
     if whole is not None:  # fast path: the packet is in hand
         header_or_none = publish_header(whole, qos=(head.first >> 1) & 0x03, v5=conn.connect.v5)
@@ -200,18 +214,31 @@ async def _publish(conn: Conn, services: Services, head: Head) -> None:
         head, header, prefix = upgrade_publish(head, header, prefix)
     topic = conn.aliases.topic(header)
     head, header, prefix = conn.aliases.for_broker(head, header, prefix)
-    if len(head.raw) + head.length <= conn.broker_limit:
-        if whole is not None:  # one write, no await inside: needs no lock
-            conn.broker_writer.write(head.raw + prefix)
-        else:
-            async with conn.broker_lock:  # pieces across awaits: no chunk answer in between
-                conn.broker_writer.write(head.raw + prefix)
-                async for piece in pieces:
-                    conn.broker_writer.write(piece)
-                    await drained(conn.broker_writer, conn.broker.idle)
-        conn.aliases.sent(header)
-        await drained(conn.broker_writer, conn.broker.idle)
+    return Framed(head, header, prefix, pieces, whole is not None, topic)
+
+
+async def _pass_on(conn: Conn, publish: Framed) -> None:
+    """A PUBLISH within the broker's limit, to the broker as it arrives."""
+    writer = conn.broker_writer
+    if publish.whole:  # one write, no await inside: needs no lock
+        send(writer, publish.head.raw + publish.prefix)
+    else:
+        async with conn.broker_lock:  # pieces across awaits: no chunk answer in between
+            send(writer, publish.head.raw + publish.prefix)
+            async for piece in publish.pieces:
+                send(writer, piece)
+                await drained(writer, conn.broker.idle)
+    conn.aliases.sent(publish.header)
+    await drained(writer, conn.broker.idle)
+
+
+async def _publish(conn: Conn, services: Services, head: Head) -> None:
+    publish = await _framed(conn, head)
+    if len(publish.head.raw) + publish.head.length <= conn.broker_limit:
+        await _pass_on(conn, publish)
         return
+    head, header, prefix, pieces = publish.head, publish.header, publish.prefix, publish.pieces
+    topic = publish.topic
     size = head.length - header.size
 
     async def payload() -> AsyncIterator[bytes]:

@@ -128,6 +128,13 @@ class Metrics:
             ["direction"],
             registry=r,
         )
+        # A connection waited for its account's next turn of the event loop (proxy/_turns.py).
+        self.turns_waited = Counter(
+            "offload_proxy_turns_waited",
+            "times a connection waited for its account's next turn of the event loop, the "
+            "account's share of this one spent",
+            registry=r,
+        )
         self.protocol_errors = Counter(
             "offload_proxy_protocol_errors", "connections ended for malformed input", registry=r
         )

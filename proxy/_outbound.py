@@ -34,6 +34,7 @@ from client.protocol import (
     FORMAT_KEY,
     MalformedPlaceholder,
     Placeholder,
+    address_key,
     http_origin,
 )
 
@@ -44,8 +45,9 @@ from ._flights import Source
 from ._resends import ended
 from ._settings import MQTT_MAX_PACKET
 from ._state import Conn, Services
-from ._stream import drain_within, drained, write_all, write_piece
+from ._stream import drain_within, drained, send, write_all, write_piece
 from ._tracing import Timed, start_fetch
+from ._turns import turn_key
 from ._unseal import resolve_encoded
 from ._will import settle
 from .protocol import (
@@ -98,13 +100,17 @@ async def relay_down(conn: Conn, services: Services) -> None:
     goes to the client in runs, as it came (:func:`run_rule`, :func:`_stop`)."""
     if not await _login(conn, services):
         return
+    # From now on both directions take the account's turns (proxy/_turns.py).
+    conn.client.turn = conn.broker.turn = services.turns.of(
+        turn_key(conn.account, address_key(conn.peer))
+    )
     rule, stop = run_rule(conn), functools.partial(_stop, conn)
     while True:
         run = await conn.broker.run(rule, stop)
         if run is None:
             return
         if run:
-            conn.client_writer.write(run)  # whole packets, no await inside: no lock
+            send(conn.client_writer, run)  # whole packets, no await inside: no lock
             await drained(conn.client_writer, conn.client.idle)
             continue
         head = await conn.broker.head()
@@ -142,7 +148,7 @@ async def relay_down(conn: Conn, services: Services) -> None:
         else:
             body = conn.broker.whole_body(head)
             if body is not None:  # one write, no await inside: needs no lock
-                conn.client_writer.write(head.raw + body)
+                send(conn.client_writer, head.raw + body)
                 await drained(conn.client_writer, conn.client.idle)
                 continue
             await _stream(conn, head)
@@ -209,7 +215,7 @@ async def _to_client(conn: Conn, head: Head, body: bytes) -> bool:
         if downgraded is None:
             return False
         packet = downgraded
-    conn.client_writer.write(packet)  # one write, no await inside: needs no lock
+    send(conn.client_writer, packet)  # one write, no await inside: needs no lock
     await drained(conn.client_writer, conn.client.idle)
     return True
 
@@ -217,7 +223,7 @@ async def _to_client(conn: Conn, head: Head, body: bytes) -> bool:
 async def _stream(conn: Conn, head: Head) -> None:
     """Relay a packet as it arrives."""
     async with conn.client_lock:  # pieces across awaits: nothing else in between
-        conn.client_writer.write(head.raw)
+        send(conn.client_writer, head.raw)
         await write_all(conn.client_writer, conn.broker.pieces(head), conn.client.idle)
 
 

@@ -39,6 +39,7 @@ from ._session import Session
 from ._settings import ProxySettings
 from ._shares import Holder, Limits, Pool, PoolFull, Taken
 from ._state import Services
+from ._turns import Turns
 from ._websocket import HandshakeFailed, WebSocketReader, WebSocketWriter, handshake
 
 log = logging.getLogger("proxy")
@@ -109,6 +110,7 @@ class Proxy:
             broker_tls=settings.broker_tls(),
             identities=tuple(load_identities(settings.identity_files)),  # a bad file: fails now
             tracing=Tracing() if tracer_provider is None else tracing_for(tracer_provider),
+            turns=Turns(metrics.turns_waited.inc),
         )
         self._sessions: dict[asyncio.Task[None], Session] = {}
         self._server: Listener | None = None

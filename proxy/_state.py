@@ -22,6 +22,7 @@ from ._metrics import Metrics
 from ._settings import MQTT_MAX_PACKET, ProxySettings
 from ._shares import Holder, Pool, Taken
 from ._stream import PacketStream
+from ._turns import Turns
 from .protocol import AliasMap, Connect, Stored, Will
 
 POISONED_IDS = 4096
@@ -121,6 +122,7 @@ class Services:
     identities: Sequence[Any] = ()  # age identities (client.load_identities) for _unseal
     tracing: Tracing = field(default_factory=Tracing)  # offloads' and fetches' spans
     tokens: Tokens = field(default_factory=Tokens)  # JWTs the gateway accepted (_account)
+    turns: Turns = field(default_factory=Turns)  # each account's share of the loop's time
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,10 @@ closes its side, which ends the relay); once a packet has begun, each read must 
 
 A relay takes runs of whole packets it need not see (:meth:`PacketStream.run`: one slice for
 what a read brought, no object per packet) and frames one by one only the packet that
-stops a run (:meth:`PacketStream.head`).
+stops a run (:meth:`PacketStream.head`). What it hands out is charged to the account's
+share of the event loop's time (:attr:`PacketStream.turn`, :mod:`proxy._turns`): a run is
+cut to what is left of it, and once it is spent the stream waits for the account's next
+turn.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import asyncio
 from collections.abc import AsyncIterable, AsyncIterator, Callable
 
 from ._exceptions import PeerGone, PeerTimeout
+from ._turns import Turn
 from .protocol import Body, Framer, Head, RunRule
 
 READ_SIZE = 256 * 1024
@@ -34,6 +38,10 @@ class PacketStream:
     Args:
         on_heads: told how many packets were framed one by one (a :class:`Head` each).
         on_run: told how many packets went out in a run.
+
+    Attributes:
+        turn: the share of the loop's time what this stream hands out is charged to: its
+            own until the relay gives it the account's (:mod:`proxy._turns`).
     """
 
     def __init__(
@@ -50,6 +58,8 @@ class PacketStream:
         self.idle = idle
         self._on_heads = on_heads
         self._on_run = on_run
+        self.turn = Turn()
+        self._took = 1  # packets handed out last time: what a turn's waiter expects to take
 
     async def run(self, rule: RunRule, stop: Callable[[], int]) -> bytes | None:
         """The next run of whole packets that `rule` and `stop()` (asked again after each
@@ -65,12 +75,20 @@ class PacketStream:
         framer = self._framer
         reads = 0
         while True:
+            turn = self.turn  # (its counts read inline: this runs for every run relayed)
+            if turn.packets > 0 and turn.size > 0:
+                most, size = turn.packets, turn.size
+            else:  # the account's share of this pass of the loop is used
+                await turn.wait(self._took)
+                most, size = turn.room()
             passed = framer.passed
-            run = framer.passable(stop(), rule)
+            run = framer.passable(stop(), rule, most, size)
             if run is None:
                 return b""
             if run:
-                self._on_run(framer.passed - passed)
+                self._took = taken = framer.passed - passed
+                self._on_run(taken)
+                turn.charge(taken, len(run))
                 return run
             if reads == RUN_READS:  # a packet that comes in pieces is streamed as they come
                 return b""
@@ -105,9 +123,11 @@ class PacketStream:
             timeout: seconds for the whole header when nothing of it has come yet (the
                 CONNECT's deadline); None: wait as long as the peer stays connected.
         """
+        if self.turn.spent:
+            await self.turn.wait(self._took)
         event = self._framer.next_event()  # fast path: a whole header already buffered
         if isinstance(event, Head):
-            self._on_heads(1)
+            self._framed(event)
             return event
         assert event is None, "a body piece where a head was due"
         if timeout is None:
@@ -128,24 +148,35 @@ class PacketStream:
                 return None
             event = self._framer.next_event()
             if isinstance(event, Head):
-                self._on_heads(1)
+                self._framed(event)
                 return event
             assert event is None, "a body piece where a head was due"
 
+    def _framed(self, head: Head) -> None:
+        self._on_heads(1)
+        self._took = 1
+        self.turn.charge(1, len(head.raw))
+
     def whole_body(self, head: Head) -> bytes | None:
         """`head`'s body when all of it is buffered already (see Framer.whole_body)."""
-        return self._framer.whole_body(head)
+        body = self._framer.whole_body(head)
+        if body:
+            self.turn.charge(0, len(body))
+        return body
 
     async def pieces(self, head: Head) -> AsyncIterator[bytes]:
         """The body of `head`'s packet in the pieces it arrives in."""
         if head.length == 0:
             return
         while True:
+            if self.turn.spent:
+                await self.turn.wait(1)
             event = self._framer.next_event()
             if event is None:
                 await self._fill(self.idle)
                 continue
             assert isinstance(event, Body)
+            self.turn.charge(0, len(event.data))
             yield event.data
             if event.last:
                 return
@@ -156,6 +187,19 @@ class PacketStream:
         if whole is not None:
             return whole
         return b"".join([piece async for piece in self.pieces(head)])
+
+
+def send(writer: asyncio.StreamWriter, data: bytes) -> None:
+    """Write `data` to a peer whose side may have closed meanwhile.
+
+    Raises:
+        PeerGone: its transport is closed (the peer went away, or a write failed: uvloop
+            then raises RuntimeError at the next write, asyncio drops it silently) while the
+            other direction, which saw it first, is ending the session.
+    """
+    if writer.transport.is_closing():
+        raise PeerGone("the peer's connection is closed")
+    writer.write(data)
 
 
 #: Bytes a transport may hold unsent before a relay waits for it (asyncio's own default

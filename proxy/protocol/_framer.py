@@ -103,19 +103,25 @@ class Framer:
             self._remaining = None
         return Body(piece, last)
 
-    def passable(self, stop: int, rule: RunRule) -> bytes | None:
+    def passable(
+        self, stop: int, rule: RunRule, packets: int = MAX_VARINT, size: int = MAX_VARINT
+    ) -> bytes | None:
         """The longest run of whole packets at the front of what was fed that `stop` (a
         mask of packet types) and `rule` let pass, taken as one slice (translated where
         `rule` says, :func:`proxy.protocol._runs.scan`); b"" when none is
         whole yet (feed more), None when the next packet is the caller's: its
-        :class:`Head` is the next event (or the error that refuses it).
+        :class:`Head` is the next event (or the error that refuses it). The run ends after
+        `packets` packets, or after the packet that reaches `size` bytes (the rest waits
+        for the next call).
 
         Only between packets: inside one (its body being handed out as pieces), None.
         """
         if self._remaining is not None:
             return None
         data, start = self._data, self._pos
-        end, count, blocked, run = scan(data, start, stop, rule, self.max_length)
+        end, count, blocked, run = scan(
+            data, start, stop, rule, self.max_length, packets, start + size
+        )
         if end == start:
             return None if blocked else b""
         self.passed += count
