@@ -83,6 +83,16 @@ if TYPE_CHECKING:
     from ._reassembly import Error as ChunkFailure
     from ._reassembly import Pending as ChunkPending
     from ._reassembly import Reassembler
+    from ._retention import (
+        ACKS_PREFIX,
+        GROUP_PATTERN,
+        AckKey,
+        ack_key,
+        ack_prefix,
+        check_group,
+        key_token,
+        parse_ack_key,
+    )
     from ._size import MAX_PACKET_SIZE, encode_varint, fits, max_payload, publish_packet_size
     from ._tracecontext import (
         TRACEPARENT,
@@ -98,6 +108,14 @@ if TYPE_CHECKING:
 # `offload` CLI checking a topic, a client importing its errors) does not pay for every codec.
 _LAZY: dict[str, tuple[str, str]] = {
     "IPV6_SHARE_PREFIX": ("._addresses", "IPV6_SHARE_PREFIX"),
+    "ACKS_PREFIX": ("._retention", "ACKS_PREFIX"),
+    "GROUP_PATTERN": ("._retention", "GROUP_PATTERN"),
+    "AckKey": ("._retention", "AckKey"),
+    "ack_key": ("._retention", "ack_key"),
+    "ack_prefix": ("._retention", "ack_prefix"),
+    "check_group": ("._retention", "check_group"),
+    "key_token": ("._retention", "key_token"),
+    "parse_ack_key": ("._retention", "parse_ack_key"),
     "address_key": ("._addresses", "address_key"),
     "CHUNK_PROPERTY": ("._chunk_header", "CHUNK_PROPERTY"),
     "CachedRecord": ("._endpoint_cache", "CachedRecord"),
@@ -184,12 +202,14 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "ACKS_PREFIX",
     "CHUNK_PROPERTY",
     "DATA_PREFIX",
     "DISCOVERY_ENDPOINT_KEY",
     "DISCOVERY_PROTOCOL_VERSION",
     "DISCOVERY_TOPIC",
     "FORMAT_KEY",
+    "GROUP_PATTERN",
     "ID_KEY",
     "INDEX_PREFIX",
     "IPV6_SHARE_PREFIX",
@@ -201,6 +221,7 @@ __all__ = [
     "PLAIN_ENCODING",
     "TRACEPARENT",
     "TRACESTATE",
+    "AckKey",
     "CachedRecord",
     "ChecksumMismatchError",
     "ChunkBufferOverflow",
@@ -247,8 +268,11 @@ __all__ = [
     "TopicFilter",
     "TraceContext",
     "UploadFields",
+    "ack_key",
+    "ack_prefix",
     "address_key",
     "carries_trace",
+    "check_group",
     "chunk_header",
     "data_key",
     "decode_level",
@@ -262,11 +286,13 @@ __all__ = [
     "http_origin",
     "index_key",
     "is_placeholder",
+    "key_token",
     "loads_object",
     "max_payload",
     "meta_key",
     "mqtt_string_problem",
     "mqtt_text_problem",
+    "parse_ack_key",
     "parse_data_key",
     "parse_placeholder",
     "parse_tracestate",
