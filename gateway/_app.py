@@ -52,6 +52,7 @@ from .ingest import OffloadService, Quotas
 from .middleware import STALL_KEY as CLOSE_STALL_KEY
 from .middleware import STATE_KEY as HEADER_TIMEOUT_KEY
 from .middleware import DrainBeforeEarlyAnswer, TrustedProxies, UploadLimits, Utf8Target
+from .retention import Groups, Retention
 from .storage import ObjectStore, StoreError, open_store
 from .tus import ResumableUploads
 
@@ -98,6 +99,7 @@ def build_context(
     authenticator = build_authenticator(settings)
     secret = settings.auth_secret.get_secret_value() if settings.auth_secret else None
     signer = UrlSigner.from_settings(secret)
+    retention = build_retention(settings, store, workers)
     service = OffloadService(
         store,
         default_ttl=settings.default_ttl,
@@ -105,6 +107,7 @@ def build_context(
         min_ttl=settings.min_ttl,
         delete_after_fetch=settings.delete_after_fetch,
         workers=workers,
+        retention=retention,
     )
     quotas = Quotas(
         store,
@@ -135,8 +138,26 @@ def build_context(
             redirect_ttl=settings.redirect_ttl,
         ),
         quotas=quotas,
+        retention=retention,
     )
     return ctx, authenticator
+
+
+def build_retention(settings: Settings, store: ObjectStore, workers: Workers) -> Retention:
+    """Groups, one object per payload per account, stored-bytes quotas (gateway/retention).
+
+    Raises:
+        ValueError: a quota without records (`OFFLOAD_DEDUP=false`).
+        AuthConfigError: the groups file cannot be read or parsed.
+    """
+    return Retention(
+        store,
+        workers.store,
+        groups=Groups(settings.retention_groups_file),
+        dedup=settings.dedup,
+        cap=settings.max_stored_bytes_per_user,
+        part=settings.s3_part_size,
+    )
 
 
 def build_advertiser(ctx: Context, mechanisms: tuple[str, ...]) -> Advertiser | None:
@@ -212,6 +233,7 @@ def make_lifespan(
             interval=settings.sweep_interval,
             grace=settings.sweep_grace,
             direct=ctx.direct.store,
+            keeper=ctx.retention.keeper,
         )
         sweeper.start(workers.store)
         try:

@@ -47,6 +47,7 @@ from client.protocol import (
 from .core import WorkerPool
 from .direct import GRANTS_PREFIX, claim_expiry
 from .ingest import QUOTA_PREFIX, ManifestRepository, abandoned_grant, parse_record
+from .retention import Keeper
 from .storage import DirectStore, ObjectStore, StoreError
 from .tus import cleanup_expired_uploads
 
@@ -87,6 +88,8 @@ class Sweeper:
         interval: mean seconds between sweeps (jittered by +-20 %).
         grace: seconds an unreferenced payload may exist before it counts as abandoned.
         direct: aborts the multipart uploads of direct-upload grants never committed.
+        keeper: what deleting a message does to the retention state (the gateway's);
+            default: nothing is counted (`Keeper.plain`).
     """
 
     def __init__(
@@ -96,10 +99,11 @@ class Sweeper:
         interval: float = 600.0,
         grace: float = 3600.0,
         direct: DirectStore | None = None,
+        keeper: Keeper | None = None,
     ):
         self.store = store
         self.direct = direct
-        self.repository = ManifestRepository(store)
+        self.repository = ManifestRepository(store, keeper)
         self.interval = interval
         self.grace_ms = int(grace * 1000)
         self._suspects: set[str] = set()

@@ -16,6 +16,7 @@ from ._decisions import CLOSED_DETAIL, Authenticated, AuthMode, Challenge
 from ._dynsec import DynamicSecurity, Event
 from ._dynsec_parse import parse_dynsec
 from ._exceptions import AuthConfigError, AuthError
+from ._files import WatchedFile
 from ._jwks import KeySet, key_sources, parse_jwks
 from ._jwt import JwtIdentity, JwtRefused, JwtVerifier, looks_like_jwt
 from ._passwd import (
@@ -48,6 +49,7 @@ __all__ = [
     "PasswordEntry",
     "PasswordFile",
     "ScramKeys",
+    "WatchedFile",
     "base_topic",
     "filter_matches",
     "key_sources",

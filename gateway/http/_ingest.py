@@ -58,6 +58,7 @@ from ..ingest import (
     manifest_text_problem,
     message_id_from_headers,
 )
+from ..retention import Hold
 from ._context import Context, NoBroker
 
 log = logging.getLogger("gateway")
@@ -317,23 +318,33 @@ class _EnvelopeSink:
             await self.ctx.service.discard(self.stored_key)
 
 
-async def commit_or_discard(ctx: Context, manifest: Manifest, *, kind: str) -> Stored:
+async def commit_or_discard(
+    ctx: Context,
+    manifest: Manifest,
+    *,
+    kind: str,
+    user: str | None = None,
+    hold: Hold | None = None,
+) -> Stored:
     """Commit a received payload; remove its object when the commit fails.
 
     Args:
         ctx: the request context.
         manifest: the received, uncommitted message.
         kind: the upload path, for the metrics (`envelope`, `publish`, `resumable`).
+        user: whose account stores it (the authenticated principal; None: anonymous).
+        hold: the upload's reservation on that account's ledger (gateway/retention).
     """
-    try:
-        problem = manifest_text_problem(manifest)  # every path: readable by every reader
-        if problem is not None:
-            raise BadRequest(f"{problem}; nothing was kept")
-        with store_span("store commit", manifest.topic, manifest.size, str(manifest.id)):
-            return await ctx.service.commit(manifest, kind=kind)
-    except BaseException:
+    problem = manifest_text_problem(manifest)  # every path: readable by every reader
+    if problem is not None:
         await ctx.service.discard(manifest.data_key)
-        raise
+        if hold is not None:
+            await hold.release()
+        raise BadRequest(f"{problem}; nothing was kept")
+    # A failed commit removes what is ours itself: once the payload's record holds the
+    # object, others may be linked to it.
+    with store_span("store commit", manifest.topic, manifest.size, str(manifest.id)):
+        return await ctx.service.commit(manifest, kind=kind, user=user, hold=hold)
 
 
 def require_broker(ctx: Context) -> None:
