@@ -47,6 +47,7 @@ from .http._routes_info import MECHANISMS_KEY, advertised_record
 from .http._routes_info import router as info_router
 from .http._routes_publish import router as publish_router
 from .http._routes_raw import router as raw_router
+from .http._routes_retention import router as retention_router
 from .http._routes_tus import router as resumable_router
 from .ingest import OffloadService, Quotas
 from .middleware import STALL_KEY as CLOSE_STALL_KEY
@@ -127,6 +128,7 @@ def build_context(
             transfers=workers.transfers,
             calls=workers.store,
             quotas=quotas,
+            retention=retention,
         ),
         signer=signer,
         public_url=public_url,
@@ -346,6 +348,7 @@ def create_app(
         app.add_middleware(TrustedProxies, networks=settings.trusted_networks)
     app.include_router(router)
     app.include_router(raw_router)
+    app.include_router(retention_router)
     app.include_router(publish_router)
     app.include_router(resumable_router)
     app.include_router(presign_router)

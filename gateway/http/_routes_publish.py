@@ -90,7 +90,7 @@ def _media_type(request: Request) -> str | None:
 async def publish(topic: str, request: Request, ctx: Ctx, access: Access) -> Response:
     """Store the body and publish its placeholder on `topic` (see the module docstring)."""
     parsed_topic = parse_topic(topic, max_bytes=ctx.settings.max_topic_bytes)
-    await access.write(parsed_topic)
+    user = await access.write(parsed_topic)
     options = PublishOptions.from_request(request)
     filename = check_filename(
         request.query_params.get("filename")
@@ -100,29 +100,45 @@ async def publish(topic: str, request: Request, ctx: Ctx, access: Access) -> Res
     # Refuse before the body arrives: a several-GiB upload that cannot be announced is waste.
     require_broker(ctx)
     content_type = _media_type(request)
-    if content_type is not None and essence(content_type) == BSON_TYPE:
-        received = await receive_envelope(
-            ctx, parsed_topic, request.stream(), check_headers=placeholder_user_properties
+    async with ctx.retention.holding(user) as hold:
+        if content_type is not None and essence(content_type) == BSON_TYPE:
+            received = await receive_envelope(
+                ctx,
+                parsed_topic,
+                request.stream(),
+                check_headers=placeholder_user_properties,
+                hold=hold,
+            )
+            # The document's headers travel as user properties too, ahead of the options'.
+            manifest = build_manifest(
+                ctx,
+                received,
+                ttl=options.expiry,
+                filename=filename,
+                extra_headers=options.headers(),
+            )
+            options = options.with_leading(placeholder_user_properties(received.headers))
+        else:
+            length = -1 if declared is None else declared
+            received = await receive_raw(
+                ctx,
+                parsed_topic,
+                request.stream(),
+                length=length,
+                content_type=content_type,
+                hold=hold,
+            )
+            manifest = build_manifest(
+                ctx,
+                received,
+                ttl=options.expiry,
+                content_type=content_type,
+                filename=filename,
+                extra_headers=options.headers(),
+            )
+        published = await publish_message(
+            ctx, request, manifest, options, kind="publish", user=user, hold=hold
         )
-        # The document's headers travel as user properties too, ahead of the options'.
-        manifest = build_manifest(
-            ctx, received, ttl=options.expiry, filename=filename, extra_headers=options.headers()
-        )
-        options = options.with_leading(placeholder_user_properties(received.headers))
-    else:
-        length = -1 if declared is None else declared
-        received = await receive_raw(
-            ctx, parsed_topic, request.stream(), length=length, content_type=content_type
-        )
-        manifest = build_manifest(
-            ctx,
-            received,
-            ttl=options.expiry,
-            content_type=content_type,
-            filename=filename,
-            extra_headers=options.headers(),
-        )
-    published = await publish_message(ctx, request, manifest, options, kind="publish")
     message = published.manifest
     body = {
         "id": str(message.id),

@@ -334,6 +334,10 @@ class OffloadService:
         if manifest.blob is None or manifest.filed_at is not None:
             await self._call(self.store.delete, manifest.home)
 
+    async def drop(self, manifest: Manifest) -> None:
+        """Remove an uncommitted message's own objects (never an object it was linked to)."""
+        await self._remove_quietly(manifest, meta_written=False)
+
     async def _remove_quietly(self, manifest: Manifest, *, meta_written: bool) -> None:
         """`_remove_ours` after a failure: what it cannot remove the sweeper does later."""
         try:

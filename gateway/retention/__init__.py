@@ -18,12 +18,13 @@ Other folders use only the names below.
 from ._accounts import LEDGER_PREFIX, Accounts, account_of, parse_ledger_key
 from ._groups import GroupRules, Groups, parse_groups
 from ._keeper import Keeper
-from ._metrics import DELETED, SWEEP_RUNS, SWEEP_SUCCESS
+from ._metrics import CONFIRMATIONS, DELETED, SWEEP_RUNS, SWEEP_SUCCESS
 from ._records import BLOBS_PREFIX, Record
 from ._retention import Adoption, Confirmation, Hold, Retention, Usage
 
 __all__ = [
     "BLOBS_PREFIX",
+    "CONFIRMATIONS",
     "DELETED",
     "LEDGER_PREFIX",
     "SWEEP_RUNS",

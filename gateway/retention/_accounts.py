@@ -68,10 +68,11 @@ class Accounts:
 
     Args:
         store: where the ledgers live.
-        calls: the pool store calls run in (`Workers.store`).
+        calls: the pool store calls run in (`Workers.store`); None: only `apply_now` and
+            `read` (a sweeper's or a tool's, on their own thread).
     """
 
-    def __init__(self, store: ObjectStore, calls: WorkerPool) -> None:
+    def __init__(self, store: ObjectStore, calls: WorkerPool | None = None) -> None:
         self.store = store
         self.calls = calls
         self._pending: dict[str, list[tuple[Op, asyncio.Future[LedgerDoc | Refused]]]] = {}
@@ -98,6 +99,7 @@ class Accounts:
         while batch := self._pending.get(account):
             self._pending[account] = []
             ops = [op for op, _ in batch]
+            assert self.calls is not None, "Accounts.apply needs a worker pool"
             try:
                 results = await self.calls.run(self._write, account, self._names.get(account), ops)
             except Exception as exc:

@@ -85,6 +85,7 @@ class Blobs:
         ref: str,
         charge: str | None,
         at: int,
+        crc32c: str | None = None,
     ) -> Adopted:
         """Link `ref` to the account's copy of this content, or make `data_key` that copy.
 
@@ -103,7 +104,7 @@ class Blobs:
         generation = 0
         while True:
             key = record_key(account, sha256, size, generation)
-            made = Record(data_key, size, sha256, {ref: at}, charge=charge, at=at)
+            made = Record(data_key, size, sha256, {ref: at}, charge=charge, at=at, crc32c=crc32c)
 
             def create(
                 raw: bytes | None, made: Record = made, key: str = key

@@ -53,6 +53,12 @@ class Keeper:
         """A keeper that counts nothing (no ledger): a service or sweeper built alone."""
         return cls(store, Blobs(store), None)
 
+    @classmethod
+    def counting(cls, store: ObjectStore) -> Keeper:
+        """A keeper that gives bytes back to the accounts' ledgers (a sweeper built alone,
+        for a bucket with quotas)."""
+        return cls(store, Blobs(store), Accounts(store))
+
     def release(self, manifest: Manifest) -> None:
         """After the message's index and sidecar are gone: its confirmations and payload."""
         if manifest.groups:

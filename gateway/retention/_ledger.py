@@ -65,9 +65,17 @@ class LedgerDoc:
 
     # -- changes ----------------------------------------------------------------------------
 
-    def reserve(self, hold: str, size: int, until: int, cap: int) -> LedgerDoc | Refused:
-        """`size` more bytes for `hold` (made, or grown), kept until `until` (ms)."""
-        if cap and self.used + size > cap:
+    def reserve(
+        self, hold: str, size: int, until: int, cap: int, slack: int = 0
+    ) -> LedgerDoc | Refused:
+        """`size` more bytes for `hold` (made, or grown), kept until `until` (ms).
+
+        Refused when they would take the account past `cap` (0: no cap) by more than
+        `slack`: an upload of unknown length reserves a part at a time with one part of
+        slack, so the account passes its cap by less than a part, never more, however
+        many such uploads run at once.
+        """
+        if cap and self.used + size > cap + slack:
             return Refused(self.user, self.used, size, cap)
         before = self.holds.get(hold, (0, until))[0]
         return replace(self, holds={**self.holds, hold: (before + size, until)})

@@ -2,9 +2,9 @@
 content, and which messages refer to it. Pure (`_blobs` reads and writes them).
 
     blobs/<account>/<sha256>-<size>[.<n>].json
-        {"v": 1, "key": OBJECT, "size": N, "sha256": HEX, "state": "live" | "dying",
-         "charge": HOLD | null, "event": EVENT | null, "refs": {"<id>.<token>": AT_MS},
-         "at": MS, "n": NONCE}
+        {"v": 1, "key": OBJECT, "size": N, "sha256": HEX, "crc32c": HEX | null,
+         "state": "live" | "dying", "charge": HOLD | null, "event": EVENT | null,
+         "refs": {"<id>.<token>": AT_MS}, "at": MS, "n": NONCE}
 
 * One record per content per account: a message whose payload the account already stores
   is linked (`with_ref`) instead of stored again. A record holds at most MAX_REFS messages;
@@ -69,6 +69,7 @@ class Record:
     charge: str | None = None
     event: str | None = None
     at: int = 0  # when it was made, or became dying (ms)
+    crc32c: str | None = None  # the object's, as its first manifest states it
 
     @property
     def full(self) -> bool:
@@ -102,6 +103,7 @@ class Record:
             "event": self.event,
             "refs": self.refs,
             "at": self.at,
+            "crc32c": self.crc32c,
             "n": uuid.uuid4().hex,
         }
         return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode("utf-8")
@@ -122,6 +124,7 @@ class Record:
                 _text(doc.get("charge")),
                 _text(doc.get("event")),
                 int(doc.get("at", 0)),
+                _text(doc.get("crc32c")),
             )
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
             raise ValueError(f"not a payload record: {exc}") from exc

@@ -15,7 +15,7 @@ from client.protocol import Manifest, ack_key, ack_prefix, parse_ack_key
 from ..core import Forbidden, PayloadTooLarge, StorageUnavailable, WorkerPool
 from ..storage import ObjectStore, StoreError
 from ._accounts import Accounts, account_of
-from ._blobs import Blobs
+from ._blobs import Adopted, Blobs
 from ._groups import Groups
 from ._keeper import Keeper, now_ms
 from ._ledger import LedgerDoc, Refused
@@ -42,17 +42,19 @@ class Hold:
     ident: str
     reserved: int = 0
     ended: bool = False
+    until: int = 0  # ms: when the ledger lets it lapse, as this request last set it
 
     @property
     def counted(self) -> bool:
         return self.retention.accounts is not None
 
-    async def reserve(self, size: int, *, until: int | None = None) -> None:
+    async def reserve(self, size: int, *, until: int | None = None, slack: int = 0) -> None:
         """`size` more bytes, refused with 413 naming the quota when they do not fit.
 
         Args:
             size: bytes to add to the hold.
             until: when the hold lapses (ms); default: the retention's hold time from now.
+            slack: how far past the cap they may go (`LedgerDoc.reserve`).
         """
         accounts = self.retention.accounts
         if accounts is None or size <= 0:
@@ -60,19 +62,25 @@ class Hold:
         deadline = until if until is not None else self.retention.hold_until()
         cap = self.retention.cap
         result = await accounts.apply(
-            self.user, lambda doc: doc.reserve(self.ident, size, deadline, cap)
+            self.user, lambda doc: doc.reserve(self.ident, size, deadline, cap, slack)
         )
         if isinstance(result, Refused):
             QUOTA_REFUSALS.inc()
             raise PayloadTooLarge(result.reason())
         self.reserved += size
+        self.until = deadline
 
     async def cover(self, total: int) -> None:
-        """Bytes received so far by an upload of unknown length: reserve the next part
-        when they pass what is held."""
-        if self.counted and total > self.reserved:
+        """Bytes received so far: reserve the next part when they pass what is held (an
+        upload of unknown length), and keep the hold from lapsing under a slow one."""
+        if not self.counted:
+            return
+        if total > self.reserved:
             part = self.retention.part
-            await self.reserve(max(part, total - self.reserved))
+            await self.reserve(max(part, total - self.reserved), slack=part)
+        elif self.reserved and now_ms() > self.until - self.retention.hold_seconds * 500:
+            self.until = self.retention.hold_until()
+            await self.refresh(self.until)
 
     async def refresh(self, until: int) -> None:
         accounts = self.retention.accounts
@@ -109,6 +117,7 @@ class Confirmation:
     remaining: tuple[str, ...]  # the groups that have not confirmed yet
     complete: bool  # every group confirmed: the message is to be deleted
     reason: str = ""
+    new: bool = False  # recorded by this call (not a member's repeat)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,9 +172,10 @@ class Retention:
     def hold_until(self) -> int:
         return now_ms() + int(self.hold_seconds * 1000)
 
-    def hold(self, user: str | None, ident: str | None = None) -> Hold:
-        """A new upload's hold (`ident`: a stable name, for uploads that span requests)."""
-        return Hold(self, user, ident or f"u-{uuid.uuid4().hex}")
+    def hold(self, user: str | None, ident: str | None = None, reserved: int = 0) -> Hold:
+        """A new upload's hold; for an upload that spans requests (tus, direct) its stable
+        name `ident` and what an earlier request `reserved`."""
+        return Hold(self, user, ident or f"u-{uuid.uuid4().hex}", reserved, until=now_ms())
 
     @asynccontextmanager
     async def holding(self, user: str | None) -> AsyncIterator[Hold]:
@@ -208,16 +218,12 @@ class Retention:
             ref=ref_of(manifest),
             charge=charge,
             at=now_ms(),
+            crc32c=manifest.crc32c,
         )
         if not adopted.new:
             DEDUP.labels("commit").inc()
             await hold.release()
-            linked = replace(
-                manifest,
-                blob=adopted.key,
-                data_key=adopted.record.key,
-                filed_at=manifest.home,
-            )
+            linked = _linked(manifest, adopted)
             return Adoption(linked, redundant=manifest.data_key)
         if charge is not None and self.accounts is not None:
             size = manifest.size
@@ -250,13 +256,8 @@ class Retention:
         if adopted is None:
             return None
         DEDUP.labels("link").inc()
-        return replace(
-            manifest,
-            groups=self.groups.rules.groups_for(manifest.topic),
-            blob=adopted.key,
-            data_key=adopted.record.key,
-            filed_at=manifest.home,
-        )
+        groups = self.groups.rules.groups_for(manifest.topic)
+        return _linked(replace(manifest, groups=groups), adopted)
 
     async def unadopt(self, manifest: Manifest) -> None:
         """Undo `adopt` for a message that was not committed after all (its id was taken)."""
@@ -284,10 +285,10 @@ class Retention:
             raise Forbidden(f"not a member of group {group!r}: only its members may confirm")
         key = ack_key(manifest.id, manifest.token, group)
         body = f'{{"at":{now_ms()}}}'.encode()
-        await self._run(self.store.create_bytes, key, body)
+        new = await self._run(self.store.create_bytes, key, body)
         confirmed = await self._run(self._confirmed, manifest)
         remaining = tuple(g for g in manifest.groups if g not in confirmed)
-        return Confirmation(True, remaining, not remaining)
+        return Confirmation(True, remaining, not remaining, new=new)
 
     def _confirmed(self, manifest: Manifest) -> set[str]:
         groups = set()
@@ -305,3 +306,15 @@ class Retention:
             return None
         doc: LedgerDoc = await self._run(self.accounts.read, account_of(user))
         return Usage(doc.stored, doc.held, self.cap)
+
+
+def _linked(manifest: Manifest, adopted: Adopted) -> Manifest:
+    """`manifest` served from the account's copy: filed at its own key, reading the
+    record's object (with the CRC-32C the record keeps, for readers that check it)."""
+    return replace(
+        manifest,
+        blob=adopted.key,
+        data_key=adopted.record.key,
+        filed_at=manifest.home,
+        crc32c=manifest.crc32c or adopted.record.crc32c,
+    )
