@@ -220,6 +220,12 @@ def _keygen(args: argparse.Namespace) -> int:
     return keygen(args)
 
 
+def _usage(args: argparse.Namespace) -> int:
+    from .commands._lifecycle import usage_command
+
+    return usage_command(args, settings_from_args(args))
+
+
 #: The commands that move messages: traced (client/commands/_trace.py).
 _TRACED = frozenset({"publish", "subscribe", "fetch", "upload"})
 
@@ -230,6 +236,7 @@ _COMMANDS = {
     "fetch": fetch_command,
     "upload": upload_command,
     "discover": _discover,
+    "usage": _usage,
 }
 
 

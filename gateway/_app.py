@@ -236,6 +236,9 @@ def make_lifespan(
             grace=settings.sweep_grace,
             direct=ctx.direct.store,
             keeper=ctx.retention.keeper,
+            confirm_interval=settings.confirm_sweep_interval,
+            cap=settings.max_stored_bytes_per_user,
+            top_accounts=settings.top_accounts,
         )
         sweeper.start(workers.store)
         try:

@@ -21,6 +21,7 @@ from ._keeper import Keeper
 from ._metrics import CONFIRMATIONS, DELETED, SWEEP_RUNS, SWEEP_SUCCESS
 from ._records import BLOBS_PREFIX, Record
 from ._retention import Adoption, Confirmation, Hold, Retention, Usage
+from ._sweeping import RetentionSweep, Tally
 
 __all__ = [
     "BLOBS_PREFIX",
@@ -38,6 +39,8 @@ __all__ = [
     "Keeper",
     "Record",
     "Retention",
+    "RetentionSweep",
+    "Tally",
     "Usage",
     "account_of",
     "parse_groups",
