@@ -268,7 +268,7 @@ class OffloadService:
             cap = manifest.timestamp + self.max_ttl * 1000
             manifest = replace(manifest, expires=min(manifest.expires, cap))
         redundant = None
-        if self.retention is not None:
+        if self.retention is not None and manifest.blob is None:  # else linked already
             try:
                 adoption = await self.retention.adopt(manifest, user, hold)
             except BaseException:
