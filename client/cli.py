@@ -221,9 +221,11 @@ def _keygen(args: argparse.Namespace) -> int:
 
 
 def _usage(args: argparse.Namespace) -> int:
+    from .commands._http import _gateway_login
     from .commands._lifecycle import usage_command
 
-    return usage_command(args, settings_from_args(args))
+    settings = settings_from_args(args)
+    return usage_command(args, settings, _gateway_login(settings))
 
 
 #: The commands that move messages: traced (client/commands/_trace.py).

@@ -191,6 +191,12 @@ class GatewayLink:
     async def aclose(self) -> None:
         self._http.close()
 
+    async def call(self, fn: Callable[[httpx.Client], R]) -> R:
+        """`fn` with the link's HTTP client, on a worker thread of its own (a short
+        request: the retention calls of :mod:`proxy._lifecycle`)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._threads, functools.partial(fn, self._http.client))
+
     async def upload(
         self,
         endpoint: str,

@@ -17,6 +17,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 
+from client import UploadError
 from client.protocol import MessageId, TraceContext
 
 from ._exceptions import QUOTA_EXCEEDED, PeerGone, TransferFailed
@@ -178,7 +179,14 @@ async def _nothing() -> AsyncIterator[bytes]:
 
 
 async def _publish(conn: Conn, services: Services, head: Head) -> None:
-    whole = conn.client.whole_body(head)
+    if services.lifecycle is None:
+        await _publish_as_read(conn, services, head, conn.client.whole_body(head))
+        return
+    async with services.lifecycle.whole(conn, head) as whole:  # read whole: dedup (_lifecycle)
+        await _publish_as_read(conn, services, head, whole)
+
+
+async def _publish_as_read(conn: Conn, services: Services, head: Head, whole: bytes | None) -> None:
     if whole is not None:  # fast path: the packet is in hand
         header_or_none = publish_header(whole, qos=(head.first >> 1) & 0x03, v5=conn.connect.v5)
         if header_or_none is None:
@@ -221,8 +229,11 @@ async def _publish(conn: Conn, services: Services, head: Head) -> None:
     )  # fmt: skip
     if announced is not header and not _fits(conn, services, announced, size):
         announced = header  # the trace context only where the placeholder still fits
+    known = prefix[header.size :] if whole is not None else None  # the whole payload
     try:
-        stored = await _upload(conn, services, topic, announced, size, payload(), span.context)
+        stored = await _upload(
+            conn, services, topic, announced, size, payload(), span.context, known
+        )
     except TransferFailed as exc:
         span.fail(exc)
         async for _ in pieces:  # the rest of the refused PUBLISH, so the stream stays framed
@@ -254,6 +265,7 @@ async def _upload(
     size: int,
     payload: AsyncIterator[bytes],
     trace: TraceContext | None = None,
+    known: bytes | None = None,
 ) -> Stored:
     endpoint = services.endpoint()
     if endpoint is None:
@@ -270,6 +282,10 @@ async def _upload(
     expiry = first(header.properties, MESSAGE_EXPIRY)
     pinger = asyncio.create_task(_keep_broker_alive(conn))
     try:
+        if known is not None and services.lifecycle is not None:  # asked first: dedup
+            linked = await _linked(conn, services, endpoint, topic, header, known, trace)
+            if linked is not None:
+                return linked
         return await services.gateway.upload(
             endpoint,
             topic=topic,
@@ -287,6 +303,27 @@ async def _upload(
         with contextlib.suppress(asyncio.CancelledError):
             await pinger
         slot.give_back()
+
+
+async def _linked(
+    conn: Conn,
+    services: Services,
+    endpoint: str,
+    topic: str,
+    header: PublishHeader,
+    payload: bytes,
+    trace: TraceContext | None,
+) -> Stored | None:
+    """The message linked to the payload the device's account stores already; None: upload."""
+    assert services.lifecycle is not None
+    expiry = first(header.properties, MESSAGE_EXPIRY)
+    try:
+        return await services.lifecycle.link(
+            endpoint, topic=topic, payload=payload, headers=stored_headers(header),
+            ttl=expiry if isinstance(expiry, int) else None, auth=conn.auth, trace=trace,
+        )  # fmt: skip
+    except UploadError as exc:  # the login or the access refused: as the upload would be
+        raise TransferFailed(str(exc), exc.status) from exc
 
 
 def _fits(conn: Conn, services: Services, header: PublishHeader, size: int) -> bool:

@@ -31,6 +31,7 @@ from client.tracing import TracerProviderLike, Tracing, tracing_for
 from ._descriptors import REFUSING, fit_connections
 from ._discovery import Discovery
 from ._gateway import GatewayLink
+from ._lifecycle import Lifecycle
 from ._listen import PEER, Listener, bind, peer_in_logs
 from ._metrics import Metrics, serve_metrics
 from ._session import Session
@@ -102,6 +103,7 @@ class Proxy:
             broker_tls=settings.broker_tls(),
             identities=tuple(load_identities(settings.identity_files)),  # a bad file: fails now
             tracing=Tracing() if tracer_provider is None else tracing_for(tracer_provider),
+            lifecycle=Lifecycle(settings, self._gateway),
         )
         self._sessions: dict[asyncio.Task[None], Session] = {}
         self._server: Listener | None = None

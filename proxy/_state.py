@@ -15,6 +15,7 @@ from client.protocol import Placeholder, Reassembler, address_key
 from client.tracing import Tracing
 
 from ._gateway import GatewayLink
+from ._lifecycle import Lifecycle
 from ._metrics import Metrics
 from ._settings import MQTT_MAX_PACKET, ProxySettings
 from ._shares import Holder, Pool, Taken
@@ -108,6 +109,7 @@ class Services:
     stored_flows: StoredFlows = field(default_factory=StoredFlows)  # QoS 2 offloads
     identities: Sequence[Any] = ()  # age identities (client.load_identities) for _unseal
     tracing: Tracing = field(default_factory=Tracing)  # offloads' and fetches' spans
+    lifecycle: Lifecycle | None = None  # dedup reads, group confirmations (proxy._lifecycle)
 
 
 @dataclass(frozen=True, slots=True)

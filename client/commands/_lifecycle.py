@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 from ._errors import EXIT_OK
 
 if TYPE_CHECKING:
+    import httpx
+
     from ..config._settings import ClientSettings
 
 
@@ -57,17 +59,18 @@ def setting_flags(args: argparse.Namespace) -> dict[str, object]:
     return {"group": getattr(args, "group", None), "dedup": getattr(args, "dedup", None)}
 
 
-def usage_command(args: argparse.Namespace, settings: ClientSettings) -> int:
-    """`offload usage`: `GET /usage` with the command line's gateway login (`settings`:
-    as the flags, environment and config file make them)."""
-    from ..http._retention import usage
+def usage_command(
+    args: argparse.Namespace, settings: ClientSettings, auth: httpx.Auth | None
+) -> int:
+    """`offload usage`: `GET /usage` (`settings` as the flags, environment and config file
+    make them; `auth`: the command line's gateway login)."""
+    from ..http._retention import read_usage
     from ..http._transport import HttpTransport
-    from ._http import _gateway_login
     from ._output import emit
 
     verify = settings.tls_files.http_verify()
     with HttpTransport(timeout=settings.http_timeout, verify=verify) as transport:
-        doc = usage(transport.client, args.endpoint, auth=_gateway_login(settings))
+        doc = read_usage(transport.client, args.endpoint, auth=auth)
     emit({key: doc.get(key) for key in USAGE_KEYS})
     return EXIT_OK
 

@@ -37,7 +37,7 @@ log = logging.getLogger("client")
 NOT_LINKED = frozenset({404, 405})
 
 
-def link(
+def link_payload(
     http: httpx.Client,
     endpoint: str,
     topic: str,
@@ -78,7 +78,7 @@ def link(
     return None
 
 
-def confirm(
+def confirm_payload(
     http: httpx.Client,
     message_url: str,
     group: str,
@@ -105,7 +105,9 @@ def confirm(
     return True
 
 
-def usage(http: httpx.Client, endpoint: str, *, auth: httpx.Auth | None = None) -> dict[str, Any]:
+def read_usage(
+    http: httpx.Client, endpoint: str, *, auth: httpx.Auth | None = None
+) -> dict[str, Any]:
     """The account's usage as the gateway answers `GET /usage`.
 
     Raises:

@@ -36,7 +36,7 @@ from ..core._message import PublishResult, Route
 from ..core._source import PayloadLike, PayloadSource
 from ..core._tracing import DISABLED, Span, Tracing
 from ..http._direct import DirectUnsupported, DirectUploader
-from ..http._retention import link
+from ..http._retention import link_payload
 from ..http._transport import HttpTransport, UploadReceipt
 from ..mqtt._paho import MqttConnection
 from ..protocol import MessageId, PublishProperties, Topic, _placeholder, http_origin
@@ -439,7 +439,7 @@ class Publisher:
     ) -> str | None:
         """The message linked to the account's stored copy of the payload; None: upload."""
         props = send.properties
-        url = link(
+        url = link_payload(
             self._transport.client,
             endpoint,
             send.topic,
