@@ -153,6 +153,7 @@ class Sweeper:
         if not self._stopping.is_set():
             self.retention.ledgers(now, tally)
             self.retention.confirmations(tally)
+            self.retention.stale_lists(now)
         report = SweepReport(
             expired + data_expired,
             orphans,

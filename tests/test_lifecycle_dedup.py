@@ -209,3 +209,34 @@ def test_an_account_cannot_learn_whether_another_stores_a_payload(
         }
         assert ask("alice", secret).status_code == 201
     assert len(payload_objects(store)) == 1
+
+
+def test_a_false_hash_claimed_for_a_direct_upload_is_never_linked_to(
+    gateway_factory: Callable[..., GatewayServer], seaweed: SeaweedFS, store: S3Store
+) -> None:
+    """A multipart direct upload whose whole SHA-256 is the producer's word (parts are
+    store-verified, the whole is not): its payload keeps a record of its own, so a later
+    message of the same claimed content is never served its bytes; a lie costs only its
+    own message."""
+    gw = gateway_factory(None, s3_public_url=f"http://{seaweed.endpoint}")
+    real = os.urandom(5 * 1024 * 1024 + 1000)
+    claimed = hashlib.sha256(b"what it is not").hexdigest()
+    a, b = real[: 5 * 1024 * 1024], real[5 * 1024 * 1024 :]
+    parts = [hashlib.sha256(p).hexdigest() for p in (a, b)]
+    body = {"size": len(real), "sha256": claimed, "part_size": len(a), "parts": parts}
+    granted = httpx.post(f"{gw.url}/direct/grant/lie/x", json=body)
+    assert granted.status_code == 201, granted.text
+    etags = [
+        httpx.put(u, content=d).headers["ETag"]
+        for u, d in zip(granted.json()["urls"], (a, b), strict=True)
+    ]
+    done = httpx.post(
+        f"{gw.url}/direct/commit", json={"grant": granted.json()["grant"], "etags": etags}
+    )
+    assert done.status_code == 201, done.text
+    asked = httpx.post(
+        f"{gw.url}/msg/{uuid.uuid4()}/link",
+        params={"topic": "lie/y"},
+        headers={"X-Offload-Sha256": claimed, "X-Offload-Size": str(len(real))},
+    )
+    assert asked.status_code == 404  # never linked to the unverified bytes

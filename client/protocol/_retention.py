@@ -21,6 +21,11 @@ from ._errors import ProtocolError
 from ._types import MessageId
 
 ACKS_PREFIX = "acks/"
+#: What a Spark stream's tasks verified, until the query commits the batch (then they
+#: become confirmations): `acks-pending/<group>/<batch>/<task>.<written ms>.json`, a JSON
+#: list of `<id>.<token>`. The gateway's sweeper deletes lists a day old (a batch never
+#: committed; one replayed later writes its lists again).
+PENDING_PREFIX = "acks-pending/"
 #: A group name: what a key segment, a header value and a TOML key all hold as they are.
 GROUP_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _TOKEN = re.compile(r"[0-9A-Za-z_-]{1,64}")
@@ -78,3 +83,21 @@ def parse_ack_key(key: str) -> AckKey | None:
     except ProtocolError:
         return None
     return AckKey(message_id, token, group)
+
+
+def pending_prefix(group: str, batch: str) -> str:
+    """Where the verified lists of one micro-batch live (ends with `/`)."""
+    return f"{PENDING_PREFIX}{check_group(group)}/{batch}/"
+
+
+def pending_key(group: str, batch: str, task: int, at_ms: int) -> str:
+    """One task's list of the messages it verified, written at `at_ms`."""
+    return f"{pending_prefix(group, batch)}{task:05d}.{at_ms}.json"
+
+
+def pending_at(key: str) -> int | None:
+    """When a verified list was written (ms); None for any other key."""
+    if not key.startswith(PENDING_PREFIX) or not key.endswith(".json"):
+        return None
+    stamp = key[: -len(".json")].rpartition(".")[2]
+    return int(stamp) if stamp.isascii() and stamp.isdigit() else None

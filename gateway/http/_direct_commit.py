@@ -193,8 +193,15 @@ async def commit(
         message_id=grant.message_id,
     )
     manifest = build_manifest(ctx, received, ttl=grant.ttl, content_type=grant.content_type)
+    # A multipart object's whole SHA-256 is the producer's word unless read back (_assemble).
+    verified = not grant.upload_id or ctx.settings.direct_verify_sha256
     stored = await commit_or_discard(
-        ctx, manifest, kind="direct", user=grant.owner, hold=grant_hold(ctx, grant)
+        ctx,
+        manifest,
+        kind="direct",
+        user=grant.owner,
+        hold=grant_hold(ctx, grant),
+        verified=verified,
     )
     await ctx.quotas.release(grant.owner, grant.quota_ident)
     return created_response(ctx, request, stored.manifest, stored.created)

@@ -352,6 +352,7 @@ async def commit_or_discard(
     kind: str,
     user: str | None = None,
     hold: Hold | None = None,
+    verified: bool = True,
 ) -> Stored:
     """Commit a received payload; remove its object when the commit fails.
 
@@ -361,6 +362,8 @@ async def commit_or_discard(
         kind: the upload path, for the metrics (`envelope`, `publish`, `resumable`).
         user: whose account stores it (the authenticated principal; None: anonymous).
         hold: the upload's reservation on that account's ledger (gateway/retention).
+        verified: whether the manifest's SHA-256 was taken from the bytes (else it is the
+            uploader's word, and the payload is never shared: `OffloadService.commit`).
     """
     problem = manifest_text_problem(manifest)  # every path: readable by every reader
     if problem is not None:
@@ -371,7 +374,9 @@ async def commit_or_discard(
     # A failed commit removes what is ours itself: once the payload's record holds the
     # object, others may be linked to it.
     with store_span("store commit", manifest.topic, manifest.size, str(manifest.id)):
-        return await ctx.service.commit(manifest, kind=kind, user=user, hold=hold)
+        return await ctx.service.commit(
+            manifest, kind=kind, user=user, hold=hold, verified=verified
+        )
 
 
 def require_broker(ctx: Context) -> None:

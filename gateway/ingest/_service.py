@@ -224,6 +224,7 @@ class OffloadService:
         kind: str = "envelope",
         user: str | None = None,
         hold: Hold | None = None,
+        verified: bool = True,
     ) -> Stored:
         """Make an uploaded payload visible by id, or resolve a retry of the same id.
 
@@ -245,19 +246,21 @@ class OffloadService:
         place in its account's record of this content (`Retention.adopt`): when the
         account stores the payload already, the message is linked to that object and the
         bytes just written are deleted once the index is in; `hold` (the upload's
-        reservation on `user`'s ledger) becomes stored bytes, or is released.
+        reservation on `user`'s ledger) becomes stored bytes, or is released. `verified`
+        False: the SHA-256 is the uploader's word only (a multipart direct upload), and the
+        payload never becomes the copy other messages are linked to.
 
         Raises:
             Conflict: the id is taken by a message with other content or topic.
         """
         try:
-            return await self._commit(manifest, kind, user, hold)
+            return await self._commit(manifest, kind, user, hold, verified)
         finally:
             if hold is not None:
                 await hold.release()  # a no-op once adopted; else never left to lapse
 
     async def _commit(
-        self, manifest: Manifest, kind: str, user: str | None, hold: Hold | None
+        self, manifest: Manifest, kind: str, user: str | None, hold: Hold | None, verified: bool
     ) -> Stored:
         cached = self.manifests.get(manifest.id)
         if cached is not None and (cached.expires is None or cached.expires > now_ms()):
@@ -270,7 +273,7 @@ class OffloadService:
         redundant = None
         if self.retention is not None and manifest.blob is None:  # else linked already
             try:
-                adoption = await self.retention.adopt(manifest, user, hold)
+                adoption = await self.retention.adopt(manifest, user, hold, verified=verified)
             except BaseException:
                 await self._remove_quietly(manifest, meta_written=False)
                 raise

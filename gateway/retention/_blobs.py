@@ -86,6 +86,7 @@ class Blobs:
         charge: str | None,
         at: int,
         crc32c: str | None = None,
+        verified: bool = True,
     ) -> Adopted:
         """Link `ref` to the account's copy of this content, or make `data_key` that copy.
 
@@ -97,14 +98,20 @@ class Blobs:
             ref: the message (`_records.ref_of`).
             charge: the hold the object's bytes are counted under (None: no ledger).
             at: now, in ms.
+            crc32c: the object's, kept for the messages linked to it later.
+            verified: whether `sha256` was checked against the bytes (`Record.verified`):
+                an unverified payload gets a record of its own, never linked either way.
         """
-        linked = self.link(account, sha256, size, ref, at)
+        linked = self.link(account, sha256, size, ref, at) if verified else None
         if linked is not None:
             return linked
         generation = 0
         while True:
             key = record_key(account, sha256, size, generation)
-            made = Record(data_key, size, sha256, {ref: at}, charge=charge, at=at, crc32c=crc32c)
+            made = Record(
+                data_key, size, sha256, {ref: at},
+                charge=charge, at=at, crc32c=crc32c, verified=verified,
+            )  # fmt: skip
 
             def create(
                 raw: bytes | None, made: Record = made, key: str = key
@@ -112,7 +119,7 @@ class Blobs:
                 record = _read(raw)
                 if raw is None:
                     return Change(made.to_json(), Adopted(key, made, new=True))
-                if record is not None and record.linkable:
+                if record is not None and record.linkable and verified:
                     linked = record.with_ref(ref, at)  # another upload made it meanwhile
                     return Change(linked.to_json(), Adopted(key, linked, new=False))
                 return Change(None, None)  # dying, full or unreadable: the next one

@@ -70,6 +70,10 @@ class Record:
     event: str | None = None
     at: int = 0  # when it was made, or became dying (ms)
     crc32c: str | None = None  # the object's, as its first manifest states it
+    #: The SHA-256 is the gateway's or the store's, not only the uploader's word (a
+    #: multipart direct upload's whole hash is, unless OFFLOAD_DIRECT_VERIFY_SHA256): only
+    #: such a record takes other messages, so a false claim costs only its own message.
+    verified: bool = True
 
     @property
     def full(self) -> bool:
@@ -77,7 +81,7 @@ class Record:
 
     @property
     def linkable(self) -> bool:
-        return self.state == "live" and not self.full
+        return self.state == "live" and self.verified and not self.full
 
     def with_ref(self, ref: str, at: int) -> Record:
         return replace(self, refs={**self.refs, ref: at})
@@ -104,6 +108,7 @@ class Record:
             "refs": self.refs,
             "at": self.at,
             "crc32c": self.crc32c,
+            "verified": self.verified,
             "n": uuid.uuid4().hex,
         }
         return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode("utf-8")
@@ -125,6 +130,7 @@ class Record:
                 _text(doc.get("event")),
                 int(doc.get("at", 0)),
                 _text(doc.get("crc32c")),
+                doc.get("verified", True) is True,
             )
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
             raise ValueError(f"not a payload record: {exc}") from exc

@@ -195,12 +195,15 @@ class Retention:
 
     # -- commit -------------------------------------------------------------------------
 
-    async def adopt(self, manifest: Manifest, user: str | None, hold: Hold | None) -> Adoption:
+    async def adopt(
+        self, manifest: Manifest, user: str | None, hold: Hold | None, *, verified: bool = True
+    ) -> Adoption:
         """The message as committed: its groups, and its payload counted once.
 
         With records kept, the account's existing copy of this content takes the message
         (its own object becomes redundant, its hold is released); else its object becomes
-        the copy and its hold the stored bytes.
+        the copy and its hold the stored bytes. A payload whose SHA-256 is the uploader's
+        word alone (`verified` False) keeps a record of its own (`Record.verified`).
         """
         manifest = replace(manifest, groups=self.groups.rules.groups_for(manifest.topic))
         if not self.dedup:
@@ -219,6 +222,7 @@ class Retention:
             charge=charge,
             at=now_ms(),
             crc32c=manifest.crc32c,
+            verified=verified,
         )
         if not adopted.new:
             DEDUP.labels("commit").inc()

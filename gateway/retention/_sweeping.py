@@ -21,7 +21,15 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from client.protocol import ACKS_PREFIX, Manifest, ProtocolError, index_key, parse_ack_key
+from client.protocol import (
+    ACKS_PREFIX,
+    PENDING_PREFIX,
+    Manifest,
+    ProtocolError,
+    index_key,
+    parse_ack_key,
+    pending_at,
+)
 
 from ..storage import ObjectStore, StoreError
 from ._accounts import LEDGER_PREFIX, read_ledger
@@ -34,6 +42,8 @@ from ._records import BLOBS_PREFIX, Record, record_account
 
 log = logging.getLogger("gateway.sweeper")
 
+#: Age at which a Spark stream's verified list is taken for abandoned.
+PENDING_TTL_MS = 24 * 3600 * 1000
 #: Usage bands of `offload_accounts`, as shares of the quota.
 BANDS = (("under_50", 0.5), ("50_to_80", 0.8), ("80_to_100", 1.0))
 
@@ -106,6 +116,14 @@ class RetentionSweep:
             except (StoreError, ProtocolError) as exc:
                 tally.errors += 1
                 log.warning("sweep: confirmations %s skipped: %s", prefix, exc)
+
+    def stale_lists(self, now: int) -> None:
+        """Delete a Spark stream's verified lists a day old (client/spark/_confirm.py: a
+        batch never committed; replayed, it writes them again)."""
+        for info in self.store.list(PENDING_PREFIX):
+            written = pending_at(info.key)
+            if written is not None and written < now - PENDING_TTL_MS:
+                self.store.delete(info.key)
 
     def _drop(self, prefix: str) -> None:
         for info in self.store.list(prefix):
