@@ -186,6 +186,9 @@ def run_retention(
     started = time.monotonic()
     with replicas(2, base_env(seaweed, bucket, **extra)) as nodes:
         call = Through(nodes)
+        stop = threading.Event()
+        killer = threading.Thread(target=_killer, args=(nodes, kill_every, stop), daemon=True)
+        killer.start()
         ids: list[str] = []
         for i in range(messages + unconfirmed):
             message_id = str(uuid.uuid4())
@@ -195,9 +198,12 @@ def run_retention(
             assert answer.status_code == 201, answer.text
             ids.append(message_id)
         expiring_at = time.monotonic() + 30
-        stop = threading.Event()
-        killer = threading.Thread(target=_killer, args=(nodes, kill_every, stop), daemon=True)
-        killer.start()
+        watching = threading.Event()
+        gone_at: dict[str, float] = {}
+        watcher = threading.Thread(
+            target=_watch, args=(seaweed, bucket, ids[:messages], gone_at, watching), daemon=True
+        )
+        watcher.start()
         last: dict[str, float] = {}
         lock = threading.Lock()
         confirmed: dict[str, int] = dict.fromkeys(ids, 0)
@@ -224,7 +230,16 @@ def run_retention(
         stop.set()
         killer.join()
         result.kills = sum(n.kills for n in nodes)
-        result.longest = _deletions(seaweed, bucket, last) if grouped else float("nan")
+        deadline = time.monotonic() + 120
+        while grouped and len(gone_at) < len(last) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        watching.set()
+        watcher.join()
+        if grouped:
+            delays = [gone_at.get(m, float("inf")) - at for m, at in last.items()]
+            result.longest = max(delays, default=0.0)
+        else:
+            result.longest = float("nan")
         time.sleep(max(0.0, expiring_at - time.monotonic()) + 25)  # expiry, then sweeps
         result.expired_left = _present(seaweed, bucket, ids[messages:])
         result.left = stored(seaweed, bucket)
@@ -239,32 +254,35 @@ def _killer(nodes: list[Replica], every: float, stop: threading.Event) -> None:
         victim.start()
 
 
-def _present(seaweed: SeaweedFS, bucket: str, ids: list[str]) -> int:
+def _indexed(seaweed: SeaweedFS, bucket: str) -> set[str]:
+    """The ids the bucket's index names now (one listing)."""
     from minio import Minio
-    from minio.error import S3Error
 
     client = Minio(seaweed.endpoint, seaweed.access_key, seaweed.secret_key, secure=False)
-    present = 0
-    for message_id in ids:
-        try:
-            client.stat_object(bucket, f"ids/{message_id}.json")
-            present += 1
-        except S3Error:
-            pass
-    return present
+    names = (o.object_name or "" for o in client.list_objects(bucket, prefix="ids/"))
+    return {name.removeprefix("ids/").removesuffix(".json") for name in names}
 
 
-def _deletions(seaweed: SeaweedFS, bucket: str, last: dict[str, float]) -> float:
-    """The longest wait from a payload's last confirmation to its index's absence."""
-    waiting = dict(last)
-    longest = 0.0
-    deadline = time.monotonic() + 120
-    while waiting and time.monotonic() < deadline:
-        for message_id in list(waiting):
-            if _present(seaweed, bucket, [message_id]) == 0:
-                longest = max(longest, time.monotonic() - waiting.pop(message_id))
-        time.sleep(0.5)
-    return float("inf") if waiting else longest
+def _present(seaweed: SeaweedFS, bucket: str, ids: list[str]) -> int:
+    indexed = _indexed(seaweed, bucket)
+    return sum(message_id in indexed for message_id in ids)
+
+
+def _watch(
+    seaweed: SeaweedFS,
+    bucket: str,
+    ids: list[str],
+    gone_at: dict[str, float],
+    stop: threading.Event,
+) -> None:
+    """Note when each of `ids` leaves the index (one listing every half second)."""
+    while not stop.is_set():
+        indexed = _indexed(seaweed, bucket)
+        now = time.monotonic()
+        for message_id in ids:
+            if message_id not in indexed:
+                gone_at.setdefault(message_id, now)
+        stop.wait(0.5)
 
 
 # -- dedup -------------------------------------------------------------------------------
