@@ -146,7 +146,10 @@ class Sweeper:
         live, refs, expired, kept, errors = self._sweep_index(now)
         tally = Tally()
         if not self._stopping.is_set():
-            for key in self.retention.records(now, refs, tally):
+            # A manifest the index pass could not read is a message it cannot vouch for:
+            # then no record loses a message this sweep (`refs` would be short of it).
+            live_refs = refs if errors == 0 else None
+            for key in self.retention.records(now, live_refs, tally):
                 live.setdefault(key, "record")  # a record's object: never an orphan
         data_expired, orphans, suspects, data_errors = self._sweep_data(live, now)
         uploads, upload_errors = self._sweep_uploads(now)

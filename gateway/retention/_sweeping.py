@@ -131,14 +131,15 @@ class RetentionSweep:
 
     # -- records --------------------------------------------------------------------------
 
-    def records(self, now: int, live: set[str], tally: Tally) -> set[str]:
+    def records(self, now: int, live: set[str] | None, tally: Tally) -> set[str]:
         """Finish records a crash left; the objects of live records.
 
         Args:
             now: the sweep's time, ms.
             live: `<id>.<token>` of every message the index names (`_records.ref_of`),
                 listed before this pass began: a younger message is not in it, and refs
-                younger than the grace period are never judged.
+                younger than the grace period are never judged. None: the index could not
+                be read whole, and no record loses a message.
             tally: what was done is counted here.
         """
         held: set[str] = set()
@@ -157,7 +158,7 @@ class RetentionSweep:
         return held
 
     def _record(
-        self, key: str, record: Record, now: int, live: set[str], tally: Tally
+        self, key: str, record: Record, now: int, live: set[str] | None, tally: Tally
     ) -> str | None:
         old = now - self.grace_ms
         if record.state == "dying":
@@ -167,6 +168,8 @@ class RetentionSweep:
             return None
         if record.charge is not None and record.at < old:  # its commit stopped half-way
             self.keeper.settle_charge(key, record)
+        if live is None:
+            return record.key
         for ref, at in record.refs.items():
             if at < old and ref not in live:
                 after = self.blobs.unlink(key, ref, now)
