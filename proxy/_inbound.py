@@ -179,14 +179,7 @@ async def _nothing() -> AsyncIterator[bytes]:
 
 
 async def _publish(conn: Conn, services: Services, head: Head) -> None:
-    if services.lifecycle is None:
-        await _publish_as_read(conn, services, head, conn.client.whole_body(head))
-        return
-    async with services.lifecycle.whole(conn, head) as whole:  # read whole: dedup (_lifecycle)
-        await _publish_as_read(conn, services, head, whole)
-
-
-async def _publish_as_read(conn: Conn, services: Services, head: Head, whole: bytes | None) -> None:
+    whole = conn.client.whole_body(head)
     if whole is not None:  # fast path: the packet is in hand
         header_or_none = publish_header(whole, qos=(head.first >> 1) & 0x03, v5=conn.connect.v5)
         if header_or_none is None:
@@ -279,30 +272,47 @@ async def _upload(
         slot = services.uploads.take_now(conn.holder)
     except PoolFull as exc:
         raise TransferFailed(f"too many uploads at once ({exc})", reason=QUOTA_EXCEEDED) from exc
-    expiry = first(header.properties, MESSAGE_EXPIRY)
     pinger = asyncio.create_task(_keep_broker_alive(conn))
     try:
-        if known is not None and services.lifecycle is not None:  # asked first: dedup
-            linked = await _linked(conn, services, endpoint, topic, header, known, trace)
-            if linked is not None:
-                return linked
-        return await services.gateway.upload(
-            endpoint,
-            topic=topic,
-            size=size,
-            pieces=payload,
-            headers=stored_headers(header),
-            ttl=expiry if isinstance(expiry, int) else None,
-            auth=conn.auth,
-            peer=conn.peer,
-            on_bytes=services.metrics.bytes_up.inc,
-            trace=trace,
-        )
+        if services.lifecycle is None:
+            return await _send(conn, services, endpoint, topic, header, size, payload, trace)
+        # Read whole when it may, and asked for by SHA-256 first: dedup (proxy/_lifecycle.py).
+        async with services.lifecycle.ahead(size, payload, known) as (whole, payload):
+            if whole is not None:
+                linked = await _linked(conn, services, endpoint, topic, header, whole, trace)
+                if linked is not None:
+                    return linked
+            return await _send(conn, services, endpoint, topic, header, size, payload, trace)
     finally:
         pinger.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await pinger
         slot.give_back()
+
+
+async def _send(
+    conn: Conn,
+    services: Services,
+    endpoint: str,
+    topic: str,
+    header: PublishHeader,
+    size: int,
+    payload: AsyncIterator[bytes],
+    trace: TraceContext | None,
+) -> Stored:
+    expiry = first(header.properties, MESSAGE_EXPIRY)
+    return await services.gateway.upload(
+        endpoint,
+        topic=topic,
+        size=size,
+        pieces=payload,
+        headers=stored_headers(header),
+        ttl=expiry if isinstance(expiry, int) else None,
+        auth=conn.auth,
+        peer=conn.peer,
+        on_bytes=services.metrics.bytes_up.inc,
+        trace=trace,
+    )
 
 
 async def _linked(
@@ -311,7 +321,7 @@ async def _linked(
     endpoint: str,
     topic: str,
     header: PublishHeader,
-    payload: bytes,
+    payload: bytes | bytearray,
     trace: TraceContext | None,
 ) -> Stored | None:
     """The message linked to the payload the device's account stores already; None: upload."""

@@ -2,9 +2,10 @@
 after a delivery (docs/operations.md, "Retention by consumer group"; docs/proxy.md).
 
 * Dedup. A device's PUBLISH streams to the gateway while it arrives, so its SHA-256 is known
-  only at its end. One whose payload is at most `dedup_bytes` is read whole first instead
-  (:meth:`Lifecycle.whole`), while all connections together hold at most `dedup_memory`
-  bytes so: the gateway is then asked by SHA-256 and size (`POST /msg/{id}/link`, with the
+  only at its end. One whose payload is at most `dedup_bytes` (1 MiB) is read whole first instead
+  (:meth:`Lifecycle.ahead`, within the upload's slot and broker keep-alive), while all
+  connections together hold at most `dedup_memory` bytes so: the gateway is then asked by
+  SHA-256 and size (`POST /msg/{id}/link`, with the
   device's own login) and a payload its account stores already is linked, not sent again.
   A larger one, or one that finds the budget taken, streams as before: the gateway still
   keeps one copy (it links at the commit), only the bytes cross the proxy's link again.
@@ -12,7 +13,7 @@ after a delivery (docs/operations.md, "Retention by consumer group"; docs/proxy.
   wrote to it whole is confirmed for that group (with the device's login): the gateway
   deletes it once every group its topic waits for has confirmed. A confirmation that fails
   is logged; the payload then stays until it expires. At most `MAX_CONFIRMS` run at once:
-  more are dropped (counted), never queued without bound.
+  more are dropped (logged), never queued without bound.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from client.protocol import MessageId, Placeholder, TraceContext
 
 from ._gateway import GatewayLink
 from ._settings import ProxySettings
-from .protocol import Head, Stored
+from .protocol import Stored
 
 log = logging.getLogger("proxy")
 
@@ -59,20 +60,27 @@ class Lifecycle:
         self._tasks: set[asyncio.Future[Any]] = set()
 
     @contextlib.asynccontextmanager
-    async def whole(self, conn: Any, head: Head) -> AsyncIterator[bytes | None]:
-        """The PUBLISH `head` begins, whole when it is in hand or may be read so now (its
-        payload small enough and the budget free); None: it streams."""
-        whole = conn.client.whole_body(head)
-        size = head.length
-        if whole is not None or not self.limit or size > self.limit:
-            yield whole
+    async def ahead(
+        self, size: int, payload: AsyncIterator[bytes], known: bytes | None
+    ) -> AsyncIterator[tuple[bytes | bytearray | None, AsyncIterator[bytes]]]:
+        """The payload whole (`known` when in hand, else read now when it is small enough
+        and the budget is free), and the pieces to upload; None: it streams as it arrives.
+
+        Read within the upload's slot and its broker keep-alive, each read bounded by the
+        stream's idle timeout, as when it streams; the budget is held until the upload ends.
+        """
+        if known is not None or not self.limit or size > self.limit:
+            yield known, payload
             return
         if self.held + size > self.memory:
-            yield None
+            yield None, payload
             return
         self.held += size
         try:
-            yield await conn.client.body(head)
+            whole = bytearray()  # grown in place: the payload held once, not twice
+            async for piece in payload:
+                whole += piece
+            yield whole, _replay(whole)
         finally:
             self.held -= size
 
@@ -81,7 +89,7 @@ class Lifecycle:
         endpoint: str,
         *,
         topic: str,
-        payload: bytes,
+        payload: bytes | bytearray,
         headers: tuple[tuple[str, str], ...],
         ttl: int | None,
         auth: httpx.Auth | None,
@@ -127,3 +135,10 @@ class Lifecycle:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.warning("confirmation failed: %r", task.exception())
+
+
+async def _replay(data: bytes | bytearray, piece: int = 256 * 1024) -> AsyncIterator[bytes]:
+    """`data` again, in the pieces an upload takes."""
+    view = memoryview(data)
+    for at in range(0, len(data), piece):
+        yield bytes(view[at : at + piece])

@@ -176,7 +176,7 @@ class ProxySettings(BaseSettings):
     discovery_username: str | None = None
     discovery_password: SecretStr | None = None
     dedup_bytes: int = Field(
-        16 * 1024 * 1024,
+        1024 * 1024,
         ge=0,
         description="a PUBLISH offloaded whose payload is at most this large is read whole "
         "first, so the gateway is asked by SHA-256 and a payload the device's account stores "
