@@ -14,6 +14,9 @@ processes (mosquitto for the library's publishes):
 * `dedup`: the same `--size` (20 MiB) published by the library to 10 topics: bucket growth
   and bytes the gateway received (goal: <= 1.1 x the payload; today: 10 x); then a
   repeated `--repeat-size` (100 MiB) publish: bytes sent the second time (goal: none).
+* `cost`: what records and a ledger cost a new small payload (distinct 256 KiB uploads, 8
+  clients, raw `PUT`): uploads per second and CPU per upload, gateway and store, with dedup
+  off (today), on, and with a quota.
 * `quota`: 12 x 8 MiB from one account, 4 at a time through two replicas, quota 50 MiB:
   bytes accepted (goal: <= 55 MiB; today: all 96), the refusals' words, another account
   unaffected.
@@ -377,12 +380,82 @@ def run_quota(seaweed: SeaweedFS, *, quota: int) -> tuple[int, int, str, int]:
     return accepted, len(refused), words, other
 
 
+# -- cost ---------------------------------------------------------------------------------
+
+
+def run_cost(
+    seaweed: SeaweedFS, env: dict[str, str], *, seconds: float, clients: int
+) -> tuple[float, float, float]:
+    """(uploads/s, gateway and store CPU ms per upload) of distinct 256 KiB payloads."""
+    from _harness import CpuMeter
+
+    bucket = f"lc-{uuid.uuid4().hex[:10]}"
+    with replicas(1, base_env(seaweed, bucket, **env)) as (gw,):
+        assert gw.proc is not None and seaweed.proc is not None
+        http = httpx.Client(timeout=60, limits=httpx.Limits(max_connections=clients))
+        blocks = [os.urandom(256 * 1024) for _ in range(clients)]
+
+        def put(i: int) -> None:
+            body = os.urandom(16) + blocks[i][16:]  # new to the account every time
+            answer = http.put(f"{gw.url}/msg/{uuid.uuid4()}", params={"topic": "cost/x"},
+                              content=body)  # fmt: skip
+            assert answer.status_code == 201, answer.text
+
+        count = [0]
+        stop = time.monotonic() + seconds
+
+        def loop(i: int) -> None:
+            while time.monotonic() < stop:
+                put(i)
+                count[0] += 1
+
+        for i in range(clients):
+            put(i)  # warm
+        meter = CpuMeter(gateway=gw.proc.pid, store=seaweed.proc.pid)
+        before, started = meter.read(), time.monotonic()
+        threads = [threading.Thread(target=loop, args=(i,)) for i in range(clients)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        spent = meter.spent(before, meter.read())
+        wall = time.monotonic() - started
+    n = max(count[0], 1)
+    return n / wall, 1000 * spent["gateway"] / n, 1000 * spent["store"] / n
+
+
+def _cost_rows(seaweed: SeaweedFS, args: argparse.Namespace) -> list[dict[str, object]]:
+    modes = {
+        "today (dedup off)": {"OFFLOAD_DEDUP": "false"},
+        "dedup": {},
+        "dedup and a quota": {"OFFLOAD_MAX_STORED_BYTES_PER_USER": str(1 << 40)},
+    }
+    results = {}
+    for name, env in modes.items():
+        results[name] = run_cost(seaweed, env, seconds=args.cost_seconds, clients=8)
+        rate, gateway_ms, store_ms = results[name]
+        print(
+            f"cost {name}: {rate:.0f} uploads/s of new 256 KiB payloads (8 clients); CPU ms "
+            f"per upload: gateway {gateway_ms:.2f}, store {store_ms:.2f}",
+            flush=True,
+        )
+    today = results["today (dedup off)"]
+    return [
+        info_row("lifecycle", f"gateway CPU per new 256 KiB upload, {name}", today[1], r[1], "ms")
+        for name, r in results.items()
+        if r is not today
+    ]
+
+
 # -- main --------------------------------------------------------------------------------
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--part", choices=["retention", "dedup", "quota", "all"], default="all")
+    parser.add_argument(
+        "--part", choices=["retention", "dedup", "quota", "cost", "all"], default="all"
+    )
+    parser.add_argument("--cost-seconds", type=float, default=10.0)
     parser.add_argument("--messages", type=int, default=1000)
     parser.add_argument("--groups", type=int, default=10)
     parser.add_argument("--unconfirmed", type=int, default=20)
@@ -404,6 +477,8 @@ def main() -> None:
             rows += _dedup_rows(seaweed, args)
         if args.part in ("quota", "all"):
             rows += _quota_rows(seaweed)
+        if args.part in ("cost", "all"):
+            rows += _cost_rows(seaweed, args)
     finally:
         seaweed.close()
     emit(rows)

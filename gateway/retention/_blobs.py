@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from ..storage import ObjectStore
+from ..storage import ObjectStore, Versioned
 from ._docs import Change, update
 from ._records import Record, record_account, record_key
 
@@ -25,6 +25,12 @@ class Adopted:
     key: str  # the record's key
     record: Record
     new: bool  # True: the payload's own object became the account's copy
+    version: str | None = None  # the record's version as this adoption wrote it
+
+    @property
+    def known(self) -> Versioned | None:
+        """The record as written (for a next change without a read), when known."""
+        return None if self.version is None else Versioned(self.record.to_json(), self.version)
 
 
 def _read(raw: bytes | None) -> Record | None:
@@ -102,16 +108,23 @@ class Blobs:
             verified: whether `sha256` was checked against the bytes (`Record.verified`):
                 an unverified payload gets a record of its own, never linked either way.
         """
-        linked = self.link(account, sha256, size, ref, at) if verified else None
-        if linked is not None:
-            return linked
+        made = Record(
+            data_key, size, sha256, {ref: at},
+            charge=charge, at=at, crc32c=crc32c, verified=verified,
+        )  # fmt: skip
+        if verified:
+            # Nearly every payload is new to its account: one conditional create makes its
+            # record (no read first); one that exists is read and linked to below.
+            first = record_key(account, sha256, size)
+            version = self.store.write_versioned(first, made.to_json(), version=None)
+            if version is not None:
+                return Adopted(first, made, new=True, version=version)
+            linked = self.link(account, sha256, size, ref, at)
+            if linked is not None:
+                return linked
         generation = 0
         while True:
             key = record_key(account, sha256, size, generation)
-            made = Record(
-                data_key, size, sha256, {ref: at},
-                charge=charge, at=at, crc32c=crc32c, verified=verified,
-            )  # fmt: skip
 
             def create(
                 raw: bytes | None, made: Record = made, key: str = key
@@ -124,13 +137,14 @@ class Blobs:
                     return Change(linked.to_json(), Adopted(key, linked, new=False))
                 return Change(None, None)  # dying, full or unreadable: the next one
 
-            adopted, _ = update(self.store, key, create)
+            adopted, written = update(self.store, key, create)
             if adopted is not None:
-                return adopted
+                return replace(adopted, version=written.version if written else None)
             generation += 1
 
-    def settle(self, key: str) -> None:
-        """The record's bytes are counted in the ledger: clear its `charge`."""
+    def settle(self, key: str, known: Versioned | None = None) -> None:
+        """The record's bytes are counted in the ledger: clear its `charge` (`known`: the
+        record as its adoption wrote it, tried first instead of a read)."""
 
         def clear(raw: bytes | None) -> Change[None]:
             record = _read(raw)
@@ -138,7 +152,7 @@ class Blobs:
                 return Change(None, None)
             return Change(record.settled().to_json(), None)
 
-        update(self.store, key, clear)
+        update(self.store, key, clear, known=known)
 
     def unlink(self, key: str, ref: str, at: int) -> Record | None:
         """Remove `ref`; the record after it (dying when it was the last), None when this

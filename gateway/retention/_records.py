@@ -30,9 +30,10 @@ from typing import Any, Literal
 from client.protocol import Manifest
 
 BLOBS_PREFIX = "blobs/"
-#: Messages one record counts: its document (about 60 bytes a message) is rewritten whole
-#: at every link, so a popular payload gets a fresh record (and object) every MAX_REFS.
-MAX_REFS = 1000
+#: Messages one record counts: its document (about 60 bytes a message) is read and written
+#: whole at every link, so a popular payload gets a fresh record (and object) every MAX_REFS:
+#: a link costs at most ~12 KB of JSON each way, the bucket one copy per 200 messages.
+MAX_REFS = 200
 _NAME = re.compile(r"([0-9a-f]{64})-([0-9]{1,20})(?:\.([0-9]{1,6}))?\.json")
 
 State = Literal["live", "dying"]

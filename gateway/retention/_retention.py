@@ -233,7 +233,7 @@ class Retention:
             size = manifest.size
             await self.accounts.apply(user, lambda doc: doc.charge(charge, size))
             hold.ended = True
-            await self._run(self.blobs.settle, adopted.key)
+            await self._run(self.blobs.settle, adopted.key, adopted.known)
         return Adoption(replace(manifest, blob=adopted.key))
 
     async def _top_up(self, hold: Hold, size: int) -> None:
