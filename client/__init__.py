@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from .config._load import load_settings
     from .config._settings import ClientSettings
     from .core._message import Message, MessageError, Payload, PublishResult, Route
+    from .http._retention import confirm_payload, link_payload
     from .http._scram import BearerAuth, ScramAuth, gateway_auth
     from .http._transport import HttpTransport
     from .mqtt._acks import InvalidPublish
@@ -79,6 +80,8 @@ _LAZY = {
     "ScramAuth": ".http._scram",
     "BearerAuth": ".http._scram",
     "gateway_auth": ".http._scram",
+    "confirm_payload": ".http._retention",
+    "link_payload": ".http._retention",
     "SpoolingChunkStore": ".receive._chunkstore",
     "TlsFiles": ".mqtt._tls",
     "Decoder": ".seal._unseal",
@@ -146,7 +149,9 @@ __all__ = [
     "UntrustedEndpoint",
     "UploadError",
     "chunk_encoding",
+    "confirm_payload",
     "gateway_auth",
+    "link_payload",
     "load_identities",
     "load_settings",
     "untagged",

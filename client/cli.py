@@ -221,6 +221,14 @@ def _keygen(args: argparse.Namespace) -> int:
     return keygen(args)
 
 
+def _usage(args: argparse.Namespace) -> int:
+    from .commands._http import _gateway_login
+    from .commands._lifecycle import usage_command
+
+    settings = settings_from_args(args)
+    return usage_command(args, settings, _gateway_login(settings))
+
+
 #: The commands that move messages: traced (client/commands/_trace.py).
 _TRACED = frozenset({"publish", "subscribe", "fetch", "upload"})
 
@@ -231,6 +239,7 @@ _COMMANDS = {
     "fetch": fetch_command,
     "upload": upload_command,
     "discover": _discover,
+    "usage": _usage,
 }
 
 

@@ -54,11 +54,13 @@ from .http._routes_info import MECHANISMS_KEY, advertised_record
 from .http._routes_info import router as info_router
 from .http._routes_publish import router as publish_router
 from .http._routes_raw import router as raw_router
+from .http._routes_retention import router as retention_router
 from .http._routes_tus import router as resumable_router
 from .ingest import OffloadService, Quotas
 from .middleware import STALL_KEY as CLOSE_STALL_KEY
 from .middleware import STATE_KEY as HEADER_TIMEOUT_KEY
 from .middleware import DrainBeforeEarlyAnswer, TrustedProxies, UploadLimits, Utf8Target
+from .retention import Groups, Retention
 from .storage import ObjectStore, StoreError, open_store
 from .tus import ResumableUploads
 
@@ -105,6 +107,7 @@ def build_context(
     authenticator = build_authenticator(settings)
     secret = settings.auth_secret.get_secret_value() if settings.auth_secret else None
     signer = UrlSigner.from_settings(secret)
+    retention = build_retention(settings, store, workers)
     service = OffloadService(
         store,
         default_ttl=settings.default_ttl,
@@ -112,6 +115,7 @@ def build_context(
         min_ttl=settings.min_ttl,
         delete_after_fetch=settings.delete_after_fetch,
         workers=workers,
+        retention=retention,
     )
     quotas = Quotas(
         store,
@@ -131,6 +135,7 @@ def build_context(
             transfers=workers.transfers,
             calls=workers.store,
             quotas=quotas,
+            retention=retention,
         ),
         signer=signer,
         public_url=public_url,
@@ -142,8 +147,26 @@ def build_context(
             redirect_ttl=settings.redirect_ttl,
         ),
         quotas=quotas,
+        retention=retention,
     )
     return ctx, authenticator
+
+
+def build_retention(settings: Settings, store: ObjectStore, workers: Workers) -> Retention:
+    """Groups, one object per payload per account, stored-bytes quotas (gateway/retention).
+
+    Raises:
+        ValueError: a quota without records (`OFFLOAD_DEDUP=false`).
+        AuthConfigError: the groups file cannot be read or parsed.
+    """
+    return Retention(
+        store,
+        workers.store,
+        groups=Groups(settings.retention_groups_file),
+        dedup=settings.dedup,
+        cap=settings.max_stored_bytes_per_user,
+        part=settings.s3_part_size,
+    )
 
 
 def build_advertiser(ctx: Context, mechanisms: tuple[str, ...]) -> Advertiser | None:
@@ -230,6 +253,10 @@ def make_lifespan(
             interval=settings.sweep_interval,
             grace=settings.sweep_grace,
             direct=ctx.direct.store,
+            keeper=ctx.retention.keeper,
+            confirm_interval=settings.confirm_sweep_interval,
+            cap=settings.max_stored_bytes_per_user,
+            top_accounts=settings.top_accounts,
         )
         sweeper.start(workers.store)
         metrics = await serve_metrics(settings)  # its own port, never the API's
@@ -353,6 +380,7 @@ def create_app(
         app.add_middleware(TrustedProxies, networks=settings.trusted_networks)
     app.include_router(router)
     app.include_router(raw_router)
+    app.include_router(retention_router)
     app.include_router(publish_router)
     app.include_router(resumable_router)
     app.include_router(presign_router)

@@ -21,8 +21,8 @@ the multipart upload of a direct-upload grant that was never committed or abando
 Every delete is idempotent, so several gateway replicas may sweep the same bucket; the
 interval is jittered so they do not all list at once. Keys outside the layout are left alone.
 
-Each sweep is counted (`offload_sweeper_runs_total{result="ok|failed"}`) and the end of the
-last one that finished is kept (`offload_sweeper_last_success_timestamp_seconds`): the
+Each full sweep is counted (`offload_sweeper_runs_total{result="ok|failed"}`) and the end of
+the last one that went well is kept (`offload_sweeper_last_success_timestamp_seconds`): the
 alert on a sweeper that keeps failing reads them (docs/operations.md, "Alerts").
 """
 
@@ -31,13 +31,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-
-from prometheus_client import Counter, Gauge
 
 from client.protocol import (
     DATA_PREFIX,
@@ -53,20 +53,13 @@ from client.protocol import (
 from .core import WorkerPool
 from .direct import GRANTS_PREFIX, claim_expiry
 from .ingest import QUOTA_PREFIX, ManifestRepository, abandoned_grant, parse_record
+from .retention import DELETED, SWEEP_FAILED, SWEEP_OK, SWEEP_SUCCESS, Keeper, RetentionSweep, Tally
 from .storage import DirectStore, ObjectStore, StoreError
 from .tus import cleanup_expired_uploads
 
 log = logging.getLogger("gateway.sweeper")
 
 HOUR_MS = 3600 * 1000
-
-SWEEPS = Counter("offload_sweeper_runs", "retention sweeps by result (ok, failed)", ["result"])
-SWEEPS_OK, SWEEPS_FAILED = SWEEPS.labels("ok"), SWEEPS.labels("failed")  # both from the start
-LAST_SWEEP = Gauge(
-    "offload_sweeper_last_success_timestamp_seconds",
-    "end of the last retention sweep that finished (seconds since the epoch; 0: none yet)",
-    multiprocess_mode="max",  # offload-gateway --workers N: the latest of any worker's
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +72,8 @@ class SweepReport:
     suspects: int = 0  # unreferenced objects seen for the first time (deleted next sweep)
     errors: int = 0  # objects skipped: unreadable manifest or a store error
     uploads: int = 0  # abandoned resumable uploads removed, with their segments
+    confirmed: int = 0  # messages deleted because every group confirmed them
+    records: int = 0  # payload records finished or left stale messages (gateway/retention)
 
 
 def partition_end_ms(payload_key: str) -> int | None:
@@ -101,6 +96,12 @@ class Sweeper:
         interval: mean seconds between sweeps (jittered by +-20 %).
         grace: seconds an unreferenced payload may exist before it counts as abandoned.
         direct: aborts the multipart uploads of direct-upload grants never committed.
+        keeper: what deleting a message does to the retention state (the gateway's);
+            default: nothing is counted (`Keeper.plain`).
+        confirm_interval: mean seconds between the short passes over group confirmations
+            (`RetentionSweep.confirmations`; jittered); 0: only within full sweeps.
+        cap: the stored-bytes quota, for the usage metrics' bands (0: none).
+        top_accounts: accounts named in `offload_account_stored_bytes`.
     """
 
     def __init__(
@@ -110,12 +111,26 @@ class Sweeper:
         interval: float = 600.0,
         grace: float = 3600.0,
         direct: DirectStore | None = None,
+        keeper: Keeper | None = None,
+        confirm_interval: float = 0.0,
+        cap: int = 0,
+        top_accounts: int = 10,
     ):
         self.store = store
         self.direct = direct
-        self.repository = ManifestRepository(store)
+        self.repository = ManifestRepository(store, keeper)
         self.interval = interval
+        self.confirm_interval = confirm_interval
         self.grace_ms = int(grace * 1000)
+        self.retention = RetentionSweep(
+            store,
+            self.repository.keeper,
+            read=self.repository.read,
+            forget=self._forget,
+            grace_ms=self.grace_ms,
+            cap=cap,
+            top=top_accounts,
+        )
         self._suspects: set[str] = set()
         self._stopping = threading.Event()
         self._task: asyncio.Task[None] | None = None
@@ -132,26 +147,51 @@ class Sweeper:
             StoreError: the store could not be listed at all.
         """
         now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
-        live, expired, kept, errors = self._sweep_index(now)
+        live, refs, expired, kept, errors = self._sweep_index(now)
+        tally = Tally()
+        if not self._stopping.is_set():
+            # A manifest the index pass could not read is a message it cannot vouch for:
+            # then no record loses a message this sweep (`refs` would be short of it).
+            live_refs = refs if errors == 0 else None
+            for key in self.retention.records(now, live_refs, tally):
+                live.setdefault(key, "record")  # a record's object: never an orphan
         data_expired, orphans, suspects, data_errors = self._sweep_data(live, now)
         uploads, upload_errors = self._sweep_uploads(now)
+        if not self._stopping.is_set():
+            self.retention.ledgers(now, tally)
+            self.retention.confirmations(tally)
+            self.retention.stale_lists(now)
         report = SweepReport(
             expired + data_expired,
             orphans,
             kept,
             suspects,
-            errors + data_errors + upload_errors,
+            errors + data_errors + upload_errors + tally.errors,
             uploads,
+            tally.confirmed,
+            tally.stale + tally.buried,
         )
-        if report.expired or orphans or report.errors or uploads:
+        if report.expired or orphans or report.errors or uploads or report.records:
             log.info("sweep: %s", report)
         return report
 
-    def _sweep_index(self, now: int) -> tuple[dict[str, str], int, int, int]:
-        """The id index: expired messages deleted. The live payloads (payload key ->
-        message id), and how many were expired, kept and skipped."""
+    def confirm_once(self) -> int:
+        """The short pass: delete what every group confirmed; how many messages went.
+
+        Raises:
+            StoreError: the confirmations could not be listed.
+        """
+        tally = Tally()
+        self.retention.confirmations(tally)
+        return tally.confirmed
+
+    def _sweep_index(self, now: int) -> tuple[dict[str, str], set[str], int, int, int]:
+        """The id index: expired messages deleted. The live payloads and messages' own
+        keys (key -> message id), the live messages as their records name them
+        (`<id>.<token>`), and how many were expired, kept and skipped."""
         expired = kept = errors = 0
         live: dict[str, str] = {}
+        refs: set[str] = set()
         for info in self.store.list(INDEX_PREFIX):
             if self._stopping.is_set():
                 break
@@ -161,14 +201,16 @@ class Sweeper:
                     continue
                 if manifest.expires is not None and manifest.expires <= now:
                     self._forget(manifest)
+                    DELETED.labels("expired").inc()
                     expired += 1
                 else:
-                    live[manifest.data_key] = str(manifest.id)
+                    live[manifest.data_key] = live[manifest.home] = str(manifest.id)
+                    refs.add(f"{manifest.id}.{manifest.token}")
                     kept += 1
             except (StoreError, ProtocolError) as exc:
                 errors += 1
                 log.warning("sweep: skipping %s: %s", info.key, exc)
-        return live, expired, kept, errors
+        return live, refs, expired, kept, errors
 
     def _sweep_data(self, live: dict[str, str], now: int) -> tuple[int, int, int, int]:
         """Payloads and sidecars no index names: expired ones deleted, orphans deleted at
@@ -277,7 +319,7 @@ class Sweeper:
 
     def _indexed(self, manifest: Manifest) -> bool:
         current = self._read(index_key(manifest.id))
-        return current is not None and current.data_key == manifest.data_key
+        return current is not None and current.home == manifest.home
 
     def _referenced_later(self, key: str) -> bool:
         """A point read of the sidecar, in case the listing raced a commit."""
@@ -305,12 +347,12 @@ class Sweeper:
         return self.interval * random.uniform(0.8, 1.2)
 
     def start(self, pool: WorkerPool) -> None:
-        """Start sweeping in the running event loop (no-op when interval is 0).
+        """Start sweeping in the running event loop (no-op when both intervals are 0).
 
         Args:
             pool: where each sweep runs (the gateway's `Workers.store`, seen by /healthz).
         """
-        if self.interval > 0 and self._task is None:
+        if (self.interval > 0 or self.confirm_interval > 0) and self._task is None:
             self._stopping.clear()
             self._task = asyncio.create_task(self._run(pool), name="offload-sweeper")
 
@@ -325,17 +367,35 @@ class Sweeper:
 
     async def _run(self, pool: WorkerPool) -> None:
         # A random first delay spreads replicas that started together.
-        await asyncio.sleep(random.uniform(0.1, 1.0) * self.interval)
+        loop = asyncio.get_running_loop()
+        first = self.interval or self.confirm_interval
+        next_full = loop.time() + random.uniform(0.1, 1.0) * first if self.interval else math.inf
         while not self._stopping.is_set():
-            try:
-                await pool.run(self.sweep_once)
-            except StoreError as exc:
-                SWEEPS_FAILED.inc()
-                log.warning("sweep skipped: object store unavailable: %s", exc)
-            except Exception:  # a bug must not kill retention for the process's lifetime
-                SWEEPS_FAILED.inc()
-                log.exception("sweep failed")
+            short = self.confirm_interval * random.uniform(0.8, 1.2) or math.inf
+            await asyncio.sleep(max(0.0, min(next_full - loop.time(), short)))
+            if loop.time() >= next_full:
+                await self._attempt(pool, self.sweep_once, counted=True)
+                next_full = loop.time() + self.next_delay()
             else:
-                SWEEPS_OK.inc()
-                LAST_SWEEP.set_to_current_time()
-            await asyncio.sleep(self.next_delay())
+                await self._attempt(pool, self.confirm_once, counted=False)
+
+    async def _attempt(
+        self, pool: WorkerPool, sweep: Callable[[], object], *, counted: bool
+    ) -> None:
+        """One pass. A full sweep is counted by outcome, and the time of the last one that
+        went well is kept: `offload_sweeper_runs_total{result}` and
+        `offload_sweeper_last_success_timestamp_seconds`, what the alerts watch."""
+        try:
+            report = await pool.run(sweep)
+        except StoreError as exc:
+            failed = True
+            log.warning("sweep skipped: object store unavailable: %s", exc)
+        except Exception:  # a bug must not kill retention for the process's lifetime
+            failed = True
+            log.exception("sweep failed")
+        else:
+            failed = isinstance(report, SweepReport) and report.errors > 0
+        if counted:
+            (SWEEP_FAILED if failed else SWEEP_OK).inc()
+            if not failed:
+                SWEEP_SUCCESS.set(time.time())

@@ -231,6 +231,12 @@ class GatewayLink:
         self._http.close()
         self._uploads.close()
 
+    async def call(self, fn: Callable[[httpx.Client], R]) -> R:
+        """`fn` with the link's HTTP client, on a worker thread of its own (a short
+        request: the retention calls of :mod:`proxy._lifecycle`)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._threads, functools.partial(fn, self._http.client))
+
     async def upload(
         self,
         endpoint: str,

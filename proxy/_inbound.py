@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+from client import UploadError
 from client.protocol import MessageId, TraceContext
 
 from ._departure import departure
@@ -30,8 +31,9 @@ from ._exceptions import (
     TransferFailed,
 )
 from ._gateway import head_fits
+from ._lifecycle import Lifecycle
 from ._resends import remember, resent
-from ._shares import PoolFull
+from ._shares import PoolFull, Taken
 from ._state import Conn, Services
 from ._stream import drained, send
 from ._tracing import start_offload
@@ -257,8 +259,11 @@ async def _publish(conn: Conn, services: Services, head: Head) -> None:
     )  # fmt: skip
     if announced is not header and not _fits(conn, services, announced, size):
         announced = header  # the trace context only where the placeholder still fits
+    known = prefix[header.size :] if publish.whole else None  # the whole payload
     try:
-        stored = await _upload(conn, services, topic, announced, size, payload(), span.context)
+        stored = await _upload(
+            conn, services, topic, announced, size, payload(), span.context, known
+        )
     except TransferFailed as exc:
         span.fail(exc)
         async for _ in pieces:  # the rest of the refused PUBLISH, so the stream stays framed
@@ -290,6 +295,7 @@ async def _upload(
     size: int,
     payload: AsyncIterator[bytes],
     trace: TraceContext | None = None,
+    known: bytes | None = None,
 ) -> Stored:
     endpoint = services.endpoint()
     if endpoint is None:
@@ -301,8 +307,7 @@ async def _upload(
         raise TransferFailed(
             "even the placeholder is over the broker's limit", reason=IMPLEMENTATION_SPECIFIC
         )
-    headers = stored_headers(header)
-    if not head_fits(headers):
+    if not head_fits(stored_headers(header)):
         raise TransferFailed(
             "its properties are over the gateway's request head", reason=IMPLEMENTATION_SPECIFIC
         )
@@ -310,28 +315,15 @@ async def _upload(
         slot = services.uploads.take_now(conn.holder)
     except PoolFull as exc:
         raise TransferFailed(f"too many uploads at once ({exc})", reason=QUOTA_EXCEEDED) from exc
-    expiry = first(header.properties, MESSAGE_EXPIRY)
     pinger = asyncio.create_task(_keep_broker_alive(conn))
-    upload = services.gateway.upload(
-        endpoint,
-        topic=topic,
-        size=size,
-        pieces=payload,
-        headers=headers,
-        ttl=expiry if isinstance(expiry, int) else None,
-        auth=conn.auth,
-        peer=conn.peer,
-        on_bytes=services.metrics.bytes_up.inc,
-        trace=trace,
-        # The slot is the gateway exchange's: a refused one frees it while the device may
-        # still be sending (or sitting on) the rest of its PUBLISH.
-        on_exchanged=slot.give_back,
+    offload = _offload(
+        _Upload(conn, services, endpoint, topic, header, trace, slot), size, payload, known
     )
     try:
         if header.packet_id is None:  # QoS 0: nobody waits for an answer (see _unless_left)
-            stored = await upload
+            stored = await offload
         else:
-            stored = await _unless_left(conn, services, upload)
+            stored = await _unless_left(conn, services, offload)
         if conn.account is None:  # a JWT the gateway has now accepted: its account counts
             conn.account = services.tokens.confirm(conn.auth)
         return stored
@@ -340,6 +332,36 @@ async def _upload(
         with contextlib.suppress(asyncio.CancelledError):
             await pinger
         slot.give_back()
+
+
+@dataclass(frozen=True, slots=True)
+class _Upload:
+    """What one offloaded PUBLISH is stored with: its client, the gateway, its topic and
+    header, its trace, and the upload slot it holds."""
+
+    conn: Conn
+    services: Services
+    endpoint: str
+    topic: str
+    header: PublishHeader
+    trace: TraceContext | None
+    slot: Taken
+
+
+async def _offload(
+    up: _Upload, size: int, payload: AsyncIterator[bytes], known: bytes | None
+) -> Stored:
+    """The payload stored: linked to the same payload its account stores already when it
+    may be read whole first (dedup, proxy/_lifecycle.py), else uploaded."""
+    lifecycle = up.services.lifecycle
+    if lifecycle is None:
+        return await _send(up, size, payload)
+    async with lifecycle.ahead(size, payload, known) as (whole, payload):
+        if whole is not None:
+            linked = await _linked(up, lifecycle, whole)
+            if linked is not None:
+                return linked
+        return await _send(up, size, payload)
 
 
 async def _unless_left(
@@ -370,6 +392,41 @@ async def _unless_left(
     services.metrics.failed.labels(why="client-left").inc()
     log.info("offload abandoned: the client left before its answer")
     raise PeerGone("the client left while its PUBLISH was offloaded")
+
+
+def _ttl(header: PublishHeader) -> int | None:
+    """The payload's time to live: the PUBLISH's Message Expiry Interval, if any."""
+    expiry = first(header.properties, MESSAGE_EXPIRY)
+    return expiry if isinstance(expiry, int) else None
+
+
+async def _send(up: _Upload, size: int, payload: AsyncIterator[bytes]) -> Stored:
+    return await up.services.gateway.upload(
+        up.endpoint,
+        topic=up.topic,
+        size=size,
+        pieces=payload,
+        headers=stored_headers(up.header),
+        ttl=_ttl(up.header),
+        auth=up.conn.auth,
+        peer=up.conn.peer,
+        on_bytes=up.services.metrics.bytes_up.inc,
+        trace=up.trace,
+        # The slot is the gateway exchange's: a refused one frees it while the device may
+        # still be sending (or sitting on) the rest of its PUBLISH.
+        on_exchanged=up.slot.give_back,
+    )
+
+
+async def _linked(up: _Upload, lifecycle: Lifecycle, payload: bytes | bytearray) -> Stored | None:
+    """The message linked to the payload the device's account stores already; None: upload."""
+    try:
+        return await lifecycle.link(
+            up.endpoint, topic=up.topic, payload=payload, headers=stored_headers(up.header),
+            ttl=_ttl(up.header), auth=up.conn.auth, trace=up.trace,
+        )  # fmt: skip
+    except UploadError as exc:  # the login or the access refused: as the upload would be
+        raise TransferFailed(str(exc), exc.status) from exc
 
 
 def _fits(conn: Conn, services: Services, header: PublishHeader, size: int) -> bool:

@@ -447,4 +447,6 @@ async def _write_resolved(
         log.warning("resolve failed mid-packet; client cut off", extra={"why": str(exc)})
         raise PeerGone(str(exc)) from exc
     services.metrics.resolved.inc()
+    if services.lifecycle is not None:  # delivered whole, verified: its group's (_lifecycle)
+        services.lifecycle.confirm_soon(ref, conn.auth)
     return True

@@ -33,6 +33,7 @@ from ._descriptors import REFUSING, fit_connections
 from ._discovery import Discovery
 from ._flights import SharedFetches
 from ._gateway import GatewayLink
+from ._lifecycle import Lifecycle
 from ._listen import PEER, Listener, backlog, bind, peer_in_logs, system_backlog
 from ._metrics import Metrics, serve_metrics
 from ._session import Session
@@ -111,6 +112,7 @@ class Proxy:
             identities=tuple(load_identities(settings.identity_files)),  # a bad file: fails now
             tracing=Tracing() if tracer_provider is None else tracing_for(tracer_provider),
             turns=Turns(metrics.turns_waited.inc),
+            lifecycle=Lifecycle(settings, self._gateway),
         )
         self._sessions: dict[asyncio.Task[None], Session] = {}
         self._server: Listener | None = None

@@ -208,6 +208,24 @@ class ProxySettings(BaseSettings):
     )
     discovery_username: str | None = None
     discovery_password: SecretStr | None = None
+    dedup_bytes: int = Field(
+        1024 * 1024,
+        ge=0,
+        description="a PUBLISH offloaded whose payload is at most this large is read whole "
+        "first, so the gateway is asked by SHA-256 and a payload the device's account stores "
+        "is not sent again (a larger one streams; the gateway still keeps one copy); 0: none",
+    )
+    dedup_memory: int = Field(
+        64 * 1024 * 1024,
+        ge=0,
+        description="bytes all connections together may hold so (beyond: the payload streams)",
+    )
+    group: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
+        description="consumer group the proxy confirms a payload for once it delivered it, "
+        "verified, to a device (the gateway's retention by group); unset: none",
+    )
     metrics_port: int | None = Field(
         None, ge=0, le=65535, description="port of /metrics and /healthz; unset: none"
     )

@@ -18,6 +18,7 @@ from client.tracing import Tracing
 from ._account import Tokens
 from ._flights import SharedFetches
 from ._gateway import GatewayLink
+from ._lifecycle import Lifecycle
 from ._metrics import Metrics
 from ._settings import MQTT_MAX_PACKET, ProxySettings
 from ._shares import Holder, Pool, Taken
@@ -123,6 +124,7 @@ class Services:
     tracing: Tracing = field(default_factory=Tracing)  # offloads' and fetches' spans
     tokens: Tokens = field(default_factory=Tokens)  # JWTs the gateway accepted (_account)
     turns: Turns = field(default_factory=Turns)  # each account's share of the loop's time
+    lifecycle: Lifecycle | None = None  # dedup reads, group confirmations (proxy._lifecycle)
 
 
 @dataclass(frozen=True, slots=True)

@@ -231,4 +231,6 @@ async def resolve_encoded(
         conn.transfers -= 1
         span.end()
     services.metrics.resolved.inc()
+    if services.lifecycle is not None:  # delivered whole, verified: its group's (_lifecycle)
+        services.lifecycle.confirm_soon(ref, conn.auth)
     return True

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 from ..core._exceptions import ConfigError, InvalidTopic
 from . import _crypt as crypt
+from . import _lifecycle as lifecycle
 from ._errors import EXIT_CODES_EPILOG, Parser, UsageError
 from ._numbers import MAX_INTERVAL, MAX_PACKET, seconds, whole
 
@@ -115,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     for add in (_add_publish, _add_subscribe, _add_fetch, _add_upload, _add_discover):
         add(sub)
     crypt.add_keygen(sub)
+    lifecycle.add_usage(sub, _add_login, _add_global)
     return parser
 
 
@@ -139,6 +141,7 @@ def _add_publish(sub: Any) -> None:
     pub.add_argument("--qos", "-q", type=int, choices=[0, 1, 2], default=1)
     pub.add_argument("--retain", "-r", action="store_true")
     crypt.add_publish_flags(pub)
+    lifecycle.add_dedup_flag(pub)
 
 
 def _add_subscribe(sub: Any) -> None:
@@ -163,6 +166,7 @@ def _add_subscribe(sub: Any) -> None:
     )
     subs.add_argument("--fetch-concurrency", type=whole(1), metavar="N", help="fetches at once (4)")
     crypt.add_identity_flags(subs)
+    lifecycle.add_group_flag(subs)
 
 
 def _add_fetch(sub: Any) -> None:
@@ -239,6 +243,7 @@ def settings_from_args(args: argparse.Namespace) -> ClientSettings:
 
     flags: dict[str, object] = {name: getattr(args, name, None) for name in _SETTING_FLAGS}
     flags.update(crypt.setting_flags(args))
+    flags.update(lifecycle.setting_flags(args))
     if getattr(args, "protocol", None):
         flags["protocol"] = 4 if args.protocol == "3.1.1" else 5
     return load_settings(flags, environ=os.environ, config_file=args.config)
@@ -312,8 +317,8 @@ def validate(args: argparse.Namespace) -> None:
             BrokerUrl.parse(settings.broker)
     except ConfigError as exc:
         raise UsageError(prog, str(exc)) from None
-    if args.command == "upload":
-        args.endpoint = _needed_endpoint(prog, settings, "upload")
+    if args.command in ("upload", "usage"):
+        args.endpoint = _needed_endpoint(prog, settings, args.command)
         _base_url(prog, args.endpoint)
     elif args.command == "fetch" and args.url is not None:
         args.url = _fetch_url(prog, settings, args.url)

@@ -38,6 +38,7 @@ from ..mqtt._session import session_flags
 from ..mqtt._tls import TlsFiles
 from ..mqtt._websocket import parse_header_lines, websocket_headers
 from ..protocol._bounded import Origin
+from ..protocol._retention import GROUP_PATTERN
 from ._allowlist import origin_listed, parse_origin, url_listed
 from ._file import DEFAULT_CONFIG_FILE, ENV_PREFIX
 from ._keys import EncryptTo, normalise_encrypt_to, parse_encrypt_to
@@ -324,6 +325,19 @@ class ClientSettings:
         "docs/security.md)",
         _parse_bool,
     )
+    group: str | None = setting(
+        None,
+        "the consumer group this client confirms payloads for once it verified them (the "
+        "gateway deletes a payload when every group its topic waits for confirmed it, "
+        "docs/operations.md); unset: confirms nothing",
+        _OPT_STR,
+    )
+    dedup: bool = setting(
+        True,
+        "ask the gateway by SHA-256 and size before uploading: a payload the account stores "
+        "already is linked, not sent again (never matches encrypted payloads)",
+        _parse_bool,
+    )
 
     def __post_init__(self) -> None:
         BrokerUrl.parse(self.broker)
@@ -336,6 +350,11 @@ class ClientSettings:
         websocket_headers(self.websocket_headers)  # ConfigError: a malformed header
         if self.protocol not in (4, 5):
             raise ConfigError(f"protocol must be 5 or 4 (3.1.1), got {self.protocol!r}")
+        if self.group is not None and GROUP_PATTERN.fullmatch(self.group) is None:
+            raise ConfigError(
+                f"group {self.group!r:.80}: 1 to 64 letters, digits, '.', '_' or '-', "
+                "starting with a letter or digit"
+            )
         if self.untrusted_endpoint not in get_args(UntrustedPolicy):
             raise ConfigError("untrusted_endpoint must be 'anonymous' or 'refuse'")
         if self.ordering not in get_args(Ordering):
@@ -500,6 +519,8 @@ class SettingsOverrides(TypedDict, total=False):
     compress: bool
     no_compress: tuple[str, ...]
     compress_encrypted: bool
+    group: str | None
+    dedup: bool
 
 
 if __name__ == "__main__":  # python -m client.config._settings: the docs/settings.md table

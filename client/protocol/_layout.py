@@ -29,6 +29,7 @@ from typing import Any
 from urllib.parse import quote, unquote
 
 from ._errors import ProtocolError
+from ._retention import check_group, key_token
 from ._tracecontext import TraceContext
 from ._types import MessageId, Topic, TopicFilter
 
@@ -127,6 +128,20 @@ def _traceparent(value: object) -> str | None:
     return None if ctx is None else ctx.traceparent
 
 
+def _optional_text(value: object, name: str) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    raise ProtocolError(f"manifest: {name} must be text")
+
+
+def _groups(value: object) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(g, str) for g in value):
+        raise ProtocolError("manifest: groups must be a list of group names")
+    return tuple(value)
+
+
 def _b64(data: bytes | None) -> str | None:
     return None if data is None else base64.b64encode(data).decode("ascii")
 
@@ -152,6 +167,18 @@ class Manifest:
     `traceparent` (W3C Trace Context, added likewise) is the trace the upload belonged to:
     the gateway's request span that stored it. A value that does not parse is read as none,
     never as an error: it is a trace id, not part of the message.
+
+    Added for retention by group and one object per payload (docs/operations.md), each
+    absent from the JSON when unset, as the two above:
+
+    * `filed_at`: the message's own key when its payload is an object another message of
+      the same account stored (`data_key` names that object): its sidecar is
+      `meta_key(filed_at)`, and no payload object exists at `filed_at` itself;
+    * `groups`: the consumer groups that must each confirm the message before it is
+      deleted ahead of its expiry (fixed when it is committed);
+    * `blob`: the key of the record that counts the messages sharing the payload object
+      (`gateway.retention`); None: the payload is the message's alone (written before
+      records existed, or by a gateway that keeps none), deleted with it.
     """
 
     id: MessageId
@@ -168,12 +195,28 @@ class Manifest:
     extra: dict[str, Any] = field(default_factory=dict)
     crc32c: str | None = None
     traceparent: str | None = None
+    filed_at: str | None = None
+    groups: tuple[str, ...] = ()
+    blob: str | None = None
 
     def __post_init__(self) -> None:
         if self.crc32c is not None and not _is_crc32c(self.crc32c):
             raise ProtocolError("manifest: crc32c must be 8 lowercase hex digits")
         if self.traceparent is not None and TraceContext.parse(self.traceparent) is None:
             raise ProtocolError("manifest: traceparent is not a W3C traceparent")
+        for group in self.groups:
+            check_group(group)
+
+    @property
+    def home(self) -> str:
+        """The message's own key: its sidecar is `meta_key(home)` (`filed_at`, else
+        `data_key`)."""
+        return self.filed_at or self.data_key
+
+    @property
+    def token(self) -> str:
+        """The last segment of `home`: this message's, not its id's (ids can be reused)."""
+        return key_token(self.home)
 
     @property
     def trace_id(self) -> str | None:
@@ -202,6 +245,12 @@ class Manifest:
             doc["crc32c"] = self.crc32c
         if self.traceparent is not None:  # likewise
             doc["traceparent"] = self.traceparent
+        if self.filed_at is not None:
+            doc["filed_at"] = self.filed_at
+        if self.groups:
+            doc["groups"] = list(self.groups)
+        if self.blob is not None:
+            doc["blob"] = self.blob
         return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode("utf-8")
 
     @classmethod
@@ -224,6 +273,9 @@ class Manifest:
                 extra=dict(doc.get("extra") or {}),
                 crc32c=doc.get("crc32c"),
                 traceparent=_traceparent(doc.get("traceparent")),
+                filed_at=_optional_text(doc.get("filed_at"), "filed_at"),
+                groups=_groups(doc.get("groups")),
+                blob=_optional_text(doc.get("blob"), "blob"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError(f"malformed manifest: {exc}") from exc

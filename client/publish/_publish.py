@@ -36,6 +36,7 @@ from ..core._message import PublishResult, Route
 from ..core._source import PayloadLike, PayloadSource
 from ..core._tracing import DISABLED, Span, Tracing
 from ..http._direct import DirectUnsupported, DirectUploader
+from ..http._retention import link_payload
 from ..http._transport import HttpTransport, UploadReceipt
 from ..mqtt._paho import MqttConnection
 from ..protocol import MessageId, PublishProperties, Topic, _placeholder, http_origin
@@ -385,11 +386,15 @@ class Publisher:
         send: _Send,
         source: PayloadSource | SealedStream,
         message_id: MessageId,
+        *,
+        linkable: bool = False,
     ) -> str:
         """Upload the payload; the URL it is stored at. Retries a transient failure once.
 
         A :class:`SealedStream` (sealed while sent) goes through the gateway only: a direct
-        transfer hashes every part before it starts.
+        transfer hashes every part before it starts. A `linkable` payload (not encrypted:
+        an age file differs every time) is first asked for by SHA-256 and size (`dedup`):
+        when the account stores it already, no byte of it is sent.
         """
         props = send.properties
         headers = [(k, v.encode()) for k, v in (props.user_properties if props else ())]
@@ -405,6 +410,10 @@ class Publisher:
             )
             try:
                 with span:
+                    if linkable and isinstance(source, PayloadSource) and self._settings.dedup:
+                        linked = self._link(endpoint, send, source, message_id, headers, span)
+                        if linked is not None:
+                            return linked
                     return self._upload_once(endpoint, send, source, message_id, headers, span)
             except UploadError as exc:
                 # A dropped connection or a 5xx may have stored the payload or not: the
@@ -420,6 +429,33 @@ class Publisher:
                     "upload attempt %d failed (%s); retrying with id %s", attempt, exc, message_id
                 )
                 time.sleep(0.2 * attempt)
+
+    def _link(
+        self,
+        endpoint: str,
+        send: _Send,
+        source: PayloadSource,
+        message_id: MessageId,
+        headers: list[tuple[str, bytes]],
+        span: Span,
+    ) -> str | None:
+        """The message linked to the account's stored copy of the payload; None: upload."""
+        props = send.properties
+        url = link_payload(
+            self._transport.client,
+            endpoint,
+            send.topic,
+            sha256=source.sha256,
+            size=source.size,
+            message_id=message_id,
+            headers=headers,
+            auth=self._http_auth,
+            ttl=props.message_expiry_interval if props else None,
+            trace=span.context,
+        )
+        if url is not None and span.recording:
+            span.set("offload.linked", True)
+        return url
 
     def _upload_once(
         self,
@@ -491,7 +527,8 @@ class Publisher:
         # Through the gateway an encrypted payload is sealed while it is sent.
         stream = self._direct_store() is None
         with self._sealer.seal(send.topic, source, stream=stream) as stored:
-            url = self._upload(endpoint, send, stored.source, message_id)
+            linkable = not stored.encoding.encrypted
+            url = self._upload(endpoint, send, stored.source, message_id, linkable=linkable)
             ref = _placeholder.Placeholder(
                 url, stored.source.size, stored.source.sha256, message_id, stored.encoding
             )

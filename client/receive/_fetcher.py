@@ -28,6 +28,7 @@ from ..core._tracing import DISABLED, Span, Tracing, message_attributes
 from ..http._answers import TransientFetchError
 from ..http._deadline import Pace
 from ..http._range import RangeReader, payload_range
+from ..http._retention import confirm_payload
 from ..http._store_origin import ConfiguredStore
 from ..http._transport import HttpTransport
 from ..mqtt._paho import Incoming
@@ -222,6 +223,9 @@ class PlaceholderFetcher:
             else None,
             trace=trace,
         )
+        group = self._settings.group
+        if group is not None:  # verified (fetch_payload returns nothing else): it counts
+            confirm_payload(self._transport.client, ref.url, group, auth=auth, trace=trace)
         return Message(
             incoming.topic,
             payload,

@@ -10,7 +10,10 @@ follows the storage layout (client.protocol._layout):
   to the `date=` partitions; a date wholly inside the range is listed whole, a date the range
   cuts is listed per `hour=` partition, dates outside are never listed;
 * a payload whose sidecar is not in the listing is an upload still in flight and is skipped
-  (the gateway writes payload, then sidecar, then index).
+  (the gateway writes payload, then sidecar, then index);
+* a sidecar without a payload beside it is a message whose payload the account had stored
+  already (one object per payload per account): its manifest's `data_key` names the
+  object, read in its task (planned at the sidecar's size: the driver reads no manifest).
 """
 
 from __future__ import annotations
@@ -20,7 +23,14 @@ import math
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 
-from ..protocol import DATA_PREFIX, TopicFilter, filter_prefix, meta_key, parse_data_key
+from ..protocol import (
+    DATA_PREFIX,
+    META_SUFFIX,
+    TopicFilter,
+    filter_prefix,
+    meta_key,
+    parse_data_key,
+)
 from ..protocol._layout import decode_level
 from ._store import ReadStore
 
@@ -140,7 +150,10 @@ def select_objects(
         listed = _walk(store, prefix, topic_filter, since, until)
     sizes = dict(listed)
     selected = []
-    for key, size in sizes.items():
+    for name, size in sizes.items():
+        key = name.removesuffix(META_SUFFIX)
+        if name != key and key in sizes:
+            continue  # a sidecar beside its payload: the payload key is the message
         parsed = parse_data_key(key)
         if parsed is None or meta_key(key) not in sizes:
             continue

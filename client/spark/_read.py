@@ -109,8 +109,8 @@ def unfit(manifest: Manifest, key: str | None) -> str | None:
         manifest: a parsed sidecar or index entry.
         key: the payload key a sidecar was read for (None for an index entry).
     """
-    if key is not None and manifest.data_key != key:
-        return f"describes another payload, {_safe(repr(manifest.data_key))}"
+    if key is not None and manifest.home != key:  # filed here (its payload may be shared)
+        return f"describes another payload, {_safe(repr(manifest.home))}"
     if not _FIRST_MS <= manifest.timestamp <= _LAST_MS:
         return "timestamp outside the years 1-9999"
     if not 0 <= manifest.size < _INT64:
@@ -170,7 +170,8 @@ def _fetch(store: ReadStore, key: str, options: ScanOptions) -> Message | BadObj
     verifying = options.verify is not Verify.OFF
     # Never more than the manifest promises: a larger object is refused unread.
     limit = manifest.size if verifying else MAX_PAYLOAD_BYTES
-    payload = store.get_payload(key, limit)
+    # Its own object, or (one object per payload per account) the account's stored copy.
+    payload = store.get_payload(manifest.data_key, limit)
     if payload is None:
         return BadObject(key, Problem.GONE, "payload deleted after the scan was planned")
     url = f"{options.location.url}/{key}"
@@ -350,6 +351,7 @@ def read_batches(
     *,
     report: Callable[[BadObject], None] | None = None,
     batch_bytes: int = BATCH_BYTES,
+    delivered: list[str] | None = None,
 ) -> Iterator[Any]:
     """The rows of one task as Arrow record batches.
 
@@ -362,6 +364,8 @@ def read_batches(
         report: called with each object that cannot be delivered (default: a `Reporter`
             that logs, and under `fail` raises, without counting).
         batch_bytes: payload bytes per batch (tests make it small).
+        delivered: where each message handed on is noted, as `<id>.<token>` (a stream's
+            confirmations, `_confirm`).
     """
     if report is None:
         report = Reporter(options.location.url, options.on_bad_object)
@@ -376,5 +380,7 @@ def read_batches(
             rows, held = [], 0
         rows.append((manifest, payload))
         held += size
+        if delivered is not None:
+            delivered.append(f"{manifest.id}.{manifest.token}")
     if rows:
         yield _batch(rows)

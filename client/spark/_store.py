@@ -7,6 +7,7 @@ the gateway's web dependencies onto Spark executors.
 
 from __future__ import annotations
 
+import io
 import mmap
 import os
 from collections.abc import Iterator
@@ -72,6 +73,12 @@ class ReadStore(Protocol):
 
     def get_payload(self, key: str, max_bytes: int) -> Payload | Oversize | None:
         """Like `get`, but possibly mapped rather than copied (never copied twice)."""
+
+    def put(self, key: str, data: bytes) -> None:
+        """Store a small object whole (a stream's confirmations: `_confirm`)."""
+
+    def delete(self, key: str) -> None:
+        """Remove an object; no error when it is gone."""
 
 
 class S3ReadStore:
@@ -156,6 +163,18 @@ class S3ReadStore:
     def get_payload(self, key: str, max_bytes: int) -> Payload | Oversize | None:
         return self.get(key, max_bytes)
 
+    def put(self, key: str, data: bytes) -> None:
+        try:
+            self._client.put_object(self._bucket, key, io.BytesIO(data), len(data))
+        except Exception as exc:
+            raise self._fail(f"writing {key!r}", exc) from exc
+
+    def delete(self, key: str) -> None:
+        try:
+            self._client.remove_object(self._bucket, key)
+        except Exception as exc:  # a missing object is no error to S3's DeleteObject
+            raise self._fail(f"deleting {key!r}", exc) from exc
+
 
 class FileReadStore:
     """The embedded store: objects are files below a directory, keys are relative paths."""
@@ -236,6 +255,24 @@ class FileReadStore:
             return None
         except (OSError, ValueError) as exc:
             raise FetchError(f"file://{self._root}", f"reading {key!r}: {exc}") from exc
+
+    def put(self, key: str, data: bytes) -> None:
+        """Written beside, then renamed into place, as the gateway's file store does."""
+        directory, name = self._dir_and_stem(key)
+        temporary = directory / f".{name}.{os.getpid()}.part"
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            temporary.write_bytes(data)
+            os.replace(temporary, directory / name)
+        except OSError as exc:
+            raise FetchError(f"file://{self._root}", f"writing {key!r}: {exc}") from exc
+
+    def delete(self, key: str) -> None:
+        directory, name = self._dir_and_stem(key)
+        try:
+            (directory / name).unlink(missing_ok=True)
+        except OSError as exc:
+            raise FetchError(f"file://{self._root}", f"deleting {key!r}: {exc}") from exc
 
 
 def open_read_store(location: StorageLocation) -> S3ReadStore | FileReadStore:

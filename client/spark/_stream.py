@@ -33,8 +33,9 @@ from ..core._exceptions import ConfigError
 from ..protocol import index_key, meta_key, parse_data_key
 from ..protocol._layout import DataKey
 from ._bad import BadObject, Problem, Reporter
+from ._confirm import batch_id, confirm_batch, group_option, note_verified
 from ._offsets import Candidate, StreamOffset, advance, initial_offset, positive_ms
-from ._options import ScanOptions, parse_options
+from ._options import ScanOptions, Verify, parse_options
 from ._plan import select_objects
 from ._read import MAX_SIDECAR_BYTES, parse_manifest, read_batches
 from ._store import ReadStore, open_read_store
@@ -53,6 +54,7 @@ class StreamOptions:
     scan: ScanOptions
     max_files: int | None = None
     lateness: int = DEFAULT_LATENESS_MS
+    group: str | None = None  # confirms what each committed batch delivered (`_confirm`)
 
 
 def parse_stream_options(
@@ -77,16 +79,26 @@ def parse_stream_options(
     lateness = DEFAULT_LATENESS_MS
     if "lateness" in lowered:
         lateness = positive_ms(lowered["lateness"], "lateness")
-    return StreamOptions(scan, max_files, lateness)
+    group = group_option(lowered.get("group"))
+    if group is not None and (not scan.payload or scan.verify is Verify.OFF):
+        raise ConfigError(
+            "group: a stream confirms only payloads it read and verified (payload=true, "
+            "verify=true or sha256)"
+        )
+    return StreamOptions(scan, max_files, lateness, group)
 
 
 class StreamPartition(InputPartition):
     """One task's share of a micro-batch: payload keys, and the undecodable ones to report."""
 
-    def __init__(self, keys: list[str], bad: tuple[BadObject, ...] = ()) -> None:
+    def __init__(
+        self, keys: list[str], bad: tuple[BadObject, ...] = (), batch: str = "", task: int = 0
+    ) -> None:
         super().__init__(None)
         self.keys = keys
         self.bad = bad
+        self.batch = batch  # the micro-batch's name, for its confirmations (`_confirm`)
+        self.task = task
 
     def __repr__(self) -> str:
         return f"StreamPartition({len(self.keys)} keys)"
@@ -167,7 +179,10 @@ class OffloadStreamReader(DataSourceStreamReader):
             BadObject(k, _problem(kind), reason) for k, (kind, reason) in offset.bad.items()
         )
         slots = max(1, min(self.options.scan.parallelism or 1, len(keys)))
-        return [StreamPartition(keys[i::slots], bad if i == 0 else ()) for i in range(slots)]
+        batch = batch_id(offset.batch)
+        return [
+            StreamPartition(keys[i::slots], bad if i == 0 else (), batch, i) for i in range(slots)
+        ]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         if not isinstance(partition, StreamPartition):
@@ -177,10 +192,37 @@ class OffloadStreamReader(DataSourceStreamReader):
         report = Reporter(scan.location.url, scan.on_bad_object, self.accumulator)
         for bad in partition.bad:
             report(bad)
-        return read_batches(open_read_store(scan.location), partition.keys, scan, report=report)
+        store = open_read_store(scan.location)
+        group = self.options.group
+        if group is None:
+            return read_batches(store, partition.keys, scan, report=report)
+        return _noting(store, group, partition, scan, report)
 
     def commit(self, end: dict[str, Any]) -> None:
-        """Nothing to release: the store keeps messages until they expire."""
+        """Spark has the batch that ended at `end` in its sink: with `group`, confirm what
+        its tasks verified (`_confirm`); else nothing to release (the gateway keeps
+        messages until they expire or their groups confirmed them)."""
+        group = self.options.group
+        if group is None:
+            return
+        batch = StreamOffset.from_json(end).batch
+        if batch:
+            store = open_read_store(self.options.scan.location)
+            done = confirm_batch(store, group, batch_id(batch))
+            log.info("offload stream confirmed %d messages for group %s", done, group)
+
+
+def _noting(
+    store: ReadStore,
+    group: str,
+    partition: StreamPartition,
+    scan: ScanOptions,
+    report: Reporter,
+) -> Iterator[Any]:
+    """The task's rows, then the list of what it verified (once every row is Spark's)."""
+    delivered: list[str] = []
+    yield from read_batches(store, partition.keys, scan, report=report, delivered=delivered)
+    note_verified(store, group, partition.batch, partition.task, delivered)
 
 
 def _stamp(store: ReadStore, key: str, floor: int) -> int | BadObject | None:
@@ -212,7 +254,7 @@ def _stamp(store: ReadStore, key: str, floor: int) -> int | BadObject | None:
     committed = parse_manifest(index, None, f"index entry {where}", key)
     if isinstance(committed, BadObject):
         return committed
-    return committed.timestamp if committed.data_key == key else None
+    return committed.timestamp if committed.home == key else None
 
 
 def _hour_ms(key: DataKey, fallback: int) -> int:

@@ -52,6 +52,11 @@ def _parser() -> argparse.ArgumentParser:
         "--max-files-per-trigger", type=int, help="--follow: at most N messages per batch"
     )
     parser.add_argument(
+        "--group",
+        help="--follow: consumer group to confirm each committed batch's messages for (the "
+        "gateway's retention by group)",
+    )
+    parser.add_argument(
         "--on-bad-object",
         choices=("skip", "fail"),
         default="skip",
@@ -149,6 +154,7 @@ def follow(
     max_files_per_trigger: int | None = None,
     trigger_seconds: float = 10.0,
     on_bad_object: str = "skip",
+    group: str | None = None,
 ) -> Any:
     """Start appending newly committed messages under `out`; return the StreamingQuery.
 
@@ -170,6 +176,8 @@ def follow(
         trigger_seconds: interval between micro-batches.
         on_bad_object: "skip" a message that cannot be delivered (reported in the executors'
             logs and counted by what `register` returns) or "fail" the query.
+        group: confirm, for this consumer group, the messages of each batch Spark has
+            committed (client/spark/_confirm.py); None: confirm nothing.
     """
     from pyspark.sql import functions as F
 
@@ -180,6 +188,8 @@ def follow(
         reader = reader.option("since", str(since))
     if max_files_per_trigger is not None:
         reader = reader.option("maxFilesPerTrigger", str(max_files_per_trigger))
+    if group is not None:
+        reader = reader.option("group", group)
     for name, secret in (credentials or {}).items():
         reader = reader.option(name, secret)
     frame = reader.load()
@@ -290,6 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_files_per_trigger=args.max_files_per_trigger,
             trigger_seconds=args.trigger_seconds,
             on_bad_object=args.on_bad_object,
+            group=args.group,
         )
         print(f"following {args.topic!r} into {args.out} (checkpoint {args.checkpoint})")
         query.awaitTermination()

@@ -17,6 +17,7 @@ from ._dynsec import DynamicSecurity, Event
 from ._dynsec_parse import parse_dynsec
 from ._exceptions import AuthConfigError, AuthError
 from ._files import WAIT_SECONDS as RELOAD_WAIT
+from ._files import WatchedFile
 from ._jwks import KeySet, key_sources, parse_jwks
 from ._jwt import JwtIdentity, JwtRefused, JwtVerifier, looks_like_jwt
 from ._passwd import (
@@ -50,6 +51,7 @@ __all__ = [
     "PasswordEntry",
     "PasswordFile",
     "ScramKeys",
+    "WatchedFile",
     "base_topic",
     "filter_matches",
     "key_sources",

@@ -278,6 +278,37 @@ class Settings(BaseSettings):
         "127.0.0.1", description="address of the metrics port (0.0.0.0: every interface)"
     )
 
+    # Retention by consumer group, one object per payload per account, quotas on what an
+    # account keeps (docs/operations.md, "Retention by consumer group").
+    retention_groups_file: Path | None = Field(
+        None,
+        description="TOML file naming, per topic filter, the consumer groups that must each "
+        "confirm a payload before it is deleted ahead of its expiry; re-read when it changes",
+    )
+    dedup: bool = Field(
+        True,
+        description="one object per payload per account: a payload the account already "
+        "stores is linked to the new message instead of stored again",
+    )
+    max_stored_bytes_per_user: int = Field(
+        0,
+        ge=0,
+        description="payload bytes one account may keep stored (a shared payload counts "
+        "once); an upload that would pass it is refused with 413; 0: no quota",
+    )
+    confirm_sweep_interval: float = Field(
+        30.0,
+        ge=0,
+        description="seconds between the sweeper's short passes over confirmations (it "
+        "deletes what every group confirmed where a replica stopped in between); 0: none",
+    )
+    top_accounts: int = Field(
+        10,
+        ge=0,
+        le=100,
+        description="accounts named in offload_account_stored_bytes (those storing the most)",
+    )
+
     @field_validator("trusted_proxies")
     @classmethod
     def _check_trusted_proxies(cls, value: str) -> str:

@@ -23,6 +23,7 @@ from client.protocol import PublishProperties, Topic
 from ..core import Settings
 from ..direct import Direct
 from ..ingest import OffloadService, Quotas
+from ..retention import Retention
 from ..tus import ResumableUploads
 from ._signing import UrlSigner
 
@@ -115,6 +116,7 @@ class Context:
     uploads: ResumableUploads  # HTTP publish extras (issue 4): resumable uploads
     signer: UrlSigner  # and presigned-URL signing
     quotas: Quotas  # per-user caps on open uploads (gateway/ingest/_quotas.py)
+    retention: Retention  # groups, one object per payload, stored-bytes quotas
     public_url: str = ""  # the endpoint URL clients are told; "": the request's own
     # Direct transfers (gateway/direct/_transfers.py): always there, off unless a public store
     # URL is set.

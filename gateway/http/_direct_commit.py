@@ -24,6 +24,7 @@ from client.protocol import Manifest, data_key, parse_data_key
 from ..core import BadRequest, Forbidden, JSONAnswer, StorageUnavailable
 from ..direct import CommitRequest, Grant
 from ..ingest import now_ms
+from ..retention import Hold
 from ..storage import DirectStore, ObjectInfo, ObjectStore, StoreError
 from ._context import Context
 from ._ingest import Received, build_manifest, commit_or_discard
@@ -32,7 +33,12 @@ from ._routes import created_response
 log = logging.getLogger("gateway")
 
 
-async def _discard(ctx: Context, store: DirectStore, grant: Grant) -> None:
+def grant_hold(ctx: Context, grant: Grant) -> Hold:
+    """The grant's hold on its owner's ledger (gateway/retention), made at the grant."""
+    return ctx.retention.hold(grant.owner, grant.quota_ident, grant.size)
+
+
+async def discard_grant(ctx: Context, store: DirectStore, grant: Grant) -> None:
     """Remove whatever the grant's uploader placed (best effort: the sweeper is the backstop)."""
     if grant.upload_id:
         try:
@@ -41,6 +47,7 @@ async def _discard(ctx: Context, store: DirectStore, grant: Grant) -> None:
             log.warning("could not abort upload %s of %s: %s", grant.upload_id, grant.key, exc)
     await ctx.service.discard(grant.key)
     await ctx.quotas.release(grant.owner, grant.quota_ident)
+    await grant_hold(ctx, grant).release()
 
 
 async def _assemble(ctx: Context, store: DirectStore, grant: Grant, req: CommitRequest) -> None:
@@ -48,24 +55,24 @@ async def _assemble(ctx: Context, store: DirectStore, grant: Grant, req: CommitR
     run = ctx.service.workers.store.run
     if grant.upload_id:
         if len(req.etags) != grant.parts:
-            await _discard(ctx, store, grant)
+            await discard_grant(ctx, store, grant)
             raise BadRequest(f"{len(req.etags)} ETags for {grant.parts} parts; nothing kept")
         problem = await run(store.complete_multipart, grant.key, grant.upload_id, req.etags)
         # NoSuchUpload: completed by an earlier commit whose answer was lost; the object decides.
         if problem is not None and not problem.startswith("NoSuchUpload"):
-            await _discard(ctx, store, grant)
+            await discard_grant(ctx, store, grant)
             raise BadRequest(f"the store refused the parts ({problem}); nothing kept")
     size = await run(store.size, grant.key)
     if size is None:
-        await _discard(ctx, store, grant)
+        await discard_grant(ctx, store, grant)
         raise BadRequest("no object was uploaded for this grant; nothing kept")
     if size != grant.size:
-        await _discard(ctx, store, grant)
+        await discard_grant(ctx, store, grant)
         raise BadRequest(f"object has {size} bytes, the grant {grant.size}; nothing kept")
     if grant.upload_id and ctx.settings.direct_verify_sha256:
         actual = await _read_back(ctx, grant.key)
         if actual != grant.sha256:
-            await _discard(ctx, store, grant)
+            await discard_grant(ctx, store, grant)
             raise BadRequest(
                 f"object hashes to {actual}, the grant says {grant.sha256}; nothing kept"
             )
@@ -106,8 +113,9 @@ async def committed(ctx: Context, grant: Grant) -> Manifest | None:
     done = await ctx.service.find(grant.message_id)
     if done is None:
         return None
-    # The same object, perhaps moved to its commit's hour (`_restamp`): the same token.
-    mine, theirs = parse_data_key(grant.key), parse_data_key(done.data_key)
+    # The same object, perhaps moved to its commit's hour (`_restamp`): the same token, at
+    # the message's own key (`home`: its payload may be the account's earlier copy).
+    mine, theirs = parse_data_key(grant.key), parse_data_key(done.home)
     same = mine is not None and theirs is not None and mine.token == theirs.token
     return done if same and done.topic == grant.topic else None
 
@@ -168,10 +176,10 @@ async def commit(
 ) -> Response:
     """The grant's one commit (or abandon): refuse and remove, or store manifest and index."""
     if req.abandon:
-        await _discard(ctx, store, grant)
+        await discard_grant(ctx, store, grant)
         return JSONAnswer({"detail": "upload abandoned; what was uploaded is removed"})
     if grant.expired():
-        await _discard(ctx, store, grant)
+        await discard_grant(ctx, store, grant)
         raise Forbidden("upload grant expired; what was uploaded is removed, nothing kept")
     await _assemble(ctx, store, grant, req)
     stamp, key = await _restamp(ctx, grant)
@@ -185,6 +193,15 @@ async def commit(
         message_id=grant.message_id,
     )
     manifest = build_manifest(ctx, received, ttl=grant.ttl, content_type=grant.content_type)
-    stored = await commit_or_discard(ctx, manifest, kind="direct")
+    # A multipart object's whole SHA-256 is the producer's word unless read back (_assemble).
+    verified = not grant.upload_id or ctx.settings.direct_verify_sha256
+    stored = await commit_or_discard(
+        ctx,
+        manifest,
+        kind="direct",
+        user=grant.owner,
+        hold=grant_hold(ctx, grant),
+        verified=verified,
+    )
     await ctx.quotas.release(grant.owner, grant.quota_ident)
     return created_response(ctx, request, stored.manifest, stored.created)

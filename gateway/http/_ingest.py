@@ -58,6 +58,7 @@ from ..ingest import (
     manifest_text_problem,
     message_id_from_headers,
 )
+from ..retention import Hold
 from ._context import Context, NoBroker
 
 log = logging.getLogger("gateway")
@@ -139,7 +140,14 @@ def message_url(ctx: Context, request: Request, message_id: MessageId) -> str:
 
 
 async def publish(
-    ctx: Context, request: Request, manifest: Manifest, options: PublishOptions, *, kind: str
+    ctx: Context,
+    request: Request,
+    manifest: Manifest,
+    options: PublishOptions,
+    *,
+    kind: str,
+    user: str | None = None,
+    hold: Hold | None = None,
 ) -> Published:
     """Commit, then announce: the one commit -> URL -> placeholder sequence of every path.
 
@@ -149,8 +157,9 @@ async def publish(
         manifest: from `build_manifest`.
         options: the placeholder's QoS, retain, expiry and user properties.
         kind: the upload path, for the metrics (`publish`, `resumable`).
+        user: whose account stores it; `hold`: its reservation (`commit_or_discard`).
     """
-    stored = await commit_or_discard(ctx, manifest, kind=kind)
+    stored = await commit_or_discard(ctx, manifest, kind=kind, user=user, hold=hold)
     url = message_url(ctx, request, stored.manifest.id)
     await announce(ctx, stored.manifest, url, options, created=stored.created)
     return Published(stored.manifest, stored.created, url)
@@ -169,6 +178,7 @@ async def receive_raw(
     *,
     length: int,
     content_type: str | None,
+    hold: Hold | None = None,
 ) -> Received:
     """Stream a raw body into a new payload object.
 
@@ -178,11 +188,16 @@ async def receive_raw(
         chunks: the body.
         length: declared length, -1 when unknown (chunked transfer encoding).
         content_type: stored as the object's content type.
+        hold: the upload's reservation on its account's ledger: the declared length is
+            reserved before any byte is stored, an unknown one a part at a time as it
+            arrives (413 past the stored-bytes quota).
 
     Returns:
         The stored payload; nothing is stored when this raises.
     """
     limit = ctx.settings.max_body_bytes
+    if hold is not None and length > 0:
+        await hold.reserve(length)
     upload, key, stamp = ctx.service.begin_upload(topic, length, content_type=content_type)
     total = 0
     with store_span("store write", topic, length) as span:
@@ -190,6 +205,8 @@ async def receive_raw(
             async for chunk in chunks:
                 total += len(chunk)
                 check_running_total(total, limit)
+                if hold is not None:
+                    await hold.cover(total)
                 await upload.write(chunk)
             if length >= 0 and total != length:
                 raise BadRequest(f"body has {total} bytes but Content-Length said {length}")
@@ -216,6 +233,7 @@ async def receive_envelope(
     chunks: AsyncIterator[bytes],
     *,
     check_headers: Callable[[Sequence[tuple[str, bytes]]], object] | None = None,
+    hold: Hold | None = None,
 ) -> Received:
     """Stream a hop-client BSON upload document `{message, headers, key?}` into the store.
 
@@ -228,6 +246,8 @@ async def receive_envelope(
         chunks: the request body.
         check_headers: raises when the headers are unacceptable; called as soon as they
             arrive (before the payload is stored when the document sends them first).
+        hold: the upload's reservation: the payload's length (the document states it
+            before its bytes) is reserved before any byte is stored.
 
     Returns:
         The stored payload, its headers and id; nothing is left stored when this raises.
@@ -235,7 +255,7 @@ async def receive_envelope(
     parser = EnvelopeParser(
         max_document=ctx.settings.max_body_bytes, max_fields=ctx.settings.max_header_bytes
     )
-    sink = _EnvelopeSink(ctx, topic, check_headers)
+    sink = _EnvelopeSink(ctx, topic, check_headers, hold)
     with store_span("store write", topic, 0) as span:
         try:
             async for chunk in chunks:
@@ -260,10 +280,13 @@ class _EnvelopeSink:
         ctx: Context,
         topic: Topic,
         check_headers: Callable[[Sequence[tuple[str, bytes]]], object] | None,
+        hold: Hold | None = None,
     ) -> None:
         self.ctx = ctx
         self.topic = topic
         self.check_headers = check_headers
+        self.hold = hold
+        self.written = 0
         self.upload: Upload | None = None
         self.stored_key: str | None = None
         self.fields: UploadFields | None = None
@@ -279,10 +302,15 @@ class _EnvelopeSink:
     async def handle(self, event: object) -> None:
         if isinstance(event, PayloadData):
             assert self.upload is not None
+            self.written += len(event.data)
+            if self.hold is not None:
+                await self.hold.cover(self.written)
             await self.upload.write(event.data)
         elif isinstance(event, PayloadStart):
             if event.fields:  # headers sent first: reject bad ones before storing
                 self._check(upload_fields(event.fields).headers)
+            if self.hold is not None and event.length > 0:
+                await self.hold.reserve(event.length)
             self.upload, _, self.stamp = self.ctx.service.begin_upload(self.topic, event.length)
         elif isinstance(event, PayloadEnd):
             assert self.upload is not None
@@ -317,23 +345,38 @@ class _EnvelopeSink:
             await self.ctx.service.discard(self.stored_key)
 
 
-async def commit_or_discard(ctx: Context, manifest: Manifest, *, kind: str) -> Stored:
+async def commit_or_discard(
+    ctx: Context,
+    manifest: Manifest,
+    *,
+    kind: str,
+    user: str | None = None,
+    hold: Hold | None = None,
+    verified: bool = True,
+) -> Stored:
     """Commit a received payload; remove its object when the commit fails.
 
     Args:
         ctx: the request context.
         manifest: the received, uncommitted message.
         kind: the upload path, for the metrics (`envelope`, `publish`, `resumable`).
+        user: whose account stores it (the authenticated principal; None: anonymous).
+        hold: the upload's reservation on that account's ledger (gateway/retention).
+        verified: whether the manifest's SHA-256 was taken from the bytes (else it is the
+            uploader's word, and the payload is never shared: `OffloadService.commit`).
     """
-    try:
-        problem = manifest_text_problem(manifest)  # every path: readable by every reader
-        if problem is not None:
-            raise BadRequest(f"{problem}; nothing was kept")
-        with store_span("store commit", manifest.topic, manifest.size, str(manifest.id)):
-            return await ctx.service.commit(manifest, kind=kind)
-    except BaseException:
-        await ctx.service.discard(manifest.data_key)
-        raise
+    problem = manifest_text_problem(manifest)  # every path: readable by every reader
+    if problem is not None:
+        await ctx.service.drop(manifest)
+        if hold is not None:
+            await hold.release()
+        raise BadRequest(f"{problem}; nothing was kept")
+    # A failed commit removes what is ours itself: once the payload's record holds the
+    # object, others may be linked to it.
+    with store_span("store commit", manifest.topic, manifest.size, str(manifest.id)):
+        return await ctx.service.commit(
+            manifest, kind=kind, user=user, hold=hold, verified=verified
+        )
 
 
 def require_broker(ctx: Context) -> None:

@@ -118,3 +118,24 @@ def headers_only(status: int, description: str, *names: str) -> dict[int | str, 
     """
     headers = {name: {"schema": {"type": "string"}} for name in names}
     return {status: {"description": description, "headers": headers}}
+
+
+class Confirmed(BaseModel):
+    """`POST /msg/{id}/confirm`: what a group's confirmation did."""
+
+    id: str = Field(description="the message id")
+    group: str = Field(description="the group that confirmed")
+    counted: bool = Field(description="the group's confirmation is recorded (now or before)")
+    remaining: list[str] = Field(description="groups that have not confirmed the message yet")
+    deleted: bool = Field(description="every group confirmed: the message is deleted")
+    detail: str = Field("", description="why nothing was recorded, when nothing was")
+
+
+class AccountUsage(BaseModel):
+    """`GET /usage`: the caller's account, as its ledger counts it."""
+
+    user: str | None = Field(description="the account (null: anonymous callers)")
+    counted: bool = Field(description="false: no quota on this gateway, nothing is counted")
+    stored_bytes: int | None = Field(description="payload bytes stored, a shared one once")
+    held_bytes: int | None = Field(description="bytes reserved by uploads in flight")
+    limit_bytes: int | None = Field(description="OFFLOAD_MAX_STORED_BYTES_PER_USER")

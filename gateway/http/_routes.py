@@ -125,11 +125,12 @@ async def upload_envelope(
     parsed_topic = parse_topic(
         topic[: -len(OVERSIZED_SUFFIX)], max_bytes=ctx.settings.max_topic_bytes
     )
-    await access.write(parsed_topic)
+    user = await access.write(parsed_topic)
     check_declared_length(request, ctx.settings.max_body_bytes)
-    received = await receive_envelope(ctx, parsed_topic, request.stream())
-    manifest = build_manifest(ctx, received, ttl=ttl)
-    stored = await commit_or_discard(ctx, manifest, kind="envelope")
+    async with ctx.retention.holding(user) as hold:
+        received = await receive_envelope(ctx, parsed_topic, request.stream(), hold=hold)
+        manifest = build_manifest(ctx, received, ttl=ttl)
+        stored = await commit_or_discard(ctx, manifest, kind="envelope", user=user, hold=hold)
     return created_response(ctx, request, stored.manifest, stored.created)
 
 

@@ -47,7 +47,7 @@ from ..ingest import MAX_KEY_BYTES, grant_record_body, now_ms, parse_content_typ
 from ..storage import DirectStore
 from . import _responses
 from ._context import Context, Ctx
-from ._direct_commit import claimed, commit, committed
+from ._direct_commit import claimed, commit, committed, discard_grant, grant_hold
 from ._routes import created_response
 
 log = logging.getLogger("gateway")
@@ -216,6 +216,11 @@ async def grant_upload(topic: str, request: Request, ctx: Ctx) -> Response:
     # Per-user caps (429 with Retry-After), checked and recorded as one step per user.
     async with ctx.quotas.admitting(owner, req.size):
         grant = await _open(ctx, store, parsed_topic, req, content_type, owner)
+    try:  # the stored-bytes quota (413), held before any URL exists: grants commit later
+        await grant_hold(ctx, grant).reserve(req.size, until=grant.expires * 1000)
+    except BaseException:
+        await discard_grant(ctx, store, grant)
+        raise
     seconds = ctx.direct.grant_ttl
     # Off the event loop: 10,000 SigV4 signatures take seconds of CPU.
     urls = await ctx.service.workers.hashing.run(_urls, store, grant, req, seconds)

@@ -25,6 +25,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from client.protocol import Manifest, Topic
+
 from ..core import COMMON_RESPONSES, JSONAnswer
 from ..ingest import (
     PublishOptions,
@@ -34,7 +36,8 @@ from ..ingest import (
     parse_content_type,
     parse_topic,
 )
-from ._context import Ctx
+from ..retention import Hold
+from ._context import Context, Ctx
 from ._deps import Access
 from ._ingest import (
     build_manifest,
@@ -90,7 +93,7 @@ def _media_type(request: Request) -> str | None:
 async def publish(topic: str, request: Request, ctx: Ctx, access: Access) -> Response:
     """Store the body and publish its placeholder on `topic` (see the module docstring)."""
     parsed_topic = parse_topic(topic, max_bytes=ctx.settings.max_topic_bytes)
-    await access.write(parsed_topic)
+    user = await access.write(parsed_topic)
     options = PublishOptions.from_request(request)
     filename = check_filename(
         request.query_params.get("filename")
@@ -100,29 +103,13 @@ async def publish(topic: str, request: Request, ctx: Ctx, access: Access) -> Res
     # Refuse before the body arrives: a several-GiB upload that cannot be announced is waste.
     require_broker(ctx)
     content_type = _media_type(request)
-    if content_type is not None and essence(content_type) == BSON_TYPE:
-        received = await receive_envelope(
-            ctx, parsed_topic, request.stream(), check_headers=placeholder_user_properties
+    async with ctx.retention.holding(user) as hold:
+        manifest, options = await _received(
+            ctx, request, parsed_topic, options, filename, declared, content_type, hold
         )
-        # The document's headers travel as user properties too, ahead of the options'.
-        manifest = build_manifest(
-            ctx, received, ttl=options.expiry, filename=filename, extra_headers=options.headers()
+        published = await publish_message(
+            ctx, request, manifest, options, kind="publish", user=user, hold=hold
         )
-        options = options.with_leading(placeholder_user_properties(received.headers))
-    else:
-        length = -1 if declared is None else declared
-        received = await receive_raw(
-            ctx, parsed_topic, request.stream(), length=length, content_type=content_type
-        )
-        manifest = build_manifest(
-            ctx,
-            received,
-            ttl=options.expiry,
-            content_type=content_type,
-            filename=filename,
-            extra_headers=options.headers(),
-        )
-    published = await publish_message(ctx, request, manifest, options, kind="publish")
     message = published.manifest
     body = {
         "id": str(message.id),
@@ -135,3 +122,39 @@ async def publish(topic: str, request: Request, ctx: Ctx, access: Access) -> Res
     return JSONAnswer(
         body, status_code=201, headers={"Location": f"{ctx.base_path}/msg/{message.id}"}
     )
+
+
+async def _received(
+    ctx: Context,
+    request: Request,
+    topic: Topic,
+    options: PublishOptions,
+    filename: str | None,
+    declared: int | None,
+    content_type: str | None,
+    hold: Hold,
+) -> tuple[Manifest, PublishOptions]:
+    """The body stored (a BSON document, or the raw payload), as its message and the
+    placeholder's options (a document's headers travel as user properties too)."""
+    if content_type is not None and essence(content_type) == BSON_TYPE:
+        received = await receive_envelope(
+            ctx, topic, request.stream(), check_headers=placeholder_user_properties, hold=hold
+        )
+        # The document's headers travel as user properties too, ahead of the options'.
+        manifest = build_manifest(
+            ctx, received, ttl=options.expiry, filename=filename, extra_headers=options.headers()
+        )
+        return manifest, options.with_leading(placeholder_user_properties(received.headers))
+    length = -1 if declared is None else declared
+    received = await receive_raw(
+        ctx, topic, request.stream(), length=length, content_type=content_type, hold=hold
+    )
+    manifest = build_manifest(
+        ctx,
+        received,
+        ttl=options.expiry,
+        content_type=content_type,
+        filename=filename,
+        extra_headers=options.headers(),
+    )
+    return manifest, options

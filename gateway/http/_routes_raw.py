@@ -143,6 +143,7 @@ async def upload_raw(
     parsed_id = MessageId.parse(message_id)
     parsed_topic = parse_topic(topic, max_bytes=ctx.settings.max_topic_bytes)
     await ctx.authorize_write(request, parsed_topic)
+    user = await ctx.authenticate(request)  # decided by authorize_write: not asked again
     declared = check_declared_length(request, ctx.settings.max_body_bytes)
     # Every header is checked before the body is read: a refusal costs the client nothing.
     headers = parse_stored_headers(
@@ -150,23 +151,26 @@ async def upload_raw(
     )
     expected = parse_sha256(request.headers.get(SHA256_FIELD))
     content_type = parse_content_type(request.headers.get("content-type"), source="Content-Type")
-    received = await receive_raw(
-        ctx,
-        parsed_topic,
-        request.stream(),
-        length=-1 if declared is None else declared,
-        content_type=content_type,
-    )
-    if expected is not None and received.sha256 != expected:
-        await ctx.service.discard(received.data_key)
-        raise BadRequest(
-            f"body hashes to {received.sha256}, not the {SHA256_FIELD} {expected}; nothing was kept"
+    async with ctx.retention.holding(user) as hold:
+        received = await receive_raw(
+            ctx,
+            parsed_topic,
+            request.stream(),
+            length=-1 if declared is None else declared,
+            content_type=content_type,
+            hold=hold,
         )
-    # The id first, as the client library puts it in a hop document: both routes store
-    # the same headers for the same message.
-    received = dataclasses.replace(
-        received, message_id=parsed_id, headers=((ID_HEADER, parsed_id.bytes), *headers)
-    )
-    manifest = build_manifest(ctx, received, ttl=ttl, content_type=content_type)
-    stored = await commit_or_discard(ctx, manifest, kind="raw")
+        if expected is not None and received.sha256 != expected:
+            await ctx.service.discard(received.data_key)
+            raise BadRequest(
+                f"body hashes to {received.sha256}, not the {SHA256_FIELD} {expected}; "
+                "nothing was kept"
+            )
+        # The id first, as the client library puts it in a hop document: both routes store
+        # the same headers for the same message.
+        received = dataclasses.replace(
+            received, message_id=parsed_id, headers=((ID_HEADER, parsed_id.bytes), *headers)
+        )
+        manifest = build_manifest(ctx, received, ttl=ttl, content_type=content_type)
+        stored = await commit_or_discard(ctx, manifest, kind="raw", user=user, hold=hold)
     return created_response(ctx, request, stored.manifest, stored.created)

@@ -445,7 +445,15 @@ async def _finish(ctx: Context, request: Request, state: UploadState) -> UploadS
         filename=state.filename,
         extra_headers=options.headers(),
     )
-    published = await publish(ctx, request, manifest, options, kind="resumable")
+    published = await publish(
+        ctx,
+        request,
+        manifest,
+        options,
+        kind="resumable",
+        user=state.owner,
+        hold=uploads.hold_of(state) if uploads.retention is not None else None,
+    )
     done = replace(state, segments=(), sha256=sha256, url=published.url)
     await uploads.save(done)  # completed: segments no longer needed
     await uploads.remove_segments(state)

@@ -40,6 +40,7 @@ from ..core import (
     Workers,
     child,
 )
+from ..retention import Hold, Retention
 from ..storage import ObjectStore, StoreError, SupportsAsyncRead, SupportsAsyncWrite
 from ._manifests import ManifestRepository
 from ._payload_stream import PayloadStream, abandon, read_on_loop
@@ -108,8 +109,10 @@ class ManifestCache:
 
     Manifests never change once written; only deletion matters. Entries live `ttl`
     seconds, a local delete evicts at once, and a delete by another replica or the sweeper
-    shows as a missing payload (404) when it is read, so a stale entry never serves bytes.
-    Only hits are kept: an unknown id is always looked up again.
+    shows as a missing payload (404) when it is read, unless the payload object is shared
+    with another message of the account (gateway/retention): then a replica that read the
+    deleted message serves it for up to `ttl` seconds more, never an expired one. Only
+    hits are kept: an unknown id is always looked up again.
     """
 
     def __init__(self, size: int = 4096, ttl: float = 10.0) -> None:
@@ -149,6 +152,8 @@ class OffloadService:
         delete_after_fetch: delete a message once its payload was sent whole to a client.
         workers: the thread pools (store calls, transfers); default: a set with the
             default sizes, for a service built outside the gateway's lifespan.
+        retention: groups, one object per payload per account and quotas
+            (gateway/retention); None: none of them (each message its own object).
     """
 
     def __init__(
@@ -160,6 +165,7 @@ class OffloadService:
         min_ttl: int = 0,
         delete_after_fetch: bool = False,
         workers: Workers | None = None,
+        retention: Retention | None = None,
     ) -> None:
         self.workers = workers or Workers.defaults()
         self.store = store
@@ -167,8 +173,10 @@ class OffloadService:
         self.max_ttl = max_ttl
         self.min_ttl = min_ttl
         self.delete_after_fetch = delete_after_fetch
+        self.retention = retention
         self.manifests = ManifestCache()
-        self.repository = ManifestRepository(store)  # shared with the sweeper's rules
+        # shared with the sweeper's rules
+        self.repository = ManifestRepository(store, retention.keeper if retention else None)
 
     async def _call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         try:
@@ -209,7 +217,15 @@ class OffloadService:
             upload = StreamingUpload(store, key, length, content_type, transfers=transfers)
         return upload, key, stamp
 
-    async def commit(self, manifest: Manifest, *, kind: str = "envelope") -> Stored:
+    async def commit(
+        self,
+        manifest: Manifest,
+        *,
+        kind: str = "envelope",
+        user: str | None = None,
+        hold: Hold | None = None,
+        verified: bool = True,
+    ) -> Stored:
         """Make an uploaded payload visible by id, or resolve a retry of the same id.
 
         The id index is the commit point and is created only where none exists
@@ -226,9 +242,26 @@ class OffloadService:
         learns the same from the create's 412 and removes its own sidecar and payload.
         Only this gateway's manifest cache is consulted first, which costs nothing.
 
+        With retention (gateway/retention) the message first gets its groups and its
+        place in its account's record of this content (`Retention.adopt`): when the
+        account stores the payload already, the message is linked to that object and the
+        bytes just written are deleted once the index is in; `hold` (the upload's
+        reservation on `user`'s ledger) becomes stored bytes, or is released. `verified`
+        False: the SHA-256 is the uploader's word only (a multipart direct upload), and the
+        payload never becomes the copy other messages are linked to.
+
         Raises:
             Conflict: the id is taken by a message with other content or topic.
         """
+        try:
+            return await self._commit(manifest, kind, user, hold, verified)
+        finally:
+            if hold is not None:
+                await hold.release()  # a no-op once adopted; else never left to lapse
+
+    async def _commit(
+        self, manifest: Manifest, kind: str, user: str | None, hold: Hold | None, verified: bool
+    ) -> Stored:
         cached = self.manifests.get(manifest.id)
         if cached is not None and (cached.expires is None or cached.expires > now_ms()):
             return await self._lost(manifest, cached, meta_written=False)
@@ -237,13 +270,33 @@ class OffloadService:
         elif self.max_ttl:  # whoever set it, no payload outlives the cap
             cap = manifest.timestamp + self.max_ttl * 1000
             manifest = replace(manifest, expires=min(manifest.expires, cap))
+        redundant = None
+        if self.retention is not None and manifest.blob is None:  # else linked already
+            try:
+                adoption = await self.retention.adopt(manifest, user, hold, verified=verified)
+            except BaseException:
+                await self._remove_quietly(manifest, meta_written=False)
+                raise
+            manifest, redundant = adoption.manifest, adoption.redundant
+        try:
+            return await self._index(manifest, kind, redundant)
+        except Conflict:
+            raise  # `_lost` removed ours
+        except BaseException:
+            await self._remove_quietly(manifest, meta_written=True)
+            raise
+
+    async def _index(self, manifest: Manifest, kind: str, redundant: str | None) -> Stored:
+        """Sidecar, then the conditional index create: the commit point."""
         body = manifest.to_json()
-        await self._write(meta_key(manifest.data_key), body)
+        await self._write(meta_key(manifest.home), body)
         for _attempt in range(3):
             if await self._write(index_key(manifest.id), body, only_new=True):
                 self.manifests.put(manifest)
                 UPLOADS.labels(kind).inc()
                 UPLOADED_BYTES.inc(manifest.size)
+                if redundant is not None:  # the account's copy serves it: ours goes
+                    await self.discard(redundant)
                 return Stored(manifest, created=True)
             raw = await self._call(self.store.get_bytes, index_key(manifest.id))
             if raw is None:
@@ -253,9 +306,11 @@ class OffloadService:
             except ProtocolError as exc:
                 await self._remove_ours(manifest, meta_written=True)
                 raise Conflict(f"message id {manifest.id} is taken (unreadable index)") from exc
-            if current.data_key == manifest.data_key:
+            if current.home == manifest.home:
                 # Our own create succeeded and its answer was lost (a retried request).
                 self.manifests.put(manifest)
+                if redundant is not None:
+                    await self.discard(redundant)
                 return Stored(manifest, created=True)
             if current.expires is not None and current.expires <= now_ms():
                 await self.forget(current)  # an expired message frees its id
@@ -272,9 +327,26 @@ class OffloadService:
         raise Conflict(f"message id {ours.id} already exists with different content or topic")
 
     async def _remove_ours(self, manifest: Manifest, *, meta_written: bool) -> None:
+        """Our sidecar, our place in the record (`Retention.unadopt`: the record's object
+        goes with its last message), and the bytes we wrote when no record holds them
+        (`home`: never an object a record holds, which others may be linked to)."""
         if meta_written:
-            await self._call(self.store.delete, meta_key(manifest.data_key))
-        await self._call(self.store.delete, manifest.data_key)
+            await self._call(self.store.delete, meta_key(manifest.home))
+        if self.retention is not None:
+            await self.retention.unadopt(manifest)
+        if manifest.blob is None or manifest.filed_at is not None:
+            await self._call(self.store.delete, manifest.home)
+
+    async def drop(self, manifest: Manifest) -> None:
+        """Remove an uncommitted message's own objects (never an object it was linked to)."""
+        await self._remove_quietly(manifest, meta_written=False)
+
+    async def _remove_quietly(self, manifest: Manifest, *, meta_written: bool) -> None:
+        """`_remove_ours` after a failure: what it cannot remove the sweeper does later."""
+        try:
+            await self._remove_ours(manifest, meta_written=meta_written)
+        except StorageUnavailable as exc:
+            log.warning("could not remove the objects of uncommitted %s: %s", manifest.id, exc)
 
     async def discard(self, key: str) -> None:
         try:

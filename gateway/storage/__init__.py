@@ -14,6 +14,7 @@ from ._base import (
     SupportsAsyncRead,
     SupportsAsyncWrite,
     SupportsDirect,
+    Versioned,
 )
 from ._crc import available as crc32c_available
 from ._crc import crc32c_combine, crc32c_extend
@@ -31,6 +32,7 @@ __all__ = [
     "SupportsAsyncRead",
     "SupportsAsyncWrite",
     "SupportsDirect",
+    "Versioned",
     "crc32c_available",
     "crc32c_combine",
     "crc32c_extend",

@@ -23,6 +23,14 @@ class StoreError(Exception):
 
 
 @dataclass(frozen=True, slots=True)
+class Versioned:
+    """A small object's bytes and the version they were read at (`write_versioned`)."""
+
+    data: bytes
+    version: str
+
+
+@dataclass(frozen=True, slots=True)
 class ObjectInfo:
     key: str
     size: int
@@ -57,6 +65,16 @@ class ObjectStore(Protocol):
 
     def get_bytes(self, key: str) -> bytes | None:
         """A small object's bytes, or None when it does not exist."""
+
+    def read_versioned(self, key: str) -> Versioned | None:
+        """A small object's bytes and its version (`write_versioned`); None when absent."""
+
+    def write_versioned(
+        self, key: str, data: bytes, *, version: str | None, content_type: str = "application/json"
+    ) -> str | None:
+        """Create `key` (`version` None: only where nothing exists) or replace it only while
+        it is still at `version`, atomically against every replica; the new version, None
+        when the condition did not hold (gateway/storage/_versioned.py)."""
 
     def open_range(self, key: str, start: int = 0, length: int | None = None) -> Iterator[bytes]:
         """Stream an object (or a byte range of it) in pieces; close the iterator when done."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import io
 import os
 import uuid
@@ -10,8 +11,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
-from ._base import ObjectInfo, StoreError
+from ._base import ObjectInfo, StoreError, Versioned
 from ._chain import concat_by_streaming
+from ._versioned import content_version
 
 _PIECE = 1024 * 1024
 # Reads: under the gateway's 1 MiB mmap threshold (reused heap memory, no page faults per
@@ -100,6 +102,31 @@ class FileStore:
                 tmp.unlink()
         return True
 
+    def read_versioned(self, key: str) -> Versioned | None:
+        data = self.get_bytes(key)
+        return None if data is None else Versioned(data, content_version(data))
+
+    def write_versioned(
+        self, key: str, data: bytes, *, version: str | None, content_type: str = "application/json"
+    ) -> str | None:
+        """Under an exclusive `flock` of the object's lock file, so the compare and the
+        replace are one step for every process sharing the directory."""
+        path = self._path(key)
+        lock = path.with_name(f".{path.name}.lock")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with lock.open("a+b") as held:
+                fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+                current = self.read_versioned(key)
+                if (current is None) != (version is None):
+                    return None
+                if current is not None and current.version != version:
+                    return None
+                self.put_bytes(key, data, content_type)
+        except OSError as exc:
+            raise StoreError(f"write of {key!r} failed: {exc}") from exc
+        return content_version(data)
+
     def get_bytes(self, key: str) -> bytes | None:
         try:
             return self._path(key).read_bytes()
@@ -140,7 +167,7 @@ class FileStore:
             return
         for dirpath, _dirs, files in os.walk(start):
             for name in files:
-                if name.startswith(".") and name.endswith(".part"):
+                if name.startswith("."):  # the store's own: temporary files, locks
                     continue
                 full = Path(dirpath) / name
                 key = full.relative_to(self.root).as_posix()

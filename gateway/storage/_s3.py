@@ -20,7 +20,7 @@ from minio.error import MinioException, S3Error
 from minio.helpers import MAX_MULTIPART_COUNT, MAX_PART_SIZE, MIN_PART_SIZE, DictType
 
 from ._async_http import AsyncStoreHttp, Body
-from ._base import ObjectInfo, StoreError
+from ._base import ObjectInfo, StoreError, Versioned
 from ._buffers import Load, PartBuffers, Plan, part_size_under_load, plan
 from ._chain import concat_by_streaming
 from ._checksums import HEADER as CHECKSUM_HEADER
@@ -29,6 +29,7 @@ from ._checksums import probe as probe_checksums
 from ._http import pool_manager
 from ._multipart import put_parallel
 from ._s3_direct import S3Direct
+from ._versioned import s3_read, s3_write
 
 log = logging.getLogger("gateway.storage")
 
@@ -188,6 +189,7 @@ class S3Store:
         except _UNAVAILABLE as exc:
             raise StoreError(f"object store unreachable: {exc}") from exc
         self._probe_conditional_create()
+        self._probe_conditional_replace()
         if self._checksums is None:
             why_not = probe_checksums(self._client, self.bucket)
             self._checksums = why_not is None
@@ -241,6 +243,28 @@ class S3Store:
                 "the object store ignores If-None-Match: * on PUT: two uploads racing for one "
                 "message id cannot be told apart (the last one wins); use a store that "
                 "supports conditional writes (AWS S3, MinIO, Ceph RGW, SeaweedFS)"
+            )
+
+    def _probe_conditional_replace(self) -> None:
+        """Log an error when the store ignores `If-Match` on PUT: the retention state
+        (gateway/retention) then loses writes that race."""
+        key = f"{_PROBE_PREFIX}{uuid.uuid4().hex}"
+        try:
+            first = self.write_versioned(key, b"1", version=None)
+            stale = self.write_versioned(key, b"2", version="0" * 32)
+            current = self.write_versioned(key, b"3", version=first) if first else None
+        except StoreError as exc:
+            log.warning("could not probe conditional replaces on %r: %s", self.bucket, exc)
+            return
+        finally:
+            with contextlib.suppress(StoreError):
+                self.delete(key)
+        if stale is not None or current is None:
+            log.error(
+                "the object store does not honour If-Match on PUT: replicas updating one "
+                "account's ledger or a payload's record at once can lose each other's "
+                "changes; use a store that supports conditional writes (AWS S3, MinIO, "
+                "Ceph RGW, SeaweedFS)"
             )
 
     def put_stream(
@@ -306,6 +330,17 @@ class S3Store:
             detail = response.data[:300].decode("utf-8", "replace")
             raise StoreError(f"create of {key!r} failed: HTTP {response.status} {detail}")
         raise StoreError(f"create of {key!r} kept conflicting with concurrent writes")
+
+    def read_versioned(self, key: str) -> Versioned | None:
+        return s3_read(self._client, self.bucket, key)
+
+    def write_versioned(
+        self, key: str, data: bytes, *, version: str | None, content_type: str = "application/json"
+    ) -> str | None:
+        return s3_write(
+            self._client, self._http, self.bucket, key, data,
+            version=version, content_type=content_type,
+        )  # fmt: skip
 
     def get_bytes(self, key: str) -> bytes | None:
         try:

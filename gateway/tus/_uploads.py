@@ -74,6 +74,7 @@ from ..ingest import (
     crc32c_update,
     now_ms,
 )
+from ..retention import Hold, Retention
 from ..storage import ObjectInfo, ObjectStore, StoreError
 from ._locks import UploadLocks
 from ._protocol import Checksum, check_upload_id
@@ -113,6 +114,9 @@ class ResumableUploads:
         locks: which request holds each upload on this replica (`_locks`).
         quotas: where each unfinished upload is counted against its owner's caps (the
             creation route checks them first); None: not counted.
+        retention: holds each upload's `Upload-Length` on its owner's ledger from its
+            creation (gateway/retention: refused with 413 past the stored-bytes quota)
+            until it is committed or removed; None: no holds.
     """
 
     def __init__(
@@ -124,9 +128,11 @@ class ResumableUploads:
         calls: WorkerPool,
         locks: UploadLocks | None = None,
         quotas: Quotas | None = None,
+        retention: Retention | None = None,
     ) -> None:
         self.store = store
         self.quotas = quotas
+        self.retention = retention
         self.locks = UploadLocks() if locks is None else locks
         self.transfers = transfers
         self.calls = calls
@@ -176,6 +182,9 @@ class ResumableUploads:
             owner=owner,
             partial=partial,
         )
+        if self.retention is not None:  # before anything is stored: 413 past the quota
+            hold = self.retention.hold(owner, hold_ident(state.id))
+            await hold.reserve(length, until=int(state.expires * 1000))
         await self.save(state)
         if self.quotas is not None:
             ident = f"t-{state.id}"
@@ -304,6 +313,8 @@ class ResumableUploads:
             expires=time.time() + self.expiry,
         )
         await self.save(updated)
+        if self.retention is not None:  # the hold lasts as long as the upload
+            await self.hold_of(updated).refresh(int(updated.expires * 1000))
         if running is not None:
             self._remember(state.id, updated.offset, running)
         else:
@@ -395,11 +406,26 @@ class ResumableUploads:
         if self.quotas is not None:  # finished or terminated: it counts no more
             for upload_id in (state.id, *state.parts):
                 await self.quotas.release(state.owner, f"t-{upload_id}")
+        if self.retention is not None:  # a commit has turned the upload's own into bytes
+            for upload_id in (state.id, *state.parts):
+                await self.retention.hold(state.owner, hold_ident(upload_id), 1).release()
+
+    def hold_of(self, state: UploadState) -> Hold:
+        """The upload's hold on its owner's ledger (made at creation; a final upload's
+        bytes are its parts' holds until its commit)."""
+        assert self.retention is not None
+        reserved = 0 if state.parts else state.length
+        return self.retention.hold(state.owner, hold_ident(state.id), reserved)
 
     async def terminate(self, state: UploadState) -> None:
         """tus termination: segments first, then the state (so no segment is orphaned)."""
         await self.remove_segments(state)
         await self._call(self.store.delete, state_key(state.id))
+
+
+def hold_ident(upload_id: str) -> str:
+    """The name of a resumable upload's hold (gateway/retention)."""
+    return f"t-{upload_id}"
 
 
 def _hash_object(store: ObjectStore, key: str) -> _Digests:

@@ -128,6 +128,7 @@ Rendered as a YAML list of {name, env, secret, key, path} for the rows that are 
 {{/* Mount point of the projected auth files. */}}
 {{- define "mqtt-offload.authDir" -}}/etc/mqtt-offload/auth{{- end }}
 {{- define "mqtt-offload.tlsDir" -}}/etc/mqtt-offload/tls{{- end }}
+{{- define "mqtt-offload.retentionDir" -}}/etc/mqtt-offload/retention{{- end }}
 
 {{/* Fail early on settings that would render a pod that cannot work. */}}
 {{- define "mqtt-offload.validate" -}}
