@@ -25,9 +25,9 @@ from typing import Any
 import httpcore
 import httpx
 
-from client.protocol import DiscoveryRecord, Origin, http_origin
+from client.protocol import QUOTA_HEADER, DiscoveryRecord, Origin, http_origin
 
-from ._exceptions import TransferFailed
+from ._exceptions import QUOTA_EXCEEDED, TransferFailed
 from ._handoff import FromLoop, Stopped, ToLoop
 
 MAX_ERROR_BODY = 4096
@@ -417,7 +417,9 @@ def _exchange(
         )
         try:
             if response.status_code != 201:
-                raise TransferFailed(_detail(response), response.status_code)
+                raise TransferFailed(
+                    _detail(response), response.status_code, reason=_quota(response)
+                )
             return json.loads(_bounded(response, MAX_ERROR_BODY))
         finally:
             response.close()
@@ -432,3 +434,9 @@ def _exchange(
         # The gateway refused the proof (`e=invalid-proof`), or could not prove itself:
         # the login is refused, whatever a resend would carry (0x87).
         raise TransferFailed(f"upload to {request.url}: the login failed: {exc}", 401) from exc
+
+
+def _quota(response: httpx.Response) -> int | None:
+    """0x97 (Quota exceeded) for a refusal that names the account's stored-bytes quota:
+    deleting payloads gives room back, unlike a payload over the size limit (0x83)."""
+    return QUOTA_EXCEEDED if QUOTA_HEADER in response.headers else None

@@ -21,6 +21,11 @@ from ._errors import ProtocolError
 from ._types import MessageId
 
 ACKS_PREFIX = "acks/"
+#: Response header of the gateway's 413 when an upload would pass its account's stored-bytes
+#: quota (its value: the setting's name), so that a refusal for the account's quota (which
+#: deleting payloads gives back: offload-proxy answers PUBACK 0x97, Quota exceeded) is told
+#: apart from a payload over the size limit (which the same PUBLISH always gets: 0x83).
+QUOTA_HEADER = "x-offload-quota"
 #: What a Spark stream's tasks verified, until the query commits the batch (then they
 #: become confirmations): `acks-pending/<group>/<batch>/<task>.<written ms>.json`, a JSON
 #: list of `<id>.<token>`. The gateway's sweeper deletes lists a day old (a batch never

@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from typing import ParamSpec, TypeVar
 
-from client.protocol import Manifest, ack_key, ack_prefix, parse_ack_key
+from client.protocol import QUOTA_HEADER, Manifest, ack_key, ack_prefix, parse_ack_key
 
 from ..core import Forbidden, PayloadTooLarge, StorageUnavailable, WorkerPool
 from ..storage import ObjectStore, StoreError
@@ -66,7 +66,9 @@ class Hold:
         )
         if isinstance(result, Refused):
             QUOTA_REFUSALS.inc()
-            raise PayloadTooLarge(result.reason())
+            raise PayloadTooLarge(
+                result.reason(), {QUOTA_HEADER: "OFFLOAD_MAX_STORED_BYTES_PER_USER"}
+            )
         self.reserved += size
         self.until = deadline
 
