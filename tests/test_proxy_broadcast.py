@@ -23,6 +23,7 @@ import pytest
 from prometheus_client import REGISTRY
 from test_proxy import MiB, PahoPeer, start_proxy
 from test_proxy_fleet import device
+from test_proxy_fleet_limits import ProxyProcess
 from test_proxy_hostile import _packet, _read, _text
 
 from _auth import credential_files, secured_pair
@@ -329,4 +330,44 @@ def test_devices_that_stop_reading_a_shared_payload_are_closed_not_held(
     finally:
         for sock in sockets:
             sock.close()
+        proxy.stop()
+
+
+def test_devices_cut_off_inside_shared_payloads_leave_nothing_resident(
+    gateway: GatewayServer, broker: Mosquitto, unique_topic: Callable[[str], str],
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    """`offload-proxy` (its own process, its collector paced as deployed): four devices,
+    each the only reader of its own 8 MiB broadcast, take the PUBLISH's first byte and
+    read nothing more; at `idle_timeout` each is cut off and its spool given back, and the
+    process's resident size returns to what it was. Before, the error that ended each
+    relay was in a reference cycle with its task (through `asyncio.timeout`), and its
+    traceback kept the frame writing the payload, whose piece was a view of the whole
+    spool: 8 MiB stayed resident per device until a full collection, which the proxy runs
+    rarely (+33 MiB here; +101 MiB after twelve such devices one after the other)."""
+    proxy = ProxyProcess(broker, gateway.url, tmp_path / "proxy.log", idle_timeout="1")
+    topics = [unique_topic("cut-off") for _ in range(4)]
+    stalled = [f"127.0.6.{n + 1}" for n in range(len(topics))]
+    payload = os.urandom(8 * MiB)
+    try:
+        warm = Fleet(proxy.port, topics[0], 1, payload, first_address=700).start()
+        publish(proxy.port, topics[0], payload)  # a first spool and fetch, read whole
+        assert warm.results()[0].done
+        before = proxy.rss
+        sockets = [device(proxy.port, source, rcvbuf=4096) for source in stalled]
+        for sock, topic in zip(sockets, topics, strict=True):
+            sock.sendall(_packet(0x82, b"\x00\x01\x00" + _text(topic) + b"\x01"))
+            assert _read(sock)[0] == 0x90
+        for sock, topic in zip(sockets, topics, strict=True):
+            publish(proxy.port, topic, os.urandom(8 * MiB))
+            assert sock.recv(1)[0] >> 4 == 3  # the PUBLISH has begun; nothing more is read
+        wait_until(
+            lambda: sum(_held_open(proxy.port, source) for source in stalled) == 0,
+            "the devices cut off", 30,
+        )  # fmt: skip
+        grown = proxy.rss - before
+        assert grown < 12 * MiB, f"{grown / MiB:.1f} MiB still resident"
+        for sock in sockets:
+            sock.close()
+    finally:
         proxy.stop()
