@@ -148,6 +148,26 @@ def test_a_servers_number_out_of_range_is_one_line(
     assert "Traceback" not in done.stderr and "pydantic" not in done.stderr
 
 
+@pytest.mark.parametrize("variable", ["OFFLOAD_HTTP_TIMEOUT", "OFFLOAD_DISCOVERY_WAIT"])
+def test_a_wait_from_the_environment_past_what_the_clocks_count_is_a_usage_error(
+    gateway: GatewayServer, variable: str
+) -> None:
+    """A finite wait too long for the platform's clocks (1e10 s: they count nanoseconds in
+    64 bits) passed the checks: `offload fetch` with OFFLOAD_HTTP_TIMEOUT=1e10 ended in an
+    OverflowError traceback, exit 1. Now one line, exit 2, as for a negative wait."""
+    name = variable.removeprefix("OFFLOAD_").lower()
+    url = f"{gateway.url}/msg/00000000-0000-4000-8000-000000000000"
+    done = subprocess.run(
+        [OFFLOAD, "fetch", url, "-o", os.devnull],
+        capture_output=True, text=True, timeout=60, env=_env(**{variable: "1e10"}),
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == (
+        f"offload fetch: error: {name} must be at most 4294967295 seconds, got 10000000000.0 "
+        "(see 'offload fetch --help')\n"
+    )
+
+
 @pytest.mark.parametrize("value", ["nan", "inf", "-1"])
 def test_a_wait_from_the_environment_out_of_range_is_a_usage_error(
     broker: Mosquitto, value: str, tmp_path: Path
