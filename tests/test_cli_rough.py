@@ -130,9 +130,17 @@ def test_offload_proxy_on_a_taken_port_is_one_line(flags: list[str], taken_by: s
         (["offload-gateway"], {"OFFLOAD_MAX_TRANSFERS": "-1"},
          "offload-gateway: error: OFFLOAD_MAX_TRANSFERS: input should be greater than or "
          "equal to 1, got '-1'"),
+        # A wait past what the clocks count started, then broke every large publish
+        # (the proxy) or every upload (the gateway: 503).
+        (["offload-proxy"], {"OFFLOAD_PROXY_IDLE_TIMEOUT": "1e10"},
+         "offload-proxy: error: OFFLOAD_PROXY_IDLE_TIMEOUT: input should be less than or "
+         "equal to 4294967295, got '1e10'"),
+        (["offload-gateway"], {"OFFLOAD_BODY_IDLE_TIMEOUT": "1e10"},
+         "offload-gateway: error: OFFLOAD_BODY_IDLE_TIMEOUT: input should be less than or "
+         "equal to 4294967295, got '1e10'"),
     ],
     ids=["proxy-port", "proxy-workers", "proxy-variable", "gateway-port", "gateway-metrics",
-         "gateway-variable"],
+         "gateway-variable", "proxy-wait", "gateway-wait"],
 )  # fmt: skip
 def test_a_servers_number_out_of_range_is_one_line(
     args: list[str], env: dict[str, str], says: str, tmp_path: Path
