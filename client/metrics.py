@@ -19,9 +19,12 @@ and `prometheus_client` is the servers' dependency, imported here only when
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import os
 from typing import TYPE_CHECKING
+
+from .protocol import address_key
 
 if TYPE_CHECKING:  # annotations only: the module's namespace is what __all__ lists
     import socket
@@ -79,6 +82,9 @@ _MAX_HEAD = 8192
 _EXCHANGE_TIMEOUT = 10.0
 #: Connections served at once; one more is closed unanswered (a scraper needs one).
 _MAX_CONNECTIONS = 16
+#: Of those, what one address (an IPv6 /64) may hold: one peer that sends nothing held
+#: every slot for the exchange's time, again after each reconnect, and no scrape got in.
+_PER_ADDRESS = _MAX_CONNECTIONS // 4
 
 
 async def serve(
@@ -93,7 +99,8 @@ async def serve(
     one answer per connection, everything else 404.
 
     Every connection is bounded: its head (8 KiB), the whole exchange (10 s, a scraper that
-    stops reading included) and how many are served at once (16).
+    stops reading included) and how many are served at once (16, at most 4 from one
+    address).
 
     Args:
         render: the exposition and its media type for a scraper's `Accept`.
@@ -106,13 +113,17 @@ async def serve(
         OSError: the address cannot be bound (its message names it).
     """
     active = 0
+    held: collections.Counter[str] = collections.Counter()  # by address
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         nonlocal active
-        if active >= _MAX_CONNECTIONS:
+        peer = writer.get_extra_info("peername")
+        key = address_key(str(peer[0])) if isinstance(peer, tuple) and peer else ""
+        if active >= _MAX_CONNECTIONS or held[key] >= _PER_ADDRESS:
             writer.close()
             return
         active += 1
+        held[key] += 1
         try:
             async with asyncio.timeout(_EXCHANGE_TIMEOUT):
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -122,6 +133,9 @@ async def serve(
             pass  # a head over the limit, cut short or too slow gets nothing
         finally:
             active -= 1
+            held[key] -= 1
+            if not held[key]:
+                del held[key]
             writer.close()
             with contextlib.suppress(OSError):
                 await writer.wait_closed()

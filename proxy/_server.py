@@ -229,9 +229,7 @@ class Proxy:
             ws = await handshake(reader, writer, self.settings.connect_timeout)
         except HandshakeFailed as exc:
             log.info("WebSocket refused", extra={"why": str(exc)})
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
+            await closed(writer, self.settings.idle_timeout)
             return
         await self._accept(
             WebSocketReader(ws, reader, writer), WebSocketWriter(ws, reader, writer), peer
@@ -270,9 +268,7 @@ class Proxy:
                 slot.give_back()
             del self._sessions[task]
             self.metrics.connections.set(len(self._sessions))
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
+            await closed(writer, self.settings.idle_timeout)
 
     async def close(self) -> None:
         """Stop accepting; idle connections close at once, transfers under way get
@@ -306,3 +302,17 @@ class Proxy:
     async def serve_forever(self) -> None:
         """Wait until :meth:`close`."""
         await self._closed.wait()
+
+
+async def closed(writer: asyncio.StreamWriter, within: float) -> None:
+    """Close a client's connection: what is still unsent goes first if the client takes it
+    within `within` seconds (`idle_timeout`, as for any write), else it is dropped with the
+    connection (a reset). A graceful close waits for the peer to take the unsent bytes: a
+    client that never reads again held its socket, the unsent bytes (under uvloop a view of
+    the whole shared payload they came from) and this task for as long as it stayed
+    connected, its connection slot already given back."""
+    writer.close()
+    with contextlib.suppress(Exception):  # a TimeoutError too: then the reset
+        async with asyncio.timeout(within):
+            await writer.wait_closed()
+    writer.transport.abort()  # nothing left to drop once it closed

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import traceback
 
 from client.protocol import address_key
 
@@ -239,24 +240,57 @@ class Session:
         try:
             broker_writer.write(packet)
             del packet
-            up = asyncio.create_task(relay_up(conn, self.services))
-            down = asyncio.create_task(relay_down(conn, self.services))
-            try:
-                done, _ = await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for task in (up, down):
-                    task.cancel()
-                for task in (up, down):
-                    with contextlib.suppress(asyncio.CancelledError, Exception):
-                        await task
-            for task in done:
-                failure = task.exception()
-                if failure is not None:
+            failure, client_ended = await _relay(conn, self.services)
+            if failure is not None:
+                try:
                     raise failure
-            if up in done:  # the client said DISCONNECT or closed: let the broker see it
+                finally:
+                    del failure  # its traceback holds this frame: no cycle through it
+            if client_ended:  # the client said DISCONNECT or closed: let the broker see it
                 with contextlib.suppress(OSError, TimeoutError):
                     async with asyncio.timeout(5):
                         await broker_writer.drain()
         finally:
             release(conn, self.services)
             broker_writer.close()
+
+
+async def _relay(conn: Conn, services: Services) -> tuple[BaseException | None, bool]:
+    """Relay both ways until either side ends; the error it ended with (None: a clean
+    end), and whether it was the client's side.
+
+    The error's traceback keeps no frame's variables: a relay task that ends with an error
+    raised from an `asyncio.timeout` (a peer that took or sent too little within
+    idle_timeout) is in a reference cycle with it (the error's cause, the timeout's frame,
+    the timeout, the task, its error), which only the collector breaks, and the proxy's
+    comes rarely (proxy/_heap.py). Until then every frame of the relay stayed alive with
+    what it held: a device cut off for not reading a shared payload kept the whole spool
+    its last piece was a view of (8 MiB of resident memory for each such device, for as
+    long as no full collection came). Nor are the tasks awaited where they failed: each
+    raise of the error through a frame holding them made one more such cycle.
+    """
+    up = asyncio.create_task(relay_up(conn, services))
+    down = asyncio.create_task(relay_down(conn, services))
+    try:
+        done, _ = await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (up, down):
+            task.cancel()
+        await asyncio.wait({up, down})  # their cleanup runs before the session's
+    for task in done:
+        failure = None if task.cancelled() else task.exception()
+        if failure is not None:
+            _forget_frames(failure)
+            return failure, up in done
+    return None, up in done
+
+
+def _forget_frames(error: BaseException) -> None:
+    """Drop the variables of the frames in `error`'s tracebacks, its cause's and its
+    context's (the file names and lines stay, for a log line)."""
+    seen: set[int] = set()
+    link: BaseException | None = error
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        traceback.clear_frames(link.__traceback__)
+        link = link.__cause__ or link.__context__

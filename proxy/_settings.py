@@ -18,6 +18,12 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from ._shares import Limits
 from ._spool import SpoolLimits
 
+#: The longest a duration setting may be: MQTT's longest interval (2^32 - 1 s, some 136
+#: years). A longer one passed and broke every transfer: a wait of 1e10 s overflows the
+#: clocks' 64-bit nanoseconds (OverflowError at its first use: idle_timeout or
+#: http_timeout 1e10 disconnected each device that published a large message).
+LONGEST_WAIT = 4_294_967_295
+
 MQTT_MAX_PACKET = 268_435_460  # the largest MQTT packet: 1 + 4 + 268,435,455
 #: One account's or address's default share of a pool: this fraction of it.
 SHARE = 8
@@ -155,7 +161,10 @@ class ProxySettings(BaseSettings):
         description="chunk bytes all connections together buffer to reassemble messages",
     )
     reassembly_timeout: float = Field(
-        300.0, gt=0, description="seconds a chunked message may take to arrive whole"
+        300.0,
+        gt=0,
+        le=LONGEST_WAIT,
+        description="seconds a chunked message may take to arrive whole",
     )
     identity_files: Annotated[tuple[Path, ...], NoDecode] = Field(
         (),
@@ -171,15 +180,20 @@ class ProxySettings(BaseSettings):
     spool_dir: Path | None = Field(
         None, description="where decoded payloads over 1 MiB wait until whole (default: TMPDIR)"
     )
-    connect_timeout: float = Field(10.0, gt=0, description="seconds for a whole CONNECT")
+    connect_timeout: float = Field(
+        10.0, gt=0, le=LONGEST_WAIT, description="seconds for a whole CONNECT"
+    )
     idle_timeout: float = Field(
         30.0,
         gt=0,
+        le=LONGEST_WAIT,
         description="seconds a packet that has begun may wait for its next byte, and a client "
         "or the broker may take too little of a packet written to it (then the client is "
         "disconnected)",
     )
-    http_timeout: float = Field(60.0, gt=0, description="seconds for each gateway request step")
+    http_timeout: float = Field(
+        60.0, gt=0, le=LONGEST_WAIT, description="seconds for each gateway request step"
+    )
     gateway_login: Literal["auto", "scram", "bearer", "basic"] = Field(
         "auto",
         description="how a device's CONNECT login reaches the gateway: `auto`: a password that "
@@ -231,7 +245,7 @@ class ProxySettings(BaseSettings):
     )
     metrics_host: str = "127.0.0.1"
     shutdown_timeout: float = Field(
-        30.0, ge=0, description="seconds transfers under way may take at shutdown"
+        30.0, ge=0, le=LONGEST_WAIT, description="seconds transfers under way may take at shutdown"
     )
     log_level: str = "INFO"
     loop: Literal["uvloop", "asyncio"] = Field(

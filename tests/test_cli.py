@@ -427,6 +427,15 @@ def _mistakes(
              "--timeout", "1"), 2,
             "argument --discovery-wait: must be 0 or more seconds, got 'nan'",
         ),
+        # A finite wait past what the clocks count: OverflowError, a traceback, exit 1.
+        "subscribe --timeout 1e10": Mistake(
+            ("subscribe", "--broker", broker, "-t", "t", "--timeout", "1e10"), 2,
+            "argument --timeout: must be at most 4294967295 seconds, got '1e10'",
+        ),
+        "discover --timeout 1e300": Mistake(
+            ("discover", "--broker", broker, "--timeout", "1e300"), 2,
+            "argument --timeout: must be at most 4294967295 seconds, got '1e300'",
+        ),
         "discover --timeout -1": Mistake(
             ("discover", "--broker", broker, "--timeout", "-1"), 2,
             "offload discover: error: argument --timeout: must be more than 0 seconds",

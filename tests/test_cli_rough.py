@@ -130,9 +130,17 @@ def test_offload_proxy_on_a_taken_port_is_one_line(flags: list[str], taken_by: s
         (["offload-gateway"], {"OFFLOAD_MAX_TRANSFERS": "-1"},
          "offload-gateway: error: OFFLOAD_MAX_TRANSFERS: input should be greater than or "
          "equal to 1, got '-1'"),
+        # A wait past what the clocks count started, then broke every large publish
+        # (the proxy) or every upload (the gateway: 503).
+        (["offload-proxy"], {"OFFLOAD_PROXY_IDLE_TIMEOUT": "1e10"},
+         "offload-proxy: error: OFFLOAD_PROXY_IDLE_TIMEOUT: input should be less than or "
+         "equal to 4294967295, got '1e10'"),
+        (["offload-gateway"], {"OFFLOAD_BODY_IDLE_TIMEOUT": "1e10"},
+         "offload-gateway: error: OFFLOAD_BODY_IDLE_TIMEOUT: input should be less than or "
+         "equal to 4294967295, got '1e10'"),
     ],
     ids=["proxy-port", "proxy-workers", "proxy-variable", "gateway-port", "gateway-metrics",
-         "gateway-variable"],
+         "gateway-variable", "proxy-wait", "gateway-wait"],
 )  # fmt: skip
 def test_a_servers_number_out_of_range_is_one_line(
     args: list[str], env: dict[str, str], says: str, tmp_path: Path
@@ -146,6 +154,26 @@ def test_a_servers_number_out_of_range_is_one_line(
     assert done.returncode == 2, done.stderr
     assert done.stderr.splitlines()[-1] == says
     assert "Traceback" not in done.stderr and "pydantic" not in done.stderr
+
+
+@pytest.mark.parametrize("variable", ["OFFLOAD_HTTP_TIMEOUT", "OFFLOAD_DISCOVERY_WAIT"])
+def test_a_wait_from_the_environment_past_what_the_clocks_count_is_a_usage_error(
+    gateway: GatewayServer, variable: str
+) -> None:
+    """A finite wait too long for the platform's clocks (1e10 s: they count nanoseconds in
+    64 bits) passed the checks: `offload fetch` with OFFLOAD_HTTP_TIMEOUT=1e10 ended in an
+    OverflowError traceback, exit 1. Now one line, exit 2, as for a negative wait."""
+    name = variable.removeprefix("OFFLOAD_").lower()
+    url = f"{gateway.url}/msg/00000000-0000-4000-8000-000000000000"
+    done = subprocess.run(
+        [OFFLOAD, "fetch", url, "-o", os.devnull],
+        capture_output=True, text=True, timeout=60, env=_env(**{variable: "1e10"}),
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == (
+        f"offload fetch: error: {name} must be at most 4294967295 seconds, got 10000000000.0 "
+        "(see 'offload fetch --help')\n"
+    )
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-1"])

@@ -316,6 +316,38 @@ def test_the_metrics_port_bounds_its_connections(monkeypatch: pytest.MonkeyPatch
     asyncio.run(run())
 
 
+def _closed_at_once(sock: socket.socket) -> bool:
+    """Whether the peer closed `sock` within half a second (False: it holds it open)."""
+    sock.settimeout(0.5)
+    try:
+        return sock.recv(1) == b""
+    except TimeoutError:
+        return False
+
+
+def test_one_address_holding_the_metrics_port_leaves_the_scrapers_their_turn(
+    serve: Callable[..., Served], tmp_path: Path
+) -> None:
+    """`offload-gateway --metrics-port`: connections from one address that send nothing
+    held every slot of the port (16) for the exchange's 10 s, and again after each
+    reconnect, so the operator's scrape was closed unanswered. One address holds at most a
+    quarter of the slots now: its others are closed at once, and a scrape from another
+    address is answered while it holds them."""
+    metrics_port = free_port()
+    _gateway(serve, tmp_path, "--metrics-port", str(metrics_port))  # bound before the API
+    idle = [
+        socket.create_connection(("127.0.0.1", metrics_port), 5, ("127.0.8.1", 0))
+        for _ in range(20)
+    ]
+    try:
+        assert sum(_closed_at_once(sock) for sock in idle) == 16  # 4 held: its share
+        scraped = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5)
+        assert scraped.status_code == 200
+    finally:
+        for sock in idle:
+            sock.close()
+
+
 # -- the access log names the device behind a trusted hop ---------------------------------
 
 

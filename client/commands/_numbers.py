@@ -13,6 +13,8 @@ import argparse
 import math
 from collections.abc import Callable
 
+from ..config._settings import MAX_SECONDS
+
 #: MQTT's largest packet: a Remaining Length of 268,435,455 and its five header bytes.
 MAX_PACKET = 268_435_460
 #: MQTT's Four Byte Integer (Session Expiry, Will Delay): seconds.
@@ -36,7 +38,8 @@ def whole(low: int, high: int | None = None) -> Callable[[str], int]:
 
 
 def seconds(*, zero: bool) -> Callable[[str], float]:
-    """A finite number of seconds, above 0 (or 0 too, with `zero`)."""
+    """A finite number of seconds, above 0 (or 0 too, with `zero`), at most
+    :data:`MAX_SECONDS`."""
 
     def parse(text: str) -> float:
         try:
@@ -46,6 +49,8 @@ def seconds(*, zero: bool) -> Callable[[str], float]:
         if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
             least = "0 or more" if zero else "more than 0"
             raise argparse.ArgumentTypeError(f"must be {least} seconds, got {text!r}")
+        if value > MAX_SECONDS:  # a wait the platform's clocks cannot count: OverflowError
+            raise argparse.ArgumentTypeError(f"must be at most {MAX_SECONDS} seconds, got {text!r}")
         return value
 
     return parse

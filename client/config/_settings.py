@@ -438,6 +438,12 @@ _NOT_NEGATIVE = (
 )
 
 
+#: The longest wait a duration may ask for: MQTT's longest interval (2^32 - 1 s, some 136
+#: years). The platform's clocks count nanoseconds in 64 bits (some 292 years): a wait of
+#: 1e10 s was accepted and then raised OverflowError from the first wait that used it.
+MAX_SECONDS = 4_294_967_295
+
+
 def _check_numbers(settings: ClientSettings) -> None:
     """ConfigError for the first count, size or duration out of its range."""
     for name in _POSITIVE:
@@ -451,6 +457,8 @@ def _check_numbers(settings: ClientSettings) -> None:
         value = getattr(settings, name)
         if not 0 <= value < math.inf:  # NaN and inf too: a wait that never ends
             raise ConfigError(f"{name} must be a number of seconds, 0 or more, got {value}")
+        if value > MAX_SECONDS:
+            raise ConfigError(f"{name} must be at most {MAX_SECONDS} seconds, got {value}")
 
 
 def settings_table() -> str:

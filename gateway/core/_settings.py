@@ -12,6 +12,12 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
+#: The longest a request's wait may be set to: MQTT's longest interval (2^32 - 1 s, some
+#: 136 years). A longer one passed and broke every request that waited: a wait of 1e10 s
+#: overflows the clocks' 64-bit nanoseconds (OFFLOAD_BODY_IDLE_TIMEOUT=1e10: every upload
+#: answered 503).
+LONGEST_WAIT = 4_294_967_295
+
 
 def parse_networks(text: str) -> tuple[IPNetwork, ...]:
     """`10.0.0.0/8, 192.0.2.7, fd00::/8` as networks (an address is a /32 or /128).
@@ -213,12 +219,13 @@ class Settings(BaseSettings):
     header_timeout: float = Field(
         10.0,
         ge=0,
+        le=LONGEST_WAIT,
         description="seconds a client has to send a request's head (request line and "
         "headers), from the connection or the head's first byte; else 408 and close "
         "(slow loris); 0: no limit",
     )
     body_idle_timeout: float = Field(
-        30.0, gt=0, description="seconds an upload body may stall before 408"
+        30.0, gt=0, le=LONGEST_WAIT, description="seconds an upload body may stall before 408"
     )
     min_body_rate: int = Field(
         1024,
@@ -259,13 +266,22 @@ class Settings(BaseSettings):
         2, ge=1, le=64, description="threads for password hashing (PBKDF2 for Basic and SCRAM)"
     )
     store_stall_timeout: float = Field(
-        60.0, gt=0, description="seconds a transfer may wait for the object store before 503"
+        60.0,
+        gt=0,
+        le=LONGEST_WAIT,
+        description="seconds a transfer may wait for the object store before 503",
     )
     send_idle_timeout: float = Field(
-        60.0, gt=0, description="seconds a response may wait for the client to read"
+        60.0,
+        gt=0,
+        le=LONGEST_WAIT,
+        description="seconds a response may wait for the client to read",
     )
     health_timeout: float = Field(
-        30.0, gt=0, description="seconds a queued job may wait for a thread before /healthz 503"
+        30.0,
+        gt=0,
+        le=LONGEST_WAIT,
+        description="seconds a queued job may wait for a thread before /healthz 503",
     )
     metrics_port: int | None = Field(
         None,
