@@ -59,7 +59,8 @@ from .http._range import as_placeholder
 from .http._transport import HttpTransport
 from .mqtt._paho import Incoming, MqttConnection
 from .protocol import DiscoveryRecord, MessageId, Placeholder, PublishProperties, TopicFilter
-from .publish._publish import Publisher, wait_ack
+from .publish._publish import Publisher
+from .publish._send import wait_ack
 from .publish._will import Will
 from .publish._will import arm as arm_will
 from .receive._fetcher import FetchProgress, PlainHttpWarner
