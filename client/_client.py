@@ -49,7 +49,8 @@ import httpx
 from ._discovery import DiscoveryView
 from ._parts import default_connection, default_http_auth, default_transport, receive_path
 from .config._load import load_settings, merge_settings
-from .config._settings import ClientSettings, SettingsOverrides
+from .config._overrides import SettingsOverrides
+from .config._settings import ClientSettings
 from .core._exceptions import FetchError
 from .core._message import Message, MessageError, PublishResult, Route
 from .core._source import PayloadLike
