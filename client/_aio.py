@@ -19,7 +19,8 @@ import httpx
 
 from ._client import Client, unfinished_errors
 from .config._load import load_settings
-from .config._settings import ClientSettings, SettingsOverrides
+from .config._overrides import SettingsOverrides
+from .config._settings import ClientSettings
 from .core._message import Message, PublishResult
 from .core._source import PayloadLike
 from .core._tracing import TracerProviderLike, Tracing

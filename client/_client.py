@@ -31,14 +31,14 @@ publisher (:mod:`client.publish._publish`), the receiver with its worker
 (:mod:`client.receive._receive`) and the discovery watcher (:mod:`client._discovery`); what
 they are made with by default is :mod:`client._parts`. The credential-origin rule is
 :func:`client.http._scram.gateway_auth` plus
-:meth:`client.receive._fetcher.PlaceholderFetcher.auth_for`.
+:meth:`client.receive._fetcher.PlaceholderFetcher.auth_for`. The application takes its
+deliveries from :mod:`client.receive._handout`.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import queue
 import threading
 from collections.abc import Iterator
 from types import TracebackType
@@ -49,25 +49,25 @@ import httpx
 from ._discovery import DiscoveryView
 from ._parts import default_connection, default_http_auth, default_transport, receive_path
 from .config._load import load_settings, merge_settings
-from .config._settings import ClientSettings, SettingsOverrides
-from .core._exceptions import FetchError
-from .core._message import Message, MessageError, PublishResult, Route
+from .config._overrides import SettingsOverrides
+from .config._settings import ClientSettings
+from .core._message import Message, MessageError, PublishResult
 from .core._source import PayloadLike
 from .core._tracers import tracing_for
-from .core._tracing import TracerProviderLike, Tracing, message_attributes
+from .core._tracing import TracerProviderLike, Tracing
 from .http._range import as_placeholder
 from .http._transport import HttpTransport
 from .mqtt._paho import Incoming, MqttConnection
 from .protocol import DiscoveryRecord, MessageId, Placeholder, PublishProperties, TopicFilter
-from .publish._publish import Publisher, wait_ack
+from .publish._publish import Publisher
+from .publish._send import wait_ack
 from .publish._will import Will
 from .publish._will import arm as arm_will
 from .receive._fetcher import FetchProgress, PlainHttpWarner
+from .receive._handout import Handout
 from .receive._receive import Delivery
 
 log = logging.getLogger("client")
-
-_CLOSED = object()
 
 
 class Client:
@@ -153,6 +153,7 @@ class Client:
             use_discovery=self._use_discovery,
             tracing=self._tracing,
         )
+        self._handout = Handout(self._receiver.deliveries, self._receiver.sequencer, self._tracing)
         self._will = Will.from_settings(s)
         self._worker: threading.Thread | None = None
         self._stop = threading.Event()
@@ -242,7 +243,7 @@ class Client:
         self._conn.close()
         self._stop_worker()
         self._receiver.chunk_store.close()
-        self._receiver.deliveries.put(_CLOSED)
+        self._handout.close()
         if self._owns_transport:
             self._transport.close()
 
@@ -396,19 +397,7 @@ class Client:
         Args:
             timeout: seconds to wait; None waits until a delivery or close.
         """
-        deliveries = self._receiver.deliveries
-        try:
-            item = deliveries.get(timeout=timeout)
-        except queue.Empty:
-            return None
-        if item is _CLOSED:
-            deliveries.put(_CLOSED)  # let every other iterator end too
-            return None
-        assert isinstance(item, Message | MessageError)
-        self._receiver.sequencer.consumed(item)
-        if self._tracing.enabled and isinstance(item, Message):
-            received(self._tracing, item)
-        return item
+        return self._handout.take(timeout)
 
     def fetch_range(self, placeholder: Placeholder | Message, start: int, end: int) -> bytes:
         """Bytes `[start, end)` of an offloaded payload, reading only the stored bytes
@@ -467,14 +456,7 @@ class Client:
             yield from unfinished_errors(self, timeout)
 
     def _unfinished(self, waited: float | None) -> list[MessageError]:
-        if self._closed:
-            return []
-        errors = []
-        for slot in self._receiver.sequencer.unfinished():
-            assert slot.url is not None  # unfinished() lists placeholders only
-            stuck = FetchError(slot.url, f"still being fetched after {waited} s without a delivery")
-            errors.append(MessageError(slot.topic, stuck, slot.message_id))
-        return errors
+        return [] if self._closed else self._handout.unfinished(waited)
 
     # -- paho thread (never block) ---------------------------------------------------------
 
@@ -490,27 +472,6 @@ class Client:
             incoming, len(incoming.payload), sheddable=not incoming.qos
         ):
             self._receiver.note_shed(incoming.topic)
-
-
-def received(tracing: Tracing, message: Message) -> None:
-    """The `receive {topic}` span of a message handed to the application (see
-    :meth:`Client.next_message`)."""
-    if message.route is Route.DIRECT:
-        return  # a plain PUBLISH: nothing of the library's (client/publish/_spans.py)
-    creation = message.trace_context
-    attributes = message_attributes(
-        message.topic, message.size, "receive", "receive", message.message_id
-    )
-    attributes["offload.route"] = str(message.route)
-    links = (creation,) if creation is not None else ()
-    tracing.start(
-        f"receive {message.topic}",
-        "client",
-        parent=creation,
-        use_ambient=True,
-        links=links,
-        attributes=attributes,
-    ).end()
 
 
 def unfinished_errors(client: Client, waited: float | None) -> list[MessageError]:

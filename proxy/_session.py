@@ -35,7 +35,7 @@ from ._gateway import credentials
 from ._inbound import relay_up
 from ._outbound import relay_down
 from ._shares import Holder, PoolFull, Taken
-from ._state import Conn, Services
+from ._state import Conn, PendingWill, Services
 from ._stream import READ_SIZE, PacketStream
 from ._will import prepare
 from .protocol import (
@@ -178,19 +178,18 @@ class Session:
             raise PeerGone(f"no room for a CONNECT of {head.length} bytes: {exc}") from exc
         return b"".join(pieces)
 
-    async def _serve(self, slot: Taken) -> None:
-        """Serve the session of the CONNECT read (taken out of `self._connect`: the relays
-        keep what they need of it, and a CONNECT of up to `max_connect_bytes` is not held
-        for the connection's life)."""
-        assert self._connect is not None
-        (connect, packet), self._connect = self._connect, None
+    async def _upstream(
+        self, connect: Connect, packet: bytes
+    ) -> tuple[Connect, bytes, PendingWill | None] | None:
+        """The CONNECT the broker gets, its bytes and the Will it promises to store: a 3.1.1
+        login in its MQTT 5 form (`upgrade_v311`), a Will over the broker's limit replaced
+        by its placeholder (:mod:`proxy._will`). None: the client was refused (answered)."""
         settings = self.services.settings
-        auth = credentials(connect, settings.gateway_login)
-        upstream = connect  # the CONNECT the broker gets
+        upstream = connect
         if not connect.v5 and settings.upgrade_v311:
             if keeps_session_without_id(connect):
                 await self._answer(IDENTIFIER_REJECTED)
-                return
+                return None
             upstream = upgrade_connect(connect)
             packet = upstream.packet
         will = None
@@ -199,19 +198,45 @@ class Session:
             if endpoint is None:
                 log.warning("Will over the limit and no gateway endpoint known; CONNECT refused")
                 await self._answer(connack_refusal(v5=connect.v5, reason=SERVER_UNAVAILABLE))
-                return
+                return None
             packet, will = prepare(upstream, endpoint)
+        return upstream, packet, will
+
+    async def _open_broker(
+        self, v5: bool
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        """A connection to the broker within `connect_timeout`; None: the client was
+        refused (answered 0x88, counted)."""
+        settings = self.services.settings
         host, port = settings.broker_address
         try:
             async with asyncio.timeout(settings.connect_timeout):
-                broker_reader, broker_writer = await asyncio.open_connection(
+                return await asyncio.open_connection(
                     host, port, limit=READ_SIZE, ssl=self.services.broker_tls
                 )
         except (OSError, TimeoutError) as exc:
             log.warning("broker unreachable", extra={"why": repr(exc)})
             self.services.metrics.refused.labels(why="broker-unreachable").inc()
-            await self._answer(connack_refusal(v5=connect.v5, reason=SERVER_UNAVAILABLE))
+            await self._answer(connack_refusal(v5=v5, reason=SERVER_UNAVAILABLE))
+            return None
+
+    async def _serve(self, slot: Taken) -> None:
+        """Serve the session of the CONNECT read (taken out of `self._connect`: the relays
+        keep what they need of it, and a CONNECT of up to `max_connect_bytes` is not held
+        for the connection's life)."""
+        assert self._connect is not None
+        (connect, packet), self._connect = self._connect, None
+        settings = self.services.settings
+        auth = credentials(connect, settings.gateway_login)
+        prepared = await self._upstream(connect, packet)
+        if prepared is None:
             return
+        upstream, packet, will = prepared
+        del prepared  # its CONNECT and bytes go with the names below (memory per connection)
+        broker = await self._open_broker(connect.v5)
+        if broker is None:
+            return
+        broker_reader, broker_writer = broker
         conn = Conn(
             # What the relays need of the CONNECT; its body, Will and password stay no longer
             # than the login (`auth` keeps the credentials the gateway gets).

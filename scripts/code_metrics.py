@@ -1,4 +1,5 @@
-"""Module and function sizes in client/, gateway/ and discovery/, for a refactoring's before/after.
+"""Module and function sizes in client/, gateway/, discovery/ and proxy/, for a refactoring's
+before/after.
 
 The issue 14 guide is "modules under ~400 lines, functions under ~50"; this prints where the
 code stands against it, with the method the first measurement used (so rounds compare):
@@ -17,7 +18,7 @@ import re
 import sys
 from pathlib import Path
 
-PACKAGES = ("client", "gateway", "discovery")
+PACKAGES = ("client", "gateway", "discovery", "proxy")
 MODULE_GUIDE = 400
 FUNCTION_GUIDE = 50
 # A Manifest built by calling the class (not its definition, not `build_manifest`).

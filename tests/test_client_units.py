@@ -241,7 +241,7 @@ def test_keyword_overrides_mirror_the_declared_fields() -> None:
     import dataclasses
     import typing
 
-    from client.config._settings import SettingsOverrides
+    from client.config._overrides import SettingsOverrides
 
     fields = {f.name: f.type for f in dataclasses.fields(ClientSettings)}
     overrides = SettingsOverrides.__annotations__

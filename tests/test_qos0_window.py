@@ -18,7 +18,7 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from client import Client, ConnectionFailed, MqttConnection
-from client.publish._publish import QOS0_WINDOW_BYTES
+from client.publish._window import QOS0_WINDOW_BYTES
 
 from _servers import Mosquitto, wait_until
 

@@ -142,7 +142,14 @@ def read_body(
 ) -> tuple[Payload, str, int | None]:
     """An answer's body, held where its size says (nowhere, a spool file, memory), hashed as
     it comes; with its SHA-256 ("" when not `hashed`) and, when not kept, the bytes received
-    (see :meth:`client.http._transport.HttpTransport.fetch`)."""
+    (the arguments are :meth:`client.http._transport.HttpTransport.fetch`'s).
+
+    A payload of 4 MiB or more is hashed on a second thread, fed as the body arrives;
+    without `hashed` nothing is. Memory held: an in-memory payload once (its declared size,
+    up to `spool_threshold`, allocated when the body starts; over urllib3 the socket reads
+    land in it directly), plus, where the body comes as pieces (spooled, or through a
+    proxy), at most (HASH_QUEUE + 2) pieces of up to 1 MiB waiting for the hasher.
+    """
     # The SHA-256 on a second thread while the reader waits on the socket (or the disk):
     # hashlib and the socket read both release the GIL.
     threaded = size is None or size >= THREADED_HASH_FROM

@@ -308,19 +308,10 @@ class HttpTransport:
         At most `expected_size` bytes (else `max_bytes`) are read: a Content-Length that
         differs from `expected_size` (or exceeds `max_bytes`) is refused before the body, a
         body that runs past it is cut off and the connection closed. Payloads larger than
-        `spool_threshold` are written to a temporary file, deleted on any failure.
-
-        A payload of 4 MiB or more is hashed on a second thread, fed as the body arrives; a
-        payload is handed over only after the whole digest is known and matched (a mismatch
-        discards it, spool file included); without `expected_sha256` nothing is hashed.
-        Memory held: an in-memory payload once (its declared size, up to `spool_threshold`,
-        allocated when the body starts; over urllib3 the socket reads land in it directly),
-        plus, where the body comes as pieces (spooled, or through a proxy), at most
-        (HASH_QUEUE + 2) pieces of up to 1 MiB waiting for the hasher.
-
-        A redirect (a gateway with direct transfers answers 307 to a presigned store URL)
-        is followed, at most :data:`MAX_REDIRECTS` times, only to the URL's own origin or
-        one `redirect_ok` accepts, and never with credentials: no `auth`, no cookies.
+        `spool_threshold` are written to a temporary file, deleted on any failure. A payload
+        is handed over only after its whole digest is known and matched (a mismatch
+        discards it, spool file included); how it is hashed and what memory it holds meanwhile
+        is :func:`client.http._fetching.read_body`'s, the redirects it follows :meth:`_open`'s.
 
         Args:
             url: the raw payload URL (`{endpoint}/msg/{id}/payload`); http or https only.
@@ -361,29 +352,25 @@ class HttpTransport:
         with Watchdog(url, pace) as watchdog:
             if pace is not None:
                 on_bytes = watchdog.counting(on_bytes)
-            try:
-                with self._open(url, auth, redirect_ok, watchdog, topic, trace) as response:
-                    # Named by `url`, never `response.url`: after a redirect that is a
-                    # presigned store URL, whose signature must not reach errors and logs.
-                    size = _checked_length(url, response, expected_size, limit)
-                    payload, digest, received = read_body(
-                        response,
-                        url,
-                        size,
-                        limit,
-                        hashed=expected_sha256 is not None,
-                        tap=tap,
-                        keep=keep,
-                        spool_threshold=spool_threshold,
-                        spool_dir=spool_dir,
-                        on_bytes=on_bytes,
-                    )
-            except httpx.TransportError as exc:  # refused, reset, timed out, cut short
-                raise TransientFetchError(url, f"fetch failed: {exc!r}") from exc
-            except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as exc:
-                raise FetchError(url, f"fetch failed: {exc!r}") from exc
-            except ScramFailure as exc:
-                raise FetchError(url, str(exc), 401) from exc
+            with (
+                _fetch_errors(url, transient=True),
+                self._open(url, auth, redirect_ok, watchdog, topic, trace) as response,
+            ):
+                # Named by `url`, never `response.url`: after a redirect that is a
+                # presigned store URL, whose signature must not reach errors and logs.
+                size = _checked_length(url, response, expected_size, limit)
+                payload, digest, received = read_body(
+                    response,
+                    url,
+                    size,
+                    limit,
+                    hashed=expected_sha256 is not None,
+                    tap=tap,
+                    keep=keep,
+                    spool_threshold=spool_threshold,
+                    spool_dir=spool_dir,
+                    on_bytes=on_bytes,
+                )
             return _verified(url, payload, digest, expected_size, expected_sha256, received)
 
     @contextlib.contextmanager
@@ -396,7 +383,12 @@ class HttpTransport:
         topic: str | None = None,
         trace: TraceContext | None = None,
     ) -> Iterator[httpx.Response]:
-        """The final 200 response for `url`, redirects followed by the rules of `fetch`."""
+        """The final 200 response for `url`.
+
+        A redirect (a gateway with direct transfers answers 307 to a presigned store URL)
+        is followed, at most :data:`MAX_REDIRECTS` times, only to the URL's own origin or
+        one `redirect_ok` accepts, and never with credentials: no `auth`, no cookies.
+        """
         target = httpx.URL(url)
         home = _origin(url, target)
         # The body is counted as it travels: no content coding may inflate it.
@@ -462,8 +454,8 @@ class HttpTransport:
     ) -> int:
         """Stream a URL's body into a file object without verification (CLI `fetch`).
 
-        Redirects are followed as by :meth:`fetch`: to the URL's own origin or one
-        `redirect_ok` accepts, never with credentials.
+        Redirects are followed as by :meth:`fetch` (:meth:`_open`): to the URL's own origin
+        or one `redirect_ok` accepts, never with credentials.
 
         Args:
             url: any payload URL.
@@ -476,14 +468,29 @@ class HttpTransport:
             PayloadNotFound: 404 or 410.
             FetchError: no answer, another error status or a refused redirect.
         """
-        try:
-            with self._open(url, auth, redirect_ok, trace=trace) as response:
-                written = 0
-                for piece in response.iter_raw():  # no re-chunking copy
-                    out.write(piece)
-                    written += len(piece)
-                return written
-        except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as exc:
-            raise FetchError(url, f"fetch failed: {exc!r}") from exc
-        except ScramFailure as exc:
-            raise FetchError(url, str(exc), 401) from exc
+        with (
+            _fetch_errors(url, transient=False),
+            self._open(url, auth, redirect_ok, trace=trace) as response,
+        ):
+            written = 0
+            for piece in response.iter_raw():  # no re-chunking copy
+                out.write(piece)
+                written += len(piece)
+            return written
+
+
+@contextlib.contextmanager
+def _fetch_errors(url: str, *, transient: bool) -> Iterator[None]:
+    """httpx's errors and a refused SCRAM login as :class:`FetchError`s naming `url`; with
+    `transient`, a connection refused, reset, timed out or cut short as a
+    :class:`TransientFetchError` (the receive path retries those)."""
+    try:
+        yield
+    except httpx.TransportError as exc:
+        if transient:
+            raise TransientFetchError(url, f"fetch failed: {exc!r}") from exc
+        raise FetchError(url, f"fetch failed: {exc!r}") from exc
+    except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as exc:
+        raise FetchError(url, f"fetch failed: {exc!r}") from exc
+    except ScramFailure as exc:
+        raise FetchError(url, str(exc), 401) from exc

@@ -80,7 +80,38 @@ _BASIC_SHAPE = "malformed Authorization header: Basic takes base64 of UTF-8 `use
 
 
 class Authenticator:
-    """Authentication and authorization against mosquitto's files. Thread-safe."""
+    """Authentication and authorization against mosquitto's files. Thread-safe.
+
+    Args:
+        password_file: mosquitto's ``password_file``; with neither it nor ``tokens_file``
+            every request is refused unless ``allow_anonymous``.
+        acl_file: mosquitto's ``acl_file``; None lets every caller who gets in read and
+            write everything (as mosquitto does without one).
+        realm: the ``realm`` of the challenges.
+        secret: signs SCRAM sids; the same value on every replica, at least 16 bytes.
+        tls: clients reach the gateway over TLS (directly or through a proxy); enables
+            Basic and Bearer.
+        allow_anonymous: requests without credentials pass as user None (and the ACL's
+            anonymous rules apply); the only way to serve without credentials files.
+        tokens_file: bearer tokens (``user:<sha256 hex>``); alone, the gateway takes
+            bearer tokens only, which needs ``tls``.
+        dynsec_file: the dynamic security plugin's file: users and rules (instead of
+            ``password_file`` and ``acl_file``).
+        dynsec_substitute: expand ``%c``/``%u`` in its ACLs (mosquitto 2.1).
+        jwt: verifies JWT bearer tokens; like a tokens file, it needs ``tls``. Closed
+            with the authenticator (:meth:`close`).
+        clock: wall-clock seconds, common to the replicas (sid expiry crosses them).
+        sid_lifetime: seconds a client has between server-first and client-final.
+        max_failures_per_user: failures per (user, address) and window before 429.
+        max_failures_per_address: failures per source address and window before 429.
+        failure_window: seconds of the failure-counting window.
+        tracked_keys: most users/addresses whose failures are remembered at once.
+        replay_capacity: most used sids remembered at once.
+
+    Raises:
+        AuthConfigError: a file is missing or invalid, or tokens only without ``tls``.
+        ValueError: bad arguments (short secret, realm with a quote, ...).
+    """
 
     def __init__(
         self,
@@ -103,38 +134,7 @@ class Authenticator:
         tracked_keys: int = 10_000,
         replay_capacity: int = 100_000,
     ) -> None:
-        """Load the files (re-read later whenever they change).
-
-        Args:
-            password_file: mosquitto's ``password_file``; with neither it nor ``tokens_file``
-                every request is refused unless ``allow_anonymous``.
-            acl_file: mosquitto's ``acl_file``; None lets every caller who gets in read and
-                write everything (as mosquitto does without one).
-            realm: the ``realm`` of the challenges.
-            secret: signs SCRAM sids; the same value on every replica, at least 16 bytes.
-            tls: clients reach the gateway over TLS (directly or through a proxy); enables
-                Basic and Bearer.
-            allow_anonymous: requests without credentials pass as user None (and the ACL's
-                anonymous rules apply); the only way to serve without credentials files.
-            tokens_file: bearer tokens (``user:<sha256 hex>``); alone, the gateway takes
-                bearer tokens only, which needs ``tls``.
-            dynsec_file: the dynamic security plugin's file: users and rules (instead of
-                ``password_file`` and ``acl_file``).
-            dynsec_substitute: expand ``%c``/``%u`` in its ACLs (mosquitto 2.1).
-            jwt: verifies JWT bearer tokens; like a tokens file, it needs ``tls``. Closed
-                with the authenticator (:meth:`close`).
-            clock: wall-clock seconds, common to the replicas (sid expiry crosses them).
-            sid_lifetime: seconds a client has between server-first and client-final.
-            max_failures_per_user: failures per (user, address) and window before 429.
-            max_failures_per_address: failures per source address and window before 429.
-            failure_window: seconds of the failure-counting window.
-            tracked_keys: most users/addresses whose failures are remembered at once.
-            replay_capacity: most used sids remembered at once.
-
-        Raises:
-            AuthConfigError: a file is missing or invalid, or tokens only without ``tls``.
-            ValueError: bad arguments (short secret, realm with a quote, ...).
-        """
+        """Load the files (re-read later whenever they change)."""
         check_options(
             realm=realm,
             secret=secret,
@@ -177,15 +177,19 @@ class Authenticator:
             sid_lifetime=sid_lifetime,
             instead=self._basic_instead,
         )
-        files = {
-            "passwords": password_file is not None or dynsec_file is not None,
-            "tokens": tokens_file is not None or jwt is not None,
-        }
-        self.mechanisms: tuple[str, ...] = offered_schemes(**files, tls=tls)
+        self._offer(
+            passwords=password_file is not None or dynsec_file is not None,
+            tokens=tokens_file is not None or jwt is not None,
+        )
+
+    def _offer(self, *, passwords: bool, tokens: bool) -> None:
+        """The schemes and the mode the configured sources give (`_modes`)."""
+        files = {"passwords": passwords, "tokens": tokens}
+        self.mechanisms: tuple[str, ...] = offered_schemes(**files, tls=self.tls)
         # Offered over TLS but not here: refused with a reason that says so.
         self._tls_only = set(offered_schemes(**files, tls=True)) - set(self.mechanisms)
-        self._www_authenticate = ", ".join(f'{s} realm="{realm}"' for s in self.mechanisms)
-        self.mode = mode(**files, allow_anonymous=allow_anonymous)
+        self._www_authenticate = ", ".join(f'{s} realm="{self.realm}"' for s in self.mechanisms)
+        self.mode = mode(**files, allow_anonymous=self.allow_anonymous)
 
     def __repr__(self) -> str:
         return (

@@ -27,7 +27,8 @@ from ..ingest import now_ms
 from ..retention import Hold
 from ..storage import DirectStore, ObjectInfo, ObjectStore, StoreError
 from ._context import Context
-from ._ingest import Received, build_manifest, commit_or_discard
+from ._ingest import build_manifest, commit_or_discard
+from ._receive import Received
 from ._routes import created_response
 
 log = logging.getLogger("gateway")

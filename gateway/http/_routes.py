@@ -37,8 +37,9 @@ from ..ingest import (
 )
 from ._context import Context, Ctx
 from ._deps import Access, DirectTransfers, Service
-from ._ingest import build_manifest, commit_or_discard, message_url, receive_envelope
+from ._ingest import build_manifest, commit_or_discard, message_url
 from ._ranges import parse_range
+from ._receive import receive_envelope
 from ._responses import BSON_DOCUMENT, PAYLOAD, Stored, headers_only
 
 router = APIRouter()

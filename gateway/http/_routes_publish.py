@@ -37,16 +37,12 @@ from ..ingest import (
     parse_topic,
 )
 from ..retention import Hold
+from ._announce import placeholder_user_properties, require_broker
 from ._context import Context, Ctx
 from ._deps import Access
-from ._ingest import (
-    build_manifest,
-    placeholder_user_properties,
-    receive_envelope,
-    receive_raw,
-    require_broker,
-)
+from ._ingest import build_manifest
 from ._ingest import publish as publish_message
+from ._receive import receive_envelope, receive_raw
 from ._responses import Published
 from ._routes import check_declared_length
 

@@ -39,7 +39,8 @@ from client.protocol import MessageId
 from ..core import COMMON_RESPONSES, BadRequest
 from ..ingest import parse_content_type, parse_topic
 from ._context import Ctx
-from ._ingest import ID_HEADER, build_manifest, commit_or_discard, receive_raw
+from ._ingest import ID_HEADER, build_manifest, commit_or_discard
+from ._receive import receive_raw
 from ._responses import Stored, headers_only
 from ._routes import Ttl, check_declared_length, created_response
 

@@ -28,7 +28,8 @@ from ..ingest import MAX_KEY_BYTES, now_ms, parse_ascii_int, parse_content_type,
 from ..retention import CONFIRMATIONS, DELETED
 from ._context import Ctx
 from ._deps import Access, Service
-from ._ingest import ID_HEADER, Received, build_manifest, commit_or_discard
+from ._ingest import ID_HEADER, build_manifest, commit_or_discard
+from ._receive import Received
 from ._responses import AccountUsage, Confirmed, Stored
 from ._routes import Ttl, created_response
 from ._routes_raw import HEADER_FIELD, SHA256_FIELD, TopicParam, parse_sha256, parse_stored_headers

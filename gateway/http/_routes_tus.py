@@ -84,7 +84,8 @@ from ..tus import (
 )
 from ._context import Context, Ctx
 from ._deps import Access, AppSettings, Uploads
-from ._ingest import Received, build_manifest, publish
+from ._ingest import build_manifest, publish
+from ._receive import Received
 from ._responses import headers_only
 
 router = APIRouter(prefix="/uploads", tags=["resumable uploads (tus 1.0)"])

@@ -11,7 +11,6 @@ import asyncio
 import logging
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import ParamSpec, TypeVar
@@ -22,10 +21,8 @@ from client.protocol import (
     ProtocolError,
     Topic,
     data_key,
-    encode_level,
     index_key,
     meta_key,
-    topic_prefix,
 )
 from client.tracing import message_attributes
 
@@ -42,10 +39,12 @@ from ..core import (
 )
 from ..retention import Hold, Retention
 from ..storage import ObjectStore, StoreError, SupportsAsyncRead, SupportsAsyncWrite
+from ._cache import ManifestCache
 from ._manifests import ManifestRepository
 from ._payload_stream import PayloadStream, abandon, read_on_loop
 from ._pipe import StreamingUpload
 from ._small import SMALL_PAYLOAD, SmallUpload
+from ._topics import MAX_KEY_BYTES
 
 #: What `begin_upload` hands back: both take the body with `write`, then `finish` or `abort`.
 Upload = StreamingUpload | SmallUpload
@@ -55,40 +54,9 @@ log = logging.getLogger("gateway")
 P = ParamSpec("P")
 T = TypeVar("T")
 
-OVERSIZED_SUFFIX = "+oversized"
-MAX_KEY_BYTES = 1024  # S3's limit on object keys
-MAX_LEVEL_BYTES = 255  # one file name on the file store (NAME_MAX)
-# After the topic: "date=YYYY-MM-DD/hour=HH/" + 32-hex token + ".meta.json".
-_KEY_TAIL = len("date=2026-01-01/hour=00/") + 32 + len(".meta.json")
-
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-def parse_topic(raw: str, *, max_bytes: int) -> Topic:
-    """A topic from a URL path segment; 400 with a reason when unusable.
-
-    Each level becomes one segment of the object key (percent-encoded, `_layout`), and on
-    the file store one file name: a level longer than 255 bytes once encoded (NAME_MAX on
-    every common file system) is refused on every store, so a topic works on both or
-    neither, and the whole key must fit S3's 1024 bytes.
-    """
-    topic = Topic(raw)  # raises InvalidTopic (400) for empty, wildcards, NUL
-    if topic.value.startswith("$"):
-        raise BadRequest(f"topic {raw!r}: topics starting with '$' are reserved for the broker")
-    if len(topic.value.encode("utf-8")) > max_bytes:
-        raise BadRequest(f"topic longer than {max_bytes} bytes")
-    for number, level in enumerate(topic.levels, 1):
-        encoded = len(encode_level(level))
-        if encoded > MAX_LEVEL_BYTES:
-            raise BadRequest(
-                f"topic level {number} is {encoded} bytes once percent-encoded for the "
-                f"object key; at most {MAX_LEVEL_BYTES}"
-            )
-    if len(topic_prefix(topic)) + _KEY_TAIL > MAX_KEY_BYTES:
-        raise BadRequest(f"topic too long: its object keys would exceed {MAX_KEY_BYTES} bytes")
-    return topic
 
 
 def message_id_from_headers(headers: Sequence[tuple[str, bytes]]) -> MessageId | None:
@@ -102,43 +70,6 @@ def message_id_from_headers(headers: Sequence[tuple[str, bytes]]) -> MessageId |
 class Stored:
     manifest: Manifest
     created: bool  # False: an identical earlier upload was found (idempotent retry)
-
-
-class ManifestCache:
-    """Recently read manifests, so a download costs one store request instead of two.
-
-    Manifests never change once written; only deletion matters. Entries live `ttl`
-    seconds, a local delete evicts at once, and a delete by another replica or the sweeper
-    shows as a missing payload (404) when it is read, unless the payload object is shared
-    with another message of the account (gateway/retention): then a replica that read the
-    deleted message serves it for up to `ttl` seconds more, never an expired one. Only
-    hits are kept: an unknown id is always looked up again.
-    """
-
-    def __init__(self, size: int = 4096, ttl: float = 10.0) -> None:
-        self._entries: OrderedDict[MessageId, tuple[float, Manifest]] = OrderedDict()
-        self._size = size
-        self._ttl = ttl
-
-    def get(self, message_id: MessageId) -> Manifest | None:
-        entry = self._entries.get(message_id)
-        if entry is None:
-            return None
-        stamp, manifest = entry
-        if time.monotonic() - stamp > self._ttl:
-            del self._entries[message_id]
-            return None
-        self._entries.move_to_end(message_id)
-        return manifest
-
-    def put(self, manifest: Manifest) -> None:
-        self._entries[manifest.id] = (time.monotonic(), manifest)
-        self._entries.move_to_end(manifest.id)
-        while len(self._entries) > self._size:
-            self._entries.popitem(last=False)
-
-    def evict(self, message_id: MessageId) -> None:
-        self._entries.pop(message_id, None)
 
 
 class OffloadService:

@@ -15,25 +15,23 @@ from typing import BinaryIO
 import urllib3
 from minio import Minio
 from minio.commonconfig import ComposeSource
-from minio.credentials.credentials import Credentials
 from minio.error import MinioException, S3Error
-from minio.helpers import MAX_MULTIPART_COUNT, MAX_PART_SIZE, MIN_PART_SIZE, DictType
+from minio.helpers import MAX_MULTIPART_COUNT, MAX_PART_SIZE, MIN_PART_SIZE
 
 from ._async_http import AsyncStoreHttp, Body
 from ._base import ObjectInfo, StoreError, Versioned
 from ._buffers import Load, PartBuffers, Plan, part_size_under_load, plan
 from ._chain import concat_by_streaming
-from ._checksums import HEADER as CHECKSUM_HEADER
 from ._checksums import crc32c_header
 from ._checksums import probe as probe_checksums
 from ._http import pool_manager
 from ._multipart import put_parallel
+from ._probes import conditional_create, conditional_replace
 from ._s3_direct import S3Direct
+from ._sdk import _Minio
 from ._versioned import s3_read, s3_write
 
 log = logging.getLogger("gateway.storage")
-
-_PROBE_PREFIX = "probes/conditional-create-"
 
 # Under the gateway's 1 MiB mmap threshold, so a download's pieces reuse heap memory; the
 # gateway reads several per thread hop (gateway/ingest/_payload_stream.py, bench/RESULTS.md).
@@ -41,41 +39,6 @@ _READ_PIECE = 256 * 1024
 
 # Failures that mean "the store is not usable right now" rather than a bug of ours.
 _UNAVAILABLE = (MinioException, urllib3.exceptions.HTTPError, OSError, ValueError)
-
-
-class _Minio(Minio):
-    """The MinIO SDK without its MD5 of every request body over TLS.
-
-    Over https the SDK signs `UNSIGNED-PAYLOAD` and then hashes each body with MD5 for a
-    `Content-MD5` header: 1.5 CPU-s per GiB here, 2.5 times the SHA-256 it signs with over
-    plain http (bench/RESULTS.md, "Request signing"). TLS already protects the bytes in
-    transit and the manifest's SHA-256 (checked by every consumer) covers them end to end;
-    S3 asks for Content-MD5 only on calls this store never makes (DeleteObjects, bucket
-    configuration) and on buckets with Object Lock retention, which cannot hold offloaded
-    messages anyway (their expiry deletes them). Plain http keeps the signed SHA-256.
-    """
-
-    def _build_headers(
-        self,
-        host: str,
-        headers: DictType | None = None,
-        body: bytes | None = None,
-        creds: Credentials | None = None,
-    ) -> tuple[DictType, datetime.datetime]:
-        if body and creds is not None and (headers or {}).get(CHECKSUM_HEADER):
-            # The store verifies the body's CRC-32C (gateway.storage._checksums): sign
-            # UNSIGNED-PAYLOAD rather than hash the body with SHA-256 (or MD5) again.
-            built, date = super()._build_headers(host, headers, None, creds)
-            built["Content-Length"] = str(len(body))
-            built["x-amz-content-sha256"] = "UNSIGNED-PAYLOAD"
-            return built, date
-        skip = bool(body) and creds is not None and self._base_url.is_https
-        if not skip or (headers or {}).get("Content-MD5"):
-            return super()._build_headers(host, headers, body, creds)
-        marked: DictType = {**(headers or {}), "Content-MD5": "-"}  # "already there"
-        built, date = super()._build_headers(host, marked, body, creds)
-        del built["Content-MD5"]  # removed before signing: never sent
-        return built, date
 
 
 class S3Store:
@@ -188,8 +151,8 @@ class S3Store:
                 raise StoreError(f"cannot create bucket {self.bucket!r}: {exc}") from exc
         except _UNAVAILABLE as exc:
             raise StoreError(f"object store unreachable: {exc}") from exc
-        self._probe_conditional_create()
-        self._probe_conditional_replace()
+        conditional_create(self, self.bucket)
+        conditional_replace(self, self.bucket)
         if self._checksums is None:
             why_not = probe_checksums(self._client, self.bucket)
             self._checksums = why_not is None
@@ -225,47 +188,6 @@ class S3Store:
             log.info("small writes go through the SDK: a presigned PUT's checksum answers %s",
                      answers)  # fmt: skip
         return verified
-
-    def _probe_conditional_create(self) -> None:
-        """Log an error when the store ignores `If-None-Match: *` (ids become last-writer-wins)."""
-        key = f"{_PROBE_PREFIX}{uuid.uuid4().hex}"
-        try:
-            first = self.create_bytes(key, b"1")
-            second = self.create_bytes(key, b"2")
-        except StoreError as exc:
-            log.warning("could not probe conditional writes on %r: %s", self.bucket, exc)
-            return
-        finally:
-            with contextlib.suppress(StoreError):
-                self.delete(key)
-        if first and second:
-            log.error(
-                "the object store ignores If-None-Match: * on PUT: two uploads racing for one "
-                "message id cannot be told apart (the last one wins); use a store that "
-                "supports conditional writes (AWS S3, MinIO, Ceph RGW, SeaweedFS)"
-            )
-
-    def _probe_conditional_replace(self) -> None:
-        """Log an error when the store ignores `If-Match` on PUT: the retention state
-        (gateway/retention) then loses writes that race."""
-        key = f"{_PROBE_PREFIX}{uuid.uuid4().hex}"
-        try:
-            first = self.write_versioned(key, b"1", version=None)
-            stale = self.write_versioned(key, b"2", version="0" * 32)
-            current = self.write_versioned(key, b"3", version=first) if first else None
-        except StoreError as exc:
-            log.warning("could not probe conditional replaces on %r: %s", self.bucket, exc)
-            return
-        finally:
-            with contextlib.suppress(StoreError):
-                self.delete(key)
-        if stale is not None or current is None:
-            log.error(
-                "the object store does not honour If-Match on PUT: replicas updating one "
-                "account's ledger or a payload's record at once can lose each other's "
-                "changes; use a store that supports conditional writes (AWS S3, MinIO, "
-                "Ceph RGW, SeaweedFS)"
-            )
 
     def put_stream(
         self, key: str, reader: BinaryIO, length: int, content_type: str | None = None
