@@ -55,7 +55,8 @@ def link_payload(
 
     Raises:
         UploadError: the gateway refused the login or the access (401/403): an upload
-            would be refused alike, so the caller reports it as it would the upload's.
+            would be refused alike, so the caller reports it as it would the upload's; or
+            it did not answer within the client's timeout (the upload is not tried).
     """
     url = f"{raw_upload_url(endpoint, message_id)}/link"
     params: dict[str, str | int] = {"topic": topic}
@@ -66,6 +67,10 @@ def link_payload(
     fields += list(trace.pairs()) if trace is not None else []
     try:
         status, body = _exchange(http, "POST", url, params=params, headers=fields, auth=auth)
+    except httpx.TimeoutException as exc:
+        # A gateway that does not answer within http_timeout would not answer the upload
+        # either: waiting for it again would cost the caller its timeout twice.
+        raise UploadError(url, f"the link question got no answer: {exc!r}") from exc
     except (httpx.HTTPError, ScramFailure) as exc:
         log.info("link of %s not asked (%r): uploading", message_id, exc)
         return None
