@@ -164,7 +164,7 @@ def _ends(server: ProxyServer) -> tuple[TcpSocket, TcpSocket]:
     return device, proxy
 
 
-@pytest.mark.parametrize("path", ["stream"])
+@pytest.mark.parametrize("path", ["stream", "link"])
 @pytest.mark.parametrize("login", [True, False], ids=["scram", "anonymous"])
 def test_a_device_that_left_has_its_upload_abandoned(
     stack: Stack,
@@ -179,7 +179,8 @@ def test_a_device_that_left_has_its_upload_abandoned(
     left: nothing stored, nothing published, no `offloaded`, and its thread ended then,
     not at the timeout. `stream`: the upload streams (dedup off): with SCRAM its body never
     went (the login's probe waited); anonymously it went at once, and its connection is
-    reset, so the gateway keeps nothing.
+    reset, so the gateway keeps nothing. `link`: a payload under the dedup bound is read
+    whole and the gateway asked to link it first: that call's connection is reset too.
 
     The device's whole PUBLISH is in the proxy's socket before it is killed (its send queue
     empty: 512 KiB fit the proxy's buffers), so its FIN follows at once.
