@@ -74,7 +74,7 @@ def ends_within(call: Callable[[], Any], timeout: float, slack: float = SLACK) -
 
 
 #: `st` values of /proc/net/tcp (Linux's include/net/tcp_states.h).
-TIME_WAIT, LISTEN = 6, 10
+ESTABLISHED, TIME_WAIT, LISTEN = 1, 6, 10
 
 
 @dataclass(frozen=True)
@@ -100,6 +100,12 @@ def tcp_sockets(port: int) -> list[TcpSocket]:
                     unsent = int(fields[4].split(":")[0], 16)
                     found.append(TcpSocket(local, remote, int(fields[3], 16), unsent))
     return found
+
+
+def written(pid: int) -> int:
+    """Bytes process `pid` has written so far, to sockets as to files (/proc/<pid>/io)."""
+    with open(f"/proc/{pid}/io") as io:
+        return next(int(line.split()[1]) for line in io if line.startswith("wchar:"))
 
 
 class Trickler:

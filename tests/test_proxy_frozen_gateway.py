@@ -11,6 +11,8 @@ placeholder once the gateway resumed).
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import signal
 import subprocess
@@ -24,8 +26,11 @@ from typing import Any
 import pytest
 from test_proxy import MiB, PahoPeer, start_proxy
 
+from proxy import _departure
+
 from _auth import AUTH_SECRET, credential_files
 from _frozen import (
+    ESTABLISHED,
     LISTEN,
     TIME_WAIT,
     TcpSocket,
@@ -33,6 +38,7 @@ from _frozen import (
     ends_within,
     frozen,
     tcp_sockets,
+    written,
 )
 from _gateway import GatewayProcess
 from _proxy import ProxyServer
@@ -215,6 +221,63 @@ def test_a_device_that_left_has_its_upload_abandoned(
     assert watcher.messages == []
     assert stack.stored() == before
     assert server.metric("offload_proxy_uploads") == 0
+    watcher.close()
+
+
+def test_a_device_gone_with_its_publish_half_sent_gets_nothing_published(
+    stack: Stack,
+    proxy_for: Callable[..., ProxyServer],
+    tmp_path: Path,
+    unique_topic: Callable[[str], str],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The device is killed while the gateway is frozen with part of its 4 MiB PUBLISH in
+    its kernel's send queue (the proxy stopped reading: its upload's channel is full): that
+    socket sends its FIN only after the rest, so the proxy's side stays ESTABLISHED and the
+    departure cannot be seen. When the gateway resumes, the rest and then the FIN arrive and
+    the upload ends (201): the proxy looks once more before it publishes, and publishes
+    nothing (before: the placeholder went out for the device gone, unless the departure
+    watch happened to look in between; here it looks only when the upload starts). The
+    payload stays in the store until its TTL (the PUBLISH's Message Expiry Interval): the
+    gateway has no deletion for its uploader."""
+    caplog.set_level(logging.INFO, logger="proxy")
+    monkeypatch.setattr(_departure, "POLL", 3600.0)
+    server = proxy_for(60.0)
+    topic, size, expiry = unique_topic("frozen/half"), 4 * MiB, 600
+    payload = tmp_path / "payload.bin"
+    payload.write_bytes(os.urandom(size))
+    watcher = PahoPeer(stack.broker.port)
+    watcher.subscribe(stack.broker, topic)
+    before = set(stack.stored())
+    with frozen(stack.pid):
+        device = subprocess.Popen(
+            [*_pub(server.port, topic, payload, "5", login=True),
+             "-D", "publish", "message-expiry-interval", str(expiry)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        # Its CONNECT and the PUBLISH's header are more than the topic: it is all written.
+        wait_until(lambda: written(device.pid) >= size + len(topic), "the PUBLISH written", 20)
+        time.sleep(0.5)  # the proxy takes what its buffers hold, then nothing more
+        assert _ends(server)[0].unsent > 0, "the proxy took it all: make the payload larger"
+        device.send_signal(signal.SIGKILL)
+        device.wait(10)
+        time.sleep(0.5)
+        assert _ends(server)[1].state == ESTABLISHED  # the FIN waits behind the rest
+    wait_until(
+        lambda: server.metric("offload_proxy_offload_failures_total", why="client-left") == 1,
+        "the offload abandoned once stored",
+        20,
+    )
+    time.sleep(0.5)
+    assert watcher.messages == []
+    assert server.metric("offload_proxy_offloaded_total") == 0
+    assert server.metric("offload_proxy_uploaded_bytes_total") == size
+    (index,) = (p for p in set(stack.stored()) - before if p.parent.name == "ids")
+    expires = json.loads(index.read_text())["expires"] / 1000
+    assert time.time() < expires <= time.time() + expiry
+    (line,) = (r for r in caplog.records if r.getMessage().startswith("offload abandoned"))
+    assert getattr(line, "id", None) == index.stem
     watcher.close()
 
 
