@@ -7,6 +7,12 @@ left (issue 51: a frozen gateway, mosquitto_pub killed after 119 s, the placehol
 published when the gateway resumed). The kernel knows, though: the connection has left
 ESTABLISHED once the client's FIN or RST came. :func:`departure` looks, every
 :data:`POLL` seconds, for as long as such an upload lasts.
+
+It knows only once the FIN came: a client that dies with part of its PUBLISH unsent (the
+proxy stopped reading it, the upload's channel full while the gateway takes nothing) has
+its FIN sent after that part, which the proxy reads only once the gateway takes the upload
+again. Such a departure shows at the upload's end, so :func:`left` is looked at once more
+before anything is published for the client (:func:`proxy._inbound._unless_left`).
 """
 
 from __future__ import annotations
@@ -38,7 +44,8 @@ def left(writer: asyncio.StreamWriter) -> bool:
     return bool(info) and info[0] != _ESTABLISHED
 
 
-async def departure(writer: asyncio.StreamWriter, poll: float = POLL) -> None:
-    """Return once the client of `writer` has left (:func:`left`)."""
+async def departure(writer: asyncio.StreamWriter) -> None:
+    """Return once the client of `writer` has left (:func:`left`), looked at every
+    :data:`POLL` seconds."""
     while not left(writer):
-        await asyncio.sleep(poll)
+        await asyncio.sleep(POLL)

@@ -59,10 +59,9 @@ class TransferFailed(ProxyError):
         0x80 only where a resend may succeed (no answer, 408, 5xx); 0x97 for 429 (too
         many at once: later) and a 413 naming the account's stored-bytes quota (given by
         the caller: deleting payloads makes room); 0x87 for a login or access the gateway
-        refused (401, 403);
-        0x83 for any other refusal of the request itself (413: over the gateway's size
-        limit, 431: properties over its head limit, 400), which the same PUBLISH always
-        gets. 0x95 (Packet too large) is no PUBACK/PUBREC reason code in MQTT 5.
+        refused (401, 403); 0x83 for any other refusal of the request itself (413: over
+        the gateway's size limit, 431: properties over its head limit, 400), which the same
+        PUBLISH always gets. 0x95 (Packet too large) is no PUBACK/PUBREC reason code in MQTT 5.
         """
         if self._reason is not None:
             return self._reason

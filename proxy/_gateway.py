@@ -198,7 +198,8 @@ class GatewayLink:
     many there are. An upload given up by the loop (its client left, an error) has its
     connection cut off at once (:class:`proxy._gateway_calls.Wire`), so its thread ends
     then, not at the HTTP timeout: uploads go over connections of their own for that (a
-    connection is a small cost beside a payload over the broker's limit).
+    connection is a small cost beside a payload over the broker's limit), and so do the
+    calls an offload waits on (:meth:`call` with `cut_off`: the dedup's link).
     """
 
     def __init__(
@@ -210,8 +211,13 @@ class GatewayLink:
     ) -> None:
         self._http = HttpTransport(timeout=timeout, verify=verify)
         self._timeout = timeout
+        # The calls that may be cut off (:meth:`call`) each name their Wire on their thread.
+        self._wires = threading.local()
         self._uploads = httpx.Client(
-            timeout=timeout, verify=verify, limits=httpx.Limits(max_keepalive_connections=0)
+            timeout=timeout,
+            verify=verify,
+            limits=httpx.Limits(max_keepalive_connections=0),
+            event_hooks={"request": [self._on_wire]},
         )
         self._threads = Threads()
         self._idle = idle
@@ -231,11 +237,43 @@ class GatewayLink:
         self._http.close()
         self._uploads.close()
 
-    async def call(self, fn: Callable[[httpx.Client], R]) -> R:
+    async def call(self, fn: Callable[[httpx.Client], R], *, cut_off: bool = False) -> R:
         """`fn` with the link's HTTP client, on a worker thread of its own (a short
-        request: the retention calls of :mod:`proxy._lifecycle`)."""
+        request: the retention calls of :mod:`proxy._lifecycle`).
+
+        With `cut_off` (a call a device's offload waits on: the dedup's link), its requests
+        go over connections of their own and, when the loop gives the call up (the device
+        left), are cut off as an upload's are (:class:`proxy._gateway_calls.Wire`): its
+        thread does not wait for a silent gateway until the timeout.
+        """
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._threads, functools.partial(fn, self._http.client))
+        if not cut_off:
+            return await loop.run_in_executor(
+                self._threads, functools.partial(fn, self._http.client)
+            )
+        wire = Wire()
+        job = loop.run_in_executor(self._threads, functools.partial(self._wired, fn, wire))
+        try:
+            return await job
+        except BaseException:
+            wire.cut()
+            job.add_done_callback(_retrieved)
+            raise
+
+    def _wired(self, fn: Callable[[httpx.Client], R], wire: Wire) -> R:
+        """(worker thread) `fn` over connections of its own that `wire` learns."""
+        self._wires.wire = wire
+        try:
+            return fn(self._uploads)
+        finally:
+            self._wires.wire = None
+
+    def _on_wire(self, request: httpx.Request) -> None:
+        """(worker thread) httpx's request hook: the requests of a call that may be cut off
+        (the SCRAM login's legs too) tell its :class:`Wire` their connection."""
+        wire: Wire | None = getattr(self._wires, "wire", None)
+        if wire is not None:
+            request.extensions["trace"] = wire.trace
 
     async def upload(
         self,

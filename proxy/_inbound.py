@@ -22,7 +22,7 @@ from typing import Any
 from client import UploadError
 from client.protocol import MessageId, TraceContext
 
-from ._departure import departure
+from ._departure import departure, left
 from ._exceptions import (
     FINAL_REASONS,
     IMPLEMENTATION_SPECIFIC,
@@ -376,6 +376,13 @@ async def _unless_left(
     waits for no answer: its client may close right after it (mosquitto_pub does, with a
     DISCONNECT), and what it sent is offloaded as a broker would publish it.
 
+    The watch looks every :data:`proxy._departure.POLL` seconds, and a client's departure
+    may show only once its whole PUBLISH is in (a client killed with part of it unsent: its
+    kernel sends the FIN after the rest, which the proxy reads when the gateway takes it
+    again), so a stored payload is looked at once more: the client that left by then gets
+    nothing published either, and its payload stays in the store until its TTL (the
+    gateway has no deletion for its uploader).
+
     Raises:
         PeerGone: the client left first.
     """
@@ -387,10 +394,17 @@ async def _unless_left(
         for pending in (task, watch):
             pending.cancel()
         await asyncio.wait((task, watch))  # the upload's channel aborted, its link cut
-    if not task.cancelled():
-        return task.result()
+    if task.cancelled():
+        log.info("offload abandoned: the client left before its answer")
+    else:
+        stored = task.result()
+        if not left(conn.client_writer):
+            return stored
+        log.info(
+            "offload abandoned: the client left before its answer, its payload stored",
+            extra={"id": str(stored.message_id)},  # kept until it expires
+        )
     services.metrics.failed.labels(why="client-left").inc()
-    log.info("offload abandoned: the client left before its answer")
     raise PeerGone("the client left while its PUBLISH was offloaded")
 
 

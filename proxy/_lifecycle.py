@@ -111,7 +111,8 @@ class Lifecycle:
             lambda http: link_payload(
                 http, endpoint, topic, sha256=sha256, size=len(payload),
                 message_id=message_id, headers=stored, auth=auth, ttl=ttl, trace=trace,
-            )
+            ),
+            cut_off=True,  # the device that leaves meanwhile has it abandoned
         )  # fmt: skip
         return None if url is None else Stored(url, len(payload), sha256, message_id)
 

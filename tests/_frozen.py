@@ -73,6 +73,41 @@ def ends_within(call: Callable[[], Any], timeout: float, slack: float = SLACK) -
     return ended
 
 
+#: `st` values of /proc/net/tcp (Linux's include/net/tcp_states.h).
+ESTABLISHED, TIME_WAIT, LISTEN = 1, 6, 10
+
+
+@dataclass(frozen=True)
+class TcpSocket:
+    """One TCP socket of this host as /proc/net/tcp shows it: its ports, its state, and the
+    bytes written to it that its peer has not acknowledged (sent or not)."""
+
+    local: int
+    remote: int
+    state: int
+    unsent: int
+
+
+def tcp_sockets(port: int) -> list[TcpSocket]:
+    """The TCP sockets of this host with either end on `port` (IPv4 and IPv6)."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as lines:
+            for line in list(lines)[1:]:
+                fields = line.split()
+                local, remote = (int(f.rsplit(":", 1)[1], 16) for f in fields[1:3])
+                if port in (local, remote):
+                    unsent = int(fields[4].split(":")[0], 16)
+                    found.append(TcpSocket(local, remote, int(fields[3], 16), unsent))
+    return found
+
+
+def written(pid: int) -> int:
+    """Bytes process `pid` has written so far, to sockets as to files (/proc/<pid>/io)."""
+    with open(f"/proc/{pid}/io") as io:
+        return next(int(line.split()[1]) for line in io if line.startswith("wchar:"))
+
+
 class Trickler:
     """A peer that answers, but a byte every `every` seconds: `answers` reads each request
     whole (by its Content-Length) and sends `201 Created` so; `reads` takes the request

@@ -11,6 +11,8 @@ placeholder once the gateway resumed).
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import signal
 import subprocess
@@ -19,12 +21,25 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_proxy import MiB, PahoPeer, start_proxy
 
+from proxy import _departure
+
 from _auth import AUTH_SECRET, credential_files
-from _frozen import Trickler, ends_within, frozen
+from _frozen import (
+    ESTABLISHED,
+    LISTEN,
+    TIME_WAIT,
+    TcpSocket,
+    Trickler,
+    ends_within,
+    frozen,
+    tcp_sockets,
+    written,
+)
 from _gateway import GatewayProcess
 from _proxy import ProxyServer
 from _servers import Mosquitto, wait_until
@@ -84,8 +99,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 def proxy_for(stack: Stack) -> Iterator[Callable[..., ProxyServer]]:
     started: list[ProxyServer] = []
 
-    def start(http_timeout: float) -> ProxyServer:
-        server = start_proxy(stack.broker, stack.gateway, http_timeout=http_timeout)  # type: ignore[arg-type]
+    def start(http_timeout: float, **settings: Any) -> ProxyServer:
+        server = start_proxy(stack.broker, stack.gateway, http_timeout=http_timeout, **settings)  # type: ignore[arg-type]
         started.append(server)
         return server
 
@@ -147,47 +162,122 @@ def test_a_device_gets_its_answer_within_the_proxys_timeout(
     watcher.close()
 
 
+def _ends(server: ProxyServer) -> tuple[TcpSocket, TcpSocket]:
+    """The device's socket to the proxy and the proxy's to it (one device at a time here)."""
+    sockets = [s for s in tcp_sockets(server.port) if s.state not in (LISTEN, TIME_WAIT)]
+    (device,) = (s for s in sockets if s.remote == server.port)
+    (proxy,) = (s for s in sockets if s.local == server.port)
+    return device, proxy
+
+
+@pytest.mark.parametrize("path", ["stream", "link"])
 @pytest.mark.parametrize("login", [True, False], ids=["scram", "anonymous"])
 def test_a_device_that_left_has_its_upload_abandoned(
     stack: Stack,
     proxy_for: Callable[..., ProxyServer],
-    big: Path,
+    tmp_path: Path,
     unique_topic: Callable[[str], str],
     login: bool,
+    path: str,
 ) -> None:
-    """The device leaves (killed) while its upload waits on the frozen gateway, long before
-    the proxy's timeout; the gateway then resumes. The upload was abandoned when the device
-    left: nothing stored, nothing published, no `offloaded`. With SCRAM the body never
+    """The device leaves (killed) while its offload waits on the frozen gateway, long before
+    the proxy's timeout; the gateway then resumes. The offload was abandoned when the device
+    left: nothing stored, nothing published, no `offloaded`, and its thread ended then,
+    not at the timeout. `stream`: the upload streams (dedup off): with SCRAM its body never
     went (the login's probe waited); anonymously it went at once, and its connection is
-    reset, so the gateway keeps nothing."""
-    server = proxy_for(60.0)
+    reset, so the gateway keeps nothing. `link`: a payload under the dedup bound is read
+    whole and the gateway asked to link it first: that call's connection is reset too.
+
+    The device's whole PUBLISH is in the proxy's socket before it is killed (its send queue
+    empty: 512 KiB fit the proxy's buffers), so its FIN follows at once.
+    """
+    server = proxy_for(60.0, dedup_bytes=0 if path == "stream" else MiB)
     topic = unique_topic("frozen/left")
+    payload = tmp_path / "payload.bin"
+    payload.write_bytes(os.urandom(MiB // 2))
     watcher = PahoPeer(stack.broker.port)
     watcher.subscribe(stack.broker, topic)
     before, threads = stack.stored(), _links()
     with frozen(stack.pid):
         device = subprocess.Popen(
-            _pub(server.port, topic, big, "5", login),
+            _pub(server.port, topic, payload, "5", login),
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
-        wait_until(
-            lambda: server.metric("offload_proxy_uploaded_bytes_total") > 0, "the upload began", 20
-        )
-        time.sleep(0.5)
+        wait_until(lambda: _links() > threads, "the gateway call under way", 20)
+        wait_until(lambda: _ends(server)[0].unsent == 0, "the whole PUBLISH in the proxy", 20)
         device.send_signal(signal.SIGKILL)
         device.wait(10)
         wait_until(
             lambda: server.metric("offload_proxy_offload_failures_total", why="client-left") == 1,
-            "the upload abandoned",
+            "the offload abandoned",
             5,
         )
         # Its connection was cut: its thread does not wait for the gateway or the timeout.
-        wait_until(lambda: _links() <= threads, "the upload's thread ended", 5)
+        wait_until(lambda: _links() <= threads, "the gateway call's thread ended", 5)
     time.sleep(2.0)  # the gateway resumed: whatever it was sent, it has now
     assert server.metric("offload_proxy_offloaded_total") == 0
+    streamed = server.metric("offload_proxy_uploaded_bytes_total")
+    assert streamed > 0 if path == "stream" else streamed == 0
     assert watcher.messages == []
     assert stack.stored() == before
     assert server.metric("offload_proxy_uploads") == 0
+    watcher.close()
+
+
+def test_a_device_gone_with_its_publish_half_sent_gets_nothing_published(
+    stack: Stack,
+    proxy_for: Callable[..., ProxyServer],
+    tmp_path: Path,
+    unique_topic: Callable[[str], str],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The device is killed while the gateway is frozen with part of its 4 MiB PUBLISH in
+    its kernel's send queue (the proxy stopped reading: its upload's channel is full): that
+    socket sends its FIN only after the rest, so the proxy's side stays ESTABLISHED and the
+    departure cannot be seen. When the gateway resumes, the rest and then the FIN arrive and
+    the upload ends (201): the proxy looks once more before it publishes, and publishes
+    nothing (before: the placeholder went out for the device gone, unless the departure
+    watch happened to look in between; here it looks only when the upload starts). The
+    payload stays in the store until its TTL (the PUBLISH's Message Expiry Interval): the
+    gateway has no deletion for its uploader."""
+    caplog.set_level(logging.INFO, logger="proxy")
+    monkeypatch.setattr(_departure, "POLL", 3600.0)
+    server = proxy_for(60.0)
+    topic, size, expiry = unique_topic("frozen/half"), 4 * MiB, 600
+    payload = tmp_path / "payload.bin"
+    payload.write_bytes(os.urandom(size))
+    watcher = PahoPeer(stack.broker.port)
+    watcher.subscribe(stack.broker, topic)
+    before = set(stack.stored())
+    with frozen(stack.pid):
+        device = subprocess.Popen(
+            [*_pub(server.port, topic, payload, "5", login=True),
+             "-D", "publish", "message-expiry-interval", str(expiry)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        # Its CONNECT and the PUBLISH's header are more than the topic: it is all written.
+        wait_until(lambda: written(device.pid) >= size + len(topic), "the PUBLISH written", 20)
+        time.sleep(0.5)  # the proxy takes what its buffers hold, then nothing more
+        assert _ends(server)[0].unsent > 0, "the proxy took it all: make the payload larger"
+        device.send_signal(signal.SIGKILL)
+        device.wait(10)
+        time.sleep(0.5)
+        assert _ends(server)[1].state == ESTABLISHED  # the FIN waits behind the rest
+    wait_until(
+        lambda: server.metric("offload_proxy_offload_failures_total", why="client-left") == 1,
+        "the offload abandoned once stored",
+        20,
+    )
+    time.sleep(0.5)
+    assert watcher.messages == []
+    assert server.metric("offload_proxy_offloaded_total") == 0
+    assert server.metric("offload_proxy_uploaded_bytes_total") == size
+    (index,) = (p for p in set(stack.stored()) - before if p.parent.name == "ids")
+    expires = json.loads(index.read_text())["expires"] / 1000
+    assert time.time() < expires <= time.time() + expiry
+    (line,) = (r for r in caplog.records if r.getMessage().startswith("offload abandoned"))
+    assert getattr(line, "id", None) == index.stem
     watcher.close()
 
 
