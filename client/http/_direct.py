@@ -23,6 +23,7 @@ import math
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -69,6 +70,15 @@ def _spans(size: int, part: int) -> list[tuple[int, int]]:
     return [(offset, min(part, size - offset)) for offset in range(0, size, part)]
 
 
+@dataclass(frozen=True)
+class PartDigests:
+    """A payload's SHA-256 and its direct parts': `part` bytes each (the last shorter)."""
+
+    sha256: str
+    part: int
+    parts: tuple[str, ...]
+
+
 class DirectUploader:
     """Uploads payloads straight to the store through a gateway's grants.
 
@@ -97,6 +107,7 @@ class DirectUploader:
         auth: httpx.Auth | None = None,
         ttl: int | None = None,
         trace: TraceContext | None = None,
+        digests: PartDigests | None = None,
     ) -> UploadReceipt:
         """Grant, parallel part PUTs, commit; the stored message's receipt.
 
@@ -112,6 +123,9 @@ class DirectUploader:
             trace: the upload's trace context: `traceparent` / `tracestate` headers on
                 the grant and the commit (the gateway's requests), never on the parts
                 (the store's).
+            digests: the payload's and its parts' SHA-256s when :meth:`digest` took them
+                already (a dedup's link question needs the payload's first): the payload
+                is not read again for them.
 
         Raises:
             DirectUnsupported: the gateway has no direct transfers (fall back).
@@ -123,8 +137,12 @@ class DirectUploader:
         spans = _spans(source.size, part)
         with ThreadPoolExecutor(self._concurrency, thread_name_prefix="offload-direct") as pool:
             reader = _Reader(source)
-            sha256, hashes = reader.hashes(source, spans, pool, self._concurrency)
-            request = _grant_request(source.size, sha256, part, hashes, message_id, ttl)
+            if digests is None or digests.part != part:
+                digests = self._digest(reader, spans, part, pool)
+            sha256 = digests.sha256
+            request = _grant_request(
+                source.size, sha256, part, list(digests.parts), message_id, ttl
+            )
             grant = self._post(
                 f"{base}/direct/grant/{topic_path(topic)}",
                 request,
@@ -142,6 +160,23 @@ class DirectUploader:
                 raise
         self._commit(base, grant["grant"], etags, headers, auth, traced)
         return UploadReceipt(message_id, f"{base}/msg/{message_id}", source.size, sha256)
+
+    def digest(self, source: PayloadSource) -> PartDigests:
+        """The payload's SHA-256 and its parts' as :meth:`upload` cuts them, in one read of
+        it (the payload's is left in `source`'s cache too)."""
+        part = part_size_for(source.size, self._part_size)
+        with ThreadPoolExecutor(self._concurrency, thread_name_prefix="offload-direct") as pool:
+            return self._digest(_Reader(source), _spans(source.size, part), part, pool)
+
+    def _digest(
+        self,
+        reader: _Reader,
+        spans: Sequence[tuple[int, int]],
+        part: int,
+        pool: ThreadPoolExecutor,
+    ) -> PartDigests:
+        sha256, hashes = reader.hashes(spans, pool, self._concurrency)
+        return PartDigests(sha256, part, tuple(hashes))
 
     def _commit(
         self,
@@ -261,7 +296,6 @@ class _Reader:
 
     def hashes(
         self,
-        source: PayloadSource,
         spans: Sequence[tuple[int, int]],
         pool: ThreadPoolExecutor,
         held: int,
@@ -276,6 +310,7 @@ class _Reader:
         A second read for the whole digest made a publish's progress bar show a third pass
         over the file (`publish 3/3`).
         """
+        source = self._source
         whole = hashlib.sha256() if source._sha256 is None else None
         parts: list[Future[str]] = []
         for offset, length in spans:

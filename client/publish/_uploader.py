@@ -14,7 +14,7 @@ import httpx
 from ..core._exceptions import UploadError
 from ..core._source import PayloadSource
 from ..core._tracing import DISABLED, Span, Tracing
-from ..http._direct import DirectUnsupported, DirectUploader
+from ..http._direct import DirectUnsupported, DirectUploader, PartDigests
 from ..http._retention import link_payload
 from ..http._transport import HttpTransport, UploadReceipt
 from ..protocol import MessageId, http_origin
@@ -83,6 +83,7 @@ class PayloadUploader:
         props = send.properties
         headers = [(k, v.encode()) for k, v in (props.user_properties if props else ())]
         attempt = 0
+        digests: PartDigests | None = None
         while True:
             span = _spans.start_upload(
                 self._tracing,
@@ -95,10 +96,16 @@ class PayloadUploader:
             try:
                 with span:
                     if linkable and isinstance(source, PayloadSource) and self._dedup:
+                        # The link question needs the payload's SHA-256: a direct upload
+                        # after it takes its parts' in that same read of the payload.
+                        if digests is None and self._direct_store() is not None:
+                            digests = self._direct.digest(source)
                         linked = self._link(endpoint, send, source, message_id, headers, span)
                         if linked is not None:
                             return linked
-                    return self._upload_once(endpoint, send, source, message_id, headers, span)
+                    return self._upload_once(
+                        endpoint, send, source, message_id, headers, span, digests
+                    )
             except UploadError as exc:
                 # A dropped connection or a 5xx may have stored the payload or not: the
                 # same id again is safe (the gateway answers an identical re-upload with
@@ -149,13 +156,16 @@ class PayloadUploader:
         message_id: MessageId,
         headers: list[tuple[str, bytes]],
         span: Span,
+        digests: PartDigests | None = None,
     ) -> str:
         """One upload attempt: direct when the store is advertised, else through the
         gateway; its span's context goes with every request to the gateway."""
         props = send.properties
         try:
             if isinstance(source, PayloadSource):
-                receipt = self._direct_upload(endpoint, send, source, message_id, span.context)
+                receipt = self._direct_upload(
+                    endpoint, send, source, message_id, span.context, digests
+                )
                 if receipt is not None:
                     return receipt.url
             return self._transport.upload(
@@ -181,6 +191,7 @@ class PayloadUploader:
         source: PayloadSource,
         message_id: MessageId,
         trace: TraceContext | None,
+        digests: PartDigests | None,
     ) -> UploadReceipt | None:
         """Upload straight to the store when the endpoint advertises it; None: use the proxy."""
         store = self._direct_store()
@@ -198,6 +209,7 @@ class PayloadUploader:
                 auth=self._http_auth,
                 ttl=props.message_expiry_interval if props else None,
                 trace=trace,
+                digests=digests,
             )
         except DirectUnsupported as exc:  # an older gateway, or a store out of reach
             log.info("direct upload unavailable (%s); uploading through the gateway", exc)
