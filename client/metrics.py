@@ -24,7 +24,7 @@ import contextlib
 import os
 from typing import TYPE_CHECKING
 
-from .protocol import address_key
+from .protocol import address_key as _address_key
 
 if TYPE_CHECKING:  # annotations only: the module's namespace is what __all__ lists
     import socket
@@ -118,7 +118,7 @@ async def serve(
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         nonlocal active
         peer = writer.get_extra_info("peername")
-        key = address_key(str(peer[0])) if isinstance(peer, tuple) and peer else ""
+        key = _address_key(str(peer[0])) if isinstance(peer, tuple) and peer else ""
         if active >= _MAX_CONNECTIONS or held[key] >= _PER_ADDRESS:
             writer.close()
             return
