@@ -88,7 +88,7 @@ def objects(store: Minio, bucket: str) -> list[str]:
     return sorted(
         o.object_name
         for o in store.list_objects(bucket, recursive=True)
-        if o.object_name and not o.object_name.startswith("probes/")
+        if o.object_name and not o.object_name.startswith(("probes/", "blobs/"))
     )
 
 
