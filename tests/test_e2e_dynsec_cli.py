@@ -6,10 +6,15 @@
 finds HTTP Basic by itself where the gateway takes it (HTTPS), and over plain HTTP its line
 names `OFFLOAD_HTTP_LOGIN=basic`. A role without the discovery topic is told why no gateway
 is found, once, by `offload publish` (which then chunks) and `offload discover`.
+
+The offer of Basic tells the names such entries have: curl asking for one name after another
+is held after 50 questions a minute, as a Basic guesser is, while the default login (the
+offer, then Basic) is never held back however often it runs.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -201,3 +206,72 @@ def test_a_role_without_the_discovery_topic_is_told_why(fleet: Fleet, big: Path)
     )
     assert seen.returncode == 0, seen.stderr
     assert json.loads(seen.stdout)["LargeMessageUploadEndpoint"] == fleet.https.url
+
+
+def _client_first(user: str) -> str:
+    from scramp import ScramClient
+
+    first = ScramClient(["SCRAM-SHA-512"], user, "x").get_client_first()
+    return "SCRAM-SHA-512 data=" + base64.b64encode(first.encode()).decode()
+
+
+def curl(fleet: Fleet, address: str, *args: str) -> list[tuple[int, str]]:
+    """curl from ``address`` to the HTTPS gateway's /usage: each answer's status and the
+    schemes its WWW-Authenticate offers (the first's, when it offers several)."""
+    done = subprocess.run(
+        ["curl", "-sS", "-i", "--max-time", "20", "--interface", address,
+         "--cacert", str(fleet.ca), *args, f"{fleet.https.url}/usage"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    heads = done.stdout.replace("\r\n", "\n").split("\n\n")
+    answers = []
+    for head in (part for part in heads if part.startswith("HTTP/")):
+        offered = [
+            line.partition(":")[2].split()[0]
+            for line in head.splitlines()
+            if line.lower().startswith("www-authenticate:")
+        ]
+        answers.append((int(head.split()[1]), offered[0] if offered else ""))
+    return answers
+
+
+def test_an_enumerator_of_user_names_gets_429_as_a_basic_guesser_does(fleet: Fleet) -> None:
+    """The gateway's offer of Basic tells which names have an entry SCRAM cannot use (every
+    mosquitto_ctrl client). curl asking, name after name, from one address gets 50 answers
+    a minute, then 429 whoever it names, as 50 failed Basic logins would (without the
+    charge all 60 are answered, the cameras told from the others); from there a Basic guess
+    is held too (only the Basic login a question invited settles it). curl at another
+    address logs in as before: with --anyauth (the 401, then Basic) and with Basic at once."""
+    asked = ["cam1", "cam2", "gateway", "nobody", "admin-not", "cam9"] * 10
+    attacker = "127.0.61.1"
+    answers = [curl(fleet, attacker, "-H", f"Authorization: {_client_first(user)}")[-1]
+               for user in asked]  # fmt: skip
+    told = answers[:50]
+    known = [offered == "Basic" for _, offered in told]
+    assert known == [user.startswith(("cam1", "cam2", "gateway")) for user in asked[:50]]
+    assert all(status == 401 for status, _ in told), told
+    assert answers[50:] == [(429, "")] * 10, answers[50:]
+    assert curl(fleet, attacker, "-u", "admin:pw-cam1") == [(429, "")]
+    anyauth = curl(fleet, "127.0.0.1", "--anyauth", "-u", "cam1:pw-cam1")
+    assert anyauth == [(401, "SCRAM-SHA-512"), (200, "")], anyauth  # 401 (no credentials), Basic
+    assert curl(fleet, "127.0.0.1", "-u", "cam2:pw-cam2") == [(200, "")]
+
+
+def test_the_default_logins_fallback_to_basic_is_never_held_back(fleet: Fleet) -> None:
+    """A mosquitto_ctrl client logging in again and again from one address, each time with
+    a new Client (as each `offload publish` is): its SCRAM client-first is charged, and the
+    Basic login the offer invites settles it, so the 51st and the 100th get in too."""
+    from client import Client
+
+    for n in range(100):
+        with Client(
+            fleet.dyn.broker.url,
+            username="cam1",
+            password="pw-cam1",
+            endpoint=fleet.https.url,
+            ca_file=str(fleet.ca),
+            offload_threshold=1,
+        ) as camera:
+            result = camera.publish("cams/again", f"upload {n}".encode(), qos=1)
+            assert result.route == "offloaded", (n, result)

@@ -8,8 +8,11 @@ per client address, the failed-login limits. One user holds at most
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import shutil
 import socket
+import ssl
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -24,8 +27,15 @@ from test_auth_hardening import _scram_status
 
 from gateway.middleware._forwarded import client_address
 
-from _auth import AUTH_SECRET, credential_files
+from _auth import (
+    AUTH_SECRET,
+    broker_readable_dir,
+    credential_files,
+    write_acl_file,
+    write_password_file,
+)
 from _gateway import GatewayProcess, GatewayServer
+from _pki import server_pki
 from _servers import Mosquitto, SeaweedFS, wait_until
 
 USERS = {"writer": "w-secret-1", "writer2": "w-secret-2"}
@@ -321,3 +331,60 @@ def test_one_user_dripping_uploads_holds_only_its_share_of_the_transfers(
     finally:
         for drip in drips:
             drip.close()
+
+
+def _asks(client: httpx.Client, user: str) -> int:
+    """A SCRAM client-first alone: the question an enumerator of user names asks."""
+    from scramp import ScramClient
+
+    first = ScramClient(["SCRAM-SHA-512"], user, "x").get_client_first()
+    header = "SCRAM-SHA-512 data=" + base64.b64encode(first.encode()).decode()
+    return client.get("/usage", headers={"Authorization": header}).status_code
+
+
+def test_an_enumerator_behind_the_proxy_is_held_alone(tmp_path: Path) -> None:
+    """Over TLS the gateway takes Basic, and its answer to a SCRAM client-first tells which
+    names have an entry SCRAM cannot use (`weak`, 101 iterations): each question is charged
+    to the address as a failed login is. Behind a trusted hop that is the device's
+    forwarded address: the one asking gets 429 after 50, the device whose name it asked
+    about logs in from behind the same hop with the default login (the offer, then Basic),
+    and so does a client at the hop's own address."""
+    from client import gateway_auth
+    from gateway import Settings
+
+    directory = broker_readable_dir("offload-forwarded-tls-")
+    try:
+        write_password_file(directory / "passwd", [("weak", "weak-pw", 101)])
+        write_acl_file(directory / "acl", "user weak\ntopic readwrite data/#\n")
+        with server_pki() as pki:
+            settings = Settings(  # type: ignore[call-arg]
+                storage_url=f"file://{tmp_path}",
+                password_file=directory / "passwd",
+                acl_file=directory / "acl",
+                auth_secret=AUTH_SECRET,
+                trusted_proxies="127.0.0.1",
+                tls=True,
+            )
+            gw = GatewayServer(
+                settings, certfile=str(pki / "server.pem"), keyfile=str(pki / "server.key")
+            ).start()
+            trust = ssl.create_default_context(cafile=str(pki / "ca.pem"))
+            try:
+                with httpx.Client(base_url=gw.url, verify=trust, timeout=30) as hop:
+                    hop.headers["X-Forwarded-For"] = "10.0.0.1"
+                    asked = [_asks(hop, ("weak", f"nobody-{n}")[n % 2]) for n in range(55)]
+                    assert asked == [401] * 50 + [429] * 5, asked
+                    for device in ("10.0.0.2", None):
+                        hop.headers.pop("X-Forwarded-For", None)
+                        if device is not None:
+                            hop.headers["X-Forwarded-For"] = device
+                        auth = gateway_auth(username="weak", password="weak-pw", token=None)
+                        stored = hop.put(
+                            f"/msg/{uuid.uuid4()}", params={"topic": "data/x"}, content=b"x",
+                            auth=auth,
+                        )  # fmt: skip
+                        assert stored.status_code == 201, (device, stored.text)
+            finally:
+                gw.stop()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)

@@ -15,7 +15,8 @@ Schemes:
   cannot do SCRAM (``$6$``, or fewer than 4096 iterations) fail it like a wrong password over
   plain HTTP; where Basic is taken (TLS) their client-first gets a 401 offering Basic alone,
   so that a client can find the way in (`Authenticator._basic_instead` says why that tells
-  nothing Basic does not). The log names them and the fix.
+  nothing Basic does not, at no lower price: there every client-first is charged to its
+  address until the login's next step). The log names them and the fix.
 * ``Basic``, only when the gateway is reached over TLS (``tls=True``): the password then
   crosses the wire, which plain HTTP must not carry. Works for every user in the file and is
   the only way in for the users SCRAM cannot serve. Sent over plain HTTP it is refused with a
@@ -176,6 +177,7 @@ class Authenticator:
             clock=clock,
             sid_lifetime=sid_lifetime,
             instead=self._basic_instead,
+            paid_ahead=self._takes_basic,
         )
         self._offer(
             passwords=password_file is not None or dynsec_file is not None,
@@ -346,7 +348,9 @@ class Authenticator:
 
     def _authenticate(self, authorization: str, client: str) -> Authenticated | Challenge:
         refuse = self._throttle.refuse
-        blocked = self._throttle.blocked(client, None)
+        # Failures only: a login's next step must settle its first leg before the charges
+        # count (`_throttle`), or logins under way at the limit could never finish.
+        blocked = self._throttle.blocked(client, None, charges=False)
         if blocked is not None:
             return blocked
         try:
@@ -378,18 +382,24 @@ class Authenticator:
             return self._basic(credentials.token68, client)
         return self._bearer(credentials.token68, client)
 
+    def _takes_basic(self) -> bool:
+        return "Basic" in self.mechanisms
+
     def _basic_instead(self, user: str) -> Challenge | None:
         """The answer to a SCRAM client-first for a user whose entry cannot do SCRAM, when
         this gateway takes HTTP Basic (over TLS): a 401 offering Basic alone, so that a
         client finds the way that works (the offload client's default login does). None
         otherwise: over plain HTTP such a user gets decoys, as an unknown one does.
 
-        It tells who has such an entry, which Basic over TLS tells anyway by its timing
-        (101 PBKDF2 rounds against the 4096 an unknown user's check costs), as the broker
-        does by its CONNECT timing (mosquitto hashes nothing for an unknown user); it never
-        tells an unknown user from a SCRAM-capable one.
+        It tells who has such an entry, which Basic over TLS tells too, by its timing (101
+        PBKDF2 rounds against the 4096 an unknown user's check costs), as the broker does
+        by its CONNECT timing (mosquitto hashes nothing for an unknown user); it never
+        tells an unknown user from a SCRAM-capable one. Asking costs what a failed Basic
+        login costs: here every client-first is charged to its address until the login's
+        next step settles it (`_throttle`), so a caller that only asks gets 429 as soon as
+        one guessing Basic passwords would.
         """
-        if "Basic" not in self.mechanisms or not self._credentials.scram_impossible(user):
+        if not self._takes_basic() or not self._credentials.scram_impossible(user):
             return None
         return Challenge(
             401,
@@ -406,6 +416,7 @@ class Authenticator:
             return refuse(f"Basic: {exc}", client=client, detail=_BASIC_SHAPE)
         if not sep or not user:
             return refuse("Basic without user:password", client=client, detail=_BASIC_SHAPE)
+        self._throttle.settle(client, user)  # the step a Basic offer invites (if one was made)
         blocked = self._throttle.blocked(client, user)
         if blocked is not None:
             return blocked

@@ -1,6 +1,7 @@
-"""Bounded, expiring bookkeeping: failed-attempt limits and the used-sid set. No I/O.
+"""Bounded, expiring bookkeeping: failed-attempt limits, attempts paid ahead and the used-sid
+set. No I/O.
 
-Both are fed from the network, so both have a hard size cap and forget by time; neither can
+All are fed from the network, so all have a hard size cap and forget by time; none can
 grow without bound however much junk arrives. Time comes from an injected clock.
 """
 
@@ -9,7 +10,8 @@ from __future__ import annotations
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 
 class FailureLimiter:
@@ -46,18 +48,24 @@ class FailureLimiter:
         Args:
             key: e.g. ``"user:alice"`` or ``"addr:192.0.2.1"``.
         """
+        return wait_below(self._limit, self._clock(), [self.standing(key)])
+
+    def standing(self, key: str) -> tuple[int, float]:
+        """``key``'s failures in its window and when the window ends; (0, 0.0) without one.
+
+        Args:
+            key: as for :meth:`retry_after`.
+        """
         now = self._clock()
         with self._lock:
             entry = self._counts.get(key)
             if entry is None:
-                return None
+                return 0, 0.0
             start, count = entry
             if now - start >= self._window:
                 del self._counts[key]
-                return None
-            if count < self._limit:
-                return None
-            return max(1, math.ceil(start + self._window - now))
+                return 0, 0.0
+            return count, start + self._window
 
     def failed(self, key: str) -> None:
         """Count one failed attempt for ``key``."""
@@ -78,6 +86,132 @@ class FailureLimiter:
     def __len__(self) -> int:
         with self._lock:
             return len(self._counts)
+
+
+def wait_below(limit: int, now: float, standings: Sequence[tuple[int, float]]) -> int | None:
+    """Whole seconds until the counts add up to less than ``limit``, None when they do now.
+
+    Args:
+        limit: the sum that blocks.
+        now: the clock's reading.
+        standings: (count, the time it drops to 0) each, as `FailureLimiter.standing` gives.
+    """
+    live = sorted((end, count) for count, end in standings if end > now)
+    total = sum(count for _, count in live)
+    if total < limit:
+        return None
+    for end, count in live:  # each window over in turn, the earliest first
+        total -= count
+        if total < limit:
+            return max(1, math.ceil(end - now))
+    raise AssertionError("unreachable: with every window over nothing is counted")
+
+
+@dataclass(slots=True)
+class _Charged:
+    generation: int  # which window of its key: tickets name the window they were charged in
+    start: float
+    count: int = 0
+
+
+class Charges:
+    """Attempts paid ahead: counted per key in fixed windows, each under a ticket, until a
+    later step of the same attempt (same key, same ticket) settles it.
+
+    A settle that finds nothing owed on its ticket leaves a credit there (at most
+    ``credit``), which the ticket's next charge uses up: an attempt whose steps reach two
+    processes (replicas, workers) settles on one what it was charged on the other, and
+    the two even out. A ticket is good for its key's window only; a settle alone opens no
+    window (only what was charged in one can be taken back).
+
+    Kept apart from `FailureLimiter`'s keys so that charges, which every login under way
+    makes, never push out the failures of a key (each map forgets its least recently
+    touched entry beyond ``capacity``). Thread-safe.
+    """
+
+    def __init__(
+        self, *, window: float, capacity: int, credit: int, clock: Callable[[], float]
+    ) -> None:
+        """Set up with nothing charged.
+
+        Args:
+            window: seconds a key's window lasts, from its first charge.
+            capacity: most keys, and most tickets, tracked at once.
+            credit: most settles a ticket may hold ahead of its charges.
+            clock: seconds, monotonic or wall clock.
+        """
+        if window <= 0 or capacity < 1 or credit < 0:
+            raise ValueError("window and capacity must be positive, credit at least 0")
+        self._window = window
+        self._capacity = capacity
+        self._credit = credit
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._counts: OrderedDict[str, _Charged] = OrderedDict()
+        # (key, ticket) -> (the key's window generation, charges owed; below 0: credit)
+        self._tickets: OrderedDict[tuple[str, str], tuple[int, int]] = OrderedDict()
+        self._generations = 0
+
+    def charge(self, key: str, ticket: str) -> None:
+        """Count one attempt for ``key`` paid ahead under ``ticket`` (or use its credit)."""
+        with self._lock:
+            entry = self._window_of(key, open_one=True)
+            assert entry is not None
+            owed = self._owed(key, ticket, entry)
+            if owed >= 0:
+                entry.count += 1
+            self._keep(key, ticket, entry, owed + 1)
+
+    def settle(self, key: str, ticket: str) -> None:
+        """Take back one charge of ``ticket`` under ``key``: its attempt took the next step."""
+        with self._lock:
+            entry = self._window_of(key, open_one=False)
+            if entry is None:
+                return
+            owed = self._owed(key, ticket, entry)
+            if owed > 0:
+                entry.count -= 1
+            self._keep(key, ticket, entry, max(owed - 1, -self._credit))
+
+    def standing(self, key: str) -> tuple[int, float]:
+        """``key``'s charges in its window and when the window ends; (0, 0.0) without one."""
+        with self._lock:
+            entry = self._window_of(key, open_one=False)
+            return (entry.count, entry.start + self._window) if entry else (0, 0.0)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._counts)
+
+    @property
+    def tickets(self) -> int:
+        """Tickets tracked."""
+        with self._lock:
+            return len(self._tickets)
+
+    def _window_of(self, key: str, *, open_one: bool) -> _Charged | None:
+        now = self._clock()
+        entry = self._counts.pop(key, None)
+        if entry is not None and now - entry.start >= self._window:
+            entry = None
+        if entry is None and open_one:
+            self._generations += 1
+            entry = _Charged(self._generations, now)
+        if entry is not None:
+            self._counts[key] = entry
+            while len(self._counts) > self._capacity:
+                self._counts.popitem(last=False)
+        return entry
+
+    def _owed(self, key: str, ticket: str, entry: _Charged) -> int:
+        kept = self._tickets.pop((key, ticket), None)
+        return kept[1] if kept is not None and kept[0] == entry.generation else 0
+
+    def _keep(self, key: str, ticket: str, entry: _Charged, owed: int) -> None:
+        if owed:
+            self._tickets[(key, ticket)] = (entry.generation, owed)
+            while len(self._tickets) > self._capacity:
+                self._tickets.popitem(last=False)
 
 
 class ReplayGuard:

@@ -52,6 +52,7 @@ class ScramExchange:
         clock: Callable[[], float],
         sid_lifetime: float,
         instead: Callable[[str], Challenge | None] = lambda user: None,
+        paid_ahead: Callable[[], bool] = lambda: False,
     ) -> None:
         """Wire the exchange to its key source and bookkeeping.
 
@@ -59,6 +60,9 @@ class ScramExchange:
             keys_for: a user's SCRAM keys (decoys for unknown users).
             instead: the answer to a client-first for a user SCRAM cannot serve, when the
                 gateway may say so (another scheme to use); None to go on with decoys.
+            paid_ahead: whether a client-first is charged to its address until the
+                login's next step settles it (`Throttle.charge`): where the gateway may
+                answer `instead`, every client-first tells something a failed login tells.
             secret: seals and opens sids; the same on every replica.
             throttle: counts failures and blocks guessers.
             replays: the finals already accepted, until their sid expires.
@@ -67,6 +71,7 @@ class ScramExchange:
         """
         self._keys_for = keys_for
         self._instead = instead
+        self._paid_ahead = paid_ahead
         self._secret = secret
         self._throttle = throttle
         self._replays = replays
@@ -104,6 +109,8 @@ class ScramExchange:
         blocked = self._throttle.blocked(client, user)
         if blocked is not None:
             return blocked
+        if self._paid_ahead():  # the offer and the server-first alike: one tells the other
+            self._throttle.charge(client, user)
         instead = self._instead(user)
         if instead is not None:
             return instead
@@ -124,6 +131,9 @@ class ScramExchange:
         replay_key = hashlib.sha256(state.server_nonce.encode("utf-8")).hexdigest()
         if self._replays.seen(replay_key):
             return self._throttle.refuse("SCRAM final replayed", client=client, user=state.user)
+        # The exchange's next step: its first leg is paid for from here on by what this
+        # one costs (checked after, so that logins under way at the limit still finish).
+        self._throttle.settle(client, state.user)
         blocked = self._throttle.blocked(client, state.user)
         if blocked is not None:
             return blocked
