@@ -156,8 +156,15 @@ class Watchdog:
         return count
 
     def watch(self, response: httpx.Response) -> None:
-        """The socket to shut down is now `response`'s (shut at once if already cut off)."""
-        why = self.attach(_socket_of(response))
+        """The socket to shut down is now `response`'s (shut at once if already cut off).
+
+        One the response does not name stays watched: the one the transport handed over
+        before the head (:data:`ON_SOCKET`). urllib3's connection lets go of its socket
+        when the answer says `Connection: close` (http.client hands it to the response),
+        and forgetting the known one for that let such an answer trickle on unwatched.
+        """
+        sock = _socket_of(response)
+        why = self.attach(sock) if sock is not None else self.cut_off
         if why is not None:
             raise self._error(self._url, why) from TimeoutError(why)
 
