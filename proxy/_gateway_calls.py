@@ -182,6 +182,8 @@ class PayloadGet:
                     out.put(piece)
         except httpx.HTTPError as exc:
             raise TransferFailed(f"fetch of {self.url} broke off: {type(exc).__name__}") from exc
+        if count != self.size:  # closed early (http.client's readinto says no more than that)
+            raise TransferFailed(f"fetch of {self.url} broke off after {count} bytes")
         with watchdog.aside():
             out.put(Fetched(count, digest.hexdigest()))
 

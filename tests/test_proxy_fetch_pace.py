@@ -214,3 +214,33 @@ def test_a_device_that_reads_slowly_is_not_charged_to_the_gateways_pace(
         assert cut_off(proxy, "payload") == 0
     finally:
         proxy.stop()
+
+
+def test_a_body_cut_short_is_a_failed_fetch_not_the_publishers_lie(
+    gateway_factory: Callable[..., GatewayServer], broker: Mosquitto,
+    unique_topic: Callable[[str], str], relayed: list[TricklingRelay],
+) -> None:  # fmt: skip
+    """The gateway's answer ends cleanly 1,000 bytes into its body (what a connection the
+    pace shut down also gives a read): the fetch broke off, which says nothing about the
+    placeholder, so it is not remembered as a lie (a redelivery is fetched again)."""
+    relay = TricklingRelay(methods=frozenset({"GET"}), cut_after=1000)
+    relayed.append(relay)
+    trickling_gateway(gateway_factory, broker, relay)
+    proxy = paced_proxy(broker, relay.url, max_shared_bytes=0)
+    topic = unique_topic("cut-short")
+    devices = subscribers(proxy, broker, topic, 1)
+    try:
+        pub = subprocess.run(
+            ["mosquitto_pub", "-p", str(proxy.port), "-t", topic, "-q", "1", "-s"],
+            input=bytes(SIZE), capture_output=True, timeout=60,
+        )  # fmt: skip
+        assert pub.returncode == 0, pub.stderr.decode()
+        wait_until(lambda: relay.seen.started == 1, "the GET", WITHIN)
+        wait_until(lambda: proxy.metric("offload_proxy_fetches") == 0, "the fetch slot back", 5)
+        assert proxy.call(lambda: len(proxy.proxy.services.poisoned)) == 0
+        assert proxy.metric("offload_proxy_placeholders_passed_total", why="mismatch") == 0
+        assert cut_off(proxy, "payload") == 0  # broke off, not slow
+    finally:
+        for device in devices:
+            device.close()
+        proxy.stop()
