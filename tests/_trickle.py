@@ -39,7 +39,8 @@ class TricklingRelay:
     bytes a second (their head at once when `head_at_once`, else trickled too); every
     other answer at once. With `cut_after`, such an answer is not trickled: its head and
     that many bytes of its body go at once, then the connection is closed (cleanly: a
-    body cut short, not a reset).
+    body cut short, not a reset). With `trickled`, only that many such answers are
+    trickled (or cut short); the later ones pass at once.
     """
 
     def __init__(
@@ -50,6 +51,7 @@ class TricklingRelay:
         rate: float = 5.0,
         head_at_once: bool = False,
         cut_after: int | None = None,
+        trickled: int | None = None,
     ) -> None:
         self.upstream_port = 0
         self.methods = methods
@@ -57,6 +59,7 @@ class TricklingRelay:
         self.rate = rate
         self.head_at_once = head_at_once
         self.cut_after = cut_after
+        self.trickled = trickled
         self.port = free_port()
         self.seen = Trickled()
         self._lock = threading.Lock()
@@ -102,7 +105,7 @@ class TricklingRelay:
                 _pump(server, client)
                 return
             server.sendall(_closing(head))
-            if method.decode() in self.methods and self.path.encode() in target:
+            if self._slowed(method, target):
                 if self.cut_after is None:
                     self._trickle(server, client)
                 else:
@@ -111,6 +114,13 @@ class TricklingRelay:
                 _pump(server, client)
         _close(client)
         _close(server)
+
+    def _slowed(self, method: bytes, target: bytes) -> bool:
+        """Whether this answer is trickled (or cut short)."""
+        if method.decode() not in self.methods or self.path.encode() not in target:
+            return False
+        with self._lock:
+            return self.trickled is None or self.seen.started < self.trickled
 
     def _trickle(self, server: socket.socket, client: socket.socket) -> None:
         with self._lock:

@@ -17,6 +17,7 @@ bytes and the flights come back.
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -243,4 +244,41 @@ def test_a_body_cut_short_is_a_failed_fetch_not_the_publishers_lie(
     finally:
         for device in devices:
             device.close()
+        proxy.stop()
+
+
+def test_another_devices_fetch_goes_on_while_one_trickles(
+    gateway_factory: Callable[..., GatewayServer], broker: Mosquitto,
+    unique_topic: Callable[[str], str], relayed: list[TricklingRelay],
+) -> None:  # fmt: skip
+    """The first GET trickles (its head at once), the later ones pass at once. While the
+    first device's fetch trickles, a second device (another address, another topic) gets
+    its own payload whole; the first then gets its placeholder, cut off at the floor (5 s
+    here, so that the second fetch falls within it)."""
+    relay = TricklingRelay(methods=frozenset({"GET"}), head_at_once=True, trickled=1)
+    relayed.append(relay)
+    trickling_gateway(gateway_factory, broker, relay)
+    proxy = paced_proxy(broker, relay.url, max_shared_bytes=0, fetch_deadline=5.0)
+    slow_topic, other_topic = unique_topic("trickled-one"), unique_topic("whole-other")
+    slow = subscribers(proxy, broker, slow_topic, 1)[0]
+    other = PahoPeer(proxy.port, bind_address=address(1))
+    other.subscribe(broker, other_topic, qos=1)
+    payload = random.randbytes(SIZE)
+    try:
+        for topic, body in ((slow_topic, bytes(SIZE)), (other_topic, payload)):
+            pub = subprocess.run(
+                ["mosquitto_pub", "-p", str(proxy.port), "-t", topic, "-q", "1", "-s"],
+                input=body, capture_output=True, timeout=60,
+            )  # fmt: skip
+            assert pub.returncode == 0, pub.stderr.decode()
+            wait_until(lambda: relay.seen.started == 1, "the trickled GET", WITHIN)
+        wait_until(lambda: other.messages, "the other device's payload", WITHIN)
+        assert other.messages[0].payload == payload
+        assert not slow.messages and relay.seen.hung_up == 0  # still trickling meanwhile
+        wait_until(lambda: slow.messages, "the placeholder", WITHIN)
+        assert json.loads(slow.messages[0].payload)["size"] == SIZE
+        assert cut_off(proxy, "payload") == 1
+    finally:
+        slow.close()
+        other.close()
         proxy.stop()
