@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from .config._load import load_settings
     from .config._settings import ClientSettings
     from .core._message import Message, MessageError, Payload, PublishResult, Route
+    from .http._deadline import Pace, Watchdog
     from .http._retention import confirm_payload, link_payload
     from .http._scram import BearerAuth, ScramAuth, gateway_auth
     from .http._transport import HttpTransport
@@ -69,6 +70,8 @@ _LAZY = {
     "ClientSettings": ".config._settings",
     "load_settings": ".config._load",
     "HttpTransport": ".http._transport",
+    "Pace": ".http._deadline",
+    "Watchdog": ".http._deadline",
     "Message": ".core._message",
     "MessageError": ".core._message",
     "Payload": ".core._message",
@@ -132,6 +135,7 @@ __all__ = [
     "MqttConnection",
     "NoMatchingIdentity",
     "OffloadError",
+    "Pace",
     "Payload",
     "PayloadChecksumMismatch",
     "PayloadDecodeError",
@@ -148,6 +152,7 @@ __all__ = [
     "TransferError",
     "UntrustedEndpoint",
     "UploadError",
+    "Watchdog",
     "chunk_encoding",
     "confirm_payload",
     "gateway_auth",

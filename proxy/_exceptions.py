@@ -75,6 +75,12 @@ class TransferFailed(ProxyError):
         return UNSPECIFIED_ERROR
 
 
+class CutOff(TransferFailed):
+    """A gateway or store answered a fetch's request (a HEAD, a payload GET, the gateway's
+    record) slower than the fetches' pace (`fetch_deadline`, then `fetch_min_rate`): its
+    connection was shut down (counted in `offload_proxy_fetches_cut_off`)."""
+
+
 class PayloadMismatch(TransferFailed):
     """The gateway holds another payload under a placeholder's URL than the placeholder
     names (another size or SHA-256): a lie of the placeholder's publisher, found out before

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import functools
 import hashlib
+import logging
 import ssl
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -26,10 +27,10 @@ from urllib.parse import quote
 
 import httpx
 
-from client import HttpTransport, gateway_auth
+from client import HttpTransport, Pace, gateway_auth
 from client.protocol import MessageId, Origin, Placeholder, TraceContext
 
-from ._exceptions import TransferFailed
+from ._exceptions import CutOff, TransferFailed
 from ._gateway_calls import (
     FETCH_PIECE,
     Fetched,
@@ -56,6 +57,7 @@ GATEWAY_HEAD = 64 * 1024
 #: gateway is ended by the read timeout first; this ends one that answers a byte at a time).
 ANSWER_TIMES = 1.5
 HEAD_ROOM = 8 * 1024
+log = logging.getLogger("proxy")
 
 
 def header_fields(headers: tuple[tuple[str, str], ...]) -> list[str]:
@@ -192,6 +194,13 @@ class GatewayLink:
     Args:
         timeout: seconds for connect and for each read or write.
         idle: seconds an upload waits for the client's next piece.
+        pace: how slow a fetch may be, whole (a `HEAD`, a payload `GET` with its redirect
+            and the store's record): `fetch_deadline` seconds of grace, then
+            `fetch_min_rate` on average, else its connection is shut down and it fails (a
+            gateway or store that trickles its answer holds no device, slot or spool past
+            it); None: only `timeout` per read.
+        cut_off: told each request the pace cut off (`head`, `payload`, `record`), from
+            the loop or a worker thread; it is logged here.
 
     A transfer's thread is its own (:class:`Threads`), so none waits for another's; the
     callers' admission limits (`max_uploads`, Wills included, and `max_fetches`) bound how
@@ -208,8 +217,12 @@ class GatewayLink:
         timeout: float,
         verify: ssl.SSLContext | bool = True,
         idle: float = 30.0,
+        pace: Pace | None = None,
+        cut_off: Callable[[str], None] = lambda request: None,
     ) -> None:
         self._http = HttpTransport(timeout=timeout, verify=verify)
+        self._pace = pace
+        self._cut_off = cut_off
         self._timeout = timeout
         # The calls that may be cut off (:meth:`call`) each name their Wire on their thread.
         self._wires = threading.local()
@@ -228,10 +241,18 @@ class GatewayLink:
         """(worker thread) The store a payload redirect from `gateway` may lead to."""
         if gateway not in self._stores:
             try:
-                self._stores[gateway] = declared_store(self._http.reader, gateway)
-            except TransferFailed:
+                self._stores[gateway] = declared_store(self._http.reader, gateway, self._pace)
+            except CutOff as exc:
+                self._cutting("record", exc)
                 return None  # asked again next time
+            except TransferFailed:
+                return None
         return self._stores[gateway]
+
+    def _cutting(self, request: str, exc: CutOff) -> None:
+        """(loop or worker thread) A `request` the pace cut off: counted, and why logged."""
+        self._cut_off(request)
+        log.warning("gateway answer too slow; cut off", extra={"why": str(exc)})
 
     async def aclose(self) -> None:
         self._http.close()
@@ -374,7 +395,7 @@ class GatewayLink:
         piece (larger for a fetch that nothing slow reads: fewer hops to the loop).
 
         Raises:
-            TransferFailed: another answer, another length, no answer.
+            TransferFailed: another answer, another length, no answer, behind the pace.
         """
         loop = asyncio.get_running_loop()
         channel: ToLoop[FetchItem] = ToLoop(loop, FETCH_DEPTH)
@@ -387,6 +408,8 @@ class GatewayLink:
             peer,
             trace.pairs() if trace is not None else (),
             piece,
+            self._pace,
+            functools.partial(self._cutting, "payload"),
         )
         job = loop.run_in_executor(self._threads, functools.partial(get.run, channel))
         job.add_done_callback(_retrieved)
@@ -408,13 +431,18 @@ class GatewayLink:
         (`HEAD`: :mod:`proxy._stat`); `peer` and `trace` as for :meth:`fetch`.
 
         Raises:
-            TransferFailed: no answer, or not 200 (the device may not read it, it is gone).
+            TransferFailed: no answer (none whole within the pace), or not 200 (the device
+                may not read it, it is gone).
         """
         traced = trace.pairs() if trace is not None else ()
         call = functools.partial(
-            payload_stat, self._http.reader, ref.payload_url, auth, peer, traced
+            payload_stat, self._http.reader, ref.payload_url, auth, peer, traced, self._pace
         )
-        return await asyncio.get_running_loop().run_in_executor(self._threads, call)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._threads, call)
+        except CutOff as exc:
+            self._cutting("head", exc)
+            raise
 
 
 def _retrieved(job: asyncio.Future[Any]) -> None:

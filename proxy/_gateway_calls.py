@@ -25,9 +25,10 @@ from typing import Any
 import httpcore
 import httpx
 
+from client import FetchError, Pace, Watchdog
 from client.protocol import QUOTA_HEADER, DiscoveryRecord, Origin, http_origin
 
-from ._exceptions import QUOTA_EXCEEDED, TransferFailed
+from ._exceptions import QUOTA_EXCEEDED, CutOff, TransferFailed
 from ._handoff import FromLoop, Stopped, ToLoop
 
 MAX_ERROR_BODY = 4096
@@ -67,20 +68,28 @@ def _detail(response: httpx.Response) -> str:
     return f"HTTP {response.status_code}: {text[:200]}"
 
 
-def declared_store(http: httpx.Client, gateway: Origin) -> Origin | None:
-    """The `DirectStore` of the gateway's own record (`GET /`); None: it declares none.
+def declared_store(http: httpx.Client, gateway: Origin, pace: Pace | None = None) -> Origin | None:
+    """The `DirectStore` of the gateway's own record (`GET /`), whole within `pace`
+    (asked inside a fetch: it must not outlast it); None: it declares none.
 
     Raises:
-        TransferFailed: no readable record (asked again next time).
+        TransferFailed: no readable record (asked again next time); CutOff: none within
+            the pace.
     """
+    url = f"{gateway}/"
     try:
-        with http.stream("GET", f"{gateway}/") as response:
-            body = _bounded(response, MAX_RECORD_BYTES + 1)
+        with Watchdog(url, pace) as watchdog:
+            request = watchdog.timing(http.build_request("GET", url))
+            with contextlib.closing(http.send(request, stream=True)) as response:
+                watchdog.watch(response)
+                body = _bounded(response, MAX_RECORD_BYTES + 1)
         if response.status_code != 200 or len(body) > MAX_RECORD_BYTES:
-            raise TransferFailed(f"the gateway's record at {gateway}/: HTTP {response.status_code}")
+            raise TransferFailed(f"the gateway's record at {url}: HTTP {response.status_code}")
         record = DiscoveryRecord.from_json(body)  # MalformedDiscoveryRecord is a ValueError
     except (httpx.HTTPError, ValueError) as exc:
-        raise TransferFailed(f"the gateway's record at {gateway}/: {exc!r}") from exc
+        raise TransferFailed(f"the gateway's record at {url}: {exc!r}") from exc
+    except FetchError as exc:  # behind the pace: cut off
+        raise CutOff(f"the gateway's record at {exc}") from exc
     return None if record.direct_store is None else http_origin(record.direct_store)
 
 
@@ -91,6 +100,11 @@ class PayloadGet:
     A payload redirect (direct transfers: the gateway answers with a presigned store URL) is
     followed once, without credentials, and only to the store the gateway declares
     (`store_of`, as the library does, client/http/_store_origin.py).
+
+    The whole GET, answer heads and redirect included, keeps `pace` (the library's fetch
+    pace: per-read timeouts never end an answer that trickles), else its connection is shut
+    down and it fails; time spent handing a piece to a loop that has no room for it yet
+    (a device taking its payload slowly) does not count.
     """
 
     http: httpx.Client
@@ -101,16 +115,22 @@ class PayloadGet:
     peer: str  # the receiving device's address (X-Forwarded-For; not sent to a store)
     traced: tuple[tuple[str, str], ...] = ()  # `traceparent` / `tracestate`, to the gateway
     piece: int = 0  # the most of the body in one piece (0: FETCH_PIECE)
+    pace: Pace | None = None  # how slow the whole GET may be (None: per-read timeouts only)
+    cut_off: Callable[[CutOff], None] = lambda exc: None  # (worker thread) when the pace did
 
     def run(self, out: ToLoop[FetchItem]) -> None:
         """Hand `out` :class:`Opened`, the body's pieces, then :class:`Fetched` (or a
         :class:`TransferFailed`, the last item)."""
         try:
-            self._exchange(out)
+            with Watchdog(self.url, self.pace) as watchdog:
+                self._exchange(out, watchdog)
         except Stopped:
             return  # the loop side gave up: nobody reads
         except TransferFailed as exc:
             failure = exc
+        except FetchError as exc:  # behind its pace: cut off
+            failure = CutOff(f"fetch of {exc}")
+            self.cut_off(failure)
         except Exception as exc:  # an auth flow's own error, a bad URL: never a dead thread
             failure = TransferFailed(f"fetch of {self.url} failed: {exc!r}")
         else:
@@ -118,44 +138,54 @@ class PayloadGet:
         with contextlib.suppress(Stopped):
             out.put(failure)
 
-    def _exchange(self, out: ToLoop[FetchItem]) -> None:
+    def _exchange(self, out: ToLoop[FetchItem], watchdog: Watchdog) -> None:
         url, http = self.url, self.http
         headers = {"Accept-Encoding": "identity", "X-Forwarded-For": self.peer, **dict(self.traced)}
-        request = http.build_request("GET", url, headers=headers)
+        request = watchdog.timing(http.build_request("GET", url, headers=headers))
         try:
             response = http.send(request, auth=self.auth or httpx.USE_CLIENT_DEFAULT, stream=True)
         except httpx.HTTPError as exc:
             raise TransferFailed(f"fetch of {url} failed: {type(exc).__name__}") from exc
         try:
+            watchdog.watch(response)
             location = response.headers.get("location")
             if response.status_code in REDIRECTS and location is not None:
                 target = response.url.join(location)
                 response.close()
-                response = _redirected(http, url, target, self.store_of)
+                response = _redirected(http, url, target, self.store_of, watchdog)
             if response.status_code != 200:
                 raise TransferFailed(_detail(response), response.status_code)
             if response.headers.get("content-length") != str(self.size):
                 raise TransferFailed(f"{url} does not declare the placeholder's size")
             if response.headers.get("content-encoding", "identity") != "identity":
                 raise TransferFailed(f"{url} answers with a content coding")
-            out.put(Opened())
-            self._body(response, out)
+            with watchdog.aside():
+                out.put(Opened())
+            self._body(response, out, watchdog)
         finally:
             response.close()
 
-    def _body(self, response: httpx.Response, out: ToLoop[FetchItem]) -> None:
+    def _body(self, response: httpx.Response, out: ToLoop[FetchItem], watchdog: Watchdog) -> None:
         digest = hashlib.sha256()
         count = 0
+        counted = watchdog.counting(None)
         try:
             for piece in _pieces(response, self.piece or FETCH_PIECE):
+                if watchdog.cut_off is not None:  # what the shut-down socket still gave
+                    raise TransferFailed(f"fetch of {self.url}: {watchdog.cut_off}")
                 count += len(piece)
                 if count > self.size:
                     raise TransferFailed(f"{self.url} sends more than the placeholder's size")
+                counted(count, None)
                 digest.update(piece)
-                out.put(piece)
+                with watchdog.aside():
+                    out.put(piece)
         except httpx.HTTPError as exc:
             raise TransferFailed(f"fetch of {self.url} broke off: {type(exc).__name__}") from exc
-        out.put(Fetched(count, digest.hexdigest()))
+        if count != self.size:  # closed early (http.client's readinto says no more than that)
+            raise TransferFailed(f"fetch of {self.url} broke off after {count} bytes")
+        with watchdog.aside():
+            out.put(Fetched(count, digest.hexdigest()))
 
 
 #: The most of a payload one fetch piece holds. A subscriber that reads slowly leaves its
@@ -180,9 +210,14 @@ def _pieces(response: httpx.Response, size: int = FETCH_PIECE) -> Iterator[bytes
 
 
 def _redirected(
-    http: httpx.Client, url: str, target: httpx.URL, store_of: Callable[[Origin], Origin | None]
+    http: httpx.Client,
+    url: str,
+    target: httpx.URL,
+    store_of: Callable[[Origin], Origin | None],
+    watchdog: Watchdog,
 ) -> httpx.Response:
-    """The store's answer for a payload redirect, if it leads to the declared store."""
+    """The store's answer for a payload redirect, if it leads to the declared store
+    (watched by the fetch's `watchdog` too)."""
     try:
         origin = http_origin(str(target))
     except ValueError as exc:
@@ -192,9 +227,15 @@ def _redirected(
     request = http.build_request("GET", target, headers={"Accept-Encoding": "identity"})
     request.headers.pop("Cookie", None)
     try:
-        return http.send(request, auth=None, stream=True)
+        response = http.send(watchdog.timing(request), auth=None, stream=True)
     except httpx.HTTPError as exc:
         raise TransferFailed(f"fetch of {target} failed: {type(exc).__name__}") from exc
+    try:
+        watchdog.watch(response)
+    except FetchError:
+        response.close()
+        raise
+    return response
 
 
 #: httpx trace events that hand over a new connection's stream (TCP, then TLS over it).

@@ -69,6 +69,16 @@ class Metrics:
             ["why"],
             registry=r,
         )
+        # A gateway or store that trickles its answer: the fetches' pace (fetch_deadline,
+        # fetch_min_rate) shut the request's connection (request: head, payload, record).
+        self.fetches_cut_off = Counter(
+            "offload_proxy_fetches_cut_off",
+            "gateway or store answers to the proxy's fetches cut off, slower than their pace",
+            ["request"],
+            registry=r,
+        )
+        for request in ("head", "payload", "record"):  # 0 is an answer
+            self.fetches_cut_off.labels(request=request)
         self.bytes_down = Counter(
             "offload_proxy_fetched_bytes", "payload bytes fetched for clients", registry=r
         )

@@ -23,7 +23,7 @@ import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from client import load_identities
+from client import Pace, load_identities
 from client.malloc import trim_malloc
 from client.metrics import certificate_expiry
 from client.protocol import address_key
@@ -93,7 +93,11 @@ class Proxy:
             ssl.create_default_context(cafile=str(settings.ca_file)) if settings.ca_file else True
         )
         self._gateway = GatewayLink(
-            timeout=settings.http_timeout, verify=verify, idle=settings.idle_timeout
+            timeout=settings.http_timeout,
+            verify=verify,
+            idle=settings.idle_timeout,
+            pace=Pace(settings.fetch_deadline, settings.fetch_min_rate),
+            cut_off=lambda request: self.metrics.fetches_cut_off.labels(request=request).inc(),
         )
         metrics, pool = self.metrics, self._pool
         fetches = pool("fetches", settings.fetch_shares, metrics.fetches.set)

@@ -194,6 +194,22 @@ class ProxySettings(BaseSettings):
     http_timeout: float = Field(
         60.0, gt=0, le=LONGEST_WAIT, description="seconds for each gateway request step"
     )
+    fetch_deadline: float = Field(
+        60.0,
+        ge=0,
+        le=LONGEST_WAIT,
+        description="seconds any gateway request for a placeholder (a HEAD, a payload GET "
+        "with its redirect) may take before its rate is checked; after them it must have "
+        "averaged `fetch_min_rate` since it began, else it is cut off: a payload of `size` "
+        "bytes is due within `fetch_deadline + size / fetch_min_rate` seconds, a HEAD within "
+        "`fetch_deadline` (as the client library's `fetch_deadline`)",
+    )
+    fetch_min_rate: int = Field(
+        65536,
+        gt=0,
+        description="slowest average rate in bytes per second a fetch may have after "
+        "`fetch_deadline` (64 KiB/s; time it waits for a device to take its pieces not counted)",
+    )
     gateway_login: Literal["auto", "scram", "bearer", "basic"] = Field(
         "auto",
         description="how a device's CONNECT login reaches the gateway: `auto`: a password that "

@@ -9,7 +9,9 @@ of its publisher: it is found out here, before the PUBLISH's header is written, 
 costs the subscriber its connection (:mod:`proxy._outbound`). The gateway answers a HEAD
 itself even with direct transfers (only a GET is redirected to the store).
 
-Run on a worker thread, as every gateway call is (:mod:`proxy._gateway_calls`).
+Run on a worker thread, as every gateway call is (:mod:`proxy._gateway_calls`), within the
+fetches' pace: an answer that trickles in is cut off `fetch_deadline` seconds after the
+HEAD began, whatever each read's timeout.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from dataclasses import dataclass
 
 import httpx
 
-from ._exceptions import TransferFailed
+from client import FetchError, Pace, Watchdog
+
+from ._exceptions import CutOff, TransferFailed
 
 #: The gateway's header naming the stored payload's SHA-256 (gateway/http/_routes.py).
 SHA256_HEADER = "x-offload-sha256"
@@ -38,26 +42,32 @@ def payload_stat(
     auth: httpx.Auth | None,
     peer: str,
     traced: tuple[tuple[str, str], ...] = (),
+    pace: Pace | None = None,
 ) -> Stat:
     """(worker thread) `HEAD url` with the device's login; what the gateway holds.
 
     Args:
-        http: the fetches' client (its timeouts hold for the exchange).
+        http: the fetches' client (its timeouts hold for each read).
         url: the payload's URL (`Placeholder.payload_url`).
         auth: the device's login for the gateway (None: anonymous).
         peer: the device's address, forwarded (`X-Forwarded-For`).
         traced: `traceparent` / `tracestate`.
+        pace: the fetches' pace: with no body, the whole exchange (a login's legs
+            included) is due within its floor; None: per-read timeouts only.
 
     Raises:
         TransferFailed: no answer, or another answer than 200 with a length (404: gone;
-            401/403: this device may not read it).
+            401/403: this device may not read it); CutOff: no whole answer within the pace.
     """
     headers = {"Accept-Encoding": "identity", "X-Forwarded-For": peer, **dict(traced)}
     try:
-        response = http.send(
-            http.build_request("HEAD", url, headers=headers),
-            auth=auth or httpx.USE_CLIENT_DEFAULT,
-        )
+        with Watchdog(url, pace) as watchdog:
+            response = http.send(
+                watchdog.timing(http.build_request("HEAD", url, headers=headers)),
+                auth=auth or httpx.USE_CLIENT_DEFAULT,
+            )
+    except FetchError as exc:  # behind the pace: cut off
+        raise CutOff(f"HEAD {exc}") from exc
     except httpx.HTTPError as exc:
         raise TransferFailed(f"HEAD {url} failed: {type(exc).__name__}") from exc
     except Exception as exc:  # an auth flow's own error: never a dead thread

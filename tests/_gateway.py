@@ -34,6 +34,7 @@ class GatewayServer:
     client_ca: str | None = None  # HTTPS asks every client for a certificate signed by it
     send_buffer: int = 0  # SO_SNDBUF of its connections (fixed, not autotuned); 0: the kernel's
     tracer_provider: Any = None  # an OpenTelemetry provider for its spans (tests/test_tracing*)
+    public_url: str | None = None  # the endpoint it names in placeholders (None: its own URL)
 
     @property
     def url(self) -> str:
@@ -60,7 +61,7 @@ class GatewayServer:
         self.app = create_app(
             self.settings,
             store=self.store,
-            public_url=self.url,
+            public_url=self.public_url or self.url,
             tracer_provider=self.tracer_provider,
         )
         config = uvicorn.Config(

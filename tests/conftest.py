@@ -106,6 +106,7 @@ def gateway_factory(seaweed: SeaweedFS, bucket_name: str) -> Iterator[Callable[.
         *,
         send_buffer: int = 0,
         tracer_provider: Any = None,
+        public_url: str | None = None,
         **overrides: object,
     ) -> GatewayServer:
         values: dict[str, object] = {
@@ -124,7 +125,10 @@ def gateway_factory(seaweed: SeaweedFS, bucket_name: str) -> Iterator[Callable[.
         values.update(overrides)
         settings = Settings(**values)  # type: ignore[arg-type]
         server = GatewayServer(
-            settings, send_buffer=send_buffer, tracer_provider=tracer_provider
+            settings,
+            send_buffer=send_buffer,
+            tracer_provider=tracer_provider,
+            public_url=public_url,
         ).start()
         server.mqtt_url = broker.url if broker else None
         started.append(server)

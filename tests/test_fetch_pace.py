@@ -40,6 +40,7 @@ class _Trickle(http.server.BaseHTTPRequestHandler):
     """Announces SLOW_SIZE bytes, then sends one byte per `interval` until released or cut."""
 
     interval: ClassVar[float] = 0.5
+    closing: ClassVar[bool] = False  # the answer says `Connection: close`
     release: ClassVar[threading.Event]
     state: ClassVar[threading.Condition]
     active: ClassVar[int] = 0
@@ -56,6 +57,8 @@ class _Trickle(http.server.BaseHTTPRequestHandler):
         try:
             self.send_response(200)
             self.send_header("Content-Length", str(SLOW_SIZE))
+            if cls.closing:
+                self.send_header("Connection", "close")
             self.end_headers()
             for _ in range(SLOW_SIZE - 1):  # never the whole body
                 self.wfile.write(b"x")
@@ -280,3 +283,35 @@ def test_a_head_that_trickles_in_is_cut_off_like_a_body(
     assert isinstance(first.error, FetchError) and "fetch_min_rate" in str(first.error), first
     assert isinstance(second, Message) and second.payload == b"after it", second
     assert Head.paths == [f"/msg/{stuck}/payload"]
+
+
+class _TrickleClosing(_Trickle):
+    """Trickles as :class:`_Trickle`, its answer saying `Connection: close` (as uvicorn's
+    does to a request that asks for it)."""
+
+    closing = True
+
+
+def test_a_trickling_answer_that_closes_its_connection_is_cut_off_too(
+    broker: Mosquitto, unique_topic: Any
+) -> None:
+    """urllib3's connection lets go of its socket for such an answer (http.client hands it
+    to the response), and the pace forgot the socket it knew for the one the response
+    named, none: the body trickled on, unwatched (found through offload-proxy's fetches)."""
+    topic = unique_topic("slow-closing")
+    with (
+        _serving(_TrickleClosing) as (Closing, origin),
+        Client(
+            broker.url,
+            discovery_allowlist=(origin,),
+            fetch_deadline=1.0,
+            fetch_min_rate=1_000_000,
+            fetch_retry_for=0.0,
+        ) as sub,
+    ):
+        sub.subscribe(topic)
+        stuck = _slow_placeholder(sub, origin, topic)
+        first = sub.next_message(30)
+        _wait(Closing, lambda: Closing.cut == 1 and Closing.active == 0)  # the client hung up
+    assert isinstance(first, MessageError) and first.message_id == stuck, first
+    assert isinstance(first.error, FetchError) and "fetch_min_rate" in str(first.error), first

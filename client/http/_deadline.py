@@ -118,6 +118,7 @@ class Watchdog:
         self._received = 0
         self._start = time.monotonic()
         self._sent_at: float | None = None  # seconds after the start the body was sent
+        self._aside_at: float | None = None  # when the time set aside began (:meth:`aside`)
         self._done = threading.Event()
         self.cut_off: str | None = None  # why, once it was
         self._thread: threading.Thread | None = None
@@ -156,8 +157,15 @@ class Watchdog:
         return count
 
     def watch(self, response: httpx.Response) -> None:
-        """The socket to shut down is now `response`'s (shut at once if already cut off)."""
-        why = self.attach(_socket_of(response))
+        """The socket to shut down is now `response`'s (shut at once if already cut off).
+
+        One the response does not name stays watched: the one the transport handed over
+        before the head (:data:`ON_SOCKET`). urllib3's connection lets go of its socket
+        when the answer says `Connection: close` (http.client hands it to the response),
+        and forgetting the known one for that let such an answer trickle on unwatched.
+        """
+        sock = _socket_of(response)
+        why = self.attach(sock) if sock is not None else self.cut_off
         if why is not None:
             raise self._error(self._url, why) from TimeoutError(why)
 
@@ -174,6 +182,29 @@ class Watchdog:
             self._shutdown(sock)
         return why
 
+    def timing(self, request: httpx.Request) -> httpx.Request:
+        """`request`, its answer's head timed too: the transport hands this watchdog the
+        connection's socket before it reads the head (:data:`ON_SOCKET`)."""
+        request.extensions[ON_SOCKET] = self.attach
+        return request
+
+    @contextlib.contextmanager
+    def aside(self) -> Iterator[None]:
+        """Time spent inside does not count: the reader waits on whoever takes its bytes
+        (a consumer that reads slowly), not on the peer whose pace this is."""
+        self._aside_at = at = time.monotonic()
+        try:
+            yield
+        finally:
+            self._start += time.monotonic() - at  # before the mark goes: never counted twice
+            self._aside_at = None
+
+    def _elapsed(self) -> float:
+        """Seconds counted so far (the watchdog thread: while time is set aside, up to
+        its start)."""
+        aside = self._aside_at
+        return (time.monotonic() if aside is None else aside) - self._start
+
     def sent(self) -> None:
         """The body is sent: the answer is due within `answer` seconds from now."""
         self._sent_at = time.monotonic() - self._start
@@ -187,11 +218,11 @@ class Watchdog:
     def _run(self, pace: Pace) -> None:
         while True:
             received = self._received
-            wait = max(self._due(pace, received) - (time.monotonic() - self._start), MIN_CHECK)
+            wait = max(self._due(pace, received) - self._elapsed(), MIN_CHECK)
             if self._done.wait(wait):
                 return
             received = self._received
-            elapsed = time.monotonic() - self._start
+            elapsed = self._elapsed()
             if elapsed > self._due(pace, received):
                 break
         rate, floor = self._names
