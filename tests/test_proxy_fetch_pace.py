@@ -25,6 +25,8 @@ from typing import Any
 import pytest
 from test_proxy import MiB, PahoPeer, start_proxy
 
+from client import Client
+
 from _fleet import Behaviour, Fleet, address
 from _gateway import GatewayServer
 from _proxy import ProxyServer
@@ -281,4 +283,40 @@ def test_another_devices_fetch_goes_on_while_one_trickles(
     finally:
         slow.close()
         other.close()
+        proxy.stop()
+
+
+def test_a_decoded_fetch_that_trickles_is_cut_off_at_its_pace(
+    gateway_factory: Callable[..., GatewayServer], broker: Mosquitto,
+    unique_topic: Callable[[str], str], relayed: list[TricklingRelay],
+) -> None:  # fmt: skip
+    """A compressed payload (zstd, published by the library straight on the broker) is
+    fetched whole and decoded before anything is written to the device (proxy/_unseal.py),
+    never shared: its GET keeps the same pace. The body trickles: the device gets the
+    placeholder as it was, the fetch slot comes back, and no decode spool is left."""
+    relay = TricklingRelay(methods=frozenset({"GET"}), head_at_once=True)
+    relayed.append(relay)
+    trickling_gateway(gateway_factory, broker, relay)
+    proxy = paced_proxy(broker, relay.url)
+    topic = unique_topic("trickled-decoded")
+    devices = subscribers(proxy, broker, topic, 1)
+    # Through the relay, as the proxy's devices see the gateway (it trickles GETs only).
+    publisher = Client(broker.url, endpoint=relay.url, compress=True, discovery_wait=10.0)
+    try:
+        publisher.connect()
+        # Hex text: zstd halves it, still over the broker's 256 KiB (offloaded, compressed).
+        publisher.publish(topic, random.randbytes(SIZE).hex().encode(), qos=1)
+        wait_until(lambda: devices[0].messages, "the device's message", WITHIN)
+        placeholder = json.loads(devices[0].messages[0].payload)
+        assert placeholder["cmp"] == "zstd" and placeholder["size"] > 256 * 1024
+        assert proxy.metric("offload_proxy_placeholders_passed_total", why="fetch-failed") == 1
+        wait_until(lambda: relay.seen.hung_up == relay.seen.started == 1,
+                   "the proxy hung up on the trickle", 5)  # fmt: skip
+        assert cut_off(proxy, "payload") == 1
+        wait_until(lambda: proxy.metric("offload_proxy_fetches") == 0, "the fetch slot back", 5)
+        assert proxy.metric("offload_proxy_resolved_total") == 0
+    finally:
+        publisher.close()
+        for device in devices:
+            device.close()
         proxy.stop()
