@@ -15,7 +15,7 @@ from typing import BinaryIO
 import urllib3
 from minio import Minio
 from minio.commonconfig import ComposeSource
-from minio.error import MinioException, S3Error
+from minio.error import S3Error
 from minio.helpers import MAX_MULTIPART_COUNT, MAX_PART_SIZE, MIN_PART_SIZE
 
 from ._async_http import AsyncStoreHttp, Body
@@ -29,7 +29,7 @@ from ._multipart import put_parallel
 from ._probes import conditional_create, conditional_replace
 from ._s3_direct import S3Direct
 from ._sdk import _Minio
-from ._versioned import s3_read, s3_write
+from ._versioned import UNAVAILABLE, s3_read, s3_write
 
 log = logging.getLogger("gateway.storage")
 
@@ -38,7 +38,6 @@ log = logging.getLogger("gateway.storage")
 _READ_PIECE = 256 * 1024
 
 # Failures that mean "the store is not usable right now" rather than a bug of ours.
-_UNAVAILABLE = (MinioException, urllib3.exceptions.HTTPError, OSError, ValueError)
 
 
 class S3Store:
@@ -137,7 +136,7 @@ class S3Store:
     def ping(self) -> None:
         try:
             exists = self._client.bucket_exists(self.bucket)
-        except _UNAVAILABLE as exc:
+        except UNAVAILABLE as exc:
             raise StoreError(f"object store unreachable: {exc}") from exc
         if not exists:
             raise StoreError(f"bucket {self.bucket!r} does not exist")
@@ -149,7 +148,7 @@ class S3Store:
         except S3Error as exc:
             if exc.code not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
                 raise StoreError(f"cannot create bucket {self.bucket!r}: {exc}") from exc
-        except _UNAVAILABLE as exc:
+        except UNAVAILABLE as exc:
             raise StoreError(f"object store unreachable: {exc}") from exc
         conditional_create(self, self.bucket)
         conditional_replace(self, self.bucket)
@@ -177,7 +176,7 @@ class S3Store:
                     extra_query_params=crc32c_header(crc_of),
                 )  # fmt: skip
                 answers.append(self._http.request("PUT", url, body=data, retries=False).status)
-        except _UNAVAILABLE as exc:
+        except UNAVAILABLE as exc:
             log.warning("could not probe checksums on presigned writes: %s", exc)
             return False
         finally:
@@ -211,7 +210,7 @@ class S3Store:
                     share=self._share,
                     checksums=bool(self._checksums),
                 )
-        except _UNAVAILABLE as exc:
+        except UNAVAILABLE as exc:
             raise StoreError(f"upload of {key!r} failed: {exc}") from exc
 
     def _share(self) -> Plan:
@@ -240,7 +239,7 @@ class S3Store:
                     headers={"If-None-Match": "*", "Content-Type": content_type},
                     retries=False,  # a retried create that had succeeded would look lost
                 )
-            except _UNAVAILABLE as exc:
+            except UNAVAILABLE as exc:
                 raise StoreError(f"create of {key!r} failed: {exc}") from exc
             if response.status == 200:
                 return True
@@ -265,21 +264,8 @@ class S3Store:
         )  # fmt: skip
 
     def get_bytes(self, key: str) -> bytes | None:
-        try:
-            response = self._client.get_object(self.bucket, key)
-        except S3Error as exc:
-            if exc.code in ("NoSuchKey", "NoSuchObject"):
-                return None
-            raise StoreError(f"read of {key!r} failed: {exc}") from exc
-        except _UNAVAILABLE as exc:
-            raise StoreError(f"read of {key!r} failed: {exc}") from exc
-        try:
-            return bytes(response.read())
-        except _UNAVAILABLE as exc:
-            raise StoreError(f"read of {key!r} failed: {exc}") from exc
-        finally:
-            response.close()
-            response.release_conn()
+        got = s3_read(self._client, self.bucket, key)
+        return None if got is None else got.data
 
     def open_range(self, key: str, start: int = 0, length: int | None = None) -> Iterator[bytes]:
         try:
@@ -288,7 +274,7 @@ class S3Store:
             if exc.code in ("NoSuchKey", "NoSuchObject"):
                 raise FileNotFoundError(key) from exc
             raise StoreError(f"read of {key!r} failed: {exc}") from exc
-        except _UNAVAILABLE as exc:
+        except UNAVAILABLE as exc:
             raise StoreError(f"read of {key!r} failed: {exc}") from exc
         return self._iterate(response, key)
 
@@ -298,7 +284,7 @@ class S3Store:
             # decoded-bytes buffer between the socket and us.
             with self._load.one():  # a download in flight counts against the part budget
                 yield from response.stream(_READ_PIECE, decode_content=False)
-        except _UNAVAILABLE as exc:
+        except UNAVAILABLE as exc:
             raise StoreError(f"read of {key!r} failed: {exc}") from exc
         finally:
             response.close()
@@ -311,7 +297,7 @@ class S3Store:
             return self._client.presigned_get_object(
                 self.bucket, key, expires=datetime.timedelta(minutes=5)
             )
-        except _UNAVAILABLE as exc:
+        except UNAVAILABLE as exc:
             raise StoreError(f"cannot sign a read of {key!r}: {exc}") from exc
 
     def _signs_now(self) -> bool:
@@ -350,7 +336,7 @@ class S3Store:
                     expires=datetime.timedelta(minutes=5),
                     extra_query_params=query,
                 )
-            except _UNAVAILABLE as exc:
+            except UNAVAILABLE as exc:
                 raise StoreError(f"cannot sign a write of {key!r}: {exc}") from exc
             status, answer = await self._on_loop.put(url, data, headers, retry=not only_new)
             if 200 <= status < 300:
@@ -388,7 +374,7 @@ class S3Store:
         except S3Error as exc:
             if exc.code not in ("NoSuchKey", "NoSuchObject"):
                 raise StoreError(f"delete of {key!r} failed: {exc}") from exc
-        except _UNAVAILABLE as exc:
+        except UNAVAILABLE as exc:
             raise StoreError(f"delete of {key!r} failed: {exc}") from exc
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
@@ -396,7 +382,7 @@ class S3Store:
             for obj in self._client.list_objects(self.bucket, prefix=prefix, recursive=True):
                 if obj.object_name is not None and not obj.is_dir:
                     yield ObjectInfo(obj.object_name, obj.size or 0)
-        except _UNAVAILABLE as exc:
+        except UNAVAILABLE as exc:
             raise StoreError(f"listing {prefix!r} failed: {exc}") from exc
 
     def concat(
@@ -416,7 +402,7 @@ class S3Store:
                     [ComposeSource(self.bucket, s.key) for s in sources],
                     metadata={"Content-Type": content_type or "application/octet-stream"},
                 )
-            except _UNAVAILABLE as exc:
+            except UNAVAILABLE as exc:
                 raise StoreError(f"compose of {key!r} failed: {exc}") from exc
             return
         # Parts below S3's 5 MiB minimum cannot be copied server-side: stream them through.

@@ -25,7 +25,8 @@ from minio.error import MinioException, S3Error
 
 from ._base import StoreError, Versioned
 
-_UNAVAILABLE = (MinioException, urllib3.exceptions.HTTPError, OSError, ValueError)
+#: What a store call raises when the store cannot be reached or answers nonsense.
+UNAVAILABLE = (MinioException, urllib3.exceptions.HTTPError, OSError, ValueError)
 
 
 def s3_read(client: Minio, bucket: str, key: str) -> Versioned | None:
@@ -36,12 +37,12 @@ def s3_read(client: Minio, bucket: str, key: str) -> Versioned | None:
         if exc.code in ("NoSuchKey", "NoSuchObject"):
             return None
         raise StoreError(f"read of {key!r} failed: {exc}") from exc
-    except _UNAVAILABLE as exc:
+    except UNAVAILABLE as exc:
         raise StoreError(f"read of {key!r} failed: {exc}") from exc
     try:
         data = bytes(response.read())
         etag = response.headers.get("ETag", "")
-    except _UNAVAILABLE as exc:
+    except UNAVAILABLE as exc:
         raise StoreError(f"read of {key!r} failed: {exc}") from exc
     finally:
         response.close()
@@ -77,7 +78,7 @@ def s3_write(
                 headers={**condition, "Content-Type": content_type},
                 retries=False,
             )
-        except _UNAVAILABLE as exc:
+        except UNAVAILABLE as exc:
             raise StoreError(f"write of {key!r} failed: {exc}") from exc
         if response.status == 200:
             etag = response.headers.get("ETag")
