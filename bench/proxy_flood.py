@@ -48,6 +48,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import emit, info_row, row
 from proxy_relay import broker, haproxy, offload_proxy
 
+from _wire import packet, read_packet, text
+
 FLOODERS = ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5")
 FLOOD_SUB, VICTIM_PUB, VICTIM_SUB = "127.0.0.6", "127.0.0.7", "127.0.0.8"
 FLOOD_PAYLOAD = 32
@@ -57,62 +59,22 @@ EVERY = 0.020
 GOAL = 2.0
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _packet(first: int, body: bytes) -> bytes:
-    return bytes([first]) + _varint(len(body)) + body
-
-
-def _text(s: str) -> bytes:
-    return len(s.encode()).to_bytes(2, "big") + s.encode()
-
-
-def _read_packet(sock: socket.socket, buf: bytearray) -> tuple[int, bytes]:
-    """The next whole packet from `sock` (`buf` keeps what came after it)."""
-    while True:
-        if len(buf) >= 2:
-            length, shift, i = 0, 0, 1
-            while i < len(buf):
-                length |= (buf[i] & 0x7F) << shift
-                i += 1
-                if not buf[i - 1] & 0x80:
-                    break
-                shift += 7
-            else:
-                i = -1
-            if i > 0 and len(buf) >= i + length:
-                first, body = buf[0], bytes(buf[i : i + length])
-                del buf[: i + length]
-                return first, body
-        data = sock.recv(1 << 16)
-        if not data:
-            raise ConnectionError("closed")
-        buf += data
-
-
 def connect(port: int, source: str, user: str) -> socket.socket:
     """An MQTT 5 client from `source` logged in as `user` (its account), CONNACK read."""
     sock = socket.create_connection(("127.0.0.1", port), 10, source_address=(source, 0))
     ident = f"{user}-{uuid.uuid4().hex[:8]}"
-    body = _text("MQTT") + bytes([5, 0x82]) + (0).to_bytes(2, "big") + b"\x00"
-    sock.sendall(_packet(0x10, body + _text(ident) + _text(user)))
-    first, answer = _read_packet(sock, bytearray())
+    body = text("MQTT") + bytes([5, 0x82]) + (0).to_bytes(2, "big") + b"\x00"
+    sock.sendall(packet(0x10, body + text(ident) + text(user)))
+    first, answer = read_packet(sock, bytearray())
     if first != 0x20 or answer[1] != 0:
         raise ConnectionError(f"CONNACK {answer.hex()}")
     return sock
 
 
 def subscribe(sock: socket.socket, topic: str, qos: int) -> bytearray:
-    sock.sendall(_packet(0x82, b"\x00\x01\x00" + _text(topic) + bytes([qos])))
+    sock.sendall(packet(0x82, b"\x00\x01\x00" + text(topic) + bytes([qos])))
     buf = bytearray()
-    first, _ = _read_packet(sock, buf)
+    first, _ = read_packet(sock, buf)
     if first != 0x90:
         raise ConnectionError("no SUBACK")
     return buf
@@ -122,7 +84,7 @@ def _flood(port: int, source: str, topic: str, rate: int, stop: object, sent: ob
     """Account A: QoS 0 PUBLISHes, `rate` a second (0: as fast as the socket takes them, in
     64 KiB writes; else a write each millisecond or so of what is due)."""
     sock = connect(port, source, "account-a")
-    one = _packet(0x30, _text(topic) + b"\x00" + bytes(FLOOD_PAYLOAD))
+    one = packet(0x30, text(topic) + b"\x00" + bytes(FLOOD_PAYLOAD))
     most = 65536 // len(one)
     batch = one * most
     n = 0
@@ -240,7 +202,7 @@ def victim(port: int, tag: str, seconds: float) -> Victim:
         sub.settimeout(0.2)
         while not done.is_set():
             try:
-                first, body = _read_packet(sub, buf)
+                first, body = read_packet(sub, buf)
             except TimeoutError:
                 continue
             now = time.perf_counter()
@@ -258,7 +220,7 @@ def victim(port: int, tag: str, seconds: float) -> Victim:
         pbuf = bytearray()
         while not done.is_set():
             try:
-                first, body = _read_packet(pub, pbuf)
+                first, body = read_packet(pub, pbuf)
             except TimeoutError:
                 continue
             if first >> 4 == 4:
@@ -267,7 +229,7 @@ def victim(port: int, tag: str, seconds: float) -> Victim:
     threads = [threading.Thread(target=f, daemon=True) for f in (receive, acks)]
     for t in threads:
         t.start()
-    head = _text(topic)
+    head = text(topic)
     n = int(seconds / EVERY)
     next_at = time.perf_counter()
     for seq in range(n):
@@ -279,7 +241,7 @@ def victim(port: int, tag: str, seconds: float) -> Victim:
         payload = struct.pack("!Qd", seq, time.perf_counter())
         body = head + packet_id.to_bytes(2, "big") + b"\x00" + payload
         body += bytes(VICTIM_SIZE - len(payload))
-        pub.sendall(_packet(0x32, body))
+        pub.sendall(packet(0x32, body))
     deadline = time.perf_counter() + 5
     while len(arrived) < n and time.perf_counter() < deadline:
         time.sleep(0.01)

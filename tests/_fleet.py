@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from client.protocol import encode_varint
+from _wire import packet, text
 
 READ = 1 << 20
 SLOW_PIECE = 16 * 1024
@@ -26,15 +26,6 @@ SLOW_PIECE = 16 * 1024
 def address(index: int) -> str:
     """The `index`-th device's own loopback address: 127.0.1.1, 127.0.1.2, ..."""
     return f"127.0.{1 + index // 250}.{1 + index % 250}"
-
-
-def _text(value: str) -> bytes:
-    data = value.encode()
-    return len(data).to_bytes(2, "big") + data
-
-
-def _packet(first: int, body: bytes) -> bytes:
-    return bytes([first]) + encode_varint(len(body)) + body
 
 
 @dataclass(frozen=True)
@@ -130,16 +121,16 @@ class Device:
         await loop.sock_connect(sock, (host, port))
         props = b"\x00" if v5 else b""
         flags = 0x02 | (0xC0 if login else 0)
-        body = _text("MQTT") + bytes([5 if v5 else 4, flags]) + (60).to_bytes(2, "big")
-        body += props + _text(f"fleet-{uuid.uuid4().hex[:12]}")
+        body = text("MQTT") + bytes([5 if v5 else 4, flags]) + (60).to_bytes(2, "big")
+        body += props + text(f"fleet-{uuid.uuid4().hex[:12]}")
         if login is not None:
-            body += _text(login[0]) + _text(login[1])
-        await loop.sock_sendall(sock, _packet(0x10, body))
+            body += text(login[0]) + text(login[1])
+        await loop.sock_sendall(sock, packet(0x10, body))
         wire = _Wire(sock)
         first, connack = await wire.packet()
         if first != 0x20 or connack[1] != 0:
             raise ConnectionError(f"CONNACK {connack.hex()}")
-        await loop.sock_sendall(sock, _packet(0x82, b"\x00\x01" + props + _text(topic) + b"\x01"))
+        await loop.sock_sendall(sock, packet(0x82, b"\x00\x01" + props + text(topic) + b"\x01"))
         first, suback = await wire.packet()
         if first != 0x90 or suback[-1] > 2:
             raise ConnectionError(f"SUBACK {suback.hex()}")

@@ -16,6 +16,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from _relay import _close
 from _servers import free_port
 
 #: The largest request head read before it is relayed.
@@ -187,10 +188,3 @@ def _pump(src: socket.socket, dst: socket.socket) -> None:
             dst.sendall(data)
     _close(src)
     _close(dst)
-
-
-def _close(sock: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        sock.shutdown(socket.SHUT_RDWR)
-    with contextlib.suppress(OSError):
-        sock.close()

@@ -17,9 +17,9 @@ import pytest
 from test_proxy import start_proxy
 from test_proxy_fleet import connect_packet
 from test_proxy_fleet_limits import ProxyProcess
-from test_proxy_hostile import _packet, _text
 
 from _servers import Mosquitto, wait_until
+from _wire import packet, read_packet, text
 
 pytestmark = pytest.mark.servers
 
@@ -47,35 +47,17 @@ class Device:
 
     def read(self) -> tuple[int, bytes]:
         """The next whole packet (first byte, body)."""
-        buf = self._buf
-        while True:
-            if len(buf) >= 2:
-                length, shift, i = 0, 0, 1
-                while i < len(buf):
-                    length |= (buf[i] & 0x7F) << shift
-                    i += 1
-                    if not buf[i - 1] & 0x80:
-                        break
-                    shift += 7
-                else:
-                    i = 0
-                if i and len(buf) >= i + length:
-                    first, body = buf[0], bytes(buf[i : i + length])
-                    del buf[: i + length]
-                    return first, body
-            data = self.sock.recv(1 << 20)
-            assert data, "closed"
-            buf += data
+        return read_packet(self.sock, self._buf, 1 << 20)
 
     def subscribe(self, topic: str, qos: int) -> None:
-        self.sock.sendall(_packet(0x82, b"\x00\x01\x00" + _text(topic) + bytes([qos])))
+        self.sock.sendall(packet(0x82, b"\x00\x01\x00" + text(topic) + bytes([qos])))
         first, body = self.read()
         assert first == 0x90 and body[-1] == qos, body.hex()
 
 
 def publish(topic: str, payload: bytes, packet_id: int = 0) -> bytes:
     ident = packet_id.to_bytes(2, "big") if packet_id else b""
-    return _packet(0x32 if packet_id else 0x30, _text(topic) + ident + b"\x00" + payload)
+    return packet(0x32 if packet_id else 0x30, text(topic) + ident + b"\x00" + payload)
 
 
 def payload_of(body: bytes, qos: int) -> bytes:
