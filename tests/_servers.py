@@ -15,6 +15,11 @@ Ports and readiness are where such helpers flake, so both are chosen to be unfoo
   CONNACK; SeaweedFS's S3 listener line and a signed write) while the process is still alive.
   If it died of `address already in use` (another program won the race for the port), an
   automatically chosen port is replaced and the server started again.
+- A server stopped to be started again (a test's store or broker outage) keeps its ports:
+  they are held, bound but not listening, until it starts again. A client is refused as by a
+  closed port, another test's free_port() cannot pick them (its plain bind fails), and the
+  server binds them again (SO_REUSEADDR, as Go and mosquitto set it, over a socket that is
+  not listening).
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import subprocess
 import tempfile
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,6 +62,7 @@ class _OwnWorkdir:
         self._owned_workdir = self.workdir == TEMPORARY
         if self._owned_workdir:
             self.workdir = Path(tempfile.mkdtemp(prefix=self._prefix))
+        self._held: list[socket.socket] = []
 
     def stop(self) -> None:
         raise NotImplementedError
@@ -64,8 +70,25 @@ class _OwnWorkdir:
     def close(self) -> None:
         """Stop, and remove the working directory if it was ours (SeaweedFS leaves GBs)."""
         self.stop()
+        self._release()
         if self._owned_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _hold(self, ports: Iterable[int]) -> None:
+        """Keep a stopped server's ports until it starts again (see the module docstring)."""
+        for port in ports:
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:  # something else has it already: start() will say so
+                s.close()
+            else:
+                self._held.append(s)
+
+    def _release(self) -> None:
+        while self._held:
+            self._held.pop().close()
 
 
 class PortInUse(RuntimeError):
@@ -287,17 +310,20 @@ class Mosquitto(_OwnWorkdir):
     def start(self) -> Mosquitto:
         """Start and wait until this broker, not something else on its port, answers."""
         chosen = not self.port  # only a port we chose may be swapped for another
-        for attempt in range(START_ATTEMPTS if chosen else 1):
-            if chosen:
-                self.port = free_port()
-            try:
-                self._start_once()
-                return self
-            except PortInUse:
-                self.stop()
-                if attempt == START_ATTEMPTS - 1 or not chosen:
-                    raise
-        raise AssertionError("unreachable")
+        try:
+            for attempt in range(START_ATTEMPTS if chosen else 1):
+                if chosen:
+                    self.port = free_port()
+                try:
+                    self._start_once()
+                    return self
+                except PortInUse:
+                    self.stop()
+                    if attempt == START_ATTEMPTS - 1 or not chosen:
+                        raise
+            raise AssertionError("unreachable")
+        finally:
+            self._release()  # bound again by the broker now, or not ours to keep
 
     def _start_once(self) -> None:
         binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
@@ -328,9 +354,11 @@ class Mosquitto(_OwnWorkdir):
         wait_until(ready, f"mosquitto on port {self.port}", 10, self.proc, log)
 
     def stop(self) -> None:
+        """Stop; the port stays ours until start() or close() (see the module docstring)."""
         if self.proc is not None:
             _stop(self.proc)
             self.proc = None
+            self._hold([self.port])
 
     def restart(self) -> None:
         self.stop()
@@ -396,16 +424,19 @@ class SeaweedFS(_OwnWorkdir):
                 what = "S3" if name == "s3" else name
                 raise PortInUse(f"SeaweedFS {what} on port {port}: address already in use{grpc}")
         attempts = 1 if len(fixed) == 4 else START_ATTEMPTS
-        for attempt in range(attempts):
-            self._choose_ports(fixed)
-            try:
-                self._start_once()
-                return self
-            except PortInUse:
-                self.stop()
-                if attempt == attempts - 1:
-                    raise
-        raise AssertionError("unreachable")
+        try:
+            for attempt in range(attempts):
+                self._choose_ports(fixed)
+                try:
+                    self._start_once()
+                    return self
+                except PortInUse:
+                    self.stop()
+                    if attempt == attempts - 1:
+                        raise
+            raise AssertionError("unreachable")
+        finally:
+            self._release()  # bound again by weed now, or not ours to keep
 
     def _start_once(self) -> None:
         s3conf = self.workdir / "s3.json"
@@ -494,6 +525,8 @@ class SeaweedFS(_OwnWorkdir):
                     os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
             self.proc = None
+            # kept until start() or close() (see the module docstring)
+            self._hold(port + d for port in self.ports.values() for d in (0, GRPC_OFFSET))
 
     def restart(self) -> None:
         self.stop()
