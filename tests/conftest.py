@@ -17,6 +17,7 @@ from _servers import Mosquitto, SeaweedFS, free_port
 
 if TYPE_CHECKING:
     from client import Client
+    from gateway.storage import S3Store
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
@@ -57,6 +58,19 @@ def bucket_name() -> str:
 @pytest.fixture
 def storage_url(seaweed: SeaweedFS, bucket_name: str) -> str:
     return seaweed.storage_url(bucket_name)
+
+
+@pytest.fixture
+def store(seaweed: SeaweedFS, bucket_name: str) -> S3Store:
+    """The gateway's own store class on the test's bucket (made): what a gateway on
+    `storage_url` wrote, read the way it reads it. A file may define its own `store`."""
+    from gateway.storage import S3Store
+
+    s = S3Store(
+        seaweed.endpoint, bucket_name, access_key=seaweed.access_key, secret_key=seaweed.secret_key
+    )
+    s.ensure_bucket()
+    return s
 
 
 @pytest.fixture

@@ -26,7 +26,6 @@ from gateway.ingest._service import OffloadService, now_ms
 from gateway.storage import ObjectInfo, S3Store
 
 from _gateway import GatewayServer
-from _servers import SeaweedFS
 
 pytestmark = pytest.mark.servers
 
@@ -80,15 +79,6 @@ class CountingStore:
     ) -> None:
         self.calls["concat"] += 1
         self.inner.concat(key, sources, content_type)
-
-
-@pytest.fixture
-def store(seaweed: SeaweedFS, bucket_name: str) -> S3Store:
-    s = S3Store(
-        seaweed.endpoint, bucket_name, access_key=seaweed.access_key, secret_key=seaweed.secret_key
-    )
-    s.ensure_bucket()
-    return s
 
 
 def _received(store: S3Store, message_id: MessageId, payload: bytes) -> Manifest:

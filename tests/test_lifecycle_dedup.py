@@ -38,15 +38,6 @@ def login(user: str) -> httpx.Auth:
     return auth
 
 
-@pytest.fixture
-def store(seaweed: SeaweedFS, bucket_name: str) -> S3Store:
-    s = S3Store(
-        seaweed.endpoint, bucket_name, access_key=seaweed.access_key, secret_key=seaweed.secret_key
-    )
-    s.ensure_bucket()
-    return s
-
-
 def payload_objects(store: S3Store) -> list[str]:
     """Payload objects (not sidecars) anywhere under data/."""
     return sorted(o.key for o in store.list("data/") if not o.key.endswith(".meta.json"))

@@ -19,7 +19,7 @@ from gateway.retention import Keeper
 from gateway.storage import S3Store
 
 from _gateway import GatewayServer
-from _servers import Mosquitto, SeaweedFS, wait_until
+from _servers import Mosquitto, wait_until
 
 pytestmark = pytest.mark.servers
 
@@ -31,15 +31,6 @@ GROUPS = """
 [members]
 audit = ["auditor"]
 """
-
-
-@pytest.fixture
-def store(seaweed: SeaweedFS, bucket_name: str) -> S3Store:
-    s = S3Store(
-        seaweed.endpoint, bucket_name, access_key=seaweed.access_key, secret_key=seaweed.secret_key
-    )
-    s.ensure_bucket()
-    return s
 
 
 @pytest.fixture

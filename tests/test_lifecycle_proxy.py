@@ -17,18 +17,9 @@ from client import Client, Route
 from gateway.storage import S3Store
 
 from _gateway import GatewayServer
-from _servers import Mosquitto, SeaweedFS, wait_until
+from _servers import Mosquitto, wait_until
 
 pytestmark = pytest.mark.servers
-
-
-@pytest.fixture
-def store(seaweed: SeaweedFS, bucket_name: str) -> S3Store:
-    s = S3Store(
-        seaweed.endpoint, bucket_name, access_key=seaweed.access_key, secret_key=seaweed.secret_key
-    )
-    s.ensure_bucket()
-    return s
 
 
 def payload_objects(store: S3Store) -> list[str]:

@@ -37,15 +37,6 @@ def files() -> Iterator[Path]:
         yield path
 
 
-@pytest.fixture
-def store(seaweed: SeaweedFS, bucket_name: str) -> S3Store:
-    s = S3Store(
-        seaweed.endpoint, bucket_name, access_key=seaweed.access_key, secret_key=seaweed.secret_key
-    )
-    s.ensure_bucket()
-    return s
-
-
 def secured(
     factory: Callable[..., GatewayServer], files: Path, **settings: object
 ) -> GatewayServer:

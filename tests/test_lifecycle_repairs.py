@@ -19,20 +19,9 @@ from gateway.retention._ledger import LedgerDoc
 from gateway.retention._records import Record, record_key, ref_of
 from gateway.storage import S3Store
 
-from _servers import SeaweedFS
-
 pytestmark = pytest.mark.servers
 
 HOUR = 3_600_000
-
-
-@pytest.fixture
-def store(seaweed: SeaweedFS, bucket_name: str) -> S3Store:
-    s = S3Store(
-        seaweed.endpoint, bucket_name, access_key=seaweed.access_key, secret_key=seaweed.secret_key
-    )
-    s.ensure_bucket()
-    return s
 
 
 def now_ms() -> int:

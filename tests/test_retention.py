@@ -33,7 +33,7 @@ from gateway.storage import S3Store
 from gateway.storage._store_connection import LIMIT as STORE_READ_AHEAD
 
 from _gateway import GatewayServer
-from _servers import Mosquitto, SeaweedFS, wait_until
+from _servers import Mosquitto, wait_until
 
 pytestmark = pytest.mark.servers
 
@@ -42,15 +42,6 @@ HOUR_MS = 3600 * 1000
 
 def upload_doc(payload: bytes, msg_id: uuid.UUID) -> bytes:
     return bson.encode({"message": bson.Binary(payload), "headers": [["_id", msg_id.bytes]]})
-
-
-@pytest.fixture
-def store(seaweed: SeaweedFS, bucket_name: str) -> S3Store:
-    s = S3Store(
-        seaweed.endpoint, bucket_name, access_key=seaweed.access_key, secret_key=seaweed.secret_key
-    )
-    s.ensure_bucket()
-    return s
 
 
 def keys(store: S3Store) -> set[str]:
