@@ -33,6 +33,7 @@ def test_a_stopped_broker_keeps_its_port_until_it_starts_again_and_close_gives_i
         assert not _port_free(port)  # and no free_port() elsewhere can pick it
         broker.start()
         assert broker.port == port and mqtt_answers(port)
+        assert not broker._held  # the broker's own listener has the port now
         broker.restart()
         assert mqtt_answers(port)
     finally:
@@ -52,6 +53,7 @@ def test_a_stopped_store_keeps_every_port_of_its_own_and_starts_again_on_them() 
                 assert not _port_free(p), f"{name}'s port {p} could be chosen by another test"
         store.start()
         assert store.ports == ports
+        assert not store._held  # weed's own listeners have the ports now
         assert store._can_write()
     finally:
         store.close()
